@@ -1,0 +1,29 @@
+"""kvattn: attention kernels for LLM inference, in Python and Triton.
+
+The five public functions keep FlashInfer's signatures; their semantics are kvattn's SPEC.
+
+>>> import kvattn
+>>> sorted(n for n in kvattn.__all__ if not n[0].isupper())[:3]
+['decode', 'formats', 'mla']
+"""
+
+from . import decode, formats, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from .decode import single_decode_with_kv_cache, xqa_batch_decode_with_kv_cache
+from .formats import FP4Tensor
+from .mla import xqa_batch_decode_with_kv_cache_mla
+from .prefill import trtllm_batch_context_with_kv_cache
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "decode",
+    "formats",
+    "mla",
+    "prefill",
+    "xqa",
+    "xqa_batch_decode_with_kv_cache",
+    "single_decode_with_kv_cache",
+    "xqa_batch_decode_with_kv_cache_mla",
+    "trtllm_batch_context_with_kv_cache",
+    "FP4Tensor",
+]

@@ -1,0 +1,45 @@
+"""Facts about the device a call runs on, cached per device."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _env
+
+
+@functools.lru_cache(maxsize=None)
+def _props(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def sm_count(device: torch.device) -> int:
+    """Number of streaming multiprocessors (a nominal 8 on the CPU, for the interpreter)."""
+    if device.type != "cuda":
+        return 8
+    return _props(device.index if device.index is not None else torch.cuda.current_device()).multi_processor_count
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":
+        return (0, 0)
+    p = _props(device.index if device.index is not None else torch.cuda.current_device())
+    return (p.major, p.minor)
+
+
+def is_hopper(device: torch.device) -> bool:
+    return capability(device) == (9, 0)
+
+
+def is_interpreter() -> bool:
+    return _env.triton_interpret()
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # pragma: no cover - triton is a dependency, but keep the CPU path alive
+        return False
+    return True

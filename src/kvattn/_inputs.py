@@ -1,0 +1,336 @@
+"""Validation at the API boundary, and the normalised descriptions every backend consumes.
+
+Every input form the public functions accept (NHD or HND pages, a ``(K, V)`` tuple or one tensor
+with a size-2 / size-1 plane, xqa's flat pool of head vectors, split K/V page tables, MLA's latent
+cache) becomes one :class:`PagedKV` of strided *views* (never copies): K and V as
+``[num_pages, page_size, num_kv_heads, stored_dim]`` plus one page table each. Scale arguments
+become :class:`Scale` (a host float times an optional one-element device tensor), so every
+backend applies exactly two scales: a logit multiplier and an output multiplier.
+
+All checks here read shapes, dtypes, strides and devices only: nothing synchronises with the
+device. Checks that need device values live in :func:`debug_check_pages` (``KVATTN_DEBUG=1``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import _env
+from .formats import FP8_DTYPE, NVFP4_BLOCK
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+KV_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE, torch.uint8)
+LAYOUTS = ("NHD", "HND")
+
+
+# ---------------------------------------------------------------------------------------------
+# small checks
+# ---------------------------------------------------------------------------------------------
+def _dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None) -> torch.Tensor:
+    """Type, dtype, rank and device of one tensor argument; raises TypeError/ValueError."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if dtypes is not None and x.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in ({_dtype_names(dtypes)}), got {str(x.dtype).replace('torch.', '')}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if x.dim() not in allowed:
+            raise ValueError(f"{name}: expected a {' or '.join(map(str, allowed))}-D tensor, got shape {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (the query's device), got one on {x.device}")
+    return x
+
+
+def check_shape(x: torch.Tensor, name: str, expected: tuple) -> None:
+    """``expected`` may hold None for a free dim."""
+    ok = x.dim() == len(expected) and all(e is None or e == s for e, s in zip(expected, x.shape))
+    if not ok:
+        want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(x.shape)}")
+
+
+def check_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name}: expected stride 1 in the last (head_dim) dim, got strides {tuple(x.stride())}")
+
+
+def check_layout(kv_layout, name: str = "kv_layout") -> str:
+    if not isinstance(kv_layout, str) or kv_layout.upper() not in LAYOUTS:
+        raise ValueError(f"{name}: expected 'NHD' or 'HND', got {kv_layout!r}")
+    return kv_layout.upper()
+
+
+def check_int(value, name: str, *, minimum: int | None = None, choices=None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    if choices is not None and value not in choices:
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value}")
+    return value
+
+
+def check_window(window_left, name: str = "window_left") -> int:
+    w = check_int(window_left, name)
+    if w < -1:
+        raise ValueError(f"{name}: expected -1 (no window) or an int >= 0, got {w}")
+    return w
+
+
+def check_sinks(sinks, name: str, num_heads: int, device) -> torch.Tensor | None:
+    """Sinks as float32 ``[num_heads]`` (any shape with that many elements is flattened)."""
+    if sinks is None:
+        return None
+    if isinstance(sinks, (list, tuple)):
+        if len(sinks) != 1:
+            raise ValueError(f"{name}: expected a tensor or a list of one tensor, got a list of {len(sinks)}")
+        sinks = sinks[0]
+    check_tensor(sinks, name, dtypes=(torch.float32,), device=device)
+    if sinks.numel() != num_heads:
+        raise ValueError(f"{name}: expected {num_heads} values (one per query head), got shape {list(sinks.shape)}")
+    return sinks.reshape(num_heads)
+
+
+def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
+    check_tensor(seq_lens, name, dtypes=(torch.int32, torch.uint32), device=device)
+    if seq_lens.numel() != batch:
+        raise ValueError(f"{name}: expected {batch} lengths (one per request), got shape {list(seq_lens.shape)}")
+    return seq_lens.reshape(batch)
+
+
+def check_workspace(workspace, name: str, device) -> torch.Tensor:
+    check_tensor(workspace, name, dtypes=(torch.uint8,), device=device)
+    if not workspace.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(workspace.stride())}")
+    return workspace
+
+
+# ---------------------------------------------------------------------------------------------
+# scales
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scale:
+    """``factor * tensor[0]`` (``tensor`` None means 1): a host float and an optional device value.
+
+    Kernels take ``factor`` as an argument and read ``tensor`` on the device, so neither form makes
+    the host wait.
+    """
+
+    factor: float = 1.0
+    tensor: torch.Tensor | None = None
+
+    def times(self, other: "Scale | float") -> "Scale":
+        if not isinstance(other, Scale):
+            return Scale(self.factor * float(other), self.tensor)
+        if self.tensor is not None and other.tensor is not None:
+            # Two device factors: their product is one more tiny device op (no sync).
+            return Scale(self.factor * other.factor, (self.tensor.reshape(1) * other.tensor.reshape(1)))
+        return Scale(self.factor * other.factor, self.tensor if self.tensor is not None else other.tensor)
+
+    def value(self, device=None) -> torch.Tensor | float:
+        """For the reference backend: a float, or a 0-d float32 tensor."""
+        if self.tensor is None:
+            return self.factor
+        return self.tensor.reshape(()).to(torch.float32) * self.factor
+
+
+def to_scale(value, name: str, device, *, allow_none_as: float | None = None) -> Scale:
+    if value is None:
+        if allow_none_as is None:
+            raise TypeError(f"{name}: expected a float or a one-element float32 tensor, got None")
+        return Scale(float(allow_none_as))
+    if isinstance(value, torch.Tensor):
+        check_tensor(value, name, dtypes=(torch.float32,))
+        if value.numel() != 1:
+            raise ValueError(f"{name}: expected a one-element tensor, got shape {list(value.shape)}")
+        if value.device != device:
+            raise ValueError(f"{name}: expected a tensor on {device} (the query's device), got one on {value.device}")
+        return Scale(1.0, value.reshape(1))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a float or a one-element float32 tensor, got {type(value).__name__}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{name}: expected a finite value, got {value}")
+    return Scale(float(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# paged caches
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class PagedKV:
+    """K and V pages as ``[num_pages, page_size, num_kv_heads, stored_dim]`` strided views.
+
+    ``stored_dim`` is ``head_dim`` for fp16/bf16/fp8 caches and ``head_dim / 2`` for NVFP4 (uint8,
+    two codes a byte; ``k_sf``/``v_sf`` then hold the e4m3 block scales
+    ``[num_pages, page_size, num_kv_heads, head_dim / 16]``). ``k_table``/``v_table`` are int32
+    ``[batch, pages_per_seq]`` (the same tensor when K and V share page ids). MLA's V is a view of
+    the first ``v_dim`` columns of K.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_table: torch.Tensor
+    v_table: torch.Tensor
+    head_dim: int
+    v_dim: int
+    k_sf: torch.Tensor | None = None
+    v_sf: torch.Tensor | None = None
+    kv_format: str = field(init=False)
+
+    def __post_init__(self):
+        dt = self.k.dtype
+        self.kv_format = {
+            torch.float16: "float16",
+            torch.bfloat16: "bfloat16",
+            FP8_DTYPE: "fp8",
+            torch.uint8: "nvfp4",
+        }[dt]
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def pages_per_seq(self) -> int:
+        return self.k_table.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a request can hold: pages_per_seq * page_size."""
+        return self.pages_per_seq * self.page_size
+
+
+def _to_nhd(pages: torch.Tensor, layout: str) -> torch.Tensor:
+    """``[P, page, H, D]`` view of a 4-D page tensor in ``layout``."""
+    return pages if layout == "NHD" else pages.transpose(1, 2)
+
+
+def _split_kv(kv_cache, name: str):
+    """``(k, v)`` 4-D page tensors from a tuple or from one 5-D tensor with a size-2/1 plane."""
+    if isinstance(kv_cache, (tuple, list)):
+        if len(kv_cache) != 2:
+            raise ValueError(f"{name}: expected a (k_cache, v_cache) pair, got {len(kv_cache)} tensors")
+        k, v = kv_cache
+        check_tensor(k, f"{name}[0]", ndim=4)
+        check_tensor(v, f"{name}[1]", ndim=4)
+        return k, v
+    check_tensor(kv_cache, name, ndim=5)
+    if kv_cache.shape[1] not in (1, 2):
+        raise ValueError(
+            f"{name}: expected dim 1 of size 2 (K, V) or 1 (K = V) after the page dim, got shape {list(kv_cache.shape)}"
+        )
+    k = kv_cache[:, 0]
+    v = kv_cache[:, 1] if kv_cache.shape[1] == 2 else kv_cache[:, 0]
+    return k, v
+
+
+def paged_kv_from_cache(
+    kv_cache,
+    block_tables: torch.Tensor,
+    kv_layout: str,
+    head_dim: int,
+    device,
+    *,
+    kv_sf=None,
+    name: str = "kv_cache",
+    table_name: str = "block_tables",
+    sf_name: str = "kv_cache_sf",
+    split_tables: bool = False,
+    allowed_dtypes=KV_DTYPES,
+) -> PagedKV:
+    """Normalise the decode/prefill cache forms (tuple or 5-D, NHD or HND) into a :class:`PagedKV`."""
+    layout = check_layout(kv_layout)
+    k, v = _split_kv(kv_cache, name)
+    for t, n in ((k, name), (v, name)):
+        check_tensor(t, n, dtypes=allowed_dtypes, device=device)
+        check_last_dim_contiguous(t, n)
+    if k.dtype != v.dtype:
+        raise TypeError(f"{name}: expected K and V of one dtype, got {k.dtype} and {v.dtype}")
+    k, v = _to_nhd(k, layout), _to_nhd(v, layout)
+    if k.shape[:3] != v.shape[:3] or k.shape[-1] != v.shape[-1]:
+        raise ValueError(f"{name}: expected K and V pages of one shape, got {list(k.shape)} and {list(v.shape)} (as NHD)")
+    nvfp4 = k.dtype == torch.uint8
+    stored = head_dim // 2 if nvfp4 else head_dim
+    if k.shape[-1] != stored:
+        what = f"head_dim / 2 = {stored} (NVFP4 packs two values a byte)" if nvfp4 else f"head_dim = {head_dim}"
+        raise ValueError(f"{name}: expected a last dim of {what}, got {k.shape[-1]}")
+
+    check_tensor(block_tables, table_name, dtypes=(torch.int32,), device=device)
+    if split_tables:
+        if block_tables.dim() != 3 or block_tables.shape[1] != 2:
+            raise ValueError(
+                f"{table_name}: expected shape [batch, 2, pages_per_seq] with uses_shared_paged_kv_idx=False, "
+                f"got {list(block_tables.shape)}"
+            )
+        k_table, v_table = block_tables[:, 0], block_tables[:, 1]
+    else:
+        if block_tables.dim() != 2:
+            raise ValueError(f"{table_name}: expected shape [batch, pages_per_seq], got {list(block_tables.shape)}")
+        k_table = v_table = block_tables
+
+    k_sf = v_sf = None
+    if nvfp4:
+        if head_dim % NVFP4_BLOCK:
+            raise ValueError(f"{name}: NVFP4 needs head_dim a multiple of 16, got {head_dim}")
+        if kv_sf is None:
+            raise ValueError(f"{sf_name}: expected NVFP4 block scales with a uint8 (NVFP4) cache, got None")
+        k_sf, v_sf = _split_kv(kv_sf, sf_name)
+        for t in (k_sf, v_sf):
+            check_tensor(t, sf_name, dtypes=(FP8_DTYPE,), device=device)
+            check_last_dim_contiguous(t, sf_name)
+        k_sf, v_sf = _to_nhd(k_sf, layout), _to_nhd(v_sf, layout)
+        want = (*k.shape[:3], head_dim // NVFP4_BLOCK)
+        for t in (k_sf, v_sf):
+            if tuple(t.shape) != want:
+                raise ValueError(f"{sf_name}: expected block scales of shape {list(want)} (as NHD), got {list(t.shape)}")
+    elif kv_sf is not None:
+        raise ValueError(f"{sf_name}: block scales are only for NVFP4 (uint8) caches, got a {k.dtype} cache")
+    return PagedKV(k, v, k_table, v_table, head_dim, head_dim, k_sf, v_sf)
+
+
+def debug_check_pages(kv: PagedKV, seq_lens: torch.Tensor, name: str = "block_tables") -> None:
+    """Device-value checks (synchronising): run only with ``KVATTN_DEBUG=1``.
+
+    Every page a request uses must be a valid page id and every length must fit the table.
+    """
+    if not _env.debug_checks():
+        return
+    lens = seq_lens.to(torch.int64).cpu()
+    cap = kv.capacity
+    if bool((lens > cap).any()):
+        raise ValueError(f"seq_lens: a length exceeds the page table's capacity {cap} (max given {int(lens.max())})")
+    pages_needed = (lens + kv.page_size - 1) // kv.page_size
+    cols = torch.arange(kv.pages_per_seq)
+    for table in {id(kv.k_table): kv.k_table, id(kv.v_table): kv.v_table}.values():
+        t = table.to(torch.int64).cpu()
+        used = cols.unsqueeze(0) < pages_needed.unsqueeze(1)
+        bad = used & ((t < 0) | (t >= kv.num_pages))
+        if bool(bad.any()):
+            b, p = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"{name}: request {b} page slot {p} holds page id {int(t[b, p])}, outside [0, {kv.num_pages})"
+            )
+
+
+def check_max_seq_len(max_seq_len, name: str, kv: PagedKV) -> int:
+    m = check_int(max_seq_len, name, minimum=0)
+    if m > kv.capacity:
+        raise ValueError(
+            f"{name}: expected at most block_tables.shape[1] * page_size = {kv.capacity}, got {m}"
+        )
+    return m

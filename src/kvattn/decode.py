@@ -1,0 +1,322 @@
+"""Decode attention: paged batch decode and single-request decode.
+
+Both functions keep FlashInfer's signatures exactly; their semantics are kvattn's SPEC.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional, Tuple, Union, overload
+
+import torch
+
+from . import _backend, reference
+from ._inputs import (
+    HALF_DTYPES,
+    Scale,
+    check_int,
+    check_layout,
+    check_last_dim_contiguous,
+    check_max_seq_len,
+    check_seq_lens,
+    check_shape,
+    check_sinks,
+    check_tensor,
+    check_window,
+    check_workspace,
+    debug_check_pages,
+    paged_kv_from_cache,
+    to_scale,
+)
+from .formats import FP8_DTYPE
+
+DECODE_HEAD_DIMS = (64, 128, 256)
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
+
+
+def check_query_heads(query: torch.Tensor, name: str, num_kv_heads: int) -> int:
+    hq = query.shape[-2]
+    if hq % num_kv_heads:
+        raise ValueError(f"{name}: expected a number of heads divisible by num_kv_heads={num_kv_heads}, got {hq}")
+    return hq // num_kv_heads
+
+
+def check_head_dim(head_dim: int, name: str, allowed=DECODE_HEAD_DIMS) -> int:
+    if head_dim not in allowed:
+        raise ValueError(f"{name}: expected head_dim in {allowed}, got {head_dim}")
+    return head_dim
+
+
+def check_out(out, name: str, shape: tuple, dtypes, device) -> torch.Tensor:
+    check_tensor(out, name, dtypes=dtypes, device=device)
+    check_shape(out, name, shape)
+    check_last_dim_contiguous(out, name)
+    return out
+
+
+def xqa_batch_decode_with_kv_cache(
+    query: torch.Tensor,
+    kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+    workspace_buffer: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    bmm1_scale: Union[float, torch.Tensor] = 1.0,
+    bmm2_scale: Union[float, torch.Tensor] = 1.0,
+    window_left: int = -1,
+    out: Optional[torch.Tensor] = None,
+    sinks: Optional[torch.Tensor] = None,
+    kv_layout: str = "NHD",
+    enable_pdl: bool = None,
+    q_len_per_req: Optional[int] = 1,
+    o_scale: Optional[float] = 1.0,
+    mask: Optional[torch.Tensor] = None,
+    kv_cache_sf: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
+) -> torch.Tensor:
+    """Paged batch decode: each request's ``q_len_per_req`` query tokens over its paged KV cache.
+
+    Parameters
+    ----------
+    query : torch.Tensor ``[B * q_len_per_req, Hq, D]``, float16 or bfloat16
+        Rows request-major, then draft index. ``D`` in 64, 128, 256.
+    kv_cache : torch.Tensor or (torch.Tensor, torch.Tensor)
+        One tensor ``[P, 2 or 1, page_size, Hkv, D]`` (NHD) / ``[P, 2 or 1, Hkv, page_size, D]`` (HND)
+        (plane 1 of size 1: K and V are the same buffer), or a ``(K, V)`` tuple of
+        ``[P, page_size, Hkv, D]`` / ``[P, Hkv, page_size, D]``. Dtype: the query's, float8_e4m3fn, or
+        uint8 NVFP4 (last dim ``D / 2``, with ``kv_cache_sf``). Only the last dim must be contiguous.
+    workspace_buffer : torch.Tensor uint8
+        Scratch for split-KV partials; zero it before its first use. Nothing else is allocated
+        when ``out`` is given.
+    block_tables : torch.Tensor int32 ``[B, pages_per_seq]``
+    seq_lens : torch.Tensor int32 or uint32 ``[B]``
+        KV length of each request, including its ``q_len_per_req`` new tokens. 0 gives a zero output.
+    max_seq_len : int
+        Host-side upper bound of ``seq_lens`` (sizes the launch); at most ``pages_per_seq * page_size``.
+    bmm1_scale, bmm2_scale : float or one-element float32 tensor
+        Logit multiplier (put ``1/sqrt(D)`` and q/k dequant scales here) and output multiplier.
+    window_left : int
+        ``w >= 0``: a query at position ``p`` sees keys ``p - w .. p``; -1: no window.
+    out : torch.Tensor, optional ``[B * q_len_per_req, Hq, D]``
+        The query's dtype, or float8_e4m3fn (needs an fp8 cache).
+    sinks : torch.Tensor float32 ``[Hq]``, optional
+    kv_layout : {"NHD", "HND"}
+    enable_pdl : bool, optional
+        Accepted for compatibility; Triton launches do not use PDL.
+    q_len_per_req : int
+        Query tokens per request (speculative decoding); None means 1.
+    o_scale : float
+        Output scale: the result is ``bmm2 * o_scale * softmax(...) V``, stored divided by
+        ``o_scale`` when ``out`` is fp8.
+    mask : torch.Tensor uint16 ``[B, q_len_per_req, 2 * ceil(q_len_per_req / 32)]``, optional
+        Bit ``c % 16`` of word ``c // 16`` of row ``r`` lets draft row ``r`` see draft token ``c``;
+        None means causal among the drafts.
+    kv_cache_sf : torch.Tensor or tuple, optional
+        NVFP4 e4m3 block scales, the data's shape with last dim ``D / 16``.
+
+    Returns
+    -------
+    torch.Tensor ``[B * q_len_per_req, Hq, D]``
+
+    Examples
+    --------
+    >>> import torch, kvattn
+    >>> B, Hq, Hkv, D, page = 2, 8, 2, 128, 16
+    >>> q = torch.randn(B, Hq, D, dtype=torch.bfloat16)
+    >>> kv = torch.randn(8, 2, page, Hkv, D, dtype=torch.bfloat16)
+    >>> tables = torch.randperm(8, dtype=torch.int32).view(B, 4)
+    >>> lens = torch.tensor([37, 64], dtype=torch.int32)
+    >>> ws = torch.zeros(1 << 20, dtype=torch.uint8)
+    >>> o = kvattn.decode.xqa_batch_decode_with_kv_cache(q, kv, ws, tables, lens, 64, bmm1_scale=D ** -0.5)
+    >>> o.shape
+    torch.Size([2, 8, 128])
+    """
+    check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3)
+    check_last_dim_contiguous(query, "query")
+    device = query.device
+    head_dim = check_head_dim(query.shape[-1], "query")
+    q_len = 1 if q_len_per_req is None else check_int(q_len_per_req, "q_len_per_req", minimum=1)
+    if query.shape[0] % q_len:
+        raise ValueError(
+            f"q_len_per_req: expected a divisor of query.shape[0]={query.shape[0]} (B * q_len_per_req rows), got {q_len}"
+        )
+    batch = query.shape[0] // q_len
+    kv = paged_kv_from_cache(
+        kv_cache, block_tables, kv_layout, head_dim, device,
+        kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, FP8_DTYPE, torch.uint8),
+    )
+    check_query_heads(query, "query", kv.num_kv_heads)
+    if block_tables.shape[0] != batch:
+        raise ValueError(
+            f"block_tables: expected {batch} rows (query rows / q_len_per_req), got {block_tables.shape[0]}"
+        )
+    seq_lens = check_seq_lens(seq_lens, "seq_lens", batch, device)
+    max_seq_len = check_max_seq_len(max_seq_len, "max_seq_len", kv)
+    check_workspace(workspace_buffer, "workspace_buffer", device)
+    window_left = check_window(window_left)
+    sinks = check_sinks(sinks, "sinks", query.shape[1], device)
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
+    if o_scale is None:
+        o_scale = 1.0
+    if isinstance(o_scale, bool) or not isinstance(o_scale, (int, float)) or not math.isfinite(o_scale) or o_scale == 0:
+        raise ValueError(f"o_scale: expected a finite non-zero float, got {o_scale!r}")
+    if mask is not None:
+        check_tensor(mask, "mask", dtypes=(torch.uint16,), device=device)
+        check_shape(mask, "mask", (batch, q_len, 2 * ((q_len + 31) // 32)))
+    logit = to_scale(bmm1_scale, "bmm1_scale", device)
+    bmm2 = to_scale(bmm2_scale, "bmm2_scale", device)
+
+    if out is None:
+        out = torch.empty_like(query)
+    else:
+        check_out(out, "out", tuple(query.shape), (query.dtype, FP8_DTYPE), device)
+        if out.dtype == FP8_DTYPE and kv.kv_format != "fp8":
+            raise TypeError(f"out: a float8_e4m3fn output needs an fp8 cache, got a {kv.kv_format} cache")
+    # Stored value: o_real / o_scale for an fp8 output, o_real otherwise (o_real = bmm2 * o_scale * o).
+    out_scale = bmm2 if out.dtype == FP8_DTYPE else bmm2.times(float(o_scale))
+    debug_check_pages(kv, seq_lens)
+
+    args = dict(q_len=q_len, logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask)
+    if _backend.use_triton("batch_decode", device):
+        from .ops import decode as ops_decode
+
+        ops_decode.batch_decode(
+            query, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, enable_pdl=bool(enable_pdl), **args
+        )
+    else:
+        reference.batch_decode(query, kv, seq_lens, out, **args)
+    return out
+
+
+@overload
+def single_decode_with_kv_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layout: str = ..., pos_encoding_mode: str = ...,
+    use_tensor_cores: bool = ..., q_scale: Optional[float] = ..., k_scale: Optional[float] = ...,
+    v_scale: Optional[float] = ..., window_left: int = ..., logits_soft_cap: Optional[float] = ...,
+    sm_scale: Optional[float] = ..., rope_scale: Optional[float] = ..., rope_theta: Optional[float] = ...,
+    return_lse: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def single_decode_with_kv_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layout: str = ..., pos_encoding_mode: str = ...,
+    use_tensor_cores: bool = ..., q_scale: Optional[float] = ..., k_scale: Optional[float] = ...,
+    v_scale: Optional[float] = ..., window_left: int = ..., logits_soft_cap: Optional[float] = ...,
+    sm_scale: Optional[float] = ..., rope_scale: Optional[float] = ..., rope_theta: Optional[float] = ...,
+    return_lse: Literal[True] = ...,
+) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def _optional_float(value, name: str, default: float, *, positive: bool = False) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name}: expected a finite float or None, got {value!r}")
+    if positive and value <= 0:
+        raise ValueError(f"{name}: expected a value > 0, got {value}")
+    return float(value)
+
+
+def single_decode_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Decode one query token of one request over contiguous K/V.
+
+    Parameters
+    ----------
+    q : torch.Tensor ``[Hq, D]``, float16 or bfloat16; ``D`` in 64, 128, 256
+    k, v : torch.Tensor ``[L, Hkv, D]`` (NHD) or ``[Hkv, L, D]`` (HND)
+        The query's dtype or float8_e4m3fn (raw values; dequant through ``k_scale``/``v_scale``).
+    kv_layout : {"NHD", "HND"}
+    pos_encoding_mode : {"NONE", "ROPE_LLAMA", "ALIBI"}
+        ROPE_LLAMA rotates q (at position ``L - 1``) and each key (at its index) inside the kernel;
+        ALIBI adds ``slope_h * j`` to the logit of key ``j``.
+    use_tensor_cores : bool
+        Picks the tile shape; results agree up to rounding.
+    q_scale, k_scale, v_scale : float, optional
+        Logits are ``sm_scale * q_scale * k_scale * q.k``; ``v_scale`` multiplies the output.
+    window_left : int
+        ``w >= 0``: the query sees keys ``L - 1 - w .. L - 1``; -1: all keys.
+    logits_soft_cap : float, optional
+        ``c > 0``: logits become ``c * tanh(s / c)`` (after the ALiBi bias).
+    sm_scale : float, optional
+        Default ``1 / sqrt(D)``.
+    rope_scale, rope_theta : float, optional
+        Defaults 1 and 1e4: ``freq_i = theta^(-2i/D) / rope_scale``.
+    return_lse : bool
+        Also return the base-2 log-sum-exp of the logits, float32 ``[Hq]``.
+
+    Returns
+    -------
+    torch.Tensor ``[Hq, D]`` in q's dtype, and with ``return_lse`` a float32 ``[Hq]`` LSE.
+
+    Examples
+    --------
+    >>> import torch, kvattn
+    >>> q = torch.randn(32, 128, dtype=torch.float16)
+    >>> k = torch.randn(4096, 32, 128, dtype=torch.float16)
+    >>> v = torch.randn(4096, 32, 128, dtype=torch.float16)
+    >>> o = kvattn.decode.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA")
+    >>> o.shape
+    torch.Size([32, 128])
+    """
+    check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=2)
+    check_last_dim_contiguous(q, "q")
+    device = q.device
+    head_dim = check_head_dim(q.shape[-1], "q")
+    layout = check_layout(kv_layout)
+    for t, n in ((k, "k"), (v, "v")):
+        check_tensor(t, n, dtypes=(q.dtype, FP8_DTYPE), ndim=3, device=device)
+        check_last_dim_contiguous(t, n)
+    if k.dtype != v.dtype:
+        raise TypeError(f"v: expected the dtype of k ({k.dtype}), got {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"v: expected the shape of k {list(k.shape)}, got {list(v.shape)}")
+    k_nhd, v_nhd = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+    if k_nhd.shape[-1] != head_dim:
+        raise ValueError(f"k: expected head_dim {head_dim} (the query's), got {k_nhd.shape[-1]}")
+    check_query_heads(q, "q", k_nhd.shape[1])
+    if not isinstance(pos_encoding_mode, str) or pos_encoding_mode.upper() not in POS_ENCODING_MODES:
+        raise ValueError(f"pos_encoding_mode: expected one of {POS_ENCODING_MODES}, got {pos_encoding_mode!r}")
+    pos_encoding_mode = pos_encoding_mode.upper()
+    if not isinstance(use_tensor_cores, bool):
+        raise TypeError(f"use_tensor_cores: expected a bool, got {type(use_tensor_cores).__name__}")
+    window_left = check_window(window_left)
+    soft_cap = _optional_float(logits_soft_cap, "logits_soft_cap", 0.0)
+    if soft_cap < 0:
+        raise ValueError(f"logits_soft_cap: expected a value >= 0 (0 or None: off), got {soft_cap}")
+    sm = _optional_float(sm_scale, "sm_scale", 1.0 / math.sqrt(head_dim))
+    logit = Scale(sm * _optional_float(q_scale, "q_scale", 1.0) * _optional_float(k_scale, "k_scale", 1.0))
+    out_scale = Scale(_optional_float(v_scale, "v_scale", 1.0))
+    rope_scale = _optional_float(rope_scale, "rope_scale", 1.0, positive=True)
+    rope_theta = _optional_float(rope_theta, "rope_theta", 1e4, positive=True)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+
+    args = dict(
+        logit_scale=logit, out_scale=out_scale, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+        logits_soft_cap=soft_cap or None, rope_scale=rope_scale, rope_theta=rope_theta,
+    )
+    if _backend.use_triton("single_decode", device):
+        from .ops import decode as ops_decode
+
+        out, lse = ops_decode.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, **args)
+    else:
+        o, lse = reference.single_decode(q, k_nhd, v_nhd, **args)
+        out = o.to(q.dtype)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,131 @@
+"""DeepSeek MLA decode over a latent paged cache (``[ckv(512) | kpe(64)]`` per token)."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+import torch
+
+from . import _backend, reference
+from ._inputs import (
+    PagedKV,
+    check_int,
+    check_last_dim_contiguous,
+    check_max_seq_len,
+    check_seq_lens,
+    check_shape,
+    check_tensor,
+    check_workspace,
+    debug_check_pages,
+    to_scale,
+)
+from .decode import check_out
+from .formats import FP8_DTYPE
+
+MLA_DTYPES = (torch.bfloat16, FP8_DTYPE)
+KV_LORA_RANK = 512
+QK_ROPE_HEAD_DIM = 64
+QK_NOPE_HEAD_DIM = 128
+
+
+def xqa_batch_decode_with_kv_cache_mla(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    workspace_buffer: torch.Tensor,
+    qk_nope_head_dim: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out: Optional[torch.Tensor] = None,
+    bmm1_scale: Union[float, torch.Tensor] = 1.0,
+    bmm2_scale: Union[float, torch.Tensor] = 1.0,
+    sinks: Optional[List[torch.Tensor]] = None,
+    enable_pdl: Optional[bool] = None,
+) -> torch.Tensor:
+    """MLA decode: each query row attends over the 576-wide latent rows of its request.
+
+    Parameters
+    ----------
+    query : torch.Tensor ``[B, 1, Hq, 576]`` = ``[q_nope_absorbed(512) | q_rope(64)]``, bfloat16 or fp8
+        Any ``Hq``.
+    kv_cache : torch.Tensor ``[P, page_size, 576]`` or ``[P, 1, page_size, 576]`` = ``[ckv | kpe]``
+        bfloat16 or float8_e4m3fn; row ``j`` is key ``j`` (all 576) and value ``j`` (first 512).
+    workspace_buffer : torch.Tensor uint8 (zeroed before first use)
+    qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim : int
+        Must be 128, 512, 64.
+    block_tables : torch.Tensor int32 ``[B, pages_per_seq]``
+    seq_lens : torch.Tensor int32 or uint32 ``[B]``
+    max_seq_len : int
+        Host-side bound of ``seq_lens``.
+    out : torch.Tensor ``[B, Hq, 512]`` bfloat16, optional
+    bmm1_scale, bmm2_scale : float or one-element float32 tensor
+        Logits ``bmm1 * q.kv``; output ``bmm2 * softmax(...) ckv``.
+    sinks : must be None
+    enable_pdl : bool, optional (accepted; unused by Triton launches)
+
+    Returns
+    -------
+    torch.Tensor ``[B, Hq, 512]`` bfloat16
+
+    Examples
+    --------
+    >>> import torch, kvattn
+    >>> q = torch.randn(2, 1, 16, 576, dtype=torch.bfloat16)
+    >>> cache = torch.randn(6, 32, 576, dtype=torch.bfloat16)
+    >>> table = torch.tensor([[4, 0, 2], [1, 5, 3]], dtype=torch.int32)
+    >>> lens = torch.tensor([70, 33], dtype=torch.int32)
+    >>> o = kvattn.mla.xqa_batch_decode_with_kv_cache_mla(
+    ...     q, cache, torch.zeros(1 << 20, dtype=torch.uint8), 128, 512, 64, table, lens, 96,
+    ...     bmm1_scale=192 ** -0.5)
+    >>> o.shape
+    torch.Size([2, 16, 512])
+    """
+    check_int(qk_nope_head_dim, "qk_nope_head_dim", choices=(QK_NOPE_HEAD_DIM,))
+    check_int(kv_lora_rank, "kv_lora_rank", choices=(KV_LORA_RANK,))
+    check_int(qk_rope_head_dim, "qk_rope_head_dim", choices=(QK_ROPE_HEAD_DIM,))
+    dim = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+    check_tensor(query, "query", dtypes=MLA_DTYPES, ndim=4)
+    check_last_dim_contiguous(query, "query")
+    device = query.device
+    batch, q_len, num_heads = query.shape[0], query.shape[1], query.shape[2]
+    if q_len != 1:
+        raise ValueError(f"query: expected q_len_per_request 1 (shape [B, 1, Hq, 576]), got {list(query.shape)}")
+    check_shape(query, "query", (batch, 1, num_heads, dim))
+    check_tensor(kv_cache, "kv_cache", dtypes=MLA_DTYPES, ndim=(3, 4), device=device)
+    check_last_dim_contiguous(kv_cache, "kv_cache")
+    if kv_cache.dim() == 4:
+        if kv_cache.shape[1] != 1:
+            raise ValueError(f"kv_cache: expected shape [P, 1, page_size, {dim}], got {list(kv_cache.shape)}")
+        kv_cache = kv_cache[:, 0]
+    if kv_cache.shape[-1] != dim:
+        raise ValueError(f"kv_cache: expected a last dim of {dim} (kv_lora_rank + qk_rope_head_dim), got {kv_cache.shape[-1]}")
+    if sinks is not None:
+        raise ValueError("sinks: MLA decode takes no attention sinks; expected None")
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
+    check_tensor(block_tables, "block_tables", dtypes=(torch.int32,), ndim=2, device=device)
+    if block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables: expected {batch} rows (one per request), got {block_tables.shape[0]}")
+    pages = kv_cache.unsqueeze(2)  # [P, page_size, 1, 576]: one latent "head"
+    kv = PagedKV(pages, pages, block_tables, block_tables, dim, KV_LORA_RANK)
+    seq_lens = check_seq_lens(seq_lens, "seq_lens", batch, device)
+    max_seq_len = check_max_seq_len(max_seq_len, "max_seq_len", kv)
+    check_workspace(workspace_buffer, "workspace_buffer", device)
+    logit = to_scale(bmm1_scale, "bmm1_scale", device)
+    out_scale = to_scale(bmm2_scale, "bmm2_scale", device)
+    if out is None:
+        out = torch.empty(batch, num_heads, KV_LORA_RANK, dtype=torch.bfloat16, device=device)
+    else:
+        check_out(out, "out", (batch, num_heads, KV_LORA_RANK), (torch.bfloat16,), device)
+    debug_check_pages(kv, seq_lens)
+    q3 = query[:, 0]
+    if _backend.use_triton("mla_decode", device):
+        from .ops import mla as ops_mla
+
+        ops_mla.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len,
+                           logit_scale=logit, out_scale=out_scale)
+    else:
+        reference.mla_decode(q3, kv, seq_lens, out, logit_scale=logit, out_scale=out_scale)
+    return out

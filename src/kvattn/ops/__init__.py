@@ -1,0 +1,1 @@
+"""Triton kernel families. Importing this package registers their torch ops."""

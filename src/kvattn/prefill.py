@@ -1,0 +1,225 @@
+"""Paged causal context attention (prefill) of ragged query batches."""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple, Union
+
+import torch
+
+from . import _backend, reference
+from ._inputs import (
+    HALF_DTYPES,
+    check_int,
+    check_last_dim_contiguous,
+    check_seq_lens,
+    check_shape,
+    check_sinks,
+    check_tensor,
+    check_window,
+    check_workspace,
+    debug_check_pages,
+    paged_kv_from_cache,
+    to_scale,
+)
+from .decode import check_out, check_query_heads
+from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, round_up
+from .reference.core import store_output
+
+PREFILL_HEAD_DIMS = (64, 128, 256)
+_DTYPE_NAMES = {
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float8_e4m3fn": FP8_DTYPE, "fp8": FP8_DTYPE, "e4m3": FP8_DTYPE,
+}
+_OUT_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE)
+
+
+def _resolve_out_dtype(out, out_dtype, query_dtype):
+    """``"nvfp4"`` or a torch dtype: ``out_dtype``, else ``out``'s, else the query's."""
+    if out_dtype is not None:
+        if isinstance(out_dtype, str):
+            key = out_dtype.lower().replace("torch.", "")
+            if key == "nvfp4":
+                return "nvfp4"
+            if key not in _DTYPE_NAMES:
+                raise ValueError(f"out_dtype: expected float16, bfloat16, float8_e4m3fn or 'nvfp4', got {out_dtype!r}")
+            return _DTYPE_NAMES[key]
+        if out_dtype not in _OUT_DTYPES:
+            raise TypeError(f"out_dtype: expected float16, bfloat16, float8_e4m3fn or 'nvfp4', got {out_dtype}")
+        return out_dtype
+    if isinstance(out, FP4Tensor):
+        return "nvfp4"
+    if out is not None:
+        return out.dtype
+    return FP8_DTYPE if query_dtype == FP8_DTYPE else query_dtype
+
+
+def trtllm_batch_context_with_kv_cache(
+    query: torch.Tensor,
+    kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+    workspace_buffer: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    bmm1_scale: Union[float, torch.Tensor],
+    bmm2_scale: Union[float, torch.Tensor],
+    batch_size: int,
+    cum_seq_lens_q: torch.Tensor,
+    cum_seq_lens_kv: torch.Tensor,
+    window_left: int = -1,
+    out: Optional[Union[torch.Tensor, FP4Tensor]] = None,
+    out_dtype: Optional[Union[str, torch.dtype]] = None,
+    o_sf_scale: Optional[float] = None,
+    o_sf_vec_size: Optional[int] = None,
+    kv_layout: str = "HND",
+    enable_pdl: Optional[bool] = None,
+    sinks: Optional[List[torch.Tensor]] = None,
+    kv_block_scales: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
+    skip_softmax_threshold_scale_factor: Optional[float] = None,
+    uses_shared_paged_kv_idx: bool = True,
+) -> Union[torch.Tensor, FP4Tensor]:
+    """Causal attention of each request's new query tokens over its paged KV cache.
+
+    Parameters
+    ----------
+    query : torch.Tensor ``[sum_q, Hq, D]``, float16, bfloat16 or float8_e4m3fn; ``D`` in 64, 128, 256
+        Request ``b`` owns rows ``cum_seq_lens_q[b] : cum_seq_lens_q[b + 1]``: the last ``Lq`` of its
+        ``L = seq_lens[b]`` tokens (already in the cache). Row ``i`` at ``p = L - Lq + i`` sees keys
+        ``j <= p`` (and ``p - j <= window_left`` when ``window_left >= 0``).
+    kv_cache : torch.Tensor or (torch.Tensor, torch.Tensor)
+        As in :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`, default layout HND. Dtype: the
+        query's (float16/bfloat16), float8_e4m3fn, or uint8 NVFP4 with ``kv_block_scales``.
+    workspace_buffer : torch.Tensor uint8
+    block_tables : torch.Tensor int32 ``[B, pages_per_seq]``, or ``[B, 2, pages_per_seq]`` (K, V page
+        ids) with ``uses_shared_paged_kv_idx=False``
+    seq_lens : torch.Tensor int32 or uint32 ``[B]``
+    max_q_len, max_kv_len : int
+        Host-side bounds of the query and KV lengths (size the launch).
+    bmm1_scale, bmm2_scale : float or one-element float32 tensor
+        Logits ``bmm1 * q.k``; output ``bmm2 * softmax(...) V`` (``bmm2 = v_scale / o_scale`` for a
+        quantised output).
+    batch_size : int
+    cum_seq_lens_q : torch.Tensor int32 ``[B + 1]``
+    cum_seq_lens_kv : torch.Tensor int32 ``[B + 1]`` (checked, not needed by the computation)
+    window_left : int
+    out : torch.Tensor ``[sum_q, Hq, D]`` or FP4Tensor, optional
+    out_dtype : torch.dtype or str, optional
+        float16, bfloat16, float8_e4m3fn, or ``"nvfp4"`` (returns an :class:`kvattn.formats.FP4Tensor`).
+    o_sf_scale : float, optional
+        NVFP4 output: block scale ``e4m3(o_sf_scale * amax / 6)``; default 1.
+    o_sf_vec_size : int, optional (None or 16)
+    kv_layout : {"HND", "NHD"}
+    enable_pdl : bool, optional (accepted; unused by Triton launches)
+    sinks : float32 ``[Hq]`` tensor (or a list of one), optional
+    kv_block_scales : NVFP4 block scales, ``(k_sf, v_sf)`` or one tensor with a size-2 dim 1
+    skip_softmax_threshold_scale_factor : float, optional
+        ``f > 0``: approximate attention that skips KV tiles whose scores are all below
+        ``running_max + ln(f / L)``; tiles are 128 query rows x 128 keys
+        (``kvattn.reference.SKIP_SOFTMAX_TILE_M/N``). None or 0: exact.
+    uses_shared_paged_kv_idx : bool
+
+    Returns
+    -------
+    torch.Tensor ``[sum_q, Hq, D]`` or FP4Tensor
+
+    Examples
+    --------
+    >>> import torch, kvattn
+    >>> Hq, Hkv, D, page = 8, 2, 64, 16
+    >>> kv = torch.randn(10, 2, Hkv, page, D, dtype=torch.bfloat16)  # HND
+    >>> tables = torch.randperm(10, dtype=torch.int32)[:8].view(2, 4)
+    >>> lens = torch.tensor([40, 64], dtype=torch.int32)
+    >>> cum_q = torch.tensor([0, 5, 69], dtype=torch.int32)
+    >>> cum_kv = torch.tensor([0, 40, 104], dtype=torch.int32)
+    >>> q = torch.randn(69, Hq, D, dtype=torch.bfloat16)
+    >>> o = kvattn.prefill.trtllm_batch_context_with_kv_cache(
+    ...     q, kv, torch.zeros(1 << 20, dtype=torch.uint8), tables, lens, 64, 64, D ** -0.5, 1.0, 2,
+    ...     cum_q, cum_kv)
+    >>> o.shape
+    torch.Size([69, 8, 64])
+    """
+    check_tensor(query, "query", dtypes=(*HALF_DTYPES, FP8_DTYPE), ndim=3)
+    check_last_dim_contiguous(query, "query")
+    device = query.device
+    head_dim = query.shape[-1]
+    if head_dim not in PREFILL_HEAD_DIMS:
+        raise ValueError(f"query: expected head_dim in {PREFILL_HEAD_DIMS}, got {head_dim}")
+    if not isinstance(uses_shared_paged_kv_idx, bool):
+        raise TypeError(f"uses_shared_paged_kv_idx: expected a bool, got {type(uses_shared_paged_kv_idx).__name__}")
+    kv_dtypes = (FP8_DTYPE, torch.uint8) if query.dtype == FP8_DTYPE else (query.dtype, FP8_DTYPE, torch.uint8)
+    kv = paged_kv_from_cache(
+        kv_cache, block_tables, kv_layout, head_dim, device,
+        kv_sf=kv_block_scales, sf_name="kv_block_scales", split_tables=not uses_shared_paged_kv_idx,
+        allowed_dtypes=kv_dtypes,
+    )
+    check_query_heads(query, "query", kv.num_kv_heads)
+    batch = check_int(batch_size, "batch_size", minimum=0)
+    if kv.k_table.shape[0] != batch:
+        raise ValueError(f"block_tables: expected {batch} rows (batch_size), got {kv.k_table.shape[0]}")
+    seq_lens = check_seq_lens(seq_lens, "seq_lens", batch, device)
+    max_q_len = check_int(max_q_len, "max_q_len", minimum=0)
+    max_kv_len = check_int(max_kv_len, "max_kv_len", minimum=0)
+    if max_kv_len > kv.capacity:
+        raise ValueError(f"max_kv_len: expected at most block_tables' capacity {kv.capacity}, got {max_kv_len}")
+    if max_q_len > max_kv_len:
+        raise ValueError(f"max_q_len: expected at most max_kv_len={max_kv_len} (queries are the last tokens), got {max_q_len}")
+    for t, n in ((cum_seq_lens_q, "cum_seq_lens_q"), (cum_seq_lens_kv, "cum_seq_lens_kv")):
+        check_tensor(t, n, dtypes=(torch.int32, torch.int64), ndim=1, device=device)
+        check_shape(t, n, (batch + 1,))
+    check_workspace(workspace_buffer, "workspace_buffer", device)
+    window_left = check_window(window_left)
+    sinks = check_sinks(sinks, "sinks", query.shape[1], device)
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
+    f = skip_softmax_threshold_scale_factor
+    if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0):
+        raise ValueError(f"skip_softmax_threshold_scale_factor: expected None or a finite float >= 0, got {f!r}")
+    if o_sf_vec_size not in (None, NVFP4_BLOCK):
+        raise ValueError(f"o_sf_vec_size: expected None or 16, got {o_sf_vec_size!r}")
+    logit = to_scale(bmm1_scale, "bmm1_scale", device)
+    out_scale = to_scale(bmm2_scale, "bmm2_scale", device)
+
+    sum_q, num_heads = query.shape[0], query.shape[1]
+    kind = _resolve_out_dtype(out, out_dtype, query.dtype)
+    if kind == "nvfp4":
+        sf_scale = 1.0 if o_sf_scale is None else o_sf_scale
+        if isinstance(sf_scale, bool) or not isinstance(sf_scale, (int, float)) or not sf_scale > 0:
+            raise ValueError(f"o_sf_scale: expected a float > 0, got {o_sf_scale!r}")
+        if out is None:
+            out = FP4Tensor.empty(sum_q, num_heads, head_dim, device)
+        elif not isinstance(out, FP4Tensor):
+            raise TypeError(f"out: expected an FP4Tensor for an nvfp4 output, got {type(out).__name__}")
+        else:
+            check_tensor(out.data, "out.data", dtypes=(torch.uint8,), device=device)
+            check_shape(out.data, "out.data", (sum_q, num_heads, head_dim // 2))
+            cols = round_up(num_heads * head_dim // NVFP4_BLOCK, 4)
+            check_tensor(out.scale, "out.scale", dtypes=(FP8_DTYPE, torch.uint8), ndim=2, device=device)
+            if out.scale.shape[1] != cols or out.scale.shape[0] < sum_q + out.scale_start_index:
+                raise ValueError(
+                    f"out.scale: expected shape [>= {sum_q + out.scale_start_index} rows, {cols}], got {list(out.scale.shape)}"
+                )
+    else:
+        if isinstance(out, FP4Tensor):
+            raise TypeError(f"out: an FP4Tensor needs out_dtype='nvfp4', got out_dtype={out_dtype!r}")
+        if out is None:
+            out = torch.empty(sum_q, num_heads, head_dim, dtype=kind, device=device)
+        else:
+            check_out(out, "out", (sum_q, num_heads, head_dim), (kind,), device)
+    debug_check_pages(kv, seq_lens)
+
+    args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
+                skip_softmax_threshold_scale_factor=f or None)
+    if _backend.use_triton("context", device):
+        from .ops import prefill as ops_prefill
+
+        ops_prefill.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
+                            max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, **args)
+        return out
+    o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, **args)
+    if isinstance(out, FP4Tensor):
+        from .formats import quantize_nvfp4_output
+
+        return quantize_nvfp4_output(o_real, 1.0 if o_sf_scale is None else float(o_sf_scale), out)
+    return store_output(o_real, out)

@@ -1,0 +1,99 @@
+"""The pieces every reference function shares: gather a request's tokens, attend, store."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._inputs import PagedKV, Scale
+from ..formats import FP8_DTYPE, dequantize_nvfp4, quantize_fp8
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _scalar(scale: Scale | float, device) -> torch.Tensor:
+    value = scale.value() if isinstance(scale, Scale) else scale
+    return torch.as_tensor(value, dtype=torch.float32, device=device)
+
+
+def gather_tokens(pages: torch.Tensor, sf: torch.Tensor | None, table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """float32 ``[length, heads, dim]`` of one request's tokens, dequantised (raw fp8 values).
+
+    ``pages`` is ``[num_pages, page_size, heads, stored_dim]``; token ``t`` lives in page
+    ``table_row[t // page_size]``, slot ``t % page_size``.
+    """
+    page_size = pages.shape[1]
+    t = torch.arange(length, device=pages.device)
+    page_ids = table_row.to(torch.int64)[t // page_size]
+    rows = pages[page_ids, t % page_size]  # [length, heads, stored_dim]
+    if pages.dtype == torch.uint8:
+        return dequantize_nvfp4(rows, sf[page_ids, t % page_size])
+    return rows.to(torch.float32)
+
+
+def paged_request_kv(kv: PagedKV, b: int, length: int):
+    """``(k, v)`` float32 ``[length, Hkv, D]`` / ``[length, Hkv, Dv]`` of request ``b``."""
+    k = gather_tokens(kv.k, kv.k_sf, kv.k_table[b], length)
+    v = gather_tokens(kv.v, kv.v_sf, kv.v_table[b], length)
+    return k, v[..., : kv.v_dim]
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    logit_scale,
+    *,
+    sinks: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    soft_cap: float | None = None,
+):
+    """Softmax attention of ``M`` query rows over ``L`` keys, in float32.
+
+    Parameters
+    ----------
+    q : ``[M, Hq, D]``; k : ``[L, Hkv, D]``; v : ``[L, Hkv, Dv]`` (query head h reads KV head h // G)
+    allowed : bool ``[M, L]``, which keys each row may see
+    logit_scale : float or 0-d tensor; logits are ``logit_scale * q.k`` (+ bias, then soft cap)
+    sinks : float32 ``[Hq]`` or None; adds ``exp(sink - m)`` to each denominator
+    bias : ``[Hq, M, L]`` or broadcastable, added to the scaled logits
+    soft_cap : ``c > 0`` maps a logit s to ``c * tanh(s / c)``
+
+    Returns
+    -------
+    o : float32 ``[M, Hq, Dv]`` (zero for a row with no allowed key)
+    lse : float32 ``[M, Hq]``, base-2 log-sum-exp of the allowed logits (sinks excluded; -inf if none)
+    """
+    q, k, v = q.float(), k.float(), v.float()
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("mhd,lhd->hml", q, k) * _scalar(logit_scale, q.device)
+    if bias is not None:
+        s = s + bias
+    if soft_cap is not None and soft_cap > 0:
+        s = soft_cap * torch.tanh(s / soft_cap)
+    allowed = allowed.unsqueeze(0).expand_as(s)
+    s = s.masked_fill(~allowed, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)  # exactly 0 where masked
+    denom = p.sum(dim=-1)  # [Hq, M]
+    lse = torch.where(denom > 0, torch.log2(denom) + m.squeeze(-1) * LOG2E, torch.full_like(denom, float("-inf")))
+    if sinks is not None:
+        denom = denom + torch.exp(sinks.float().view(hq, 1) - m.squeeze(-1))
+    o = torch.einsum("hml,lhd->hmd", p, v)
+    o = torch.where(denom.unsqueeze(-1) > 0, o / denom.clamp_min(1e-30).unsqueeze(-1), torch.zeros_like(o))
+    return o.transpose(0, 1).contiguous(), lse.transpose(0, 1).contiguous()
+
+
+def store_output(o_real: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Write float32 values into ``out`` in its dtype (fp8: nearest even, saturating at +-448)."""
+    if out.dtype == FP8_DTYPE:
+        out.copy_(quantize_fp8(o_real))
+    else:
+        out.copy_(o_real.to(out.dtype))
+    return out

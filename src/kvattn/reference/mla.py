@@ -1,0 +1,34 @@
+"""Reference DeepSeek MLA decode over a latent paged cache."""
+
+from __future__ import annotations
+
+import torch
+
+from .._inputs import PagedKV, Scale
+from .core import _scalar, attend, paged_request_kv, store_output
+
+
+def mla_decode(
+    query: torch.Tensor,
+    kv: PagedKV,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    logit_scale: Scale,
+    out_scale: Scale,
+) -> torch.Tensor:
+    """query ``[B, Hq, 576]``; each token's 576-vector is its key, its first 512 its value.
+
+    Writes ``out [B, Hq, 512]`` = ``out_scale * softmax(logit_scale * q.kv) ckv``.
+    """
+    lens = seq_lens.to(torch.int64).tolist()
+    out_mult = _scalar(out_scale, query.device)
+    for b, length in enumerate(lens):
+        if length == 0:
+            out[b].zero_()
+            continue
+        k, v = paged_request_kv(kv, b, length)
+        allowed = torch.ones(1, length, dtype=torch.bool, device=query.device)
+        o, _ = attend(query[b : b + 1], k, v, allowed, logit_scale)
+        store_output(o[0] * out_mult, out[b])
+    return out

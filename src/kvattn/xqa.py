@@ -1,0 +1,183 @@
+"""``xqa``: the low-level paged decode that writes its output in place."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import _backend, reference
+from ._inputs import (
+    HALF_DTYPES,
+    PagedKV,
+    Scale,
+    check_int,
+    check_last_dim_contiguous,
+    check_layout,
+    check_sinks,
+    check_tensor,
+    check_workspace,
+    debug_check_pages,
+    to_scale,
+)
+from .decode import check_head_dim, check_out, check_query_heads
+from .formats import FP8_DTYPE
+
+XQA_PAGE_SIZES = (16, 32, 64, 128)
+
+
+def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: int, layout: str, q_dtype, device):
+    """``[pages, page_size, Hkv, D]`` view of xqa's flat head pool (or of 4-D NHD/HND pages)."""
+    check_tensor(cache, name, dtypes=(q_dtype, FP8_DTYPE), ndim=(2, 4), device=device)
+    check_last_dim_contiguous(cache, name)
+    if cache.shape[-1] != head_dim:
+        raise ValueError(f"{name}: expected head_dim {head_dim} (the query's) in the last dim, got {cache.shape[-1]}")
+    if cache.dim() == 2:
+        per_page = page_size * num_kv_heads
+        if cache.shape[0] % per_page:
+            raise ValueError(
+                f"{name}: expected total_num_cache_heads a multiple of page_size * num_kv_heads = {per_page}, "
+                f"got {cache.shape[0]}"
+            )
+        return cache.unflatten(0, (-1, page_size, num_kv_heads))
+    pages = cache if layout == "NHD" else cache.transpose(1, 2)
+    if pages.shape[1] != page_size or pages.shape[2] != num_kv_heads:
+        raise ValueError(
+            f"{name}: expected {layout} pages with page_size={page_size} and num_kv_heads={num_kv_heads}, "
+            f"got shape {list(cache.shape)}"
+        )
+    return pages
+
+
+def xqa(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    output: torch.Tensor,
+    workspace_buffer: torch.Tensor,
+    semaphores: torch.Tensor,
+    num_kv_heads: int,
+    page_size: int,
+    sinks: Optional[torch.Tensor] = None,
+    q_scale: float = 1.0,
+    kv_scale: Optional[torch.Tensor] = None,
+    sliding_win_size: int = 0,
+    sm_count: Optional[int] = None,
+    *,
+    kv_layout: str = "NHD",
+) -> None:
+    """Paged decode writing ``output`` in place (one query token per request).
+
+    Parameters
+    ----------
+    q : torch.Tensor ``[B, 1, Hq, D]``, float16 or bfloat16 (beam_width 1)
+    k_cache, v_cache : torch.Tensor ``[total_num_cache_heads, D]``
+        Pools of head vectors: token slot ``s`` of page ``p``, KV head ``h`` is row
+        ``(p * page_size + s) * num_kv_heads + h``. 4-D page tensors in ``kv_layout`` are accepted
+        too. The query's dtype or float8_e4m3fn.
+    page_table : torch.Tensor int32 ``[B, pages_per_seq]`` (shared by K and V)
+    seq_lens : torch.Tensor uint32 or int32 ``[B, 1]``
+    output : torch.Tensor ``[B, 1, Hq, D]``, the query's dtype (or float8_e4m3fn with an fp8 cache)
+    workspace_buffer : torch.Tensor uint8 (zeroed before first use)
+    semaphores : torch.Tensor uint32 (checked; kvattn's split-KV combine needs no semaphores)
+    num_kv_heads : int
+    page_size : int in 16, 32, 64, 128
+    sinks : torch.Tensor float32 ``[num_kv_heads, Hq / num_kv_heads]``, optional
+    q_scale : float or one-element float32 tensor
+    kv_scale : torch.Tensor float32 ``[1]``, optional
+        Dequant scale of an fp8 cache (ignored for float16/bfloat16 caches).
+    sliding_win_size : int
+        ``W > 0``: each query sees its last ``W`` keys; 0: all.
+    sm_count : int, optional
+        Caps the number of programs launched.
+    kv_layout : {"NHD", "HND"}, keyword-only
+        Layout of 4-D page tensors (the flat pool is always NHD).
+
+    Examples
+    --------
+    >>> import torch, kvattn
+    >>> B, Hq, Hkv, D, page = 2, 8, 2, 128, 16
+    >>> q = torch.randn(B, 1, Hq, D, dtype=torch.float16)
+    >>> k = torch.randn(4 * page * Hkv, D, dtype=torch.float16)
+    >>> v = torch.randn(4 * page * Hkv, D, dtype=torch.float16)
+    >>> table = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)
+    >>> lens = torch.tensor([[20], [32]], dtype=torch.uint32)
+    >>> out = torch.empty_like(q)
+    >>> kvattn.xqa.xqa(q, k, v, table, lens, out, torch.zeros(1 << 20, dtype=torch.uint8),
+    ...                torch.zeros(8, dtype=torch.uint32), Hkv, page)
+    """
+    check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=4)
+    check_last_dim_contiguous(q, "q")
+    device = q.device
+    if q.shape[1] != 1:
+        raise ValueError(f"q: expected beam_width 1 (shape [B, 1, Hq, D]), got {list(q.shape)}")
+    head_dim = check_head_dim(q.shape[-1], "q")
+    num_kv_heads = check_int(num_kv_heads, "num_kv_heads", minimum=1)
+    page_size = check_int(page_size, "page_size", choices=XQA_PAGE_SIZES)
+    layout = check_layout(kv_layout)
+    group = check_query_heads(q, "q", num_kv_heads)
+    k = _cache_pages(k_cache, "k_cache", num_kv_heads, page_size, head_dim, layout, q.dtype, device)
+    v = _cache_pages(v_cache, "v_cache", num_kv_heads, page_size, head_dim, layout, q.dtype, device)
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"v_cache: expected the dtype of k_cache ({k_cache.dtype}), got {v_cache.dtype}")
+    batch = q.shape[0]
+    check_tensor(page_table, "page_table", dtypes=(torch.int32,), ndim=2, device=device)
+    if page_table.shape[0] != batch:
+        raise ValueError(f"page_table: expected {batch} rows (one per request), got {page_table.shape[0]}")
+    check_tensor(seq_lens, "seq_lens", dtypes=(torch.uint32, torch.int32), device=device)
+    if seq_lens.numel() != batch:
+        raise ValueError(f"seq_lens: expected shape [{batch}, 1], got {list(seq_lens.shape)}")
+    check_out(output, "output", tuple(q.shape), (q.dtype, FP8_DTYPE), device)
+    if output.dtype == FP8_DTYPE and k.dtype != FP8_DTYPE:
+        raise TypeError(f"output: a float8_e4m3fn output needs an fp8 cache, got a {k.dtype} cache")
+    check_workspace(workspace_buffer, "workspace_buffer", device)
+    check_tensor(semaphores, "semaphores", dtypes=(torch.uint32,), device=device)
+    if sinks is not None:
+        check_tensor(sinks, "sinks", dtypes=(torch.float32,), device=device)
+        if tuple(sinks.shape) != (num_kv_heads, group):
+            raise ValueError(f"sinks: expected shape [{num_kv_heads}, {group}], got {list(sinks.shape)}")
+    sinks = check_sinks(sinks, "sinks", q.shape[2], device)
+    win = check_int(sliding_win_size, "sliding_win_size", minimum=0)
+    if sm_count is not None:
+        sm_count = check_int(sm_count, "sm_count", minimum=1)
+    qs = to_scale(q_scale, "q_scale", device)
+    if k.dtype == FP8_DTYPE:
+        kv_eff = to_scale(kv_scale, "kv_scale", device, allow_none_as=1.0)
+    else:
+        if kv_scale is not None:
+            to_scale(kv_scale, "kv_scale", device)
+        kv_eff = Scale(1.0)
+
+    kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
+    lens = seq_lens.reshape(batch)
+    debug_check_pages(kv, lens, "page_table")
+    args = dict(
+        q_len=1,
+        logit_scale=qs.times(kv_eff).times(1.0 / math.sqrt(head_dim)),
+        out_scale=kv_eff,
+        window_left=win - 1 if win > 0 else -1,
+        sinks=sinks,
+        mask=None,
+    )
+    q3, out3 = q[:, 0], output[:, 0]  # views, whatever the strides
+    if _backend.use_triton("batch_decode", device):
+        from .ops import decode as ops_decode
+
+        ops_decode.batch_decode(
+            q3, kv, lens, out3, workspace_buffer, max_seq_len=kv.capacity, max_programs=sm_count, **args
+        )
+    else:
+        reference.batch_decode(q3, kv, lens, out3, **args)
+
+
+class _CallableModule(__import__("types").ModuleType):
+    """Lets ``kvattn.xqa(...)`` call the function while ``kvattn.xqa.xqa`` stays the seed's path."""
+
+    def __call__(self, *args, **kwargs):
+        return xqa(*args, **kwargs)
+
+
+__import__("sys").modules[__name__].__class__ = _CallableModule
