@@ -1,0 +1,43 @@
+"""Test tiers.
+
+* CPU machine (CI): the reference backend and validation run on CPU tensors; Triton kernels run in
+  Triton's interpreter (``TRITON_INTERPRET=1`` is set here, before anything imports triton) on small
+  float16/float32 shapes (the interpreter has no bfloat16 arithmetic).
+* GPU machine: the same tests, with kernels compiled for the GPU and the full shape grids.
+
+``kernel_device`` is where kernel tests run; ``on_gpu`` tells tests to use their large grids.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture
+def kernel_device():
+    return torch.device("cuda" if ON_GPU else "cpu")
+
+
+@pytest.fixture
+def on_gpu():
+    return ON_GPU
+
+
+@pytest.fixture
+def triton_backend(monkeypatch):
+    """Force the Triton kernels (compiled on a GPU, interpreted on the CPU)."""
+    monkeypatch.setenv("KVATTN_BACKEND", "triton")
+    yield
+
+
+@pytest.fixture
+def reference_backend(monkeypatch):
+    monkeypatch.setenv("KVATTN_BACKEND", "reference")
+    yield
