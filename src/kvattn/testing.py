@@ -177,7 +177,10 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill an output buffer with NaN (or 0xFF bytes for integer/fp8 storage) before a call."""
     if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         return t.fill_(float("nan"))
-    return t.view(torch.uint8).fill_(0xFF) if t.element_size() == 1 else t.fill_(-1)
+    if t.element_size() == 1:
+        t.view(torch.uint8).fill_(0xFF)  # fill through a byte view, but return the buffer itself
+        return t
+    return t.fill_(-1)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
