@@ -122,8 +122,8 @@ def make_paged_kv(
     vals = randn(total, planes, page_size, num_kv_heads, head_dim, generator=g, scale=scale)
     used = torch.zeros(total, planes, page_size, dtype=torch.bool)
     for b in range(batch):
-        for plane in range(planes):
-            tab = tables[b, plane if split_tables else 0]
+        for which, plane in ((0, 0), (num_tables - 1, planes - 1)):  # K's and V's (table, plane)
+            tab = tables[b, which]
             for t in range(lens[b]):
                 used[int(tab[t // page_size]), plane, t % page_size] = True
     sf = None
@@ -149,8 +149,8 @@ def make_paged_kv(
 
     k_tokens, v_tokens = [], []
     for b in range(batch):
-        for plane, dst in ((0, k_tokens), (planes - 1, v_tokens)):
-            tab = tables[b, plane if split_tables else 0].to(torch.int64)
+        for which, plane, dst in ((0, 0, k_tokens), (num_tables - 1, planes - 1, v_tokens)):
+            tab = tables[b, which].to(torch.int64)
             t = torch.arange(lens[b])
             dst.append(vals[tab[t // page_size], plane, t % page_size].to(device))
 
