@@ -1,1 +1,3 @@
 """Triton kernel families. Importing this package registers their torch ops."""
+
+from . import decode  # noqa: F401  (batch_decode, single_decode)

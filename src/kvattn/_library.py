@@ -1,0 +1,91 @@
+"""kvattn's torch operators (``torch.ops.kvattn.*``): one per Triton kernel family entry point.
+
+Registering the launchers as ``torch.library.custom_op`` s, with fake implementations and exact
+``mutates_args``, lets ``torch.compile`` trace through the public functions (the kernels stay
+opaque calls) and lets CUDA graphs capture them. Arguments are flat tensors and numbers: the
+normalised descriptions of :mod:`kvattn._inputs` are unpacked by the ``kvattn.ops`` modules.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .ops import decode_launch
+
+
+@torch.library.custom_op("kvattn::batch_decode", mutates_args=("out", "workspace"))
+def batch_decode(
+    query: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_table: torch.Tensor,
+    v_table: torch.Tensor,
+    k_sf: Optional[torch.Tensor],
+    v_sf: Optional[torch.Tensor],
+    seq_lens: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    sinks: Optional[torch.Tensor],
+    logit_factor: float,
+    logit_tensor: Optional[torch.Tensor],
+    out_factor: float,
+    out_tensor: Optional[torch.Tensor],
+    out: torch.Tensor,
+    workspace: torch.Tensor,
+    q_len: int,
+    max_seq_len: int,
+    window_left: int,
+    max_programs: Optional[int],
+    enable_pdl: bool,
+) -> None:
+    """Paged decode into ``out``; split-KV partials live in ``workspace`` (see ops.decode)."""
+    decode_launch.launch_decode(
+        query, k, v, out, paged=True, k_sf=k_sf, v_sf=v_sf, k_table=k_table, v_table=v_table,
+        seq_lens=seq_lens, max_seq_len=max_seq_len, q_len=q_len, mask=mask, sinks=sinks,
+        logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor,
+        window_left=window_left, workspace=workspace, max_programs=max_programs, enable_pdl=enable_pdl,
+    )
+
+
+@batch_decode.register_fake
+def _batch_decode_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, mask, sinks, logit_factor,
+                       logit_tensor, out_factor, out_tensor, out, workspace, q_len, max_seq_len, window_left,
+                       max_programs, enable_pdl) -> None:
+    return None
+
+
+@torch.library.custom_op("kvattn::single_decode", mutates_args=())
+def single_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    logit_factor: float,
+    logit_tensor: Optional[torch.Tensor],
+    out_factor: float,
+    out_tensor: Optional[torch.Tensor],
+    pos_encoding_mode: str,
+    window_left: int,
+    soft_cap: float,
+    rope_scale: float,
+    rope_theta: float,
+    use_tensor_cores: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query token over contiguous ``k, v [L, Hkv, D]``: ``(out [Hq, D], lse float32 [Hq])``."""
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[0], dtype=torch.float32, device=q.device)
+    length = k.shape[0]
+    decode_launch.launch_decode(
+        q.unsqueeze(0), k, v, out.unsqueeze(0), paged=False, fixed_len=length, max_seq_len=length,
+        logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor,
+        lse=lse.unsqueeze(0), window_left=window_left,
+        rope=(rope_scale, rope_theta) if pos_encoding_mode == "ROPE_LLAMA" else None,
+        alibi=pos_encoding_mode == "ALIBI", soft_cap=soft_cap, use_tensor_cores=use_tensor_cores,
+    )
+    return out, lse
+
+
+@single_decode.register_fake
+def _single_decode_fake(q, k, v, logit_factor, logit_tensor, out_factor, out_tensor, pos_encoding_mode,
+                        window_left, soft_cap, rope_scale, rope_theta, use_tensor_cores):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[0], dtype=torch.float32)

@@ -1,0 +1,272 @@
+"""``@triton.jit`` building blocks shared by the decode, prefill and MLA kernel families.
+
+Conventions: logits are kept in base-2 units (``s * log2(e)``) so every exponential is an ``exp2``;
+a disallowed key has logit ``-inf`` and probability exactly 0; the running max may be ``-inf`` (no
+key seen yet) and every helper guards that case instead of producing NaN.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+# 2*pi split into three float32 parts (Cody-Waite): k * TWO_PI_A is exact for the k we meet.
+TWO_PI_A: tl.constexpr = tl.constexpr(6.28125)
+TWO_PI_B: tl.constexpr = tl.constexpr(0.0019353071693331003)
+TWO_PI_C: tl.constexpr = tl.constexpr(1.0253131677018246e-11)
+INV_TWO_PI: tl.constexpr = tl.constexpr(0.15915494309189535)
+
+# Cache element formats (the KV_FORMAT constexpr).
+KV_HALF: tl.constexpr = tl.constexpr(0)  # float16 / bfloat16
+KV_FP8: tl.constexpr = tl.constexpr(1)  # float8_e4m3fn raw values
+KV_NVFP4: tl.constexpr = tl.constexpr(2)  # uint8, two e2m1 codes a byte, e4m3 scale per 16 elements
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# online softmax
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def online_softmax_step(m_i, l_i, s):
+    """One tile of the streaming softmax.
+
+    ``s [M, N]`` base-2 logits (-inf: disallowed); ``m_i, l_i [M]`` running max / denominator.
+    Returns ``(m_new, l_new, p, alpha)``: the caller rescales its accumulator by ``alpha`` and adds
+    ``p @ V``.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen no allowed key keeps m = -inf; subtracting 0 instead keeps p = 0, alpha = 0.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_new, p, alpha
+
+
+@triton.jit
+def softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS: tl.constexpr):
+    """``(o, lse2)`` of a finished row: ``o = acc / (l + sink term)``, ``lse2 = m + log2(l)``.
+
+    ``sink2 [M]``: the rows' sinks in base-2 units (denominator only, never in the max or the LSE).
+    Rows without an allowed key give o = 0 and lse2 = -inf.
+    """
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+    denom = l_i
+    if HAS_SINKS:
+        m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+        denom = l_i + tl.exp2(sink2 - m_safe)
+    o = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    return o, lse2
+
+
+# ---------------------------------------------------------------------------------------------
+# split-KV work division (the main kernel and the combine kernel must agree exactly)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def split_bounds(kv_len, kv_lo, num_splits, BLOCK_N: tl.constexpr):
+    """``(chunk, n_active)``: the keys ``[kv_lo, kv_len)`` cut into ``n_active`` chunks of ``chunk``
+    tokens (a multiple of BLOCK_N), balanced for this request; ``n_active >= 1`` even when empty."""
+    span = tl.maximum(kv_len - kv_lo, 0)
+    chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+    chunk = tl.maximum(chunk, BLOCK_N)
+    n_active = tl.maximum(tl.cdiv(span, chunk), 1)
+    return chunk, n_active
+
+
+# ---------------------------------------------------------------------------------------------
+# masking rules
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def window_causal_allowed(row_pos, offs_n, window_left, HAS_WINDOW: tl.constexpr):
+    """bool ``[M, N]``: key ``j`` is visible to a query at ``p`` iff ``j <= p`` and ``p - j <= w``."""
+    dist = row_pos[:, None] - offs_n[None, :]
+    ok = dist >= 0
+    if HAS_WINDOW:
+        ok = ok & (dist <= window_left)
+    return ok
+
+
+@triton.jit
+def spec_draft_allowed(row_idx, row_ok, c, mask_row_ptr, stride_mask_r, q_len, HAS_MASK: tl.constexpr):
+    """bool ``[M, N]``: draft key ``c`` (index among the request's ``q_len`` drafts, negative for
+    older keys) visible to draft row ``row_idx``: mask bit ``c % 16`` of word ``c // 16`` of the
+    row, or ``c <= row`` (causal) without a mask. False where ``c < 0``.
+
+    ``mask_row_ptr``: the request's ``[q_len, words]`` uint16 rows (loaded as int16).
+    """
+    is_draft = (c >= 0) & (c < q_len)
+    if HAS_MASK:
+        cc = tl.where(is_draft, c, 0)
+        ld = is_draft & row_ok[:, None]
+        word = tl.load(mask_row_ptr + row_idx[:, None] * stride_mask_r + cc // 16, mask=ld, other=0)
+        bit = (word.to(tl.int32) >> (cc % 16)) & 1
+        return ld & (bit != 0)
+    else:
+        return is_draft & (c <= row_idx[:, None])
+
+
+@triton.jit
+def sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS: tl.constexpr):
+    """The rows' sinks in base-2 units (float32 ``[Hq]`` in natural units), 0 without sinks."""
+    if HAS_SINKS:
+        return tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
+    else:
+        return tl.zeros(heads.shape, dtype=tl.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# page addressing
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def token_pages(table_row_ptr, stride_table_p, offs_n, tok_ok, num_pages, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
+    """``(page, slot, ok)`` int64/int64/bool ``[N]`` of tokens ``offs_n`` of one request.
+
+    ``table_row_ptr``: the request's int32 page ids. Only tokens with ``tok_ok`` read the table;
+    a page id outside ``[0, num_pages)`` comes back as page 0 with ``ok`` False, so no caller ever
+    dereferences memory outside the cache whatever the table holds. Not PAGED: one contiguous
+    sequence, page 0, slot = token.
+    """
+    if PAGED:
+        page = tl.load(table_row_ptr + (offs_n // PAGE_SIZE) * stride_table_p, mask=tok_ok, other=-1)
+        ok = tok_ok & (page >= 0) & (page < num_pages)
+        page = tl.where(ok, page, 0).to(tl.int64)
+        slot = (offs_n % PAGE_SIZE).to(tl.int64)
+    else:
+        ok = tok_ok
+        page = tl.zeros(offs_n.shape, dtype=tl.int64)
+        slot = offs_n.to(tl.int64)
+    return page, slot, ok
+
+
+@triton.jit
+def token_offsets(page, slot, head, stride_page, stride_slot, stride_head):
+    """int64 element offsets ``[N]`` of one head's vector of each token (64-bit: caches pass 2^31)."""
+    return page * stride_page + slot * stride_slot + head.to(tl.int64) * stride_head
+
+
+# ---------------------------------------------------------------------------------------------
+# dequantisation
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def e2m1_values(code):
+    """float32 values of 4-bit e2m1 codes (int32 0..15): sign bit 3, magnitude index
+    ``{0, 0.5, 1, 1.5, 2, 3, 4, 6}``."""
+    idx = code & 7
+    e = idx >> 1
+    half_m = (idx & 1).to(tl.float32) * 0.5
+    mag = tl.where(e == 0, half_m, tl.exp2((e - 1).to(tl.float32)) * (1.0 + half_m))
+    return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def load_kv_tile(
+    base_ptr,  # [..., D_STORED] cache elements (the token offsets point at one head's vector)
+    sf_ptr,  # [..., D / 16] e4m3 block scales (NVFP4 only)
+    tok_off,  # [N] int64 offsets of the tokens' vectors in base_ptr
+    sf_off,  # [N] int64 offsets of the tokens' scale rows in sf_ptr (NVFP4 only)
+    ok,  # [N] tokens to load; the others read as 0
+    COL0: tl.constexpr,  # first logical column (element index along D) of the tile
+    WIDTH: tl.constexpr,  # logical columns in the tile
+    KV_FORMAT: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+):
+    """``[N, WIDTH]`` tile of logical columns ``COL0 ..`` in ``OUT_DTYPE``; masked tokens are 0.
+
+    fp8 values convert exactly to float16/bfloat16; NVFP4 values (e2m1 x e4m3, at most 5
+    significant bits) do too, so the dot products see the cache's exact values.
+    """
+    if KV_FORMAT == KV_NVFP4:
+        offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
+        packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0).to(tl.int32)
+        lo = e2m1_values(packed & 15)
+        hi = e2m1_values(packed >> 4)
+        vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
+        offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
+        sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
+                          (tok_off.shape[0], WIDTH))
+        return vals.to(OUT_DTYPE)
+    else:
+        offs_d = COL0 + tl.arange(0, WIDTH)
+        x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+        return x.to(OUT_DTYPE)
+
+
+# ---------------------------------------------------------------------------------------------
+# positional terms
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def reduce_angle(a):
+    """``a`` (float32 radians, |a| < 2^24) reduced to about ``[-pi, pi]`` (the approximate sin/cos
+    Triton emits lose accuracy far from 0)."""
+    k = tl.floor(a * INV_TWO_PI + 0.5)
+    r = a - k * TWO_PI_A
+    r = r - k * TWO_PI_B
+    r = r - k * TWO_PI_C
+    return r
+
+
+@triton.jit
+def rope_freqs(log2_theta, inv_rope_scale, HALF: tl.constexpr):
+    """float32 ``[HALF]``: ``theta^(-2i/D) / rope_scale`` for ``i < D/2`` (D = 2 * HALF)."""
+    i = tl.arange(0, HALF).to(tl.float32)
+    return tl.exp2(-(i / HALF) * log2_theta) * inv_rope_scale
+
+
+@triton.jit
+def rope_rotate(x1, x2, cos, sin):
+    """Rotate-half rotary: ``(x1 cos - x2 sin, x2 cos + x1 sin)`` for the two halves of D."""
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def alibi_slopes(heads, alibi_n):
+    """ALiBi slope of each head: ``2^(-8 (h+1) / n)`` for ``h < n`` (n = 2^floor(log2 Hq)), then
+    ``2^(-4 (2k+1) / n)`` for the ``k``-th head past ``n``."""
+    n = alibi_n.to(tl.float32)
+    hf = heads.to(tl.float32)
+    first = tl.exp2(-8.0 * (hf + 1.0) / n)
+    rest = tl.exp2(-4.0 * (2.0 * (hf - n) + 1.0) / n)
+    return tl.where(heads < alibi_n, first, rest)
+
+
+@triton.jit
+def soft_cap(s, cap):
+    """``cap * tanh(s / cap)``, written with exp2 so large |s| saturate to +-cap without NaN."""
+    t = tl.exp2((2.0 * LOG2E / cap) * s)  # exp(2 s / cap)
+    return cap * (1.0 - 2.0 / (t + 1.0))
+
+
+@triton.jit
+def store_scaled(ptr, o, mask, OUT_FP8: tl.constexpr):
+    """Store float32 ``o`` in ``ptr``'s dtype; fp8: round to nearest even, saturating at +-448."""
+    if OUT_FP8:
+        o = tl.minimum(tl.maximum(o, -FP8_MAX), FP8_MAX)
+    tl.store(ptr, o.to(ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# tile products
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def tile_scores(q, k, USE_DOT: tl.constexpr):
+    """float32 ``[M, N]`` = ``q [M, W] . k [N, W]^T``.
+
+    USE_DOT: tensor cores (M >= 16, operands in float16/bfloat16). Otherwise CUDA-core FMAs in
+    float32 for a single query row (M == 1), where a padded MMA would waste 15/16 of its work.
+    """
+    if USE_DOT:
+        return tl.dot(q, tl.trans(k))
+    else:
+        return tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1)[None, :]
+
+
+@triton.jit
+def tile_pv(p, v, USE_DOT: tl.constexpr):
+    """float32 ``[M, W]`` = ``p [M, N] . v [N, W]`` (p rounded to v's dtype on the tensor-core path,
+    as every flash-attention kernel does)."""
+    if USE_DOT:
+        return tl.dot(p.to(v.dtype), v)
+    else:
+        return tl.sum(tl.trans(p) * v.to(tl.float32), axis=0)[None, :]

@@ -1,0 +1,74 @@
+"""Launch configurations of the decode kernels, one table per GPU family.
+
+Decode has no runtime autotuning: a tuning pass would stall the first real calls of a serving
+engine and cannot run inside CUDA-graph capture. The tables were measured with
+``benchmarks/tune_decode.py`` (see ``benchmarks/NOTES.md``); a GPU without its own table uses
+``"default"``, the interpreter uses small tiles so CI exercises multi-tile and multi-page loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the K/V loads
+    programs_per_sm: int = 4  # the split count aims at this many programs per SM
+    min_chunk: int = 256  # fewest keys worth a split of their own
+    max_splits: int = 64
+    dot_single_row: bool = False  # tensor cores even when a program has one query row
+    pdl: bool = False  # programmatic dependent launch between the split and combine kernels
+
+
+# (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
+_SM90 = {
+    ("half", 64): (128, 4, 3),
+    ("half", 128): (64, 4, 3),
+    ("half", 256): (32, 4, 3),
+    ("fp8", 64): (128, 4, 3),
+    ("fp8", 128): (128, 4, 3),
+    ("fp8", 256): (64, 4, 3),
+    ("nvfp4", 64): (128, 4, 3),
+    ("nvfp4", 128): (128, 4, 3),
+    ("nvfp4", 256): (64, 4, 3),
+}
+_DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
+_INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
+
+TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
+
+_override: dict = {}
+
+
+@contextlib.contextmanager
+def override(**fields):
+    """Replace config fields for the duration of a ``with`` block (the tuning script's hook)."""
+    old = dict(_override)
+    _override.update(fields)
+    config.cache_clear()
+    try:
+        yield
+    finally:
+        _override.clear()
+        _override.update(old)
+        config.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool) -> DecodeConfig:
+    fmt = "half" if kv_format in ("float16", "bfloat16") else kv_format
+    block_n, warps, stages = TABLES.get(arch, _DEFAULT)[(fmt, head_dim)]
+    if rope:
+        # Rotating K keeps two float32 [BLOCK_N, D/2] cos/sin tables live: halve the tile.
+        block_n = max(16, block_n // 2)
+    if block_m * head_dim >= 64 * 128:
+        warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
+    cfg = DecodeConfig(block_n, warps, stages, pdl=arch == "sm90")
+    if _override:
+        cfg = replace(cfg, **_override)
+    return cfg

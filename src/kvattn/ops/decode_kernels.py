@@ -1,0 +1,352 @@
+"""Decode attention kernels: one program per (request, KV head, KV split, query-row block).
+
+A program packs every query row that reads one KV head -- the ``GROUP`` query heads of the KV
+group times the ``Q_LEN`` draft tokens of the request -- into one ``BLOCK_M`` tile, so the KV of a
+request and head is read once whatever ``Q_LEN`` is. It streams its split's keys in ``BLOCK_N``
+tiles (gathering page ids per token, so a tile may span several pages), keeps the softmax state
+in registers and either writes the final rows (the request needed a single split) or a normalised
+partial ``(o, lse)`` to the workspace for :func:`decode_combine_kernel`.
+
+Single-request decode is the same kernel with ``PAGED=False`` (contiguous ``[L, Hkv, D]`` K/V)
+and the ROPE / ALIBI / SOFT_CAP / STORE_LSE switches it needs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import (
+    KV_NVFP4,
+    LOG2E,
+    alibi_slopes,
+    load_kv_tile,
+    online_softmax_step,
+    reduce_angle,
+    rope_freqs,
+    rope_rotate,
+    sink_logits2,
+    soft_cap,
+    softmax_finalize,
+    spec_draft_allowed,
+    split_bounds,
+    store_scaled,
+    tile_pv,
+    tile_scores,
+    token_offsets,
+    token_pages,
+    window_causal_allowed,
+)
+
+try:  # grid dependency control (programmatic dependent launch); absent in old Triton builds
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN: tl.constexpr,
+                      PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """``(kv_len, kv_lo)``: the request's length and its first key any of its rows can see."""
+    if PAGED:
+        kv_len = tl.load(seq_lens_ptr + b)
+    else:
+        kv_len = fixed_len
+    kv_lo = kv_len * 0
+    if HAS_WINDOW:
+        # The first draft row (position L - Q) has the earliest window start.
+        kv_lo = tl.maximum(kv_len - Q_LEN - window_left, 0)
+    return kv_len, kv_lo
+
+
+@triton.jit
+def _decode_item(
+    item,
+    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr, sinks_ptr,
+    logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+    num_rows, num_splits, num_pages, fixed_len, window_left,
+    logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
+    KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
+    OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr,
+):
+    NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
+    HALF: tl.constexpr = HEAD_DIM // 2
+    cdt = q_ptr.dtype.element_ty  # operand type of the products
+
+    mb = item % M_BLOCKS
+    rest = item // M_BLOCKS
+    split = rest % num_splits
+    bh = rest // num_splits
+    b = bh // NUM_KV_HEADS
+    kvh = bh % NUM_KV_HEADS
+
+    kv_len, kv_lo = _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN, PAGED, HAS_WINDOW)
+    chunk, n_active = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
+    start = kv_lo + split * chunk
+    end = tl.minimum(start + chunk, kv_len)
+
+    # Rows of the tile: m -> (draft row r = m // GROUP, query head kvh * GROUP + m % GROUP).
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < Q_LEN * GROUP
+    row_idx = offs_m // GROUP
+    heads = kvh * GROUP + offs_m % GROUP
+    q_rows = (b * Q_LEN + row_idx).to(tl.int64)
+    row_pos = kv_len - Q_LEN + row_idx
+    draft_start = kv_len - Q_LEN
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * tl.load(logit_scale_ptr)
+    # Without a bias or cap the whole logit multiplier folds into one base-2 factor.
+    qk_scale = logit * LOG2E
+
+    q_off = q_rows[:, None] * stride_q_t + heads[:, None] * stride_q_h
+    if ROPE:
+        offs_h = tl.arange(0, HALF)
+        q1 = tl.load(q_ptr + q_off + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q2 = tl.load(q_ptr + q_off + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        freqs = rope_freqs(log2_theta, inv_rope_scale, HALF)
+        ang = reduce_angle(row_pos.to(tl.float32)[:, None] * freqs[None, :])
+        q1, q2 = rope_rotate(q1, q2, tl.cos(ang), tl.sin(ang))
+        if USE_DOT:  # the CUDA-core path keeps the rotated values in float32
+            q1 = q1.to(cdt)
+            q2 = q2.to(cdt)
+        # cos/sin of key j = j0 + t from those of j0 and of t < BLOCK_N (angle addition): two
+        # sincos per frequency per tile instead of one per key and frequency.
+        t_ang = reduce_angle(tl.arange(0, BLOCK_N).to(tl.float32)[:, None] * freqs[None, :])
+        t_cos = tl.cos(t_ang)
+        t_sin = tl.sin(t_ang)
+    else:
+        q = tl.load(q_ptr + q_off + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    if ALIBI:
+        slopes = alibi_slopes(heads, alibi_n)
+    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
+
+    kt_row = k_table_ptr + b.to(tl.int64) * stride_kt_b
+    vt_row = v_table_ptr + b.to(tl.int64) * stride_vt_b
+    mask_row = mask_ptr + b.to(tl.int64) * stride_mask_b
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        tok_ok = offs_n < end
+        k_page, k_slot, k_ok = token_pages(kt_row, stride_kt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+        k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
+        ksf_off = k_off
+        if KV_FORMAT == KV_NVFP4:
+            ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
+        if SAME_TABLE:
+            v_page = k_page
+            v_slot = k_slot
+            v_ok = k_ok
+        else:
+            v_page, v_slot, v_ok = token_pages(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+
+        if ROPE:
+            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32)
+            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32)
+            b_ang = reduce_angle(freqs * start_n)
+            b_cos = tl.cos(b_ang)[None, :]
+            b_sin = tl.sin(b_ang)[None, :]
+            cos = b_cos * t_cos - b_sin * t_sin
+            sin = b_sin * t_cos + b_cos * t_sin
+            k1, k2 = rope_rotate(k1, k2, cos, sin)
+            if USE_DOT:
+                k1 = k1.to(cdt)
+                k2 = k2.to(cdt)
+            qk = tile_scores(q1, k1, USE_DOT) + tile_scores(q2, k2, USE_DOT)
+        else:
+            k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
+            qk = tile_scores(q, k, USE_DOT)
+
+        if ALIBI or SOFT_CAP:
+            s = qk * logit
+            if ALIBI:
+                s = s + slopes[:, None] * offs_n[None, :].to(tl.float32)
+            if SOFT_CAP:
+                s = soft_cap(s, soft_cap_value)
+            s = s * LOG2E
+        else:
+            s = qk * qk_scale
+
+        allowed = (k_ok & v_ok)[None, :]
+        if Q_LEN > 1:
+            c = offs_n[None, :] - draft_start
+            prefix = c < 0
+            if HAS_WINDOW:
+                prefix = prefix & (row_pos[:, None] - offs_n[None, :] <= window_left)
+            draft = spec_draft_allowed(row_idx, row_ok, c, mask_row, stride_mask_r, Q_LEN, HAS_MASK)
+            allowed = allowed & (prefix | draft)
+        elif HAS_WINDOW:
+            allowed = allowed & window_causal_allowed(row_pos, offs_n, window_left, True)
+        s = tl.where(allowed, s, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+
+        v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
+        vsf_off = v_off
+        if KV_FORMAT == KV_NVFP4:
+            vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
+        v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
+        acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
+
+    final = (n_active == 1) & (split == 0)
+    o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    o_off = q_rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
+    store_scaled(out_ptr + o_off, o * out_mult, row_ok[:, None] & final, OUT_FP8)
+    if STORE_LSE:
+        tl.store(lse_ptr + q_rows * stride_lse_t + heads, lse2, mask=row_ok & final)
+
+    # Partials leave out the sinks (the combine adds them once) and the output scale.
+    partial = (n_active > 1) & (split < n_active)
+    o_part, _ = softmax_finalize(acc, m_i, l_i, sink2, False)
+    p_row = (split.to(tl.int64) * num_rows + q_rows) * NUM_HEADS + heads
+    tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=row_ok[:, None] & partial)
+    tl.store(part_lse_ptr + p_row, lse2, mask=row_ok & partial)
+
+
+@triton.jit
+def decode_split_kernel(
+    q_ptr,  # [B * Q_LEN, Hq, D] query rows, request-major (last dim contiguous)
+    k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] pages (PAGED) or [L, Hkv, D_STORED]; D_STORED = D/2 for NVFP4
+    v_ptr,  # same shape as k_ptr
+    k_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of K (NVFP4)
+    v_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of V (NVFP4)
+    k_table_ptr,  # [B, pages_per_seq] int32 page ids of K
+    v_table_ptr,  # [B, pages_per_seq] int32 page ids of V
+    seq_lens_ptr,  # [B] int32 (PAGED)
+    mask_ptr,  # [B, Q_LEN, words] int16 spec-decode mask bits (HAS_MASK)
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8 (last dim contiguous)
+    lse_ptr,  # [B * Q_LEN, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
+    part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+    num_items, num_rows, num_splits, num_pages, fixed_len, window_left,
+    logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
+    KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
+    OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    if USE_PDL:
+        gdc_wait()
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        # A capped grid (xqa's sm_count): each program walks the work items.
+        for item in range(pid, num_items, tl.num_programs(0)):
+            _decode_item(
+                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+                stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+                stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+                num_rows, num_splits, num_pages, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+                HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
+                KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT,
+            )
+    else:
+        _decode_item(
+            pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+            sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+            stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+            stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+            stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+            stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+            num_rows, num_splits, num_pages, fixed_len, window_left,
+            logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+            HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
+            KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT,
+        )
+    if USE_PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def decode_combine_kernel(
+    part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs (base 2)
+    seq_lens_ptr,  # [B] int32 (PAGED)
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8
+    lse_ptr,  # [B * Q_LEN, Hq] float32 (STORE_LSE; head stride 1)
+    stride_o_t, stride_o_h, stride_lse_t,
+    num_rows, num_splits, fixed_len, window_left, out_factor,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr, PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+    OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Merge one (query row, head)'s split partials exactly through their LSEs; rows whose request
+    needed a single split were written by the main kernel and are skipped."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    if USE_PDL:
+        gdc_wait()
+    b = t // Q_LEN
+    kv_len, kv_lo = _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN, PAGED, HAS_WINDOW)
+    chunk, n_active = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
+    if n_active > 1:
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, HEAD_DIM)
+        row = t.to(tl.int64) * NUM_HEADS + h
+        # Two passes over the splits' LSEs (max, then weights): all loads of a pass are independent.
+        m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+        for s0 in range(0, n_active, BLOCK_S):
+            s_ok = s0 + offs_s < n_active
+            lse_i = tl.load(part_lse_ptr + (s0 + offs_s).to(tl.int64) * num_rows * NUM_HEADS + row,
+                            mask=s_ok, other=float("-inf"))
+            m = tl.maximum(m, lse_i)
+        m_max = tl.max(m, 0)
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        den = tl.zeros([BLOCK_S], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_S, HEAD_DIM], dtype=tl.float32)
+        for s0 in range(0, n_active, BLOCK_S):
+            s_ok = s0 + offs_s < n_active
+            p_row = (s0 + offs_s).to(tl.int64) * num_rows * NUM_HEADS + row
+            lse_i = tl.load(part_lse_ptr + p_row, mask=s_ok, other=float("-inf"))
+            o_i = tl.load(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+            w = tl.exp2(lse_i - m_safe)
+            den += w
+            acc += w[:, None] * o_i
+        d = tl.sum(den, 0)
+        o = tl.sum(acc, 0)
+        total = d
+        if HAS_SINKS:
+            total = d + tl.exp2(tl.load(sinks_ptr + h).to(tl.float32) * LOG2E - m_safe)
+        o = o / tl.where(total > 0, total, 1.0)
+        out_mult = out_factor
+        if OUT_PTR:
+            out_mult = out_mult * tl.load(out_scale_ptr)
+        store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, o * out_mult,
+                     offs_d < HEAD_DIM, OUT_FP8)
+        if STORE_LSE:
+            lse2 = tl.where(d > 0, m_max + tl.log2(tl.where(d > 0, d, 1.0)), float("-inf"))
+            tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + h, lse2)
+
+
+__all__ = ["decode_split_kernel", "decode_combine_kernel"]
