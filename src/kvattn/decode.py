@@ -211,8 +211,10 @@ def single_decode_with_kv_cache(
 def _optional_float(value, name: str, default: float, *, positive: bool = False) -> float:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a finite float or None, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite float or None, got {value!r}")
     if positive and value <= 0:
         raise ValueError(f"{name}: expected a value > 0, got {value}")
     return float(value)

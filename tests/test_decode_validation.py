@@ -1,0 +1,109 @@
+"""Input validation of ``xqa_batch_decode_with_kv_cache``: one test per error."""
+
+import pytest
+import torch
+from validation_cases import BF16, FP8, case, expect, meta, paged, strided_last
+
+from kvattn.decode import xqa_batch_decode_with_kv_cache
+
+
+def valid():
+    c = paged()
+    return dict(query=torch.randn(2, 8, 64, dtype=BF16), kv_cache=c.kv_cache,
+                workspace_buffer=torch.zeros(1024, dtype=torch.uint8), block_tables=c.block_tables,
+                seq_lens=c.seq_lens, max_seq_len=20)
+
+
+def _set(**changes):
+    def mutate(kw):
+        for k, v in changes.items():
+            kw[k] = v(kw) if callable(v) else v
+    return mutate
+
+
+def _nvfp4(kw):
+    c = paged(kv_format="nvfp4")
+    kw.update(kv_cache=c.kv_cache, block_tables=c.block_tables, kv_cache_sf=c.kv_cache_sf)
+
+
+CASES = [
+    case("query-not-tensor", _set(query=[1.0]), TypeError, "query"),
+    case("query-dtype", _set(query=lambda kw: kw["query"].float()), TypeError, "query"),
+    case("query-rank", _set(query=lambda kw: kw["query"][0]), ValueError, "query"),
+    case("query-head-dim", _set(query=torch.randn(2, 8, 96, dtype=BF16)), ValueError, "query"),
+    case("query-stride", _set(query=lambda kw: strided_last(kw["query"])), ValueError, "query"),
+    case("query-head-ratio", _set(query=torch.randn(2, 7, 64, dtype=BF16)), ValueError, "query"),
+    case("kv_layout", _set(kv_layout="NDH"), ValueError, "kv_layout"),
+    case("kv_layout-type", _set(kv_layout=1), ValueError, "kv_layout"),
+    case("kv_cache-dtype", _set(kv_cache=lambda kw: kw["kv_cache"].float()), TypeError, "kv_cache"),
+    case("kv_cache-other-half", _set(kv_cache=lambda kw: kw["kv_cache"].half()), TypeError, "kv_cache"),
+    case("kv_cache-plane-3", _set(kv_cache=lambda kw: torch.cat([kw["kv_cache"], kw["kv_cache"][:, :1]], 1)),
+         ValueError, "kv_cache"),
+    case("kv_cache-rank", _set(kv_cache=lambda kw: kw["kv_cache"][0]), ValueError, "kv_cache"),
+    case("kv_cache-tuple-3", _set(kv_cache=lambda kw: tuple(kw["kv_cache"][:, 0] for _ in range(3))),
+         ValueError, "kv_cache"),
+    case("kv_cache-tuple-dtypes", _set(kv_cache=lambda kw: (kw["kv_cache"][:, 0], kw["kv_cache"][:, 1].half())),
+         TypeError, "kv_cache"),
+    case("kv_cache-head-dim", _set(kv_cache=lambda kw: kw["kv_cache"][..., :32]), ValueError, "kv_cache"),
+    case("kv_cache-stride", _set(kv_cache=lambda kw: strided_last(kw["kv_cache"])), ValueError, "kv_cache"),
+    case("kv_cache-device", _set(kv_cache=lambda kw: meta(kw["kv_cache"])), ValueError, "kv_cache"),
+    case("block_tables-dtype", _set(block_tables=lambda kw: kw["block_tables"].long()), TypeError, "block_tables"),
+    case("block_tables-rows", _set(block_tables=lambda kw: kw["block_tables"][:1]), ValueError, "block_tables"),
+    case("block_tables-rank", _set(block_tables=lambda kw: kw["block_tables"][:, None]), ValueError,
+         "block_tables"),
+    case("block_tables-device", _set(block_tables=lambda kw: meta(kw["block_tables"])), ValueError,
+         "block_tables"),
+    case("seq_lens-dtype", _set(seq_lens=lambda kw: kw["seq_lens"].long()), TypeError, "seq_lens"),
+    case("seq_lens-count", _set(seq_lens=torch.tensor([5], dtype=torch.int32)), ValueError, "seq_lens"),
+    case("seq_lens-device", _set(seq_lens=lambda kw: meta(kw["seq_lens"])), ValueError, "seq_lens"),
+    case("max_seq_len-over-capacity", _set(max_seq_len=10_000), ValueError, "max_seq_len"),
+    case("max_seq_len-negative", _set(max_seq_len=-1), ValueError, "max_seq_len"),
+    case("max_seq_len-float", _set(max_seq_len=20.0), TypeError, "max_seq_len"),
+    case("workspace-dtype", _set(workspace_buffer=torch.zeros(16)), TypeError, "workspace_buffer"),
+    case("workspace-strided", _set(workspace_buffer=torch.zeros(64, dtype=torch.uint8)[::2]), ValueError,
+         "workspace_buffer"),
+    case("workspace-device", _set(workspace_buffer=lambda kw: meta(kw["workspace_buffer"])), ValueError,
+         "workspace_buffer"),
+    case("bmm1_scale-str", _set(bmm1_scale="1"), TypeError, "bmm1_scale"),
+    case("bmm1_scale-float64-tensor", _set(bmm1_scale=torch.tensor([1.0], dtype=torch.float64)), TypeError,
+         "bmm1_scale"),
+    case("bmm1_scale-two-elements", _set(bmm1_scale=torch.ones(2)), ValueError, "bmm1_scale"),
+    case("bmm1_scale-nan", _set(bmm1_scale=float("nan")), ValueError, "bmm1_scale"),
+    case("bmm2_scale-device", _set(bmm2_scale=meta(torch.ones(1))), ValueError, "bmm2_scale"),
+    case("window_left", _set(window_left=-2), ValueError, "window_left"),
+    case("window_left-float", _set(window_left=3.0), TypeError, "window_left"),
+    case("sinks-dtype", _set(sinks=torch.zeros(8, dtype=torch.float16)), TypeError, "sinks"),
+    case("sinks-count", _set(sinks=torch.zeros(4)), ValueError, "sinks"),
+    case("sinks-device", _set(sinks=meta(torch.zeros(8))), ValueError, "sinks"),
+    case("enable_pdl", _set(enable_pdl="yes"), TypeError, "enable_pdl"),
+    case("q_len_per_req-not-dividing", _set(q_len_per_req=3), ValueError, "q_len_per_req"),
+    case("q_len_per_req-zero", _set(q_len_per_req=0), ValueError, "q_len_per_req"),
+    case("o_scale-zero", _set(o_scale=0.0), ValueError, "o_scale"),
+    case("mask-dtype", _set(mask=torch.zeros(2, 1, 2, dtype=torch.int16)), TypeError, "mask"),
+    case("mask-shape", _set(mask=torch.zeros(2, 1, 1, dtype=torch.int32).to(torch.uint16)), ValueError, "mask"),
+    case("mask-device", _set(mask=meta(torch.zeros(2, 1, 2, dtype=torch.int32).to(torch.uint16))), ValueError,
+         "mask"),
+    case("out-dtype", _set(out=torch.empty(2, 8, 64)), TypeError, "out"),
+    case("out-shape", _set(out=torch.empty(2, 8, 32, dtype=BF16)), ValueError, "out"),
+    case("out-device", _set(out=meta(torch.empty(2, 8, 64, dtype=BF16))), ValueError, "out"),
+    case("out-fp8-with-bf16-cache", _set(out=torch.empty(2, 8, 64, dtype=FP8)), TypeError, "out"),
+    case("kv_cache_sf-with-bf16-cache", _set(kv_cache_sf=lambda kw: kw["kv_cache"].to(FP8)[..., :4]), ValueError,
+         "kv_cache_sf"),
+    case("kv_cache_sf-missing", lambda kw: (_nvfp4(kw), kw.pop("kv_cache_sf")), ValueError, "kv_cache_sf"),
+    case("kv_cache_sf-shape", lambda kw: (_nvfp4(kw), kw.update(kv_cache_sf=kw["kv_cache_sf"][..., :2])),
+         ValueError, "kv_cache_sf"),
+    case("kv_cache_sf-dtype", lambda kw: (_nvfp4(kw), kw.update(kv_cache_sf=kw["kv_cache_sf"].float())),
+         TypeError, "kv_cache_sf"),
+]
+
+
+def test_valid_baseline_runs():
+    out = xqa_batch_decode_with_kv_cache(**valid())
+    assert out.shape == (2, 8, 64)
+
+
+@pytest.mark.parametrize("mutate, exc, name", CASES)
+def test_error(mutate, exc, name):
+    kw = valid()
+    mutate(kw)
+    expect(xqa_batch_decode_with_kv_cache, kw, exc, name)
