@@ -1,0 +1,200 @@
+"""Per-shape inputs, the kvattn call on them, and the description the peers work from.
+
+A :class:`Problem` holds one or more input sets (rotated when the data fits in L2); each set has
+the kvattn call (output buffer preallocated where the API takes one, so a CUDA graph replays it
+without allocating) and an :class:`AttnSpec`: the same attention in peer-friendly terms (query as
+``[B, Hq, Lq, D]``, the paged pools or contiguous K/V, lengths, scale).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import inputs
+from .inputs import PagedPools
+from .metrics import MLA_QK_DIM, MLA_V_DIM, Work, work
+from .shapes import Shape
+
+# kvattn op names (kvattn._backend.TRITON_OPS) per suite.
+SUITE_OPS = {
+    "decode": "batch_decode",
+    "spec_decode": "batch_decode",
+    "single_decode": "single_decode",
+    "prefill": "context",
+    "mla": "mla_decode",
+}
+MLA_SCALE = 1.0 / math.sqrt(128 + 64)  # DeepSeek: qk_nope_head_dim + qk_rope_head_dim
+
+_workspaces: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def workspace(device: torch.device, mib: int) -> torch.Tensor:
+    """One zeroed uint8 workspace per device, shared by every call (as an engine would)."""
+    key = (str(device), mib)
+    if key not in _workspaces:
+        _workspaces.clear()
+        _workspaces[key] = torch.zeros(mib << 20, dtype=torch.uint8, device=device)
+    return _workspaces[key]
+
+
+@dataclass
+class AttnSpec:
+    """One input set's attention, as the peers see it.
+
+    ``q4`` ``[B, Hq, Lq, Dqk]`` (a view of kvattn's query); ``pools`` for paged suites, or ``k4``/
+    ``v4`` ``[1, H, L, D]`` views of contiguous K/V (single decode). Query row ``i`` of request ``b``
+    sits at position ``lens[b] - q_len + i`` and sees keys ``j <= position`` (decode: all keys).
+    ``to_common`` maps a peer output ``[B, Hq, Lq, Dv]`` to kvattn's output layout.
+    """
+
+    q4: torch.Tensor
+    pools: PagedPools | None
+    k4: torch.Tensor | None
+    v4: torch.Tensor | None
+    num_kv_heads: int
+    lens: list[int]
+    q_len: int
+    scale: float
+    v_dim: int
+    rope: bool
+    to_common: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class InputSet:
+    kvattn: Callable[[], torch.Tensor]
+    spec: AttnSpec
+
+
+@dataclass
+class Problem:
+    shape: Shape
+    op: str
+    sets: list[InputSet]
+    work: Work
+
+
+def num_sets(nbytes: float, l2_bytes: int, max_sets: int = 4) -> int:
+    """Input sets to rotate: enough that the sets together exceed twice the L2 size."""
+    if nbytes >= 2 * l2_bytes:
+        return 1
+    return max(2, min(max_sets, math.ceil(2 * l2_bytes / max(nbytes, 1.0))))
+
+
+def build(shape: Shape, device: torch.device, *, l2_bytes: int, workspace_mib: int, seed: int = 0) -> Problem:
+    w = work(shape)
+    n = num_sets(w.bytes, l2_bytes)
+    builder = {
+        "decode": _decode_set,
+        "spec_decode": _decode_set,
+        "single_decode": _single_set,
+        "prefill": _prefill_set,
+        "mla": _mla_set,
+    }[shape.suite]
+    ws = workspace(device, workspace_mib)
+    sets = [builder(shape, device, inputs.generator(device, seed + i), ws) for i in range(n)]
+    return Problem(shape, SUITE_OPS[shape.suite], sets, w)
+
+
+def _decode_set(shape: Shape, device, gen, ws) -> InputSet:
+    import kvattn
+
+    b, q_len, hq, d = shape.batch, shape.q_len, shape.num_qo_heads, shape.head_dim
+    lens = shape.seq_lens()
+    pools = inputs.make_pools(lens, num_heads=shape.num_kv_heads, head_dim=d, page_size=shape.page_size,
+                              layout=shape.layout, dtype=inputs.torch_dtype(shape.kv_dtype), device=device, gen=gen)
+    q = inputs.randn((b * q_len, hq, d), torch.bfloat16, device, gen)
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(d)
+    max_len = max(lens)
+
+    def call():
+        return kvattn.decode.xqa_batch_decode_with_kv_cache(
+            q, (pools.k, pools.v), ws, pools.tables, pools.seq_lens, max_len,
+            bmm1_scale=scale, bmm2_scale=1.0, out=out, kv_layout=shape.layout, q_len_per_req=q_len,
+        )
+
+    spec = AttnSpec(
+        q4=q.view(b, q_len, hq, d).transpose(1, 2), pools=pools, k4=None, v4=None,
+        num_kv_heads=shape.num_kv_heads, lens=lens, q_len=q_len, scale=scale, v_dim=d, rope=False,
+        to_common=lambda o: o.transpose(1, 2).reshape(b * q_len, hq, d),
+    )
+    return InputSet(call, spec)
+
+
+def _single_set(shape: Shape, device, gen, ws) -> InputSet:
+    import kvattn
+
+    hq, hkv, d, n = shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, shape.kv_len
+    kv_dtype = inputs.torch_dtype(shape.kv_dtype)
+    q = inputs.randn((hq, d), torch.bfloat16, device, gen)
+    k = inputs.randn((n, hkv, d), kv_dtype, device, gen)
+    v = inputs.randn((n, hkv, d), kv_dtype, device, gen)
+    mode = shape.pos_encoding_mode
+
+    def call():
+        return kvattn.decode.single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode=mode)
+
+    spec = AttnSpec(
+        q4=q.view(1, hq, 1, d), pools=None, k4=k.unsqueeze(0).transpose(1, 2), v4=v.unsqueeze(0).transpose(1, 2),
+        num_kv_heads=hkv, lens=[n], q_len=1, scale=1.0 / math.sqrt(d), v_dim=d, rope=mode == "ROPE_LLAMA",
+        to_common=lambda o: o.reshape(hq, d),
+    )
+    return InputSet(call, spec)
+
+
+def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
+    import kvattn
+
+    b, lq, hq, d = shape.batch, shape.q_len, shape.num_qo_heads, shape.head_dim
+    lens = shape.seq_lens()
+    pools = inputs.make_pools(lens, num_heads=shape.num_kv_heads, head_dim=d, page_size=shape.page_size,
+                              layout=shape.layout, dtype=inputs.torch_dtype(shape.kv_dtype), device=device, gen=gen)
+    q = inputs.randn((b * lq, hq, d), inputs.torch_dtype(shape.q_dtype), device, gen)
+    out = torch.empty((b * lq, hq, d), dtype=torch.bfloat16, device=device)
+    cum_q = (torch.arange(b + 1, dtype=torch.int32) * lq).to(device)
+    cum_kv = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    scale = 1.0 / math.sqrt(d)
+    max_kv = max(lens)
+
+    def call():
+        return kvattn.prefill.trtllm_batch_context_with_kv_cache(
+            q, (pools.k, pools.v), ws, pools.tables, pools.seq_lens, lq, max_kv, scale, 1.0, b, cum_q, cum_kv,
+            out=out, kv_layout=shape.layout,
+        )
+
+    spec = AttnSpec(
+        q4=q.view(b, lq, hq, d).transpose(1, 2), pools=pools, k4=None, v4=None,
+        num_kv_heads=shape.num_kv_heads, lens=lens, q_len=lq, scale=scale, v_dim=d, rope=False,
+        to_common=lambda o: o.transpose(1, 2).reshape(b * lq, hq, d),
+    )
+    return InputSet(call, spec)
+
+
+def _mla_set(shape: Shape, device, gen, ws) -> InputSet:
+    import kvattn
+
+    b, hq = shape.batch, shape.num_qo_heads
+    lens = shape.seq_lens()
+    dtype = inputs.torch_dtype(shape.kv_dtype)
+    pools = inputs.make_pools(lens, num_heads=1, head_dim=MLA_QK_DIM, page_size=shape.page_size, layout="NHD",
+                              dtype=dtype, device=device, gen=gen, mla=True)
+    q = inputs.randn((b, 1, hq, MLA_QK_DIM), inputs.torch_dtype(shape.q_dtype), device, gen)
+    out = torch.empty((b, hq, MLA_V_DIM), dtype=torch.bfloat16, device=device)
+    max_len = max(lens)
+
+    def call():
+        return kvattn.mla.xqa_batch_decode_with_kv_cache_mla(
+            q, pools.k, ws, 128, MLA_V_DIM, 64, pools.tables, pools.seq_lens, max_len,
+            out=out, bmm1_scale=MLA_SCALE, bmm2_scale=1.0,
+        )
+
+    spec = AttnSpec(
+        q4=q.transpose(1, 2), pools=pools, k4=None, v4=None, num_kv_heads=1, lens=lens, q_len=1,
+        scale=MLA_SCALE, v_dim=MLA_V_DIM, rope=False, to_common=lambda o: o.reshape(b, hq, MLA_V_DIM),
+    )
+    return InputSet(call, spec)

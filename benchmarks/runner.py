@@ -1,0 +1,256 @@
+"""Runs one shape: kvattn and each peer, eager and CUDA-graph timings, metrics, a correctness check.
+
+Every implementation gets its own record; a failure is caught and recorded on that record, so one
+broken peer or kernel never ends the run. Errors that leave the CUDA context unusable (illegal
+address, device-side assert) raise :class:`DeviceLost` with the records made so far: the caller
+restarts the process to go on with a fresh context.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from . import metrics, peers_flex, peers_sdpa
+from .problems import Problem, build
+from .shapes import Shape
+from .timing import Timer, sync
+from .variant import NotAvailable, Variant
+
+_FATAL_MARKERS = ("illegal memory access", "device-side assert", "unspecified launch failure",
+                  "misaligned address", "an illegal instruction", "CUDA error: unknown error",
+                  "uncorrectable ECC")
+
+
+class DeviceLost(RuntimeError):
+    """The CUDA context is unusable after this error; ``records`` holds what was measured."""
+
+    def __init__(self, message: str, records: list[dict]):
+        super().__init__(message)
+        self.records = records
+
+
+@dataclass
+class Options:
+    peers: bool = True
+    flex: bool = True
+    sdpa_backends: tuple[str, ...] = peers_sdpa.BACKENDS
+    all_peers: bool = False  # time peers also on shapes the grid marks peers=False
+    flex_gathered: bool = False  # also time flex on gathered K/V when the paged form works
+    time_reference: bool = False  # time kvattn even when its op falls back to the reference
+    check: bool = True
+    workspace_mib: int = 256
+    l2_bytes: int = 50 << 20
+    peers_deadline: float = float("inf")  # time.time() after which peers are skipped
+    kvattn_deadline: float = float("inf")
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(m.lower() in text.lower() for m in _FATAL_MARKERS)
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:600]
+
+
+def kvattn_backend(op: str, device: torch.device) -> str:
+    """"triton" when kvattn would run its Triton kernel for ``op`` on ``device``, else "reference"."""
+    from kvattn import _backend
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return "triton" if _backend.use_triton(op, device) else "reference"
+
+
+def _record(shape: Shape, problem: Problem | None, impl: str, family: str, **kw) -> dict:
+    rec = {
+        "shape": shape.id, "suite": shape.suite, "impl": impl, "family": family, "includes": "",
+        "status": "ok", "note": "", "eager_us": None, "graph_us": None, "us": None,
+        "n_sets": len(problem.sets) if problem else None,
+        "bytes": problem.work.bytes if problem else None, "flops": problem.work.flops if problem else None,
+    }
+    rec.update(kw)
+    return rec
+
+
+def _add_rates(rec: dict, problem: Problem, ceilings: dict) -> None:
+    us = rec["graph_us"] if rec.get("graph_us") else rec.get("eager_us")
+    rec["us"] = us
+    if not us:
+        return
+    rec.update(metrics.rates(problem.work, us * 1e-6, ceilings))
+    if rec.get("eager_us"):
+        rec["fraction_eager"] = metrics.rates(problem.work, rec["eager_us"] * 1e-6, ceilings)["fraction"]
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.float(), ref.float()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def _time_variant(rec: dict, var: Variant, timer: Timer) -> None:
+    t0 = time.perf_counter()
+    with var.context():
+        var.fns[0]()  # compiles / autotunes / picks kernels
+    sync(timer.device)
+    rec["first_call_s"] = round(time.perf_counter() - t0, 3)
+    if var.eager or not timer.cuda:
+        rec["eager_us"] = timer.eager(var.fns, var.context)
+    if var.graph and timer.cuda:
+        try:
+            rec["graph_us"] = timer.graph(var.fns, var.context)
+        except Exception as exc:  # noqa: BLE001 - graph capture failures are reported, eager still stands
+            if _is_fatal(exc):
+                raise
+            rec["graph_error"] = _short(exc)
+            torch.cuda.synchronize()
+
+
+def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, opt: Options,
+              log=print) -> list[dict]:
+    """All records of one shape (kvattn first, then peers)."""
+    records: list[dict] = []
+    problem = None
+    try:
+        try:
+            problem = build(shape, device, l2_bytes=opt.l2_bytes, workspace_mib=opt.workspace_mib)
+        except Exception as exc:  # noqa: BLE001
+            if _is_fatal(exc):
+                raise
+            records.append(_record(shape, None, "kvattn", "kvattn", status="error", error=_short(exc),
+                                   traceback=traceback.format_exc()[-2000:]))
+            return records
+        ref, ref_name = _run_kvattn(shape, problem, device, timer, ceilings, opt, records)
+        want_peers = opt.peers and (shape.peers or opt.all_peers)
+        if want_peers and time.time() > opt.peers_deadline:
+            records.append(_record(shape, problem, "peers", "peer", status="skipped",
+                                   note="time budget spent: peers skipped"))
+        elif want_peers:
+            _run_peers(shape, problem, timer, ceilings, opt, records, ref, ref_name)
+            _copy_check_to_kvattn(records)
+        return records
+    except Exception as exc:  # noqa: BLE001
+        if _is_fatal(exc):
+            raise DeviceLost(_short(exc), records) from exc
+        raise
+    finally:
+        del problem
+        gc.collect()
+        if device.type == "cuda":
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            except Exception as exc:  # noqa: BLE001
+                if _is_fatal(exc):
+                    raise DeviceLost(_short(exc), records) from exc
+
+
+def _copy_check_to_kvattn(records: list[dict]) -> None:
+    """kvattn's check: its distance to the first peer that ran attention alone."""
+    kv = records[0]
+    for rec in records[1:]:
+        if rec.get("rel_err") is not None and rec.get("check_against") == "kvattn" and not rec["includes"]:
+            kv["rel_err"], kv["check_against"] = rec["rel_err"], rec["impl"]
+            return
+
+
+def _run_kvattn(shape, problem, device, timer, ceilings, opt, records):
+    backend = kvattn_backend(problem.op, device)
+    rec = _record(shape, problem, "kvattn", "kvattn", backend=backend)
+    records.append(rec)
+    if time.time() > opt.kvattn_deadline:
+        rec.update(status="skipped", note="time budget spent")
+        return None, None
+    if backend == "reference" and device.type == "cuda" and not opt.time_reference:
+        rec.update(status="not timed", note="reference fallback, not timed")
+        return None, None
+    if backend == "reference":
+        rec["note"] = "reference backend"
+    var = Variant("kvattn", "kvattn", [s.kvattn for s in problem.sets])
+    try:
+        _time_variant(rec, var, timer)
+        _add_rates(rec, problem, ceilings)
+        out = problem.sets[0].kvattn()
+        sync(device)
+        if not torch.isfinite(out.float()).all():
+            rec["note"] = (rec["note"] + "; " if rec["note"] else "") + "NON-FINITE OUTPUT"
+        return out.clone(), "kvattn"
+    except Exception as exc:  # noqa: BLE001
+        if _is_fatal(exc):
+            raise
+        rec.update(status="error", error=_short(exc), traceback=traceback.format_exc()[-2000:])
+        return None, None
+
+
+def _run_peers(shape, problem, timer, ceilings, opt, records, ref, ref_name):
+    specs = [s.spec for s in problem.sets]
+    builders = list(peers_sdpa.variants(specs, opt.sdpa_backends))
+    for name, make in builders:
+        ref, ref_name = _run_peer(shape, problem, name, "sdpa", make, timer, ceilings, opt, records, ref, ref_name)
+    if not opt.flex:
+        return
+    paged_failed = False
+    for name, make in peers_flex.variants(specs, always_gathered=opt.flex_gathered):
+        if _flex_peer(shape, problem, name, make, timer, ceilings, opt, records, ref, ref_name) == "paged failed":
+            paged_failed = True
+    if paged_failed:
+        for name, make in peers_flex.variants(specs, paged_failed=True):
+            _flex_peer(shape, problem, name, make, timer, ceilings, opt, records, ref, ref_name)
+
+
+def _flex_peer(shape, problem, name, make, timer, ceilings, opt, records, ref, ref_name) -> str:
+    """One flex variant, skipping a formulation that already failed to compile on an earlier shape."""
+    spec = problem.sets[0].spec
+    form = "paged" if name == "flex-paged" else name
+    earlier = peers_flex.earlier_failure(spec, form)
+    if earlier:
+        records.append(_record(shape, problem, name, "flex", status="not available",
+                               note=f"failed on an earlier shape of this kind: {earlier}"[:500]))
+    else:
+        _run_peer(shape, problem, name, "flex", make, timer, ceilings, opt, records, ref, ref_name)
+        rec = records[-1]
+        if rec["status"] == "error" and rec.get("first_call_s") is None:  # failed before timing: compile/launch
+            peers_flex.remember_failure(spec, form, rec.get("error", ""))
+    return "paged failed" if name == "flex-paged" and records[-1]["status"] != "ok" else ""
+
+
+def _run_peer(shape, problem, name, family, make, timer, ceilings, opt, records, ref, ref_name):
+    rec = _record(shape, problem, name, family)
+    records.append(rec)
+    var = None
+    try:
+        var = make()
+        rec.update(impl=var.name, includes=var.includes, note=var.note)
+        _time_variant(rec, var, timer)
+        _add_rates(rec, problem, ceilings)
+        if opt.check and (not var.includes or ref is None):  # +prep variants compute the same output
+            with var.context():
+                out = problem.sets[0].spec.to_common(var.unfold(var.fns[0]()))
+            sync(timer.device)
+            if ref is None:
+                ref, ref_name = out.clone(), var.name
+            else:
+                rec["rel_err"] = _rel_err(out, ref)
+                rec["check_against"] = ref_name
+    except NotAvailable as exc:
+        rec.update(status="not available", note=str(exc)[:500])
+    except Exception as exc:  # noqa: BLE001
+        if _is_fatal(exc):
+            raise
+        rec.update(status="error", error=_short(exc), traceback=traceback.format_exc()[-2000:])
+        if timer.cuda:
+            torch.cuda.synchronize()
+    finally:
+        del var
+        gc.collect()
+        if timer.cuda:
+            torch.cuda.empty_cache()
+    return ref, ref_name

@@ -1,0 +1,178 @@
+"""The benchmark shape registry: every shape of ``BENCHMARKS.md``'s grid, as data.
+
+One :class:`Shape` per timed configuration. ``GRID`` is the GPU grid, ``SMOKE`` a handful of tiny
+shapes for checking the harness on a CPU. ``select`` filters either by suite, ``--quick`` flag and a
+substring of the shape id.
+
+>>> from benchmarks.shapes import GRID, select
+>>> len(select(GRID, suites=["decode"])) > 20
+True
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+SUITES = ("decode", "spec_decode", "single_decode", "prefill", "mla")
+
+# Ragged decode: 128 requests, lengths uniform in [1, 8192], from a fixed seed (same every run).
+RAGGED_BATCH = 128
+RAGGED_MAX_LEN = 8192
+RAGGED_SEED = 20261122
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark configuration.
+
+    ``kv_len`` is each request's KV length (``seq_lens``, which includes the new tokens); for a
+    ragged shape it is the upper bound and :meth:`seq_lens` draws the actual lengths. ``q_len`` is
+    the number of query tokens per request (decode 1, speculative decode 2..8, prefill the new
+    tokens). ``peers`` says whether the peers (SDPA, FlexAttention) are timed on this shape: they do
+    not depend on kvattn's page size or layout choices, so the grid times them once per workload to
+    keep the full run short. ``quick`` marks the ``--quick`` subset.
+    """
+
+    suite: str
+    batch: int
+    kv_len: int
+    q_len: int = 1
+    num_qo_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    layout: str = "NHD"
+    kv_dtype: str = "bfloat16"  # "bfloat16" or "fp8"
+    q_dtype: str = "bfloat16"  # "bfloat16" or "fp8" (prefill / MLA only)
+    ragged: bool = False
+    pos_encoding_mode: str = "NONE"  # single decode: "NONE" or "ROPE_LLAMA"
+    causal: bool = True
+    peers: bool = True
+    quick: bool = False
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def seq_lens(self) -> list[int]:
+        """KV length of each request (seeded uniform draws for a ragged shape)."""
+        if not self.ragged:
+            return [self.kv_len] * self.batch
+        rng = random.Random(RAGGED_SEED)
+        return [rng.randint(1, self.kv_len) for _ in range(self.batch)]
+
+    @property
+    def group(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def id(self) -> str:
+        """A compact unique name, also what ``--filter`` matches."""
+        kv = "fp8" if self.kv_dtype == "fp8" else "bf16"
+        heads = "" if (self.num_qo_heads, self.num_kv_heads) == (32, 8) else f" h{self.num_qo_heads}/{self.num_kv_heads}"
+        if self.suite == "decode":
+            lens = f"ragged{self.batch}x[1,{self.kv_len}]" if self.ragged else f"{self.batch}x{self.kv_len}"
+            return f"decode {kv} {lens} p{self.page_size} {self.layout}{heads}"
+        if self.suite == "spec_decode":
+            return f"spec_decode q{self.q_len} {kv} {self.batch}x{self.kv_len} p{self.page_size} {self.layout}{heads}"
+        if self.suite == "single_decode":
+            return f"single_decode {kv} h{self.num_qo_heads}/{self.num_kv_heads} L{self.kv_len} {self.pos_encoding_mode}"
+        if self.suite == "prefill":
+            q = "fp8q " if self.q_dtype == "fp8" else ""
+            return f"prefill {q}{kv} {self.batch}x{self.q_len}x{self.kv_len} p{self.page_size} {self.layout}{heads}"
+        if self.suite == "mla":
+            return f"mla {kv} Hq{self.num_qo_heads} {self.batch}x{self.kv_len} p{self.page_size}"
+        raise ValueError(f"unknown suite {self.suite!r}")
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["id"] = self.id
+        d["tags"] = list(self.tags)
+        if self.ragged:
+            lens = self.seq_lens()
+            d["ragged_seed"] = RAGGED_SEED
+            d["seq_lens_sum"] = sum(lens)
+            d["seq_lens_max"] = max(lens)
+        return d
+
+
+def _decode_grid() -> list[Shape]:
+    shapes: list[Shape] = []
+    pairs = [(1, 32768), (16, 4096), (64, 8192), (128, 2048), (256, 1024)]
+    quick_pairs = {(1, 32768), (64, 8192), (256, 1024)}
+    for page_size, layout in ((16, "NHD"), (16, "HND"), (64, "NHD"), (64, "HND")):
+        # Peers once per workload: on the first (page size, layout) variant only.
+        peers = (page_size, layout) == (16, "NHD")
+        for b, n in pairs:
+            quick = peers and (b, n) in quick_pairs
+            shapes.append(Shape("decode", b, n, page_size=page_size, layout=layout, peers=peers, quick=quick))
+        shapes.append(Shape("decode", RAGGED_BATCH, RAGGED_MAX_LEN, page_size=page_size, layout=layout,
+                            ragged=True, peers=peers))
+    for b, n in ((64, 8192), (256, 1024)):
+        shapes.append(Shape("decode", b, n, kv_dtype="fp8", quick=(b == 64)))
+    # Llama-3-70B heads per GPU (tensor parallel 8): 8 query heads, 1 KV head.
+    shapes.append(Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1))
+    return shapes
+
+
+def _spec_grid() -> list[Shape]:
+    # q_len 1 is the baseline of the "q_len 4 within 1.2x of q_len 1" target.
+    return [Shape("spec_decode", 64, 4096, q_len=q, quick=q in (1, 4)) for q in (1, 2, 4, 8)]
+
+
+def _single_grid() -> list[Shape]:
+    return [
+        Shape("single_decode", 1, n, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode=mode,
+              quick=(n == 32768 and mode == "NONE"))
+        for n in (4096, 32768, 131072)
+        for mode in ("NONE", "ROPE_LLAMA")
+    ]
+
+
+def _prefill_grid() -> list[Shape]:
+    shapes = [
+        Shape("prefill", b, lk, q_len=lq, page_size=64, layout="HND", quick=(b == 1))
+        for b, lq, lk in ((1, 8192, 8192), (4, 2048, 2048), (16, 512, 4096), (8, 1024, 8192))
+    ]
+    shapes.append(Shape("prefill", 1, 8192, q_len=8192, page_size=64, layout="HND", kv_dtype="fp8", q_dtype="fp8"))
+    return shapes
+
+
+def _mla_grid() -> list[Shape]:
+    shapes = []
+    for heads in (128, 16):
+        for dtype in ("bfloat16", "fp8"):
+            for b, n in ((64, 4096), (128, 8192), (32, 16384)):
+                quick = dtype == "bfloat16" and (heads, b) in ((128, 64), (16, 128))
+                # Peers on bf16 only: they have no fp8 MLA path (they would run on upcast copies).
+                shapes.append(Shape("mla", b, n, num_qo_heads=heads, num_kv_heads=1, head_dim=576, page_size=64,
+                                    kv_dtype=dtype, q_dtype=dtype, peers=dtype == "bfloat16", quick=quick))
+    return shapes
+
+
+GRID: list[Shape] = _decode_grid() + _spec_grid() + _single_grid() + _prefill_grid() + _mla_grid()
+
+# Tiny shapes for a CPU smoke test of the harness (reference backend, simple timer).
+SMOKE: list[Shape] = [
+    Shape("decode", 2, 64, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="NHD"),
+    Shape("decode", 2, 64, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND"),
+    Shape("decode", 3, 80, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, ragged=True),
+    Shape("decode", 2, 64, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, kv_dtype="fp8"),
+    Shape("spec_decode", 2, 64, q_len=2, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16),
+    Shape("single_decode", 1, 128, num_qo_heads=4, num_kv_heads=4, head_dim=64),
+    Shape("single_decode", 1, 128, num_qo_heads=4, num_kv_heads=4, head_dim=64, pos_encoding_mode="ROPE_LLAMA"),
+    Shape("prefill", 2, 64, q_len=32, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND"),
+    Shape("prefill", 1, 64, q_len=64, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND",
+          kv_dtype="fp8", q_dtype="fp8"),
+    Shape("mla", 2, 64, num_qo_heads=16, num_kv_heads=1, head_dim=576, page_size=16),
+]
+
+
+def select(shapes: list[Shape], *, suites=None, quick: bool = False, filters=None) -> list[Shape]:
+    """Shapes of the given suites, the ``--quick`` subset if asked, matching any filter substring."""
+    suites = list(suites or SUITES)
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; expected some of {SUITES}")
+    out = [s for s in shapes if s.suite in suites and (s.quick or not quick)]
+    if filters:
+        out = [s for s in out if any(f.lower() in s.id.lower() for f in filters)]
+    return out
