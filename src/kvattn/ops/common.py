@@ -239,10 +239,23 @@ def soft_cap(s, cap):
 
 
 @triton.jit
+def round_to_e4m3(x):
+    """float32 ``x`` rounded to the nearest float8_e4m3fn value (ties to even), saturating at
+    +-448, still in float32: the cast that follows is then exact whatever rounding the target
+    (or the interpreter) applies to a float8 conversion."""
+    bits = x.to(tl.int32, bitcast=True)
+    e = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # below 2^-6 the grid is the subnormal step 2^-9
+    quantum = ((e - 3) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    y = x / quantum
+    y = (y + 12582912.0) - 12582912.0  # 1.5 * 2^23: float32 addition rounds to an integer, ties to even
+    return tl.minimum(tl.maximum(y * quantum, -FP8_MAX), FP8_MAX)
+
+
+@triton.jit
 def store_scaled(ptr, o, mask, OUT_FP8: tl.constexpr):
     """Store float32 ``o`` in ``ptr``'s dtype; fp8: round to nearest even, saturating at +-448."""
     if OUT_FP8:
-        o = tl.minimum(tl.maximum(o, -FP8_MAX), FP8_MAX)
+        o = round_to_e4m3(o)
     tl.store(ptr, o.to(ptr.dtype.element_ty), mask=mask)
 
 

@@ -1,0 +1,257 @@
+"""Triton paged batch decode (``xqa_batch_decode_with_kv_cache``, ``xqa``) against the oracles.
+
+Every case draws fresh random inputs (NaN in every cache slot no request uses, permuted pages,
+wild page ids past each request's last page), poisons the output, runs the public function on the
+Triton backend and compares with the float64 dense formulation. The tolerance is scaled to the
+error the reference backend itself makes when it stores the same result in the output dtype.
+
+On a CPU machine the kernels run in Triton's interpreter: only the cases marked ``interp`` run
+there (float16, small shapes); a GPU runs the whole grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kvattn
+from kvattn import dense
+from kvattn.formats import FP8_DTYPE, FP8_MAX
+from kvattn.ops import decode_configs
+from kvattn.testing import make_paged_kv, poison_, relative_error
+
+ON_GPU = torch.cuda.is_available()
+GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier runs the interp subset")
+# Error the kernel may add beyond 2x the reference's own rounding error: its P operand of the
+# P.V product is rounded to the query dtype (flash-attention practice).
+EXTRA = {torch.float16: 5e-4, torch.bfloat16: 4e-3, FP8_DTYPE: 2e-3}
+
+
+def cpu(x):
+    if isinstance(x, (tuple, list)):
+        return type(x)(cpu(t) for t in x)
+    return x.cpu() if isinstance(x, torch.Tensor) else x
+
+
+def assert_matches(out: torch.Tensor, ref_out: torch.Tensor, exact: torch.Tensor, stored_scale: float = 1.0):
+    """``out`` (Triton) is as close to the float64 ``exact`` as the reference's ``ref_out`` is, up
+    to a factor 2 plus the kernel's operand rounding (``EXTRA``), in norm and element-wise."""
+    target = exact.cpu().double() / stored_scale
+    if out.dtype == FP8_DTYPE:
+        target = target.clamp(-FP8_MAX, FP8_MAX)
+    got, ref = out.cpu().double(), ref_out.cpu().double()
+    assert torch.isfinite(got).all(), f"{int((~torch.isfinite(got)).sum())} non-finite outputs"
+    err, ref_err = relative_error(got, target), relative_error(ref, target)
+    assert err <= 2 * ref_err + EXTRA[out.dtype], f"relative error {err:.3g} (reference {ref_err:.3g})"
+    amax = float(target.abs().max()) if target.numel() else 0.0
+    worst, ref_worst = float((got - target).abs().max()), float((ref - target).abs().max())
+    assert worst <= 2 * ref_worst + 4 * EXTRA[out.dtype] * amax + 1e-6, (
+        f"max abs error {worst:.3g} (reference {ref_worst:.3g}, max |ref| {amax:.3g})"
+    )
+
+
+def run_both(backend_call, monkeypatch):
+    """Run ``backend_call(backend)`` on the Triton and then the reference backend."""
+    outs = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("KVATTN_BACKEND", backend)
+        outs.append(backend_call())
+    monkeypatch.setenv("KVATTN_BACKEND", "triton")
+    return outs
+
+
+def decode_case(
+    device, monkeypatch, *, lens, hkv=2, group=4, d=64, page=16, layout="NHD", form="stacked", fmt=None,
+    qdt=torch.float16, q_len=1, mask=False, window=-1, sinks=False, tensor_scales=False, fp8_out=False,
+    o_scale=1.0, uint32=False, seed=0, ws_bytes=1 << 22, max_seq_len=None, enable_pdl=None,
+):
+    """Build one random case, run both backends and the dense oracle, and compare."""
+    fmt = fmt or {torch.float16: "float16", torch.bfloat16: "bfloat16"}[qdt]
+    case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=qdt, kv_format=fmt,
+                         layout=layout, form=form, device=device, seed=seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    batch, hq = len(lens), hkv * group
+    q = torch.randn(batch * q_len, hq, d, generator=g).to(device=device, dtype=qdt)
+    mask_t = None
+    if mask:
+        words = 2 * ((q_len + 31) // 32)
+        mask_t = torch.randint(0, 1 << 16, (batch, q_len, words), generator=g, dtype=torch.int32)
+        mask_t = mask_t.to(torch.uint16).to(device)
+    sinks_t = (torch.randn(hq, generator=g) * 2).to(device) if sinks else None
+    k_scale, v_scale = (0.7, 1.3) if fmt in ("fp8", "nvfp4") else (1.0, 1.0)
+    bmm1, bmm2 = 1.5 / math.sqrt(d) * k_scale, v_scale
+    if tensor_scales:
+        bmm1, bmm2 = (torch.tensor([x], dtype=torch.float32, device=device) for x in (bmm1, bmm2))
+    seq_lens = case.seq_lens.to(torch.uint32) if uint32 else case.seq_lens
+    out_dtype = FP8_DTYPE if fp8_out else qdt
+    kw = dict(bmm1_scale=bmm1, bmm2_scale=bmm2, window_left=window, sinks=sinks_t, kv_layout=layout,
+              q_len_per_req=q_len, o_scale=o_scale, mask=mask_t, kv_cache_sf=case.kv_cache_sf)
+    capacity = case.block_tables.shape[1] * page
+    max_len = case.max_seq_len if max_seq_len is None else (capacity if max_seq_len == "capacity" else max_seq_len)
+
+    def call():
+        out = poison_(torch.empty(q.shape, dtype=out_dtype, device=device))
+        ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
+        got = kvattn.decode.xqa_batch_decode_with_kv_cache(
+            q, case.kv_cache, ws, case.block_tables, seq_lens, max_len, out=out, enable_pdl=enable_pdl, **kw)
+        assert got is out
+        return out
+
+    out, ref_out = run_both(call, monkeypatch)
+    if max(lens) == 0:  # (the dense oracle needs a key somewhere)
+        exact = torch.zeros(q.shape, dtype=torch.float64)
+    else:
+        exact = dense.batch_decode(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens),
+                                   **{k: cpu(v) for k, v in kw.items()})
+    assert_matches(out, ref_out, exact, stored_scale=o_scale if fp8_out else 1.0)
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (out[b * q_len : (b + 1) * q_len].float() == 0).all(), f"empty request {b}: rows not zero"
+    return out
+
+
+def param(id, interp=False, **kw):
+    return pytest.param(kw, id=id, marks=() if interp else GPU_ONLY)
+
+
+SMALL = [1, 37, 0, 70]  # seq_len 1, not a multiple of the page, an empty slot, several pages
+GPU_LENS = [1, 37, 0, 300, 1029, 2048]
+
+CASES = [
+    # --- the interpreter subset -------------------------------------------------------------
+    param("fp16-NHD-stacked-p16-D64-G4", True, lens=SMALL),
+    param("fp16-HND-tuple-p32-D64-G2", True, lens=SMALL, layout="HND", form="tuple", page=32, group=2),
+    param("fp16-NHD-shared-p64-D64-G1", True, lens=SMALL, form="shared", page=64, group=1),
+    param("fp16-HND-p16-D128-G8-uint32", True, lens=[5, 50], d=128, group=8, hkv=1, layout="HND", uint32=True),
+    param("fp8-HND-p16-tensor-scales-fp8-out", True, lens=SMALL, fmt="fp8", layout="HND", tensor_scales=True,
+          fp8_out=True, o_scale=2.0),
+    param("nvfp4-NHD-tuple-p16-G4", True, lens=SMALL, fmt="nvfp4", form="tuple"),
+    param("spec-Q3-causal-window9-sinks", True, lens=[3, 40, 0, 66], q_len=3, window=9, sinks=True),
+    param("spec-Q4-mask", True, lens=[4, 40, 66], q_len=4, mask=True),
+    param("window0-sinks", True, lens=SMALL, window=0, sinks=True),
+    param("rows144-two-row-blocks", True, lens=[20, 45], hkv=1, group=24, q_len=6),
+    # --- GPU grid -------------------------------------------------------------------------------
+    *[param(f"bf16-{layout}-{form}-p{page}", lens=GPU_LENS, layout=layout, form=form, page=page,
+            qdt=torch.bfloat16, seed=page)
+      for layout in ("NHD", "HND") for form in ("stacked", "shared", "tuple") for page in (16, 32, 64, 128)],
+    *[param(f"bf16-D{d}-G{g}", lens=[1, 77, 513, 1500], d=d, group=g, hkv=max(1, 8 // g),
+            qdt=torch.bfloat16, seed=d + g)
+      for d in (64, 128, 256) for g in (1, 2, 4, 8, 16, 32)],
+    *[param(f"fp16-spec-Q{q}-{'mask' if m else 'causal'}", lens=[q, 90, 0, 1000], q_len=q, mask=m, seed=q)
+      for q in range(1, 9) for m in (False, True)],
+    *[param(f"bf16-spec-Q{q}-G{g}-mask-window", lens=[q + 3, 700], q_len=q, group=g, mask=True, window=100,
+            qdt=torch.bfloat16, seed=q * g)
+      for q in (2, 5, 8) for g in (1, 4, 16)],
+    *[param(f"fp16-window{w}", lens=[1, 16, 17, 64, 65, 200, 3000], window=w, seed=w)
+      for w in (0, 1, 15, 16, 63, 64, 199, 2999, 5000)],
+    *[param(f"{fmt}-{layout}-p{page}-{'tensor' if ts else 'float'}-scales", lens=GPU_LENS, fmt=fmt,
+            layout=layout, page=page, tensor_scales=ts, qdt=torch.bfloat16, seed=page)
+      for fmt in ("fp8", "nvfp4") for layout in ("NHD", "HND") for page in (16, 64) for ts in (False, True)],
+    *[param(f"fp8-out-o_scale{o}-{layout}", lens=GPU_LENS, fmt="fp8", fp8_out=True, o_scale=o, layout=layout,
+            qdt=torch.bfloat16)
+      for o in (0.5, 1.0, 4.0) for layout in ("NHD", "HND")],
+    param("bf16-sinks-G8-long", lens=[4000, 9000], group=8, sinks=True, qdt=torch.bfloat16),
+    param("bf16-long-split-B1", lens=[30000], hkv=8, d=128, qdt=torch.bfloat16),
+    param("bf16-ragged-splits", lens=[1, 5000, 17, 12000, 0, 333], hkv=4, d=128, qdt=torch.bfloat16),
+    param("fp16-max_seq_len-above-lengths", lens=[100, 30], max_seq_len="capacity"),
+    param("bf16-pdl", lens=GPU_LENS, qdt=torch.bfloat16, enable_pdl=True),
+    param("fp16-tiny-workspace-no-split", lens=[20000, 3], ws_bytes=16),
+    param("bf16-Hq8-Hkv1-D128", lens=[8192, 100], hkv=1, group=8, d=128, qdt=torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_batch_decode_matches_oracles(kw, kernel_device, triton_backend, monkeypatch):
+    decode_case(kernel_device, monkeypatch, **kw)
+
+
+@pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
+def test_split_kv_partials_combine_exactly(q_len, group, kernel_device, triton_backend, monkeypatch):
+    """Short splits force several partials per request (ragged: some requests need one)."""
+    lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
+    with decode_configs.override(min_chunk=32, programs_per_sm=64):
+        decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=True, window=60)
+        decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, seed=3)
+
+
+def test_empty_batch_all_zero(kernel_device, triton_backend, monkeypatch):
+    out = decode_case(kernel_device, monkeypatch, lens=[0, 0, 0], sinks=True, max_seq_len="capacity")
+    assert (out.float() == 0).all()
+
+
+@pytest.mark.parametrize("max_programs", [1, 3, None], ids=["sm1", "sm3", "sm-default"])
+@pytest.mark.parametrize("pool", ["flat", "HND"])
+def test_xqa_adapter(pool, max_programs, kernel_device, triton_backend, monkeypatch):
+    """xqa: flat head pool or 4-D pages, [Hkv, G] sinks, sliding window, sm_count capping the grid."""
+    hkv, group, d, page = 2, 4, 64, 16
+    lens = [1, 45, 0, 80] if not ON_GPU else [1, 450, 0, 3000]
+    layout = "NHD" if pool == "flat" else "HND"
+    case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.float16,
+                         layout=layout, form="tuple", device=kernel_device, seed=7)
+    k, v = case.kv_cache
+    if pool == "flat":
+        k, v = k.reshape(-1, d), v.reshape(-1, d)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(len(lens), 1, hkv * group, d, generator=g).to(kernel_device, torch.float16)
+    sinks = torch.randn(hkv, group, generator=g).to(kernel_device)
+    seq_lens = case.seq_lens.to(torch.uint32).view(-1, 1)
+    kw = dict(sinks=sinks, q_scale=1.2, sliding_win_size=33, kv_layout=layout)
+
+    def call():
+        out = poison_(torch.empty_like(q))
+        kvattn.xqa.xqa(q, k, v, case.block_tables, seq_lens, out, torch.zeros(1 << 20, dtype=torch.uint8,
+                       device=kernel_device), torch.zeros(8, dtype=torch.uint32, device=kernel_device), hkv, page,
+                       sm_count=max_programs, **kw)
+        return out
+
+    out, ref_out = run_both(call, monkeypatch)
+    exact = dense.xqa(cpu(q), cpu(k), cpu(v), cpu(case.block_tables), cpu(seq_lens), hkv, page,
+                      **{a: cpu(b) for a, b in kw.items()})
+    assert_matches(out, ref_out, exact)
+
+
+def test_xqa_fp8_pool_with_kv_scale(kernel_device, triton_backend, monkeypatch):
+    hkv, group, d, page = 2, 2, 64, 32
+    case = make_paged_kv([50, 9], num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.float16,
+                         kv_format="fp8", form="tuple", device=kernel_device, seed=8)
+    k, v = (t.reshape(-1, d) for t in case.kv_cache)
+    q = torch.randn(2, 1, hkv * group, d).to(kernel_device, torch.float16)
+    kv_scale = torch.tensor([0.6], device=kernel_device)
+    seq_lens = case.seq_lens.view(-1, 1)
+
+    def call():
+        out = poison_(torch.empty_like(q))
+        kvattn.xqa.xqa(q, k, v, case.block_tables, seq_lens, out, torch.zeros(1 << 20, dtype=torch.uint8,
+                       device=kernel_device), torch.zeros(8, dtype=torch.uint32, device=kernel_device), hkv, page,
+                       kv_scale=kv_scale)
+        return out
+
+    out, ref_out = run_both(call, monkeypatch)
+    exact = dense.xqa(cpu(q), cpu(k), cpu(v), cpu(case.block_tables), cpu(seq_lens), hkv, page,
+                      kv_scale=cpu(kv_scale))
+    assert_matches(out, ref_out, exact)
+
+
+def test_page_ids_outside_the_cache_are_never_read(kernel_device, triton_backend, monkeypatch):
+    """A corrupt used table entry (huge or negative) neither faults nor leaks NaN; the other
+    requests are unaffected. (KVATTN_DEBUG=1 reports such tables; the kernel only stays safe.)"""
+    hkv, group, d, page = 2, 4, 64, 16
+    case = make_paged_kv([40, 50], num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.float16,
+                         device=kernel_device, seed=9)
+    q = torch.randn(2, hkv * group, d).to(kernel_device, torch.float16)
+    good = kvattn.decode.xqa_batch_decode_with_kv_cache(
+        q, case.kv_cache, torch.zeros(1 << 20, dtype=torch.uint8, device=kernel_device), case.block_tables,
+        case.seq_lens, 64, bmm1_scale=0.125)
+    tables = case.block_tables.clone()
+    tables[0, 0], tables[0, 1] = 2**31 - 1, -(2**31)
+    out = poison_(torch.empty_like(q))
+    kvattn.decode.xqa_batch_decode_with_kv_cache(
+        q, case.kv_cache, torch.zeros(1 << 20, dtype=torch.uint8, device=kernel_device), tables,
+        case.seq_lens, 64, bmm1_scale=0.125, out=out)
+    if ON_GPU:
+        torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    assert torch.equal(out[1], good[1])
+    assert not torch.equal(out[0], good[0])

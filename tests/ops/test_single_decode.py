@@ -1,0 +1,166 @@
+"""Triton single-request decode (``single_decode_with_kv_cache``) against the oracles.
+
+Fresh random inputs per case; the output is compared with the float64 dense formulation within
+twice the reference backend's own error plus the kernel's operand rounding, the LSE against a
+float64 log-sum-exp. RoPE is also checked against an independent rotate-then-attend formulation
+written here. Interpreter tier (CPU): the cases marked ``interp`` (float16, short sequences).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kvattn
+from kvattn import dense
+from kvattn.formats import FP8_DTYPE
+from kvattn.ops import decode_configs
+from kvattn.testing import relative_error
+
+ON_GPU = torch.cuda.is_available()
+GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier runs the interp subset")
+EXTRA = {torch.float16: 5e-4, torch.bfloat16: 4e-3}
+
+
+def make_inputs(device, *, length, hq, hkv, d, dtype, kv_fp8=False, layout="NHD", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(hq, d, generator=g).to(device, dtype)
+    shape = (length, hkv, d) if layout == "NHD" else (hkv, length, d)
+    k, v = (torch.randn(*shape, generator=g) for _ in range(2))
+    kv_dtype = FP8_DTYPE if kv_fp8 else dtype
+    return q, k.to(device, kv_dtype), v.to(device, kv_dtype)
+
+
+def lse_tolerance(dtype, rounds_rotated: bool, logit_mag: float) -> float:
+    """The tensor-core path rounds RoPE-rotated q and k to the input dtype before the product."""
+    if rounds_rotated:
+        return 4 * (2.0**-11 if dtype == torch.float16 else 2.0**-8) * logit_mag + 1e-4
+    return 1e-4 * max(1.0, logit_mag)
+
+
+def run_case(device, monkeypatch, *, length, hq=8, hkv=2, d=64, dtype=torch.float16, kv_fp8=False, layout="NHD",
+             seed=0, **kw):
+    q, k, v = make_inputs(device, length=length, hq=hq, hkv=hkv, d=d, dtype=dtype, kv_fp8=kv_fp8, layout=layout,
+                          seed=seed)
+    args = dict(kv_layout=layout, return_lse=True, **kw)
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("KVATTN_BACKEND", backend)
+        results.append(kvattn.decode.single_decode_with_kv_cache(q, k, v, **args))
+    (out, lse), (ref_out, _) = results
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (hq,) and lse.dtype == torch.float32
+    exact, exact_lse = dense.single_decode(q.cpu(), k.cpu(), v.cpu(), **args)
+    got, ref = out.cpu().double(), ref_out.cpu().double()
+    assert torch.isfinite(got).all()
+    err, ref_err = relative_error(got, exact), relative_error(ref, exact)
+    assert err <= 2 * ref_err + EXTRA[dtype], f"relative error {err:.3g} (reference {ref_err:.3g})"
+    rows = hq // hkv * 1
+    rounds = kw.get("pos_encoding_mode") == "ROPE_LLAMA" and (kw.get("use_tensor_cores") or rows > 1)
+    scale = kw.get("sm_scale") or 1 / math.sqrt(d)
+    logit_mag = float(scale * q.float().norm(dim=-1).max() * k.float().norm(dim=-1).max())
+    if kw.get("logits_soft_cap"):
+        logit_mag = min(logit_mag, kw["logits_soft_cap"])
+    lse_err = float((lse.cpu().double() - exact_lse).abs().max())
+    assert lse_err <= lse_tolerance(dtype, rounds, logit_mag), f"LSE error {lse_err:.3g}"
+    return out, lse
+
+
+def param(id, interp=False, **kw):
+    return pytest.param(kw, id=id, marks=() if interp else GPU_ONLY)
+
+
+CASES = [
+    *[param(f"fp16-{mode}-{layout}-{'tc' if tc else 'cuda'}-H{hq}x{hkv}", True, length=150, hq=hq, hkv=hkv,
+            layout=layout, pos_encoding_mode=mode, use_tensor_cores=tc, seed=hq + tc)
+      for mode in ("NONE", "ROPE_LLAMA", "ALIBI") for layout, tc, hq, hkv in
+      (("NHD", False, 4, 4), ("HND", True, 8, 2))],
+    param("fp16-softcap-alibi-window", True, length=90, pos_encoding_mode="ALIBI", logits_soft_cap=3.0,
+          window_left=31),
+    param("fp16-fp8kv-scales-rope", True, length=70, kv_fp8=True, q_scale=1.1, k_scale=0.8, v_scale=1.7,
+          pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5, hq=4, hkv=4),
+    param("fp16-length1", True, length=1, sm_scale=0.3),
+    # --- GPU grid -------------------------------------------------------------------------------
+    *[param(f"bf16-{mode}-{layout}-{'tc' if tc else 'cuda'}-D{d}-L{length}-H{hq}x{hkv}", length=length, hq=hq,
+            hkv=hkv, d=d, dtype=torch.bfloat16, layout=layout, pos_encoding_mode=mode, use_tensor_cores=tc,
+            seed=length + d)
+      for mode in ("NONE", "ROPE_LLAMA", "ALIBI") for layout in ("NHD", "HND") for tc in (False, True)
+      for d, length, hq, hkv in ((64, 1, 8, 8), (128, 999, 32, 32), (128, 4100, 32, 8), (256, 3000, 4, 1))],
+    *[param(f"fp16-window{w}-L{length}", length=length, window_left=w, seed=w)
+      for length in (1, 64, 3000) for w in (0, 1, 63, 64, 2999)],
+    *[param(f"fp16-softcap{c}-{mode}", length=2500, logits_soft_cap=c, pos_encoding_mode=mode, sm_scale=0.5)
+      for c in (1.0, 30.0) for mode in ("NONE", "ALIBI")],
+    *[param(f"bf16-fp8kv-{mode}", length=5000, dtype=torch.bfloat16, kv_fp8=True, q_scale=0.9, k_scale=1.2,
+            v_scale=0.6, pos_encoding_mode=mode, hq=32, hkv=8, d=128)
+      for mode in ("NONE", "ROPE_LLAMA")],
+    param("bf16-long-rope-scaled", length=40000, dtype=torch.bfloat16, pos_encoding_mode="ROPE_LLAMA",
+          rope_scale=4.0, rope_theta=1e6, hq=32, hkv=8, d=128),
+    param("fp16-alibi-H12", length=700, hq=12, hkv=4, pos_encoding_mode="ALIBI"),
+]
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_single_decode_matches_oracles(kw, kernel_device, triton_backend, monkeypatch):
+    run_case(kernel_device, monkeypatch, **kw)
+
+
+def test_split_kv_single_decode(kernel_device, triton_backend, monkeypatch):
+    """Forced short splits: partials and their LSE merge (output and returned LSE)."""
+    length = 200 if not ON_GPU else 20000
+    with decode_configs.override(min_chunk=32, programs_per_sm=64):
+        run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ALIBI", logits_soft_cap=4.0)
+        run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ROPE_LLAMA", window_left=150)
+
+
+def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, rope_scale: float, theta: float) -> torch.Tensor:
+    """Independent RoPE: each pair (x[i], x[i + D/2]) rotated by the angle ``pos * freq_i`` as a
+    2x2 rotation matrix applied in float64. x ``[N, H, D]``, positions ``[N]``."""
+    d = x.shape[-1]
+    half = d // 2
+    x = x.double()
+    out = torch.empty_like(x)
+    for i in range(half):
+        freq = theta ** (-2.0 * i / d) / rope_scale
+        ang = positions.double() * freq
+        c, s = torch.cos(ang).view(-1, 1), torch.sin(ang).view(-1, 1)
+        out[..., i] = x[..., i] * c - x[..., i + half] * s
+        out[..., i + half] = x[..., i + half] * c + x[..., i] * s
+    return out
+
+
+@pytest.mark.parametrize("tc", [False, True], ids=["cuda-cores", "tensor-cores"])
+def test_rope_equals_rotate_then_attend(tc, kernel_device, triton_backend):
+    length, hq, hkv, d = (120, 4, 2, 64) if not ON_GPU else (3000, 32, 8, 128)
+    rope_scale, theta = 1.5, 2e4
+    q, k, v = make_inputs(kernel_device, length=length, hq=hq, hkv=hkv, d=d, dtype=torch.float16, seed=11)
+    out, lse = kvattn.decode.single_decode_with_kv_cache(
+        q, k, v, pos_encoding_mode="ROPE_LLAMA", use_tensor_cores=tc, rope_scale=rope_scale, rope_theta=theta,
+        return_lse=True)
+    qr = rotate_pairs(q.cpu().unsqueeze(0), torch.tensor([length - 1]), rope_scale, theta)[0]  # [Hq, D]
+    kr = rotate_pairs(k.cpu(), torch.arange(length), rope_scale, theta)  # [L, Hkv, D]
+    g = hq // hkv
+    logits = torch.einsum("hd,lhd->hl", qr, kr.repeat_interleave(g, dim=1)) / math.sqrt(d)
+    p = torch.softmax(logits, dim=-1)
+    expect = torch.einsum("hl,lhd->hd", p, v.cpu().double().repeat_interleave(g, dim=1))
+    expect_lse = torch.logsumexp(logits, dim=-1) / math.log(2.0)
+    assert relative_error(out.cpu(), expect) <= 3e-3
+    assert float((lse.cpu().double() - expect_lse).abs().max()) <= 2e-2
+
+
+def test_lse_is_base2_logsumexp_of_scaled_logits(kernel_device, triton_backend):
+    length, hq, hkv, d = (77, 4, 1, 64) if not ON_GPU else (5000, 16, 2, 128)
+    q, k, v = make_inputs(kernel_device, length=length, hq=hq, hkv=hkv, d=d, dtype=torch.float16, seed=12)
+    sm, q_scale, k_scale = 0.2, 1.3, 0.7
+    _, lse = kvattn.decode.single_decode_with_kv_cache(q, k, v, sm_scale=sm, q_scale=q_scale, k_scale=k_scale,
+                                                       v_scale=5.0, return_lse=True)
+    logits = torch.einsum("hd,lhd->hl", q.cpu().double(), k.cpu().double().repeat_interleave(hq // hkv, dim=1))
+    expect = torch.logsumexp(logits * sm * q_scale * k_scale, dim=-1) / math.log(2.0)
+    assert float((lse.cpu().double() - expect).abs().max()) <= 1e-4 * max(1.0, float(expect.abs().max()))
+
+
+def test_use_tensor_cores_changes_only_rounding(kernel_device, triton_backend):
+    q, k, v = make_inputs(kernel_device, length=300, hq=4, hkv=4, d=64, dtype=torch.float16, seed=13)
+    a = kvattn.decode.single_decode_with_kv_cache(q, k, v, use_tensor_cores=False, pos_encoding_mode="ALIBI")
+    b = kvattn.decode.single_decode_with_kv_cache(q, k, v, use_tensor_cores=True, pos_encoding_mode="ALIBI")
+    assert relative_error(a, b.float()) <= 2e-3
