@@ -21,7 +21,8 @@ def _frac(x) -> str:
 
 
 def _kvattn(recs: list[dict]) -> dict:
-    return next((r for r in recs if r["impl"] == "kvattn"), {"status": "missing"})
+    # A shape whose process died before kvattn ran has only the "device" error record.
+    return next((r for r in recs if r["impl"] == "kvattn"), recs[0] if recs else {"status": "missing"})
 
 
 def _peers_ok(recs: list[dict]) -> list[dict]:

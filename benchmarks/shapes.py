@@ -99,8 +99,9 @@ def _decode_grid() -> list[Shape]:
     pairs = [(1, 32768), (16, 4096), (64, 8192), (128, 2048), (256, 1024)]
     quick_pairs = {(1, 32768), (64, 8192), (256, 1024)}
     for page_size, layout in ((16, "NHD"), (16, "HND"), (64, "NHD"), (64, "HND")):
-        # Peers once per workload: on the first (page size, layout) variant only.
-        peers = (page_size, layout) == (16, "NHD")
+        # Peers once per workload, on 64-token NHD pages: SDPA does not care, and paged flex reads
+        # whole pages per KV block (16-token pages would cap its tile at 16 rows).
+        peers = (page_size, layout) == (64, "NHD")
         for b, n in pairs:
             quick = peers and (b, n) in quick_pairs
             shapes.append(Shape("decode", b, n, page_size=page_size, layout=layout, peers=peers, quick=quick))
