@@ -218,3 +218,19 @@ def test_uint32_seq_lens_and_strided_cache():
     out = xqa_batch_decode_with_kv_cache(q, (k, v), workspace(), case.block_tables, lens, 48, bmm1_scale=0.125)
     ref = dense.batch_decode(q, case.kv_cache, case.block_tables, case.seq_lens, bmm1_scale=0.125)
     assert_close(out, ref)
+
+
+@pytest.mark.parametrize("kv_format, layout, form, out_fp8", [
+    ("fp8", "HND", "tuple", False), ("fp8", "NHD", "shared", True), ("nvfp4", "HND", "shared", False),
+    ("nvfp4", "NHD", "tuple", False), ("bfloat16", "HND", "stacked", False),
+], ids=["fp8-HND-tuple", "fp8-NHD-shared-out-fp8", "nvfp4-HND-shared", "nvfp4-NHD-tuple", "bf16-HND-stacked"])
+def test_feature_combinations(kv_format, layout, form, out_fp8):
+    """Spec decode + explicit mask + window + sinks + tensor scales + o_scale, on quantised caches."""
+    q_len, lens = 3, [3, 0, 50, 129]
+    case = paged_case(lens, d=128, kv_format=kv_format, layout=layout, form=form, page=32, seed=40)
+    q = randq(len(lens) * q_len, 8, 128, seed=40)
+    out = poisoned(*q.shape, dtype=FP8_DTYPE if out_fp8 else q.dtype)
+    o_scale = 0.5
+    out, ref = run(case, q, out=out, q_len=q_len, bmm1_scale=scale_arg(0.09, True), bmm2_scale=scale_arg(1.1, True),
+                   o_scale=o_scale, window_left=20, sinks=torch.randn(8), mask=_random_mask(len(lens), q_len, 40))
+    assert_close(out, ref, stored_scale=o_scale if out_fp8 else 1.0)

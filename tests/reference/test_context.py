@@ -157,3 +157,21 @@ def test_all_empty():
     q = randq(0, 4, 64, seed=11)
     out, _ = run(case, q, [0, 0])
     assert out.shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize("out_kind", ["query-dtype", "fp8"])
+@pytest.mark.parametrize("kv_format, layout, form, split", [
+    ("fp8", "NHD", "tuple", True), ("nvfp4", "HND", "stacked", False), ("nvfp4", "NHD", "shared", True),
+    ("float16", "HND", "tuple", True),
+], ids=["fp8-NHD-tuple-split", "nvfp4-HND-stacked", "nvfp4-NHD-shared-split", "fp16-HND-tuple-split"])
+def test_feature_combinations(kv_format, layout, form, split, out_kind):
+    """Ragged queries + window + sinks + tensor scales + split tables, on quantised caches."""
+    case = paged_case(LENS, d=128, kv_format=kv_format, layout=layout, form=form, split_tables=split, page=32,
+                      seed=41)
+    q = randq(sum(LQ), 8, 128, dtype=torch.float16, seed=41)
+    out = poisoned(*q.shape, dtype=FP8_DTYPE if out_kind == "fp8" else q.dtype)
+    sinks = torch.randn(8)
+    got, cq = run(case, q, LQ, out=out, shared_idx=not split, bmm1_scale=scale_arg(0.08, True),
+                  bmm2_scale=scale_arg(2.0, True), window_left=9, sinks=sinks)
+    ref = dense_ref(case, q, cq, shared_idx=not split, bmm1_scale=0.08, bmm2_scale=2.0, window_left=9, sinks=sinks)
+    assert_close(got, ref)
