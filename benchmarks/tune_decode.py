@@ -1,0 +1,150 @@
+"""Tune the decode kernels: time launch-config variants on the decode target shapes.
+
+Each variant replaces fields of :class:`kvattn.ops.decode_configs.DecodeConfig` (tile, warps,
+pipelining depth, split heuristic, PDL) for every call; shapes and inputs come from the benchmark
+registry (``benchmarks/shapes.py``, ``benchmarks/problems.py``). Times are medians of CUDA-graph
+replays (``do_bench``, L2 flushed), fractions are of the copy bandwidth measured in the same run.
+The table that ends the output is what goes into ``benchmarks/NOTES.md``; the winning values go
+into the config table of ``src/kvattn/ops/decode_configs.py``.
+
+Usage (on the device, from the repository root)::
+
+    PYTHONPATH=src python benchmarks/tune_decode.py --out $OUT/tune.json
+    PYTHONPATH=src python benchmarks/tune_decode.py --variants default,bn128 --filter "64x8192"
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(_ROOT))
+    sys.path.insert(0, str(_ROOT / "src"))
+
+import torch  # noqa: E402
+
+from benchmarks import problems  # noqa: E402
+from benchmarks.shapes import Shape  # noqa: E402
+from benchmarks.timing import Timer  # noqa: E402
+
+VARIANTS = {
+    "default": {},
+    "stages2": {"num_stages": 2},
+    "stages4": {"num_stages": 4},
+    "warps8": {"num_warps": 8},
+    "bn32": {"block_n": 32},
+    "bn128": {"block_n": 128},
+    "bn128w8": {"block_n": 128, "num_warps": 8},
+    "pps2": {"programs_per_sm": 2},
+    "pps8": {"programs_per_sm": 8},
+    "pps16": {"programs_per_sm": 16},
+    "chunk512": {"min_chunk": 512},
+    "nopdl": {"pdl": False},
+    "dot1": {"dot_single_row": True},
+}
+
+SHAPES = [
+    Shape("decode", 64, 8192),
+    Shape("decode", 128, 2048),
+    Shape("decode", 256, 1024),
+    Shape("decode", 16, 4096),
+    Shape("decode", 1, 32768),
+    Shape("decode", 64, 8192, page_size=64, layout="HND"),
+    Shape("decode", 64, 8192, kv_dtype="fp8"),
+    Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1),
+    Shape("decode", 128, 8192, ragged=True),
+    Shape("spec_decode", 64, 4096, q_len=1),
+    Shape("spec_decode", 64, 4096, q_len=4),
+    Shape("single_decode", 1, 4096, num_qo_heads=32, num_kv_heads=32),
+    Shape("single_decode", 1, 4096, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode="ROPE_LLAMA"),
+    Shape("single_decode", 1, 32768, num_qo_heads=32, num_kv_heads=32),
+    Shape("single_decode", 1, 32768, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode="ROPE_LLAMA"),
+    Shape("single_decode", 1, 131072, num_qo_heads=32, num_kv_heads=32),
+]
+
+
+def copy_gbps(timer: Timer, nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy of ``nbytes / 2`` bytes: bytes read + written over the median time."""
+    src = torch.randint(-(2**31), 2**31 - 1, (nbytes // 8,), dtype=torch.int32, device=timer.device)
+    dst = torch.empty_like(src)
+    us = timer.eager([lambda: dst.copy_(src)])
+    del src, dst
+    return nbytes / (us * 1e-6) / 1e9
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--filter", action="append", default=[], help="keep shape ids containing this")
+    ap.add_argument("--eager", action="store_true", help="also time eager calls (default variant)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rep", type=int, default=100)
+    args = ap.parse_args(argv)
+
+    import triton
+
+    from kvattn.ops import decode_configs
+
+    device = torch.device("cuda")
+    timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    env = {
+        "device": torch.cuda.get_device_name(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    copy = copy_gbps(timer)
+    env["copy_gbps"] = copy
+    print(f"# {env['device']} {env['date']} torch {env['torch']} triton {env['triton']} copy {copy:.0f} GB/s",
+          flush=True)
+    names = [v for v in args.variants.split(",") if v]
+    shapes = [s for s in SHAPES if not args.filter or any(f in s.id for f in args.filter)]
+    rows = []
+    for shape in shapes:
+        prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
+        fns = [s.kvattn for s in prob.sets]
+        row = {"shape": shape.id, "bytes": prob.work.bytes, "graph_us": {}}
+        for name in names:
+            t0 = time.perf_counter()
+            try:
+                us = timer.graph(fns, context=lambda: decode_configs.override(**VARIANTS[name]))
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
+                print(f"  {shape.id} {name}: FAILED {type(exc).__name__}: {exc}"[:300], flush=True)
+                continue
+            row["graph_us"][name] = us
+            print(f"  {shape.id:48s} {name:10s} {us:9.1f} us  {prob.work.bytes / us / 1e3 / copy:.3f}"
+                  f"  ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+        if args.eager:
+            row["eager_us"] = timer.eager(fns)
+        rows.append(row)
+        del prob, fns
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps({"env": env, "variants": VARIANTS, "rows": rows}, indent=1))
+
+    print(f"\n# graph-replay us (fraction of copy BW {copy:.0f} GB/s); best per shape marked *")
+    print(f"{'shape':48s} " + " ".join(f"{n:>13s}" for n in names) + ("        eager" if args.eager else ""))
+    for row in rows:
+        t = row["graph_us"]
+        best = min(t.values()) if t else None
+        cells = []
+        for n in names:
+            if n not in t:
+                cells.append(f"{'-':>13s}")
+                continue
+            frac = row["bytes"] / t[n] / 1e3 / copy
+            cells.append(f"{t[n]:7.1f}/{frac:.3f}{'*' if t[n] == best else ' '}")
+        eager = f" {row['eager_us']:9.1f}" if "eager_us" in row else ""
+        print(f"{row['shape']:48s} " + " ".join(cells) + eager)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
