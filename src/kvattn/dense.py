@@ -159,6 +159,9 @@ def _softmax_attention(q, k, v, visible, scale, *, bias=None, soft_cap=None, sin
     neg = torch.tensor(-math.inf, dtype=F64, device=q.device)
     logits = torch.where(vis, logits, neg)
     any_key = vis.any(dim=-1)  # [B, Hq, Q]
+    if logits.shape[-1] == 0:  # no keys at all (every request empty)
+        logits = torch.full((*logits.shape[:-1], 1), -math.inf, dtype=F64, device=q.device)
+        v = torch.zeros(bsz, 1, hkv, v.shape[-1], dtype=F64, device=q.device)
     top = torch.where(any_key, logits.amax(dim=-1), torch.zeros((), dtype=F64, device=q.device))
     w = torch.exp(logits - top.unsqueeze(-1))
     total = w.sum(dim=-1)

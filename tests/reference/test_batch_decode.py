@@ -234,3 +234,14 @@ def test_feature_combinations(kv_format, layout, form, out_fp8):
     out, ref = run(case, q, out=out, q_len=q_len, bmm1_scale=scale_arg(0.09, True), bmm2_scale=scale_arg(1.1, True),
                    o_scale=o_scale, window_left=20, sinks=torch.randn(8), mask=_random_mask(len(lens), q_len, 40))
     assert_close(out, ref, stored_scale=o_scale if out_fp8 else 1.0)
+
+
+def test_empty_batch_and_all_empty_match_dense():
+    case = paged_case([0, 0, 0], seed=42, pages_per_seq=2)
+    q = randq(3, 4, 64, seed=42)
+    out, ref = run(case, q, bmm1_scale=0.125, sinks=torch.ones(4))
+    assert_close(out, ref)
+    assert (out.float() == 0).all()
+    none = xqa_batch_decode_with_kv_cache(q[:0], case.kv_cache, workspace(), case.block_tables[:0], case.seq_lens[:0], 0)
+    assert none.shape == (0, 4, 64)
+    assert dense.batch_decode(q[:0], case.kv_cache, case.block_tables[:0], case.seq_lens[:0]).shape == (0, 4, 64)

@@ -175,3 +175,13 @@ def test_feature_combinations(kv_format, layout, form, split, out_kind):
                   bmm2_scale=scale_arg(2.0, True), window_left=9, sinks=sinks)
     ref = dense_ref(case, q, cq, shared_idx=not split, bmm1_scale=0.08, bmm2_scale=2.0, window_left=9, sinks=sinks)
     assert_close(got, ref)
+
+
+def test_zero_batch():
+    case = paged_case([3], seed=12)
+    q = randq(0, 4, 64, seed=12)
+    cq = torch.zeros(1, dtype=torch.int32)
+    o = trtllm_batch_context_with_kv_cache(q, case.kv_cache, workspace(), case.block_tables[:0], case.seq_lens[:0], 0,
+                                           0, 0.125, 1.0, 0, cq, cq, kv_layout="NHD")
+    assert o.shape == (0, 4, 64)
+    assert dense.context(q, case.kv_cache, case.block_tables[:0], case.seq_lens[:0], cq, kv_layout="NHD").shape == (0, 4, 64)

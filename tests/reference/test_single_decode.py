@@ -107,3 +107,11 @@ def test_lse_excludes_v_scale_and_is_base_2():
     torch.testing.assert_close(lse1, lse2, rtol=0, atol=0)
     logits = torch.einsum("hd,lhd->hl", q.double(), k.double().repeat_interleave(4, dim=1)) / math.sqrt(64)
     torch.testing.assert_close(lse1.double(), torch.logsumexp(logits, dim=-1) / math.log(2), rtol=0, atol=LSE_ATOL)
+
+
+def test_empty_kv_gives_zero_output_and_minus_inf_lse():
+    q, k, v = make_qkv(0, seed=10)
+    out, lse = single_decode_with_kv_cache(q, k, v, return_lse=True)
+    ref, ref_lse = dense.single_decode(q, k, v)
+    assert (out.float() == 0).all() and (ref == 0).all()
+    assert torch.isneginf(lse).all() and torch.isneginf(ref_lse).all()

@@ -78,7 +78,7 @@ def attend(
         s = soft_cap * torch.tanh(s / soft_cap)
     allowed = allowed.unsqueeze(0).expand_as(s)
     s = s.masked_fill(~allowed, float("-inf"))
-    m = s.amax(dim=-1, keepdim=True)
+    m = s.amax(dim=-1, keepdim=True) if s.shape[-1] else s.new_full((*s.shape[:-1], 1), float("-inf"))
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(s - m)  # exactly 0 where masked
     denom = p.sum(dim=-1)  # [Hq, M]
