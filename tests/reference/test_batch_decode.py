@@ -10,6 +10,8 @@ from kvattn import dense
 from kvattn.decode import xqa_batch_decode_with_kv_cache
 from kvattn.formats import FP8_DTYPE
 
+pytestmark = pytest.mark.usefixtures("reference_backend")  # the plain-PyTorch backend, explicitly
+
 
 def run(case, q, *, q_len=1, out=None, layout=None, **kw):
     """Call the public function with a poisoned ``out``; return it and the dense o_real."""
@@ -21,7 +23,6 @@ def run(case, q, *, q_len=1, out=None, layout=None, **kw):
         q, case.kv_cache, workspace(), case.block_tables, case.seq_lens, case.max_seq_len,
         out=out, kv_layout=layout, q_len_per_req=q_len, kv_cache_sf=case.kv_cache_sf, **kw)
     assert got is out
-    kw = {k: v for k, v in kw.items()}
     ref = dense.batch_decode(q, case.kv_cache, case.block_tables, case.seq_lens, kv_layout=layout,
                              q_len_per_req=q_len, kv_cache_sf=case.kv_cache_sf, **kw)
     assert ref.shape == (q.shape[0], hq, d)

@@ -8,6 +8,8 @@ from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.prefill import trtllm_batch_context_with_kv_cache
 
+pytestmark = pytest.mark.usefixtures("reference_backend")  # the plain-PyTorch backend, explicitly
+
 LENS = [1, 37, 0, 64, 20]
 LQ = [1, 10, 0, 64, 0]  # Lq = 1, Lq < L, an empty request, Lq = L, a request with no queries
 

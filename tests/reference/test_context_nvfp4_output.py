@@ -12,6 +12,8 @@ from kvattn import FP4Tensor, dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.prefill import trtllm_batch_context_with_kv_cache
 
+pytestmark = pytest.mark.usefixtures("reference_backend")  # the plain-PyTorch backend, explicitly
+
 
 def swizzle(m: int, k: int, cols: int) -> int:
     """SPEC's 128x4 offset, in plain integers."""

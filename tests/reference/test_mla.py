@@ -8,6 +8,8 @@ from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.mla import xqa_batch_decode_with_kv_cache_mla
 
+pytestmark = pytest.mark.usefixtures("reference_backend")  # the plain-PyTorch backend, explicitly
+
 DIM = 576
 
 

@@ -10,6 +10,8 @@ from kvattn import dense
 from kvattn.decode import single_decode_with_kv_cache
 from kvattn.formats import FP8_DTYPE
 
+pytestmark = pytest.mark.usefixtures("reference_backend")  # the plain-PyTorch backend, explicitly
+
 LSE_ATOL = 2e-4  # float32 LSE of float32 logits, absolute (base 2)
 
 

@@ -16,6 +16,8 @@ from refcheck import assert_close, paged_case, randq, workspace
 from kvattn import dense, reference
 from kvattn.prefill import trtllm_batch_context_with_kv_cache
 
+pytestmark = pytest.mark.usefixtures("reference_backend")  # the plain-PyTorch backend, explicitly
+
 LENS, LQ = [300, 260], [300, 20]  # three query tiles; one short query tile deep in the keys
 HQ, D, SCALE = 2, 64, 0.125
 

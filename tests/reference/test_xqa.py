@@ -10,6 +10,8 @@ import kvattn
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 
+pytestmark = pytest.mark.usefixtures("reference_backend")  # the plain-PyTorch backend, explicitly
+
 
 def flat_pools(case):
     """xqa's flat ``[pages * page_size * Hkv, D]`` pools from an NHD tuple case."""
