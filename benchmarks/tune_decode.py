@@ -45,8 +45,10 @@ VARIANTS = {
     "pps8": {"programs_per_sm": 8},
     "pps16": {"programs_per_sm": 16},
     "chunk512": {"min_chunk": 512},
+    "stages5": {"num_stages": 5},
+    "pps1": {"programs_per_sm": 1},
     "nopdl": {"pdl": False},
-    "dot1": {"dot_single_row": True},
+    "cuda1": {"dot_single_row": False},
 }
 
 SHAPES = [

@@ -68,7 +68,7 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool) -
         block_n = max(16, block_n // 2)
     if block_m * head_dim >= 64 * 128:
         warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
-    cfg = DecodeConfig(block_n, warps, stages, pdl=arch == "sm90")
+    cfg = DecodeConfig(block_n, warps, stages, pdl=arch == "sm90", dot_single_row=arch != "interpreter")
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

@@ -138,20 +138,19 @@ def _decode_item(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # Page ids are fetched one tile ahead (carried through the loop): K/V addresses then depend on
+    # no load of their own iteration, and the software pipeliner can keep several tiles in flight.
+    offs_n = start + tl.arange(0, BLOCK_N)
+    k_page, k_slot, k_ok = token_pages(kt_row, stride_kt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
+    v_page, v_slot, v_ok = k_page, k_slot, k_ok
+    if not SAME_TABLE:
+        v_page, v_slot, v_ok = token_pages(vt_row, stride_vt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        tok_ok = offs_n < end
-        k_page, k_slot, k_ok = token_pages(kt_row, stride_kt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
         k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
         ksf_off = k_off
         if KV_FORMAT == KV_NVFP4:
             ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
-        if SAME_TABLE:
-            v_page = k_page
-            v_slot = k_slot
-            v_ok = k_ok
-        else:
-            v_page, v_slot, v_ok = token_pages(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
 
         if ROPE:
             k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32)
@@ -199,6 +198,15 @@ def _decode_item(
             vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
         v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
         acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
+
+        offs_next = offs_n + BLOCK_N
+        k_page, k_slot, k_ok = token_pages(kt_row, stride_kt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE,
+                                           PAGED)
+        if SAME_TABLE:
+            v_page, v_slot, v_ok = k_page, k_slot, k_ok
+        else:
+            v_page, v_slot, v_ok = token_pages(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages,
+                                               PAGE_SIZE, PAGED)
 
     final = (n_active == 1) & (split == 0)
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)

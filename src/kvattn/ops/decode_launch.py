@@ -108,7 +108,9 @@ def launch_decode(
     arch = _arch(device)
     cfg0 = decode_configs.config(arch, kv_format, head_dim, 16, rope is not None)
     if rows == 1:
-        use_dot = cfg0.dot_single_row if use_tensor_cores is None else use_tensor_cores
+        # One query row: tensor cores (M padded to 16) are still the only path whose K/V loads
+        # Triton pipelines, so the table may prefer them even when the caller did not ask.
+        use_dot = cfg0.dot_single_row or bool(use_tensor_cores)
     block_m, m_blocks = _row_tiling(rows, head_dim, use_dot)
     cfg = decode_configs.config(arch, kv_format, head_dim, block_m, rope is not None)
 
