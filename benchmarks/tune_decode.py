@@ -46,6 +46,9 @@ VARIANTS = {
     "pps16": {"programs_per_sm": 16},
     "chunk512": {"min_chunk": 512},
     "stages5": {"num_stages": 5},
+    "w8s4": {"num_warps": 8, "num_stages": 4},
+    "inline5": {"page_ahead": False, "num_stages": 5},
+    "inline6": {"page_ahead": False, "num_stages": 6},
     "pps1": {"programs_per_sm": 1},
     "nopdl": {"pdl": False},
     "cuda1": {"dot_single_row": False},
@@ -80,11 +83,34 @@ def copy_gbps(timer: Timer, nbytes: int = 4 << 30) -> float:
     return nbytes / (us * 1e-6) / 1e9
 
 
+def graph_noflush_us(fns, context, replays: int = 20) -> float:
+    """Mean time of back-to-back graph replays (rotating input sets) with no L2 flush between.
+
+    do_bench's flush leaves ~L2-size dirty lines that the timed call then writes back; on a call
+    of a few tens of microseconds that write-back is a visible share of the time.
+    """
+    from benchmarks.timing import capture_graphs
+
+    with context():
+        graphs = capture_graphs(fns)
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(replays):
+        graphs[i % len(graphs)].replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--filter", action="append", default=[], help="keep shape ids containing this")
     ap.add_argument("--eager", action="store_true", help="also time eager calls (default variant)")
+    ap.add_argument("--noflush", action="store_true", help="also time back-to-back replays (first 2 variants)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rep", type=int, default=100)
     args = ap.parse_args(argv)
@@ -125,6 +151,10 @@ def main(argv=None) -> int:
                   f"  ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         if args.eager:
             row["eager_us"] = timer.eager(fns)
+        if args.noflush:
+            for name in names[:2]:
+                row[f"noflush_{name}_us"] = graph_noflush_us(
+                    fns, lambda: decode_configs.override(**VARIANTS[name]))
         rows.append(row)
         del prob, fns
         torch.cuda.empty_cache()
@@ -144,6 +174,10 @@ def main(argv=None) -> int:
             frac = row["bytes"] / t[n] / 1e3 / copy
             cells.append(f"{t[n]:7.1f}/{frac:.3f}{'*' if t[n] == best else ' '}")
         eager = f" {row['eager_us']:9.1f}" if "eager_us" in row else ""
+        for n in names[:2]:
+            if f"noflush_{n}_us" in row:
+                us = row[f"noflush_{n}_us"]
+                eager += f"  nf-{n} {us:.1f}/{row['bytes'] / us / 1e3 / copy:.3f}"
         print(f"{row['shape']:48s} " + " ".join(cells) + eager)
     return 0
 

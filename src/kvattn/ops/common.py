@@ -119,18 +119,30 @@ def sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS: tl.constexpr):
 # page addressing
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def token_pages(table_row_ptr, stride_table_p, offs_n, tok_ok, num_pages, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
-    """``(page, slot, ok)`` int64/int64/bool ``[N]`` of tokens ``offs_n`` of one request.
+def load_page_ids(table_row_ptr, stride_table_p, offs_n, tok_ok, num_pages, PAGE_SIZE: tl.constexpr,
+                  PAGED: tl.constexpr):
+    """int32 ``[N]``: the page id of each token ``offs_n`` of one request (``table_row_ptr``: its
+    row of the page table), or -1 where the token is not ``tok_ok`` or its id lies outside
+    ``[0, num_pages)``. Only ``tok_ok`` tokens read the table, so entries past a request's last page
+    are never touched, and no caller dereferences memory outside the cache whatever the table holds.
+    Not PAGED: zeros (one contiguous sequence)."""
+    if PAGED:
+        ids = tl.load(table_row_ptr + (offs_n // PAGE_SIZE) * stride_table_p, mask=tok_ok, other=-1)
+        return tl.where(ids < num_pages, ids, -1)
+    else:
+        return tl.zeros(offs_n.shape, dtype=tl.int32)
 
-    ``table_row_ptr``: the request's int32 page ids. Only tokens with ``tok_ok`` read the table;
-    a page id outside ``[0, num_pages)`` comes back as page 0 with ``ok`` False, so no caller ever
-    dereferences memory outside the cache whatever the table holds. Not PAGED: one contiguous
-    sequence, page 0, slot = token.
+
+@triton.jit
+def token_pages(page_ids, offs_n, tok_ok, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
+    """``(page, slot, ok)`` int64/int64/bool ``[N]`` of tokens ``offs_n`` from :func:`load_page_ids`.
+
+    Everything derives from the ids alone (their -1 already folds in the token range), which keeps
+    the ids free to ride through a loop in registers. Not PAGED: page 0, slot = token.
     """
     if PAGED:
-        page = tl.load(table_row_ptr + (offs_n // PAGE_SIZE) * stride_table_p, mask=tok_ok, other=-1)
-        ok = tok_ok & (page >= 0) & (page < num_pages)
-        page = tl.where(ok, page, 0).to(tl.int64)
+        ok = page_ids >= 0
+        page = tl.maximum(page_ids, 0).to(tl.int64)
         slot = (offs_n % PAGE_SIZE).to(tl.int64)
     else:
         ok = tok_ok

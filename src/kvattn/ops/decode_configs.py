@@ -23,6 +23,7 @@ class DecodeConfig:
     max_splits: int = 64
     dot_single_row: bool = False  # tensor cores even when a program has one query row
     pdl: bool = False  # programmatic dependent launch between the split and combine kernels
+    page_ahead: bool = True  # page ids loaded a tile ahead (see decode_kernels); False: pipeliner-staged
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.

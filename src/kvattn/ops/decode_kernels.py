@@ -34,6 +34,7 @@ from .common import (
     tile_pv,
     tile_scores,
     token_offsets,
+    load_page_ids,
     token_pages,
     window_causal_allowed,
 )
@@ -75,7 +76,7 @@ def _decode_item(
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
-    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -138,15 +139,26 @@ def _decode_item(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # Page ids are fetched one tile ahead (carried through the loop): K/V addresses then depend on
-    # no load of their own iteration, and the software pipeliner can keep several tiles in flight.
+    # PAGE_AHEAD: page ids are loaded one tile ahead and carried through the loop, so the K/V
+    # loads of a tile depend on no load of their own iteration and the pipeliner double-buffers
+    # them with fewer stages; otherwise the pipeliner stages the (table -> K/V) chain itself.
     offs_n = start + tl.arange(0, BLOCK_N)
-    k_page, k_slot, k_ok = token_pages(kt_row, stride_kt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
-    v_page, v_slot, v_ok = k_page, k_slot, k_ok
+    k_ids = load_page_ids(kt_row, stride_kt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
+    v_ids = k_ids
     if not SAME_TABLE:
-        v_page, v_slot, v_ok = token_pages(vt_row, stride_vt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
+        v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
+        tok_ok = offs_n < end
+        if not PAGE_AHEAD:
+            k_ids = load_page_ids(kt_row, stride_kt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+            v_ids = k_ids
+            if not SAME_TABLE:
+                v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+        k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
+        v_page, v_slot, v_ok = k_page, k_slot, k_ok
+        if not SAME_TABLE:
+            v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
         k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
         ksf_off = k_off
         if KV_FORMAT == KV_NVFP4:
@@ -199,14 +211,12 @@ def _decode_item(
         v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
         acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
 
-        offs_next = offs_n + BLOCK_N
-        k_page, k_slot, k_ok = token_pages(kt_row, stride_kt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE,
-                                           PAGED)
-        if SAME_TABLE:
-            v_page, v_slot, v_ok = k_page, k_slot, k_ok
-        else:
-            v_page, v_slot, v_ok = token_pages(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages,
-                                               PAGE_SIZE, PAGED)
+        if PAGE_AHEAD:
+            offs_next = offs_n + BLOCK_N
+            k_ids = load_page_ids(kt_row, stride_kt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
+            v_ids = k_ids
+            if not SAME_TABLE:
+                v_ids = load_page_ids(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
 
     final = (n_active == 1) & (split == 0)
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
@@ -255,7 +265,8 @@ def decode_split_kernel(
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
-    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PERSISTENT: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
@@ -274,7 +285,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
             )
     else:
         _decode_item(
@@ -288,7 +299,7 @@ def decode_split_kernel(
             logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
         )
     if USE_PDL:
         gdc_launch_dependents()

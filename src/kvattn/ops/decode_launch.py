@@ -179,7 +179,7 @@ def launch_decode(
         PAGED=paged, SAME_TABLE=same_table, HAS_WINDOW=has_window, HAS_MASK=mask is not None,
         HAS_SINKS=sinks is not None, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
         OUT_FP8=out.dtype == FP8_DTYPE, STORE_LSE=lse is not None, ROPE=rope is not None, ALIBI=alibi,
-        SOFT_CAP=soft_cap > 0, USE_DOT=use_dot, PERSISTENT=persistent, USE_PDL=gdc,
+        SOFT_CAP=soft_cap > 0, USE_DOT=use_dot, PAGE_AHEAD=cfg.page_ahead, PERSISTENT=persistent, USE_PDL=gdc,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if gdc and enable_pdl else {}),
     )
