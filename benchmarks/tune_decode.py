@@ -47,6 +47,8 @@ VARIANTS = {
     "chunk512": {"min_chunk": 512},
     "stages5": {"num_stages": 5},
     "w8s4": {"num_warps": 8, "num_stages": 4},
+    "stages3": {"num_stages": 3},
+    "bn64": {"block_n": 64},
     "inline5": {"page_ahead": False, "num_stages": 5},
     "inline6": {"page_ahead": False, "num_stages": 6},
     "pps1": {"programs_per_sm": 1},

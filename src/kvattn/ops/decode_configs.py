@@ -29,7 +29,7 @@ class DecodeConfig:
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
 _SM90 = {
     ("half", 64): (128, 4, 3),
-    ("half", 128): (64, 4, 3),
+    ("half", 128): (64, 4, 4),
     ("half", 256): (32, 4, 3),
     ("fp8", 64): (128, 4, 3),
     ("fp8", 128): (128, 4, 3),

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .common import (
+    KV_HALF,
     KV_NVFP4,
     LOG2E,
     alibi_slopes,
@@ -80,7 +81,9 @@ def _decode_item(
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
-    cdt = q_ptr.dtype.element_ty  # operand type of the products
+    # Operand type of the products. Quantised caches (fp8, NVFP4) convert exactly to float16, and
+    # the fp8 -> float16 conversion is one instruction per pair (bfloat16 needs a second step).
+    cdt = q_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16
 
     mb = item % M_BLOCKS
     rest = item // M_BLOCKS
@@ -128,6 +131,8 @@ def _decode_item(
         t_sin = tl.sin(t_ang)
     else:
         q = tl.load(q_ptr + q_off + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        if KV_FORMAT != KV_HALF:  # float16 operands: saturate a (far-fetched) bfloat16 q beyond its range
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(cdt)
     if ALIBI:
         slopes = alibi_slopes(heads, alibi_n)
     sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
