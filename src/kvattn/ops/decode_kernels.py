@@ -121,9 +121,11 @@ def _decode_item(
         freqs = rope_freqs(log2_theta, inv_rope_scale, HALF)
         ang = reduce_angle(row_pos.to(tl.float32)[:, None] * freqs[None, :])
         q1, q2 = rope_rotate(q1, q2, tl.cos(ang), tl.sin(ang))
-        # Key j = j0 + t of a tile starting at j0: q'.R(j)k = (R(j0)^T q').(R(t)k). R(t) is the same
-        # for every tile (one cos/sin table, built once), R(j0)^T turns the few query rows once per
-        # tile, so each key costs a single rotation.
+        if USE_DOT:  # the CUDA-core path keeps the rotated values in float32
+            q1 = q1.to(cdt)
+            q2 = q2.to(cdt)
+        # cos/sin of key j = j0 + t from those of j0 and of t < BLOCK_N (angle addition): two
+        # sincos per frequency per tile instead of one per key and frequency.
         t_ang = reduce_angle(tl.arange(0, BLOCK_N).to(tl.float32)[:, None] * freqs[None, :])
         t_cos = tl.cos(t_ang)
         t_sin = tl.sin(t_ang)
@@ -171,14 +173,15 @@ def _decode_item(
             k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32)
             k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32)
             b_ang = reduce_angle(freqs * start_n)
-            qt1, qt2 = rope_rotate(q1, q2, tl.cos(b_ang)[None, :], -tl.sin(b_ang)[None, :])
-            k1, k2 = rope_rotate(k1, k2, t_cos, t_sin)
-            if USE_DOT:  # the CUDA-core path keeps the rotated values in float32
-                qt1 = qt1.to(cdt)
-                qt2 = qt2.to(cdt)
+            b_cos = tl.cos(b_ang)[None, :]
+            b_sin = tl.sin(b_ang)[None, :]
+            cos = b_cos * t_cos - b_sin * t_sin
+            sin = b_sin * t_cos + b_cos * t_sin
+            k1, k2 = rope_rotate(k1, k2, cos, sin)
+            if USE_DOT:
                 k1 = k1.to(cdt)
                 k2 = k2.to(cdt)
-            qk = tile_scores(qt1, k1, USE_DOT) + tile_scores(qt2, k2, USE_DOT)
+            qk = tile_scores(q1, k1, USE_DOT) + tile_scores(q2, k2, USE_DOT)
         else:
             k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
             qk = tile_scores(q, k, USE_DOT)
