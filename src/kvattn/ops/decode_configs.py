@@ -27,6 +27,8 @@ class DecodeConfig:
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
+# Measured on an H100 (benchmarks/NOTES.md): ("half", 128) and ("fp8", 128). The other rows keep
+# the bytes per tile of those two and are not tuned yet.
 _SM90 = {
     ("half", 64): (128, 4, 3),
     ("half", 128): (64, 4, 4),
