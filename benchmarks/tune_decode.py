@@ -54,6 +54,14 @@ VARIANTS = {
     "pps1": {"programs_per_sm": 1},
     "nopdl": {"pdl": False},
     "cuda1": {"dot_single_row": False},
+    "w8bn32": {"num_warps": 8, "block_n": 32},
+    "w8bn64": {"num_warps": 8, "block_n": 64},
+    "bn16": {"block_n": 16},
+    "s3bn64": {"num_stages": 3, "block_n": 64},
+    "s2bn64": {"num_stages": 2, "block_n": 64},
+    "s4bn64": {"num_stages": 4, "block_n": 64},
+    "w8s3bn128": {"num_warps": 8, "num_stages": 3, "block_n": 128},
+    "pps8c128": {"programs_per_sm": 8, "min_chunk": 128},
 }
 
 SHAPES = [

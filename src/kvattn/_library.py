@@ -2,8 +2,12 @@
 
 Registering the launchers as ``torch.library.custom_op`` s, with fake implementations and exact
 ``mutates_args``, lets ``torch.compile`` trace through the public functions (the kernels stay
-opaque calls) and lets CUDA graphs capture them. Arguments are flat tensors and numbers: the
-normalised descriptions of :mod:`kvattn._inputs` are unpacked by the ``kvattn.ops`` modules.
+opaque calls). Arguments are flat tensors and numbers: the normalised descriptions of
+:mod:`kvattn._inputs` are unpacked by the ``kvattn.ops`` modules.
+
+Eager calls skip the dispatcher (:func:`entry`): a mutating custom op costs tens of microseconds of
+Python per call (argument defaults, autograd and in-place bookkeeping), more than a whole decode
+kernel at small batch. The op and the direct call run the same launcher.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ import torch
 from .ops import decode_launch
 
 
-@torch.library.custom_op("kvattn::batch_decode", mutates_args=("out", "workspace"))
-def batch_decode(
+def entry(op, impl):
+    """``op`` while ``torch.compile`` traces (it needs the registered op), else the plain ``impl``."""
+    return op if torch.compiler.is_compiling() else impl
+
+
+def batch_decode_impl(
     query: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -48,6 +56,9 @@ def batch_decode(
     )
 
 
+batch_decode = torch.library.custom_op("kvattn::batch_decode", batch_decode_impl, mutates_args=("out", "workspace"))
+
+
 @batch_decode.register_fake
 def _batch_decode_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, mask, sinks, logit_factor,
                        logit_tensor, out_factor, out_tensor, out, workspace, q_len, max_seq_len, window_left,
@@ -55,8 +66,7 @@ def _batch_decode_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, mask
     return None
 
 
-@torch.library.custom_op("kvattn::single_decode", mutates_args=())
-def single_decode(
+def single_decode_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -83,6 +93,9 @@ def single_decode(
         alibi=pos_encoding_mode == "ALIBI", soft_cap=soft_cap, use_tensor_cores=use_tensor_cores,
     )
     return out, lse
+
+
+single_decode = torch.library.custom_op("kvattn::single_decode", single_decode_impl, mutates_args=())
 
 
 @single_decode.register_fake

@@ -34,7 +34,7 @@ def batch_decode(
 
     Split-KV partials use ``workspace``; nothing is allocated and nothing waits for the device.
     """
-    _library.batch_decode(
+    _library.entry(_library.batch_decode, _library.batch_decode_impl)(
         query, kv.k, kv.v, kv.k_table, kv.v_table, kv.k_sf, kv.v_sf, seq_lens, mask, sinks,
         logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor, out, workspace,
         q_len, max_seq_len, window_left, max_programs, bool(enable_pdl),
@@ -59,7 +59,7 @@ def single_decode(
 
     Returns ``out [Hq, D]`` in q's dtype (times ``out_scale``) and the base-2 ``lse`` float32 ``[Hq]``.
     """
-    return _library.single_decode(
+    return _library.entry(_library.single_decode, _library.single_decode_impl)(
         q, k, v, logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor,
         pos_encoding_mode, window_left, float(logits_soft_cap or 0.0), float(rope_scale), float(rope_theta),
         bool(use_tensor_cores),
