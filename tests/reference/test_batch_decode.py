@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from refcheck import assert_close, paged_case, poisoned, randq, scale_arg, workspace
+from .refcheck import assert_close, paged_case, poisoned, randq, scale_arg, workspace
 
 from kvattn import dense
 from kvattn.decode import xqa_batch_decode_with_kv_cache

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from refcheck import assert_close, paged_case, poisoned, randq, scale_arg, workspace
+from .refcheck import assert_close, paged_case, poisoned, randq, scale_arg, workspace
 
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE

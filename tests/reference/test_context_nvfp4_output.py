@@ -6,7 +6,7 @@ Per run of 16 elements of a flattened ``Hq * D`` row: ``sf = e4m3(o_sf_scale * a
 
 import pytest
 import torch
-from refcheck import paged_case, randq, workspace
+from .refcheck import paged_case, randq, workspace
 
 from kvattn import FP4Tensor, dense
 from kvattn.formats import FP8_DTYPE

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from refcheck import assert_close, randq
+from .refcheck import assert_close, randq
 
 from kvattn import dense
 from kvattn.decode import single_decode_with_kv_cache

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from refcheck import assert_close, paged_case, randq, workspace
+from .refcheck import assert_close, paged_case, randq, workspace
 
 from kvattn import dense, reference
 from kvattn.prefill import trtllm_batch_context_with_kv_cache

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from refcheck import assert_close, paged_case, poisoned, randq, scale_arg, workspace
+from .refcheck import assert_close, paged_case, poisoned, randq, scale_arg, workspace
 
 import kvattn
 from kvattn import dense
