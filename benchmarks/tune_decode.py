@@ -81,6 +81,7 @@ SHAPES = [
     Shape("single_decode", 1, 32768, num_qo_heads=32, num_kv_heads=32),
     Shape("single_decode", 1, 32768, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode="ROPE_LLAMA"),
     Shape("single_decode", 1, 131072, num_qo_heads=32, num_kv_heads=32),
+    Shape("single_decode", 1, 131072, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode="ROPE_LLAMA"),
 ]
 
 

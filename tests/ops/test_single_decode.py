@@ -81,6 +81,11 @@ CASES = [
     param("fp16-fp8kv-scales-rope", True, length=70, kv_fp8=True, q_scale=1.1, k_scale=0.8, v_scale=1.7,
           pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5, hq=4, hkv=4),
     param("fp16-length1", True, length=1, sm_scale=0.3),
+    # One query row per program on tensor cores: RoPE turns the query per key (keys stay unrotated).
+    param("fp16-rope-tc-mha", True, length=150, hq=4, hkv=4, pos_encoding_mode="ROPE_LLAMA", use_tensor_cores=True,
+          seed=21),
+    param("fp16-rope-tc-mha-window-scaled", True, length=90, hq=2, hkv=2, pos_encoding_mode="ROPE_LLAMA",
+          use_tensor_cores=True, window_left=40, rope_scale=3.0, rope_theta=5e5, seed=22),
     # --- GPU grid -------------------------------------------------------------------------------
     *[param(f"bf16-{mode}-{layout}-{'tc' if tc else 'cuda'}-D{d}-L{length}-H{hq}x{hkv}", length=length, hq=hq,
             hkv=hkv, d=d, dtype=torch.bfloat16, layout=layout, pos_encoding_mode=mode, use_tensor_cores=tc,
@@ -94,6 +99,8 @@ CASES = [
     *[param(f"bf16-fp8kv-{mode}", length=5000, dtype=torch.bfloat16, kv_fp8=True, q_scale=0.9, k_scale=1.2,
             v_scale=0.6, pos_encoding_mode=mode, hq=32, hkv=8, d=128)
       for mode in ("NONE", "ROPE_LLAMA")],
+    param("bf16-rope-mha-L131072", length=131072, dtype=torch.bfloat16, pos_encoding_mode="ROPE_LLAMA", hq=4,
+          hkv=4, d=128, use_tensor_cores=True),
     param("bf16-long-rope-scaled", length=40000, dtype=torch.bfloat16, pos_encoding_mode="ROPE_LLAMA",
           rope_scale=4.0, rope_theta=1e6, hq=32, hkv=8, d=128),
     param("fp16-alibi-H12", length=700, hq=12, hkv=4, pos_encoding_mode="ALIBI"),
@@ -129,9 +136,11 @@ def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, rope_scale: float, th
     return out
 
 
+@pytest.mark.parametrize("mha", [False, True], ids=["gqa", "mha"])
 @pytest.mark.parametrize("tc", [False, True], ids=["cuda-cores", "tensor-cores"])
-def test_rope_equals_rotate_then_attend(tc, kernel_device, triton_backend):
+def test_rope_equals_rotate_then_attend(tc, mha, kernel_device, triton_backend):
     length, hq, hkv, d = (120, 4, 2, 64) if not ON_GPU else (3000, 32, 8, 128)
+    hkv = hq if mha else hkv
     rope_scale, theta = 1.5, 2e4
     q, k, v = make_inputs(kernel_device, length=length, hq=hq, hkv=hkv, d=d, dtype=torch.float16, seed=11)
     out, lse = kvattn.decode.single_decode_with_kv_cache(

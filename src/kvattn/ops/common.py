@@ -233,6 +233,17 @@ def rope_rotate(x1, x2, cos, sin):
 
 
 @triton.jit
+def rope_query_per_key(u1, u2, t_cos, t_sin):
+    """``[N, HALF]`` halves of ``R(-t) u`` for ``t < N``: ``u1, u2 [1, HALF]``, ``t_cos, t_sin
+    [N, HALF]`` the cos / sin of ``t * freq``.
+
+    With ``u = R(p - j0) q`` row ``t`` is the query as key ``j0 + t`` must see it:
+    ``<R(p) q, R(j) k> = <R(p - j) q, k>``, so the keys enter the product unrotated.
+    """
+    return rope_rotate(u1, u2, t_cos, -t_sin)
+
+
+@triton.jit
 def alibi_slopes(heads, alibi_n):
     """ALiBi slope of each head: ``2^(-8 (h+1) / n)`` for ``h < n`` (n = 2^floor(log2 Hq)), then
     ``2^(-4 (2k+1) / n)`` for the ``k``-th head past ``n``."""
@@ -285,6 +296,15 @@ def tile_scores(q, k, USE_DOT: tl.constexpr):
         return tl.dot(q, tl.trans(k))
     else:
         return tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1)[None, :]
+
+
+@triton.jit
+def tile_diagonal(s):
+    """``[N]`` diagonal of a square ``[N, N]`` tile, laid out along its columns: a tensor-core
+    tile splits columns across warps and rows within one, so the sum stays inside each warp and
+    its result broadcasts over the rows of another tile of the same layout without a conversion."""
+    offs = tl.arange(0, s.shape[0])
+    return tl.sum(tl.where(offs[:, None] == offs[None, :], s, 0.0), 0)
 
 
 @triton.jit

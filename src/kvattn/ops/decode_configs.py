@@ -67,7 +67,8 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool) -
     fmt = "half" if kv_format in ("float16", "bfloat16") else kv_format
     block_n, warps, stages = TABLES.get(arch, _DEFAULT)[(fmt, head_dim)]
     if rope:
-        # Rotating K keeps two float32 [BLOCK_N, D/2] cos/sin tables live: halve the tile.
+        # RoPE keeps two float32 [BLOCK_N, D/2] cos/sin tables live (and one-row programs a square
+        # [BLOCK_N, BLOCK_N] score tile): halve the tile. Measured on an H100: 64 was slower.
         block_n = max(16, block_n // 2)
     if block_m * head_dim >= 64 * 128:
         warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator

@@ -25,6 +25,7 @@ from .common import (
     online_softmax_step,
     reduce_angle,
     rope_freqs,
+    rope_query_per_key,
     rope_rotate,
     sink_logits2,
     soft_cap,
@@ -32,6 +33,7 @@ from .common import (
     spec_draft_allowed,
     split_bounds,
     store_scaled,
+    tile_diagonal,
     tile_pv,
     tile_scores,
     token_offsets,
@@ -81,6 +83,10 @@ def _decode_item(
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
+    # RoPE with one query row on tensor cores (MHA single decode): rotate the query once per key
+    # instead of each key (see the loop), so K goes from its pipelined shared-memory copy straight
+    # into the product, as without RoPE. Several rows keep the key rotation (one per key, shared).
+    ROPE_Q: tl.constexpr = ROPE and USE_DOT and GROUP * Q_LEN == 1
     # Operand type of the products. Quantised caches (fp8, NVFP4) convert exactly to float16, and
     # the fp8 -> float16 conversion is one instruction per pair (bfloat16 needs a second step).
     cdt = q_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16
@@ -114,7 +120,28 @@ def _decode_item(
     qk_scale = logit * LOG2E
 
     q_off = q_rows[:, None] * stride_q_t + heads[:, None] * stride_q_h
-    if ROPE:
+    if ROPE_Q:
+        # u = R(p - j0) q for the tile at j0 (p = kv_len - 1): set at the split's start, then
+        # turned by R(-BLOCK_N) each tile. (p - j) is reduced once in float32; the product of
+        # rotations drifts by ~1e-7 rad a tile, far under the operands' bfloat16 rounding.
+        q0 = b.to(tl.int64) * Q_LEN * stride_q_t + kvh * GROUP * stride_q_h
+        offs_h = tl.arange(0, HALF)
+        q1 = tl.load(q_ptr + q0 + offs_h).to(tl.float32)
+        q2 = tl.load(q_ptr + q0 + HALF + offs_h).to(tl.float32)
+        freqs = rope_freqs(log2_theta, inv_rope_scale, HALF)
+        ang = reduce_angle((kv_len - 1 - start).to(tl.float32) * freqs)
+        u1, u2 = rope_rotate(q1, q2, tl.cos(ang), tl.sin(ang))
+        # [1, HALF]: carried in the layout of their use (a 1-D carry costs two conversions a tile)
+        u1 = u1[None, :]
+        u2 = u2[None, :]
+        step_ang = reduce_angle(freqs * BLOCK_N)[None, :]
+        step_cos = tl.cos(step_ang)
+        step_sin = tl.sin(step_ang)
+        t_ang = reduce_angle(tl.arange(0, BLOCK_N).to(tl.float32)[:, None] * freqs[None, :])
+        t_cos = tl.cos(t_ang)
+        t_sin = tl.sin(t_ang)
+        first_row = tl.arange(0, BLOCK_M) == 0
+    elif ROPE:
         offs_h = tl.arange(0, HALF)
         q1 = tl.load(q_ptr + q_off + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         q2 = tl.load(q_ptr + q_off + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
@@ -169,7 +196,18 @@ def _decode_item(
         if KV_FORMAT == KV_NVFP4:
             ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
 
-        if ROPE:
+        if ROPE_Q:
+            # S[t, t'] = <R(p - j0 - t) q, k_t'>: its diagonal holds the tile's logits. The square
+            # product is ~BLOCK_N / 16 times the padded one row, still well under the tile's
+            # memory time, and the query rows depend on no load, so they overlap the copies.
+            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt)
+            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt)
+            qt1, qt2 = rope_query_per_key(u1, u2, t_cos, t_sin)
+            sq = tl.dot(qt1.to(cdt), tl.trans(k1))
+            sq = tl.dot(qt2.to(cdt), tl.trans(k2), sq)
+            qk = tl.where(first_row[:, None], tile_diagonal(sq)[None, :], 0.0)
+            u1, u2 = rope_rotate(u1, u2, step_cos, -step_sin)
+        elif ROPE:
             k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32)
             k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32)
             b_ang = reduce_angle(freqs * start_n)
