@@ -173,3 +173,50 @@ def test_use_tensor_cores_changes_only_rounding(kernel_device, triton_backend):
     a = kvattn.decode.single_decode_with_kv_cache(q, k, v, use_tensor_cores=False, pos_encoding_mode="ALIBI")
     b = kvattn.decode.single_decode_with_kv_cache(q, k, v, use_tensor_cores=True, pos_encoding_mode="ALIBI")
     assert relative_error(a, b.float()) <= 2e-3
+
+
+def _windowed_rope_case(device, *, length, window, hq, hkv, d, dtype, seed):
+    """A ``length``-token K/V of which only the last ``window + 1`` keys are visible, and the float64
+    result over those keys at their absolute positions (rotate, then attend)."""
+    g = torch.Generator().manual_seed(seed)
+    n = window + 1
+    q = torch.randn(hq, d, generator=g).to(dtype)
+    k_win = torch.randn(n, hkv, d, generator=g).to(dtype)
+    v_win = torch.randn(n, hkv, d, generator=g).to(dtype)
+    # Keys outside the window are never read: leave them uninitialised (NaN-free is not promised).
+    k = torch.empty(length, hkv, d, dtype=dtype, device=device)
+    v = torch.empty(length, hkv, d, dtype=dtype, device=device)
+    k[-n:], v[-n:] = k_win.to(device), v_win.to(device)
+    pos = torch.arange(length - n, length)
+    theta, scale = 5e5, 2.0
+    qr = dense.rope_rotate(q.double().view(1, hq, d), torch.tensor([length - 1]), scale, theta)[0]
+    kr = dense.rope_rotate(k_win.double(), pos, scale, theta).repeat_interleave(hq // hkv, dim=1)
+    logits = torch.einsum("hd,nhd->hn", qr, kr) / math.sqrt(d)
+    expected = torch.einsum("hn,nhd->hd", logits.softmax(-1), v_win.double().repeat_interleave(hq // hkv, dim=1))
+    return q.to(device), k, v, dict(rope_theta=theta, rope_scale=scale, window_left=window), expected
+
+
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1)], ids=["MHA-query-side", "GQA-key-side"])
+def test_rope_positions_near_2_pow_20(hq, hkv, kernel_device, triton_backend):
+    """Angles at positions ~2^20 are computed in float64: float32 products would be off by ~0.1 rad
+    there and move the logits far beyond the output's rounding."""
+    length = (1 << 20) + 77
+    q, k, v, kw, expected = _windowed_rope_case(kernel_device, length=length, window=40, hq=hq, hkv=hkv, d=64,
+                                                dtype=torch.float16, seed=hq)
+    for tc in (False, True):
+        out = kvattn.decode.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA",
+                                                       use_tensor_cores=tc, **kw)
+        err = relative_error(out.cpu().double(), expected)
+        # float16 rounding alone gives ~3e-4 here; float32 angles gave 2e-3 (and 2e-2 at 2^23)
+        assert err < 1e-3, f"use_tensor_cores={tc}: relative error {err:.3g} at position ~2^20"
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("mode", ["NONE", "ROPE_LLAMA"])
+def test_one_million_tokens(mode, triton_backend):
+    """kv_len 2^20: split over the whole GPU and combined; checked against the float64 oracle."""
+    q, k, v = make_inputs("cuda", length=1 << 20, hq=4, hkv=2, d=128, dtype=torch.bfloat16, seed=5)
+    out = kvattn.decode.single_decode_with_kv_cache(q, k, v, pos_encoding_mode=mode)
+    o_ref, _ = dense.single_decode(q.cpu(), k.cpu(), v.cpu(), pos_encoding_mode=mode)
+    err = relative_error(out.cpu().double(), o_ref)
+    assert err < 1e-2, f"relative error {err:.3g}"

@@ -209,21 +209,25 @@ def load_kv_tile(
 # positional terms
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def reduce_angle(a):
-    """``a`` (float32 radians, |a| < 2^24) reduced to about ``[-pi, pi]`` (the approximate sin/cos
-    Triton emits lose accuracy far from 0)."""
-    k = tl.floor(a * INV_TWO_PI + 0.5)
-    r = a - k * TWO_PI_A
-    r = r - k * TWO_PI_B
-    r = r - k * TWO_PI_C
-    return r
+def rope_freqs(rope_theta, rope_scale, HALF: tl.constexpr):
+    """float64 ``[HALF]``: ``theta^(-2i/D) / rope_scale`` for ``i < D/2`` (D = 2 * HALF).
+
+    Float64 because positions reach 2^20 and beyond: a float32 frequency, or its float32 product
+    with a position, is off by up to ~0.1 rad there. Only per-tile / per-split angles use it.
+    """
+    i = tl.arange(0, HALF).to(tl.float64)
+    zero = tl.zeros([HALF], dtype=tl.float64)  # lifts the float32 scalars (Python floats when interpreted)
+    return tl.exp2(-(i / HALF) * tl.log2(zero + rope_theta)) / (zero + rope_scale)
 
 
 @triton.jit
-def rope_freqs(log2_theta, inv_rope_scale, HALF: tl.constexpr):
-    """float32 ``[HALF]``: ``theta^(-2i/D) / rope_scale`` for ``i < D/2`` (D = 2 * HALF)."""
-    i = tl.arange(0, HALF).to(tl.float32)
-    return tl.exp2(-(i / HALF) * log2_theta) * inv_rope_scale
+def rope_angle(pos, freqs):
+    """float32 ``pos * freqs`` reduced to about ``[-pi, pi]``: ``pos`` integer positions, ``freqs``
+    from :func:`rope_freqs` (broadcastable). The product and its reduction run in float64, so the
+    angle is as exact as float32 can hold whatever the position."""
+    a = (tl.zeros_like(freqs) + pos) * freqs  # float64 whatever pos is (an int tensor or scalar)
+    k = tl.floor(a * INV_TWO_PI + 0.5)
+    return (((a - k * TWO_PI_A) - k * TWO_PI_B) - k * TWO_PI_C).to(tl.float32)
 
 
 @triton.jit

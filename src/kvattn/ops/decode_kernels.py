@@ -23,7 +23,7 @@ from .common import (
     alibi_slopes,
     load_kv_tile,
     online_softmax_step,
-    reduce_angle,
+    rope_angle,
     rope_freqs,
     rope_query_per_key,
     rope_rotate,
@@ -73,7 +73,7 @@ def _decode_item(
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
     num_rows, num_splits, num_pages, fixed_len, window_left,
-    logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -122,22 +122,22 @@ def _decode_item(
     q_off = q_rows[:, None] * stride_q_t + heads[:, None] * stride_q_h
     if ROPE_Q:
         # u = R(p - j0) q for the tile at j0 (p = kv_len - 1): set at the split's start, then
-        # turned by R(-BLOCK_N) each tile. (p - j) is reduced once in float32; the product of
+        # turned by R(-BLOCK_N) each tile. (p - j0) is reduced once, in float64; the product of
         # rotations drifts by ~1e-7 rad a tile, far under the operands' bfloat16 rounding.
         q0 = b.to(tl.int64) * Q_LEN * stride_q_t + kvh * GROUP * stride_q_h
         offs_h = tl.arange(0, HALF)
         q1 = tl.load(q_ptr + q0 + offs_h).to(tl.float32)
         q2 = tl.load(q_ptr + q0 + HALF + offs_h).to(tl.float32)
-        freqs = rope_freqs(log2_theta, inv_rope_scale, HALF)
-        ang = reduce_angle((kv_len - 1 - start).to(tl.float32) * freqs)
+        freqs = rope_freqs(rope_theta, rope_scale, HALF)
+        ang = rope_angle(kv_len - 1 - start, freqs)
         u1, u2 = rope_rotate(q1, q2, tl.cos(ang), tl.sin(ang))
         # [1, HALF]: carried in the layout of their use (a 1-D carry costs two conversions a tile)
         u1 = u1[None, :]
         u2 = u2[None, :]
-        step_ang = reduce_angle(freqs * BLOCK_N)[None, :]
+        step_ang = rope_angle(tl.full([1], BLOCK_N, tl.int32), freqs)[None, :]
         step_cos = tl.cos(step_ang)
         step_sin = tl.sin(step_ang)
-        t_ang = reduce_angle(tl.arange(0, BLOCK_N).to(tl.float32)[:, None] * freqs[None, :])
+        t_ang = rope_angle(tl.arange(0, BLOCK_N)[:, None], freqs[None, :])
         t_cos = tl.cos(t_ang)
         t_sin = tl.sin(t_ang)
         first_row = tl.arange(0, BLOCK_M) == 0
@@ -145,15 +145,15 @@ def _decode_item(
         offs_h = tl.arange(0, HALF)
         q1 = tl.load(q_ptr + q_off + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         q2 = tl.load(q_ptr + q_off + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        freqs = rope_freqs(log2_theta, inv_rope_scale, HALF)
-        ang = reduce_angle(row_pos.to(tl.float32)[:, None] * freqs[None, :])
+        freqs = rope_freqs(rope_theta, rope_scale, HALF)
+        ang = rope_angle(row_pos[:, None], freqs[None, :])
         q1, q2 = rope_rotate(q1, q2, tl.cos(ang), tl.sin(ang))
         if USE_DOT:  # the CUDA-core path keeps the rotated values in float32
             q1 = q1.to(cdt)
             q2 = q2.to(cdt)
         # cos/sin of key j = j0 + t from those of j0 and of t < BLOCK_N (angle addition): two
         # sincos per frequency per tile instead of one per key and frequency.
-        t_ang = reduce_angle(tl.arange(0, BLOCK_N).to(tl.float32)[:, None] * freqs[None, :])
+        t_ang = rope_angle(tl.arange(0, BLOCK_N)[:, None], freqs[None, :])
         t_cos = tl.cos(t_ang)
         t_sin = tl.sin(t_ang)
     else:
@@ -210,7 +210,7 @@ def _decode_item(
         elif ROPE:
             k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32)
             k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32)
-            b_ang = reduce_angle(freqs * start_n)
+            b_ang = rope_angle(start_n, freqs)
             b_cos = tl.cos(b_ang)[None, :]
             b_sin = tl.sin(b_ang)[None, :]
             cos = b_cos * t_cos - b_sin * t_sin
@@ -302,7 +302,7 @@ def decode_split_kernel(
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
     num_items, num_rows, num_splits, num_pages, fixed_len, window_left,
-    logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -325,7 +325,7 @@ def decode_split_kernel(
                 stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
                 stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
                 num_rows, num_splits, num_pages, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
@@ -339,7 +339,7 @@ def decode_split_kernel(
             stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
             stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
             num_rows, num_splits, num_pages, fixed_len, window_left,
-            logit_factor, out_factor, soft_cap_value, log2_theta, inv_rope_scale, alibi_n,
+            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,

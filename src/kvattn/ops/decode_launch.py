@@ -172,7 +172,7 @@ def launch_decode(
         *(_strides(mask, 2) if mask is not None else (0, 0)),
         lse.stride(0) if lse is not None else 0,
         num_items, rows_total, splits, num_pages, fixed_len, window_left,
-        float(logit_factor), float(out_factor), float(soft_cap), math.log2(rope_theta), 1.0 / rope_scale,
+        float(logit_factor), float(out_factor), float(soft_cap), float(rope_theta), float(rope_scale),
         2 ** int(math.floor(math.log2(num_heads))),
         HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_KV_HEADS=num_kv_heads, GROUP=group, Q_LEN=q_len,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, M_BLOCKS=m_blocks, KV_FORMAT=KV_FORMAT_CODE[kv_format],
