@@ -7,6 +7,7 @@ is allocated, so a call can be captured in a CUDA graph and replayed with new le
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -63,6 +64,22 @@ def _strides(t: torch.Tensor | None, n: int) -> tuple:
     return tuple(t.stride()[:n]) if t is not None else (0,) * n
 
 
+def on_query_device(launch):
+    """Run ``launch`` with the query's GPU current: Triton launches on the current device, and a
+    multi-GPU caller's tensors may live on another one."""
+
+    @functools.wraps(launch)
+    def wrapper(query, *args, **kwargs):
+        index = query.device.index
+        if query.device.type == "cuda" and index is not None and index != torch.cuda.current_device():
+            with torch.cuda.device(index):
+                return launch(query, *args, **kwargs)
+        return launch(query, *args, **kwargs)
+
+    return wrapper
+
+
+@on_query_device
 def launch_decode(
     query: torch.Tensor,  # [rows, Hq, D]
     k: torch.Tensor,  # [P, page, Hkv, Ds] (paged) or [L, Hkv, Ds]
