@@ -100,6 +100,17 @@ def build(shape: Shape, device: torch.device, *, l2_bytes: int, workspace_mib: i
     return Problem(shape, SUITE_OPS[shape.suite], sets, w)
 
 
+def _paged_spec(q: torch.Tensor, pools, shape: Shape, lens: list, q_len: int, scale: float) -> AttnSpec:
+    """The peers' view of a paged problem whose ``q [B * q_len, Hq, D]`` rows are the last ``q_len``
+    tokens of each request (decode, speculative decode, prefill)."""
+    b, hq, d = shape.batch, shape.num_qo_heads, shape.head_dim
+    return AttnSpec(
+        q4=q.view(b, q_len, hq, d).transpose(1, 2), pools=pools, k4=None, v4=None,
+        num_kv_heads=shape.num_kv_heads, lens=lens, q_len=q_len, scale=scale, v_dim=d, rope=False,
+        to_common=lambda o: o.transpose(1, 2).reshape(b * q_len, hq, d),
+    )
+
+
 def _decode_set(shape: Shape, device, gen, ws) -> InputSet:
     import kvattn
 
@@ -118,12 +129,7 @@ def _decode_set(shape: Shape, device, gen, ws) -> InputSet:
             bmm1_scale=scale, bmm2_scale=1.0, out=out, kv_layout=shape.layout, q_len_per_req=q_len,
         )
 
-    spec = AttnSpec(
-        q4=q.view(b, q_len, hq, d).transpose(1, 2), pools=pools, k4=None, v4=None,
-        num_kv_heads=shape.num_kv_heads, lens=lens, q_len=q_len, scale=scale, v_dim=d, rope=False,
-        to_common=lambda o: o.transpose(1, 2).reshape(b * q_len, hq, d),
-    )
-    return InputSet(call, spec)
+    return InputSet(call, _paged_spec(q, pools, shape, lens, q_len, scale))
 
 
 def _single_set(shape: Shape, device, gen, ws) -> InputSet:
@@ -167,12 +173,7 @@ def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
             out=out, kv_layout=shape.layout,
         )
 
-    spec = AttnSpec(
-        q4=q.view(b, lq, hq, d).transpose(1, 2), pools=pools, k4=None, v4=None,
-        num_kv_heads=shape.num_kv_heads, lens=lens, q_len=lq, scale=scale, v_dim=d, rope=False,
-        to_common=lambda o: o.transpose(1, 2).reshape(b * lq, hq, d),
-    )
-    return InputSet(call, spec)
+    return InputSet(call, _paged_spec(q, pools, shape, lens, lq, scale))
 
 
 def _mla_set(shape: Shape, device, gen, ws) -> InputSet:

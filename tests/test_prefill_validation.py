@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from validation_cases import BF16, FP8, case, expect, meta, paged, strided_last
+from validation_cases import BF16, FP8, case, expect, meta, paged, strided_last, set_args
 
 from kvattn.formats import FP4Tensor
 from kvattn.prefill import trtllm_batch_context_with_kv_cache
@@ -18,73 +18,66 @@ def valid():
                 cum_seq_lens_q=cq, cum_seq_lens_kv=ckv)
 
 
-def _set(**changes):
-    def mutate(kw):
-        for k, v in changes.items():
-            kw[k] = v(kw) if callable(v) else v
-    return mutate
-
-
 def _nvfp4(kw):
     c = paged(kv_format="nvfp4", layout="HND")
     kw.update(kv_cache=c.kv_cache, block_tables=c.block_tables, kv_block_scales=c.kv_cache_sf)
 
 
 CASES = [
-    case("query-dtype", _set(query=lambda kw: kw["query"].float()), TypeError, "query"),
-    case("query-rank", _set(query=lambda kw: kw["query"][0]), ValueError, "query"),
-    case("query-head-dim", _set(query=torch.randn(15, 8, 48, dtype=BF16)), ValueError, "query"),
-    case("query-stride", _set(query=lambda kw: strided_last(kw["query"])), ValueError, "query"),
-    case("query-head-ratio", _set(query=torch.randn(15, 3, 64, dtype=BF16)), ValueError, "query"),
-    case("query-fp8-with-bf16-cache", _set(query=lambda kw: kw["query"].to(FP8)), TypeError, "kv_cache"),
-    case("kv_cache-dtype", _set(kv_cache=lambda kw: kw["kv_cache"].half()), TypeError, "kv_cache"),
-    case("kv_cache-device", _set(kv_cache=lambda kw: meta(kw["kv_cache"])), ValueError, "kv_cache"),
-    case("kv_cache-stride", _set(kv_cache=lambda kw: strided_last(kw["kv_cache"])), ValueError, "kv_cache"),
-    case("kv_layout", _set(kv_layout="HDN"), ValueError, "kv_layout"),
-    case("block_tables-split-shape", _set(uses_shared_paged_kv_idx=False), ValueError, "block_tables"),
-    case("block_tables-shared-3d", _set(block_tables=lambda kw: torch.stack([kw["block_tables"]] * 2, 1)),
+    case("query-dtype", set_args(query=lambda kw: kw["query"].float()), TypeError, "query"),
+    case("query-rank", set_args(query=lambda kw: kw["query"][0]), ValueError, "query"),
+    case("query-head-dim", set_args(query=torch.randn(15, 8, 48, dtype=BF16)), ValueError, "query"),
+    case("query-stride", set_args(query=lambda kw: strided_last(kw["query"])), ValueError, "query"),
+    case("query-head-ratio", set_args(query=torch.randn(15, 3, 64, dtype=BF16)), ValueError, "query"),
+    case("query-fp8-with-bf16-cache", set_args(query=lambda kw: kw["query"].to(FP8)), TypeError, "kv_cache"),
+    case("kv_cache-dtype", set_args(kv_cache=lambda kw: kw["kv_cache"].half()), TypeError, "kv_cache"),
+    case("kv_cache-device", set_args(kv_cache=lambda kw: meta(kw["kv_cache"])), ValueError, "kv_cache"),
+    case("kv_cache-stride", set_args(kv_cache=lambda kw: strided_last(kw["kv_cache"])), ValueError, "kv_cache"),
+    case("kv_layout", set_args(kv_layout="HDN"), ValueError, "kv_layout"),
+    case("block_tables-split-shape", set_args(uses_shared_paged_kv_idx=False), ValueError, "block_tables"),
+    case("block_tables-shared-3d", set_args(block_tables=lambda kw: torch.stack([kw["block_tables"]] * 2, 1)),
          ValueError, "block_tables"),
-    case("block_tables-rows", _set(block_tables=lambda kw: kw["block_tables"][:1]), ValueError, "block_tables"),
-    case("uses_shared_paged_kv_idx-type", _set(uses_shared_paged_kv_idx=0), TypeError, "uses_shared_paged_kv_idx"),
-    case("batch_size-negative", _set(batch_size=-1), ValueError, "batch_size"),
-    case("batch_size-float", _set(batch_size=2.0), TypeError, "batch_size"),
-    case("seq_lens-count", _set(seq_lens=torch.tensor([5], dtype=torch.int32)), ValueError, "seq_lens"),
-    case("seq_lens-dtype", _set(seq_lens=lambda kw: kw["seq_lens"].to(torch.int16)), TypeError, "seq_lens"),
-    case("max_kv_len-over-capacity", _set(max_kv_len=10_000), ValueError, "max_kv_len"),
-    case("max_q_len-over-max_kv_len", _set(max_q_len=21), ValueError, "max_q_len"),
-    case("max_q_len-negative", _set(max_q_len=-1), ValueError, "max_q_len"),
-    case("cum_seq_lens_q-shape", _set(cum_seq_lens_q=torch.tensor([0, 5], dtype=torch.int32)), ValueError,
+    case("block_tables-rows", set_args(block_tables=lambda kw: kw["block_tables"][:1]), ValueError, "block_tables"),
+    case("uses_shared_paged_kv_idx-type", set_args(uses_shared_paged_kv_idx=0), TypeError, "uses_shared_paged_kv_idx"),
+    case("batch_size-negative", set_args(batch_size=-1), ValueError, "batch_size"),
+    case("batch_size-float", set_args(batch_size=2.0), TypeError, "batch_size"),
+    case("seq_lens-count", set_args(seq_lens=torch.tensor([5], dtype=torch.int32)), ValueError, "seq_lens"),
+    case("seq_lens-dtype", set_args(seq_lens=lambda kw: kw["seq_lens"].to(torch.int16)), TypeError, "seq_lens"),
+    case("max_kv_len-over-capacity", set_args(max_kv_len=10_000), ValueError, "max_kv_len"),
+    case("max_q_len-over-max_kv_len", set_args(max_q_len=21), ValueError, "max_q_len"),
+    case("max_q_len-negative", set_args(max_q_len=-1), ValueError, "max_q_len"),
+    case("cum_seq_lens_q-shape", set_args(cum_seq_lens_q=torch.tensor([0, 5], dtype=torch.int32)), ValueError,
          "cum_seq_lens_q"),
-    case("cum_seq_lens_q-dtype", _set(cum_seq_lens_q=lambda kw: kw["cum_seq_lens_q"].float()), TypeError,
+    case("cum_seq_lens_q-dtype", set_args(cum_seq_lens_q=lambda kw: kw["cum_seq_lens_q"].float()), TypeError,
          "cum_seq_lens_q"),
-    case("cum_seq_lens_kv-device", _set(cum_seq_lens_kv=lambda kw: meta(kw["cum_seq_lens_kv"])), ValueError,
+    case("cum_seq_lens_kv-device", set_args(cum_seq_lens_kv=lambda kw: meta(kw["cum_seq_lens_kv"])), ValueError,
          "cum_seq_lens_kv"),
-    case("window_left", _set(window_left=-3), ValueError, "window_left"),
-    case("sinks-count", _set(sinks=[torch.zeros(3)]), ValueError, "sinks"),
-    case("sinks-list-of-two", _set(sinks=[torch.zeros(8), torch.zeros(8)]), ValueError, "sinks"),
-    case("skip_softmax-negative", _set(skip_softmax_threshold_scale_factor=-1.0), ValueError,
+    case("window_left", set_args(window_left=-3), ValueError, "window_left"),
+    case("sinks-count", set_args(sinks=[torch.zeros(3)]), ValueError, "sinks"),
+    case("sinks-list-of-two", set_args(sinks=[torch.zeros(8), torch.zeros(8)]), ValueError, "sinks"),
+    case("skip_softmax-negative", set_args(skip_softmax_threshold_scale_factor=-1.0), ValueError,
          "skip_softmax_threshold_scale_factor"),
-    case("o_sf_vec_size", _set(o_sf_vec_size=32), ValueError, "o_sf_vec_size"),
-    case("o_sf_scale-zero", _set(out_dtype="nvfp4", o_sf_scale=0.0), ValueError, "o_sf_scale"),
-    case("out_dtype-str", _set(out_dtype="int8"), ValueError, "out_dtype"),
-    case("out_dtype-dtype", _set(out_dtype=torch.float32), TypeError, "out_dtype"),
-    case("out-dtype-mismatch", _set(out_dtype=torch.float16, out=torch.empty(15, 8, 64, dtype=BF16)), TypeError,
+    case("o_sf_vec_size", set_args(o_sf_vec_size=32), ValueError, "o_sf_vec_size"),
+    case("o_sf_scale-zero", set_args(out_dtype="nvfp4", o_sf_scale=0.0), ValueError, "o_sf_scale"),
+    case("out_dtype-str", set_args(out_dtype="int8"), ValueError, "out_dtype"),
+    case("out_dtype-dtype", set_args(out_dtype=torch.float32), TypeError, "out_dtype"),
+    case("out-dtype-mismatch", set_args(out_dtype=torch.float16, out=torch.empty(15, 8, 64, dtype=BF16)), TypeError,
          "out"),
-    case("out-shape", _set(out=torch.empty(15, 8, 32, dtype=BF16)), ValueError, "out"),
-    case("out-tensor-for-nvfp4", _set(out_dtype="nvfp4", out=torch.empty(15, 8, 32, dtype=torch.uint8)), TypeError,
+    case("out-shape", set_args(out=torch.empty(15, 8, 32, dtype=BF16)), ValueError, "out"),
+    case("out-tensor-for-nvfp4", set_args(out_dtype="nvfp4", out=torch.empty(15, 8, 32, dtype=torch.uint8)), TypeError,
          "out"),
-    case("out-fp4tensor-without-nvfp4", _set(out_dtype=BF16, out=FP4Tensor.empty(15, 8, 64, "cpu")), TypeError,
+    case("out-fp4tensor-without-nvfp4", set_args(out_dtype=BF16, out=FP4Tensor.empty(15, 8, 64, "cpu")), TypeError,
          "out"),
-    case("out.data-shape", _set(out=FP4Tensor(torch.empty(15, 8, 64, dtype=torch.uint8),
+    case("out.data-shape", set_args(out=FP4Tensor(torch.empty(15, 8, 64, dtype=torch.uint8),
                                                FP4Tensor.empty(15, 8, 64, "cpu").scale)), ValueError, "out.data"),
-    case("out.scale-rows", _set(out=FP4Tensor(torch.empty(15, 8, 32, dtype=torch.uint8),
+    case("out.scale-rows", set_args(out=FP4Tensor(torch.empty(15, 8, 32, dtype=torch.uint8),
                                                torch.empty(8, 32, dtype=FP8))), ValueError, "out.scale"),
-    case("kv_block_scales-with-bf16-cache", _set(kv_block_scales=lambda kw: kw["kv_cache"].to(FP8)[..., :4]),
+    case("kv_block_scales-with-bf16-cache", set_args(kv_block_scales=lambda kw: kw["kv_cache"].to(FP8)[..., :4]),
          ValueError, "kv_block_scales"),
     case("kv_block_scales-missing", lambda kw: (_nvfp4(kw), kw.pop("kv_block_scales")), ValueError,
          "kv_block_scales"),
-    case("enable_pdl", _set(enable_pdl="on"), TypeError, "enable_pdl"),
-    case("bmm1_scale-none", _set(bmm1_scale=None), TypeError, "bmm1_scale"),
+    case("enable_pdl", set_args(enable_pdl="on"), TypeError, "enable_pdl"),
+    case("bmm1_scale-none", set_args(bmm1_scale=None), TypeError, "bmm1_scale"),
 ]
 
 

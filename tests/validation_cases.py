@@ -41,3 +41,13 @@ def expect(func, kwargs, exc, name):
 def case(id_, mutate, exc, name):
     """One pytest param: ``mutate(kwargs) -> None`` edits a valid call's arguments in place."""
     return pytest.param(mutate, exc, name, id=id_)
+
+
+def set_args(**changes):
+    """A ``mutate`` for :func:`case`: replace arguments (a callable value gets the kwargs first)."""
+
+    def mutate(kw):
+        for k, v in changes.items():
+            kw[k] = v(kw) if callable(v) else v
+
+    return mutate

@@ -34,12 +34,3 @@ def is_hopper(device: torch.device) -> bool:
 
 def is_interpreter() -> bool:
     return _env.triton_interpret()
-
-
-@functools.lru_cache(maxsize=None)
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:  # pragma: no cover - triton is a dependency, but keep the CPU path alive
-        return False
-    return True

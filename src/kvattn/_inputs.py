@@ -134,7 +134,7 @@ class Scale:
             return Scale(self.factor * other.factor, (self.tensor.reshape(1) * other.tensor.reshape(1)))
         return Scale(self.factor * other.factor, self.tensor if self.tensor is not None else other.tensor)
 
-    def value(self, device=None) -> torch.Tensor | float:
+    def value(self) -> torch.Tensor | float:
         """For the reference backend: a float, or a 0-d float32 tensor."""
         if self.tensor is None:
             return self.factor

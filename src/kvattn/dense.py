@@ -122,6 +122,16 @@ def _gather(pages: torch.Tensor, sf, table: torch.Tensor, lens: torch.Tensor, lm
     return torch.where(exists[:, :, None, None], rows, torch.zeros((), dtype=F64, device=rows.device))
 
 
+def _gather_kv(kv_cache, kv_sf, layout: str, k_table, v_table, lens, lmax: int):
+    """float64 dense ``(K, V)`` ``[B, Lmax, Hkv, D]`` of a paged cache in any form (NVFP4: with its
+    block scales), K read through ``k_table`` and V through ``v_table``."""
+    k_pages, v_pages = _planes(kv_cache, layout)
+    k_sf = v_sf = None
+    if kv_sf is not None:
+        k_sf, v_sf = _planes(kv_sf, layout)
+    return _gather(k_pages, k_sf, k_table, lens, lmax), _gather(v_pages, v_sf, v_table, lens, lmax)
+
+
 def _lens(seq_lens: torch.Tensor) -> torch.Tensor:
     return seq_lens.reshape(-1).to(torch.int64)
 
@@ -253,12 +263,7 @@ def batch_decode(
     bsz = lens.numel()
     hq, d = query.shape[1], query.shape[2]
     lmax = int(lens.max()) if bsz else 0
-    k_pages, v_pages = _planes(kv_cache, kv_layout)
-    k_sf = v_sf = None
-    if kv_cache_sf is not None:
-        k_sf, v_sf = _planes(kv_cache_sf, kv_layout)
-    k = _gather(k_pages, k_sf, block_tables, lens, lmax)
-    v = _gather(v_pages, v_sf, block_tables, lens, lmax)
+    k, v = _gather_kv(kv_cache, kv_cache_sf, kv_layout, block_tables, block_tables, lens, lmax)
     q = query.to(F64).reshape(bsz, nq, hq, d)
 
     j = torch.arange(lmax, device=query.device).view(1, 1, -1)
@@ -502,12 +507,7 @@ def context(
         k_table = v_table = block_tables
     else:
         k_table, v_table = block_tables[:, 0], block_tables[:, 1]
-    k_pages, v_pages = _planes(kv_cache, kv_layout)
-    k_sf = v_sf = None
-    if kv_block_scales is not None:
-        k_sf, v_sf = _planes(kv_block_scales, kv_layout)
-    k = _gather(k_pages, k_sf, k_table, lens, lmax)
-    v = _gather(v_pages, v_sf, v_table, lens, lmax)
+    k, v = _gather_kv(kv_cache, kv_block_scales, kv_layout, k_table, v_table, lens, lmax)
 
     # Pad the ragged queries to [B, Qmax, Hq, D]; padded rows see nothing.
     i = torch.arange(qmax).view(1, -1)

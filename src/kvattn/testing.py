@@ -36,7 +36,7 @@ def randn(*shape, dtype=torch.float32, device="cpu", generator=None, scale: floa
     return x.to(device=device, dtype=dtype)
 
 
-def _kv_dtype(kv_format: str, half_dtype: torch.dtype):
+def _kv_dtype(kv_format: str):
     return {"float16": torch.float16, "bfloat16": torch.bfloat16, "fp8": FP8_DTYPE, "nvfp4": torch.uint8}[kv_format]
 
 
@@ -139,7 +139,7 @@ def make_paged_kv(
             data = quantize_fp8(vals)
             vals = data.to(torch.float32)
         else:
-            data = vals.to(_kv_dtype(kv_format, dtype))
+            data = vals.to(_kv_dtype(kv_format))
             vals = data.to(torch.float32)
         if nan_fill:
             bits = data.view(torch.uint8 if data.element_size() == 1 else torch.int16).clone()
