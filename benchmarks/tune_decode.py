@@ -62,6 +62,10 @@ VARIANTS = {
     "s4bn64": {"num_stages": 4, "block_n": 64},
     "w8s3bn128": {"num_warps": 8, "num_stages": 3, "block_n": 128},
     "pps8c128": {"programs_per_sm": 8, "min_chunk": 128},
+    "s3": {"num_stages": 3},
+    "bn128s3": {"block_n": 128, "num_stages": 3},
+    "bn32s4": {"block_n": 32, "num_stages": 4},
+    "bn32s6": {"block_n": 32, "num_stages": 6},
 }
 
 SHAPES = [
@@ -71,6 +75,8 @@ SHAPES = [
     Shape("decode", 16, 4096),
     Shape("decode", 1, 32768),
     Shape("decode", 64, 8192, page_size=64, layout="HND"),
+    Shape("decode", 128, 2048, page_size=64),
+    Shape("decode", 256, 1024, page_size=64),
     Shape("decode", 64, 8192, kv_dtype="fp8"),
     Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1),
     Shape("decode", 128, 8192, ragged=True),
