@@ -171,7 +171,7 @@ def test_batch_decode_matches_oracles(kw, kernel_device, triton_backend, monkeyp
 def test_split_kv_partials_combine_exactly(q_len, group, kernel_device, triton_backend, monkeypatch):
     """Short splits force several partials per request (ragged: some requests need one)."""
     lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
-    with decode_configs.override(min_chunk=32, programs_per_sm=64):
+    with decode_configs.override(min_chunk=32, waves=64):
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=True, window=60)
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, seed=3)
 

@@ -18,7 +18,7 @@ class DecodeConfig:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int  # software-pipelining depth of the K/V loads
-    programs_per_sm: int = 4  # the split count aims at this many programs per SM
+    waves: int = 1  # the split count fills this many whole waves of resident programs (num_splits)
     min_chunk: int = 256  # fewest keys worth a split of their own
     max_splits: int = 64
     dot_single_row: bool = False  # tensor cores even when a program has one query row
@@ -60,6 +60,49 @@ def override(**fields):
         _override.clear()
         _override.update(old)
         config.cache_clear()
+
+
+# Per-SM resources of the GPUs the tables target (sm90): shared memory a multiprocessor can give
+# its programs (less 1 KB reserved per program), 32-bit registers, resident warps.
+_SMEM_PER_SM = 228 * 1024
+_REGS_PER_SM = 65536
+_WARPS_PER_SM = 64
+
+
+def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool) -> int:
+    """Programs of the split kernel that fit on one multiprocessor at once (an estimate).
+
+    Shared memory: ``num_stages - 1`` K/V tile buffers (what Triton 3.6 allocates for the
+    pipelined copies) and 4-6 KB of operand / reduction scratch, as the compiled kernels show. Registers: what ptxas gave the tuned kernels (``benchmarks/inspect_kernels.py``):
+    ~205 a thread with quantised caches at 128-key tiles, at most 128 otherwise.
+    """
+    elem = {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 1}[kv_format]
+    smem = (cfg.num_stages - 1) * cfg.block_n * head_dim * elem * 2 + (4 if rope_query else 6) * 1024
+    regs = 208 if elem == 1 and cfg.block_n >= 128 else 128
+    fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
+              _WARPS_PER_SM // cfg.num_warps)
+    return max(1, fit)
+
+
+def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: int, max_programs,
+               kv_format: str, head_dim: int, rope_query: bool) -> int:
+    """KV splits per work item (request x KV head x row block).
+
+    Enough programs for ``cfg.waves`` whole waves of resident programs (``occupancy`` per SM),
+    rounded down: the programs of a decode are equally long, so a last wave that is only partly
+    full costs nearly a whole program's time with most of the GPU idle (measured on an H100:
+    rounding ``4 programs per SM`` up instead cost up to 12 %, see benchmarks/NOTES.md). No split
+    shorter than ``min_chunk`` keys, no more partials than the workspace holds (``fit``), and at
+    most ``max_programs`` programs (xqa's ``sm_count``).
+    """
+    items = max(items, 1)
+    slots = sm_count * occupancy(cfg, kv_format, head_dim, rope_query)
+    want = max(1, cfg.waves * slots // items)
+    useful = max(1, -(-span // cfg.min_chunk))
+    splits = min(want, useful, cfg.max_splits, fit)
+    if max_programs is not None:
+        splits = min(splits, max(1, max_programs // items))
+    return max(1, splits)
 
 
 @functools.lru_cache(maxsize=None)

@@ -27,6 +27,7 @@ from .common import (
     rope_freqs,
     rope_query_per_key,
     rope_rotate,
+    rope_table,
     sink_logits2,
     soft_cap,
     softmax_finalize,
@@ -137,9 +138,7 @@ def _decode_item(
         step_ang = rope_angle(tl.full([1], BLOCK_N, tl.int32), freqs)[None, :]
         step_cos = tl.cos(step_ang)
         step_sin = tl.sin(step_ang)
-        t_ang = rope_angle(tl.arange(0, BLOCK_N)[:, None], freqs[None, :])
-        t_cos = tl.cos(t_ang)
-        t_sin = tl.sin(t_ang)
+        t_cos, t_sin = rope_table(BLOCK_N, freqs)
         first_row = tl.arange(0, BLOCK_M) == 0
     elif ROPE:
         offs_h = tl.arange(0, HALF)
@@ -153,9 +152,7 @@ def _decode_item(
             q2 = q2.to(cdt)
         # cos/sin of key j = j0 + t from those of j0 and of t < BLOCK_N (angle addition): two
         # sincos per frequency per tile instead of one per key and frequency.
-        t_ang = rope_angle(tl.arange(0, BLOCK_N)[:, None], freqs[None, :])
-        t_cos = tl.cos(t_ang)
-        t_sin = tl.sin(t_ang)
+        t_cos, t_sin = rope_table(BLOCK_N, freqs)
     else:
         q = tl.load(q_ptr + q_off + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         if KV_FORMAT != KV_HALF:  # float16 operands: saturate a (far-fetched) bfloat16 q beyond its range

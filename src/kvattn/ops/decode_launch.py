@@ -43,17 +43,6 @@ def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
     return block_m, triton.cdiv(rows, block_m)
 
 
-def _num_splits(items: int, span: int, cfg, sm_count: int, fit: int, max_programs) -> int:
-    """Splits per (request, KV head): enough programs to fill the GPU a few times over, no split
-    shorter than ``min_chunk`` keys, and no more partials than the workspace holds."""
-    want = triton.cdiv(sm_count * cfg.programs_per_sm, max(items, 1))
-    useful = max(1, triton.cdiv(span, cfg.min_chunk))
-    splits = min(want, useful, cfg.max_splits, fit)
-    if max_programs is not None:
-        splits = min(splits, max(1, max_programs // max(items, 1)))
-    return max(1, splits)
-
-
 def _partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: int):
     pad = (-workspace.data_ptr()) % _ALIGN
     ws = workspace[pad : pad + 4 * (numel_o + numel_lse)].view(torch.float32)
@@ -139,7 +128,10 @@ def launch_decode(
         fit = max(0, workspace.numel() - _ALIGN) // (4 * per_split)
     else:
         fit = cfg.max_splits
-    splits = _num_splits(items, span, cfg, _device.sm_count(device), fit, max_programs)
+    splits = decode_configs.num_splits(
+        cfg, items=items, span=span, sm_count=_device.sm_count(device), fit=fit, max_programs=max_programs,
+        kv_format=kv_format, head_dim=head_dim, rope_query=rope is not None and use_dot and rows == 1,
+    )
     if splits > 1:
         numel_o, numel_lse = splits * rows_total * num_heads * head_dim, splits * rows_total * num_heads
         if workspace is not None:
