@@ -13,13 +13,18 @@ device. Checks that need device values live in :func:`debug_check_pages` (``KVAT
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import torch
 
 from . import _env
 from .formats import FP8_DTYPE, NVFP4_BLOCK
+
+T = TypeVar("T")
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 KV_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE, torch.uint8)
@@ -50,7 +55,10 @@ def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None) -> torch.
 
 def check_shape(x: torch.Tensor, name: str, expected: tuple) -> None:
     """``expected`` may hold None for a free dim."""
-    ok = x.dim() == len(expected) and all(e is None or e == s for e, s in zip(expected, x.shape))
+    shape = x.shape
+    if shape == expected:  # torch.Size equals the tuple of its sizes (and never one holding None)
+        return
+    ok = len(shape) == len(expected) and all(e is None or e == s for e, s in zip(expected, shape))
     if not ok:
         want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {list(x.shape)}")
@@ -62,6 +70,8 @@ def check_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
 
 
 def check_layout(kv_layout, name: str = "kv_layout") -> str:
+    if kv_layout in LAYOUTS and type(kv_layout) is str:
+        return kv_layout
     if not isinstance(kv_layout, str) or kv_layout.upper() not in LAYOUTS:
         raise ValueError(f"{name}: expected 'NHD' or 'HND', got {kv_layout!r}")
     return kv_layout.upper()
@@ -95,14 +105,14 @@ def check_sinks(sinks, name: str, num_heads: int, device) -> torch.Tensor | None
     check_tensor(sinks, name, dtypes=(torch.float32,), device=device)
     if sinks.numel() != num_heads:
         raise ValueError(f"{name}: expected {num_heads} values (one per query head), got shape {list(sinks.shape)}")
-    return sinks.reshape(num_heads)
+    return sinks if sinks.dim() == 1 else sinks.reshape(num_heads)
 
 
 def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
     check_tensor(seq_lens, name, dtypes=(torch.int32, torch.uint32), device=device)
     if seq_lens.numel() != batch:
         raise ValueError(f"{name}: expected {batch} lengths (one per request), got shape {list(seq_lens.shape)}")
-    return seq_lens.reshape(batch)
+    return seq_lens if seq_lens.dim() == 1 else seq_lens.reshape(batch)
 
 
 def check_workspace(workspace, name: str, device) -> torch.Tensor:
@@ -110,6 +120,46 @@ def check_workspace(workspace, name: str, device) -> torch.Tensor:
     if not workspace.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(workspace.stride())}")
     return workspace
+
+
+# ---------------------------------------------------------------------------------------------
+# views of long-lived tensors
+# ---------------------------------------------------------------------------------------------
+# (id(base), tag) -> (weakref to base, base metadata, views). A KV cache is one tensor for the life
+# of a serving engine, and each view of it costs a microsecond or two of host time a call.
+_VIEWS: dict[tuple, tuple] = {}
+_MAX_VIEWS = 64
+
+
+def _drop_views(key: tuple, ref: weakref.ref) -> None:
+    entry = _VIEWS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _VIEWS[key]
+
+
+def cached_views(base: torch.Tensor, tag: tuple, make: Callable[[torch.Tensor], T]) -> T:
+    """``make(base)``, a function of ``base``'s metadata only (views), kept for ``base``.
+
+    An entry is reused while ``base`` is the same object with the same data pointer, shape,
+    strides and dtype, under the same grad and inference modes (views record them), and is
+    dropped with ``base``. While ``torch.compile`` traces, nothing is kept.
+    """
+    if torch.compiler.is_compiling():
+        return make(base)
+    try:
+        meta = (base.data_ptr(), base.shape, base.stride(), base.dtype, torch.is_grad_enabled(),
+                torch.is_inference_mode_enabled())
+    except RuntimeError:  # no data pointer or strides (sparse, ...): nothing to key on
+        return make(base)
+    key = (id(base), tag)
+    entry = _VIEWS.get(key)
+    if entry is not None and entry[0]() is base and entry[1] == meta:
+        return entry[2]
+    views = make(base)
+    if len(_VIEWS) >= _MAX_VIEWS:
+        _VIEWS.clear()
+    _VIEWS[key] = (weakref.ref(base, functools.partial(_drop_views, key)), meta, views)
+    return views
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,23 +270,32 @@ def _to_nhd(pages: torch.Tensor, layout: str) -> torch.Tensor:
     return pages if layout == "NHD" else pages.transpose(1, 2)
 
 
-def _split_kv(kv_cache, name: str):
-    """``(k, v)`` 4-D page tensors from a tuple or from one 5-D tensor with a size-2/1 plane."""
+def _planes(kv_cache: torch.Tensor, layout: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of a ``[P, 2 or 1, ...]`` cache (as NHD when ``layout`` is given)."""
+    k = kv_cache[:, 0]
+    v = kv_cache[:, 1] if kv_cache.shape[1] == 2 else k
+    return (k, v) if layout is None else (_to_nhd(k, layout), _to_nhd(v, layout))
+
+
+def _split_kv(kv_cache, name: str, layout: str | None = None):
+    """``(k, v)`` 4-D page tensors from a tuple or from one 5-D tensor with a size-2/1 plane; as
+    NHD views when ``layout`` is given."""
     if isinstance(kv_cache, (tuple, list)):
         if len(kv_cache) != 2:
             raise ValueError(f"{name}: expected a (k_cache, v_cache) pair, got {len(kv_cache)} tensors")
         k, v = kv_cache
         check_tensor(k, f"{name}[0]", ndim=4)
         check_tensor(v, f"{name}[1]", ndim=4)
-        return k, v
+        if layout is None or layout == "NHD":
+            return k, v
+        return cached_views(k, ("nhd", layout), functools.partial(_to_nhd, layout=layout)), cached_views(
+            v, ("nhd", layout), functools.partial(_to_nhd, layout=layout))
     check_tensor(kv_cache, name, ndim=5)
     if kv_cache.shape[1] not in (1, 2):
         raise ValueError(
             f"{name}: expected dim 1 of size 2 (K, V) or 1 (K = V) after the page dim, got shape {list(kv_cache.shape)}"
         )
-    k = kv_cache[:, 0]
-    v = kv_cache[:, 1] if kv_cache.shape[1] == 2 else kv_cache[:, 0]
-    return k, v
+    return cached_views(kv_cache, ("planes", layout), functools.partial(_planes, layout=layout))
 
 
 def paged_kv_from_cache(
@@ -255,14 +314,13 @@ def paged_kv_from_cache(
 ) -> PagedKV:
     """Normalise the decode/prefill cache forms (tuple or 5-D, NHD or HND) into a :class:`PagedKV`."""
     layout = check_layout(kv_layout)
-    k, v = _split_kv(kv_cache, name)
+    k, v = _split_kv(kv_cache, name, layout)  # as NHD: the checks below read no layout-dependent dim
     for t, n in ((k, name), (v, name)):
         check_tensor(t, n, dtypes=allowed_dtypes, device=device)
         check_last_dim_contiguous(t, n)
     if k.dtype != v.dtype:
         raise TypeError(f"{name}: expected K and V of one dtype, got {k.dtype} and {v.dtype}")
-    k, v = _to_nhd(k, layout), _to_nhd(v, layout)
-    if k.shape[:3] != v.shape[:3] or k.shape[-1] != v.shape[-1]:
+    if k.shape != v.shape:
         raise ValueError(f"{name}: expected K and V pages of one shape, got {list(k.shape)} and {list(v.shape)} (as NHD)")
     nvfp4 = k.dtype == torch.uint8
     stored = head_dim // 2 if nvfp4 else head_dim
@@ -289,11 +347,10 @@ def paged_kv_from_cache(
             raise ValueError(f"{name}: NVFP4 needs head_dim a multiple of 16, got {head_dim}")
         if kv_sf is None:
             raise ValueError(f"{sf_name}: expected NVFP4 block scales with a uint8 (NVFP4) cache, got None")
-        k_sf, v_sf = _split_kv(kv_sf, sf_name)
+        k_sf, v_sf = _split_kv(kv_sf, sf_name, layout)
         for t in (k_sf, v_sf):
             check_tensor(t, sf_name, dtypes=(FP8_DTYPE,), device=device)
             check_last_dim_contiguous(t, sf_name)
-        k_sf, v_sf = _to_nhd(k_sf, layout), _to_nhd(v_sf, layout)
         want = (*k.shape[:3], head_dim // NVFP4_BLOCK)
         for t in (k_sf, v_sf):
             if tuple(t.shape) != want:
@@ -310,7 +367,7 @@ def debug_check_pages(kv: PagedKV, seq_lens: torch.Tensor, name: str = "block_ta
     """
     if not _env.debug_checks():
         return
-    lens = seq_lens.to(torch.int64).cpu()
+    lens = seq_lens.to(torch.int64).cpu().reshape(-1)
     cap = kv.capacity
     if bool((lens > cap).any()):
         raise ValueError(f"seq_lens: a length exceeds the page table's capacity {cap} (max given {int(lens.max())})")

@@ -85,10 +85,10 @@ def single_decode_impl(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[0], dtype=torch.float32, device=q.device)
     length = k.shape[0]
-    decode_launch.launch_decode(
-        q.unsqueeze(0), k, v, out.unsqueeze(0), paged=False, fixed_len=length, max_seq_len=length,
+    decode_launch.launch_decode(  # [Hq, D] tensors are one row of the launcher's [rows, Hq, D]
+        q, k, v, out, paged=False, fixed_len=length, max_seq_len=length,
         logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor,
-        lse=lse.unsqueeze(0), window_left=window_left,
+        lse=lse, window_left=window_left,
         rope=(rope_scale, rope_theta) if pos_encoding_mode == "ROPE_LLAMA" else None,
         alibi=pos_encoding_mode == "ALIBI", soft_cap=soft_cap, use_tensor_cores=use_tensor_cores,
     )

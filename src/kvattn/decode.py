@@ -5,6 +5,7 @@ Both functions keep FlashInfer's signatures exactly; their semantics are kvattn'
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal, Optional, Tuple, Union, overload
 
@@ -32,6 +33,14 @@ from .formats import FP8_DTYPE
 
 DECODE_HEAD_DIMS = (64, 128, 256)
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
+
+
+@functools.lru_cache(maxsize=None)
+def ops_decode():
+    """:mod:`kvattn.ops.decode`, imported on first use (it imports Triton)."""
+    from .ops import decode
+
+    return decode
 
 
 def check_query_heads(query: torch.Tensor, name: str, num_kv_heads: int) -> int:
@@ -178,9 +187,7 @@ def xqa_batch_decode_with_kv_cache(
 
     args = dict(q_len=q_len, logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask)
     if _backend.use_triton("batch_decode", device):
-        from .ops import decode as ops_decode
-
-        ops_decode.batch_decode(
+        ops_decode().batch_decode(
             query, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, enable_pdl=bool(enable_pdl), **args
         )
     else:
@@ -315,9 +322,7 @@ def single_decode_with_kv_cache(
         logits_soft_cap=soft_cap or None, rope_scale=rope_scale, rope_theta=rope_theta,
     )
     if _backend.use_triton("single_decode", device):
-        from .ops import decode as ops_decode
-
-        out, lse = ops_decode.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, **args)
+        out, lse = ops_decode().single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, **args)
     else:
         o, lse = reference.single_decode(q, k_nhd, v_nhd, **args)
         out = o.to(q.dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -17,14 +18,23 @@ from ._inputs import (
     check_layout,
     check_sinks,
     check_tensor,
+    cached_views,
     check_workspace,
     debug_check_pages,
     to_scale,
 )
-from .decode import check_head_dim, check_out, check_query_heads
+from .decode import check_head_dim, check_out, check_query_heads, ops_decode
 from .formats import FP8_DTYPE
 
 XQA_PAGE_SIZES = (16, 32, 64, 128)
+
+
+def _pool_pages(page_size: int, num_kv_heads: int, pool: torch.Tensor) -> torch.Tensor:
+    return pool.unflatten(0, (-1, page_size, num_kv_heads))
+
+
+def _hnd_pages(pages: torch.Tensor) -> torch.Tensor:
+    return pages.transpose(1, 2)
 
 
 def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: int, layout: str, q_dtype, device):
@@ -40,8 +50,8 @@ def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: 
                 f"{name}: expected total_num_cache_heads a multiple of page_size * num_kv_heads = {per_page}, "
                 f"got {cache.shape[0]}"
             )
-        return cache.unflatten(0, (-1, page_size, num_kv_heads))
-    pages = cache if layout == "NHD" else cache.transpose(1, 2)
+        return cached_views(cache, ("pool", page_size, num_kv_heads), functools.partial(_pool_pages, page_size, num_kv_heads))
+    pages = cache if layout == "NHD" else cached_views(cache, ("hnd",), _hnd_pages)
     if pages.shape[1] != page_size or pages.shape[2] != num_kv_heads:
         raise ValueError(
             f"{name}: expected {layout} pages with page_size={page_size} and num_kv_heads={num_kv_heads}, "
@@ -152,8 +162,7 @@ def xqa(
         kv_eff = Scale(1.0)
 
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
-    lens = seq_lens.reshape(batch)
-    debug_check_pages(kv, lens, "page_table")
+    debug_check_pages(kv, seq_lens, "page_table")
     args = dict(
         q_len=1,
         logit_scale=qs.times(kv_eff).times(1.0 / math.sqrt(head_dim)),
@@ -162,15 +171,13 @@ def xqa(
         sinks=sinks,
         mask=None,
     )
-    q3, out3 = q[:, 0], output[:, 0]  # views, whatever the strides
     if _backend.use_triton("batch_decode", device):
-        from .ops import decode as ops_decode
-
-        ops_decode.batch_decode(
-            q3, kv, lens, out3, workspace_buffer, max_seq_len=kv.capacity, max_programs=sm_count, **args
+        # The launcher takes [B, 1, Hq, D] queries/outputs and [B, 1] lengths as they are.
+        ops_decode().batch_decode(
+            q, kv, seq_lens, output, workspace_buffer, max_seq_len=kv.capacity, max_programs=sm_count, **args
         )
     else:
-        reference.batch_decode(q3, kv, lens, out3, **args)
+        reference.batch_decode(q[:, 0], kv, seq_lens.reshape(batch), output[:, 0], **args)
 
 
 class _CallableModule(__import__("types").ModuleType):

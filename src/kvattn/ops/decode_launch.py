@@ -3,35 +3,77 @@
 Everything here reads host-side facts only (shapes, strides, dtypes, the SM count, the host bound
 ``max_seq_len``): nothing waits for the device, and with ``out`` and ``workspace`` given nothing
 is allocated, so a call can be captured in a CUDA graph and replayed with new lengths and tables.
+
+Host time. What a call derives from its host facts (config, row tiling, strides, constexprs, and
+per split count the grid and both launches) is a :class:`_Plan`, built by a function of those
+facts alone and cached under them; a call then computes only its split count (memoised per
+``max_seq_len``/window span), reads the data pointers and launches through
+:mod:`.fast_launch`. Plans are rebuilt, not cached, while a ``decode_configs.override`` is active.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import operator
+import weakref
+from itertools import compress, repeat
 
 import torch
-import triton
 
 from .. import _device
 from ..formats import FP8_DTYPE
-from . import decode_configs
+from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 
 KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
 MIN_BLOCK_M = 16  # tl.dot's smallest M
 _ALIGN = 16  # bytes: the partials' float32 views start on a 16-byte boundary
+_KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
+
+# Pointer arguments: the call's tensors are passed to fast_launch.pointers once, in the order of
+# _SOURCES (the optional ones only when given); each kernel picks its pointers from them by name.
+# An absent optional tensor is replaced by the query, which the kernel never reads for it.
+_ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse")
+_OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
+_SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit",
+                   "out_scale", "out", "lse", "part_o", "part_lse")
+_COMBINE_POINTERS = ("part_o", "part_lse", "seq_lens", "sinks", "out_scale", "out", "lse")
+_NONES = tuple(repeat(None, len(_OPTIONAL)))
+
+_MAX_PLANS = 1024  # distinct call shapes kept; past this the cache starts over
+_MAX_SPANS = 4096  # split counts memoised per plan
 
 
 def _kv_format(t: torch.Tensor) -> str:
-    return {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}[t.dtype]
+    return _KV_FORMATS[t.dtype]
 
 
-def _arch(device: torch.device) -> str:
-    if _device.is_interpreter():
+def _arch(device: torch.device, interpreter: bool) -> str:
+    if interpreter:
         return "interpreter"
     return "sm90" if _device.is_hopper(device) else "default"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for ``n >= 1`` (that one is a constexpr_function: microseconds
+    of host time a call in Triton 3.6)."""
+    return 1 << (n - 1).bit_length()
+
+
+def _as_rows(shape: tuple, stride: tuple) -> tuple[tuple, tuple]:
+    """Shape and strides of a query or output as ``[rows, Hq, D]``: ``[B, 1, Hq, D]`` (xqa's beam
+    dim) drops dim 1, ``[Hq, D]`` (one row) gains a leading dim, with the strides ``q[:, 0]`` and
+    ``q.unsqueeze(0)`` would have (they are kernel arguments, so they pick the specialisation)."""
+    if len(shape) == 4:
+        return (shape[0], shape[2], shape[3]), (stride[0], stride[2], stride[3])
+    if len(shape) == 2:
+        return (1, shape[0], shape[1]), (shape[0] * stride[0], stride[0], stride[1])
+    return tuple(shape), tuple(stride)
 
 
 def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
@@ -39,18 +81,197 @@ def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
     if not use_dot:
         return 1, rows
     cap = 128 if head_dim <= 128 else 64
-    block_m = min(max(MIN_BLOCK_M, triton.next_power_of_2(rows)), cap)
-    return block_m, triton.cdiv(rows, block_m)
+    block_m = min(max(MIN_BLOCK_M, _next_power_of_2(rows)), cap)
+    return block_m, _cdiv(rows, block_m)
+
+
+# ---------------------------------------------------------------------------------------------
+# split partials in the workspace
+# ---------------------------------------------------------------------------------------------
+# id(workspace) -> (weakref to it, (data_ptr, numel, numel_o, numel_lse), part_o, part_lse): three
+# tensor views cost several microseconds a call. An entry goes with its workspace tensor.
+_PARTIALS: dict[int, tuple] = {}
+_MAX_PARTIALS = 16
+
+
+def _drop_partials(ident: int, ref: weakref.ref) -> None:
+    entry = _PARTIALS.get(ident)
+    if entry is not None and entry[0] is ref:
+        del _PARTIALS[ident]
 
 
 def _partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: int):
-    pad = (-workspace.data_ptr()) % _ALIGN
+    """Float32 views ``(part_o [numel_o], part_lse [numel_lse])`` of ``workspace`` from its first
+    16-byte boundary."""
+    ptr = workspace.data_ptr()
+    facts = (ptr, workspace.numel(), numel_o, numel_lse)
+    ident = id(workspace)
+    entry = _PARTIALS.get(ident)
+    if entry is not None and entry[0]() is workspace and entry[1] == facts:
+        return entry[2], entry[3]
+    pad = (-ptr) % _ALIGN
     ws = workspace[pad : pad + 4 * (numel_o + numel_lse)].view(torch.float32)
-    return ws[:numel_o], ws[numel_o:]
+    part_o, part_lse = ws[:numel_o], ws[numel_o:]
+    if len(_PARTIALS) >= _MAX_PARTIALS:
+        _PARTIALS.clear()
+    _PARTIALS[ident] = (weakref.ref(workspace, functools.partial(_drop_partials, ident)), facts, part_o, part_lse)
+    return part_o, part_lse
 
 
-def _strides(t: torch.Tensor | None, n: int) -> tuple:
-    return tuple(t.stride()[:n]) if t is not None else (0,) * n
+# ---------------------------------------------------------------------------------------------
+# plans
+# ---------------------------------------------------------------------------------------------
+class _Plan:
+    """Everything a call derives from its host facts; :func:`_facts` lists them.
+
+    Built from the facts tuple alone, so two calls with equal facts get equal plans. The split
+    count also depends on the call's key span; :meth:`launches` memoises it per span.
+    """
+
+    def __init__(self, facts: tuple):
+        (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride, out_dtype,
+         present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride, ws_numel,
+         paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs, enable_pdl) = facts
+        q_shape, q_stride = _as_rows(q_shape, q_stride)
+        out_stride = _as_rows(out_shape, out_stride)[1]
+        self.rows_total, self.num_heads, self.head_dim = q_shape
+        self.batch = self.rows_total // q_len
+        if paged:
+            self.num_pages, self.page_size, self.num_kv_heads = k_shape[0], k_shape[1], k_shape[2]
+            self.k_strides, self.v_strides = tuple(k_stride[:3]), tuple(v_stride[:3])
+        else:  # [L, Hkv, D]: page 0, slot = token
+            self.num_pages, self.page_size, self.num_kv_heads = 1, 1, k_shape
+            self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
+        self.group = self.num_heads // self.num_kv_heads
+        self.kv_format = _KV_FORMATS[kv_dtype]
+        self.rows = q_len * self.group
+        arch = _arch(device, interpreter)
+        cfg0 = decode_configs.config(arch, self.kv_format, self.head_dim, 16, rope)
+        use_dot = self.rows > 1
+        if self.rows == 1:
+            # One query row: tensor cores (M padded to 16) are still the only path whose K/V loads
+            # Triton pipelines, so the table may prefer them even when the caller did not ask.
+            use_dot = cfg0.dot_single_row or bool(use_tensor_cores)
+        self.use_dot = use_dot
+        self.block_m, self.m_blocks = _row_tiling(self.rows, self.head_dim, use_dot)
+        self.cfg = cfg = decode_configs.config(arch, self.kv_format, self.head_dim, self.block_m, rope)
+        self.items = self.batch * self.num_kv_heads * self.m_blocks
+        per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
+        self.fit = max(0, ws_numel - _ALIGN) // (4 * per_split) if ws_numel is not None else cfg.max_splits
+        self.sm_count = _device.sm_count(device)
+        self.rope_query = rope and use_dot and self.rows == 1
+        self.gdc = cfg.pdl and not interpreter
+        self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
+        self.soft_cap, self.max_programs, self.enable_pdl, self.same_table = soft_cap, max_programs, enable_pdl, same_table
+        self.has = dict(zip(_OPTIONAL, present))
+        self.out_fp8 = out_dtype == FP8_DTYPE
+        self.strides = dict(
+            q=tuple(q_stride[:2]), out=tuple(out_stride[:2]), k=self.k_strides, v=self.v_strides,
+            k_sf=tuple(ksf_stride[:3]) if ksf_stride is not None and paged else (0, 0, 0),
+            v_sf=tuple(vsf_stride[:3]) if vsf_stride is not None and paged else (0, 0, 0),
+            k_table=tuple(kt_stride[:2]) if kt_stride is not None else (0, 0),
+            v_table=tuple(vt_stride[:2]) if vt_stride is not None else (0, 0),
+            mask=tuple(mask_stride[:2]) if mask_stride is not None else (0, 0),
+            # [rows, Hq], or [Hq] for one row (the stride lse.unsqueeze(0) would have)
+            lse=(lse_stride[0] if len(lse_stride) == 2 else self.num_heads * lse_stride[0]) if lse_stride is not None else 0,
+        )
+        names = _ALWAYS + tuple(compress(_OPTIONAL, present))
+        index = {name: i for i, name in enumerate(names)}
+        self.split_slots = tuple(index.get(n, 0) for n in _SPLIT_POINTERS)
+        self.combine_slots = tuple(index.get(n, 0) for n in _COMBINE_POINTERS)
+        self._num_splits_fn = decode_configs.num_splits
+        self._by_span: dict[int, tuple] = {}
+        self._by_splits: dict[int, tuple] = {}
+
+    def num_splits(self, span: int) -> int:
+        return decode_configs.num_splits(
+            self.cfg, items=self.items, span=span, sm_count=self.sm_count, fit=self.fit,
+            max_programs=self.max_programs, kv_format=self.kv_format, head_dim=self.head_dim,
+            rope_query=self.rope_query,
+        )
+
+    def launches(self, span: int) -> tuple:
+        """``(split launch, combine launch or None, numel_o, numel_lse)`` for a key span."""
+        memo = decode_configs.num_splits is self._num_splits_fn  # not while someone patches it
+        hit = self._by_span.get(span) if memo else None
+        if hit is not None:
+            return hit
+        splits = self.num_splits(span)
+        hit = self._by_splits.get(splits)
+        if hit is None:
+            numel_o = splits * self.rows_total * self.num_heads * self.head_dim
+            numel_lse = splits * self.rows_total * self.num_heads
+            combine = _combine_launch(self, splits) if splits > 1 else None
+            hit = self._by_splits[splits] = (_split_launch(self, splits), combine, numel_o, numel_lse)
+        if memo:
+            if len(self._by_span) >= _MAX_SPANS:
+                self._by_span.clear()
+            self._by_span[span] = hit
+        return hit
+
+
+def _split_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
+    """The split kernel's launch: every argument but the pointers and the per-call scalars
+    ``(fixed_len, window_left)`` and ``(logit_factor, out_factor, soft_cap, rope_theta, rope_scale)``."""
+    s, has, cfg = plan.strides, plan.has, plan.cfg
+    num_items = plan.items * splits
+    persistent = plan.max_programs is not None and num_items > plan.max_programs
+    return fast_launch.Launch(
+        decode_split_kernel, (plan.max_programs if persistent else num_items,),
+        slots=plan.split_slots,
+        head=(
+            *s["q"], *s["out"], *s["k"], *s["v"], *s["k_sf"], *s["v_sf"], *s["k_table"], *s["v_table"],
+            *s["mask"], s["lse"], num_items, plan.rows_total, splits, plan.num_pages,
+        ),
+        num_ints=2, num_floats=5,
+        tail=(1 << (plan.num_heads.bit_length() - 1),),  # largest power of 2 <= Hq (ALiBi slopes)
+        constexprs=dict(
+            HEAD_DIM=plan.head_dim, PAGE_SIZE=plan.page_size, NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group,
+            Q_LEN=plan.q_len, BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, M_BLOCKS=plan.m_blocks,
+            KV_FORMAT=KV_FORMAT_CODE[plan.kv_format], PAGED=plan.paged, SAME_TABLE=plan.same_table,
+            HAS_WINDOW=plan.has_window, HAS_MASK=has["mask"], HAS_SINKS=has["sinks"], LOGIT_PTR=has["logit"],
+            OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
+            SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead, PERSISTENT=persistent,
+            USE_PDL=plan.gdc,
+        ),
+        options=dict(
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **({"launch_pdl": True} if plan.gdc and plan.enable_pdl else {}),
+        ),
+    )
+
+
+def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
+    """The combine kernel's launch: every argument but the pointers and the per-call scalars
+    ``(fixed_len, window_left)`` and ``(out_factor,)``."""
+    s, has = plan.strides, plan.has
+    return fast_launch.Launch(
+        decode_combine_kernel, (plan.rows_total, plan.num_heads),
+        slots=plan.combine_slots,
+        head=(*s["out"], s["lse"], plan.rows_total, splits),
+        num_ints=2, num_floats=1,
+        constexprs=dict(
+            NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim, Q_LEN=plan.q_len, BLOCK_N=plan.cfg.block_n,
+            BLOCK_S=min(_next_power_of_2(splits), max(1, 8192 // plan.head_dim)), PAGED=plan.paged,
+            HAS_WINDOW=plan.has_window, HAS_SINKS=has["sinks"], OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8,
+            STORE_LSE=has["lse"], USE_PDL=plan.gdc,
+        ),
+        options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
+    )
+
+
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def _plan(facts: tuple) -> _Plan:
+    if decode_configs._override:  # a tuning override changes the configs: plan afresh
+        return _Plan(facts)
+    plan = _PLANS.get(facts)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[facts] = _Plan(facts)
+    return plan
 
 
 def on_query_device(launch):
@@ -59,8 +280,8 @@ def on_query_device(launch):
 
     @functools.wraps(launch)
     def wrapper(query, *args, **kwargs):
-        index = query.device.index
-        if query.device.type == "cuda" and index is not None and index != torch.cuda.current_device():
+        index = query.get_device()  # -1 on the CPU
+        if index >= 0 and index != torch.cuda.current_device():
             with torch.cuda.device(index):
                 return launch(query, *args, **kwargs)
         return launch(query, *args, **kwargs)
@@ -70,17 +291,17 @@ def on_query_device(launch):
 
 @on_query_device
 def launch_decode(
-    query: torch.Tensor,  # [rows, Hq, D]
+    query: torch.Tensor,  # [rows, Hq, D], [rows, 1, Hq, D] or [Hq, D] (one row)
     k: torch.Tensor,  # [P, page, Hkv, Ds] (paged) or [L, Hkv, Ds]
     v: torch.Tensor,
-    out: torch.Tensor,  # [rows, Hq, D]
+    out: torch.Tensor,  # the query's shape
     *,
     paged: bool,
     k_sf=None,
     v_sf=None,
     k_table=None,
     v_table=None,
-    seq_lens=None,
+    seq_lens=None,  # [B] or [B, 1]
     fixed_len: int = 0,
     max_seq_len: int,
     q_len: int = 1,
@@ -90,7 +311,7 @@ def launch_decode(
     logit_tensor=None,
     out_factor: float = 1.0,
     out_tensor=None,
-    lse=None,
+    lse=None,  # [rows, Hq] or [Hq]
     window_left: int = -1,
     workspace=None,
     rope=None,  # (rope_scale, rope_theta)
@@ -100,55 +321,11 @@ def launch_decode(
     max_programs=None,
     enable_pdl: bool = False,
 ) -> None:
-    device = query.device
-    rows_total, num_heads, head_dim = query.shape
-    batch = rows_total // q_len
-    if paged:
-        num_pages, page_size, num_kv_heads = k.shape[0], k.shape[1], k.shape[2]
-    else:
-        num_pages, page_size, num_kv_heads = 1, 1, k.shape[1]
-    group = num_heads // num_kv_heads
-    kv_format = _kv_format(k)
-    rows = q_len * group
-    use_dot = rows > 1
-    arch = _arch(device)
-    cfg0 = decode_configs.config(arch, kv_format, head_dim, 16, rope is not None)
-    if rows == 1:
-        # One query row: tensor cores (M padded to 16) are still the only path whose K/V loads
-        # Triton pipelines, so the table may prefer them even when the caller did not ask.
-        use_dot = cfg0.dot_single_row or bool(use_tensor_cores)
-    block_m, m_blocks = _row_tiling(rows, head_dim, use_dot)
-    cfg = decode_configs.config(arch, kv_format, head_dim, block_m, rope is not None)
-
-    has_window = window_left >= 0
-    span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
-    items = batch * num_kv_heads * m_blocks
-    per_split = rows_total * num_heads * (head_dim + 1)
-    if workspace is not None:
-        fit = max(0, workspace.numel() - _ALIGN) // (4 * per_split)
-    else:
-        fit = cfg.max_splits
-    splits = decode_configs.num_splits(
-        cfg, items=items, span=span, sm_count=_device.sm_count(device), fit=fit, max_programs=max_programs,
-        kv_format=kv_format, head_dim=head_dim, rope_query=rope is not None and use_dot and rows == 1,
-    )
-    if splits > 1:
-        numel_o, numel_lse = splits * rows_total * num_heads * head_dim, splits * rows_total * num_heads
-        if workspace is not None:
-            part_o, part_lse = _partials_from_workspace(workspace, numel_o, numel_lse)
-        else:
-            part_o = torch.empty(numel_o, dtype=torch.float32, device=device)
-            part_lse = torch.empty(numel_lse, dtype=torch.float32, device=device)
-    else:
-        part_o = part_lse = out  # never written: every request fits one split
-    num_items = items * splits
-    persistent = max_programs is not None and num_items > max_programs
-    grid = (max_programs if persistent else num_items,)
-    gdc = cfg.pdl and not _device.is_interpreter()
-
-    dummy = query
-    if seq_lens is not None and seq_lens.dtype == torch.uint32:
-        seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
+    if seq_lens is not None:
+        if not seq_lens.is_contiguous():  # the kernels read length b at seq_lens_ptr + b
+            seq_lens = seq_lens.contiguous()
+        if seq_lens.dtype == torch.uint32:
+            seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
     if mask is not None:
         mask = mask.view(torch.int16)
         if mask.stride(-1) != 1:
@@ -156,52 +333,38 @@ def launch_decode(
     if sinks is not None and sinks.stride(-1) != 1:
         sinks = sinks.contiguous()
     if paged:
-        sk, sv = k.stride()[:3], v.stride()[:3]
-        sksf, svsf = _strides(k_sf, 3), _strides(v_sf, 3)
-    else:  # [L, Hkv, D]: page 0, slot = token
-        sk, sv = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
-        sksf = svsf = (0, 0, 0)
-    same_table = (not paged) or (k_table is v_table) or (
-        k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
-    )
-    rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
-    decode_split_kernel[grid](
-        query, k, v,
-        k_sf if k_sf is not None else dummy, v_sf if v_sf is not None else dummy,
-        k_table if paged else dummy, v_table if paged else dummy,
-        seq_lens if paged else dummy,
-        mask if mask is not None else dummy,
-        sinks if sinks is not None else dummy,
-        logit_tensor if logit_tensor is not None else dummy,
-        out_tensor if out_tensor is not None else dummy,
-        out, lse if lse is not None else dummy, part_o, part_lse,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        *sk, *sv, *sksf, *svsf,
-        *(_strides(k_table, 2) if paged else (0, 0)), *(_strides(v_table, 2) if paged else (0, 0)),
-        *(_strides(mask, 2) if mask is not None else (0, 0)),
-        lse.stride(0) if lse is not None else 0,
-        num_items, rows_total, splits, num_pages, fixed_len, window_left,
-        float(logit_factor), float(out_factor), float(soft_cap), float(rope_theta), float(rope_scale),
-        2 ** int(math.floor(math.log2(num_heads))),
-        HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_KV_HEADS=num_kv_heads, GROUP=group, Q_LEN=q_len,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, M_BLOCKS=m_blocks, KV_FORMAT=KV_FORMAT_CODE[kv_format],
-        PAGED=paged, SAME_TABLE=same_table, HAS_WINDOW=has_window, HAS_MASK=mask is not None,
-        HAS_SINKS=sinks is not None, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
-        OUT_FP8=out.dtype == FP8_DTYPE, STORE_LSE=lse is not None, ROPE=rope is not None, ALIBI=alibi,
-        SOFT_CAP=soft_cap > 0, USE_DOT=use_dot, PAGE_AHEAD=cfg.page_ahead, PERSISTENT=persistent, USE_PDL=gdc,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if gdc and enable_pdl else {}),
-    )
-    if splits > 1:
-        block_s = min(triton.next_power_of_2(splits), max(1, 8192 // head_dim))
-        decode_combine_kernel[(rows_total, num_heads)](
-            part_o, part_lse, seq_lens if paged else dummy, sinks if sinks is not None else dummy,
-            out_tensor if out_tensor is not None else dummy, out, lse if lse is not None else dummy,
-            out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
-            rows_total, splits, fixed_len, window_left, float(out_factor),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, Q_LEN=q_len, BLOCK_N=cfg.block_n, BLOCK_S=block_s,
-            PAGED=paged, HAS_WINDOW=has_window, HAS_SINKS=sinks is not None, OUT_PTR=out_tensor is not None,
-            OUT_FP8=out.dtype == FP8_DTYPE, STORE_LSE=lse is not None, USE_PDL=gdc,
-            num_warps=4, num_stages=2,
-            **({"launch_pdl": True} if gdc else {}),
+        same_table = k_table is v_table or (
+            k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
         )
+    else:  # no page tables; the lengths are fixed_len
+        k_table = v_table = seq_lens = None
+        same_table = True
+    optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse)
+    present = tuple(map(operator.is_not, optional, _NONES))
+    has_window = window_left >= 0
+    # Every host fact the plan reads (see _Plan.__init__ for the names, in this order).
+    facts = (
+        query.device, _device.is_interpreter(), query.shape, query.stride(), k.shape if paged else k.shape[1],
+        k.stride(), v.stride(), k.dtype, out.shape, out.stride(), out.dtype, present,
+        k_sf.stride() if k_sf is not None else None, v_sf.stride() if v_sf is not None else None,
+        k_table.stride() if k_table is not None else None, v_table.stride() if v_table is not None else None,
+        same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
+        workspace.numel() if workspace is not None else None,
+        paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
+    )
+    plan = _plan(facts)
+    span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
+    split, combine, numel_o, numel_lse = plan.launches(span)
+    if combine is None:
+        part_o = part_lse = out  # never written: every request fits one split
+    elif workspace is not None:
+        part_o, part_lse = _partials_from_workspace(workspace, numel_o, numel_lse)
+    else:
+        part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
+        part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
+    ptrs = fast_launch.pointers((query, k, v, out, part_o, part_lse, *compress(optional, present)))
+    rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
+    ints = (fixed_len, window_left)
+    split(ptrs, ints, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
+    if combine is not None:
+        combine(ptrs, ints, (out_factor,))

@@ -1,0 +1,321 @@
+"""Launch compiled Triton 3.6 kernels without ``JITFunction.run`` on every call.
+
+``kernel[grid](*args, **kwargs)`` costs tens of microseconds of host time in Triton 3.6: it binds
+every argument through a generated function, specialises each one natively, builds a string key,
+looks the compiled kernel up, checks the kernel's globals and builds launch metadata. At batch-1
+decode that is longer than the kernels themselves. A :class:`Launch` fixes everything of one
+launch but the per-call values (grid, constexprs, options, most scalar arguments), and a call:
+
+1. reads each tensor argument once (:func:`pointers`: data pointer, dtype, 16-byte alignment;
+   shared by the split and the combine launch of one decode call);
+2. looks the compiled kernel up under a key of exactly the facts Triton specialises on (below);
+3. calls the compiled kernel's launcher with raw pointers, as ``CompiledKernel.__getitem__`` does.
+
+The first call of each key goes through ``kernel[grid](...)``, which compiles (or finds) the
+kernel Triton itself picks, and whose return value is cached under the key.
+
+The key. Triton 3.6 picks a compiled kernel by the current device, the options and the
+specialisation of every argument (``native_specialize_impl`` with specialisation and alignment
+on, the defaults of unannotated parameters):
+
+* tensor: its dtype and whether ``data_ptr() % 16 == 0``;
+* int: ``== 1`` (passed as a constexpr); otherwise whether it is divisible by 16, and its type:
+  i32 in [-2^31, 2^31), else i64 up to 2^63, else u64 up to 2^64 (larger: an OverflowError);
+* float: fp32 whatever the value; bool: u1; None: a constexpr;
+* constexpr parameters: their values;
+
+plus the options (``num_warps``, ``num_stages``, ``launch_pdl``, ...), the kernel's ``debug``
+flag and the ``debug``/``instrumentation_mode`` knobs. The key holds each of these facts (or finer
+ones: a finer key only costs one more trip through ``kernel[grid]``). A parameter marked
+``do_not_specialize``/``do_not_specialize_on_alignment`` or annotated with a type is specialised
+differently; :class:`Launch` refuses the fast path for such kernels rather than model them.
+
+The fast path runs only on Triton 3.6 (the version whose rules these are), outside the
+interpreter, with no launch hooks and no pre-run hooks set, and unless ``KVATTN_FAST_LAUNCH=0``;
+otherwise every call is a plain ``kernel[grid](...)``.
+
+Raw pointers skip the launcher's ``cuPointerGetAttribute`` check that a tensor is device memory:
+callers pass tensors they validated to be on the current CUDA device.
+"""
+
+from __future__ import annotations
+
+import operator
+from itertools import repeat
+from typing import Any, Callable, Sequence
+
+import torch
+import triton
+
+from .. import _device, _env
+
+TRITON_SUPPORTED = triton.__version__.startswith("3.6")
+
+if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 spells them
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+    from triton.knobs import HookChain
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+_INT32 = 1 << 31
+_INT64 = 1 << 63
+_UINT64 = 1 << 64
+_ONE = ("constexpr", 1)
+_U1 = ("u1",)
+_FP32 = ("fp32",)
+_NONE = ("constexpr", None)
+_MISSING = object()
+
+_data_ptr = torch.Tensor.data_ptr
+_dtype = operator.attrgetter("dtype")
+_low_bits = (15).__and__  # x & 15: the pointer's or the int's offset from a 16-multiple
+
+
+class Unspecializable(TypeError):
+    """An argument this module does not model; its launch takes ``kernel[grid](...)``."""
+
+
+def int_spec(value: int) -> tuple:
+    """Triton 3.6's specialisation of an int argument: ``("constexpr", 1)`` or ``(type, % 16 == 0)``."""
+    if type(value) is not int:
+        raise Unspecializable(f"expected an int, got {type(value).__name__}")
+    if value == 1:
+        return _ONE
+    if -_INT32 <= value < _INT32:
+        kind = "i32"
+    elif -_INT64 <= value < _INT64:
+        kind = "i64"
+    elif _INT64 <= value < _UINT64:
+        kind = "u64"
+    else:
+        raise Unspecializable(f"integer {value} does not fit 64 bits")
+    return kind, value & 15 == 0
+
+
+def arg_spec(value: Any) -> tuple:
+    """Triton 3.6's specialisation of one non-constexpr argument (see the module docstring)."""
+    kind = type(value)
+    if kind is int:
+        return int_spec(value)
+    if kind is bool:
+        return _U1
+    if kind is float:
+        return _FP32
+    if value is None:
+        return _NONE
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() & 15 == 0
+    raise Unspecializable(f"no specialisation rule for {kind.__name__}")
+
+
+def _hook_idle(hook) -> bool:
+    return hook is None or (type(hook) is HookChain and not hook.calls)
+
+
+def fast_path_enabled() -> bool:
+    """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6, compiled, no launch hooks)."""
+    if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
+        return False
+    runtime = knobs.runtime
+    return _hook_idle(runtime.launch_enter_hook) and _hook_idle(runtime.launch_exit_hook)
+
+
+class Pointers:
+    """The tensor arguments of one call, read once for every launch of the call.
+
+    ``key`` is None when the fast path is off; otherwise the current device, the launch knobs and
+    each tensor's dtype and 16-byte alignment, and ``ptrs``/``stream`` are what the launcher takes.
+    """
+
+    __slots__ = ("tensors", "ptrs", "key", "stream")
+
+    def __init__(self, tensors: tuple, ptrs: tuple | None = None, key: tuple | None = None, stream: int = 0):
+        self.tensors = tensors
+        self.ptrs = ptrs
+        self.key = key
+        self.stream = stream
+
+
+def pointers(tensors: tuple) -> Pointers:
+    """Read the tensor arguments ``tensors`` of one call (see :class:`Pointers`)."""
+    if not fast_path_enabled():
+        return Pointers(tensors)
+    ptrs = tuple(map(_data_ptr, tensors))
+    active = driver.active
+    device = active.get_current_device()
+    key = (
+        device,
+        tuple(map(_dtype, tensors)),
+        tuple(map(operator.not_, map(_low_bits, ptrs))),
+        knobs.runtime.debug,
+        knobs.compilation.instrumentation_mode,
+    )
+    return Pointers(tensors, ptrs, key, active.get_current_stream(device))
+
+
+def _picker(indices: Sequence[int]) -> Callable[[tuple], tuple]:
+    """``f(t) = tuple(t[i] for i in indices)``, at C speed for two or more indices."""
+    if len(indices) >= 2:
+        return operator.itemgetter(*indices)
+    if len(indices) == 1:
+        index = indices[0]
+        return lambda t: (t[index],)
+    return lambda t: ()
+
+
+def _grid3(grid: Sequence[int]) -> tuple[int, int, int]:
+    if not 1 <= len(grid) <= 3:
+        raise ValueError(f"grid: expected 1 to 3 dims, got {tuple(grid)}")
+    g = tuple(int(x) for x in grid)
+    return g + (1,) * (3 - len(g))
+
+
+# Compiled kernels by (id(kernel), static key) -> (kernel, {key: CompiledKernel}): launches with
+# equal fixed parts share their entries. Keyed by id because a JITFunction hashes by its source.
+_SHARED: dict = {}
+
+
+def _shared_cache(kernel, static: tuple) -> dict:
+    owner, cache = _SHARED.setdefault((id(kernel), static), (kernel, {}))
+    if owner is not kernel:  # an id reused after a kernel object was freed: start afresh
+        cache = {}
+        _SHARED[(id(kernel), static)] = (kernel, cache)
+    return cache
+
+
+class Launch:
+    """One launch of ``kernel`` whose grid, constexprs, options and fixed scalars are bound.
+
+    The kernel's non-constexpr arguments are ``pointers + head + ints + floats + tail``: the
+    tensors ``pointers.tensors[i] for i in slots``, the fixed scalars ``head``, the per-call ints
+    and floats (floats are passed through ``float()``), the fixed scalars ``tail``; ``constexprs``
+    binds the constexpr parameters, which must all follow the others. Calling it is
+    ``kernel[grid](*args, **constexprs, **options)``, through the compiled launcher when it can.
+
+    Parameters
+    ----------
+    kernel : triton.runtime.jit.JITFunction (any other kernel object takes the normal path)
+    grid : tuple of 1 to 3 ints
+    slots : tuple of int
+        Index into the call's :class:`Pointers` of each pointer argument.
+    head, tail : tuple
+        Fixed scalar arguments before and after the per-call ones.
+    num_ints, num_floats : int
+        Counts of the per-call ints and floats.
+    constexprs, options : dict
+        Keyword arguments of the launch: constexpr parameters, and launch options such as
+        ``num_warps``, ``num_stages`` or ``launch_pdl``.
+    """
+
+    def __init__(
+        self,
+        kernel,
+        grid: Sequence[int],
+        *,
+        slots: Sequence[int],
+        head: tuple = (),
+        num_ints: int = 0,
+        num_floats: int = 0,
+        tail: tuple = (),
+        constexprs: dict,
+        options: dict,
+    ):
+        self.kernel = kernel
+        self.grid = tuple(grid)
+        self.constexprs = dict(constexprs)
+        self.options = dict(options)
+        self._grid3 = _grid3(self.grid)
+        self._slots = tuple(slots)
+        self._pick = _picker(self._slots)
+        self._head = tuple(head)
+        self._tail = tuple(tail)
+        self._num_ints = num_ints
+        self._num_floats = num_floats
+        self._globals = None  # (dicts, names, defaults, values) of the kernel's checked globals
+        static = self._static_key()
+        self.fast = static is not None
+        # Constexpr values, in parameter order, after the scalars: the launcher takes every argument.
+        self._launch_tail = self._tail + tuple(self.constexprs[n] for n in self._constexpr_names()) if self.fast else ()
+        self._compiled: dict = _shared_cache(kernel, static) if self.fast else {}
+        self.last: Any = None  # the CompiledKernel of the latest call (for tests and tools)
+
+    # -- binding ---------------------------------------------------------------------------
+    def _constexpr_names(self) -> list[str]:
+        return [p.name for p in self.kernel.params if p.is_constexpr]
+
+    def _static_key(self) -> tuple | None:
+        """The fixed part of the key, or None when this launch cannot take the fast path."""
+        if not TRITON_SUPPORTED or type(self.kernel) is not JITFunction:
+            return None
+        params = self.kernel.params
+        runtime = [p for p in params if not p.is_constexpr]
+        constexpr = [p.name for p in params if p.is_constexpr]
+        count = len(self._slots) + len(self._head) + self._num_ints + self._num_floats + len(self._tail)
+        if params[: len(runtime)] != runtime or len(runtime) != count or set(constexpr) != set(self.constexprs):
+            return None  # constexprs not all trailing, or an argument missing: let Triton bind
+        if any(p.do_not_specialize or p.do_not_specialize_on_alignment or p.annotation_type for p in runtime):
+            return None  # specialised otherwise than the rules of arg_spec
+        try:
+            scalars = tuple(map(arg_spec, self._head + self._tail))
+            values = tuple((n, type(v), v) for n, v in sorted(self.constexprs.items()))
+            options = tuple((k, type(v), v) for k, v in sorted(self.options.items()))
+            key = (self._slots, len(self._head), scalars, self._num_ints, self._num_floats, values, options)
+            hash(key)
+        except (Unspecializable, TypeError):
+            return None
+        return key
+
+    # -- calling ---------------------------------------------------------------------------
+    def key(self, ptrs: Pointers, ints: tuple = ()) -> tuple | None:
+        """The per-call key (None: the fast path is off for this call)."""
+        if ptrs.key is None or not self.fast or self.kernel.pre_run_hooks:
+            return None
+        try:
+            return ptrs.key, tuple(map(int_spec, ints)), self.kernel.debug
+        except Unspecializable:
+            return None
+
+    def __call__(self, ptrs: Pointers, ints: tuple = (), floats: tuple = ()) -> None:
+        floats = tuple(map(float, floats))
+        key = self.key(ptrs, ints)
+        if key is not None:
+            compiled = self._compiled.get(key)
+            if compiled is not None and self._globals_unchanged():
+                self.last = compiled
+                compiled.run(
+                    *self._grid3, ptrs.stream, compiled.function, compiled.packed_metadata, None, None, None,
+                    *self._pick(ptrs.ptrs), *self._head, *ints, *floats, *self._launch_tail,
+                )
+                return
+        compiled = self.kernel[self.grid](
+            *self._pick(ptrs.tensors), *self._head, *ints, *floats, *self._tail, **self.constexprs, **self.options
+        )
+        self.last = compiled
+        if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
+            self._compiled[key] = compiled
+            self._remember_globals()
+
+    def _remember_globals(self) -> None:
+        """Triton refuses a launch once a global the kernel read at compile time has changed
+        value; keep what it compares (known once the kernel has compiled)."""
+        items = list(self.kernel.used_global_vals.items())
+        dicts = tuple(g for _, (_, g) in items)
+        names = tuple(name for (name, _), _ in items)
+        missing = tuple(repeat(_MISSING, len(items)))
+        values = tuple(v for _, (v, _) in items)  # Triton's copies, compared by value
+        self._globals = (dicts, names, missing, values, tuple(map(dict.get, dicts, names, missing)))
+
+    def _globals_unchanged(self) -> bool:
+        if self._globals is None:
+            return False
+        dicts, names, missing, values, seen = self._globals
+        now = tuple(map(dict.get, dicts, names, missing))
+        # Tuple equality skips __eq__ for identical items: the globals as last seen are the cheap
+        # test; Triton's value comparison settles the rest.
+        if now == seen:
+            return True
+        if now == values:
+            self._globals = (dicts, names, missing, values, now)
+            return True
+        return False
