@@ -125,41 +125,53 @@ def check_workspace(workspace, name: str, device) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # views of long-lived tensors
 # ---------------------------------------------------------------------------------------------
-# (id(base), tag) -> (weakref to base, base metadata, views). A KV cache is one tensor for the life
-# of a serving engine, and each view of it costs a microsecond or two of host time a call.
-_VIEWS: dict[tuple, tuple] = {}
-_MAX_VIEWS = 64
+# (id(base), tag) -> (weakref to base, base metadata, tensors). A KV cache or a workspace is one
+# tensor for the life of a serving engine, and each view of it costs a microsecond or two a call.
+_ALIASES: dict[tuple, tuple] = {}
+_MAX_ALIASES = 64
 
 
-def _drop_views(key: tuple, ref: weakref.ref) -> None:
-    entry = _VIEWS.get(key)
+def _drop_aliases(key: tuple, ref: weakref.ref) -> None:
+    entry = _ALIASES.get(key)
     if entry is not None and entry[0] is ref:
-        del _VIEWS[key]
+        del _ALIASES[key]
 
 
-def cached_views(base: torch.Tensor, tag: tuple, make: Callable[[torch.Tensor], T]) -> T:
-    """``make(base)``, a function of ``base``'s metadata only (views), kept for ``base``.
+def alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory that is not a view: it holds the storage but not ``t``'s base
+    tensor (a view keeps its base object alive, so a weak reference to the base would never die)."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                               t.stride())
+
+
+def cached_aliases(base: torch.Tensor, tag: tuple, make: Callable[..., T], *args) -> T:
+    """``make(base, *args)`` -- views of ``base`` (one tensor or a tuple), a function of ``base``'s
+    metadata and ``args`` only, ``tag`` naming ``make`` -- kept for ``base`` as :func:`alias` es.
 
     An entry is reused while ``base`` is the same object with the same data pointer, shape,
-    strides and dtype, under the same grad and inference modes (views record them), and is
-    dropped with ``base``. While ``torch.compile`` traces, nothing is kept.
+    strides and dtype, in the same inference mode, and is dropped with ``base``. Nothing is kept
+    for a base that requires grad (aliases are not autograd views of it) or while
+    ``torch.compile`` traces.
     """
-    if torch.compiler.is_compiling():
-        return make(base)
+    if torch.compiler.is_compiling() or base.requires_grad:
+        return make(base, *args)
     try:
-        meta = (base.data_ptr(), base.shape, base.stride(), base.dtype, torch.is_grad_enabled(),
-                torch.is_inference_mode_enabled())
+        meta = (base.data_ptr(), base.shape, base.stride(), base.dtype, torch.is_inference_mode_enabled())
     except RuntimeError:  # no data pointer or strides (sparse, ...): nothing to key on
-        return make(base)
-    key = (id(base), tag)
-    entry = _VIEWS.get(key)
+        return make(base, *args)
+    key = (id(base), tag, args)
+    entry = _ALIASES.get(key)
     if entry is not None and entry[0]() is base and entry[1] == meta:
         return entry[2]
-    views = make(base)
-    if len(_VIEWS) >= _MAX_VIEWS:
-        _VIEWS.clear()
-    _VIEWS[key] = (weakref.ref(base, functools.partial(_drop_views, key)), meta, views)
-    return views
+    made = make(base, *args)
+    try:
+        kept = alias(made) if isinstance(made, torch.Tensor) else tuple(map(alias, made))
+    except RuntimeError:  # a tensor set_ cannot alias: use the views uncached
+        return made
+    if len(_ALIASES) >= _MAX_ALIASES:
+        _ALIASES.clear()
+    _ALIASES[key] = (weakref.ref(base, functools.partial(_drop_aliases, key)), meta, kept)
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +190,8 @@ class Scale:
 
     def times(self, other: "Scale | float") -> "Scale":
         if not isinstance(other, Scale):
-            return Scale(self.factor * float(other), self.tensor)
+            other = float(other)
+            return self if other == 1.0 else Scale(self.factor * other, self.tensor)  # x * 1.0 == x
         if self.tensor is not None and other.tensor is not None:
             # Two device factors: their product is one more tiny device op (no sync).
             return Scale(self.factor * other.factor, (self.tensor.reshape(1) * other.tensor.reshape(1)))
@@ -192,6 +205,8 @@ class Scale:
 
 
 def to_scale(value, name: str, device, *, allow_none_as: float | None = None) -> Scale:
+    if type(value) is float and math.isfinite(value):  # the common case, first
+        return Scale(value)
     if value is None:
         if allow_none_as is None:
             raise TypeError(f"{name}: expected a float or a one-element float32 tensor, got None")
@@ -202,7 +217,7 @@ def to_scale(value, name: str, device, *, allow_none_as: float | None = None) ->
             raise ValueError(f"{name}: expected a one-element tensor, got shape {list(value.shape)}")
         if value.device != device:
             raise ValueError(f"{name}: expected a tensor on {device} (the query's device), got one on {value.device}")
-        return Scale(1.0, value.reshape(1))
+        return Scale(1.0, value if value.dim() == 1 else value.reshape(1))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a float or a one-element float32 tensor, got {type(value).__name__}")
     if not math.isfinite(float(value)):
@@ -272,8 +287,7 @@ def _to_nhd(pages: torch.Tensor, layout: str) -> torch.Tensor:
 
 def _planes(kv_cache: torch.Tensor, layout: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of a ``[P, 2 or 1, ...]`` cache (as NHD when ``layout`` is given)."""
-    k = kv_cache[:, 0]
-    v = kv_cache[:, 1] if kv_cache.shape[1] == 2 else k
+    k, v = kv_cache.unbind(1) if kv_cache.shape[1] == 2 else (kv_cache[:, 0],) * 2
     return (k, v) if layout is None else (_to_nhd(k, layout), _to_nhd(v, layout))
 
 
@@ -288,14 +302,13 @@ def _split_kv(kv_cache, name: str, layout: str | None = None):
         check_tensor(v, f"{name}[1]", ndim=4)
         if layout is None or layout == "NHD":
             return k, v
-        return cached_views(k, ("nhd", layout), functools.partial(_to_nhd, layout=layout)), cached_views(
-            v, ("nhd", layout), functools.partial(_to_nhd, layout=layout))
+        return cached_aliases(k, ("nhd",), _to_nhd, layout), cached_aliases(v, ("nhd",), _to_nhd, layout)
     check_tensor(kv_cache, name, ndim=5)
     if kv_cache.shape[1] not in (1, 2):
         raise ValueError(
             f"{name}: expected dim 1 of size 2 (K, V) or 1 (K = V) after the page dim, got shape {list(kv_cache.shape)}"
         )
-    return cached_views(kv_cache, ("planes", layout), functools.partial(_planes, layout=layout))
+    return cached_aliases(kv_cache, ("planes",), _planes, layout)
 
 
 def paged_kv_from_cache(

@@ -178,7 +178,7 @@ def xqa_batch_decode_with_kv_cache(
     if out is None:
         out = torch.empty_like(query)
     else:
-        check_out(out, "out", tuple(query.shape), (query.dtype, FP8_DTYPE), device)
+        check_out(out, "out", query.shape, (query.dtype, FP8_DTYPE), device)
         if out.dtype == FP8_DTYPE and kv.kv_format != "fp8":
             raise TypeError(f"out: a float8_e4m3fn output needs an fp8 cache, got a {kv.kv_format} cache")
     # Stored value: o_real / o_scale for an fp8 output, o_real otherwise (o_real = bmm2 * o_scale * o).

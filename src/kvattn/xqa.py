@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -18,7 +17,7 @@ from ._inputs import (
     check_layout,
     check_sinks,
     check_tensor,
-    cached_views,
+    cached_aliases,
     check_workspace,
     debug_check_pages,
     to_scale,
@@ -29,7 +28,7 @@ from .formats import FP8_DTYPE
 XQA_PAGE_SIZES = (16, 32, 64, 128)
 
 
-def _pool_pages(page_size: int, num_kv_heads: int, pool: torch.Tensor) -> torch.Tensor:
+def _pool_pages(pool: torch.Tensor, page_size: int, num_kv_heads: int) -> torch.Tensor:
     return pool.unflatten(0, (-1, page_size, num_kv_heads))
 
 
@@ -50,8 +49,8 @@ def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: 
                 f"{name}: expected total_num_cache_heads a multiple of page_size * num_kv_heads = {per_page}, "
                 f"got {cache.shape[0]}"
             )
-        return cached_views(cache, ("pool", page_size, num_kv_heads), functools.partial(_pool_pages, page_size, num_kv_heads))
-    pages = cache if layout == "NHD" else cached_views(cache, ("hnd",), _hnd_pages)
+        return cached_aliases(cache, ("pool", page_size, num_kv_heads), _pool_pages, page_size, num_kv_heads)
+    pages = cache if layout == "NHD" else cached_aliases(cache, ("hnd",), _hnd_pages)
     if pages.shape[1] != page_size or pages.shape[2] != num_kv_heads:
         raise ValueError(
             f"{name}: expected {layout} pages with page_size={page_size} and num_kv_heads={num_kv_heads}, "
@@ -140,7 +139,7 @@ def xqa(
     check_tensor(seq_lens, "seq_lens", dtypes=(torch.uint32, torch.int32), device=device)
     if seq_lens.numel() != batch:
         raise ValueError(f"seq_lens: expected shape [{batch}, 1], got {list(seq_lens.shape)}")
-    check_out(output, "output", tuple(q.shape), (q.dtype, FP8_DTYPE), device)
+    check_out(output, "output", q.shape, (q.dtype, FP8_DTYPE), device)
     if output.dtype == FP8_DTYPE and k.dtype != FP8_DTYPE:
         raise TypeError(f"output: a float8_e4m3fn output needs an fp8 cache, got a {k.dtype} cache")
     check_workspace(workspace_buffer, "workspace_buffer", device)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import operator
-import weakref
 from itertools import compress, repeat
 
 import torch
 
 from .. import _device
+from .._inputs import cached_aliases
 from ..formats import FP8_DTYPE
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
@@ -31,7 +31,7 @@ MIN_BLOCK_M = 16  # tl.dot's smallest M
 _ALIGN = 16  # bytes: the partials' float32 views start on a 16-byte boundary
 _KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
 
-# Pointer arguments: the call's tensors are passed to fast_launch.pointers once, in the order of
+# Pointer arguments: the call's tensors are passed to fast_launch.call_args once, in the order of
 # _SOURCES (the optional ones only when given); each kernel picks its pointers from them by name.
 # An absent optional tensor is replaced by the query, which the kernel never reads for it.
 _ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse")
@@ -88,34 +88,16 @@ def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 # split partials in the workspace
 # ---------------------------------------------------------------------------------------------
-# id(workspace) -> (weakref to it, (data_ptr, numel, numel_o, numel_lse), part_o, part_lse): three
-# tensor views cost several microseconds a call. An entry goes with its workspace tensor.
-_PARTIALS: dict[int, tuple] = {}
-_MAX_PARTIALS = 16
-
-
-def _drop_partials(ident: int, ref: weakref.ref) -> None:
-    entry = _PARTIALS.get(ident)
-    if entry is not None and entry[0] is ref:
-        del _PARTIALS[ident]
+def _partials_views(workspace: torch.Tensor, numel_o: int, numel_lse: int):
+    pad = (-workspace.data_ptr()) % _ALIGN
+    ws = workspace[pad : pad + 4 * (numel_o + numel_lse)].view(torch.float32)
+    return ws[:numel_o], ws[numel_o:]
 
 
 def _partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: int):
-    """Float32 views ``(part_o [numel_o], part_lse [numel_lse])`` of ``workspace`` from its first
-    16-byte boundary."""
-    ptr = workspace.data_ptr()
-    facts = (ptr, workspace.numel(), numel_o, numel_lse)
-    ident = id(workspace)
-    entry = _PARTIALS.get(ident)
-    if entry is not None and entry[0]() is workspace and entry[1] == facts:
-        return entry[2], entry[3]
-    pad = (-ptr) % _ALIGN
-    ws = workspace[pad : pad + 4 * (numel_o + numel_lse)].view(torch.float32)
-    part_o, part_lse = ws[:numel_o], ws[numel_o:]
-    if len(_PARTIALS) >= _MAX_PARTIALS:
-        _PARTIALS.clear()
-    _PARTIALS[ident] = (weakref.ref(workspace, functools.partial(_drop_partials, ident)), facts, part_o, part_lse)
-    return part_o, part_lse
+    """Float32 ``(part_o [numel_o], part_lse [numel_lse])`` in ``workspace`` from its first 16-byte
+    boundary; kept per workspace tensor (three views cost microseconds a call)."""
+    return cached_aliases(workspace, ("partials",), _partials_views, numel_o, numel_lse)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,8 +193,9 @@ class _Plan:
 
 
 def _split_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
-    """The split kernel's launch: every argument but the pointers and the per-call scalars
-    ``(fixed_len, window_left)`` and ``(logit_factor, out_factor, soft_cap, rope_theta, rope_scale)``."""
+    """The split kernel's launch: every argument but the pointers, the call's ints
+    ``(fixed_len, window_left)`` and the floats ``(logit_factor, out_factor, soft_cap, rope_theta,
+    rope_scale)``."""
     s, has, cfg = plan.strides, plan.has, plan.cfg
     num_items = plan.items * splits
     persistent = plan.max_programs is not None and num_items > plan.max_programs
@@ -223,7 +206,7 @@ def _split_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
             *s["q"], *s["out"], *s["k"], *s["v"], *s["k_sf"], *s["v_sf"], *s["k_table"], *s["v_table"],
             *s["mask"], s["lse"], num_items, plan.rows_total, splits, plan.num_pages,
         ),
-        num_ints=2, num_floats=5,
+        int_slots=(0, 1), num_floats=5,
         tail=(1 << (plan.num_heads.bit_length() - 1),),  # largest power of 2 <= Hq (ALiBi slopes)
         constexprs=dict(
             HEAD_DIM=plan.head_dim, PAGE_SIZE=plan.page_size, NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group,
@@ -242,14 +225,14 @@ def _split_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
 
 
 def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
-    """The combine kernel's launch: every argument but the pointers and the per-call scalars
-    ``(fixed_len, window_left)`` and ``(out_factor,)``."""
+    """The combine kernel's launch: every argument but the pointers, the call's ints
+    ``(fixed_len, window_left)`` and the float ``out_factor``."""
     s, has = plan.strides, plan.has
     return fast_launch.Launch(
         decode_combine_kernel, (plan.rows_total, plan.num_heads),
         slots=plan.combine_slots,
         head=(*s["out"], s["lse"], plan.rows_total, splits),
-        num_ints=2, num_floats=1,
+        int_slots=(0, 1), num_floats=1,
         constexprs=dict(
             NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim, Q_LEN=plan.q_len, BLOCK_N=plan.cfg.block_n,
             BLOCK_S=min(_next_power_of_2(splits), max(1, 8192 // plan.head_dim)), PAGED=plan.paged,
@@ -362,9 +345,9 @@ def launch_decode(
     else:
         part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
-    ptrs = fast_launch.pointers((query, k, v, out, part_o, part_lse, *compress(optional, present)))
+    call = fast_launch.call_args((query, k, v, out, part_o, part_lse, *compress(optional, present)),
+                                 (fixed_len, window_left))
     rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
-    ints = (fixed_len, window_left)
-    split(ptrs, ints, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
+    split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
     if combine is not None:
-        combine(ptrs, ints, (out_factor,))
+        combine(call, (out_factor,))

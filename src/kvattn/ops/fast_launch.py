@@ -3,16 +3,17 @@
 ``kernel[grid](*args, **kwargs)`` costs tens of microseconds of host time in Triton 3.6: it binds
 every argument through a generated function, specialises each one natively, builds a string key,
 looks the compiled kernel up, checks the kernel's globals and builds launch metadata. At batch-1
-decode that is longer than the kernels themselves. A :class:`Launch` fixes everything of one
-launch but the per-call values (grid, constexprs, options, most scalar arguments), and a call:
+decode that is longer than the kernels themselves. Here:
 
-1. reads each tensor argument once (:func:`pointers`: data pointer, dtype, 16-byte alignment;
-   shared by the split and the combine launch of one decode call);
-2. looks the compiled kernel up under a key of exactly the facts Triton specialises on (below);
-3. calls the compiled kernel's launcher with raw pointers, as ``CompiledKernel.__getitem__`` does.
+1. a :class:`Launch` binds everything of one launch that a caller can fix ahead (grid,
+   constexprs, options, the scalar arguments that follow from shapes), once;
+2. :func:`call_args` reads a call's tensors once (data pointer, dtype, 16-byte alignment) and its
+   per-call ints, for every launch of the call (a decode call's split and combine launches);
+3. a launch looks the compiled kernel up under a key of the facts Triton specialises on (below)
+   and calls its launcher with raw pointers, as ``CompiledKernel.__getitem__`` does.
 
 The first call of each key goes through ``kernel[grid](...)``, which compiles (or finds) the
-kernel Triton itself picks, and whose return value is cached under the key.
+kernel Triton itself picks; its return value is cached under the key.
 
 The key. Triton 3.6 picks a compiled kernel by the current device, the options and the
 specialisation of every argument (``native_specialize_impl`` with specialisation and alignment
@@ -20,19 +21,20 @@ on, the defaults of unannotated parameters):
 
 * tensor: its dtype and whether ``data_ptr() % 16 == 0``;
 * int: ``== 1`` (passed as a constexpr); otherwise whether it is divisible by 16, and its type:
-  i32 in [-2^31, 2^31), else i64 up to 2^63, else u64 up to 2^64 (larger: an OverflowError);
+  i32 in [-2^31, 2^31), else i64 below 2^63, else u64 below 2^64 (beyond: an OverflowError);
 * float: fp32 whatever the value; bool: u1; None: a constexpr;
 * constexpr parameters: their values;
 
 plus the options (``num_warps``, ``num_stages``, ``launch_pdl``, ...), the kernel's ``debug``
-flag and the ``debug``/``instrumentation_mode`` knobs. The key holds each of these facts (or finer
-ones: a finer key only costs one more trip through ``kernel[grid]``). A parameter marked
-``do_not_specialize``/``do_not_specialize_on_alignment`` or annotated with a type is specialised
-differently; :class:`Launch` refuses the fast path for such kernels rather than model them.
+flag and the ``debug``/``instrumentation_mode`` knobs. The key holds each of these facts, or finer
+ones (a finer key only costs one more trip through ``kernel[grid]``): constexprs and options are
+compared with their types, so ``True`` and ``1`` differ where Triton's own lookup conflates them.
+A parameter marked ``do_not_specialize``/``do_not_specialize_on_alignment`` or annotated with a
+type is specialised otherwise; :class:`Launch` leaves such kernels to Triton.
 
-The fast path runs only on Triton 3.6 (the version whose rules these are), outside the
-interpreter, with no launch hooks and no pre-run hooks set, and unless ``KVATTN_FAST_LAUNCH=0``;
-otherwise every call is a plain ``kernel[grid](...)``.
+The fast path runs only on Triton 3.6 (the version whose rules these are), for compiled
+``JITFunction`` kernels outside the interpreter, with no launch hooks and no pre-run hooks set,
+and unless ``KVATTN_FAST_LAUNCH=0``; otherwise every launch is a plain ``kernel[grid](...)``.
 
 Raw pointers skip the launcher's ``cuPointerGetAttribute`` check that a tensor is device memory:
 callers pass tensors they validated to be on the current CUDA device.
@@ -40,7 +42,9 @@ callers pass tensors they validated to be on the current CUDA device.
 
 from __future__ import annotations
 
+import itertools
 import operator
+import sys
 from itertools import repeat
 from typing import Any, Callable, Sequence
 
@@ -69,11 +73,11 @@ _MISSING = object()
 
 _data_ptr = torch.Tensor.data_ptr
 _dtype = operator.attrgetter("dtype")
-_low_bits = (15).__and__  # x & 15: the pointer's or the int's offset from a 16-multiple
+_low_bits = (15).__and__  # x & 15: a pointer's (or an int's) offset from a multiple of 16
 
 
 class Unspecializable(TypeError):
-    """An argument this module does not model; its launch takes ``kernel[grid](...)``."""
+    """An argument whose specialisation this module does not model: Triton launches it."""
 
 
 def int_spec(value: int) -> tuple:
@@ -121,39 +125,72 @@ def fast_path_enabled() -> bool:
     return _hook_idle(runtime.launch_enter_hook) and _hook_idle(runtime.launch_exit_hook)
 
 
-class Pointers:
-    """The tensor arguments of one call, read once for every launch of the call.
+# ---------------------------------------------------------------------------------------------
+# the per-call arguments
+# ---------------------------------------------------------------------------------------------
+class CallArgs:
+    """The tensors and per-call ints of one call, read once for every launch of the call.
 
-    ``key`` is None when the fast path is off; otherwise the current device, the launch knobs and
-    each tensor's dtype and 16-byte alignment, and ``ptrs``/``stream`` are what the launcher takes.
+    ``key`` is None when the fast path is off; otherwise an int standing for :func:`call_key` of
+    the call (equal facts, equal ints), and ``ptrs``/``stream`` are what the launcher takes.
     """
 
-    __slots__ = ("tensors", "ptrs", "key", "stream")
+    __slots__ = ("tensors", "ints", "ptrs", "key", "stream")
 
-    def __init__(self, tensors: tuple, ptrs: tuple | None = None, key: tuple | None = None, stream: int = 0):
+    def __init__(self, tensors: tuple, ints: tuple, ptrs: tuple | None = None, key: int | None = None,
+                 stream: int = 0):
         self.tensors = tensors
+        self.ints = ints
         self.ptrs = ptrs
         self.key = key
         self.stream = stream
 
 
-def pointers(tensors: tuple) -> Pointers:
-    """Read the tensor arguments ``tensors`` of one call (see :class:`Pointers`)."""
-    if not fast_path_enabled():
-        return Pointers(tensors)
-    ptrs = tuple(map(_data_ptr, tensors))
-    active = driver.active
-    device = active.get_current_device()
-    key = (
+def call_key(device: int, dtypes: tuple, ptrs: tuple, ints: tuple) -> tuple:
+    """What a call's tensors and ints, the device and Triton's compile knobs add to a launch key.
+
+    Raises :class:`Unspecializable` for an int Triton would not specialise as :func:`int_spec` says.
+    """
+    return (
         device,
-        tuple(map(_dtype, tensors)),
-        tuple(map(operator.not_, map(_low_bits, ptrs))),
+        dtypes,
+        tuple(map(operator.not_, map(_low_bits, ptrs))),  # 16-byte aligned
+        tuple(map(int_spec, ints)),
         knobs.runtime.debug,
         knobs.compilation.instrumentation_mode,
     )
-    return Pointers(tensors, ptrs, key, active.get_current_stream(device))
 
 
+# call_key facts -> int. One int stands for them in the key of every launch of a call (hashing
+# them again for each launch costs more). Ids are never reused, so a launch cache may hold stale
+# ids but never ones that now mean other facts.
+_KEY_IDS: dict[tuple, int] = {}
+_NEXT_KEY_ID = itertools.count()
+_MAX_KEY_IDS = 4096
+
+
+def call_args(tensors: tuple, ints: tuple = ()) -> CallArgs:
+    """Read a call's tensor arguments and per-call int arguments (see :class:`CallArgs`)."""
+    if not fast_path_enabled():
+        return CallArgs(tensors, ints)
+    ptrs = tuple(map(_data_ptr, tensors))
+    active = driver.active
+    device = active.get_current_device()
+    try:
+        facts = call_key(device, tuple(map(_dtype, tensors)), ptrs, ints)
+    except Unspecializable:
+        return CallArgs(tensors, ints)
+    key = _KEY_IDS.get(facts)
+    if key is None:
+        if len(_KEY_IDS) >= _MAX_KEY_IDS:
+            _KEY_IDS.clear()
+        key = _KEY_IDS[facts] = next(_NEXT_KEY_ID)
+    return CallArgs(tensors, ints, ptrs, key, active.get_current_stream(device))
+
+
+# ---------------------------------------------------------------------------------------------
+# launches
+# ---------------------------------------------------------------------------------------------
 def _picker(indices: Sequence[int]) -> Callable[[tuple], tuple]:
     """``f(t) = tuple(t[i] for i in indices)``, at C speed for two or more indices."""
     if len(indices) >= 2:
@@ -171,8 +208,31 @@ def _grid3(grid: Sequence[int]) -> tuple[int, int, int]:
     return g + (1,) * (3 - len(g))
 
 
-# Compiled kernels by (id(kernel), static key) -> (kernel, {key: CompiledKernel}): launches with
-# equal fixed parts share their entries. Keyed by id because a JITFunction hashes by its source.
+def _launcher(compiled) -> tuple[Callable, tuple]:
+    """``(launch, fixed)``: ``launch(gx, gy, gz, stream, *fixed, *args)`` runs ``compiled``.
+
+    That is ``compiled.run`` with the kernel's handle and metadata and no launch hooks, as
+    ``CompiledKernel.__getitem__`` calls it; for Triton 3.6's CUDA launcher of a kernel that needs
+    no scratch memory, straight its C entry point (the Python ``__call__`` in between only
+    allocates scratch), whose leading arguments are checked against the format it parses.
+    """
+    run = compiled.run
+    module = sys.modules.get(type(run).__module__)
+    if (
+        type(run).__name__ == "CudaLauncher"
+        and getattr(module, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO"
+        and run.global_scratch_size == 0
+        and run.profile_scratch_size == 0
+    ):
+        # grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, kernel metadata,
+        # launch metadata, enter/exit hooks
+        return run.launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                            compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+# (id(kernel), static key) -> (kernel, {key: (CompiledKernel, launch, fixed)}): launches with equal
+# bound parts share their entries. Keyed by id because a JITFunction hashes by its source.
 _SHARED: dict = {}
 
 
@@ -185,26 +245,29 @@ def _shared_cache(kernel, static: tuple) -> dict:
 
 
 class Launch:
-    """One launch of ``kernel`` whose grid, constexprs, options and fixed scalars are bound.
+    """One launch of ``kernel`` with its grid, constexprs, options and fixed scalars bound.
 
     The kernel's non-constexpr arguments are ``pointers + head + ints + floats + tail``: the
-    tensors ``pointers.tensors[i] for i in slots``, the fixed scalars ``head``, the per-call ints
-    and floats (floats are passed through ``float()``), the fixed scalars ``tail``; ``constexprs``
-    binds the constexpr parameters, which must all follow the others. Calling it is
-    ``kernel[grid](*args, **constexprs, **options)``, through the compiled launcher when it can.
+    call's tensors ``call.tensors[i] for i in slots``, the fixed scalars ``head``, the call's ints
+    ``call.ints[i] for i in int_slots``, the per-launch floats (passed through ``float()``), the
+    fixed scalars ``tail``; ``constexprs`` binds the constexpr parameters, which must all follow
+    the others. Calling it is ``kernel[grid](*args, **constexprs, **options)``, through the
+    compiled kernel's launcher whenever it can (see the module docstring).
 
     Parameters
     ----------
-    kernel : triton.runtime.jit.JITFunction (any other kernel object takes the normal path)
+    kernel : triton.runtime.jit.JITFunction (any other kernel object is launched by Triton)
     grid : tuple of 1 to 3 ints
     slots : tuple of int
-        Index into the call's :class:`Pointers` of each pointer argument.
+        Index into ``call.tensors`` of each pointer argument.
     head, tail : tuple
         Fixed scalar arguments before and after the per-call ones.
-    num_ints, num_floats : int
-        Counts of the per-call ints and floats.
+    int_slots : tuple of int
+        Index into ``call.ints`` of each per-call int argument.
+    num_floats : int
+        Count of the per-launch float arguments.
     constexprs, options : dict
-        Keyword arguments of the launch: constexpr parameters, and launch options such as
+        Keyword arguments of the launch: the constexpr parameters, and launch options such as
         ``num_warps``, ``num_stages`` or ``launch_pdl``.
     """
 
@@ -215,7 +278,7 @@ class Launch:
         *,
         slots: Sequence[int],
         head: tuple = (),
-        num_ints: int = 0,
+        int_slots: Sequence[int] = (),
         num_floats: int = 0,
         tail: tuple = (),
         constexprs: dict,
@@ -228,72 +291,71 @@ class Launch:
         self._grid3 = _grid3(self.grid)
         self._slots = tuple(slots)
         self._pick = _picker(self._slots)
+        self._int_slots = tuple(int_slots)
+        self._pick_ints = _picker(self._int_slots)
         self._head = tuple(head)
         self._tail = tuple(tail)
-        self._num_ints = num_ints
         self._num_floats = num_floats
-        self._globals = None  # (dicts, names, defaults, values) of the kernel's checked globals
-        static = self._static_key()
+        self._globals = None  # what _globals_unchanged compares, once the kernel has compiled
+        static = self.static_key()
         self.fast = static is not None
-        # Constexpr values, in parameter order, after the scalars: the launcher takes every argument.
+        # The launcher takes every argument, constexprs too (in parameter order, after the others).
         self._launch_tail = self._tail + tuple(self.constexprs[n] for n in self._constexpr_names()) if self.fast else ()
         self._compiled: dict = _shared_cache(kernel, static) if self.fast else {}
         self.last: Any = None  # the CompiledKernel of the latest call (for tests and tools)
 
-    # -- binding ---------------------------------------------------------------------------
     def _constexpr_names(self) -> list[str]:
         return [p.name for p in self.kernel.params if p.is_constexpr]
 
-    def _static_key(self) -> tuple | None:
-        """The fixed part of the key, or None when this launch cannot take the fast path."""
+    def static_key(self) -> tuple | None:
+        """The bound part of the key, or None when this launch is always left to Triton."""
         if not TRITON_SUPPORTED or type(self.kernel) is not JITFunction:
             return None
         params = self.kernel.params
         runtime = [p for p in params if not p.is_constexpr]
-        constexpr = [p.name for p in params if p.is_constexpr]
-        count = len(self._slots) + len(self._head) + self._num_ints + self._num_floats + len(self._tail)
-        if params[: len(runtime)] != runtime or len(runtime) != count or set(constexpr) != set(self.constexprs):
-            return None  # constexprs not all trailing, or an argument missing: let Triton bind
+        count = len(self._slots) + len(self._head) + len(self._int_slots) + self._num_floats + len(self._tail)
+        if (
+            params[: len(runtime)] != runtime
+            or len(runtime) != count
+            or {p.name for p in params if p.is_constexpr} != set(self.constexprs)
+        ):
+            return None  # constexprs not all trailing, or arguments missing: Triton binds them
         if any(p.do_not_specialize or p.do_not_specialize_on_alignment or p.annotation_type for p in runtime):
-            return None  # specialised otherwise than the rules of arg_spec
+            return None  # specialised otherwise than arg_spec models
         try:
             scalars = tuple(map(arg_spec, self._head + self._tail))
-            values = tuple((n, type(v), v) for n, v in sorted(self.constexprs.items()))
-            options = tuple((k, type(v), v) for k, v in sorted(self.options.items()))
-            key = (self._slots, len(self._head), scalars, self._num_ints, self._num_floats, values, options)
+            constexprs = tuple((n, type(v), v) for n, v in sorted(self.constexprs.items()))
+            options = tuple((n, type(v), v) for n, v in sorted(self.options.items()))
+            key = (self._slots, len(self._head), scalars, self._int_slots, self._num_floats, constexprs, options)
             hash(key)
         except (Unspecializable, TypeError):
             return None
         return key
 
-    # -- calling ---------------------------------------------------------------------------
-    def key(self, ptrs: Pointers, ints: tuple = ()) -> tuple | None:
-        """The per-call key (None: the fast path is off for this call)."""
-        if ptrs.key is None or not self.fast or self.kernel.pre_run_hooks:
+    def key(self, call: CallArgs) -> tuple | None:
+        """The per-call part of the key (None: this call is left to Triton)."""
+        if call.key is None or not self.fast or self.kernel.pre_run_hooks:
             return None
-        try:
-            return ptrs.key, tuple(map(int_spec, ints)), self.kernel.debug
-        except Unspecializable:
-            return None
+        return call.key, self.kernel.debug
 
-    def __call__(self, ptrs: Pointers, ints: tuple = (), floats: tuple = ()) -> None:
+    def __call__(self, call: CallArgs, floats: tuple = ()) -> None:
         floats = tuple(map(float, floats))
-        key = self.key(ptrs, ints)
+        key = self.key(call)
         if key is not None:
-            compiled = self._compiled.get(key)
-            if compiled is not None and self._globals_unchanged():
+            hit = self._compiled.get(key)
+            if hit is not None and self._globals_unchanged():
+                compiled, launch, fixed = hit
                 self.last = compiled
-                compiled.run(
-                    *self._grid3, ptrs.stream, compiled.function, compiled.packed_metadata, None, None, None,
-                    *self._pick(ptrs.ptrs), *self._head, *ints, *floats, *self._launch_tail,
-                )
+                launch(*self._grid3, call.stream, *fixed, *self._pick(call.ptrs), *self._head,
+                       *self._pick_ints(call.ints), *floats, *self._launch_tail)
                 return
         compiled = self.kernel[self.grid](
-            *self._pick(ptrs.tensors), *self._head, *ints, *floats, *self._tail, **self.constexprs, **self.options
+            *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *floats, *self._tail,
+            **self.constexprs, **self.options,
         )
         self.last = compiled
         if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
-            self._compiled[key] = compiled
+            self._compiled[key] = (compiled, *_launcher(compiled))
             self._remember_globals()
 
     def _remember_globals(self) -> None:

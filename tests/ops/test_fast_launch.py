@@ -1,0 +1,533 @@
+"""The fast launch path (``kvattn.ops.fast_launch``) and the cached launch plans of ``decode_launch``.
+
+CPU tier: the specialisation rules against Triton's own ``native_specialize_impl``, what changes a
+launch key, launch plans, cached views, the environment switches, and the launcher's handling of
+query/length shapes (kernels in the interpreter, where every launch is Triton's own).
+
+GPU tier: after one call, an identical call never enters ``JITFunction.run``; over calls that vary
+alignment, strides, lengths, dtypes and split counts the fast path launches the compiled kernel
+Triton itself picks and writes the same bits as Triton's path; CUDA-graph capture and replay run
+through it; a launch hook sends every launch back through Triton.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import pytest
+import torch
+import triton.language as tl
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+from triton.runtime.jit import JITFunction
+
+import kvattn
+from kvattn import _env, _inputs
+from kvattn.formats import FP8_DTYPE
+from kvattn.ops import decode_configs, decode_launch, fast_launch
+from kvattn.testing import make_paged_kv, poison_
+
+ON_GPU = torch.cuda.is_available()
+GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="the fast path launches compiled kernels: GPU only")
+
+
+# ---------------------------------------------------------------------------------------------
+# the specialisation rules
+# ---------------------------------------------------------------------------------------------
+def native(value):
+    """Triton's own specialisation of an unannotated argument (specialise and align on)."""
+    return native_specialize_impl(BaseBackend, value, False, True, True)
+
+
+INTS = [0, 1, 2, 15, 16, 17, 32, 48, -1, -15, -16, -17, -(2**31), -(2**31) - 1, -(2**31) - 16,
+        2**31 - 1, 2**31 - 16, 2**31, 2**31 + 1, 2**40, 2**63 - 1, 2**63 - 16, -(2**63), 2**63, 2**63 + 1,
+        2**63 + 16, 2**64 - 1, 2**64 - 16]
+
+
+def spec_values():
+    buf = torch.zeros(64, dtype=torch.float16)
+    return [*INTS, True, False, 0.0, 1.0, -2.5, None, buf, buf[1:], buf[8:], buf[3:], buf.view(torch.int16),
+            buf.view(torch.int16)[1:], buf.float(), buf.float()[2:], buf.view(torch.uint8)[16:]]
+
+
+def test_arg_spec_partitions_values_as_triton_does():
+    """Two arguments get the same arg_spec exactly when Triton specialises them alike."""
+    values = spec_values()
+    ours = [fast_launch.arg_spec(v) for v in values]
+    theirs = [native(v) for v in values]
+    for i, a in enumerate(values):
+        for j, b in enumerate(values):
+            assert (ours[i] == ours[j]) == (theirs[i] == theirs[j]), (a, b, ours[i], ours[j], theirs[i], theirs[j])
+
+
+@pytest.mark.parametrize("value", [2**64, 2**70, -(2**63) - 1, -(2**70)])
+def test_ints_beyond_64_bits_are_left_to_triton(value):
+    with pytest.raises(OverflowError):
+        native(value)
+    with pytest.raises(fast_launch.Unspecializable):
+        fast_launch.int_spec(value)
+
+
+@pytest.mark.parametrize("value", [True, 1.0, None, "1"])
+def test_int_spec_takes_ints_only(value):
+    with pytest.raises(fast_launch.Unspecializable):
+        fast_launch.int_spec(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# what changes a key
+# ---------------------------------------------------------------------------------------------
+def _key(tensors=None, ints=(5,), device=0):
+    tensors = tensors if tensors is not None else (_BUF[8:40],)
+    return fast_launch.call_key(device, tuple(t.dtype for t in tensors), tuple(t.data_ptr() for t in tensors), ints)
+
+
+_BUF = torch.zeros(256, dtype=torch.float16)
+
+
+def test_equal_calls_give_equal_keys():
+    assert _key() == _key()
+    assert _key((_BUF[8:40],)) == _key((_BUF[16:20],))  # both 16-byte aligned, one dtype
+    assert _key(ints=(32,)) == _key(ints=(48,))  # both i32, divisible by 16
+    assert _key(ints=(17,)) == _key(ints=(33,))  # both i32, not divisible
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda: _key((_BUF[9:40],)), id="pointer-offset-one-element"),
+    pytest.param(lambda: _key((_BUF[8:40].view(torch.int16),)), id="dtype"),
+    pytest.param(lambda: _key((_BUF[8:40], _BUF[8:40])), id="one-more-tensor"),
+    pytest.param(lambda: _key(ints=(1,)), id="int-1"),
+    pytest.param(lambda: _key(ints=(16,)), id="int-divisible-by-16"),
+    pytest.param(lambda: _key(ints=(2**31 + 5,)), id="int64-range"),
+    pytest.param(lambda: _key(ints=(2**63 + 5,)), id="uint64-range"),
+    pytest.param(lambda: _key(ints=(5, 5)), id="one-more-int"),
+    pytest.param(lambda: _key(device=1), id="device"),
+])
+def test_each_fact_changes_the_key(change):
+    assert change() != _key()
+
+
+def test_compile_knobs_change_the_key(monkeypatch):
+    base = _key()
+    monkeypatch.setattr(fast_launch.knobs.runtime, "debug", not fast_launch.knobs.runtime.debug)
+    assert _key() != base
+    monkeypatch.undo()
+    monkeypatch.setattr(fast_launch.knobs.compilation, "instrumentation_mode", "consan")
+    assert _key() != base
+
+
+def _toy(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr):
+    pass
+
+
+def _toy_interleaved(x_ptr, BLOCK: tl.constexpr, n):
+    pass
+
+
+TOY = JITFunction(_toy)  # never compiled: only its parameters are read
+
+
+def _static(kernel=TOY, head=(64,), constexprs=None, options=None, slots=(0, 1), num_floats=1):
+    launch = fast_launch.Launch(
+        kernel, (4,), slots=slots, head=head, num_floats=num_floats,
+        constexprs=dict(BLOCK=32, FLAG=True) if constexprs is None else constexprs,
+        options=dict(num_warps=4, num_stages=2) if options is None else options,
+    )
+    return launch.static_key()
+
+
+def test_equal_launches_give_equal_static_keys():
+    assert _static() is not None
+    assert _static() == _static()
+    assert _static(head=(64,)) == _static(head=(4096,))  # both divisible by 16
+    assert _static(options=dict(num_stages=2, num_warps=4)) == _static()  # keyword order
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(dict(head=(1,)), id="int-1"),
+    pytest.param(dict(head=(65,)), id="int-not-divisible"),
+    pytest.param(dict(head=(2**31 + 64,)), id="int64"),
+    pytest.param(dict(head=(64.0,)), id="float-for-int"),
+    pytest.param(dict(head=(True,)), id="bool-for-int"),
+    pytest.param(dict(constexprs=dict(BLOCK=64, FLAG=True)), id="constexpr-value"),
+    pytest.param(dict(constexprs=dict(BLOCK=32, FLAG=1)), id="constexpr-type"),
+    pytest.param(dict(options=dict(num_warps=8, num_stages=2)), id="num-warps"),
+    pytest.param(dict(options=dict(num_warps=4, num_stages=3)), id="num-stages"),
+    pytest.param(dict(options=dict(num_warps=4, num_stages=2, launch_pdl=True)), id="launch-pdl"),
+    pytest.param(dict(slots=(0, 0)), id="pointer-slots"),
+])
+def test_each_bound_fact_changes_the_static_key(change):
+    assert _static(**change) != _static()
+
+
+@pytest.mark.parametrize("kw", [
+    pytest.param(dict(kernel=JITFunction(_toy, do_not_specialize=["n"])), id="do-not-specialize"),
+    pytest.param(dict(kernel=JITFunction(_toy, do_not_specialize_on_alignment=["x_ptr"])), id="no-align"),
+    pytest.param(dict(constexprs=dict(BLOCK=32)), id="constexpr-missing"),
+    pytest.param(dict(head=()), id="argument-missing"),
+    pytest.param(dict(head=("64",)), id="unknown-argument-type"),
+    pytest.param(dict(kernel=JITFunction(_toy_interleaved), slots=(0,), head=(), num_floats=0,
+                      constexprs=dict(BLOCK=32)), id="constexpr-before-argument"),
+])
+def test_launches_outside_the_rules_are_left_to_triton(kw):
+    assert _static(**kw) is None
+
+
+def test_interpreter_takes_tritons_path():
+    """On the CPU tier the kernels are interpreted: no fast path, every launch is Triton's."""
+    if ON_GPU:
+        pytest.skip("the GPU tier compiles the kernels")
+    assert not fast_launch.fast_path_enabled()
+    assert fast_launch.call_args((_BUF,), (3,)).key is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the switches
+# ---------------------------------------------------------------------------------------------
+def test_environment_switches_follow_changes(monkeypatch):
+    monkeypatch.setenv("KVATTN_FAST_LAUNCH", "0")
+    assert not _env.fast_launch() and not fast_launch.fast_path_enabled()
+    monkeypatch.setenv("KVATTN_FAST_LAUNCH", "1")
+    assert _env.fast_launch()
+    monkeypatch.delenv("KVATTN_FAST_LAUNCH")
+    assert _env.fast_launch()
+    monkeypatch.setenv("KVATTN_DEBUG", " Yes ")
+    assert _env.debug_checks()
+    monkeypatch.setenv("KVATTN_BACKEND", "Reference")
+    assert _env.backend_override() == "reference"
+    monkeypatch.setenv("KVATTN_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="^KVATTN_BACKEND:"):
+        _env.backend_override()
+    monkeypatch.delenv("KVATTN_BACKEND")
+    assert _env.backend_override() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher plumbing
+# ---------------------------------------------------------------------------------------------
+def test_query_shapes_map_to_rows_as_views_would():
+    q = torch.zeros(3, 1, 8, 64)
+    assert decode_launch._as_rows(q.shape, q.stride()) == (tuple(q[:, 0].shape), q[:, 0].stride())
+    q = torch.zeros(8, 64)[:, :32]
+    assert decode_launch._as_rows(q.shape, q.stride()) == (tuple(q.unsqueeze(0).shape), q.unsqueeze(0).stride())
+    q = torch.zeros(5, 8, 64)
+    assert decode_launch._as_rows(q.shape, q.stride()) == (tuple(q.shape), q.stride())
+
+
+def test_integer_helpers_match_triton():
+    import triton
+
+    for n in range(1, 5000):
+        assert decode_launch._next_power_of_2(n) == triton.next_power_of_2(n)
+        assert decode_launch._cdiv(n, 7) == triton.cdiv(n, 7)
+
+
+def test_cached_aliases_follow_the_base_tensor():
+    base = torch.randn(4, 2, 16, 2, 8)
+    k, v = _inputs._split_kv(base, "kv_cache", "HND")
+    assert _inputs._split_kv(base, "kv_cache", "HND")[0] is k
+    assert k._base is None  # an alias of the memory, not a view holding on to ``base``
+    assert torch.equal(k, base[:, 0].transpose(1, 2)) and torch.equal(v, base[:, 1].transpose(1, 2))
+    base[0, 1, 0, 0, 0] = 123.0
+    assert v[0, 0, 0, 0] == 123.0  # the same memory
+    assert _inputs._split_kv(base, "kv_cache", "NHD")[0] is not k  # another layout, another entry
+    assert _inputs._split_kv(base, "kv_cache", "HND")[0] is k
+    with torch.inference_mode():
+        assert _inputs._split_kv(base, "kv_cache", "HND")[0] is not k
+    base.as_strided_((4, 2, 16, 2, 4), base.stride())  # metadata changed in place
+    k2, _ = _inputs._split_kv(base, "kv_cache", "HND")
+    assert k2 is not k and k2.shape == (4, 2, 16, 4)
+    ident = id(base)
+    assert any(key[0] == ident for key in _inputs._ALIASES)
+    del base
+    gc.collect()
+    assert not any(key[0] == ident for key in _inputs._ALIASES)  # entries go with their tensor
+
+
+def test_no_aliases_for_tensors_that_require_grad():
+    base = torch.randn(4, 2, 16, 2, 8, requires_grad=True)
+    k, _ = _inputs._split_kv(base, "kv_cache", "NHD")
+    assert k._base is base and _inputs._split_kv(base, "kv_cache", "NHD")[0] is not k
+
+
+def test_workspace_partials_do_not_keep_the_workspace():
+    ws = torch.zeros(1 << 16, dtype=torch.uint8)[3:]  # not 16-byte aligned
+    part_o, part_lse = decode_launch._partials_from_workspace(ws, 100, 20)
+    assert decode_launch._partials_from_workspace(ws, 100, 20)[0] is part_o
+    assert part_o.data_ptr() % 16 == 0 and part_lse.data_ptr() == part_o.data_ptr() + 400
+    assert part_o.dtype == part_lse.dtype == torch.float32 and part_o.numel() == 100 and part_lse.numel() == 20
+    ref = __import__("weakref").ref(ws)
+    del ws, part_o, part_lse
+    gc.collect()
+    assert ref() is None
+
+
+def _paged_call(device, *, lens=(37, 70), hkv=2, group=4, d=64, page=16, dtype=torch.float16, seed=0):
+    case = make_paged_kv(list(lens), num_kv_heads=hkv, head_dim=d, page_size=page, dtype=dtype, device=device,
+                         seed=seed, nan_fill=False)
+    q = torch.randn(len(lens), hkv * group, d, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+    ws = torch.zeros(1 << 22, dtype=torch.uint8, device=device)
+    return q, case, ws
+
+
+def test_plans_are_cached_by_host_facts(kernel_device, triton_backend):
+    q, case, ws = _paged_call(kernel_device)
+
+    def call(max_len, query=q):
+        return kvattn.decode.xqa_batch_decode_with_kv_cache(query, case.kv_cache, ws, case.block_tables,
+                                                            case.seq_lens, max_len, bmm1_scale=0.125)
+
+    decode_launch._PLANS.clear()
+    call(96)
+    assert len(decode_launch._PLANS) == 1
+    call(96)
+    call(80)  # another bound, same facts: the split count is worked out from the plan
+    assert len(decode_launch._PLANS) == 1
+    call(96, q.clone()[:, :4])  # other strides and head count: another plan
+    assert len(decode_launch._PLANS) == 2
+    with decode_configs.override(min_chunk=32):
+        call(96)
+    assert len(decode_launch._PLANS) == 2  # plans under an override are not kept
+
+
+@pytest.mark.parametrize("api", ["xqa", "batch"])
+def test_strided_seq_lens_are_read_right(api, kernel_device, triton_backend, monkeypatch):
+    """Lengths that are a column of a wider tensor (the kernels read seq_lens_ptr + b)."""
+    q, case, ws = _paged_call(kernel_device, lens=(37, 70, 5))
+    wide = torch.stack([case.seq_lens, torch.full_like(case.seq_lens, 999)], dim=1)
+    lens = wide.to(torch.uint32)[:, :1] if api == "xqa" else wide[:, 0]
+    assert not lens.is_contiguous()
+    outs = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("KVATTN_BACKEND", backend)
+        if api == "xqa":
+            k, v = case.kv_cache[:, 0], case.kv_cache[:, 1]
+            out = torch.empty_like(q).unsqueeze(1)
+            kvattn.xqa.xqa(q.unsqueeze(1), k, v, case.block_tables, lens, out, ws,
+                           torch.zeros(8, dtype=torch.uint32, device=kernel_device), num_kv_heads=2, page_size=16)
+            outs.append(out[:, 0])
+        else:
+            outs.append(kvattn.decode.xqa_batch_decode_with_kv_cache(q, case.kv_cache, ws, case.block_tables, lens,
+                                                                     96, bmm1_scale=0.125))
+    got, ref = (o.float().cpu() for o in outs)
+    assert torch.allclose(got, ref, atol=1e-2, rtol=1e-2), float((got - ref).abs().max())
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the fast path against Triton's
+# ---------------------------------------------------------------------------------------------
+class Spy:
+    """Counts ``JITFunction.run`` calls and records the compiled kernel of every Launch call."""
+
+    def __init__(self, monkeypatch):
+        self.runs = 0
+        self.kernels: list[str] = []
+        run, launch = JITFunction.run, fast_launch.Launch.__call__
+
+        def counting_run(kernel, *args, **kwargs):
+            self.runs += 1
+            return run(kernel, *args, **kwargs)
+
+        def recording_launch(lau, *args, **kwargs):
+            launch(lau, *args, **kwargs)
+            self.kernels.append(lau.last.hash)
+
+        monkeypatch.setattr(JITFunction, "run", counting_run)
+        monkeypatch.setattr(fast_launch.Launch, "__call__", recording_launch)
+
+    def reset(self):
+        self.runs = 0
+        self.kernels = []
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def offset_copy(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
+    """``t``'s values in a buffer that starts ``elements`` elements past an allocation."""
+    buf = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
+    view = buf[elements:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def batch_variants(device):
+    """(id, call) pairs: each call returns a fresh output of one public call with fixed inputs."""
+    variants = []
+    lens = [700, 40, 2500, 1]
+
+    def batch(id, *, lens=lens, dtype=torch.bfloat16, fmt=None, layout="NHD", form="stacked", page=16, q_len=1,
+              mask=False, sinks=False, window=-1, tensor_scales=False, fp8_out=False, uint32=False,
+              ws_bytes=64 << 20, max_len=None, q_of=lambda q: q, out_of=lambda o: o, kv_of=lambda kv: kv, seed=0):
+        case = make_paged_kv(lens, num_kv_heads=2, head_dim=128, page_size=page, dtype=dtype, kv_format=fmt,
+                             layout=layout, form=form, device=device, seed=seed, nan_fill=False)
+        g = torch.Generator().manual_seed(seed + 7)
+        q = q_of(torch.randn(len(lens) * q_len, 16, 128, generator=g).to(device, dtype))
+        words = 2 * ((q_len + 31) // 32)
+        mask_t = (torch.randint(0, 1 << 16, (len(lens), q_len, words), generator=g, dtype=torch.int32)
+                  .to(torch.uint16).to(device)) if mask else None
+        sinks_t = torch.randn(16, generator=g).to(device) if sinks else None
+        bmm1, bmm2 = 1.0 / math.sqrt(128), 1.0
+        if tensor_scales:
+            bmm1, bmm2 = (torch.tensor([x], dtype=torch.float32, device=device) for x in (bmm1, bmm2))
+        seq_lens = case.seq_lens.to(torch.uint32) if uint32 else case.seq_lens
+        kv = kv_of(case.kv_cache)
+        ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
+        bound = case.block_tables.shape[1] * page if max_len is None else max_len
+
+        def call():
+            out = out_of(poison_(torch.empty(q.shape, dtype=FP8_DTYPE if fp8_out else dtype, device=device)))
+            kvattn.decode.xqa_batch_decode_with_kv_cache(
+                q, kv, ws, case.block_tables, seq_lens, bound, bmm1_scale=bmm1, bmm2_scale=bmm2, window_left=window,
+                out=out, sinks=sinks_t, kv_layout=layout, q_len_per_req=q_len, mask=mask_t,
+                kv_cache_sf=case.kv_cache_sf)
+            return out
+
+        variants.append(pytest.param(call, id=id))
+
+    batch("bf16-NHD")
+    batch("fp16-HND-tuple", dtype=torch.float16, layout="HND", form="tuple", page=32)
+    batch("shared-page64", form="shared", page=64)
+    batch("query-offset", q_of=offset_copy)
+    batch("query-strided", q_of=lambda q: torch.cat([q, q], dim=1)[:, :16])
+    batch("out-offset", out_of=offset_copy)
+    batch("out-strided", out_of=lambda o: torch.empty(o.shape[0], 32, 128, dtype=o.dtype, device=o.device)[:, ::2])
+    batch("kv-offset", kv_of=offset_copy)
+    batch("one-split", lens=[30, 64, 1], max_len=64)
+    batch("small-workspace", ws_bytes=300_000)
+    batch("fp8-cache-fp8-out", fmt="fp8", fp8_out=True, tensor_scales=True)
+    batch("nvfp4", fmt="nvfp4", form="tuple")
+    batch("spec-q3-mask-sinks", q_len=3, mask=True, sinks=True)
+    batch("window-uint32", window=100, uint32=True)
+    batch("long", lens=[33000], max_len=33000)
+    return variants
+
+
+def xqa_variants(device):
+    variants = []
+
+    def xqa(id, *, lens=(700, 40, 2500), sm_count=None, lens_of=lambda x: x, q_of=lambda q: q):
+        case = make_paged_kv(list(lens), num_kv_heads=2, head_dim=128, page_size=32, dtype=torch.float16,
+                             device=device, nan_fill=False)
+        q = q_of(torch.randn(len(lens), 1, 16, 128, generator=torch.Generator().manual_seed(3)).to(device, torch.float16))
+        k, v = (case.kv_cache[:, i].reshape(-1, 128) for i in (0, 1))
+        lens_t = lens_of(case.seq_lens.view(-1, 1).to(torch.uint32))
+        ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
+        sem = torch.zeros(8, dtype=torch.uint32, device=device)
+
+        def call():
+            out = poison_(torch.empty(q.shape, dtype=q.dtype, device=device))
+            kvattn.xqa.xqa(q, k, v, case.block_tables, lens_t, out, ws, sem, 2, 32, sm_count=sm_count)
+            return out
+
+        variants.append(pytest.param(call, id=id))
+
+    xqa("xqa")
+    xqa("xqa-persistent", sm_count=3)
+    xqa("xqa-strided-lens", lens_of=lambda t: torch.cat([t, t], dim=1)[:, :1])
+    xqa("xqa-query-offset", q_of=offset_copy)
+    return variants
+
+
+def single_variants(device):
+    variants = []
+
+    def single(id, *, length, dtype=torch.float16, layout="NHD", kv_fp8=False, **kw):
+        g = torch.Generator().manual_seed(length)
+        q = torch.randn(32, 128, generator=g).to(device, dtype)
+        shape = (length, 8, 128) if layout == "NHD" else (8, length, 128)
+        k, v = (torch.randn(*shape, generator=g).to(device, FP8_DTYPE if kv_fp8 else dtype) for _ in range(2))
+
+        def call():
+            out, lse = kvattn.decode.single_decode_with_kv_cache(q, k, v, kv_layout=layout, return_lse=True, **kw)
+            return torch.cat([bits(out), bits(lse)])
+
+        variants.append(pytest.param(call, id=id))
+
+    for length in (1, 16, 17, 300, 4096, 40000):  # fixed_len == 1, divisible by 16, neither; split counts
+        single(f"L{length}", length=length)
+    single("rope", length=4096, pos_encoding_mode="ROPE_LLAMA", rope_theta=5e5)
+    single("alibi-softcap-window", length=3000, pos_encoding_mode="ALIBI", logits_soft_cap=30.0, window_left=999)
+    single("tensor-cores-bf16-HND", length=2049, dtype=torch.bfloat16, layout="HND", use_tensor_cores=True)
+    single("fp8", length=5000, kv_fp8=True, k_scale=0.5, v_scale=2.0)
+    return variants
+
+
+DEVICE = torch.device("cuda") if ON_GPU else None
+VARIANTS = (batch_variants(DEVICE) + xqa_variants(DEVICE) + single_variants(DEVICE)) if ON_GPU else []
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("call", VARIANTS)
+def test_fast_path_launches_tritons_kernel_with_the_same_bits(call, triton_backend, monkeypatch):
+    spy = Spy(monkeypatch)
+    monkeypatch.setenv("KVATTN_FAST_LAUNCH", "0")
+    expected = bits(call())
+    triton_kernels = spy.kernels
+    assert spy.runs == len(triton_kernels) > 0
+    monkeypatch.setenv("KVATTN_FAST_LAUNCH", "1")
+    call()  # first call of these launches: through Triton, then cached
+    spy.reset()
+    got = bits(call())
+    assert spy.runs == 0, "an identical second call went through JITFunction.run"
+    assert spy.kernels == triton_kernels, "the fast path launched another compiled kernel than Triton picks"
+    assert torch.equal(got, expected)
+
+
+@GPU_ONLY
+def test_launch_hooks_send_launches_back_to_triton(triton_backend, monkeypatch):
+    import triton
+
+    call = single_variants(DEVICE)[3].values[0]
+    call()
+    seen = []
+    hook = seen.append
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        spy = Spy(monkeypatch)
+        call()
+        assert spy.runs > 0 and len(seen) == spy.runs
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    spy.reset()
+    call()
+    assert spy.runs == 0
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backend, monkeypatch):
+    device = DEVICE
+    lens, width = [700, 40, 2500, 0], 200
+    case = make_paged_kv(lens, num_kv_heads=2, head_dim=128, page_size=16, dtype=torch.bfloat16, device=device,
+                         pages_per_seq=width, extra_pages=600, nan_fill=False)
+    q = torch.randn(len(lens) * q_len, 8, 128, device=device, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
+    seq_lens, tables = case.seq_lens.clone(), case.block_tables.clone()
+
+    def call(into=out):
+        kvattn.decode.xqa_batch_decode_with_kv_cache(q, case.kv_cache, ws, tables, seq_lens, width * 16,
+                                                     bmm1_scale=0.1, out=into, q_len_per_req=q_len)
+
+    call()
+    call()
+    torch.cuda.synchronize()
+    spy = Spy(monkeypatch)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    assert spy.runs == 0, "the capture went through JITFunction.run"
+
+    # A new step: other lengths and other (valid) page ids, written in place; then replay.
+    seq_lens.copy_(torch.tensor([1500, 0, 3199, 64], dtype=torch.int32, device=device))
+    tables.copy_(torch.randint(0, case.kv_cache.shape[0], tables.shape, dtype=torch.int32, device=device))
+    graph.replay()
+    torch.cuda.synchronize()
+    monkeypatch.setenv("KVATTN_FAST_LAUNCH", "0")
+    expected = torch.empty_like(q)
+    call(expected)
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(expected))
