@@ -4,9 +4,12 @@ The BENCHMARKS.md target is <= 20 us of host time per eager call at batch-1 deco
 of these shapes is shorter than the host path, so the loop below measures the host: calls are
 queued back to back and synchronised once at the end.
 
+``--compare`` also times every shape with ``KVATTN_FAST_LAUNCH=0`` (each kernel launched through
+``kernel[grid](...)``, Triton's own path) and checks that both paths give the same bits.
+
 Usage (on the device, from the repository root)::
 
-    PYTHONPATH=src python benchmarks/profile_host.py [--calls 2000] [--profile]
+    PYTHONPATH=src python benchmarks/profile_host.py [--calls 2000] [--compare] [--profile]
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -37,6 +41,27 @@ SHAPES = [
 ]
 
 
+def xqa_call(device: torch.device, kv_len: int = 32768, hq: int = 32, hkv: int = 8, d: int = 128, page: int = 16):
+    """``kvattn.xqa.xqa`` at batch 1 over flat head pools (its own input form)."""
+    import kvattn
+
+    pages = kv_len // page
+    k = torch.randn(pages * page * hkv, d, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(1, 1, hq, d, device=device, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    table = torch.randperm(pages, device=device, dtype=torch.int32).view(1, pages)
+    lens = torch.full((1, 1), kv_len, device=device, dtype=torch.uint32)
+    ws = torch.zeros(128 << 20, device=device, dtype=torch.uint8)
+    sem = torch.zeros(8, device=device, dtype=torch.uint32)
+
+    def call():
+        kvattn.xqa.xqa(q, k, v, table, lens, out, ws, sem, hkv, page)
+        return out
+
+    return call
+
+
 def host_us(fn, calls: int) -> float:
     for _ in range(20):
         fn()
@@ -49,27 +74,51 @@ def host_us(fn, calls: int) -> float:
     return (t1 - t0) / calls * 1e6
 
 
+def _bits(result) -> torch.Tensor:
+    tensors = result if isinstance(result, (tuple, list)) else (result,)
+    return torch.cat([t.detach().contiguous().view(torch.uint8).reshape(-1) for t in tensors])
+
+
+def _set_fast(on: bool) -> None:
+    os.environ["KVATTN_FAST_LAUNCH"] = "1" if on else "0"
+
+
+def profile(fn, calls: int = 500) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+    return s.getvalue()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--compare", action="store_true", help="also time Triton's own launch path (KVATTN_FAST_LAUNCH=0)")
     ap.add_argument("--profile", action="store_true", help="also print the cProfile of the first shape")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    for i, shape in enumerate(SHAPES):
-        prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
-        fn = prob.sets[0].kvattn
-        print(f"{shape.id:56s} host {host_us(fn, args.calls):7.1f} us/call", flush=True)
+    cases = [(shape.id, problems.build(shape, device, l2_bytes=l2, workspace_mib=128).sets[0].kvattn)
+             for shape in SHAPES]
+    cases.append(("xqa 1x32768 (flat pools)", xqa_call(device)))
+    for i, (name, fn) in enumerate(cases):
+        _set_fast(True)
+        line = f"{name:56s} host {host_us(fn, args.calls):7.1f} us/call"
+        if args.compare:
+            fast = _bits(fn()).clone()
+            _set_fast(False)
+            line += f"   Triton's path {host_us(fn, args.calls):7.1f} us/call"
+            same = torch.equal(_bits(fn()), fast)
+            line += "   same bits" if same else "   OUTPUTS DIFFER"
+            _set_fast(True)
+        print(line, flush=True)
         if args.profile and i == 0:
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(500):
-                fn()
-            prof.disable()
-            torch.cuda.synchronize()
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-            print(s.getvalue())
+            print(profile(fn))
     return 0
 
 

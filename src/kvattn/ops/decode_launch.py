@@ -104,7 +104,8 @@ def _partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: i
 # plans
 # ---------------------------------------------------------------------------------------------
 class _Plan:
-    """Everything a call derives from its host facts; :func:`_facts` lists them.
+    """Everything a call derives from its host facts (``launch_decode`` lists them, in the order
+    unpacked here).
 
     Built from the facts tuple alone, so two calls with equal facts get equal plans. The split
     count also depends on the call's key span; :meth:`launches` memoises it per span.
