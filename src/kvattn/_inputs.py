@@ -29,6 +29,7 @@ T = TypeVar("T")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 KV_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE, torch.uint8)
 LAYOUTS = ("NHD", "HND")
+_KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,10 +151,10 @@ def cached_aliases(base: torch.Tensor, tag: tuple, make: Callable[..., T], *args
 
     An entry is reused while ``base`` is the same object with the same data pointer, shape,
     strides and dtype, in the same inference mode, and is dropped with ``base``. Nothing is kept
-    for a base that requires grad (aliases are not autograd views of it) or while
-    ``torch.compile`` traces.
+    for a tensor subclass, for a base that requires grad (aliases are not autograd views of it),
+    or while ``torch.compile`` traces.
     """
-    if torch.compiler.is_compiling() or base.requires_grad:
+    if type(base) is not torch.Tensor or base.requires_grad or torch.compiler.is_compiling():
         return make(base, *args)
     try:
         meta = (base.data_ptr(), base.shape, base.stride(), base.dtype, torch.is_inference_mode_enabled())
@@ -250,13 +251,7 @@ class PagedKV:
     kv_format: str = field(init=False)
 
     def __post_init__(self):
-        dt = self.k.dtype
-        self.kv_format = {
-            torch.float16: "float16",
-            torch.bfloat16: "bfloat16",
-            FP8_DTYPE: "fp8",
-            torch.uint8: "nvfp4",
-        }[dt]
+        self.kv_format = _KV_FORMATS[self.k.dtype]
 
     @property
     def page_size(self) -> int:

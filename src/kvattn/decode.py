@@ -141,14 +141,14 @@ def xqa_batch_decode_with_kv_cache(
     """
     check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3)
     check_last_dim_contiguous(query, "query")
-    device = query.device
-    head_dim = check_head_dim(query.shape[-1], "query")
+    device, shape = query.device, query.shape
+    head_dim = check_head_dim(shape[2], "query")
     q_len = 1 if q_len_per_req is None else check_int(q_len_per_req, "q_len_per_req", minimum=1)
-    if query.shape[0] % q_len:
+    if shape[0] % q_len:
         raise ValueError(
-            f"q_len_per_req: expected a divisor of query.shape[0]={query.shape[0]} (B * q_len_per_req rows), got {q_len}"
+            f"q_len_per_req: expected a divisor of query.shape[0]={shape[0]} (B * q_len_per_req rows), got {q_len}"
         )
-    batch = query.shape[0] // q_len
+    batch = shape[0] // q_len
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, FP8_DTYPE, torch.uint8),
@@ -162,7 +162,7 @@ def xqa_batch_decode_with_kv_cache(
     max_seq_len = check_max_seq_len(max_seq_len, "max_seq_len", kv)
     check_workspace(workspace_buffer, "workspace_buffer", device)
     window_left = check_window(window_left)
-    sinks = check_sinks(sinks, "sinks", query.shape[1], device)
+    sinks = check_sinks(sinks, "sinks", shape[1], device)
     if enable_pdl is not None and not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
     if o_scale is None:
@@ -178,7 +178,7 @@ def xqa_batch_decode_with_kv_cache(
     if out is None:
         out = torch.empty_like(query)
     else:
-        check_out(out, "out", query.shape, (query.dtype, FP8_DTYPE), device)
+        check_out(out, "out", shape, (query.dtype, FP8_DTYPE), device)
         if out.dtype == FP8_DTYPE and kv.kv_format != "fp8":
             raise TypeError(f"out: a float8_e4m3fn output needs an fp8 cache, got a {kv.kv_format} cache")
     # Stored value: o_real / o_scale for an fp8 output, o_real otherwise (o_real = bmm2 * o_scale * o).
@@ -300,9 +300,10 @@ def single_decode_with_kv_cache(
     if k_nhd.shape[-1] != head_dim:
         raise ValueError(f"k: expected head_dim {head_dim} (the query's), got {k_nhd.shape[-1]}")
     check_query_heads(q, "q", k_nhd.shape[1])
-    if not isinstance(pos_encoding_mode, str) or pos_encoding_mode.upper() not in POS_ENCODING_MODES:
+    mode = pos_encoding_mode.upper() if isinstance(pos_encoding_mode, str) else None
+    if mode not in POS_ENCODING_MODES:
         raise ValueError(f"pos_encoding_mode: expected one of {POS_ENCODING_MODES}, got {pos_encoding_mode!r}")
-    pos_encoding_mode = pos_encoding_mode.upper()
+    pos_encoding_mode = mode
     if not isinstance(use_tensor_cores, bool):
         raise TypeError(f"use_tensor_cores: expected a bool, got {type(use_tensor_cores).__name__}")
     window_left = check_window(window_left)

@@ -76,6 +76,14 @@ def _as_rows(shape: tuple, stride: tuple) -> tuple[tuple, tuple]:
     return tuple(shape), tuple(stride)
 
 
+def _lse_row_stride(stride: tuple | None, num_heads: int) -> int:
+    """Row stride of an LSE ``[rows, Hq]``, or of ``[Hq]`` as one row (what ``lse.unsqueeze(0)``
+    would have); 0 without an LSE."""
+    if stride is None:
+        return 0
+    return stride[0] if len(stride) == 2 else num_heads * stride[0]
+
+
 def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
     """``(BLOCK_M, M_BLOCKS)`` for ``rows`` query rows per (request, KV head)."""
     if not use_dot:
@@ -112,9 +120,10 @@ class _Plan:
     """
 
     def __init__(self, facts: tuple):
-        (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride, out_dtype,
-         present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride, ws_numel,
-         paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs, enable_pdl) = facts
+        (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
+         out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
+         ws_numel, paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs,
+         enable_pdl) = facts
         q_shape, q_stride = _as_rows(q_shape, q_stride)
         out_stride = _as_rows(out_shape, out_stride)[1]
         self.rows_total, self.num_heads, self.head_dim = q_shape
@@ -145,7 +154,8 @@ class _Plan:
         self.rope_query = rope and use_dot and self.rows == 1
         self.gdc = cfg.pdl and not interpreter
         self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
-        self.soft_cap, self.max_programs, self.enable_pdl, self.same_table = soft_cap, max_programs, enable_pdl, same_table
+        self.soft_cap, self.max_programs, self.enable_pdl = soft_cap, max_programs, enable_pdl
+        self.same_table = same_table
         self.has = dict(zip(_OPTIONAL, present))
         self.out_fp8 = out_dtype == FP8_DTYPE
         self.strides = dict(
@@ -155,8 +165,7 @@ class _Plan:
             k_table=tuple(kt_stride[:2]) if kt_stride is not None else (0, 0),
             v_table=tuple(vt_stride[:2]) if vt_stride is not None else (0, 0),
             mask=tuple(mask_stride[:2]) if mask_stride is not None else (0, 0),
-            # [rows, Hq], or [Hq] for one row (the stride lse.unsqueeze(0) would have)
-            lse=(lse_stride[0] if len(lse_stride) == 2 else self.num_heads * lse_stride[0]) if lse_stride is not None else 0,
+            lse=_lse_row_stride(lse_stride, self.num_heads),
         )
         names = _ALWAYS + tuple(compress(_OPTIONAL, present))
         index = {name: i for i, name in enumerate(names)}

@@ -154,7 +154,7 @@ def call_key(device: int, dtypes: tuple, ptrs: tuple, ints: tuple) -> tuple:
     return (
         device,
         dtypes,
-        tuple(map(operator.not_, map(_low_bits, ptrs))),  # 16-byte aligned
+        tuple(map(_low_bits, ptrs)),  # offsets from 16-byte alignment (finer than aligned or not)
         tuple(map(int_spec, ints)),
         knobs.runtime.debug,
         knobs.compilation.instrumentation_mode,
