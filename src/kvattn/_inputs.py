@@ -323,9 +323,10 @@ def paged_kv_from_cache(
     """Normalise the decode/prefill cache forms (tuple or 5-D, NHD or HND) into a :class:`PagedKV`."""
     layout = check_layout(kv_layout)
     k, v = _split_kv(kv_cache, name, layout)  # as NHD: the checks below read no layout-dependent dim
-    for t, n in ((k, name), (v, name)):
-        check_tensor(t, n, dtypes=allowed_dtypes, device=device)
-        check_last_dim_contiguous(t, n)
+    # Planes of one 5-D tensor share its dtype, device and last dim: checking K checks V.
+    for t in (k, v) if isinstance(kv_cache, (tuple, list)) else (k,):
+        check_tensor(t, name, dtypes=allowed_dtypes, device=device)
+        check_last_dim_contiguous(t, name)
     if k.dtype != v.dtype:
         raise TypeError(f"{name}: expected K and V of one dtype, got {k.dtype} and {v.dtype}")
     if k.shape != v.shape:
