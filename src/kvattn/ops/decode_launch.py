@@ -2,7 +2,8 @@
 
 Everything here reads host-side facts only (shapes, strides, dtypes, the SM count, the host bound
 ``max_seq_len``): nothing waits for the device, and with ``out`` and ``workspace`` given nothing
-is allocated, so a call can be captured in a CUDA graph and replayed with new lengths and tables.
+is allocated (but a copy of non-contiguous ``seq_lens``), so a call can be captured in a CUDA
+graph and replayed with new lengths and tables.
 
 Host time. What a call derives from its host facts (config, row tiling, strides, constexprs, and
 per split count the grid and both launches) is a :class:`_Plan`, built by a function of those
@@ -31,9 +32,9 @@ MIN_BLOCK_M = 16  # tl.dot's smallest M
 _ALIGN = 16  # bytes: the partials' float32 views start on a 16-byte boundary
 _KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
 
-# Pointer arguments: the call's tensors are passed to fast_launch.call_args once, in the order of
-# _SOURCES (the optional ones only when given); each kernel picks its pointers from them by name.
-# An absent optional tensor is replaced by the query, which the kernel never reads for it.
+# Pointer arguments: the call's tensors are passed to fast_launch.call_args once, _ALWAYS then the
+# _OPTIONAL ones that are given; each kernel picks its pointers from them by name. An absent
+# optional tensor is replaced by the query, which the kernel never reads for it.
 _ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse")
 _OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
 _SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit",
@@ -43,10 +44,6 @@ _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
 _MAX_PLANS = 1024  # distinct call shapes kept; past this the cache starts over
 _MAX_SPANS = 4096  # split counts memoised per plan
-
-
-def _kv_format(t: torch.Tensor) -> str:
-    return _KV_FORMATS[t.dtype]
 
 
 def _arch(device: torch.device, interpreter: bool) -> str:
