@@ -413,7 +413,8 @@ def _strided_out(o):
 
 
 def _strided_lens(t):
-    return torch.cat([t, t], dim=1)[:, :1]
+    wide = torch.cat([t.view(torch.int32)] * 2, dim=1).view(t.dtype)  # (few ops take uint32 on CUDA)
+    return wide[:, :1]
 
 
 VARIANTS = [
