@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import os
 
+import torch
+
 _BACKENDS = ("reference", "triton")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -36,8 +38,16 @@ _ENCODE = getattr(os.environ, "encodekey", None)
 def _reader(name: str):
     """A function returning the raw value of ``name`` (str, bytes or None when unset)."""
     if isinstance(_DATA, dict) and _ENCODE is not None:
-        key = _ENCODE(name)
-        return functools.partial(_DATA.get, key)
+        fast = functools.partial(_DATA.get, _ENCODE(name))
+
+        def read():
+            # torch.compile traces the public functions, and Dynamo cannot trace a bound dict.get
+            # held in a partial: it reads os.environ the ordinary way.
+            if torch.compiler.is_compiling():
+                return os.environ.get(name)
+            return fast()
+
+        return read
     return functools.partial(os.environ.get, name)
 
 
@@ -71,21 +81,29 @@ def _parse_flag(raw, default: bool) -> bool:
     return value in _TRUE if default is False else value not in _FALSE
 
 
+def _flag(raw, default: bool) -> bool:
+    if torch.compiler.is_compiling():  # Dynamo warns about traced lru_caches: parse directly
+        return _parse_flag.__wrapped__(raw, default)
+    return _parse_flag(raw, default)
+
+
 def backend_override() -> str | None:
     """The backend forced by ``KVATTN_BACKEND``, or None when unset."""
+    if torch.compiler.is_compiling():
+        return _parse_backend.__wrapped__(_raw_backend())
     return _parse_backend(_raw_backend())
 
 
 def debug_checks() -> bool:
     """Whether the device-value checks (``KVATTN_DEBUG=1``) are on."""
-    return _parse_flag(_raw_debug(), False)
+    return _flag(_raw_debug(), False)
 
 
 def fast_launch() -> bool:
     """Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on)."""
-    return _parse_flag(_raw_fast(), True)
+    return _flag(_raw_fast(), True)
 
 
 def triton_interpret() -> bool:
     """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``)."""
-    return _parse_flag(_raw_interpret(), False)
+    return _flag(_raw_interpret(), False)
