@@ -485,6 +485,7 @@ class FakeGPU:
         monkeypatch.setattr(jit, "driver", fake_driver)
         monkeypatch.setattr(jit.JITFunction, "_do_compile", do_compile)
         monkeypatch.setattr(fast_launch, "driver", fake_driver)
+        monkeypatch.setattr(fast_launch, "_on_gpu", lambda t: True)  # CPU tensors stand in for GPU ones
         monkeypatch.setattr(fast_launch, "_device", types.SimpleNamespace(is_interpreter=lambda: False))
         for name in ("decode_split_kernel", "decode_combine_kernel"):
             monkeypatch.setattr(decode_launch, name, JITFunction(getattr(decode_launch, name).fn))

@@ -169,9 +169,15 @@ _NEXT_KEY_ID = itertools.count()
 _MAX_KEY_IDS = 4096
 
 
+def _on_gpu(t) -> bool:
+    return t.is_cuda
+
+
 def call_args(tensors: tuple, ints: tuple = ()) -> CallArgs:
     """Read a call's tensor arguments and per-call int arguments (see :class:`CallArgs`)."""
-    if not fast_path_enabled():
+    if not fast_path_enabled() or not (tensors and _on_gpu(tensors[0])):
+        # Raw pointers skip the launcher's pointer checks: host tensors (a direct torch.ops call)
+        # take Triton's path, which rejects them.
         return CallArgs(tensors, ints)
     ptrs = tuple(map(_data_ptr, tensors))
     active = driver.active
