@@ -29,7 +29,7 @@ T = TypeVar("T")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 KV_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE, torch.uint8)
 LAYOUTS = ("NHD", "HND")
-_KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
+KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ class PagedKV:
     kv_format: str = field(init=False)
 
     def __post_init__(self):
-        self.kv_format = _KV_FORMATS[self.k.dtype]
+        self.kv_format = KV_FORMATS[self.k.dtype]
 
     @property
     def page_size(self) -> int:

@@ -107,7 +107,7 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     items = max(items, 1)
     slots = sm_count * occupancy(cfg, kv_format, head_dim, rope_query)
     want = max(1, cfg.waves * slots // items)
-    useful = max(1, -(-span // cfg.min_chunk))
+    useful = max(1, -(-span // cfg.min_chunk))  # ceil
     splits = min(want, useful, cfg.max_splits, fit)
     if max_programs is not None:
         splits = min(splits, max(1, max_programs // items))

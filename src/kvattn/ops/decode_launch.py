@@ -21,7 +21,7 @@ from itertools import compress, repeat
 import torch
 
 from .. import _device
-from .._inputs import cached_aliases
+from .._inputs import KV_FORMATS, cached_aliases
 from ..formats import FP8_DTYPE
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
@@ -30,7 +30,6 @@ KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
 MIN_BLOCK_M = 16  # tl.dot's smallest M
 _ALIGN = 16  # bytes: the partials' float32 views start on a 16-byte boundary
-_KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
 
 # Pointer arguments: the call's tensors are passed to fast_launch.call_args once, _ALWAYS then the
 # _OPTIONAL ones that are given; each kernel picks its pointers from them by name. An absent
@@ -132,7 +131,7 @@ class _Plan:
             self.num_pages, self.page_size, self.num_kv_heads = 1, 1, k_shape
             self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
-        self.kv_format = _KV_FORMATS[kv_dtype]
+        self.kv_format = KV_FORMATS[kv_dtype]
         self.rows = q_len * self.group
         arch = _arch(device, interpreter)
         cfg0 = decode_configs.config(arch, self.kv_format, self.head_dim, 16, rope)
@@ -172,7 +171,6 @@ class _Plan:
         index = {name: i for i, name in enumerate(names)}
         self.split_slots = tuple(index.get(n, 0) for n in _SPLIT_POINTERS)
         self.combine_slots = tuple(index.get(n, 0) for n in _COMBINE_POINTERS)
-        self._num_splits_fn = decode_configs.num_splits
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
@@ -185,8 +183,7 @@ class _Plan:
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse)`` for a key span."""
-        memo = decode_configs.num_splits is self._num_splits_fn  # not while someone patches it
-        hit = self._by_span.get(span) if memo else None
+        hit = self._by_span.get(span)
         if hit is not None:
             return hit
         splits = self.num_splits(span)
@@ -196,10 +193,9 @@ class _Plan:
             numel_lse = splits * self.rows_total * self.num_heads
             combine = _combine_launch(self, splits) if splits > 1 else None
             hit = self._by_splits[splits] = (_split_launch(self, splits), combine, numel_o, numel_lse)
-        if memo:
-            if len(self._by_span) >= _MAX_SPANS:
-                self._by_span.clear()
-            self._by_span[span] = hit
+        if len(self._by_span) >= _MAX_SPANS:
+            self._by_span.clear()
+        self._by_span[span] = hit
         return hit
 
 
