@@ -16,6 +16,7 @@ Usage (on the device, from the repository root)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import sys
@@ -68,6 +69,21 @@ VARIANTS = {
     "bn128s3": {"block_n": 128, "num_stages": 3},
     "bn32s4": {"block_n": 32, "num_stages": 4},
     "bn32s6": {"block_n": 32, "num_stages": 6},
+    "w4": {"waves": 4},
+    "w8": {"waves": 8},
+    # Whole tiles (BLOCK_N, warps, stages), whichever table the shape would use.
+    "t64_4_3": {"block_n": 64, "num_warps": 4, "num_stages": 3},
+    "t64_4_4": {"block_n": 64, "num_warps": 4, "num_stages": 4},
+    "t64_4_5": {"block_n": 64, "num_warps": 4, "num_stages": 5},
+    "t32_4_4": {"block_n": 32, "num_warps": 4, "num_stages": 4},
+    "t32_4_6": {"block_n": 32, "num_warps": 4, "num_stages": 6},
+    "t128_4_3": {"block_n": 128, "num_warps": 4, "num_stages": 3},
+    "t128_8_3": {"block_n": 128, "num_warps": 8, "num_stages": 3},
+    "t128_8_4": {"block_n": 128, "num_warps": 8, "num_stages": 4},
+    "t64_8_4": {"block_n": 64, "num_warps": 8, "num_stages": 4},
+    # Not a config: the split kernel alone, the combine launch skipped (outputs wrong), to see
+    # what the second launch costs the split shapes.
+    "nocombine": {"_no_combine": True},
 }
 
 SHAPES = [
@@ -125,6 +141,26 @@ def graph_noflush_us(fns, context, replays: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / replays
 
 
+@contextlib.contextmanager
+def variant(name: str):
+    """Apply a variant: its config fields through ``decode_configs.override``; ``_no_combine``
+    replaces the combine launch by a no-op. Cached launch plans are dropped on entry and exit."""
+    from kvattn.ops import decode_configs, decode_launch
+
+    fields = dict(VARIANTS[name])
+    no_combine = fields.pop("_no_combine", False)
+    real = decode_launch._combine_launch
+    decode_launch._PLANS.clear()
+    if no_combine:
+        decode_launch._combine_launch = lambda plan, splits: (lambda call, floats: None)
+    try:
+        with decode_configs.override(**fields):
+            yield
+    finally:
+        decode_launch._combine_launch = real
+        decode_launch._PLANS.clear()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -136,8 +172,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import triton
-
-    from kvattn.ops import decode_configs
 
     device = torch.device("cuda")
     timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
@@ -162,7 +196,7 @@ def main(argv=None) -> int:
         for name in names:
             t0 = time.perf_counter()
             try:
-                us = timer.graph(fns, context=lambda: decode_configs.override(**VARIANTS[name]))
+                us = timer.graph(fns, context=lambda: variant(name))
             except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
                 print(f"  {shape.id} {name}: FAILED {type(exc).__name__}: {exc}"[:300], flush=True)
                 continue
@@ -174,7 +208,7 @@ def main(argv=None) -> int:
         if args.noflush:
             for name in names[:2]:
                 row[f"noflush_{name}_us"] = graph_noflush_us(
-                    fns, lambda: decode_configs.override(**VARIANTS[name]))
+                    fns, lambda: variant(name))
         rows.append(row)
         del prob, fns
         torch.cuda.empty_cache()
