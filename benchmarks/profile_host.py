@@ -8,9 +8,11 @@ queued back to back and synchronised once at the end.
 ``kernel[grid](...)``, Triton's own path) and checks that both paths give the same bits.
 
 ``--fake-gpu`` runs on a machine without a GPU: CPU tensors, a faked Triton driver and compiler,
-and compiled kernels whose launcher does nothing, so everything up to the launcher's C entry point
-runs for real (validation, planning, Triton's ``JITFunction.run`` or the fast path). It measures
-the Python part of the host time only, on this machine's CPU.
+and compiled kernels whose launcher (a Triton ``CudaLauncher`` whose C entry point is a no-op taking
+the same arguments) does nothing; the CPU tensors take the fast path's raw-pointer launch as CUDA
+tensors do. Everything up to the launcher's C entry point runs for real (validation, planning,
+Triton's ``JITFunction.run`` or the fast path). It measures the Python part of the host time only,
+on this machine's CPU.
 
 Usage (on the device, from the repository root)::
 
@@ -21,6 +23,7 @@ Usage (on the device, from the repository root)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -88,6 +91,24 @@ def host_us(fn, calls: int) -> float:
     return best * 1e6
 
 
+def fake_launcher(kernel):
+    """A ``CudaLauncher`` (Triton 3.6's, so the fast path calls its C entry point ``launch``
+    directly, as on a GPU) whose ``launch`` checks its argument count and does nothing."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    expected = 13 + len(kernel.params)  # _BASE_ARGS_FORMAT's 13, then every kernel parameter
+
+    def launch(*args):
+        if len(args) != expected:
+            raise TypeError(f"{kernel.__name__} launcher: expected {expected} arguments, got {len(args)}")
+
+    run = object.__new__(CudaLauncher)
+    run.launch, run.num_ctas, run.launch_cooperative_grid, run.launch_pdl = launch, 1, False, False
+    run.global_scratch_size = run.profile_scratch_size = 0
+    run.global_scratch_align = run.profile_scratch_align = 1
+    return run
+
+
 def fake_gpu() -> None:
     """Fake the GPU side of Triton: a driver answering device 0 / stream 0 and a compile that
     returns a kernel whose launcher does nothing (see the module docstring)."""
@@ -112,7 +133,7 @@ def fake_gpu() -> None:
     def do_compile(kernel, key, signature, device, constexprs, options, attrs, warmup):
         compiled = object.__new__(CompiledKernel)
         compiled.hash, compiled.name, compiled.src, compiled.module = key, kernel.__name__, None, 1
-        compiled.function, compiled.packed_metadata, compiled._run = 1, (4, 1, 0), lambda *args: None
+        compiled.function, compiled.packed_metadata, compiled._run = 1, (4, 1, 0), fake_launcher(kernel)
         kernel.device_caches[device][0][key] = compiled
         kernel.cache_key  # noqa: B018  (fills used_global_vals, as a compile does)
         return compiled
@@ -121,6 +142,8 @@ def fake_gpu() -> None:
     if fast_launch is not None:
         fast_launch.driver = jit.driver
         fast_launch._device = types.SimpleNamespace(is_interpreter=lambda: False)
+        # The fake GPU's tensors are CPU tensors: let them take the raw-pointer path a CUDA tensor takes.
+        fast_launch._on_gpu = lambda t: True
     os.environ["TRITON_INTERPRET"] = "1"  # kvattn: CPU tensors may take the Triton backend
     os.environ["KVATTN_BACKEND"] = "triton"
 
@@ -132,6 +155,24 @@ def _bits(result) -> torch.Tensor:
 
 def _set_fast(on: bool) -> None:
     os.environ["KVATTN_FAST_LAUNCH"] = "1" if on else "0"
+
+
+@contextlib.contextmanager
+def triton_runs():
+    """Records every ``JITFunction.run`` (Triton's own launch path) inside the block."""
+    from triton.runtime.jit import JITFunction
+
+    runs, run = [], JITFunction.run
+
+    def counting(*args, **kwargs):
+        runs.append(1)
+        return run(*args, **kwargs)
+
+    JITFunction.run = counting
+    try:
+        yield runs
+    finally:
+        JITFunction.run = run
 
 
 def profile(fn, calls: int = 500) -> str:
@@ -164,7 +205,11 @@ def main(argv=None) -> int:
     cases.append(("xqa 1x32768 (flat pools)", xqa_call(device)))
     for i, (name, fn) in enumerate(cases):
         _set_fast(True)
-        line = f"{name:56s} host {host_us(fn, args.calls):7.1f} us/call"
+        fn()  # the first call of each launch goes through Triton and is cached
+        with triton_runs() as runs:
+            line = f"{name:56s} host {host_us(fn, args.calls):7.1f} us/call"
+        if runs:  # the numbers are not the fast path's
+            line += f"   ({len(runs)} launches through JITFunction.run)"
         if args.compare:
             fast = _bits(fn()).clone()
             _set_fast(False)
