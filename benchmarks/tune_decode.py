@@ -91,6 +91,7 @@ SHAPES = [
     Shape("decode", 128, 2048),
     Shape("decode", 256, 1024),
     Shape("decode", 16, 4096),
+    Shape("decode", 32, 4096),
     Shape("decode", 1, 32768),
     Shape("decode", 64, 8192, page_size=64, layout="HND"),
     Shape("decode", 128, 2048, page_size=64),

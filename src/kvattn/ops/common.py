@@ -69,17 +69,16 @@ def softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------------------
-# split-KV work division (the main kernel and the combine kernel must agree exactly)
+# split-KV work division
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def split_bounds(kv_len, kv_lo, num_splits, BLOCK_N: tl.constexpr):
-    """``(chunk, n_active)``: the keys ``[kv_lo, kv_len)`` cut into ``n_active`` chunks of ``chunk``
-    tokens (a multiple of BLOCK_N), balanced for this request; ``n_active >= 1`` even when empty."""
+    """``chunk``: the keys ``[kv_lo, kv_len)`` cut into chunks of ``chunk`` tokens (a multiple of
+    BLOCK_N), balanced for this request; split ``s`` takes ``[kv_lo + s * chunk, +chunk)``, clipped
+    to ``kv_len`` (empty for the splits a short request leaves idle)."""
     span = tl.maximum(kv_len - kv_lo, 0)
     chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
-    chunk = tl.maximum(chunk, BLOCK_N)
-    n_active = tl.maximum(tl.cdiv(span, chunk), 1)
-    return chunk, n_active
+    return tl.maximum(chunk, BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ A program packs every query row that reads one KV head -- the ``GROUP`` query he
 group times the ``Q_LEN`` draft tokens of the request -- into one ``BLOCK_M`` tile, so the KV of a
 request and head is read once whatever ``Q_LEN`` is. It streams its split's keys in ``BLOCK_N``
 tiles (gathering page ids per token, so a tile may span several pages), keeps the softmax state
-in registers and either writes the final rows (the request needed a single split) or a normalised
-partial ``(o, lse)`` to the workspace for :func:`decode_combine_kernel`.
+in registers and either writes the final rows (the launch has a single split) or a normalised
+partial ``(o, lse)`` to the workspace, which :func:`decode_combine_kernel` merges.
 
 Single-request decode is the same kernel with ``PAGED=False`` (contiguous ``[L, Hkv, D]`` K/V)
 and the ROPE / ALIBI / SOFT_CAP / STORE_LSE switches it needs.
@@ -100,7 +100,7 @@ def _decode_item(
     kvh = bh % NUM_KV_HEADS
 
     kv_len, kv_lo = _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN, PAGED, HAS_WINDOW)
-    chunk, n_active = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
+    chunk = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
 
@@ -258,7 +258,10 @@ def _decode_item(
             if not SAME_TABLE:
                 v_ids = load_page_ids(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
 
-    final = (n_active == 1) & (split == 0)
+    # A launch with one split writes the final rows; with several, every split writes a partial
+    # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
+    # all num_splits of them without reading the request's length again.
+    final = num_splits == 1
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
     out_mult = out_factor
     if OUT_PTR:
@@ -269,7 +272,7 @@ def _decode_item(
         tl.store(lse_ptr + q_rows * stride_lse_t + heads, lse2, mask=row_ok & final)
 
     # Partials leave out the sinks (the combine adds them once) and the output scale.
-    partial = (n_active > 1) & (split < n_active)
+    partial = num_splits > 1
     o_part, _ = softmax_finalize(acc, m_i, l_i, sink2, False)
     p_row = (split.to(tl.int64) * num_rows + q_rows) * NUM_HEADS + heads
     tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=row_ok[:, None] & partial)
@@ -310,6 +313,9 @@ def decode_split_kernel(
 ):
     if USE_PDL:
         gdc_wait()
+        # Let the combine (or the caller's next PDL kernel) launch now: its programs wait in
+        # gdc_wait for this grid to finish and flush, but their launch overlaps this kernel.
+        gdc_launch_dependents()
     # One program per work item, or (PERSISTENT: a grid capped at xqa's sm_count) each program
     # walks the items with the grid's stride. One call site either way: the loop runs once when
     # every item has its own program.
@@ -332,71 +338,61 @@ def decode_split_kernel(
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
         )
-    if USE_PDL:
-        gdc_launch_dependents()
 
 
 @triton.jit
 def decode_combine_kernel(
     part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs (base 2)
-    seq_lens_ptr,  # [B] int32 (PAGED)
+    part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs (base 2; -inf: empty split)
     sinks_ptr,  # [Hq] float32 (HAS_SINKS)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
     out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8
     lse_ptr,  # [B * Q_LEN, Hq] float32 (STORE_LSE; head stride 1)
     stride_o_t, stride_o_h, stride_lse_t,
-    num_rows, num_splits, fixed_len, window_left, out_factor,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr, PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+    num_rows, num_splits, out_factor,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
     OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """Merge one (query row, head)'s split partials exactly through their LSEs; rows whose request
-    needed a single split were written by the main kernel and are skipped."""
+    """Merge one (query row, head)'s split partials exactly through their LSEs.
+
+    One pass, rescaling as it goes: with ``num_splits <= BLOCK_S`` (the launcher's usual choice)
+    every load is issued at once, so the kernel costs one round trip to L2 after the split kernel.
+    """
     t = tl.program_id(0)
     h = tl.program_id(1)
     if USE_PDL:
         gdc_wait()
-    b = t // Q_LEN
-    kv_len, kv_lo = _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN, PAGED, HAS_WINDOW)
-    chunk, n_active = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
-    if n_active > 1:
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_d = tl.arange(0, HEAD_DIM)
-        row = t.to(tl.int64) * NUM_HEADS + h
-        # Two passes over the splits' LSEs (max, then weights): all loads of a pass are independent.
-        m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
-        for s0 in range(0, n_active, BLOCK_S):
-            s_ok = s0 + offs_s < n_active
-            lse_i = tl.load(part_lse_ptr + (s0 + offs_s).to(tl.int64) * num_rows * NUM_HEADS + row,
-                            mask=s_ok, other=float("-inf"))
-            m = tl.maximum(m, lse_i)
-        m_max = tl.max(m, 0)
-        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-        den = tl.zeros([BLOCK_S], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_S, HEAD_DIM], dtype=tl.float32)
-        for s0 in range(0, n_active, BLOCK_S):
-            s_ok = s0 + offs_s < n_active
-            p_row = (s0 + offs_s).to(tl.int64) * num_rows * NUM_HEADS + row
-            lse_i = tl.load(part_lse_ptr + p_row, mask=s_ok, other=float("-inf"))
-            o_i = tl.load(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-            w = tl.exp2(lse_i - m_safe)
-            den += w
-            acc += w[:, None] * o_i
-        d = tl.sum(den, 0)
-        o = tl.sum(acc, 0)
-        total = d
-        if HAS_SINKS:
-            total = d + tl.exp2(tl.load(sinks_ptr + h).to(tl.float32) * LOG2E - m_safe)
-        o = o / tl.where(total > 0, total, 1.0)
-        out_mult = out_factor
-        if OUT_PTR:
-            out_mult = out_mult * tl.load(out_scale_ptr)
-        store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, o * out_mult,
-                     offs_d < HEAD_DIM, OUT_FP8)
-        if STORE_LSE:
-            lse2 = tl.where(d > 0, m_max + tl.log2(tl.where(d > 0, d, 1.0)), float("-inf"))
-            tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + h, lse2)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row = t.to(tl.int64) * NUM_HEADS + h
+    m = float("-inf")
+    den = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_ok = s0 + offs_s < num_splits
+        p_row = (s0 + offs_s).to(tl.int64) * num_rows * NUM_HEADS + row
+        lse_i = tl.load(part_lse_ptr + p_row, mask=s_ok, other=float("-inf"))
+        o_i = tl.load(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_i, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
+        w = tl.exp2(lse_i - m_safe)
+        den = den * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o_i, 0)
+        m = m_new
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = den
+    if HAS_SINKS:
+        total = den + tl.exp2(tl.load(sinks_ptr + h).to(tl.float32) * LOG2E - m_safe)
+    o = acc / tl.where(total > 0, total, 1.0)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, o * out_mult,
+                 offs_d < HEAD_DIM, OUT_FP8)
+    if STORE_LSE:
+        lse2 = tl.where(den > 0, m + tl.log2(tl.where(den > 0, den, 1.0)), float("-inf"))
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + h, lse2)
 
 
 __all__ = ["decode_split_kernel", "decode_combine_kernel"]

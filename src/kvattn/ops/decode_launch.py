@@ -38,7 +38,7 @@ _ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse")
 _OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
 _SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit",
                    "out_scale", "out", "lse", "part_o", "part_lse")
-_COMBINE_POINTERS = ("part_o", "part_lse", "seq_lens", "sinks", "out_scale", "out", "lse")
+_COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
 _MAX_PLANS = 1024  # distinct call shapes kept; past this the cache starts over
@@ -232,19 +232,17 @@ def _split_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
 
 
 def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
-    """The combine kernel's launch: every argument but the pointers, the call's ints
-    ``(fixed_len, window_left)`` and the float ``out_factor``."""
+    """The combine kernel's launch: every argument but the pointers and the float ``out_factor``."""
     s, has = plan.strides, plan.has
     return fast_launch.Launch(
         decode_combine_kernel, (plan.rows_total, plan.num_heads),
         slots=plan.combine_slots,
         head=(*s["out"], s["lse"], plan.rows_total, splits),
-        int_slots=(0, 1), num_floats=1,
+        num_floats=1,
         constexprs=dict(
-            NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim, Q_LEN=plan.q_len, BLOCK_N=plan.cfg.block_n,
-            BLOCK_S=min(_next_power_of_2(splits), max(1, 8192 // plan.head_dim)), PAGED=plan.paged,
-            HAS_WINDOW=plan.has_window, HAS_SINKS=has["sinks"], OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8,
-            STORE_LSE=has["lse"], USE_PDL=plan.gdc,
+            NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim,
+            BLOCK_S=min(_next_power_of_2(splits), max(1, 8192 // plan.head_dim)), HAS_SINKS=has["sinks"],
+            OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], USE_PDL=plan.gdc,
         ),
         options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
     )
