@@ -18,25 +18,33 @@ TRITON_OPS: set[str] = set()
 _warned: set[tuple[str, str]] = set()
 
 
+_loaded = False  # whether _load_ops has run (an import statement costs a microsecond a call)
+
+
 def _load_ops() -> None:
+    global _loaded
     try:
         from . import ops  # noqa: F401  (registers TRITON_OPS)
     except ImportError as exc:  # pragma: no cover - triton missing: reference only
         warnings.warn(f"kvattn: Triton kernels unavailable ({exc}); using the reference backend", stacklevel=3)
+    _loaded = True
 
 
 def use_triton(op: str, device: torch.device) -> bool:
     """True when ``op`` on ``device`` should run its Triton kernel."""
     forced = _env.backend_override()
-    if forced == "reference":
+    on_cuda = device.type == "cuda"
+    if forced is None:
+        if not on_cuda:
+            return False
+    elif forced == "reference":
         return False
-    if forced is None and device.type != "cuda":
-        return False
-    if device.type != "cuda" and not _env.triton_interpret():
+    elif not on_cuda and not _env.triton_interpret():
         raise RuntimeError(
             "KVATTN_BACKEND=triton with CPU tensors needs TRITON_INTERPRET=1 set before triton is imported"
         )
-    _load_ops()
+    if not _loaded:
+        _load_ops()
     if op in TRITON_OPS:
         return True
     key = (op, device.type)

@@ -14,13 +14,13 @@
     Triton's own switch; kvattn only reads it to know that kernels run on the CPU.
 
 The switches are read on every call (tests and users change them at run time), but cheaply: the
-raw value is looked up in ``os.environ``'s own dict and its parsed meaning is memoised, where
-``os.environ.get`` of an unset name costs a microsecond (it raises and catches a KeyError).
+raw value is looked up in ``os.environ``'s own dict and its parsed meaning is memoised per raw
+value, where ``os.environ.get`` of an unset name costs a microsecond (it raises and catches a
+KeyError).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -33,28 +33,8 @@ _FALSE = ("0", "false", "no", "off")
 # and monkeypatch.setenv update it. Elsewhere, fall back to os.environ.get.
 _DATA = getattr(os.environ, "_data", None)
 _ENCODE = getattr(os.environ, "encodekey", None)
-
-
-def _reader(name: str):
-    """A function returning the raw value of ``name`` (str, bytes or None when unset)."""
-    if isinstance(_DATA, dict) and _ENCODE is not None:
-        fast = functools.partial(_DATA.get, _ENCODE(name))
-
-        def read():
-            # torch.compile traces the public functions, and Dynamo cannot trace a bound dict.get
-            # held in a partial: it reads os.environ the ordinary way.
-            if torch.compiler.is_compiling():
-                return os.environ.get(name)
-            return fast()
-
-        return read
-    return functools.partial(os.environ.get, name)
-
-
-_raw_backend = _reader("KVATTN_BACKEND")
-_raw_debug = _reader("KVATTN_DEBUG")
-_raw_fast = _reader("KVATTN_FAST_LAUNCH")
-_raw_interpret = _reader("TRITON_INTERPRET")
+_MISSING = object()
+_MAX_MEMO = 64  # raw values remembered per switch
 
 
 def _text(raw) -> str:
@@ -63,7 +43,35 @@ def _text(raw) -> str:
     return (os.fsdecode(raw) if isinstance(raw, bytes) else raw).strip().lower()
 
 
-@functools.lru_cache(maxsize=64)
+def _switch(name: str, parse, func_name: str, doc: str):
+    """The function ``func_name`` returning ``parse(raw value of name)`` (a str, bytes or None),
+    memoised per raw value: a call costs one environment lookup and one dict lookup. A value
+    ``parse`` rejects raises on every call (nothing is memoised for it)."""
+    if isinstance(_DATA, dict) and _ENCODE is not None:
+        get, key = _DATA.get, _ENCODE(name)
+    else:
+        get, key = os.environ.get, name
+    memo: dict = {}
+
+    def value():
+        # torch.compile traces the public functions, and Dynamo cannot trace os.environ's private
+        # dict: it reads os.environ the ordinary way and parses afresh.
+        if torch.compiler.is_compiling():
+            return parse(os.environ.get(name))
+        raw = get(key)
+        hit = memo.get(raw, _MISSING)
+        if hit is _MISSING:
+            hit = parse(raw)
+            if len(memo) >= _MAX_MEMO:
+                memo.clear()
+            memo[raw] = hit
+        return hit
+
+    value.__name__ = value.__qualname__ = func_name
+    value.__doc__ = doc
+    return value
+
+
 def _parse_backend(raw) -> str | None:
     value = _text(raw)
     if not value:
@@ -73,7 +81,6 @@ def _parse_backend(raw) -> str | None:
     return value
 
 
-@functools.lru_cache(maxsize=64)
 def _parse_flag(raw, default: bool) -> bool:
     value = _text(raw)
     if not value:
@@ -81,29 +88,11 @@ def _parse_flag(raw, default: bool) -> bool:
     return value in _TRUE if default is False else value not in _FALSE
 
 
-def _flag(raw, default: bool) -> bool:
-    if torch.compiler.is_compiling():  # Dynamo warns about traced lru_caches: parse directly
-        return _parse_flag.__wrapped__(raw, default)
-    return _parse_flag(raw, default)
-
-
-def backend_override() -> str | None:
-    """The backend forced by ``KVATTN_BACKEND``, or None when unset."""
-    if torch.compiler.is_compiling():
-        return _parse_backend.__wrapped__(_raw_backend())
-    return _parse_backend(_raw_backend())
-
-
-def debug_checks() -> bool:
-    """Whether the device-value checks (``KVATTN_DEBUG=1``) are on."""
-    return _flag(_raw_debug(), False)
-
-
-def fast_launch() -> bool:
-    """Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on)."""
-    return _flag(_raw_fast(), True)
-
-
-def triton_interpret() -> bool:
-    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``)."""
-    return _flag(_raw_interpret(), False)
+backend_override = _switch("KVATTN_BACKEND", _parse_backend, "backend_override",
+                           "The backend forced by ``KVATTN_BACKEND``, or None when unset.")
+debug_checks = _switch("KVATTN_DEBUG", lambda raw: _parse_flag(raw, False), "debug_checks",
+                       "Whether the device-value checks (``KVATTN_DEBUG=1``) are on.")
+fast_launch = _switch("KVATTN_FAST_LAUNCH", lambda raw: _parse_flag(raw, True), "fast_launch",
+                      "Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on).")
+triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",
+                           "Whether Triton runs its interpreter (``TRITON_INTERPRET=1``).")

@@ -153,7 +153,7 @@ def xqa_batch_decode_with_kv_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, FP8_DTYPE, torch.uint8),
     )
-    check_query_heads(query, "query", kv.num_kv_heads)
+    check_query_heads(query, "query", kv.k.shape[2])
     if block_tables.shape[0] != batch:
         raise ValueError(
             f"block_tables: expected {batch} rows (query rows / q_len_per_req), got {block_tables.shape[0]}"
@@ -167,8 +167,10 @@ def xqa_batch_decode_with_kv_cache(
         raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
     if o_scale is None:
         o_scale = 1.0
-    if isinstance(o_scale, bool) or not isinstance(o_scale, (int, float)) or not math.isfinite(o_scale) or o_scale == 0:
-        raise ValueError(f"o_scale: expected a finite non-zero float, got {o_scale!r}")
+    if type(o_scale) is not float or o_scale != 1.0:  # (1.0, the default, is the common case)
+        if isinstance(o_scale, bool) or not isinstance(o_scale, (int, float)) or not math.isfinite(o_scale) \
+                or o_scale == 0:
+            raise ValueError(f"o_scale: expected a finite non-zero float, got {o_scale!r}")
     if mask is not None:
         check_tensor(mask, "mask", dtypes=(torch.uint16,), device=device)
         check_shape(mask, "mask", (batch, q_len, 2 * ((q_len + 31) // 32)))
@@ -185,13 +187,14 @@ def xqa_batch_decode_with_kv_cache(
     out_scale = bmm2 if out.dtype == FP8_DTYPE else bmm2.times(float(o_scale))
     debug_check_pages(kv, seq_lens)
 
-    args = dict(q_len=q_len, logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask)
     if _backend.use_triton("batch_decode", device):
         ops_decode().batch_decode(
-            query, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, enable_pdl=bool(enable_pdl), **args
+            query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit,
+            out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=bool(enable_pdl),
         )
     else:
-        reference.batch_decode(query, kv, seq_lens, out, **args)
+        reference.batch_decode(query, kv, seq_lens, out, q_len=q_len, logit_scale=logit, out_scale=out_scale,
+                               window_left=window_left, sinks=sinks, mask=mask)
     return out
 
 

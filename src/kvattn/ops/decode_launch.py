@@ -14,7 +14,6 @@ facts alone and cached under them; a call then computes only its split count (me
 
 from __future__ import annotations
 
-import functools
 import operator
 from itertools import compress, repeat
 
@@ -262,52 +261,50 @@ def _plan(facts: tuple) -> _Plan:
     return plan
 
 
-def on_query_device(launch):
-    """Run ``launch`` with the query's GPU current: Triton launches on the current device, and a
-    multi-GPU caller's tensors may live on another one."""
+def launch_decode(query: torch.Tensor, *args) -> None:
+    """Launch decode attention into ``out`` (see :func:`_launch_decode` for the arguments, all
+    positional: a call with two dozen keyword arguments costs a microsecond of host time).
 
-    @functools.wraps(launch)
-    def wrapper(query, *args, **kwargs):
-        index = query.get_device()  # -1 on the CPU
-        if index >= 0 and index != torch.cuda.current_device():
-            with torch.cuda.device(index):
-                return launch(query, *args, **kwargs)
-        return launch(query, *args, **kwargs)
+    Runs with the query's GPU current: Triton launches on the current device, and a multi-GPU
+    caller's tensors may live on another one.
+    """
+    device = query.get_device()  # -1 on the CPU
+    if device >= 0 and device != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _launch_decode(device, query, *args)
+    return _launch_decode(device, query, *args)
 
-    return wrapper
 
-
-@on_query_device
-def launch_decode(
+def _launch_decode(
+    device: int,  # the query's device index, current now (-1 on the CPU)
     query: torch.Tensor,  # [rows, Hq, D], [rows, 1, Hq, D] or [Hq, D] (one row)
     k: torch.Tensor,  # [P, page, Hkv, Ds] (paged) or [L, Hkv, Ds]
     v: torch.Tensor,
     out: torch.Tensor,  # the query's shape
-    *,
     paged: bool,
-    k_sf=None,
-    v_sf=None,
-    k_table=None,
-    v_table=None,
-    seq_lens=None,  # [B] or [B, 1]
-    fixed_len: int = 0,
+    k_sf,  # NVFP4 block scales, or None
+    v_sf,
+    k_table,  # page tables [B, pages_per_seq] (paged), or None
+    v_table,
+    seq_lens,  # [B] or [B, 1] (paged), or None
+    fixed_len: int,  # the one request's length (not paged), or 0
     max_seq_len: int,
-    q_len: int = 1,
-    mask=None,
-    sinks=None,
-    logit_factor: float = 1.0,
-    logit_tensor=None,
-    out_factor: float = 1.0,
-    out_tensor=None,
-    lse=None,  # [rows, Hq] or [Hq]
-    window_left: int = -1,
-    workspace=None,
-    rope=None,  # (rope_scale, rope_theta)
-    alibi: bool = False,
-    soft_cap: float = 0.0,
-    use_tensor_cores: bool | None = None,
-    max_programs=None,
-    enable_pdl: bool = False,
+    q_len: int,
+    mask,
+    sinks,
+    logit_factor: float,
+    logit_tensor,
+    out_factor: float,
+    out_tensor,
+    lse,  # [rows, Hq] or [Hq], or None
+    window_left: int,  # -1: no window
+    workspace,  # or None: the split partials are allocated
+    rope,  # (rope_scale, rope_theta), or None
+    alibi: bool,
+    soft_cap: float,  # 0: none
+    use_tensor_cores: bool | None,
+    max_programs,
+    enable_pdl: bool,
 ) -> None:
     if seq_lens is not None:
         if not seq_lens.is_contiguous():  # the kernels read length b at seq_lens_ptr + b
@@ -351,7 +348,7 @@ def launch_decode(
         part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
     call = fast_launch.call_args((query, k, v, out, part_o, part_lse, *compress(optional, present)),
-                                 (fixed_len, window_left))
+                                 (fixed_len, window_left), device)
     rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
     split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
     if combine is not None:

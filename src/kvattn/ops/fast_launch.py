@@ -70,6 +70,7 @@ _U1 = ("u1",)
 _FP32 = ("fp32",)
 _NONE = ("constexpr", None)
 _MISSING = object()
+_NO_GLOBALS = ((), (), (), (), ())  # what _remember_globals keeps for a kernel that reads no globals
 
 _data_ptr = torch.Tensor.data_ptr
 _dtype = operator.attrgetter("dtype")
@@ -113,16 +114,15 @@ def arg_spec(value: Any) -> tuple:
     raise Unspecializable(f"no specialisation rule for {kind.__name__}")
 
 
-def _hook_idle(hook) -> bool:
-    return hook is None or (type(hook) is HookChain and not hook.calls)
-
-
 def fast_path_enabled() -> bool:
     """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6, compiled, no launch hooks)."""
     if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
         return False
     runtime = knobs.runtime
-    return _hook_idle(runtime.launch_enter_hook) and _hook_idle(runtime.launch_exit_hook)
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook  # None, or a HookChain of hooks
+    return (enter is None or (type(enter) is HookChain and not enter.calls)) and (
+        exit_ is None or (type(exit_) is HookChain and not exit_.calls)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,15 +173,19 @@ def _on_gpu(t) -> bool:
     return t.is_cuda
 
 
-def call_args(tensors: tuple, ints: tuple = ()) -> CallArgs:
-    """Read a call's tensor arguments and per-call int arguments (see :class:`CallArgs`)."""
-    if not fast_path_enabled() or not (tensors and _on_gpu(tensors[0])):
+def call_args(tensors: tuple, ints: tuple = (), device: int | None = None) -> CallArgs:
+    """Read a call's tensor arguments and per-call int arguments (see :class:`CallArgs`).
+
+    ``device``: the current device's index where the caller knows it (saves asking the driver).
+    """
+    if not (tensors and _on_gpu(tensors[0])) or not fast_path_enabled():
         # Raw pointers skip the launcher's pointer checks: host tensors (a direct torch.ops call)
         # take Triton's path, which rejects them.
         return CallArgs(tensors, ints)
     ptrs = tuple(map(_data_ptr, tensors))
     active = driver.active
-    device = active.get_current_device()
+    if device is None:
+        device = active.get_current_device()
     try:
         facts = call_key(device, tuple(map(_dtype, tensors)), ptrs, ints)
     except Unspecializable:
@@ -255,7 +259,8 @@ class Launch:
 
     The kernel's non-constexpr arguments are ``pointers + head + ints + floats + tail``: the
     call's tensors ``call.tensors[i] for i in slots``, the fixed scalars ``head``, the call's ints
-    ``call.ints[i] for i in int_slots``, the per-launch floats (passed through ``float()``), the
+    ``call.ints[i] for i in int_slots``, the per-launch floats (through ``float()`` for Triton, which
+    specialises an int otherwise; the compiled launcher reads them as C doubles), the
     fixed scalars ``tail``; ``constexprs`` binds the constexpr parameters, which must all follow
     the others. Calling it is ``kernel[grid](*args, **constexprs, **options)``, through the
     compiled kernel's launcher whenever it can (see the module docstring).
@@ -345,18 +350,20 @@ class Launch:
         return call.key, self.kernel.debug
 
     def __call__(self, call: CallArgs, floats: tuple = ()) -> None:
-        floats = tuple(map(float, floats))
-        key = self.key(call)
-        if key is not None:
-            hit = self._compiled.get(key)
-            if hit is not None and self._globals_unchanged():
-                compiled, launch, fixed = hit
-                self.last = compiled
-                launch(*self._grid3, call.stream, *fixed, *self._pick(call.ptrs), *self._head,
-                       *self._pick_ints(call.ints), *floats, *self._launch_tail)
-                return
+        key = None
+        if call.key is not None and self.fast:
+            kernel = self.kernel
+            if not kernel.pre_run_hooks:
+                key = call.key, kernel.debug
+                hit = self._compiled.get(key)
+                if hit is not None and (self._globals is _NO_GLOBALS or self._globals_unchanged()):
+                    compiled, launch, fixed = hit
+                    self.last = compiled
+                    launch(*self._grid3, call.stream, *fixed, *self._pick(call.ptrs), *self._head,
+                           *self._pick_ints(call.ints), *floats, *self._launch_tail)
+                    return
         compiled = self.kernel[self.grid](
-            *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *floats, *self._tail,
+            *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
             **self.constexprs, **self.options,
         )
         self.last = compiled
@@ -368,6 +375,9 @@ class Launch:
         """Triton refuses a launch once a global the kernel read at compile time has changed
         value; keep what it compares (known once the kernel has compiled)."""
         items = list(self.kernel.used_global_vals.items())
+        if not items:
+            self._globals = _NO_GLOBALS
+            return
         dicts = tuple(g for _, (_, g) in items)
         names = tuple(name for (name, _), _ in items)
         missing = tuple(repeat(_MISSING, len(items)))
@@ -377,6 +387,8 @@ class Launch:
     def _globals_unchanged(self) -> bool:
         if self._globals is None:
             return False
+        if self._globals is _NO_GLOBALS:
+            return True
         dicts, names, missing, values, seen = self._globals
         now = tuple(map(dict.get, dicts, names, missing))
         # Tuple equality skips __eq__ for identical items: the globals as last seen are the cheap
