@@ -40,19 +40,29 @@ _SM90 = {
     ("nvfp4", 128): (128, 4, 3),
     ("nvfp4", 256): (64, 4, 3),
 }
-# Long tiles: for launches that split the KV sequence (few work items: small batches, single
-# decode) and for pages of 64+ tokens (a tile spans two whole pages). Measured on an H100
+# Long tiles: for launches whose work items all fit one wave of long-tile programs (small
+# batches, single decode: the sequence is split to fill that wave). Measured on an H100
 # (benchmarks/NOTES.md): 16x4096 0.79 -> 0.82, 1x32768 0.65 -> 0.67, single decode 32768
-# 0.90 -> 0.92, 64x8192 page 64 0.98 -> 0.99, ragged page 64 0.92 -> 0.94; with many items and
-# 16-token pages they lose (128x2048 0.95 -> 0.92: one 8-warp program per SM balances worse).
+# 0.90 -> 0.92; with more items they lose (128x2048 0.95 -> 0.92, 32x4096 0.905 -> 0.895: one
+# 8-warp program per SM balances worse).
 _SM90_LONG = {
     ("half", 128): (128, 8, 3),
+}
+# Pages of 64+ tokens (one 16-row block, more items than one long wave): a stage less than the
+# main table, three programs per SM. H100: 256x1024 p64 0.94 -> 0.96, 128x2048 p64 0.95 -> 0.955;
+# on 16-token pages the same tile loses (64x8192 0.98 -> 0.86, 256x1024 0.95 -> 0.94).
+_SM90_PAGES64 = {
+    ("half", 128): (64, 4, 3),
 }
 _DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
 _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 
-TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
-LONG_TABLES = {"sm90": _SM90_LONG}
+# Table kind -> GPU family -> table. Only "main" has an entry for every GPU family.
+TABLES = {
+    "main": {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER},
+    "long": {"sm90": _SM90_LONG},
+    "pages64": {"sm90": _SM90_PAGES64},
+}
 
 _override: dict = {}
 
@@ -118,24 +128,29 @@ def _fmt(kv_format: str) -> str:
     return "half" if kv_format in ("float16", "bfloat16") else kv_format
 
 
-def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
-                     page_size: int, items: int, sm_count: int) -> bool:
-    """Whether a launch should use the long-tile table (``config(..., long_tiles=True)``): pages of
-    64+ tokens, or fewer work items than the main tiles have resident slots (the sequence will be
-    split). Only where a long-tile entry was measured, without RoPE, one 16-row block."""
-    if rope or block_m != 16 or (_fmt(kv_format), head_dim) not in LONG_TABLES.get(arch, {}):
-        return False
-    if page_size >= 64:
-        return True
-    base = config(arch, kv_format, head_dim, block_m, rope)
-    return items < sm_count * occupancy(base, kv_format, head_dim, False)
+def table_kind(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
+               page_size: int, items: int, sm_count: int) -> str:
+    """Which table a launch takes its config from (``config(..., kind)``): ``"long"`` when its
+    work items fit one wave of long-tile programs, else ``"pages64"`` for pages of 64+ tokens,
+    else ``"main"``. The first two only where measured: without RoPE, one 16-row block."""
+    key = (_fmt(kv_format), head_dim)
+    if rope or block_m != 16:
+        return "main"
+    if key in TABLES["long"].get(arch, {}):
+        long = config(arch, kv_format, head_dim, block_m, rope, "long")
+        if items <= sm_count * occupancy(long, kv_format, head_dim, False):
+            return "long"
+    if page_size >= 64 and key in TABLES["pages64"].get(arch, {}):
+        return "pages64"
+    return "main"
 
 
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
-           long_tiles: bool = False) -> DecodeConfig:
+           kind: str = "main") -> DecodeConfig:
     fmt = _fmt(kv_format)
-    table = LONG_TABLES[arch] if long_tiles else TABLES.get(arch, _DEFAULT)
+    tables = TABLES[kind]
+    table = tables.get(arch, _DEFAULT) if kind == "main" else tables[arch]
     block_n, warps, stages = table[(fmt, head_dim)]
     if rope:
         # RoPE keeps two float32 [BLOCK_N, D/2] cos/sin tables live (and one-row programs a square

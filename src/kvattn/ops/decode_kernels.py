@@ -313,9 +313,6 @@ def decode_split_kernel(
 ):
     if USE_PDL:
         gdc_wait()
-        # Let the combine (or the caller's next PDL kernel) launch now: its programs wait in
-        # gdc_wait for this grid to finish and flush, but their launch overlaps this kernel.
-        gdc_launch_dependents()
     # One program per work item, or (PERSISTENT: a grid capped at xqa's sm_count) each program
     # walks the items with the grid's stride. One call site either way: the loop runs once when
     # every item has its own program.
@@ -338,6 +335,10 @@ def decode_split_kernel(
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
         )
+    if USE_PDL:
+        # At the end, not the start: combine programs launched early and parked in gdc_wait made
+        # the split launches ~2 us slower on an H100 (benchmarks/NOTES.md).
+        gdc_launch_dependents()
 
 
 @triton.jit

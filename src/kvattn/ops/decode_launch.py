@@ -143,11 +143,11 @@ class _Plan:
         self.block_m, self.m_blocks = _row_tiling(self.rows, self.head_dim, use_dot)
         self.items = self.batch * self.num_kv_heads * self.m_blocks
         self.sm_count = _device.sm_count(device)
-        long_tiles = decode_configs.wants_long_tiles(
+        kind = decode_configs.table_kind(
             arch, self.kv_format, self.head_dim, self.block_m, rope, page_size=self.page_size, items=self.items,
             sm_count=self.sm_count,
         )
-        self.cfg = cfg = decode_configs.config(arch, self.kv_format, self.head_dim, self.block_m, rope, long_tiles)
+        self.cfg = cfg = decode_configs.config(arch, self.kv_format, self.head_dim, self.block_m, rope, kind)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = max(0, ws_numel - _ALIGN) // (4 * per_split) if ws_numel is not None else cfg.max_splits
         self.rope_query = rope and use_dot and self.rows == 1

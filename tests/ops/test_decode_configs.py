@@ -1,0 +1,67 @@
+"""The decode config tables and the rules that pick among them (host code only, no kernels)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvattn.ops import decode_configs as dc
+
+SMS = 132  # an H100 SXM
+
+
+def kind(items, page_size=16, *, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False):
+    return dc.table_kind(arch, fmt, head_dim, block_m, rope, page_size=page_size, items=items, sm_count=SMS)
+
+
+@pytest.mark.parametrize(
+    "items,page_size,expected",
+    [
+        (8, 16, "long"),  # 1 x 32768, Hkv 8: the sequence is split to fill one wave
+        (128, 16, "long"),  # 16 x 4096
+        (132, 16, "long"),  # exactly one wave of long programs
+        (133, 16, "main"),
+        (256, 16, "main"),  # 32 x 4096: long tiles would run ~2 waves of 8-warp programs
+        (1024, 16, "main"),
+        (8, 64, "long"),  # few items: long tiles whatever the page
+        (1024, 64, "pages64"),
+        (2048, 128, "pages64"),
+        (1024, 32, "main"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_table_kind_sm90_bf16_d128(items, page_size, expected):
+    assert kind(items, page_size) == expected
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(rope=True), dict(block_m=32), dict(fmt="fp8"), dict(head_dim=64), dict(arch="default"),
+     dict(arch="interpreter")],
+    ids=["rope", "block_m32", "fp8", "D64", "non-hopper", "interpreter"],
+)
+@pytest.mark.parametrize("items,page_size", [(8, 16), (1024, 64)], ids=["few-items", "p64"])
+def test_table_kind_only_where_measured(overrides, items, page_size):
+    assert kind(items, page_size, **overrides) == "main"
+
+
+def test_each_kind_reads_its_own_table():
+    assert (dc.config("sm90", "bfloat16", 128, 16, False, "main").block_n,
+            dc.config("sm90", "bfloat16", 128, 16, False, "main").num_stages) == (64, 4)
+    long = dc.config("sm90", "float16", 128, 16, False, "long")
+    assert (long.block_n, long.num_warps, long.num_stages) == (128, 8, 3)
+    p64 = dc.config("sm90", "bfloat16", 128, 16, False, "pages64")
+    assert (p64.block_n, p64.num_warps, p64.num_stages) == (64, 4, 3)
+    # GPUs without their own table fall back to the default one for the main kind
+    assert dc.config("sm80", "bfloat16", 128, 16, False).num_stages == 2
+
+
+def test_split_count_fills_whole_waves():
+    long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
+    assert dc.occupancy(long, "bfloat16", 128, False) == 1
+    kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, fit=64, max_programs=None)
+    assert dc.num_splits(long, items=8, span=32768, **kw) == 16  # 128 programs on 132 SMs
+    assert dc.num_splits(long, items=128, span=4096, **kw) == 1
+    # short spans never split below min_chunk keys; the workspace and xqa's sm_count cap the count
+    assert dc.num_splits(long, items=8, span=600, **kw) == 3
+    assert dc.num_splits(long, items=8, span=32768, **{**kw, "fit": 5}) == 5
+    assert dc.num_splits(long, items=8, span=32768, **{**kw, "max_programs": 40}) == 5
