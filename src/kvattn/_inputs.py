@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, TypeVar
 
 import torch
@@ -156,16 +156,22 @@ def cached_aliases(base: torch.Tensor, tag: tuple, make: Callable[..., T], *args
     for a tensor subclass, for a base that requires grad (aliases are not autograd views of it),
     or while ``torch.compile`` traces.
     """
-    if type(base) is not torch.Tensor or base.requires_grad or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        return make(base, *args)
+    key = (id(base), tag, args)
+    entry = _ALIASES.get(key)
+    if entry is not None:  # then ``base`` was a plain tensor with a data pointer and strides
+        ref, meta, kept = entry
+        if ref() is base and not base.requires_grad and meta == (
+            base.data_ptr(), base.shape, base.stride(), base.dtype, torch.is_inference_mode_enabled()
+        ):
+            return kept
+    if type(base) is not torch.Tensor or base.requires_grad:
         return make(base, *args)
     try:
         meta = (base.data_ptr(), base.shape, base.stride(), base.dtype, torch.is_inference_mode_enabled())
     except RuntimeError:  # no data pointer or strides (sparse, ...): nothing to key on
         return make(base, *args)
-    key = (id(base), tag, args)
-    entry = _ALIASES.get(key)
-    if entry is not None and entry[0]() is base and entry[1] == meta:
-        return entry[2]
     made = make(base, *args)
     try:
         kept = alias(made) if isinstance(made, torch.Tensor) else tuple(map(alias, made))
@@ -249,10 +255,11 @@ class PagedKV:
     v_dim: int
     k_sf: torch.Tensor | None = None
     v_sf: torch.Tensor | None = None
-    kv_format: str = field(init=False)
 
-    def __post_init__(self):
-        self.kv_format = KV_FORMATS[self.k.dtype]
+    @property
+    def kv_format(self) -> str:
+        """``"float16"``, ``"bfloat16"``, ``"fp8"`` or ``"nvfp4"``: the cache's dtype."""
+        return KV_FORMATS[self.k.dtype]
 
     @property
     def page_size(self) -> int:
@@ -273,7 +280,7 @@ class PagedKV:
     @property
     def capacity(self) -> int:
         """Tokens a request can hold: pages_per_seq * page_size."""
-        return self.pages_per_seq * self.page_size
+        return self.k_table.shape[1] * self.k.shape[1]
 
 
 def _to_nhd(pages: torch.Tensor, layout: str) -> torch.Tensor:
@@ -401,7 +408,7 @@ def debug_check_pages(kv: PagedKV, seq_lens: torch.Tensor, name: str = "block_ta
 
 def check_max_seq_len(max_seq_len, name: str, kv: PagedKV) -> int:
     m = check_int(max_seq_len, name, minimum=0)
-    if m > kv.capacity:
+    if m > kv.k_table.shape[1] * kv.k.shape[1]:  # the capacity
         raise ValueError(
             f"{name}: expected at most block_tables.shape[1] * page_size = {kv.capacity}, got {m}"
         )

@@ -162,7 +162,8 @@ def xqa_batch_decode_with_kv_cache(
     max_seq_len = check_max_seq_len(max_seq_len, "max_seq_len", kv)
     check_workspace(workspace_buffer, "workspace_buffer", device)
     window_left = check_window(window_left)
-    sinks = check_sinks(sinks, "sinks", shape[1], device)
+    if sinks is not None:
+        sinks = check_sinks(sinks, "sinks", shape[1], device)
     if enable_pdl is not None and not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
     if o_scale is None:
@@ -179,12 +180,14 @@ def xqa_batch_decode_with_kv_cache(
 
     if out is None:
         out = torch.empty_like(query)
+        out_fp8 = False
     else:
         check_out(out, "out", shape, (query.dtype, FP8_DTYPE), device)
-        if out.dtype == FP8_DTYPE and kv.kv_format != "fp8":
+        out_fp8 = out.dtype == FP8_DTYPE
+        if out_fp8 and kv.kv_format != "fp8":
             raise TypeError(f"out: a float8_e4m3fn output needs an fp8 cache, got a {kv.kv_format} cache")
     # Stored value: o_real / o_scale for an fp8 output, o_real otherwise (o_real = bmm2 * o_scale * o).
-    out_scale = bmm2 if out.dtype == FP8_DTYPE else bmm2.times(float(o_scale))
+    out_scale = bmm2 if out_fp8 else bmm2.times(o_scale)
     debug_check_pages(kv, seq_lens)
 
     if _backend.use_triton("batch_decode", device):

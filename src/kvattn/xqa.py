@@ -22,10 +22,12 @@ from ._inputs import (
     debug_check_pages,
     to_scale,
 )
-from .decode import check_head_dim, check_out, check_query_heads, ops_decode
+from .decode import DECODE_HEAD_DIMS, check_head_dim, check_out, check_query_heads, ops_decode
 from .formats import FP8_DTYPE
 
 XQA_PAGE_SIZES = (16, 32, 64, 128)
+_ONE = Scale(1.0)
+_SM_SCALE = {d: 1.0 / math.sqrt(d) for d in DECODE_HEAD_DIMS}  # 1 / sqrt(head_dim)
 
 
 def _pool_pages(pool: torch.Tensor, page_size: int, num_kv_heads: int) -> torch.Tensor:
@@ -120,63 +122,61 @@ def xqa(
     """
     check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=4)
     check_last_dim_contiguous(q, "q")
-    device = q.device
-    if q.shape[1] != 1:
-        raise ValueError(f"q: expected beam_width 1 (shape [B, 1, Hq, D]), got {list(q.shape)}")
-    head_dim = check_head_dim(q.shape[-1], "q")
+    device, shape, q_dtype = q.device, q.shape, q.dtype
+    if shape[1] != 1:
+        raise ValueError(f"q: expected beam_width 1 (shape [B, 1, Hq, D]), got {list(shape)}")
+    head_dim = check_head_dim(shape[3], "q")
     num_kv_heads = check_int(num_kv_heads, "num_kv_heads", minimum=1)
     page_size = check_int(page_size, "page_size", choices=XQA_PAGE_SIZES)
     layout = check_layout(kv_layout)
     group = check_query_heads(q, "q", num_kv_heads)
-    k = _cache_pages(k_cache, "k_cache", num_kv_heads, page_size, head_dim, layout, q.dtype, device)
-    v = _cache_pages(v_cache, "v_cache", num_kv_heads, page_size, head_dim, layout, q.dtype, device)
-    if k_cache.dtype != v_cache.dtype:
-        raise TypeError(f"v_cache: expected the dtype of k_cache ({k_cache.dtype}), got {v_cache.dtype}")
-    batch = q.shape[0]
+    k = _cache_pages(k_cache, "k_cache", num_kv_heads, page_size, head_dim, layout, q_dtype, device)
+    v = _cache_pages(v_cache, "v_cache", num_kv_heads, page_size, head_dim, layout, q_dtype, device)
+    kv_dtype = k_cache.dtype
+    if kv_dtype != v_cache.dtype:
+        raise TypeError(f"v_cache: expected the dtype of k_cache ({kv_dtype}), got {v_cache.dtype}")
+    batch = shape[0]
     check_tensor(page_table, "page_table", dtypes=(torch.int32,), ndim=2, device=device)
     if page_table.shape[0] != batch:
         raise ValueError(f"page_table: expected {batch} rows (one per request), got {page_table.shape[0]}")
     check_tensor(seq_lens, "seq_lens", dtypes=(torch.uint32, torch.int32), device=device)
     if seq_lens.numel() != batch:
         raise ValueError(f"seq_lens: expected shape [{batch}, 1], got {list(seq_lens.shape)}")
-    check_out(output, "output", q.shape, (q.dtype, FP8_DTYPE), device)
-    if output.dtype == FP8_DTYPE and k.dtype != FP8_DTYPE:
-        raise TypeError(f"output: a float8_e4m3fn output needs an fp8 cache, got a {k.dtype} cache")
+    check_out(output, "output", shape, (q_dtype, FP8_DTYPE), device)
+    if output.dtype == FP8_DTYPE and kv_dtype != FP8_DTYPE:
+        raise TypeError(f"output: a float8_e4m3fn output needs an fp8 cache, got a {kv_dtype} cache")
     check_workspace(workspace_buffer, "workspace_buffer", device)
     check_tensor(semaphores, "semaphores", dtypes=(torch.uint32,), device=device)
     if sinks is not None:
         check_tensor(sinks, "sinks", dtypes=(torch.float32,), device=device)
         if tuple(sinks.shape) != (num_kv_heads, group):
             raise ValueError(f"sinks: expected shape [{num_kv_heads}, {group}], got {list(sinks.shape)}")
-    sinks = check_sinks(sinks, "sinks", q.shape[2], device)
+        sinks = check_sinks(sinks, "sinks", shape[2], device)
     win = check_int(sliding_win_size, "sliding_win_size", minimum=0)
     if sm_count is not None:
         sm_count = check_int(sm_count, "sm_count", minimum=1)
     qs = to_scale(q_scale, "q_scale", device)
-    if k.dtype == FP8_DTYPE:
+    if kv_dtype == FP8_DTYPE:
         kv_eff = to_scale(kv_scale, "kv_scale", device, allow_none_as=1.0)
     else:
         if kv_scale is not None:
             to_scale(kv_scale, "kv_scale", device)
-        kv_eff = Scale(1.0)
+        kv_eff = _ONE
+    logit = qs.times(kv_eff).times(_SM_SCALE[head_dim])
 
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
     debug_check_pages(kv, seq_lens, "page_table")
-    args = dict(
-        q_len=1,
-        logit_scale=qs.times(kv_eff).times(1.0 / math.sqrt(head_dim)),
-        out_scale=kv_eff,
-        window_left=win - 1 if win > 0 else -1,
-        sinks=sinks,
-        mask=None,
-    )
+    window_left = win - 1 if win > 0 else -1
     if _backend.use_triton("batch_decode", device):
         # The launcher takes [B, 1, Hq, D] queries/outputs and [B, 1] lengths as they are.
         ops_decode().batch_decode(
-            q, kv, seq_lens, output, workspace_buffer, max_seq_len=kv.capacity, max_programs=sm_count, **args
+            q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=page_table.shape[1] * page_size,
+            logit_scale=logit, out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None,
+            max_programs=sm_count,
         )
     else:
-        reference.batch_decode(q[:, 0], kv, seq_lens.reshape(batch), output[:, 0], **args)
+        reference.batch_decode(q[:, 0], kv, seq_lens.reshape(batch), output[:, 0], q_len=1, logit_scale=logit,
+                               out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None)
 
 
 class _CallableModule(__import__("types").ModuleType):

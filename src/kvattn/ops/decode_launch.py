@@ -19,7 +19,7 @@ from itertools import compress, repeat
 
 import torch
 
-from .. import _device
+from .. import _device, _env
 from .._inputs import KV_FORMATS, cached_aliases
 from ..formats import FP8_DTYPE
 from . import decode_configs, fast_launch
@@ -329,7 +329,7 @@ def _launch_decode(
     has_window = window_left >= 0
     # Every host fact the plan reads (see _Plan.__init__ for the names, in this order).
     facts = (
-        query.device, _device.is_interpreter(), query.shape, query.stride(), k.shape if paged else k.shape[1],
+        query.device, _env.triton_interpret(), query.shape, query.stride(), k.shape if paged else k.shape[1],
         k.stride(), v.stride(), k.dtype, out.shape, out.stride(), out.dtype, present,
         k_sf.stride() if k_sf is not None else None, v_sf.stride() if v_sf is not None else None,
         k_table.stride() if k_table is not None else None, v_table.stride() if v_table is not None else None,

@@ -155,10 +155,31 @@ def call_key(device: int, dtypes: tuple, ptrs: tuple, ints: tuple) -> tuple:
         device,
         dtypes,
         tuple(map(_low_bits, ptrs)),  # offsets from 16-byte alignment (finer than aligned or not)
-        tuple(map(int_spec, ints)),
+        _int_specs(ints),
         knobs.runtime.debug,
         knobs.compilation.instrumentation_mode,
     )
+
+
+# ints -> tuple(map(int_spec, ints)), for tuples of ints only (True == 1 and 5.0 == 5 as keys: a hit
+# counts only when every value is an int).
+_INT_SPECS: dict[tuple, tuple] = {}
+_MAX_INT_SPECS = 4096
+
+
+def _int_specs(ints: tuple) -> tuple:
+    specs = _INT_SPECS.get(ints)
+    if specs is not None:
+        for value in ints:
+            if type(value) is not int:
+                break
+        else:
+            return specs
+    specs = tuple(map(int_spec, ints))  # ints only, past here
+    if len(_INT_SPECS) >= _MAX_INT_SPECS:
+        _INT_SPECS.clear()
+    _INT_SPECS[ints] = specs
+    return specs
 
 
 # call_key facts -> int. One int stands for them in the key of every launch of a call (hashing
