@@ -19,6 +19,7 @@ _warned: set[tuple[str, str]] = set()
 
 
 _loaded = False  # whether _load_ops has run (an import statement costs a microsecond a call)
+_ON_CUDA: dict = {}  # device -> device.type == "cuda" (reading a device's type costs 0.2 us)
 
 
 def _load_ops() -> None:
@@ -33,7 +34,9 @@ def _load_ops() -> None:
 def use_triton(op: str, device: torch.device) -> bool:
     """True when ``op`` on ``device`` should run its Triton kernel."""
     forced = _env.backend_override()
-    on_cuda = device.type == "cuda"
+    on_cuda = _ON_CUDA.get(device)
+    if on_cuda is None:
+        on_cuda = _ON_CUDA[device] = device.type == "cuda"
     if forced is None:
         if not on_cuda:
             return False

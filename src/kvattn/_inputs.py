@@ -72,6 +72,16 @@ def check_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: expected stride 1 in the last (head_dim) dim, got strides {tuple(x.stride())}")
 
 
+def check_tensor_contiguous_last(x, name: str, dtypes, ndim: int, device=None) -> torch.Tensor:
+    """:func:`check_tensor` then :func:`check_last_dim_contiguous`, the common case in one test."""
+    if type(x) is torch.Tensor and x.dtype in dtypes and x.dim() == ndim and (device is None or x.device == device) \
+            and x.stride()[-1] == 1:
+        return x
+    check_tensor(x, name, dtypes=dtypes, ndim=ndim, device=device)
+    check_last_dim_contiguous(x, name)
+    return x
+
+
 def check_layout(kv_layout, name: str = "kv_layout") -> str:
     if kv_layout in LAYOUTS and type(kv_layout) is str:
         return kv_layout
@@ -111,14 +121,23 @@ def check_sinks(sinks, name: str, num_heads: int, device) -> torch.Tensor | None
     return sinks if sinks.dim() == 1 else sinks.reshape(num_heads)
 
 
+_LENGTH_DTYPES = (torch.int32, torch.uint32)
+
+
 def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
-    check_tensor(seq_lens, name, dtypes=(torch.int32, torch.uint32), device=device)
+    if type(seq_lens) is torch.Tensor and seq_lens.dim() == 1 and seq_lens.dtype in _LENGTH_DTYPES \
+            and seq_lens.device == device and seq_lens.shape[0] == batch:  # the common case, in one go
+        return seq_lens
+    check_tensor(seq_lens, name, dtypes=_LENGTH_DTYPES, device=device)
     if seq_lens.numel() != batch:
         raise ValueError(f"{name}: expected {batch} lengths (one per request), got shape {list(seq_lens.shape)}")
     return seq_lens if seq_lens.dim() == 1 else seq_lens.reshape(batch)
 
 
 def check_workspace(workspace, name: str, device) -> torch.Tensor:
+    if type(workspace) is torch.Tensor and workspace.dtype == torch.uint8 and workspace.device == device \
+            and workspace.is_contiguous():  # the common case, in one go
+        return workspace
     check_tensor(workspace, name, dtypes=(torch.uint8,), device=device)
     if not workspace.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(workspace.stride())}")
@@ -212,9 +231,12 @@ class Scale(NamedTuple):
         return self.tensor.reshape(()).to(torch.float32) * self.factor
 
 
+_UNIT = Scale(1.0)
+
+
 def to_scale(value, name: str, device, *, allow_none_as: float | None = None) -> Scale:
     if type(value) is float and math.isfinite(value):  # the common case, first
-        return Scale(value)
+        return _UNIT if value == 1.0 else Scale(value)
     if value is None:
         if allow_none_as is None:
             raise TypeError(f"{name}: expected a float or a one-element float32 tensor, got None")
@@ -316,6 +338,13 @@ def _split_kv(kv_cache, name: str, layout: str | None = None):
     return cached_aliases(kv_cache, ("planes",), _planes, layout)
 
 
+def _check_pages(t: torch.Tensor, name: str, dtypes, device) -> None:
+    """Dtype, device and a contiguous last dim of 4-D pages (a tensor, as ``_split_kv`` gives)."""
+    if type(t) is not torch.Tensor or t.dtype not in dtypes or t.device != device or t.stride()[-1] != 1:
+        check_tensor(t, name, dtypes=dtypes, device=device)
+        check_last_dim_contiguous(t, name)
+
+
 def paged_kv_from_cache(
     kv_cache,
     block_tables: torch.Tensor,
@@ -334,11 +363,9 @@ def paged_kv_from_cache(
     layout = check_layout(kv_layout)
     k, v = _split_kv(kv_cache, name, layout)  # as NHD: the checks below read no layout-dependent dim
     # Planes of one 5-D tensor share its dtype, device and last dim: checking K checks V.
-    check_tensor(k, name, dtypes=allowed_dtypes, device=device)
-    check_last_dim_contiguous(k, name)
+    _check_pages(k, name, allowed_dtypes, device)
     if isinstance(kv_cache, (tuple, list)):
-        check_tensor(v, name, dtypes=allowed_dtypes, device=device)
-        check_last_dim_contiguous(v, name)
+        _check_pages(v, name, allowed_dtypes, device)
     dtype, shape = k.dtype, k.shape
     if dtype != v.dtype:
         raise TypeError(f"{name}: expected K and V of one dtype, got {dtype} and {v.dtype}")
@@ -371,8 +398,7 @@ def paged_kv_from_cache(
             raise ValueError(f"{sf_name}: expected NVFP4 block scales with a uint8 (NVFP4) cache, got None")
         k_sf, v_sf = _split_kv(kv_sf, sf_name, layout)
         for t in (k_sf, v_sf):
-            check_tensor(t, sf_name, dtypes=(FP8_DTYPE,), device=device)
-            check_last_dim_contiguous(t, sf_name)
+            _check_pages(t, sf_name, (FP8_DTYPE,), device)
         want = (*shape[:3], head_dim // NVFP4_BLOCK)
         for t in (k_sf, v_sf):
             if tuple(t.shape) != want:

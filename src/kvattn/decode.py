@@ -18,6 +18,7 @@ from ._inputs import (
     check_int,
     check_layout,
     check_last_dim_contiguous,
+    check_tensor_contiguous_last,
     check_max_seq_len,
     check_seq_lens,
     check_shape,
@@ -57,6 +58,9 @@ def check_head_dim(head_dim: int, name: str, allowed=DECODE_HEAD_DIMS) -> int:
 
 
 def check_out(out, name: str, shape: tuple, dtypes, device) -> torch.Tensor:
+    if type(out) is torch.Tensor and out.shape == shape and out.dtype in dtypes and out.device == device \
+            and out.stride()[-1] == 1:  # the common case, in one go
+        return out
     check_tensor(out, name, dtypes=dtypes, device=device)
     check_shape(out, name, shape)
     check_last_dim_contiguous(out, name)
@@ -139,8 +143,7 @@ def xqa_batch_decode_with_kv_cache(
     >>> o.shape
     torch.Size([2, 8, 128])
     """
-    check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3)
-    check_last_dim_contiguous(query, "query")
+    check_tensor_contiguous_last(query, "query", HALF_DTYPES, 3)
     device, shape = query.device, query.shape
     head_dim = check_head_dim(shape[2], "query")
     q_len = 1 if q_len_per_req is None else check_int(q_len_per_req, "q_len_per_req", minimum=1)
@@ -290,14 +293,13 @@ def single_decode_with_kv_cache(
     >>> o.shape
     torch.Size([32, 128])
     """
-    check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=2)
-    check_last_dim_contiguous(q, "q")
+    check_tensor_contiguous_last(q, "q", HALF_DTYPES, 2)
     device = q.device
     head_dim = check_head_dim(q.shape[-1], "q")
     layout = check_layout(kv_layout)
-    for t, n in ((k, "k"), (v, "v")):
-        check_tensor(t, n, dtypes=(q.dtype, FP8_DTYPE), ndim=3, device=device)
-        check_last_dim_contiguous(t, n)
+    kv_dtypes = (q.dtype, FP8_DTYPE)
+    check_tensor_contiguous_last(k, "k", kv_dtypes, 3, device)
+    check_tensor_contiguous_last(v, "v", kv_dtypes, 3, device)
     if k.dtype != v.dtype:
         raise TypeError(f"v: expected the dtype of k ({k.dtype}), got {v.dtype}")
     if k.shape != v.shape:

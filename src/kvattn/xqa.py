@@ -18,6 +18,7 @@ from ._inputs import (
     check_layout,
     check_sinks,
     check_tensor,
+    check_tensor_contiguous_last,
     check_workspace,
     debug_check_pages,
     to_scale,
@@ -42,16 +43,17 @@ def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: 
     """``[pages, page_size, Hkv, D]`` view of xqa's flat head pool (or of 4-D NHD/HND pages)."""
     check_tensor(cache, name, dtypes=(q_dtype, FP8_DTYPE), ndim=(2, 4), device=device)
     check_last_dim_contiguous(cache, name)
-    if cache.shape[-1] != head_dim:
-        raise ValueError(f"{name}: expected head_dim {head_dim} (the query's) in the last dim, got {cache.shape[-1]}")
-    if cache.dim() == 2:
+    shape = cache.shape
+    if shape[-1] != head_dim:
+        raise ValueError(f"{name}: expected head_dim {head_dim} (the query's) in the last dim, got {shape[-1]}")
+    if len(shape) == 2:
         per_page = page_size * num_kv_heads
-        if cache.shape[0] % per_page:
+        if shape[0] % per_page:
             raise ValueError(
                 f"{name}: expected total_num_cache_heads a multiple of page_size * num_kv_heads = {per_page}, "
-                f"got {cache.shape[0]}"
+                f"got {shape[0]}"
             )
-        return cached_aliases(cache, ("pool", page_size, num_kv_heads), _pool_pages, page_size, num_kv_heads)
+        return cached_aliases(cache, ("pool",), _pool_pages, page_size, num_kv_heads)
     pages = cache if layout == "NHD" else cached_aliases(cache, ("hnd",), _hnd_pages)
     if pages.shape[1] != page_size or pages.shape[2] != num_kv_heads:
         raise ValueError(
@@ -120,8 +122,7 @@ def xqa(
     >>> kvattn.xqa.xqa(q, k, v, table, lens, out, torch.zeros(1 << 20, dtype=torch.uint8),
     ...                torch.zeros(8, dtype=torch.uint32), Hkv, page)
     """
-    check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=4)
-    check_last_dim_contiguous(q, "q")
+    check_tensor_contiguous_last(q, "q", HALF_DTYPES, 4)
     device, shape, q_dtype = q.device, q.shape, q.dtype
     if shape[1] != 1:
         raise ValueError(f"q: expected beam_width 1 (shape [B, 1, Hq, D]), got {list(shape)}")
@@ -158,11 +159,12 @@ def xqa(
     qs = to_scale(q_scale, "q_scale", device)
     if kv_dtype == FP8_DTYPE:
         kv_eff = to_scale(kv_scale, "kv_scale", device, allow_none_as=1.0)
+        logit = qs.times(kv_eff).times(_SM_SCALE[head_dim])
     else:
         if kv_scale is not None:
             to_scale(kv_scale, "kv_scale", device)
         kv_eff = _ONE
-    logit = qs.times(kv_eff).times(_SM_SCALE[head_dim])
+        logit = qs.times(_SM_SCALE[head_dim])  # (qs.times(_ONE) equals qs)
 
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
     debug_check_pages(kv, seq_lens, "page_table")
