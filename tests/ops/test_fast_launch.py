@@ -537,6 +537,41 @@ def test_fast_path_passes_tritons_kernel_and_arguments(build, monkeypatch):
     assert pairs
 
 
+def test_fast_path_takes_each_calls_pointers(monkeypatch):
+    """Nothing keeps a data pointer across calls: a new query and output at new addresses, and new
+    memory under the same query object, reach the launcher; and they take the fast path."""
+    fake = FakeGPU(monkeypatch)
+    q, case, ws = _paged_call(torch.device("cpu"), lens=(700, 40))
+    runs = []
+    run = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda *a, **k: runs.append(1) or run(*a, **k))
+
+    def call(query, out):
+        kvattn.decode.xqa_batch_decode_with_kv_cache(query, case.kv_cache, ws, case.block_tables, case.seq_lens,
+                                                     704, bmm1_scale=0.125, out=out)
+        return [args for *_, args in fake.launches()]
+
+    def pointers(launches):
+        return {a for args in launches for a in args}
+
+    out = torch.empty_like(q)
+    call(q, out)  # through Triton, cached
+    runs.clear()
+    old_q = q.data_ptr()
+    first = call(q, out)
+    assert old_q in pointers(first) and out.data_ptr() in first[-1]
+    q2, out2 = q.clone(), torch.empty_like(out)
+    second = call(q2, out2)
+    assert q2.data_ptr() in pointers(second) and out2.data_ptr() in second[-1]
+    assert not {old_q, out.data_ptr()} & pointers(second)
+    old_storage = q.untyped_storage()  # (kept alive: its address is not reused)
+    q.set_(q.clone())  # the same tensor object over other memory
+    third = call(q, out)
+    assert q.data_ptr() in pointers(third) and not {old_q, q2.data_ptr()} & pointers(third)
+    assert not runs, "a call went through JITFunction.run"
+    del old_storage
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the fast path against Triton's
 # ---------------------------------------------------------------------------------------------
