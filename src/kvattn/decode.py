@@ -44,8 +44,8 @@ def ops_decode():
     return decode
 
 
-def check_query_heads(query: torch.Tensor, name: str, num_kv_heads: int) -> int:
-    hq = query.shape[-2]
+def check_query_heads(hq: int, name: str, num_kv_heads: int) -> int:
+    """``hq`` (the query's head count) divisible by ``num_kv_heads``: the group size."""
     if hq % num_kv_heads:
         raise ValueError(f"{name}: expected a number of heads divisible by num_kv_heads={num_kv_heads}, got {hq}")
     return hq // num_kv_heads
@@ -156,7 +156,7 @@ def xqa_batch_decode_with_kv_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, FP8_DTYPE, torch.uint8),
     )
-    check_query_heads(query, "query", kv.k.shape[2])
+    check_query_heads(shape[1], "query", kv.k.shape[2])
     if block_tables.shape[0] != batch:
         raise ValueError(
             f"block_tables: expected {batch} rows (query rows / q_len_per_req), got {block_tables.shape[0]}"
@@ -307,7 +307,7 @@ def single_decode_with_kv_cache(
     k_nhd, v_nhd = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
     if k_nhd.shape[-1] != head_dim:
         raise ValueError(f"k: expected head_dim {head_dim} (the query's), got {k_nhd.shape[-1]}")
-    check_query_heads(q, "q", k_nhd.shape[1])
+    check_query_heads(q.shape[0], "q", k_nhd.shape[1])
     mode = pos_encoding_mode.upper() if isinstance(pos_encoding_mode, str) else None
     if mode not in POS_ENCODING_MODES:
         raise ValueError(f"pos_encoding_mode: expected one of {POS_ENCODING_MODES}, got {pos_encoding_mode!r}")

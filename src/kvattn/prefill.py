@@ -154,7 +154,7 @@ def trtllm_batch_context_with_kv_cache(
         kv_sf=kv_block_scales, sf_name="kv_block_scales", split_tables=not uses_shared_paged_kv_idx,
         allowed_dtypes=kv_dtypes,
     )
-    check_query_heads(query, "query", kv.num_kv_heads)
+    check_query_heads(query.shape[-2], "query", kv.num_kv_heads)
     batch = check_int(batch_size, "batch_size", minimum=0)
     if kv.k_table.shape[0] != batch:
         raise ValueError(f"block_tables: expected {batch} rows (batch_size), got {kv.k_table.shape[0]}")

@@ -130,7 +130,7 @@ def xqa(
     num_kv_heads = check_int(num_kv_heads, "num_kv_heads", minimum=1)
     page_size = check_int(page_size, "page_size", choices=XQA_PAGE_SIZES)
     layout = check_layout(kv_layout)
-    group = check_query_heads(q, "q", num_kv_heads)
+    group = check_query_heads(shape[2], "q", num_kv_heads)
     k = _cache_pages(k_cache, "k_cache", num_kv_heads, page_size, head_dim, layout, q_dtype, device)
     v = _cache_pages(v_cache, "v_cache", num_kv_heads, page_size, head_dim, layout, q_dtype, device)
     kv_dtype = k_cache.dtype
