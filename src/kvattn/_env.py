@@ -35,6 +35,7 @@ _DATA = getattr(os.environ, "_data", None)
 _ENCODE = getattr(os.environ, "encodekey", None)
 _MISSING = object()
 _MAX_MEMO = 64  # raw values remembered per switch
+_is_compiling = torch.compiler.is_compiling
 
 
 def _text(raw) -> str:
@@ -56,7 +57,7 @@ def _switch(name: str, parse, func_name: str, doc: str):
     def value():
         # torch.compile traces the public functions, and Dynamo cannot trace os.environ's private
         # dict: it reads os.environ the ordinary way and parses afresh.
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return parse(os.environ.get(name))
         raw = get(key)
         hit = memo.get(raw, _MISSING)
