@@ -313,17 +313,29 @@ def decode_split_kernel(
 ):
     if USE_PDL:
         gdc_wait()
-    # One program per work item, or (PERSISTENT: a grid capped at xqa's sm_count) each program
-    # walks the items with the grid's stride. One call site either way: the loop runs once when
-    # every item has its own program.
+    # Two call sites on purpose: wrapping the one-item path in the persistent loop as well (one
+    # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
+    # per SM and 20-25 % of its time on an H100 (benchmarks/NOTES.md).
     pid = tl.program_id(0)
     if PERSISTENT:
-        item_step = tl.num_programs(0)
+        # A capped grid (xqa's sm_count): each program walks the work items.
+        for item in range(pid, num_items, tl.num_programs(0)):
+            _decode_item(
+                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+                stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+                stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+                num_rows, num_splits, num_pages, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+                HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
+                KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
+            )
     else:
-        item_step = num_items
-    for item in range(pid, num_items, item_step):
         _decode_item(
-            item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+            pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
             sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
             stride_q_t, stride_q_h, stride_o_t, stride_o_h,
             stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
