@@ -22,9 +22,9 @@ def kind(items, page_size=16, *, arch="sm90", fmt="bfloat16", head_dim=128, bloc
         (133, 16, "main"),
         (256, 16, "main"),  # 32 x 4096: long tiles would run ~2 waves of 8-warp programs
         (1024, 16, "main"),
-        (8, 64, "long"),  # few items: long tiles whatever the page
-        (1024, 64, "pages64"),
-        (2048, 128, "pages64"),
+        (8, 64, "long"),
+        (1024, 64, "long"),  # a tile spans two whole pages
+        (2048, 128, "long"),
         (1024, 32, "main"),
     ],
     ids=lambda v: str(v),
@@ -49,8 +49,6 @@ def test_each_kind_reads_its_own_table():
             dc.config("sm90", "bfloat16", 128, 16, False, "main").num_stages) == (64, 4)
     long = dc.config("sm90", "float16", 128, 16, False, "long")
     assert (long.block_n, long.num_warps, long.num_stages) == (128, 8, 3)
-    p64 = dc.config("sm90", "bfloat16", 128, 16, False, "pages64")
-    assert (p64.block_n, p64.num_warps, p64.num_stages) == (64, 4, 3)
     # GPUs without their own table fall back to the default one for the main kind
     assert dc.config("sm80", "bfloat16", 128, 16, False).num_stages == 2
 

@@ -41,18 +41,13 @@ _SM90 = {
     ("nvfp4", 256): (64, 4, 3),
 }
 # Long tiles: for launches whose work items all fit one wave of long-tile programs (small
-# batches, single decode: the sequence is split to fill that wave). Measured on an H100
-# (benchmarks/NOTES.md): 16x4096 0.79 -> 0.82, 1x32768 0.65 -> 0.67, single decode 32768
-# 0.90 -> 0.92; with more items they lose (128x2048 0.95 -> 0.92, 32x4096 0.905 -> 0.895: one
-# 8-warp program per SM balances worse).
+# batches, single decode: the sequence is split to fill that wave) and for pages of 64+ tokens
+# (a tile spans two whole pages). Measured on an H100 (benchmarks/NOTES.md): 16x4096 0.79 ->
+# 0.82, 1x32768 0.65 -> 0.67, single decode 32768 0.90 -> 0.92, 64x8192 page 64 0.98 -> 0.99;
+# with more items on 16-token pages they lose (128x2048 0.95 -> 0.92, 32x4096 0.905 -> 0.895:
+# one 8-warp program per SM balances worse).
 _SM90_LONG = {
     ("half", 128): (128, 8, 3),
-}
-# Pages of 64+ tokens (one 16-row block, more items than one long wave): a stage less than the
-# main table, three programs per SM. H100: 256x1024 p64 0.94 -> 0.96, 128x2048 p64 0.95 -> 0.955;
-# on 16-token pages the same tile loses (64x8192 0.98 -> 0.86, 256x1024 0.95 -> 0.94).
-_SM90_PAGES64 = {
-    ("half", 128): (64, 4, 3),
 }
 _DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
 _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
@@ -61,7 +56,6 @@ _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 TABLES = {
     "main": {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER},
     "long": {"sm90": _SM90_LONG},
-    "pages64": {"sm90": _SM90_PAGES64},
 }
 
 _override: dict = {}
@@ -130,19 +124,16 @@ def _fmt(kv_format: str) -> str:
 
 def table_kind(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
                page_size: int, items: int, sm_count: int) -> str:
-    """Which table a launch takes its config from (``config(..., kind)``): ``"long"`` when its
-    work items fit one wave of long-tile programs, else ``"pages64"`` for pages of 64+ tokens,
-    else ``"main"``. The first two only where measured: without RoPE, one 16-row block."""
+    """Which table a launch takes its config from (``config(..., kind)``): ``"long"`` for pages
+    of 64+ tokens or when the work items fit one wave of long-tile programs, else ``"main"``.
+    Long tiles only where measured: without RoPE, one 16-row block."""
     key = (_fmt(kv_format), head_dim)
-    if rope or block_m != 16:
+    if rope or block_m != 16 or key not in TABLES["long"].get(arch, {}):
         return "main"
-    if key in TABLES["long"].get(arch, {}):
-        long = config(arch, kv_format, head_dim, block_m, rope, "long")
-        if items <= sm_count * occupancy(long, kv_format, head_dim, False):
-            return "long"
-    if page_size >= 64 and key in TABLES["pages64"].get(arch, {}):
-        return "pages64"
-    return "main"
+    if page_size >= 64:
+        return "long"
+    long = config(arch, kv_format, head_dim, block_m, rope, "long")
+    return "long" if items <= sm_count * occupancy(long, kv_format, head_dim, False) else "main"
 
 
 @functools.lru_cache(maxsize=None)
