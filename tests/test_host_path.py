@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvattn import _env, _inputs
+from kvattn._inputs import check_tensor
 from kvattn.decode import check_out
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops import fast_launch
@@ -93,7 +94,7 @@ class Sub(torch.Tensor):
 def _outcome(fn, x):
     try:
         fn(x)
-    except Exception as exc:  # (IndexError: a 0-d tensor where only 4-D pages reach _check_pages)
+    except Exception as exc:  # (the detailed checks may raise any error; both paths must raise the same)
         return type(exc), str(exc).replace("Sub", "Tensor")
     return None
 
@@ -118,12 +119,16 @@ CHECKS = [
                  id="check_seq_lens-2d"),
     pytest.param(lambda x: _inputs.check_workspace(x, "workspace", torch.device("cpu")), (64,), torch.uint8,
                  id="check_workspace"),
-    pytest.param(lambda x: _inputs._check_pages(x, "kv_cache", (torch.float16, FP8_DTYPE), torch.device("cpu")),
-                 (5, 16, 2, 8), torch.float16, id="_check_pages"),
-    pytest.param(lambda x: _inputs.check_tensor_contiguous_last(x, "q", (torch.bfloat16,), 3, torch.device("cpu")),
-                 (3, 4, 8), torch.bfloat16, id="check_tensor_contiguous_last"),
-    pytest.param(lambda x: _inputs.check_tensor_contiguous_last(x, "q", (torch.bfloat16,), 2), (4, 8),
-                 torch.bfloat16, id="check_tensor_contiguous_last-any-device"),
+    pytest.param(lambda x: check_tensor(x, "kv_cache", dtypes=(torch.float16, FP8_DTYPE), device=torch.device("cpu"),
+                                        contiguous_last=True),
+                 (5, 16, 2, 8), torch.float16, id="check_tensor-pages"),
+    pytest.param(lambda x: check_tensor(x, "q", dtypes=(torch.bfloat16,), ndim=3, device=torch.device("cpu"),
+                                        contiguous_last=True),
+                 (3, 4, 8), torch.bfloat16, id="check_tensor-query"),
+    pytest.param(lambda x: check_tensor(x, "q", dtypes=(torch.bfloat16,), ndim=2, contiguous_last=True), (4, 8),
+                 torch.bfloat16, id="check_tensor-any-device"),
+    pytest.param(lambda x: check_tensor(x, "cache", dtypes=(torch.bfloat16,), ndim=(2, 4), contiguous_last=True),
+                 (4, 8), torch.bfloat16, id="check_tensor-ranks"),
 ]
 
 

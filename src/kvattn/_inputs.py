@@ -39,20 +39,26 @@ def _dtype_names(dtypes) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
-def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None) -> torch.Tensor:
-    """Type, dtype, rank (an int or a tuple of ints) and device of one tensor argument; raises
+def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None, contiguous_last: bool = False) -> torch.Tensor:
+    """Type, dtype, rank (an int or a tuple of ints) and device of one tensor argument, and with
+    ``contiguous_last`` stride 1 in the last dim (:func:`check_last_dim_contiguous`); raises
     TypeError/ValueError."""
+    # The common case, valid arguments, in one test (the checks run on every eager call).
+    if type(x) is torch.Tensor and (dtypes is None or x.dtype in dtypes) and (ndim is None or x.dim() == ndim) \
+            and (device is None or x.device == device) and (not contiguous_last or x.stride()[-1:] == (1,)):
+        return x
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if dtypes is not None and x.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype in ({_dtype_names(dtypes)}), got {str(x.dtype).replace('torch.', '')}")
     if ndim is not None:
-        dim = x.dim()
-        if dim != ndim and (type(ndim) is int or dim not in ndim):
-            allowed = (ndim,) if type(ndim) is int else tuple(ndim)
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if x.dim() not in allowed:
             raise ValueError(f"{name}: expected a {' or '.join(map(str, allowed))}-D tensor, got shape {tuple(x.shape)}")
     if device is not None and x.device != device:
         raise ValueError(f"{name}: expected a tensor on {device} (the query's device), got one on {x.device}")
+    if contiguous_last and x.dim():  # (a 0-d tensor is left to the caller's shape check)
+        check_last_dim_contiguous(x, name)
     return x
 
 
@@ -70,16 +76,6 @@ def check_shape(x: torch.Tensor, name: str, expected: tuple) -> None:
 def check_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
     if x.stride()[-1] != 1 and x.shape[-1] > 1:
         raise ValueError(f"{name}: expected stride 1 in the last (head_dim) dim, got strides {tuple(x.stride())}")
-
-
-def check_tensor_contiguous_last(x, name: str, dtypes, ndim: int, device=None) -> torch.Tensor:
-    """:func:`check_tensor` then :func:`check_last_dim_contiguous`, the common case in one test."""
-    if type(x) is torch.Tensor and x.dtype in dtypes and x.dim() == ndim and (device is None or x.device == device) \
-            and x.stride()[-1] == 1:
-        return x
-    check_tensor(x, name, dtypes=dtypes, ndim=ndim, device=device)
-    check_last_dim_contiguous(x, name)
-    return x
 
 
 def check_layout(kv_layout, name: str = "kv_layout") -> str:
@@ -125,9 +121,6 @@ _LENGTH_DTYPES = (torch.int32, torch.uint32)
 
 
 def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
-    if type(seq_lens) is torch.Tensor and seq_lens.dim() == 1 and seq_lens.dtype in _LENGTH_DTYPES \
-            and seq_lens.device == device and seq_lens.shape[0] == batch:  # the common case, in one go
-        return seq_lens
     check_tensor(seq_lens, name, dtypes=_LENGTH_DTYPES, device=device)
     if seq_lens.numel() != batch:
         raise ValueError(f"{name}: expected {batch} lengths (one per request), got shape {list(seq_lens.shape)}")
@@ -135,9 +128,6 @@ def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
 
 
 def check_workspace(workspace, name: str, device) -> torch.Tensor:
-    if type(workspace) is torch.Tensor and workspace.dtype == torch.uint8 and workspace.device == device \
-            and workspace.is_contiguous():  # the common case, in one go
-        return workspace
     check_tensor(workspace, name, dtypes=(torch.uint8,), device=device)
     if not workspace.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(workspace.stride())}")
@@ -302,7 +292,7 @@ class PagedKV:
     @property
     def capacity(self) -> int:
         """Tokens a request can hold: pages_per_seq * page_size."""
-        return self.k_table.shape[1] * self.k.shape[1]
+        return self.pages_per_seq * self.page_size
 
 
 def _to_nhd(pages: torch.Tensor, layout: str) -> torch.Tensor:
@@ -323,10 +313,8 @@ def _split_kv(kv_cache, name: str, layout: str | None = None):
         if len(kv_cache) != 2:
             raise ValueError(f"{name}: expected a (k_cache, v_cache) pair, got {len(kv_cache)} tensors")
         k, v = kv_cache
-        if not (isinstance(k, torch.Tensor) and k.dim() == 4):  # (the names cost a format a call)
-            check_tensor(k, f"{name}[0]", ndim=4)
-        if not (isinstance(v, torch.Tensor) and v.dim() == 4):
-            check_tensor(v, f"{name}[1]", ndim=4)
+        check_tensor(k, f"{name}[0]", ndim=4)
+        check_tensor(v, f"{name}[1]", ndim=4)
         if layout is None or layout == "NHD":
             return k, v
         return cached_aliases(k, ("nhd",), _to_nhd, layout), cached_aliases(v, ("nhd",), _to_nhd, layout)
@@ -336,13 +324,6 @@ def _split_kv(kv_cache, name: str, layout: str | None = None):
             f"{name}: expected dim 1 of size 2 (K, V) or 1 (K = V) after the page dim, got shape {list(kv_cache.shape)}"
         )
     return cached_aliases(kv_cache, ("planes",), _planes, layout)
-
-
-def _check_pages(t: torch.Tensor, name: str, dtypes, device) -> None:
-    """Dtype, device and a contiguous last dim of 4-D pages (a tensor, as ``_split_kv`` gives)."""
-    if type(t) is not torch.Tensor or t.dtype not in dtypes or t.device != device or t.stride()[-1] != 1:
-        check_tensor(t, name, dtypes=dtypes, device=device)
-        check_last_dim_contiguous(t, name)
 
 
 def paged_kv_from_cache(
@@ -363,9 +344,8 @@ def paged_kv_from_cache(
     layout = check_layout(kv_layout)
     k, v = _split_kv(kv_cache, name, layout)  # as NHD: the checks below read no layout-dependent dim
     # Planes of one 5-D tensor share its dtype, device and last dim: checking K checks V.
-    _check_pages(k, name, allowed_dtypes, device)
-    if isinstance(kv_cache, (tuple, list)):
-        _check_pages(v, name, allowed_dtypes, device)
+    for t in (k, v) if isinstance(kv_cache, (tuple, list)) else (k,):
+        check_tensor(t, name, dtypes=allowed_dtypes, device=device, contiguous_last=True)
     dtype, shape = k.dtype, k.shape
     if dtype != v.dtype:
         raise TypeError(f"{name}: expected K and V of one dtype, got {dtype} and {v.dtype}")
@@ -398,7 +378,7 @@ def paged_kv_from_cache(
             raise ValueError(f"{sf_name}: expected NVFP4 block scales with a uint8 (NVFP4) cache, got None")
         k_sf, v_sf = _split_kv(kv_sf, sf_name, layout)
         for t in (k_sf, v_sf):
-            _check_pages(t, sf_name, (FP8_DTYPE,), device)
+            check_tensor(t, sf_name, dtypes=(FP8_DTYPE,), device=device, contiguous_last=True)
         want = (*shape[:3], head_dim // NVFP4_BLOCK)
         for t in (k_sf, v_sf):
             if tuple(t.shape) != want:
@@ -434,7 +414,7 @@ def debug_check_pages(kv: PagedKV, seq_lens: torch.Tensor, name: str = "block_ta
 
 def check_max_seq_len(max_seq_len, name: str, kv: PagedKV) -> int:
     m = check_int(max_seq_len, name, minimum=0)
-    if m > kv.k_table.shape[1] * kv.k.shape[1]:  # the capacity
+    if m > kv.capacity:
         raise ValueError(
             f"{name}: expected at most block_tables.shape[1] * page_size = {kv.capacity}, got {m}"
         )

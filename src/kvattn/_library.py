@@ -48,10 +48,11 @@ def batch_decode_impl(
     enable_pdl: bool,
 ) -> None:
     """Paged decode into ``out``; split-KV partials live in ``workspace`` (see ops.decode)."""
-    decode_launch.launch_decode(  # positional, in _launch_decode's order
-        query, k, v, out, True, k_sf, v_sf, k_table, v_table, seq_lens, 0, max_seq_len, q_len, mask, sinks,
-        logit_factor, logit_tensor, out_factor, out_tensor, None, window_left, workspace,
-        None, False, 0.0, None, max_programs, enable_pdl,  # rope, alibi, soft_cap, use_tensor_cores
+    decode_launch.launch_decode(
+        query, k, v, out, paged=True, k_sf=k_sf, v_sf=v_sf, k_table=k_table, v_table=v_table,
+        seq_lens=seq_lens, max_seq_len=max_seq_len, q_len=q_len, mask=mask, sinks=sinks,
+        logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor,
+        window_left=window_left, workspace=workspace, max_programs=max_programs, enable_pdl=enable_pdl,
     )
 
 
@@ -85,10 +86,11 @@ def single_decode_impl(
     lse = torch.empty(q.shape[0], dtype=torch.float32, device=q.device)
     length = k.shape[0]
     decode_launch.launch_decode(  # [Hq, D] tensors are one row of the launcher's [rows, Hq, D]
-        q, k, v, out, False, None, None, None, None, None, length, length, 1, None, None,  # ... mask, sinks
-        logit_factor, logit_tensor, out_factor, out_tensor, lse, window_left, None,  # ... workspace
-        (rope_scale, rope_theta) if pos_encoding_mode == "ROPE_LLAMA" else None, pos_encoding_mode == "ALIBI",
-        soft_cap, use_tensor_cores, None, False,  # max_programs, enable_pdl
+        q, k, v, out, paged=False, fixed_len=length, max_seq_len=length,
+        logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor,
+        lse=lse, window_left=window_left,
+        rope=(rope_scale, rope_theta) if pos_encoding_mode == "ROPE_LLAMA" else None,
+        alibi=pos_encoding_mode == "ALIBI", soft_cap=soft_cap, use_tensor_cores=use_tensor_cores,
     )
     return out, lse
 

@@ -17,8 +17,6 @@ from ._inputs import (
     Scale,
     check_int,
     check_layout,
-    check_last_dim_contiguous,
-    check_tensor_contiguous_last,
     check_max_seq_len,
     check_seq_lens,
     check_shape,
@@ -58,12 +56,8 @@ def check_head_dim(head_dim: int, name: str, allowed=DECODE_HEAD_DIMS) -> int:
 
 
 def check_out(out, name: str, shape: tuple, dtypes, device) -> torch.Tensor:
-    if type(out) is torch.Tensor and out.shape == shape and out.dtype in dtypes and out.device == device \
-            and out.stride()[-1] == 1:  # the common case, in one go
-        return out
-    check_tensor(out, name, dtypes=dtypes, device=device)
+    check_tensor(out, name, dtypes=dtypes, device=device, contiguous_last=True)
     check_shape(out, name, shape)
-    check_last_dim_contiguous(out, name)
     return out
 
 
@@ -143,7 +137,7 @@ def xqa_batch_decode_with_kv_cache(
     >>> o.shape
     torch.Size([2, 8, 128])
     """
-    check_tensor_contiguous_last(query, "query", HALF_DTYPES, 3)
+    check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3, contiguous_last=True)
     device, shape = query.device, query.shape
     head_dim = check_head_dim(shape[2], "query")
     q_len = 1 if q_len_per_req is None else check_int(q_len_per_req, "q_len_per_req", minimum=1)
@@ -156,7 +150,7 @@ def xqa_batch_decode_with_kv_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, FP8_DTYPE, torch.uint8),
     )
-    check_query_heads(shape[1], "query", kv.k.shape[2])
+    check_query_heads(shape[1], "query", kv.num_kv_heads)
     if block_tables.shape[0] != batch:
         raise ValueError(
             f"block_tables: expected {batch} rows (query rows / q_len_per_req), got {block_tables.shape[0]}"
@@ -165,16 +159,13 @@ def xqa_batch_decode_with_kv_cache(
     max_seq_len = check_max_seq_len(max_seq_len, "max_seq_len", kv)
     check_workspace(workspace_buffer, "workspace_buffer", device)
     window_left = check_window(window_left)
-    if sinks is not None:
-        sinks = check_sinks(sinks, "sinks", shape[1], device)
+    sinks = check_sinks(sinks, "sinks", shape[1], device)
     if enable_pdl is not None and not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
     if o_scale is None:
         o_scale = 1.0
-    if type(o_scale) is not float or o_scale != 1.0:  # (1.0, the default, is the common case)
-        if isinstance(o_scale, bool) or not isinstance(o_scale, (int, float)) or not math.isfinite(o_scale) \
-                or o_scale == 0:
-            raise ValueError(f"o_scale: expected a finite non-zero float, got {o_scale!r}")
+    if isinstance(o_scale, bool) or not isinstance(o_scale, (int, float)) or not math.isfinite(o_scale) or o_scale == 0:
+        raise ValueError(f"o_scale: expected a finite non-zero float, got {o_scale!r}")
     if mask is not None:
         check_tensor(mask, "mask", dtypes=(torch.uint16,), device=device)
         check_shape(mask, "mask", (batch, q_len, 2 * ((q_len + 31) // 32)))
@@ -293,13 +284,12 @@ def single_decode_with_kv_cache(
     >>> o.shape
     torch.Size([32, 128])
     """
-    check_tensor_contiguous_last(q, "q", HALF_DTYPES, 2)
+    check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=2, contiguous_last=True)
     device = q.device
     head_dim = check_head_dim(q.shape[-1], "q")
     layout = check_layout(kv_layout)
-    kv_dtypes = (q.dtype, FP8_DTYPE)
-    check_tensor_contiguous_last(k, "k", kv_dtypes, 3, device)
-    check_tensor_contiguous_last(v, "v", kv_dtypes, 3, device)
+    for t, n in ((k, "k"), (v, "v")):
+        check_tensor(t, n, dtypes=(q.dtype, FP8_DTYPE), ndim=3, device=device, contiguous_last=True)
     if k.dtype != v.dtype:
         raise TypeError(f"v: expected the dtype of k ({k.dtype}), got {v.dtype}")
     if k.shape != v.shape:

@@ -14,21 +14,17 @@ from ._inputs import (
     Scale,
     cached_aliases,
     check_int,
-    check_last_dim_contiguous,
     check_layout,
     check_sinks,
     check_tensor,
-    check_tensor_contiguous_last,
     check_workspace,
     debug_check_pages,
     to_scale,
 )
-from .decode import DECODE_HEAD_DIMS, check_head_dim, check_out, check_query_heads, ops_decode
+from .decode import check_head_dim, check_out, check_query_heads, ops_decode
 from .formats import FP8_DTYPE
 
 XQA_PAGE_SIZES = (16, 32, 64, 128)
-_ONE = Scale(1.0)
-_SM_SCALE = {d: 1.0 / math.sqrt(d) for d in DECODE_HEAD_DIMS}  # 1 / sqrt(head_dim)
 
 
 def _pool_pages(pool: torch.Tensor, page_size: int, num_kv_heads: int) -> torch.Tensor:
@@ -41,8 +37,7 @@ def _hnd_pages(pages: torch.Tensor) -> torch.Tensor:
 
 def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: int, layout: str, q_dtype, device):
     """``[pages, page_size, Hkv, D]`` view of xqa's flat head pool (or of 4-D NHD/HND pages)."""
-    check_tensor(cache, name, dtypes=(q_dtype, FP8_DTYPE), ndim=(2, 4), device=device)
-    check_last_dim_contiguous(cache, name)
+    check_tensor(cache, name, dtypes=(q_dtype, FP8_DTYPE), ndim=(2, 4), device=device, contiguous_last=True)
     shape = cache.shape
     if shape[-1] != head_dim:
         raise ValueError(f"{name}: expected head_dim {head_dim} (the query's) in the last dim, got {shape[-1]}")
@@ -122,7 +117,7 @@ def xqa(
     >>> kvattn.xqa.xqa(q, k, v, table, lens, out, torch.zeros(1 << 20, dtype=torch.uint8),
     ...                torch.zeros(8, dtype=torch.uint32), Hkv, page)
     """
-    check_tensor_contiguous_last(q, "q", HALF_DTYPES, 4)
+    check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=4, contiguous_last=True)
     device, shape, q_dtype = q.device, q.shape, q.dtype
     if shape[1] != 1:
         raise ValueError(f"q: expected beam_width 1 (shape [B, 1, Hq, D]), got {list(shape)}")
@@ -159,12 +154,11 @@ def xqa(
     qs = to_scale(q_scale, "q_scale", device)
     if kv_dtype == FP8_DTYPE:
         kv_eff = to_scale(kv_scale, "kv_scale", device, allow_none_as=1.0)
-        logit = qs.times(kv_eff).times(_SM_SCALE[head_dim])
     else:
         if kv_scale is not None:
             to_scale(kv_scale, "kv_scale", device)
-        kv_eff = _ONE
-        logit = qs.times(_SM_SCALE[head_dim])  # (qs.times(_ONE) equals qs)
+        kv_eff = Scale(1.0)
+    logit = qs.times(kv_eff).times(1.0 / math.sqrt(head_dim))
 
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
     debug_check_pages(kv, seq_lens, "page_table")
@@ -172,7 +166,7 @@ def xqa(
     if _backend.use_triton("batch_decode", device):
         # The launcher takes [B, 1, Hq, D] queries/outputs and [B, 1] lengths as they are.
         ops_decode().batch_decode(
-            q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=page_table.shape[1] * page_size,
+            q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=kv.capacity,
             logit_scale=logit, out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None,
             max_programs=sm_count,
         )

@@ -9,28 +9,28 @@ from kvattn.ops import decode_configs as dc
 SMS = 132  # an H100 SXM
 
 
-def kind(items, page_size=16, *, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False):
-    return dc.table_kind(arch, fmt, head_dim, block_m, rope, page_size=page_size, items=items, sm_count=SMS)
+def long_tiles(items, page_size=16, *, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False):
+    return dc.wants_long_tiles(arch, fmt, head_dim, block_m, rope, page_size=page_size, items=items, sm_count=SMS)
 
 
 @pytest.mark.parametrize(
     "items,page_size,expected",
     [
-        (8, 16, "long"),  # 1 x 32768, Hkv 8: the sequence is split to fill one wave
-        (128, 16, "long"),  # 16 x 4096
-        (132, 16, "long"),  # exactly one wave of long programs
-        (133, 16, "main"),
-        (256, 16, "main"),  # 32 x 4096: long tiles would run ~2 waves of 8-warp programs
-        (1024, 16, "main"),
-        (8, 64, "long"),
-        (1024, 64, "long"),  # a tile spans two whole pages
-        (2048, 128, "long"),
-        (1024, 32, "main"),
+        (8, 16, True),  # 1 x 32768, Hkv 8: the sequence is split to fill one wave
+        (128, 16, True),  # 16 x 4096
+        (132, 16, True),  # exactly one wave of long programs
+        (133, 16, False),
+        (256, 16, False),  # 32 x 4096: long tiles would run ~2 waves of 8-warp programs
+        (1024, 16, False),
+        (8, 64, True),
+        (1024, 64, True),  # a tile spans two whole pages
+        (2048, 128, True),
+        (1024, 32, False),
     ],
     ids=lambda v: str(v),
 )
-def test_table_kind_sm90_bf16_d128(items, page_size, expected):
-    assert kind(items, page_size) == expected
+def test_long_tiles_sm90_bf16_d128(items, page_size, expected):
+    assert long_tiles(items, page_size) is expected
 
 
 @pytest.mark.parametrize(
@@ -40,21 +40,21 @@ def test_table_kind_sm90_bf16_d128(items, page_size, expected):
     ids=["rope", "block_m32", "fp8", "D64", "non-hopper", "interpreter"],
 )
 @pytest.mark.parametrize("items,page_size", [(8, 16), (1024, 64)], ids=["few-items", "p64"])
-def test_table_kind_only_where_measured(overrides, items, page_size):
-    assert kind(items, page_size, **overrides) == "main"
+def test_long_tiles_only_where_measured(overrides, items, page_size):
+    assert long_tiles(items, page_size, **overrides) is False
 
 
-def test_each_kind_reads_its_own_table():
-    assert (dc.config("sm90", "bfloat16", 128, 16, False, "main").block_n,
-            dc.config("sm90", "bfloat16", 128, 16, False, "main").num_stages) == (64, 4)
-    long = dc.config("sm90", "float16", 128, 16, False, "long")
+def test_configs_come_from_their_tables():
+    main = dc.config("sm90", "bfloat16", 128, 16, False)
+    assert (main.block_n, main.num_warps, main.num_stages) == (64, 4, 4)
+    long = dc.config("sm90", "float16", 128, 16, False, long_tiles=True)
     assert (long.block_n, long.num_warps, long.num_stages) == (128, 8, 3)
-    # GPUs without their own table fall back to the default one for the main kind
+    # GPUs without their own table fall back to the default one
     assert dc.config("sm80", "bfloat16", 128, 16, False).num_stages == 2
 
 
 def test_split_count_fills_whole_waves():
-    long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
+    long = dc.config("sm90", "bfloat16", 128, 16, False, long_tiles=True)
     assert dc.occupancy(long, "bfloat16", 128, False) == 1
     kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, fit=64, max_programs=None)
     assert dc.num_splits(long, items=8, span=32768, **kw) == 16  # 128 programs on 132 SMs

@@ -52,11 +52,8 @@ _SM90_LONG = {
 _DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
 _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 
-# Table kind -> GPU family -> table. Only "main" has an entry for every GPU family.
-TABLES = {
-    "main": {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER},
-    "long": {"sm90": _SM90_LONG},
-}
+TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
+LONG_TABLES = {"sm90": _SM90_LONG}
 
 _override: dict = {}
 
@@ -122,26 +119,24 @@ def _fmt(kv_format: str) -> str:
     return "half" if kv_format in ("float16", "bfloat16") else kv_format
 
 
-def table_kind(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
-               page_size: int, items: int, sm_count: int) -> str:
-    """Which table a launch takes its config from (``config(..., kind)``): ``"long"`` for pages
-    of 64+ tokens or when the work items fit one wave of long-tile programs, else ``"main"``.
-    Long tiles only where measured: without RoPE, one 16-row block."""
-    key = (_fmt(kv_format), head_dim)
-    if rope or block_m != 16 or key not in TABLES["long"].get(arch, {}):
-        return "main"
+def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
+                     page_size: int, items: int, sm_count: int) -> bool:
+    """Whether a launch takes the long-tile table (``config(..., long_tiles=True)``): pages of
+    64+ tokens, or work items that all fit one wave of long-tile programs. Only where a long-tile
+    entry was measured: without RoPE, one 16-row block."""
+    if rope or block_m != 16 or (_fmt(kv_format), head_dim) not in LONG_TABLES.get(arch, {}):
+        return False
     if page_size >= 64:
-        return "long"
-    long = config(arch, kv_format, head_dim, block_m, rope, "long")
-    return "long" if items <= sm_count * occupancy(long, kv_format, head_dim, False) else "main"
+        return True
+    long = config(arch, kv_format, head_dim, block_m, rope, long_tiles=True)
+    return items <= sm_count * occupancy(long, kv_format, head_dim, False)
 
 
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
-           kind: str = "main") -> DecodeConfig:
+           long_tiles: bool = False) -> DecodeConfig:
     fmt = _fmt(kv_format)
-    tables = TABLES[kind]
-    table = tables.get(arch, _DEFAULT) if kind == "main" else tables[arch]
+    table = LONG_TABLES[arch] if long_tiles else TABLES.get(arch, _DEFAULT)
     block_n, warps, stages = table[(fmt, head_dim)]
     if rope:
         # RoPE keeps two float32 [BLOCK_N, D/2] cos/sin tables live (and one-row programs a square

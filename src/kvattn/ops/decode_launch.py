@@ -14,6 +14,7 @@ facts alone and cached under them; a call then computes only its split count (me
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from itertools import compress, repeat
 
@@ -39,6 +40,7 @@ _SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq
                    "out_scale", "out", "lse", "part_o", "part_lse")
 _COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
+_CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 
 _MAX_PLANS = 1024  # distinct call shapes kept; past this the cache starts over
 _MAX_SPANS = 4096  # split counts memoised per plan
@@ -143,11 +145,11 @@ class _Plan:
         self.block_m, self.m_blocks = _row_tiling(self.rows, self.head_dim, use_dot)
         self.items = self.batch * self.num_kv_heads * self.m_blocks
         self.sm_count = _device.sm_count(device)
-        kind = decode_configs.table_kind(
+        long_tiles = decode_configs.wants_long_tiles(
             arch, self.kv_format, self.head_dim, self.block_m, rope, page_size=self.page_size, items=self.items,
             sm_count=self.sm_count,
         )
-        self.cfg = cfg = decode_configs.config(arch, self.kv_format, self.head_dim, self.block_m, rope, kind)
+        self.cfg = cfg = decode_configs.config(arch, self.kv_format, self.head_dim, self.block_m, rope, long_tiles)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = max(0, ws_numel - _ALIGN) // (4 * per_split) if ws_numel is not None else cfg.max_splits
         self.rope_query = rope and use_dot and self.rows == 1
@@ -261,95 +263,86 @@ def _plan(facts: tuple) -> _Plan:
     return plan
 
 
-def launch_decode(query: torch.Tensor, *args) -> None:
-    """Launch decode attention into ``out`` (see :func:`_launch_decode` for the arguments, all
-    positional: a call with two dozen keyword arguments costs a microsecond of host time).
-
-    Runs with the query's GPU current: Triton launches on the current device, and a multi-GPU
-    caller's tensors may live on another one.
-    """
-    device = query.get_device()  # -1 on the CPU
-    if device >= 0 and device != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            return _launch_decode(device, query, *args)
-    return _launch_decode(device, query, *args)
-
-
-def _launch_decode(
-    device: int,  # the query's device index, current now (-1 on the CPU)
+def launch_decode(
     query: torch.Tensor,  # [rows, Hq, D], [rows, 1, Hq, D] or [Hq, D] (one row)
     k: torch.Tensor,  # [P, page, Hkv, Ds] (paged) or [L, Hkv, Ds]
     v: torch.Tensor,
     out: torch.Tensor,  # the query's shape
+    *,
     paged: bool,
-    k_sf,  # NVFP4 block scales, or None
-    v_sf,
-    k_table,  # page tables [B, pages_per_seq] (paged), or None
-    v_table,
-    seq_lens,  # [B] or [B, 1] (paged), or None
-    fixed_len: int,  # the one request's length (not paged), or 0
+    k_sf=None,  # NVFP4 block scales
+    v_sf=None,
+    k_table=None,  # page tables [B, pages_per_seq] (paged)
+    v_table=None,
+    seq_lens=None,  # [B] or [B, 1] (paged)
+    fixed_len: int = 0,  # the one request's length (not paged)
     max_seq_len: int,
-    q_len: int,
-    mask,
-    sinks,
-    logit_factor: float,
-    logit_tensor,
-    out_factor: float,
-    out_tensor,
-    lse,  # [rows, Hq] or [Hq], or None
-    window_left: int,  # -1: no window
-    workspace,  # or None: the split partials are allocated
-    rope,  # (rope_scale, rope_theta), or None
-    alibi: bool,
-    soft_cap: float,  # 0: none
-    use_tensor_cores: bool | None,
-    max_programs,
-    enable_pdl: bool,
+    q_len: int = 1,
+    mask=None,
+    sinks=None,
+    logit_factor: float = 1.0,
+    logit_tensor=None,
+    out_factor: float = 1.0,
+    out_tensor=None,
+    lse=None,  # [rows, Hq] or [Hq]
+    window_left: int = -1,
+    workspace=None,  # None: the split partials are allocated
+    rope=None,  # (rope_scale, rope_theta)
+    alibi: bool = False,
+    soft_cap: float = 0.0,
+    use_tensor_cores: bool | None = None,
+    max_programs=None,
+    enable_pdl: bool = False,
 ) -> None:
-    if seq_lens is not None:
-        if not seq_lens.is_contiguous():  # the kernels read length b at seq_lens_ptr + b
-            seq_lens = seq_lens.contiguous()
-        if seq_lens.dtype == torch.uint32:
-            seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
-    if mask is not None:
-        mask = mask.view(torch.int16)
-        if mask.stride(-1) != 1:
-            mask = mask.contiguous()
-    if sinks is not None and sinks.stride(-1) != 1:
-        sinks = sinks.contiguous()
-    if paged:
-        same_table = k_table is v_table or (
-            k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
+    """Launch decode attention into ``out``, with the query's GPU current: Triton launches on the
+    current device, and a multi-GPU caller's tensors may live on another one."""
+    device = query.get_device()  # -1 on the CPU
+    switch = device >= 0 and device != torch.cuda.current_device()
+    with torch.cuda.device(device) if switch else _CURRENT_DEVICE:
+        if seq_lens is not None:
+            if not seq_lens.is_contiguous():  # the kernels read length b at seq_lens_ptr + b
+                seq_lens = seq_lens.contiguous()
+            if seq_lens.dtype == torch.uint32:
+                seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
+        if mask is not None:
+            mask = mask.view(torch.int16)
+            if mask.stride(-1) != 1:
+                mask = mask.contiguous()
+        if sinks is not None and sinks.stride(-1) != 1:
+            sinks = sinks.contiguous()
+        if paged:
+            same_table = k_table is v_table or (
+                k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
+            )
+        else:  # no page tables; the lengths are fixed_len
+            k_table = v_table = seq_lens = None
+            same_table = True
+        optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse)
+        present = tuple(map(operator.is_not, optional, _NONES))
+        has_window = window_left >= 0
+        # Every host fact the plan reads (see _Plan.__init__ for the names, in this order).
+        facts = (
+            query.device, _env.triton_interpret(), query.shape, query.stride(), k.shape if paged else k.shape[1],
+            k.stride(), v.stride(), k.dtype, out.shape, out.stride(), out.dtype, present,
+            k_sf.stride() if k_sf is not None else None, v_sf.stride() if v_sf is not None else None,
+            k_table.stride() if k_table is not None else None, v_table.stride() if v_table is not None else None,
+            same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
+            workspace.numel() if workspace is not None else None,
+            paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
         )
-    else:  # no page tables; the lengths are fixed_len
-        k_table = v_table = seq_lens = None
-        same_table = True
-    optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse)
-    present = tuple(map(operator.is_not, optional, _NONES))
-    has_window = window_left >= 0
-    # Every host fact the plan reads (see _Plan.__init__ for the names, in this order).
-    facts = (
-        query.device, _env.triton_interpret(), query.shape, query.stride(), k.shape if paged else k.shape[1],
-        k.stride(), v.stride(), k.dtype, out.shape, out.stride(), out.dtype, present,
-        k_sf.stride() if k_sf is not None else None, v_sf.stride() if v_sf is not None else None,
-        k_table.stride() if k_table is not None else None, v_table.stride() if v_table is not None else None,
-        same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
-        workspace.numel() if workspace is not None else None,
-        paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
-    )
-    plan = _plan(facts)
-    span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
-    split, combine, numel_o, numel_lse = plan.launches(span)
-    if combine is None:
-        part_o = part_lse = out  # never written: every request fits one split
-    elif workspace is not None:
-        part_o, part_lse = _partials_from_workspace(workspace, numel_o, numel_lse)
-    else:
-        part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
-        part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
-    call = fast_launch.call_args((query, k, v, out, part_o, part_lse, *compress(optional, present)),
-                                 (fixed_len, window_left), device)
-    rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
-    split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
-    if combine is not None:
-        combine(call, (out_factor,))
+        plan = _plan(facts)
+        span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
+        split, combine, numel_o, numel_lse = plan.launches(span)
+        if combine is None:
+            part_o = part_lse = out  # never written: every request fits one split
+        elif workspace is not None:
+            part_o, part_lse = _partials_from_workspace(workspace, numel_o, numel_lse)
+        else:
+            part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
+            part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
+        call = fast_launch.call_args((query, k, v, out, part_o, part_lse, *compress(optional, present)),
+                                     (fixed_len, window_left), device)
+        rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
+        split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
+        if combine is not None:
+            combine(call, (out_factor,))

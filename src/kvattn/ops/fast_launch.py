@@ -364,20 +364,14 @@ class Launch:
             return None
         return key
 
-    def key(self, call: CallArgs) -> tuple | None:
-        """The per-call part of the key (None: this call is left to Triton)."""
-        if call.key is None or not self.fast or self.kernel.pre_run_hooks:
-            return None
-        return call.key, self.kernel.debug
-
     def __call__(self, call: CallArgs, floats: tuple = ()) -> None:
-        key = None
+        key = None  # the per-call part of the key; None: this call is left to Triton
         if call.key is not None and self.fast:
             kernel = self.kernel
             if not kernel.pre_run_hooks:
                 key = call.key, kernel.debug
                 hit = self._compiled.get(key)
-                if hit is not None and (self._globals is _NO_GLOBALS or self._globals_unchanged()):
+                if hit is not None and self._globals_unchanged():
                     compiled, launch, fixed = hit
                     self.last = compiled
                     launch(*self._grid3, call.stream, *fixed, *self._pick(call.ptrs), *self._head,
