@@ -81,6 +81,14 @@ VARIANTS = {
     "t128_8_3": {"block_n": 128, "num_warps": 8, "num_stages": 3},
     "t128_8_4": {"block_n": 128, "num_warps": 8, "num_stages": 4},
     "t64_8_4": {"block_n": 64, "num_warps": 8, "num_stages": 4},
+    "t128_4_4": {"block_n": 128, "num_warps": 4, "num_stages": 4},
+    "t64_4_2": {"block_n": 64, "num_warps": 4, "num_stages": 2},
+    "t128_8_2": {"block_n": 128, "num_warps": 8, "num_stages": 2},
+    # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
+    "pf0": {"prefetch": 0},
+    "pf1": {"prefetch": 1},
+    "pf4": {"prefetch": 4},
+    "pf8": {"prefetch": 8},
     # Not a config: the split kernel alone, the combine launch skipped (outputs wrong), to see
     # what the second launch costs the split shapes.
     "nocombine": {"_no_combine": True},
@@ -97,6 +105,7 @@ SHAPES = [
     Shape("decode", 128, 2048, page_size=64),
     Shape("decode", 256, 1024, page_size=64),
     Shape("decode", 64, 8192, kv_dtype="fp8"),
+    Shape("decode", 256, 1024, kv_dtype="fp8"),
     Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1),
     Shape("decode", 128, 8192, ragged=True),
     Shape("decode", 128, 8192, ragged=True, page_size=64),

@@ -234,6 +234,35 @@ def test_xqa_fp8_pool_with_kv_scale(kernel_device, triton_backend, monkeypatch):
     assert_matches(out, ref_out, exact)
 
 
+@pytest.mark.parametrize("offset", [0, 1], ids=["rows-4B-aligned", "rows-misaligned"])
+def test_xqa_fp8_pool_alignment(offset, kernel_device, triton_backend, monkeypatch):
+    """fp8 caches are read as 32-bit words when every row is 4-byte aligned (GPU); a pool that
+    starts one byte off takes the byte path. Both match the oracle."""
+    hkv, group, d, page = 2, 4, 128, 16
+    case = make_paged_kv([70, 33, 1], num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.bfloat16,
+                         kv_format="fp8", form="tuple", device=kernel_device, seed=12)
+    pools = []
+    for t in case.kv_cache:
+        flat = t.reshape(-1).view(torch.uint8)
+        buf = torch.empty(flat.numel() + offset, dtype=torch.uint8, device=kernel_device)
+        buf[offset:].copy_(flat)
+        pools.append(buf[offset:].view(FP8_DTYPE).view(-1, d))
+    k, v = pools
+    assert (k.data_ptr() % 4 == 0) == (offset == 0)
+    q = torch.randn(3, 1, hkv * group, d).to(kernel_device, torch.bfloat16)
+    seq_lens = case.seq_lens.view(-1, 1)
+
+    def call():
+        out = poison_(torch.empty_like(q))
+        kvattn.xqa.xqa(q, k, v, case.block_tables, seq_lens, out, torch.zeros(1 << 20, dtype=torch.uint8,
+                       device=kernel_device), torch.zeros(8, dtype=torch.uint32, device=kernel_device), hkv, page)
+        return out
+
+    out, ref_out = run_both(call, monkeypatch)
+    exact = dense.xqa(cpu(q), cpu(k), cpu(v), cpu(case.block_tables), cpu(seq_lens), hkv, page)
+    assert_matches(out, ref_out, exact)
+
+
 def test_page_ids_outside_the_cache_are_never_read(kernel_device, triton_backend, monkeypatch):
     """A corrupt used table entry (huge or negative) neither faults nor leaks NaN; the other
     requests are unaffected. (KVATTN_DEBUG=1 reports such tables; the kernel only stays safe.)"""

@@ -12,6 +12,10 @@ import triton.language as tl
 
 from .._device import is_interpreter
 
+try:  # threads of the program, for the inline-asm prefetch (CUDA builds of Triton)
+    from triton.language.extra.cuda import num_threads
+except ImportError:  # pragma: no cover
+    num_threads = None
 try:  # the multifunction unit's sin/cos; the interpreter has no libdevice
     from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover
@@ -29,6 +33,9 @@ INV_TWO_PI: tl.constexpr = tl.constexpr(0.15915494309189535)
 KV_HALF: tl.constexpr = tl.constexpr(0)  # float16 / bfloat16
 KV_FP8: tl.constexpr = tl.constexpr(1)  # float8_e4m3fn raw values
 KV_NVFP4: tl.constexpr = tl.constexpr(2)  # uint8, two e2m1 codes a byte, e4m3 scale per 16 elements
+# fp8 again, read as 32-bit words and converted to float16 in registers (GPU only: inline PTX; the
+# launcher picks it when every row of the cache is 4-byte aligned). See load_kv_tile.
+KV_FP8_WORDS: tl.constexpr = tl.constexpr(3)
 FP8_MAX: tl.constexpr = tl.constexpr(448.0)
 
 
@@ -164,6 +171,51 @@ def token_offsets(page, slot, head, stride_page, stride_slot, stride_head):
     return page * stride_page + slot * stride_slot + head.to(tl.int64) * stride_head
 
 
+
+@triton.jit
+def prefetch_rows_l2(row0_ptr, stride_row_bytes, num_rows, ROWS: tl.constexpr, ROW_BYTES: tl.constexpr):
+    """Ask L2 for every 128-byte line of rows ``0 .. min(ROWS, num_rows) - 1`` of the strided array
+    at ``row0_ptr`` (``stride_row_bytes`` apart), without waiting: a hint, nothing reaches registers.
+
+    Why: the pipelined K/V copies start only after a program's setup (staging the query through
+    shared memory waits for its load; RoPE builds float64 / precise-trig tables), so the programs of
+    a one-wave launch would all leave the memory system idle for that long. Asked for at the
+    program's start, the first tiles come from DRAM while the setup runs.
+
+    Each thread computes its own line from its thread index inside the asm: as a Triton tensor of
+    addresses the same hint cost the one-row RoPE kernel 28 registers (ptxas, sm_90a).
+    """
+    NUM_THREADS: tl.constexpr = num_threads()
+    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
+    LOG2_LINES: tl.constexpr = 0 if LINES == 1 else (1 if LINES == 2 else (2 if LINES == 4 else 3))
+    rows = tl.minimum(num_rows, ROWS)
+    for first in tl.static_range(0, ROWS * LINES, NUM_THREADS):
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            .reg .u32 t, r, l;
+            .reg .u64 o, a;
+            mov.u32 t, %tid.x;
+            add.u32 t, t, $4;
+            shr.u32 r, t, $5;
+            setp.lt.s32 p, r, $3;
+            mov.u32 l, 1;
+            shl.b32 l, l, $5;
+            sub.u32 l, l, 1;
+            and.b32 l, t, l;
+            shl.b32 l, l, 7;
+            mul.wide.u32 o, r, $2;
+            add.u64 a, $1, o;
+            cvt.u64.u32 o, l;
+            add.u64 a, a, o;
+            @p prefetch.global.L2 [a];
+            mov.b32 $0, 0;
+            }""",
+            "=r,l,r,r,r,r", [row0_ptr, stride_row_bytes, rows, first, LOG2_LINES],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # dequantisation
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +258,28 @@ def load_kv_tile(
         vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
                           (tok_off.shape[0], WIDTH))
         return vals.to(OUT_DTYPE)
+    elif KV_FORMAT == KV_FP8_WORDS and OUT_DTYPE == tl.float16:
+        # Why words: converted from fp8 after the copy to shared memory, a tile feeding the
+        # P.V product (keys along its reduction dim, i.e. transposed) is gathered byte by byte
+        # (one LDS.U8 per element, 128 a thread a 128-key tile); words converted in registers
+        # reach the tensor cores through a 16-bit transposing ldmatrix instead.
+        offs_w = COL0 // 4 + tl.arange(0, WIDTH // 4)
+        w_ptr = (base_ptr + tok_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
+        w = tl.load(w_ptr, mask=ok[:, None], other=0)
+        # bytes 0..3 of a word -> elements 4i .. 4i+3 (cvt: the upper byte goes to the upper half)
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(
+            """{
+            .reg .b16 lo, hi;
+            .reg .b32 x, y;
+            mov.b32 {lo, hi}, $4;
+            cvt.rn.f16x2.e4m3x2 x, lo;
+            cvt.rn.f16x2.e4m3x2 y, hi;
+            mov.b32 {$0, $1}, x;
+            mov.b32 {$2, $3}, y;
+            }""",
+            "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+        # join(join(e0, e2), join(e1, e3))[i, w, m, j] = e(2m + j): flattened in element order
+        return tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (tok_off.shape[0], WIDTH))
     else:
         offs_d = COL0 + tl.arange(0, WIDTH)
         x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)

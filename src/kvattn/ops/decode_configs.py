@@ -24,6 +24,7 @@ class DecodeConfig:
     dot_single_row: bool = False  # tensor cores even when a program has one query row
     pdl: bool = False  # programmatic dependent launch between the split and combine kernels
     page_ahead: bool = True  # page ids loaded a tile ahead (see decode_kernels); False: pipeliner-staged
+    prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -83,12 +84,19 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     """Programs of the split kernel that fit on one multiprocessor at once (an estimate).
 
     Shared memory: ``num_stages - 1`` K/V tile buffers (what Triton 3.6 allocates for the
-    pipelined copies) and 4-6 KB of operand / reduction scratch, as the compiled kernels show. Registers: what ptxas gave the tuned kernels (``benchmarks/inspect_kernels.py``):
-    ~205 a thread with quantised caches at 128-key tiles, at most 128 otherwise.
+    pipelined copies) and 4-6 KB of operand / reduction scratch, as the compiled kernels show; fp8
+    caches add the float16 tile their words are converted into. Registers: what ptxas gave the
+    tuned kernels (``benchmarks/inspect_kernels.py``, or ptxas on a local sm_90a compile): ~150 a
+    thread for fp8 and ~205 for NVFP4 at 128-key tiles, at most 128 otherwise.
     """
     elem = {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 1}[kv_format]
     smem = (cfg.num_stages - 1) * cfg.block_n * head_dim * elem * 2 + (4 if rope_query else 6) * 1024
-    regs = 208 if elem == 1 and cfg.block_n >= 128 else 128
+    regs = 128
+    if kv_format == "fp8":  # read as words (decode_launch.KV_FP8_WORDS): a float16 tile staged for the MMA
+        smem += cfg.block_n * head_dim * 2
+        regs = 160 if cfg.block_n >= 128 else 128
+    elif elem == 1 and cfg.block_n >= 128:
+        regs = 208
     fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
               _WARPS_PER_SM // cfg.num_warps)
     return max(1, fit)
@@ -144,7 +152,11 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
         block_n = max(16, block_n // 2)
     if block_m * head_dim >= 64 * 128:
         warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
-    cfg = DecodeConfig(block_n, warps, stages, pdl=arch == "sm90", dot_single_row=arch != "interpreter")
+    sm90 = arch == "sm90"
+    # L2 prefetch of the first tile: only RoPE has setup long enough to hide it behind (measured on
+    # an H100: ROPE 4096 44.0 -> 43.0 us; NONE and deeper prefetches equal or slower).
+    cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
+                       prefetch=1 if sm90 and rope else 0)
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

@@ -23,6 +23,7 @@ from .common import (
     alibi_slopes,
     load_kv_tile,
     online_softmax_step,
+    prefetch_rows_l2,
     rope_angle,
     rope_freqs,
     rope_query_per_key,
@@ -80,7 +81,7 @@ def _decode_item(
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
-    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -103,6 +104,17 @@ def _decode_item(
     chunk = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
+    if PREFETCH > 0:
+        # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
+        # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
+        ELEM: tl.constexpr = 2 if KV_FORMAT == KV_HALF else 1
+        ROW_BYTES: tl.constexpr = HEAD_DIM * ELEM // (2 if KV_FORMAT == KV_NVFP4 else 1)
+        pf_rows = kv_len - start  # (not end: ptxas then kept the RoPE kernel at 156 registers)
+        pf_head = kvh.to(tl.int64)
+        prefetch_rows_l2(k_ptr + (pf_head * stride_k_h + start.to(tl.int64) * stride_k_s), stride_k_s * ELEM, pf_rows,
+                         PREFETCH * BLOCK_N, ROW_BYTES)
+        prefetch_rows_l2(v_ptr + (pf_head * stride_v_h + start.to(tl.int64) * stride_v_s), stride_v_s * ELEM, pf_rows,
+                         PREFETCH * BLOCK_N, ROW_BYTES)
 
     # Rows of the tile: m -> (draft row r = m // GROUP, query head kvh * GROUP + m % GROUP).
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -308,8 +320,8 @@ def decode_split_kernel(
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
-    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PERSISTENT: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
+    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
@@ -331,7 +343,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
             )
     else:
         _decode_item(
@@ -345,7 +357,7 @@ def decode_split_kernel(
             logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made

@@ -27,6 +27,7 @@ from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 
 KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
+KV_FP8_WORDS = 3  # fp8 read as 32-bit words (common.KV_FP8_WORDS): 4-byte aligned rows, compiled kernels
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
 MIN_BLOCK_M = 16  # tl.dot's smallest M
 _ALIGN = 16  # bytes: the partials' float32 views start on a 16-byte boundary
@@ -120,7 +121,7 @@ class _Plan:
         (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
          out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
          ws_numel, paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs,
-         enable_pdl) = facts
+         enable_pdl, kv_aligned4) = facts
         q_shape, q_stride = _as_rows(q_shape, q_stride)
         out_stride = _as_rows(out_shape, out_stride)[1]
         self.rows_total, self.num_heads, self.head_dim = q_shape
@@ -133,6 +134,10 @@ class _Plan:
             self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
         self.kv_format = KV_FORMATS[kv_dtype]
+        self.kv_code = KV_FORMAT_CODE[self.kv_format]
+        if self.kv_code == 1 and kv_aligned4 and not interpreter and all(
+                x % 4 == 0 for x in (*self.k_strides, *self.v_strides, self.head_dim)):
+            self.kv_code = KV_FP8_WORDS
         self.rows = q_len * self.group
         arch = _arch(device, interpreter)
         cfg0 = decode_configs.config(arch, self.kv_format, self.head_dim, 16, rope)
@@ -219,10 +224,11 @@ def _split_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
         constexprs=dict(
             HEAD_DIM=plan.head_dim, PAGE_SIZE=plan.page_size, NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group,
             Q_LEN=plan.q_len, BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, M_BLOCKS=plan.m_blocks,
-            KV_FORMAT=KV_FORMAT_CODE[plan.kv_format], PAGED=plan.paged, SAME_TABLE=plan.same_table,
+            KV_FORMAT=plan.kv_code, PAGED=plan.paged, SAME_TABLE=plan.same_table,
             HAS_WINDOW=plan.has_window, HAS_MASK=has["mask"], HAS_SINKS=has["sinks"], LOGIT_PTR=has["logit"],
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
-            SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead, PERSISTENT=persistent,
+            SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
+            PREFETCH=0 if plan.paged else cfg.prefetch, PERSISTENT=persistent,
             USE_PDL=plan.gdc,
         ),
         options=dict(
@@ -329,6 +335,7 @@ def launch_decode(
             same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
             workspace.numel() if workspace is not None else None,
             paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
+            k.dtype == FP8_DTYPE and k.data_ptr() % 4 == 0 and v.data_ptr() % 4 == 0,
         )
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
