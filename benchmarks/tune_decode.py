@@ -84,6 +84,7 @@ VARIANTS = {
     "t128_4_4": {"block_n": 128, "num_warps": 4, "num_stages": 4},
     "t64_4_2": {"block_n": 64, "num_warps": 4, "num_stages": 2},
     "t128_8_2": {"block_n": 128, "num_warps": 8, "num_stages": 2},
+    "t128_4_2": {"block_n": 128, "num_warps": 4, "num_stages": 2},
     # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
     "pf0": {"prefetch": 0},
     "pf1": {"prefetch": 1},

@@ -171,7 +171,6 @@ def token_offsets(page, slot, head, stride_page, stride_slot, stride_head):
     return page * stride_page + slot * stride_slot + head.to(tl.int64) * stride_head
 
 
-
 @triton.jit
 def prefetch_rows_l2(row0_ptr, stride_row_bytes, num_rows, ROWS: tl.constexpr, ROW_BYTES: tl.constexpr):
     """Ask L2 for every 128-byte line of rows ``0 .. min(ROWS, num_rows) - 1`` of the strided array
@@ -182,8 +181,9 @@ def prefetch_rows_l2(row0_ptr, stride_row_bytes, num_rows, ROWS: tl.constexpr, R
     a one-wave launch would all leave the memory system idle for that long. Asked for at the
     program's start, the first tiles come from DRAM while the setup runs.
 
-    Each thread computes its own line from its thread index inside the asm: as a Triton tensor of
-    addresses the same hint cost the one-row RoPE kernel 28 registers (ptxas, sm_90a).
+    Each thread derives its line from its thread index inside the asm, so the hint holds a few
+    scalar registers, not a tensor of addresses (callers: mind what the arguments keep live, see
+    decode_kernels).
     """
     NUM_THREADS: tl.constexpr = num_threads()
     LINES: tl.constexpr = (ROW_BYTES + 127) // 128
