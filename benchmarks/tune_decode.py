@@ -71,29 +71,16 @@ VARIANTS = {
     "bn32s6": {"block_n": 32, "num_stages": 6},
     "w4": {"waves": 4},
     "w8": {"waves": 8},
-    # Whole tiles (BLOCK_N, warps, stages), whichever table the shape would use.
-    "t64_4_3": {"block_n": 64, "num_warps": 4, "num_stages": 3},
-    "t64_4_4": {"block_n": 64, "num_warps": 4, "num_stages": 4},
-    "t64_4_5": {"block_n": 64, "num_warps": 4, "num_stages": 5},
-    "t32_4_4": {"block_n": 32, "num_warps": 4, "num_stages": 4},
-    "t32_4_6": {"block_n": 32, "num_warps": 4, "num_stages": 6},
-    "t128_4_3": {"block_n": 128, "num_warps": 4, "num_stages": 3},
-    "t128_8_3": {"block_n": 128, "num_warps": 8, "num_stages": 3},
-    "t128_8_4": {"block_n": 128, "num_warps": 8, "num_stages": 4},
-    "t64_8_4": {"block_n": 64, "num_warps": 8, "num_stages": 4},
-    "t128_4_4": {"block_n": 128, "num_warps": 4, "num_stages": 4},
-    "t64_4_2": {"block_n": 64, "num_warps": 4, "num_stages": 2},
-    "t128_8_2": {"block_n": 128, "num_warps": 8, "num_stages": 2},
-    "t128_4_2": {"block_n": 128, "num_warps": 4, "num_stages": 2},
-    # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
-    "pf0": {"prefetch": 0},
-    "pf1": {"prefetch": 1},
-    "pf4": {"prefetch": 4},
-    "pf8": {"prefetch": 8},
     # Not a config: the split kernel alone, the combine launch skipped (outputs wrong), to see
     # what the second launch costs the split shapes.
     "nocombine": {"_no_combine": True},
 }
+# Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use.
+_TILES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 4, 3),
+          (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4)]
+VARIANTS.update({f"t{bn}_{w}_{st}": {"block_n": bn, "num_warps": w, "num_stages": st} for bn, w, st in _TILES})
+# L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
+VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
 
 SHAPES = [
     Shape("decode", 64, 8192),

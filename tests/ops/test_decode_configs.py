@@ -63,3 +63,12 @@ def test_split_count_fills_whole_waves():
     assert dc.num_splits(long, items=8, span=600, **kw) == 3
     assert dc.num_splits(long, items=8, span=32768, **{**kw, "fit": 5}) == 5
     assert dc.num_splits(long, items=8, span=32768, **{**kw, "max_programs": 40}) == 5
+
+
+@pytest.mark.parametrize("arch,rope,expected", [("sm90", True, 1), ("sm90", False, 0), ("default", True, 0),
+                                                ("interpreter", True, 0)],
+                         ids=["sm90-rope", "sm90-none", "non-hopper-rope", "interpreter-rope"])
+def test_l2_prefetch_only_for_rope_on_sm90(arch, rope, expected):
+    """Measured on an H100: one prefetched tile helps RoPE single decode (its setup hides the
+    fetch); NONE gained nothing. The interpreter cannot run the inline PTX at all."""
+    assert dc.config(arch, "bfloat16", 128, 16, rope).prefetch == expected

@@ -672,3 +672,18 @@ def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backe
     call(expected)
     torch.cuda.synchronize()
     assert torch.equal(bits(out), bits(expected))
+
+
+@pytest.mark.parametrize(
+    "kv_format,words_ok,strides,expected",
+    [
+        ("fp8", True, (4096, 1024, 128, 4096, 1024, 128, 128), decode_launch.KV_FP8_WORDS),
+        ("fp8", False, (4096, 1024, 128, 4096, 1024, 128, 128), 1),  # a base pointer off by 1-3 bytes
+        ("fp8", True, (4098, 1026, 128, 4096, 1024, 128, 128), 1),  # a stride not a multiple of 4
+        ("bfloat16", True, (4096, 1024, 128, 4096, 1024, 128, 128), 0),
+        ("nvfp4", True, (2048, 512, 64, 2048, 512, 64, 128), 2),
+    ],
+    ids=["fp8-aligned", "fp8-misaligned-base", "fp8-odd-stride", "bf16", "nvfp4"],
+)
+def test_fp8_word_path_only_for_aligned_rows(kv_format, words_ok, strides, expected):
+    assert decode_launch.kv_format_code(kv_format, words_ok, strides) == expected

@@ -53,6 +53,16 @@ def _arch(device: torch.device, interpreter: bool) -> str:
     return "sm90" if _device.is_hopper(device) else "default"
 
 
+def kv_format_code(kv_format: str, words_ok: bool, strides: tuple) -> int:
+    """The kernels' KV_FORMAT: fp8 is read as 32-bit words (``KV_FP8_WORDS``) when the compiled
+    kernels run (``words_ok``: also both base pointers 4-byte aligned) and every stride and the head
+    dim are multiples of 4 elements, so every word load is aligned; otherwise byte by byte."""
+    code = KV_FORMAT_CODE[kv_format]
+    if code == KV_FORMAT_CODE["fp8"] and words_ok and all(x % 4 == 0 for x in strides):
+        return KV_FP8_WORDS
+    return code
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -134,10 +144,8 @@ class _Plan:
             self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
         self.kv_format = KV_FORMATS[kv_dtype]
-        self.kv_code = KV_FORMAT_CODE[self.kv_format]
-        if self.kv_code == 1 and kv_aligned4 and not interpreter and all(
-                x % 4 == 0 for x in (*self.k_strides, *self.v_strides, self.head_dim)):
-            self.kv_code = KV_FP8_WORDS
+        self.kv_code = kv_format_code(self.kv_format, kv_aligned4 and not interpreter,
+                                      (*self.k_strides, *self.v_strides, self.head_dim))
         self.rows = q_len * self.group
         arch = _arch(device, interpreter)
         cfg0 = decode_configs.config(arch, self.kv_format, self.head_dim, 16, rope)
