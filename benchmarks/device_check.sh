@@ -2,7 +2,8 @@
 # The GPU proof in one device call: the whole test suite with CUDA, `kvattn check`, then the
 # benchmark of the suites given (default decode,single_decode). Logs go to $OUT (or ./out).
 #   bash benchmarks/device_check.sh [SUITES] [BENCH_ARGS...]
-# Stages can be skipped with SKIP_TESTS=1 / SKIP_CHECK=1 / SKIP_BENCH=1.
+# Stages can be skipped with SKIP_TESTS=1 / SKIP_CHECK=1 / SKIP_BENCH=1; TESTS="paths" narrows the
+# test stage (default: the whole suite), PYTEST_ARGS replaces the default "-x".
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -13,7 +14,7 @@ status=0
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } 2>&1 | tee "$OUT/env.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -q -p no:cacheprovider -x tests 2>&1 | tee "$OUT/pytest.txt" | tail -n 15
+  python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS--x} ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.txt" | tail -n 15
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ -z "${SKIP_CHECK:-}" ]; then

@@ -102,3 +102,89 @@ single_decode = torch.library.custom_op("kvattn::single_decode", single_decode_i
 def _single_decode_fake(q, k, v, logit_factor, logit_tensor, out_factor, out_tensor, pos_encoding_mode,
                         window_left, soft_cap, rope_scale, rope_theta, use_tensor_cores):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[0], dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# context attention (prefill)
+# ---------------------------------------------------------------------------------------------
+from .ops import prefill_launch  # noqa: E402
+
+
+def context_impl(
+    query: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_table: torch.Tensor,
+    v_table: torch.Tensor,
+    k_sf: Optional[torch.Tensor],
+    v_sf: Optional[torch.Tensor],
+    seq_lens: torch.Tensor,
+    cum_seq_lens_q: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    logit_factor: float,
+    logit_tensor: Optional[torch.Tensor],
+    out_factor: float,
+    out_tensor: Optional[torch.Tensor],
+    out: torch.Tensor,
+    out_sf: Optional[torch.Tensor],
+    workspace: torch.Tensor,
+    max_q_len: int,
+    max_kv_len: int,
+    window_left: int,
+    o_sf_scale: float,
+    sf_start: int,
+    skip_factor: float,
+) -> None:
+    """Paged causal prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``);
+    see ops.prefill. The workspace is not used."""
+    prefill_launch.launch_context(
+        query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, out, out_sf,
+        max_q_len=max_q_len, logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor,
+        out_tensor=out_tensor, window_left=window_left, o_sf_scale=o_sf_scale, sf_start=sf_start,
+        skip_factor=skip_factor,
+    )
+
+
+context = torch.library.custom_op("kvattn::context", context_impl, mutates_args=("out", "out_sf"))
+
+
+@context.register_fake
+def _context_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, logit_factor,
+                  logit_tensor, out_factor, out_tensor, out, out_sf, workspace, max_q_len, max_kv_len, window_left,
+                  o_sf_scale, sf_start, skip_factor) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# MLA decode
+# ---------------------------------------------------------------------------------------------
+from .ops import mla_launch  # noqa: E402
+
+
+def mla_decode_impl(
+    query: torch.Tensor,
+    kv: torch.Tensor,
+    table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    logit_factor: float,
+    logit_tensor: Optional[torch.Tensor],
+    out_factor: float,
+    out_tensor: Optional[torch.Tensor],
+    out: torch.Tensor,
+    workspace: torch.Tensor,
+    max_seq_len: int,
+) -> None:
+    """MLA decode into ``out [B, Hq, 512]`` over latent rows ``kv [P, page, 1, 576]`` (see ops.mla)."""
+    mla_launch.launch_mla(
+        query, kv, table, seq_lens, out, max_seq_len=max_seq_len, logit_factor=logit_factor,
+        logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, workspace=workspace,
+    )
+
+
+mla_decode = torch.library.custom_op("kvattn::mla_decode", mla_decode_impl, mutates_args=("out", "workspace"))
+
+
+@mla_decode.register_fake
+def _mla_decode_fake(query, kv, table, seq_lens, logit_factor, logit_tensor, out_factor, out_tensor, out,
+                     workspace, max_seq_len) -> None:
+    return None

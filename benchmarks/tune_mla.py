@@ -1,0 +1,75 @@
+"""Tune the MLA decode kernel: time launch-config variants on the MLA benchmark shapes.
+
+Each variant replaces fields of :class:`kvattn.ops.mla_configs.MLAConfig` (``block_h`` included)
+for every call; shapes and inputs come from the benchmark registry. Times are medians of
+CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/ops/mla_configs.py``.
+
+Usage (on the device, from the repository root)::
+
+    PYTHONPATH=src python benchmarks/tune_mla.py --filter "Hq128 64x4096" --variants default,bn16s3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(_ROOT))
+    sys.path.insert(0, str(_ROOT / "src"))
+
+import torch  # noqa: E402
+
+from benchmarks import problems, shapes  # noqa: E402
+from benchmarks.timing import Timer  # noqa: E402
+
+VARIANTS = {
+    "default": {},
+    # BLOCK_H 64 (Hq >= 64, bf16); the table's entry is (32, 8, 2)
+    "bn32s3": {"block_n": 32, "num_stages": 3},
+    "bn16s3": {"block_n": 16, "num_stages": 3},
+    "bn16s4": {"block_n": 16, "num_stages": 4},
+    # BLOCK_H 16 / 32 (memory-bound); the table's entry is (64, 8, 3)
+    "bn64s2": {"block_n": 64, "num_stages": 2},
+    "bn32s4": {"block_n": 32, "num_stages": 4},
+    "bn32s4p2": {"block_n": 32, "num_stages": 4, "programs_per_sm": 2},
+    "w2": {"waves": 2},
+    # fp8 Hq 128 on BLOCK_H 64 (spills ~330 B in the local compile) instead of 32
+    "fp8bh64": {"block_h": 64, "block_n": 32, "num_warps": 8, "num_stages": 2},
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="default")
+    ap.add_argument("--filter", action="append", default=[], help="keep shape ids containing this")
+    ap.add_argument("--rep", type=int, default=100)
+    args = ap.parse_args(argv)
+    from kvattn.ops import mla_configs, mla_launch
+
+    device = torch.device("cuda")
+    timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    for shape in shapes._mla_grid():
+        if args.filter and not any(f in shape.id for f in args.filter):
+            continue
+        prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=256)
+        fns = [s.kvattn for s in prob.sets]
+        for name in [v for v in args.variants.split(",") if v]:
+            def context(fields=VARIANTS[name]):
+                mla_launch._PLANS.clear()
+                return mla_configs.override(**fields)
+            try:
+                us = timer.graph(fns, context=context)
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
+                print(f"{shape.id:40s} {name:10s} FAILED {type(exc).__name__}: {exc}"[:300], flush=True)
+                continue
+            print(f"{shape.id:40s} {name:10s} {us:9.1f} us {prob.work.flops / us * 1e-6:7.1f} TFLOP/s "
+                  f"{prob.work.bytes / us * 1e-3:7.1f} GB/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""MLA decode kernel: one program per (request, KV split, block of ``BLOCK_H`` query heads).
+
+Every query head of a request reads the same latent rows ``[ckv(512) | kpe(64)]``, so a program
+packs ``BLOCK_H`` heads into the M dim of its tensor-core products and streams its split's keys in
+``BLOCK_N`` tiles (page ids gathered per token, so a tile may span pages): ``S = q_nope ckv^T +
+q_rope kpe^T``, the online softmax, then ``acc += P ckv`` with the ckv tile already loaded for S
+(the values are the keys' first 512 columns: one read of each row serves both products). Like
+the decode kernel it writes the final rows when the launch has one split, else a normalised
+partial ``(o, lse)`` per split that :func:`~.decode_kernels.decode_combine_kernel` merges.
+
+Cost model (local sm_90a compiles, see mla_configs). BLOCK_H 64 (Hq >= 64) runs on wgmma with 8
+warps, which the ``[64, 512]`` float32 accumulator needs (128 registers a thread); Triton gives a
+chained dot's 64 rows to all 8 warps, so both warpgroups compute the whole score tile: the
+products cost ``2 * 576 + 512`` instead of ``576 + 512`` MACs a (head, key), at most ~0.65 of the
+tensor-core rate. BLOCK_H 16 / 32 run on mma.sync (M < 64) and are bound by the row reads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import (
+    KV_HALF,
+    LOG2E,
+    load_kv_tile,
+    load_page_ids,
+    online_softmax_step,
+    softmax_finalize,
+    split_bounds,
+    token_pages,
+)
+
+
+@triton.jit
+def mla_split_kernel(
+    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
+    kv_ptr,  # [num_pages, PAGE_SIZE, CKV_DIM + KPE_DIM] latent rows [ckv | kpe] (last dim contiguous)
+    table_ptr,  # [B, pages_per_seq] int32 page ids
+    seq_lens_ptr,  # [B] int32
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B, Hq, CKV_DIM] bfloat16 (or the query's 16-bit dtype; last dim contiguous)
+    part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
+    stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_kv_p, stride_kv_s, stride_t_b, stride_t_p,
+    batch, num_heads, num_splits, num_pages,
+    logit_factor, out_factor,
+    CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
+    OUT_PTR: tl.constexpr,
+):
+    # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
+    # float16 exactly, in one instruction per pair; an fp8 query too).
+    cdt = kv_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16
+
+    # Head blocks vary fastest: the programs reading one request's split run side by side, so the
+    # second one finds the rows in L2.
+    pid = tl.program_id(0)
+    hb = pid % H_BLOCKS
+    rest = pid // H_BLOCKS
+    split = rest % num_splits
+    b = rest // num_splits
+
+    kv_len = tl.load(seq_lens_ptr + b)
+    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N)
+    start = split * chunk
+    end = tl.minimum(start + chunk, kv_len)
+
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    offs_c = tl.arange(0, CKV_DIM)
+    offs_r = CKV_DIM + tl.arange(0, KPE_DIM)
+    q_off = b.to(tl.int64) * stride_q_b + heads[:, None].to(tl.int64) * stride_q_h
+    q_nope = tl.load(q_ptr + q_off + offs_c[None, :], mask=head_ok[:, None], other=0.0)
+    q_rope = tl.load(q_ptr + q_off + offs_r[None, :], mask=head_ok[:, None], other=0.0)
+    if KV_FORMAT != KV_HALF:  # float16 operands: saturate a (far-fetched) bfloat16 q beyond its range
+        q_nope = tl.minimum(tl.maximum(q_nope.to(tl.float32), -65504.0), 65504.0)
+        q_rope = tl.minimum(tl.maximum(q_rope.to(tl.float32), -65504.0), 65504.0)
+    q_nope = q_nope.to(cdt)
+    q_rope = q_rope.to(cdt)
+
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * tl.load(logit_scale_ptr)
+    qk_scale = logit * LOG2E  # base-2 logits
+
+    table_row = table_ptr + b.to(tl.int64) * stride_t_b
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, CKV_DIM], dtype=tl.float32)
+    # Page ids a tile ahead, carried through the loop: the row loads of a tile then depend on no
+    # load of their own iteration, and the pipeliner overlaps them with the previous tile.
+    offs_n = start + tl.arange(0, BLOCK_N)
+    ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        tok_ok = offs_n < end
+        page, slot, ok = token_pages(ids, offs_n, tok_ok, PAGE_SIZE, True)
+        row_off = page * stride_kv_p + slot * stride_kv_s  # int64 (token_offsets of the one latent head)
+        # One read of the rows: ckv is the keys' first 512 columns and the values.
+        ckv = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, 0, CKV_DIM, KV_FORMAT, cdt)
+        kpe = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, CKV_DIM, KPE_DIM, KV_FORMAT, cdt)
+        s = tl.dot(q_rope, tl.trans(kpe))
+        s = tl.dot(q_nope, tl.trans(ckv), s)
+        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv)
+
+        offs_next = offs_n + BLOCK_N
+        ids = load_page_ids(table_row, stride_t_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, True)
+
+    # One split: the final rows. Several: every split writes a partial (an empty one, o = 0 and
+    # lse = -inf, past a short request's active splits), which the combine merges.
+    o, lse2 = softmax_finalize(acc, m_i, l_i, l_i, False)
+    final = num_splits == 1
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    o_off = b.to(tl.int64) * stride_o_b + heads[:, None].to(tl.int64) * stride_o_h + offs_c[None, :]
+    tl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    partial = num_splits > 1
+    p_row = (split.to(tl.int64) * batch + b) * num_heads + heads
+    tl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
+    tl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+
+
+__all__ = ["mla_split_kernel"]

@@ -1,0 +1,169 @@
+"""Launcher of the MLA decode kernel: pick the config, size the grid and the KV split, launch.
+
+Host-side facts only (shapes, strides, dtypes, the SM count, the bound ``max_seq_len``): nothing
+waits for the device, and with a large enough workspace nothing is allocated, so a call can be
+captured in a CUDA graph and replayed with new lengths and tables. What a call derives from its
+facts is a :class:`_Plan`, cached under them; the split count is memoised per ``max_seq_len``.
+The partials are merged by the decode family's :func:`~.decode_kernels.decode_combine_kernel`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import _device, _env
+from .._inputs import KV_FORMATS
+from ..formats import FP8_DTYPE
+from . import fast_launch, mla_configs
+from .decode_kernels import decode_combine_kernel
+from .decode_launch import _ALIGN, _partials_from_workspace, _next_power_of_2, kv_format_code
+from .mla_kernels import mla_split_kernel
+
+CKV_DIM = 512
+KPE_DIM = 64
+_CURRENT_DEVICE = contextlib.nullcontext()
+_MAX_PLANS = 1024
+_MAX_SPANS = 4096
+
+# Order of the call's tensors (fast_launch.call_args); an absent scale tensor is replaced by the
+# query, which the kernels never read for it.
+_Q, _KV, _TABLE, _LENS, _OUT, _PART_O, _PART_LSE, _LOGIT, _OUT_SCALE = range(9)
+
+
+def _arch(device: torch.device, interpreter: bool) -> str:
+    if interpreter:
+        return "interpreter"
+    return "sm90" if _device.is_hopper(device) else "default"
+
+
+class _Plan:
+    """Everything a call derives from its host facts (see :func:`launch_mla` for the tuple)."""
+
+    def __init__(self, facts: tuple):
+        (device, interpreter, q_shape, q_stride, kv_shape, kv_stride, kv_dtype, table_stride, out_stride,
+         ws_numel, has_logit, has_out_scale, aligned4) = facts
+        self.batch, self.num_heads = q_shape[0], q_shape[1]
+        self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
+        self.kv_format = KV_FORMATS[kv_dtype]
+        self.kv_code = kv_format_code(self.kv_format, aligned4 and not interpreter,
+                                      (kv_stride[0], kv_stride[1], CKV_DIM + KPE_DIM))
+        self.cfg = cfg = mla_configs.config(_arch(device, interpreter), self.kv_format, self.num_heads)
+        self.h_blocks = -(-self.num_heads // cfg.block_h)
+        self.items = self.batch * self.h_blocks
+        self.sm_count = _device.sm_count(device)
+        per_split = self.batch * self.num_heads * (CKV_DIM + 1)
+        self.fit = max(0, ws_numel - _ALIGN) // (4 * per_split) if ws_numel is not None else cfg.max_splits
+        self.head = (q_stride[0], q_stride[1], out_stride[0], out_stride[1], kv_stride[0], kv_stride[1],
+                     table_stride[0], table_stride[1], self.batch, self.num_heads)
+        self.has_logit, self.has_out_scale = has_logit, has_out_scale
+        self._by_span: dict[int, tuple] = {}
+        self._by_splits: dict[int, tuple] = {}
+
+    def launches(self, span: int) -> tuple:
+        """``(split launch, combine launch or None, numel_o, numel_lse)`` for ``max_seq_len = span``."""
+        hit = self._by_span.get(span)
+        if hit is not None:
+            return hit
+        splits = mla_configs.num_splits(self.cfg, items=self.items, span=span, sm_count=self.sm_count,
+                                        fit=self.fit)
+        hit = self._by_splits.get(splits)
+        if hit is None:
+            rows = self.batch * self.num_heads
+            combine = self._combine(splits) if splits > 1 else None
+            hit = self._by_splits[splits] = (self._split(splits), combine, splits * rows * CKV_DIM, splits * rows)
+        if len(self._by_span) >= _MAX_SPANS:
+            self._by_span.clear()
+        self._by_span[span] = hit
+        return hit
+
+    def _split(self, splits: int) -> fast_launch.Launch:
+        cfg = self.cfg
+        return fast_launch.Launch(
+            mla_split_kernel, (self.items * splits,),
+            slots=(_Q, _KV, _TABLE, _LENS, _LOGIT if self.has_logit else _Q,
+                   _OUT_SCALE if self.has_out_scale else _Q, _OUT, _PART_O, _PART_LSE),
+            head=(*self.head, splits, self.num_pages), num_floats=2,
+            constexprs=dict(
+                CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
+                BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
+                OUT_PTR=self.has_out_scale,
+            ),
+            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        )
+
+    def _combine(self, splits: int) -> fast_launch.Launch:
+        # decode_combine_kernel's pointers: part_o, part_lse, sinks, out_scale, out, lse (the query
+        # stands in for the absent sinks and LSE).
+        return fast_launch.Launch(
+            decode_combine_kernel, (self.batch, self.num_heads),
+            slots=(_PART_O, _PART_LSE, _Q, _OUT_SCALE if self.has_out_scale else _Q, _OUT, _Q),
+            head=(self.head[2], self.head[3], 0, self.batch, splits), num_floats=1,
+            constexprs=dict(
+                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(_next_power_of_2(splits), 8192 // CKV_DIM),
+                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=False, USE_PDL=False,
+            ),
+            options=dict(num_warps=4, num_stages=2),
+        )
+
+
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def _plan(facts: tuple) -> _Plan:
+    if mla_configs._override:  # a tuning override changes the configs: plan afresh
+        return _Plan(facts)
+    plan = _PLANS.get(facts)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[facts] = _Plan(facts)
+    return plan
+
+
+def launch_mla(
+    query: torch.Tensor,  # [B, Hq, 576]
+    kv: torch.Tensor,  # [P, page, 576] or [P, page, 1, 576] latent rows
+    table: torch.Tensor,  # [B, pages_per_seq] int32
+    seq_lens: torch.Tensor,  # [B] int32 / uint32
+    out: torch.Tensor,  # [B, Hq, 512]
+    *,
+    max_seq_len: int,
+    logit_factor: float = 1.0,
+    logit_tensor=None,
+    out_factor: float = 1.0,
+    out_tensor=None,
+    workspace=None,  # None: the split partials are allocated
+) -> None:
+    """Launch MLA decode into ``out``, with the query's GPU current."""
+    device = query.get_device()  # -1 on the CPU
+    switch = device >= 0 and device != torch.cuda.current_device()
+    with torch.cuda.device(device) if switch else _CURRENT_DEVICE:
+        if not seq_lens.is_contiguous():  # the kernel reads length b at seq_lens_ptr + b
+            seq_lens = seq_lens.contiguous()
+        if seq_lens.dtype == torch.uint32:
+            seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
+        facts = (
+            query.device, _env.triton_interpret(), query.shape, query.stride(), kv.shape, kv.stride(), kv.dtype,
+            table.stride(), out.stride(), workspace.numel() if workspace is not None else None,
+            logit_tensor is not None, out_tensor is not None,
+            kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0,
+        )
+        plan = _plan(facts)
+        split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
+        if combine is None:
+            part_o = part_lse = out  # never written: one split
+        elif workspace is not None:
+            part_o, part_lse = _partials_from_workspace(workspace, numel_o, numel_lse)
+        else:
+            part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
+            part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
+        call = fast_launch.call_args(
+            (query, kv, table, seq_lens, out, part_o, part_lse,
+             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
+            (), device,
+        )
+        split(call, (logit_factor, out_factor))
+        if combine is not None:
+            combine(call, (out_factor,))

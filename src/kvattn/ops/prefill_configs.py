@@ -1,0 +1,64 @@
+"""Launch configurations of the prefill kernel, one table per GPU family (no runtime autotuning).
+
+Autotuning would stall a serving engine's first calls and cannot run inside CUDA-graph capture,
+so configurations are fixed per (operand kind, head_dim). Every sm90 entry was compiled for
+sm_90a and checked: wgmma for both products, no register spills, shared memory within the 227 KB
+an H100 program may use (the facts are in the comments; not yet timed on a GPU).
+
+Operand kinds: ``"half"`` (fp16/bf16 operands: half caches, and fp8 / NVFP4 caches converted to the
+query's dtype), ``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
+
+Skip-softmax fixes the tiles at 128 x 128 (the semantics' tile, ``kvattn.reference.prefill``):
+:data:`SKIP` holds warps and stages per head_dim for that shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_m: int  # query rows per program
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the K/V loads
+
+
+# Compiled for sm_90a (Triton 3.6, 16-byte aligned strides), registers / spill bytes / shared memory:
+#   half  D64  128x128 w8 s3: 211 regs, no spill,  83 KB     half D128 128x64 w8 s3: 184, none, 98 KB
+#   half  D256  64x32  w8 s3: 172 regs, no spill,  98 KB     (128x128 D128: 255 regs at the edge;
+#   D256 128x64: 88 B spilled; 64x64: 8 B)                   fp8 D128 128x128 w8 s3: 214, none, 99 KB
+#   fp8   D64  128x128 w8 s3: clean                          fp8 D256 64x64 w8 s2: 211, none, 98 KB
+#   NVFP4 / fp8 caches on the half rows: 170-225 regs, no spill, 57-66 KB.
+_SM90 = {
+    ("half", 64): PrefillConfig(128, 128, 8, 3),
+    ("half", 128): PrefillConfig(128, 64, 8, 3),
+    ("half", 256): PrefillConfig(64, 32, 8, 3),
+    ("fp8", 64): PrefillConfig(128, 128, 8, 3),
+    ("fp8", 128): PrefillConfig(128, 128, 8, 3),
+    ("fp8", 256): PrefillConfig(64, 64, 8, 2),
+}
+# head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;
+# D256 255 regs, 880 B spilled and unpipelined (a 128 x 256 float32 accumulator alone is 128
+# registers a thread at 8 warps; 16 warps cap registers at 128 and spill more): correct, slow.
+_SM90_SKIP = {64: (8, 3), 128: (8, 3), 256: (8, 1)}
+
+_DEFAULT = {key: PrefillConfig(c.block_m, c.block_n, c.num_warps, 2) for key, c in _SM90.items()}
+_DEFAULT_SKIP = {d: (w, 1 if d == 256 else 2) for d, (w, _) in _SM90_SKIP.items()}
+
+# Small tiles so CPU tests cover multi-tile query and key loops, and tiles inside / across pages.
+_INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8") for d in (64, 128, 256)}
+_INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
+
+TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
+SKIP_TABLES = {"sm90": _SM90_SKIP, "default": _DEFAULT_SKIP, "interpreter": _INTERPRETER_SKIP}
+SKIP_TILE = 128  # = kvattn.reference.SKIP_SOFTMAX_TILE_M = SKIP_SOFTMAX_TILE_N
+
+
+def config(arch: str, kind: str, head_dim: int, skip: bool = False) -> PrefillConfig:
+    """The configuration for ``arch`` (``"sm90"``, ``"default"``, ``"interpreter"``)."""
+    if skip:
+        warps, stages = SKIP_TABLES[arch][head_dim]
+        return PrefillConfig(SKIP_TILE, SKIP_TILE, warps, stages)
+    return TABLES[arch][(kind, head_dim)]

@@ -1,0 +1,256 @@
+"""Paged causal context attention (prefill): one program per (query head, request, query tile).
+
+A program holds ``BLOCK_M`` consecutive query rows of one request and one query head (rows at
+positions ``p = L - Lq + i``) and streams the request's keys in ``BLOCK_N`` tiles aligned at key 0,
+FlashAttention-2 style: ``S = Q K^T`` and ``P V`` on tensor cores (wgmma on Hopper), the softmax
+state in registers, K/V gathered from the pages per tile (a scalar page id when a tile lies inside
+one page, per-token ids otherwise) so the loads are ordinary pointer loads that Triton pipelines
+(cp.async, ``num_stages``).
+
+The keys a tile can see are cut into three runs, visited in increasing key order:
+
+* ``[start, full_lo)``: tiles the window's left edge cuts (masked),
+* ``[full_lo, full_hi)``: tiles every row sees whole (no mask arithmetic at all),
+* ``[full_hi, hi)``: the causal diagonal (masked).
+
+Why one query head per program (no GQA row packing): a 128-row tile of one head already gives
+wgmma its full M, and the K/V tile is shared by the group's programs through L2 (the launch
+orders heads fastest, so a group's programs run side by side). The grid runs the query tiles
+from the last (the most keys) to the first, heads fastest: the long programs start in the first
+waves and the short ones fill the tail.
+
+Skip-softmax (``SKIP``): the launcher sets ``BLOCK_M = BLOCK_N = 128``, so a program's query tile
+and key tiles are exactly those of ``kvattn.reference.prefill`` (SKIP_SOFTMAX_TILE_M/N); after
+``S`` of a tile other than the first, the tile is dropped (no exp, no V load, no P.V, running max
+unchanged) when every row of the tile has ``exp(tile_max - running_max) < f / L``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import (
+    KV_FP8,
+    KV_HALF,
+    KV_NVFP4,
+    LOG2E,
+    load_kv_tile,
+    load_page_ids,
+    online_softmax_step,
+    quantize_nvfp4_rows,
+    sink_logits2,
+    softmax_finalize,
+    store_scaled,
+    tile_pv,
+    token_offsets,
+    token_pages,
+)
+
+
+@triton.jit
+def _tile_page_ids(table_row_ptr, stride_table_p, n0, offs_n, tok_ok, num_pages, PAGE_SIZE: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """int32 ``[BLOCK_N]`` page ids of the tile's tokens (-1: token not ``tok_ok`` or id outside the cache).
+
+    A tile inside one page (``PAGE_SIZE % BLOCK_N == 0``; tiles start at multiples of BLOCK_N)
+    reads one table entry: the K/V addresses are then one base plus a strided range, not a gather.
+    """
+    if PAGE_SIZE % BLOCK_N == 0:
+        pid = tl.load(table_row_ptr + (n0 // PAGE_SIZE) * stride_table_p)
+        pid = tl.where((pid >= 0) & (pid < num_pages), pid, -1)
+        return tl.where(tok_ok, pid, -1)
+    else:
+        return load_page_ids(table_row_ptr, stride_table_p, offs_n, tok_ok, num_pages, PAGE_SIZE, True)
+
+
+@triton.jit
+def _context_run(
+    acc, m_i, l_i, q,
+    k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row,
+    stride_kt_p, stride_vt_p,
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+    kvh, num_pages, n_lo, n_hi, hi, first_n, row_pos, row_ok, qk_scale, window_left, skip_lambda,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
+    SAME_TABLE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, SKIP: tl.constexpr,
+    QK_FP8: tl.constexpr, CDT: tl.constexpr,
+):
+    """Fold the key tiles ``n0 = n_lo, n_lo + BLOCK_N, .. < n_hi`` into ``(acc, m_i, l_i)``.
+
+    MASKED: apply the causal/window rule (keys past ``hi`` are masked by it too); otherwise every
+    row sees every key of these tiles. Tokens whose page id is invalid load as zeros (finite),
+    whatever the table holds.
+    """
+    for n0 in range(n_lo, n_hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        tok_ok = offs_n < hi
+        k_ids = _tile_page_ids(kt_row, stride_kt_p, n0, offs_n, tok_ok, num_pages, PAGE_SIZE, BLOCK_N)
+        k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, True)
+        k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
+        ksf_off = k_off
+        if KV_FORMAT == KV_NVFP4:
+            ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
+        if QK_FP8:  # fp8 query and fp8 keys: an fp8 tensor-core product, raw bytes straight in
+            k = tl.load(k_ptr + k_off[:, None] + tl.arange(0, HEAD_DIM)[None, :], mask=k_ok[:, None], other=0.0)
+        else:
+            k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, CDT)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            dist = row_pos[:, None] - offs_n[None, :]
+            allowed = dist >= 0
+            if HAS_WINDOW:
+                allowed = allowed & (dist <= window_left)
+            s = tl.where(allowed, s, float("-inf"))
+        keep = True
+        if SKIP:
+            # One decision for the whole tile: every row must find it negligible (rows past the
+            # request and rows without a key in the tile agree to skip; a row that has seen no key
+            # yet never does: exp2(finite - -inf) = inf).
+            t_max = tl.max(s, 1)
+            ratio = tl.where(t_max == float("-inf"), 0.0, tl.exp2(t_max - m_i))
+            vote = ((ratio < skip_lambda) | (row_ok == 0)).to(tl.int32)
+            keep = (tl.min(vote, 0) == 0) | (n0 == first_n)
+        if keep:
+            m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+            if SAME_TABLE:
+                v_page, v_slot, v_ok = k_page, k_slot, k_ok
+            else:
+                v_ids = _tile_page_ids(vt_row, stride_vt_p, n0, offs_n, tok_ok, num_pages, PAGE_SIZE, BLOCK_N)
+                v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, True)
+            v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
+            vsf_off = v_off
+            if KV_FORMAT == KV_NVFP4:
+                vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
+            v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, CDT)
+            acc = acc * alpha[:, None] + tile_pv(p, v, True)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def context_kernel(
+    q_ptr,  # [sum_q, Hq, D] query rows (last dim contiguous)
+    k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] K pages (NHD view, any strides); D_STORED = D/2 for NVFP4
+    v_ptr,  # same shape as k_ptr
+    k_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of K (NVFP4)
+    v_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of V (NVFP4)
+    k_table_ptr,  # [B, pages_per_seq] int32 page ids of K
+    v_table_ptr,  # [B, pages_per_seq] int32 page ids of V
+    seq_lens_ptr,  # [B] int32 KV lengths
+    cum_q_ptr,  # [B + 1] int32 / int64 query row offsets
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [sum_q, Hq, D] fp16/bf16/fp8, or NVFP4 packed codes uint8 [sum_q, Hq, D/2] (OUT_NVFP4)
+    out_sf_ptr,  # [rows_sf * cols_sf] uint8 e4m3 block scales, 128x4 swizzled (OUT_NVFP4)
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
+    num_rows, num_pages, capacity, window_left, sf_cols, sf_row0,
+    logit_factor, out_factor, sf_div, skip_factor,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, QK_FP8: tl.constexpr,
+    SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, SKIP: tl.constexpr,
+    LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, OUT_NVFP4: tl.constexpr,
+):
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    mt = tl.num_programs(2) - 1 - tl.program_id(2)  # the last query tiles (most keys) first
+    kvh = h // GROUP
+
+    q_start = tl.load(cum_q_ptr + b).to(tl.int32)
+    q_end = tl.minimum(tl.load(cum_q_ptr + b + 1).to(tl.int32), num_rows)  # never write past `out`
+    q_len = tl.load(cum_q_ptr + b + 1).to(tl.int32) - q_start
+    # (a length past the table's capacity would read past the request's row of the table)
+    kv_len = tl.minimum(tl.load(seq_lens_ptr + b), capacity)
+    if mt * BLOCK_M >= q_len:
+        return
+
+    offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = q_start + offs_m
+    row_ok = rows < q_end
+    row_pos = kv_len - q_len + offs_m
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows64 = rows.to(tl.int64)
+
+    # Operand type of the products: the query's (fp8 and NVFP4 caches convert to it exactly), or
+    # float16 for an fp8 query (its P.V product and its products with NVFP4 keys).
+    cdt = tl.float16 if q_ptr.dtype.element_ty == tl.float8e4nv else q_ptr.dtype.element_ty
+    q = tl.load(q_ptr + rows64[:, None] * stride_q_t + h * stride_q_h + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    if not QK_FP8:
+        q = q.to(cdt)
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * tl.load(logit_scale_ptr)
+    qk_scale = logit * LOG2E
+    skip_lambda = skip_factor / tl.maximum(kv_len, 1).to(tl.float32)
+
+    # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.
+    p0 = kv_len - q_len + mt * BLOCK_M
+    p1 = tl.minimum(kv_len - q_len + (q_end - q_start), p0 + BLOCK_M) - 1
+    hi = tl.maximum(tl.minimum(p1 + 1, kv_len), 0)
+    lo = p0 * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(p0 - window_left, 0)
+    start = (lo // BLOCK_N) * BLOCK_N
+    full_lo = start
+    if HAS_WINDOW:  # tiles from here on are inside every row's window
+        full_lo = tl.maximum(tl.cdiv(tl.maximum(p1 - window_left, 0), BLOCK_N) * BLOCK_N, start)
+    full_hi = tl.maximum(((p0 + 1) // BLOCK_N) * BLOCK_N, full_lo)  # tiles every row sees up to its end
+    a_hi = tl.minimum(full_lo, hi)
+    c_lo = tl.maximum(full_hi, a_hi)
+
+    kt_row = k_table_ptr + b.to(tl.int64) * stride_kt_b
+    vt_row = v_table_ptr + b.to(tl.int64) * stride_vt_b
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc, m_i, l_i = _context_run(
+        acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
+        stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+        stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+        kvh, num_pages, start, a_hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
+        HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, True, HAS_WINDOW, SKIP, QK_FP8, cdt,
+    )
+    acc, m_i, l_i = _context_run(
+        acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
+        stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+        stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+        kvh, num_pages, full_lo, full_hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
+        HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, False, HAS_WINDOW, SKIP, QK_FP8, cdt,
+    )
+    acc, m_i, l_i = _context_run(
+        acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
+        stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+        stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+        kvh, num_pages, c_lo, hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
+        HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, True, HAS_WINDOW, SKIP, QK_FP8, cdt,
+    )
+
+    heads = tl.full([BLOCK_M], 0, tl.int32) + h
+    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
+    o, _ = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    o = o * out_mult
+    if OUT_NVFP4:
+        BLOCKS: tl.constexpr = HEAD_DIM // 16
+        packed, sf = quantize_nvfp4_rows(o, sf_div, BLOCKS)
+        offs_b = tl.arange(0, HEAD_DIM // 2)
+        tl.store(out_ptr + rows64[:, None] * stride_o_t + h * stride_o_h + offs_b[None, :], packed,
+                 mask=row_ok[:, None])
+        # 128x4 swizzle (SPEC 5): row m (+ the tensor's start index), column k = h * D/16 + block.
+        m = (rows + sf_row0).to(tl.int64)[:, None]
+        kcol = (h * BLOCKS + tl.arange(0, BLOCKS)).to(tl.int64)[None, :]
+        sf_off = (m // 128) * (sf_cols // 4) * 512 + (kcol // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 \
+            + kcol % 4
+        tl.store(out_sf_ptr + sf_off, sf.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=row_ok[:, None])
+    else:
+        store_scaled(out_ptr + rows64[:, None] * stride_o_t + h * stride_o_h + offs_d[None, :], o,
+                     row_ok[:, None], OUT_FP8)
+
+
+__all__ = ["context_kernel"]

@@ -1,0 +1,113 @@
+"""Launcher of the prefill kernel: pick the config, size the grid, launch.
+
+Everything here reads host-side facts only (shapes, strides, dtypes, the host bound
+``max_q_len``): nothing waits for the device and nothing is allocated (but a copy of a
+non-contiguous ``seq_lens``/``cum_seq_lens_q``/``sinks``), so a call can be captured in a CUDA graph
+and replayed with new lengths, query offsets and tables written in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import _device, _env
+from .._inputs import KV_FORMATS
+from ..formats import FP8_DTYPE
+from . import prefill_configs
+from .prefill_kernels import context_kernel
+
+KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}  # common.KV_HALF / KV_FP8 / KV_NVFP4
+_CURRENT_DEVICE = contextlib.nullcontext()
+
+
+def _arch(device: torch.device, interpreter: bool) -> str:
+    if interpreter:
+        return "interpreter"
+    return "sm90" if _device.is_hopper(device) else "default"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
+    """``(config, QK_FP8)`` for a call: fp8 tensor-core Q.K^T when the query and the cache are both
+    fp8 and the kernels are compiled (the interpreter has no fp8 products)."""
+    qk_fp8 = query.dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and not interpreter
+    kind = "fp8" if qk_fp8 else "half"
+    cfg = prefill_configs.config(_arch(query.device, interpreter), kind, query.shape[-1], skip)
+    return cfg, qk_fp8
+
+
+def launch_context(
+    query: torch.Tensor,  # [sum_q, Hq, D]
+    k: torch.Tensor,  # [P, page, Hkv, Ds] (NHD view of any layout)
+    v: torch.Tensor,
+    k_table: torch.Tensor,  # [B, pages_per_seq] int32
+    v_table: torch.Tensor,
+    k_sf,  # NVFP4 block scales [P, page, Hkv, D/16] or None
+    v_sf,
+    seq_lens: torch.Tensor,  # [B] int32 / uint32
+    cum_seq_lens_q: torch.Tensor,  # [B + 1] int32 / int64
+    sinks,  # [Hq] float32 or None
+    out: torch.Tensor,  # [sum_q, Hq, D] fp16/bf16/fp8, or NVFP4 codes uint8 [sum_q, Hq, D/2]
+    out_sf,  # NVFP4 output: [rows, cols] e4m3 (or uint8) swizzled block scales; else None
+    *,
+    max_q_len: int,
+    logit_factor: float = 1.0,
+    logit_tensor=None,
+    out_factor: float = 1.0,
+    out_tensor=None,
+    window_left: int = -1,
+    o_sf_scale: float = 1.0,
+    sf_start: int = 0,
+    skip_factor: float = 0.0,
+) -> None:
+    """Launch paged causal context attention into ``out``, with the query's GPU current."""
+    batch = seq_lens.shape[0]
+    sum_q, num_heads, head_dim = query.shape
+    num_kv_heads = k.shape[2]
+    if batch == 0 or max_q_len == 0 or sum_q == 0 or num_heads == 0:
+        return
+    interpreter = _env.triton_interpret()
+    skip = skip_factor > 0
+    cfg, qk_fp8 = plan(query, k.dtype, skip, interpreter)
+    device = query.get_device()  # -1 on the CPU
+    switch = device >= 0 and device != torch.cuda.current_device()
+    with torch.cuda.device(device) if switch else _CURRENT_DEVICE:
+        if not seq_lens.is_contiguous():  # the kernel reads length b at seq_lens_ptr + b
+            seq_lens = seq_lens.contiguous()
+        if seq_lens.dtype == torch.uint32:
+            seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
+        if not cum_seq_lens_q.is_contiguous():
+            cum_seq_lens_q = cum_seq_lens_q.contiguous()
+        if sinks is not None and sinks.stride(-1) != 1:
+            sinks = sinks.contiguous()
+        same_table = k_table is v_table or (
+            k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
+        )
+        nvfp4_out = out_sf is not None
+        sf_flat = out_sf.view(torch.uint8).view(-1) if nvfp4_out else out
+        sf_cols = out_sf.shape[1] if nvfp4_out else 4
+        ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)
+        vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
+        grid = (num_heads, batch, _cdiv(max_q_len, cfg.block_m))
+        context_kernel[grid](
+            query, k, v, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
+            seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
+            logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
+            out, sf_flat,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            *k.stride()[:3], *v.stride()[:3], *ksf_s, *vsf_s,
+            k_table.stride(0), k_table.stride(1), v_table.stride(0), v_table.stride(1),
+            sum_q, k.shape[0], k_table.shape[1] * k.shape[1], window_left, sf_cols, sf_start,
+            float(logit_factor), float(out_factor), 1.0 / float(o_sf_scale), float(skip_factor),
+            HEAD_DIM=head_dim, PAGE_SIZE=k.shape[1], GROUP=num_heads // num_kv_heads,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=KV_FORMAT_CODE[KV_FORMATS[k.dtype]],
+            QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
+            SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
+            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
