@@ -61,7 +61,11 @@ def main(argv=None) -> int:
             continue
         prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
         fns = [s.kvattn for s in prob.sets]
-        key = ("fp8" if shape.q_dtype == "fp8" and shape.kv_dtype == "fp8" else "half", shape.head_dim)
+        if shape.q_dtype == "fp8" and shape.kv_dtype == "fp8":
+            kind = "fp8"
+        else:
+            kind = "half" if shape.kv_dtype in ("bfloat16", "float16") else "dequant"
+        key = (kind, shape.head_dim)
         for name in [v for v in args.variants.split(",") if v]:
             try:
                 us = timer.graph(fns, context=lambda name=name: _forced(key, name))

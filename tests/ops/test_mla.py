@@ -97,6 +97,8 @@ GPU_CASES = [
     *[param(f"{fmt}-Hq{hq}-tensor-scales", lens=GPU_LENS, hq=hq, kv_format=fmt, tensor_scales=True, seed=hq)
       for fmt in ("bfloat16", "fp8") for hq in (16, 128)],
     param("bf16-q-fp8-cache", lens=GPU_LENS, hq=16, kv_format="fp8", q_format="bfloat16"),
+    # float16 operands at BLOCK_H 32 (an fp8 query with an fp8 cache takes fp8 scores at BLOCK_H 64)
+    param("bf16-q-fp8-cache-Hq128", lens=GPU_LENS, hq=128, kv_format="fp8", q_format="bfloat16", seed=11),
     param("fp8-q-bf16-cache", lens=GPU_LENS, hq=64, kv_format="bfloat16", q_format="fp8"),
     param("bf16-4d-cache-out-allocated", lens=GPU_LENS, hq=128, four_d=True, give_out=False),
     param("bf16-Hq128-long-split", lens=[16384, 5, 9000], hq=128, seed=5),
@@ -184,11 +186,20 @@ def test_mla_launch_sizes_come_from_host_bounds():
     for hq, bh in ((8, 16), (16, 16), (20, 32), (64, 64), (128, 64)):
         assert mla_configs.config("sm90", "bfloat16", hq).block_h == bh
     assert mla_configs.config("sm90", "fp8", 128).block_h == 32
+    # fp8 scores: an fp8 query with an fp8 cache, on sm90's BLOCK_H 64 (wgmma) only
+    qk = mla_configs.config("sm90", "fp8", 128, True)
+    assert qk.qk_fp8 and qk.block_h == 64
+    assert mla_configs.config("sm90", "fp8", 64, True).qk_fp8
+    assert not mla_configs.config("sm90", "fp8", 16, True).qk_fp8
+    assert not mla_configs.config("sm90", "bfloat16", 128, True).qk_fp8
+    assert not mla_configs.config("default", "fp8", 128, True).qk_fp8
+    assert not mla_configs.config("interpreter", "fp8", 128, True).qk_fp8
     for arch, table in mla_configs.TABLES.items():
         for fmt in ("bfloat16", "fp8"):
-            for hq in (1, 8, 16, 20, 32, 64, 128, 1000):
-                cfg = mla_configs.config(arch, fmt, hq)
-                assert (mla_configs._fmt(fmt), cfg.block_h) in table
+            for q_fp8 in (False, True):
+                for hq in (1, 8, 16, 20, 32, 64, 128, 1000):
+                    cfg = mla_configs.config(arch, fmt, hq, q_fp8)
+                    assert ("fp8qk" if cfg.qk_fp8 else mla_configs._fmt(fmt), cfg.block_h) in table
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,11 @@ def cum(values, dtype=torch.int32):
     return torch.tensor(out, dtype=dtype)
 
 
+def cpu_fp4(t: FP4Tensor) -> FP4Tensor:
+    """A CPU copy of an NVFP4 output (``cpu`` moves plain tensors only), to compare with the oracle."""
+    return FP4Tensor(t.data.cpu(), t.scale.cpu(), t.scale_start_index, t.original_shape)
+
+
 def random_query(rows, hq, d, dtype, gen, scale=1.0, shared=0.0):
     """``shared > 0``: every row is one random vector per head (times ``shared``) plus small noise,
     so the rows of a query tile agree on which key tiles matter (skip-softmax cases)."""
@@ -54,12 +59,21 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None,
+    bmm2=None, tiles=None,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
     ``out_kind``: None (the query's dtype, or bf16 for an fp8 query), a torch dtype, or ``"nvfp4"``.
+    ``tiles``: ``(BLOCK_M, BLOCK_N)`` of the interpreter's table for this case (CPU only: tiles
+    holding several pages, or parts of one, with the small pages the interpreter can afford).
     """
+    if tiles is not None and not ON_GPU:
+        from kvattn.ops import prefill_configs
+
+        table = dict(prefill_configs.TABLES["interpreter"])
+        for key in table:
+            table[key] = prefill_configs.PrefillConfig(tiles[0], tiles[1], 4, 1)
+        monkeypatch.setitem(prefill_configs.TABLES, "interpreter", table)
     half = qdt if qdt != FP8_DTYPE else torch.bfloat16
     fmt = fmt or {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8"}[qdt]
     case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=half, kv_format=fmt,
@@ -106,7 +120,7 @@ def prefill_case(
         assert relative_error(exact, full) > 1e-4, "no tile skipped: the case tests nothing"
     if kind == "nvfp4":
         s = 1.0 if o_sf_scale is None else o_sf_scale
-        got, ref = dequantize_nvfp4_output(cpu(out), s), dequantize_nvfp4_output(cpu(ref_out), s)
+        got, ref = dequantize_nvfp4_output(cpu_fp4(out), s), dequantize_nvfp4_output(cpu_fp4(ref_out), s)
         assert torch.isfinite(got).all()
         err, ref_err = relative_error(got, exact), relative_error(ref, exact)
         # Both carry e2m1's rounding (~5 % of a value); the kernel's float32 values differ from the
@@ -147,6 +161,14 @@ CASES = [
     param("fp8kv-fp8-out", True, lens=SMALL_LENS, lq=SMALL_LQ, fmt="fp8", out_kind=FP8_DTYPE, bmm2=2.0),
     param("nvfp4kv-NHD-shared-nvfp4-out", True, lens=SMALL_LENS, lq=SMALL_LQ, fmt="nvfp4", layout="NHD",
           form="shared", out_kind="nvfp4", o_sf_scale=0.5),
+    # tiles of 2 / 4 whole pages (one table entry a page), of 8 pages (per-token ids), of part of a page
+    param("fp16-HND-p16-tile32-2-pages", True, lens=SMALL_LENS, lq=SMALL_LQ, tiles=(16, 32)),
+    param("fp16-NHD-p8-tile32-4-pages-split-tables", True, lens=SMALL_LENS, lq=SMALL_LQ, layout="NHD", page=8,
+          tiles=(16, 32), split=True, window=9),
+    param("fp16-HND-p4-tile32-8-pages", True, lens=SMALL_LENS, lq=SMALL_LQ, page=4, tiles=(32, 32)),
+    param("fp16-HND-p64-tile32", True, lens=[70, 100], lq=[70, 33], page=64, tiles=(16, 32)),
+    param("fp16-negative-bmm1", True, lens=SMALL_LENS, lq=SMALL_LQ, bmm1=-0.2, sinks=True),
+    param("fp16-negative-tensor-bmm1", True, lens=SMALL_LENS, lq=SMALL_LQ, bmm1=-0.2, tensor_scales=True),
     param("fp8q-fp8kv-D128-G8-int64-cum", True, lens=[33, 18], lq=[17, 18], d=128, hkv=1, group=8, qdt=FP8_DTYPE,
           fmt="fp8", cum_dtype=torch.int64, max_q_len=24),
     # --- GPU grid -------------------------------------------------------------------------------
@@ -180,6 +202,8 @@ CASES = [
     param("bf16-Hq32-Hkv8-D128-p64-HND", lens=[2000, 300], lq=[700, 1], hkv=8, d=128, page=64, qdt=torch.bfloat16),
     param("fp8q-fp8kv-Hq32-Hkv8-D128-p64-HND", lens=[2000, 300], lq=[700, 1], hkv=8, d=128, page=64, qdt=FP8_DTYPE),
     param("bf16-G32-Hkv1-D128", lens=[1200, 100], lq=[1200, 5], hkv=1, group=32, d=128, qdt=torch.bfloat16),
+    param("bf16-negative-bmm1-p64", lens=GPU_LENS, lq=GPU_LQ, page=64, qdt=torch.bfloat16, bmm1=-0.15),
+    param("fp8q-fp8kv-negative-bmm1-D128", lens=GPU_LENS, lq=GPU_LQ, d=128, fmt="fp8", qdt=FP8_DTYPE, bmm1=-0.1),
     param("bf16-max_q_len-above-lengths", lens=[100, 30], lq=[50, 30], max_q_len=100, qdt=torch.bfloat16),
     param("bf16-tensor-scales-uint32-int64-cum", lens=GPU_LENS, lq=GPU_LQ, tensor_scales=True, uint32=True,
           cum_dtype=torch.int64, qdt=torch.bfloat16),

@@ -1,9 +1,10 @@
 """Launch configurations of the MLA decode kernel, one table per GPU family.
 
 No runtime autotuning (a tuning pass would stall a serving engine's first calls and cannot run
-inside CUDA-graph capture). The sm90 entries were picked from local sm_90a compiles (registers,
-spills, shared memory, wgmma vs mma.sync: the comments at the table) and are not
-measured yet; ``override`` is the hook for a tuning pass.
+inside CUDA-graph capture). The sm90 entries come from local sm_90a compiles (registers, spills,
+shared memory, wgmma vs mma.sync: the comments at the table) and, where marked, from H100 runs of
+``benchmarks/tune_mla.py`` (CUDA-graph replay, L2 flushed); ``override`` is the hook for a tuning
+pass.
 """
 
 from __future__ import annotations
@@ -26,28 +27,52 @@ class MLAConfig:
     waves: int = 1  # the split count fills this many whole waves of resident programs
     min_chunk: int = 256  # fewest keys worth a split of their own
     max_splits: int = 64
+    qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, BLOCK_H 64 wgmma)
 
 
-# (kv format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit.
+# (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
+# "fp8" = fp8 cache (float16 operands), "fp8qk" = fp8 query and fp8 cache (fp8 scores on wgmma).
 # Local sm_90a compiles (Triton 3.6, registers / shared memory / spills):
-#   half 64: (32, 8, 2) 249 regs, 144 KB, wgmma, no spill. BLOCK_N 64 spills (255 + 24 B stack);
-#            3 stages 180 KB, same registers. Two warpgroups each compute the whole [64, N]
-#            score tile (Triton gives a chained dot's M = 64 to all 8 warps): see NOTES.
+#   half 64: (32, 8, 3) 249 regs, 180 KB, wgmma, no spill. H100 (graph us, 64x4096 / 128x8192 /
+#            32x16384): (32, 8, 2) 433 / 1660 / 867 = 0.26 of the matmul rate; (32, 8, 3) 365 /
+#            1403 / 716 = 0.31 (best measured); (16, 8, 3|4) 586 / 2305 / 1147. BLOCK_N 64 spills
+#            (255 + 24 B stack). Two warpgroups each compute the whole [64, N] score tile
+#            (Triton gives a chained dot's M = 64 to all 8 warps) and every wgmma is waited for
+#            before the next, which is what keeps it far from 0.75: see mla_kernels.
 #   half 32: (64, 8, 3) 182 regs, 184 KB, mma.sync (M < 64: no wgmma), no spill.
 #   half 16: (64, 8, 3) 144 regs, 164 KB, mma.sync, no spill; 4 warps hold the query operand in
 #            every warp (255 regs + spills), so 8 warps split the 512 output columns finer.
-#   fp8 64:  every tile size spills (~330 B: the word -> float16 conversion on top of the
-#            accumulator); fp8 caches use BLOCK_H 32 instead (182 regs, 176 KB, no spill).
-#   fp8 32 / 16: as half, 182 / 166 regs, no spill.
+#            H100: 124 / 416 / 223 us = 0.81 / 0.96 / 0.89 of copy bandwidth (best of the variants).
+#   fp8qk 64: (32, 8, 3) 242 regs, 128 KB (the epilogue's [64, 512] float32 layout change; the
+#            loop's buffers are smaller), no spill: 36 m64n16k32 e4m3 score wgmmas + 2 m64n256k16
+#            float16 P.V wgmmas a tile, the byte tile cp.async double-buffered, converted once
+#            (40 F2FP a thread a tile, no LDS.U8); 680 SASS instructions a 32-key tile vs 920 for
+#            half 64. (32, 8, 4) 242 regs, 3 buffers; (64, 8, 3) 255 regs, 176 KB, no spill;
+#            (64, 8, 2) spills 8 B; (16, 8, 4) 243 regs but 525 instructions a 16-key tile.
+#            Unmeasured on the GPU yet.
+#   fp8 32 / 16 (bf16 query, or Hq <= 32): (64, 8, 3) 182 / 166 regs, no spill, mma.sync. The
+#            words are cp.async-pipelined, but Triton converts each tile twice (once straight
+#            into the transposed score operand through 80 LDS.64 + ~290 register moves, once into
+#            a float16 shared tile for P.V): 136 F2FP and 1047 SASS instructions a 64-key tile
+#            against 888 for half 16 with half the bytes, so with one program an SM the fp8 tile
+#            is latency-bound (H100 Hq 16: 157 / 559 / 291 us, slower than bf16). Forcing one
+#            conversion (an opaque identity after it) halves the F2FP but adds as many moves and
+#            218+ KB of shared memory; the byte path (KV_FP8) is not pipelined (3 LDGSTS, 128
+#            LDS.U8 a tile); fp8 mma.sync operands are upcast to float16 by Triton on sm_90.
+#   fp8 64:  (32, 8, 2) spills ~330 B (the conversion on top of the accumulator): reachable by an
+#            override only; the cap keeps fp8 (float16 operands) at BLOCK_H 32.
 _SM90 = {
-    ("half", 64): (32, 8, 2, 1),
+    ("half", 64): (32, 8, 3, 1),
     ("half", 32): (64, 8, 3, 1),
     ("half", 16): (64, 8, 3, 1),
+    ("fp8qk", 64): (32, 8, 3, 1),
+    ("fp8", 64): (32, 8, 2, 1),
     ("fp8", 32): (64, 8, 3, 1),
     ("fp8", 16): (64, 8, 3, 1),
 }
-_BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32}}
-_DEFAULT = {key: (bn, w, 2, 1) for key, (bn, w, _, _) in _SM90.items()} | {("fp8", 64): (32, 8, 2, 1)}
+_BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
+# Other GPUs: no fp8 scores (fp8qk falls back to fp8), two stages.
+_DEFAULT = {key: (bn, w, 2, 1) for key, (bn, w, _, _) in _SM90.items() if key[0] != "fp8qk"}
 # Small tiles in the interpreter, so CI runs multi-tile loops over several pages.
 _INTERPRETER = {(fmt, bh): (16, 4, 1, 1) for fmt in ("half", "fp8") for bh in (16, 32, 64)}
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
@@ -69,8 +94,10 @@ def override(**fields):
         config.cache_clear()
 
 
-def _fmt(kv_format: str) -> str:
-    return "fp8" if kv_format == "fp8" else "half"
+def _fmt(kv_format: str, q_fp8: bool = False) -> str:
+    if kv_format != "fp8":
+        return "half"
+    return "fp8qk" if q_fp8 else "fp8"
 
 
 def _next_power_of_2(n: int) -> int:
@@ -78,17 +105,27 @@ def _next_power_of_2(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def config(arch: str, kv_format: str, num_heads: int) -> MLAConfig:
+def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig:
     """The config of a launch: ``BLOCK_H`` = the head count rounded up to a power of 2 in
-    ``[16, cap]`` (cap 64, or the table's lower one), then the table's entry for it."""
-    fmt = _fmt(kv_format)
-    cap = _BLOCK_H_CAP.get(arch, {}).get(fmt, MAX_BLOCK_H)
-    block_h = min(max(MIN_BLOCK_H, _next_power_of_2(num_heads)), cap)
-    if "block_h" in _override:
-        block_h = _override["block_h"]
+    ``[16, cap]`` (cap 64, or the table's lower one), then the table's entry for it.
+
+    An fp8 query with an fp8 cache takes the fp8-score entry (``qk_fp8``) where the table has one
+    for that ``BLOCK_H`` (sm90, BLOCK_H 64: wgmma); otherwise the float16-operand fp8 entry.
+    """
+    fmt = _fmt(kv_format, q_fp8)
     table = TABLES.get(arch, _DEFAULT)
+    caps = _BLOCK_H_CAP.get(arch, {})
+
+    def pick(fmt):
+        block_h = min(max(MIN_BLOCK_H, _next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
+        return _override.get("block_h", block_h)
+
+    block_h = pick(fmt)
+    if fmt == "fp8qk" and (fmt, block_h) not in table:
+        fmt = "fp8"
+        block_h = pick(fmt)
     block_n, warps, stages, per_sm = table[(fmt, block_h)]
-    cfg = MLAConfig(block_h, block_n, warps, stages, per_sm)
+    cfg = MLAConfig(block_h, block_n, warps, stages, per_sm, qk_fp8=fmt == "fp8qk")
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

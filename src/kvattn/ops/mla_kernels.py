@@ -8,11 +8,22 @@ q_rope kpe^T``, the online softmax, then ``acc += P ckv`` with the ckv tile alre
 the decode kernel it writes the final rows when the launch has one split, else a normalised
 partial ``(o, lse)`` per split that :func:`~.decode_kernels.decode_combine_kernel` merges.
 
-Cost model (local sm_90a compiles, see mla_configs). BLOCK_H 64 (Hq >= 64) runs on wgmma with 8
-warps, which the ``[64, 512]`` float32 accumulator needs (128 registers a thread); Triton gives a
-chained dot's 64 rows to all 8 warps, so both warpgroups compute the whole score tile: the
-products cost ``2 * 576 + 512`` instead of ``576 + 512`` MACs a (head, key), at most ~0.65 of the
-tensor-core rate. BLOCK_H 16 / 32 run on mma.sync (M < 64) and are bound by the row reads.
+Cost model (local sm_90a compiles and the H100 runs recorded in mla_configs). BLOCK_H 64
+(Hq >= 64) runs on wgmma with 8 warps, which the ``[64, 512]`` float32 accumulator needs (128
+registers a thread); Triton gives a chained dot's 64 rows to all 8 warps, so both warpgroups
+compute the whole score tile (the PTX has 2 x 36 ``m64n16k16`` score wgmmas a 32-key tile, the
+P.V product 2 ``m64n256k16``, one per warpgroup): the products cost ``2 * 576 + 512`` instead of
+``576 + 512`` MACs a (head, key), at most ~0.65 of the tensor-core rate, and each wgmma is waited
+for before the next (no overlap of the score and P.V products). Measured on the H100 (Triton
+3.6): 0.26 of the bf16 matmul rate at (32, 8, 2), 0.31 at (32, 8, 3); the 0.75 target needs the
+score tile split between the warpgroups (one warpgroup per 32 or 64 keys), which Triton 3.6 does
+not express.
+
+An fp8 query with an fp8 cache (``QK_FP8``, BLOCK_H 64) takes the scores on fp8 tensor cores
+straight from the copied bytes (both operands K-major: the query rows and the cache rows), exact
+products accumulated in float32, and converts the tile once, to the float16 P.V operand (exact).
+Otherwise fp8 rows convert to float16 for both products; BLOCK_H 16 / 32 run on mma.sync (M < 64)
+and are bound by the row reads for 16-bit caches.
 """
 
 from __future__ import annotations
@@ -48,11 +59,13 @@ def mla_split_kernel(
     logit_factor, out_factor,
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
-    OUT_PTR: tl.constexpr,
+    OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
-    # float16 exactly, in one instruction per pair; an fp8 query too).
+    # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
+    # raw bytes: KV_FORMAT == KV_FP8): the scores take the fp8 values as they are, P.V float16.
     cdt = kv_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16
+    sdt = kv_ptr.dtype.element_ty if QK_FP8 else cdt
 
     # Head blocks vary fastest: the programs reading one request's split run side by side, so the
     # second one finds the rows in L2.
@@ -74,11 +87,11 @@ def mla_split_kernel(
     q_off = b.to(tl.int64) * stride_q_b + heads[:, None].to(tl.int64) * stride_q_h
     q_nope = tl.load(q_ptr + q_off + offs_c[None, :], mask=head_ok[:, None], other=0.0)
     q_rope = tl.load(q_ptr + q_off + offs_r[None, :], mask=head_ok[:, None], other=0.0)
-    if KV_FORMAT != KV_HALF:  # float16 operands: saturate a (far-fetched) bfloat16 q beyond its range
+    if KV_FORMAT != KV_HALF and not QK_FP8:  # float16: saturate a (far-fetched) bfloat16 q beyond its range
         q_nope = tl.minimum(tl.maximum(q_nope.to(tl.float32), -65504.0), 65504.0)
         q_rope = tl.minimum(tl.maximum(q_rope.to(tl.float32), -65504.0), 65504.0)
-    q_nope = q_nope.to(cdt)
-    q_rope = q_rope.to(cdt)
+    q_nope = q_nope.to(sdt)
+    q_rope = q_rope.to(sdt)
 
     logit = logit_factor
     if LOGIT_PTR:
@@ -98,14 +111,16 @@ def mla_split_kernel(
         tok_ok = offs_n < end
         page, slot, ok = token_pages(ids, offs_n, tok_ok, PAGE_SIZE, True)
         row_off = page * stride_kv_p + slot * stride_kv_s  # int64 (token_offsets of the one latent head)
-        # One read of the rows: ckv is the keys' first 512 columns and the values.
-        ckv = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, 0, CKV_DIM, KV_FORMAT, cdt)
-        kpe = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, CKV_DIM, KPE_DIM, KV_FORMAT, cdt)
+        # One read of the rows: ckv is the keys' first 512 columns and the values. (QK_FP8: the
+        # byte tile is copied to shared memory once and feeds the fp8 score wgmma from there; the
+        # float16 conversion for P.V happens once, after the scores.)
+        ckv = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, 0, CKV_DIM, KV_FORMAT, sdt)
+        kpe = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, CKV_DIM, KPE_DIM, KV_FORMAT, sdt)
         s = tl.dot(q_rope, tl.trans(kpe))
         s = tl.dot(q_nope, tl.trans(ckv), s)
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
-        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv)
+        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv.to(cdt))
 
         offs_next = offs_n + BLOCK_N
         ids = load_page_ids(table_row, stride_t_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, True)

@@ -18,7 +18,7 @@ from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE
 from . import fast_launch, mla_configs
 from .decode_kernels import decode_combine_kernel
-from .decode_launch import _ALIGN, _partials_from_workspace, _next_power_of_2, kv_format_code
+from .decode_launch import KV_FORMAT_CODE, _ALIGN, _partials_from_workspace, _next_power_of_2, kv_format_code
 from .mla_kernels import mla_split_kernel
 
 CKV_DIM = 512
@@ -42,14 +42,16 @@ class _Plan:
     """Everything a call derives from its host facts (see :func:`launch_mla` for the tuple)."""
 
     def __init__(self, facts: tuple):
-        (device, interpreter, q_shape, q_stride, kv_shape, kv_stride, kv_dtype, table_stride, out_stride,
+        (device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride, out_stride,
          ws_numel, has_logit, has_out_scale, aligned4) = facts
         self.batch, self.num_heads = q_shape[0], q_shape[1]
         self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
         self.kv_format = KV_FORMATS[kv_dtype]
-        self.kv_code = kv_format_code(self.kv_format, aligned4 and not interpreter,
-                                      (kv_stride[0], kv_stride[1], CKV_DIM + KPE_DIM))
-        self.cfg = cfg = mla_configs.config(_arch(device, interpreter), self.kv_format, self.num_heads)
+        self.cfg = cfg = mla_configs.config(_arch(device, interpreter), self.kv_format, self.num_heads,
+                                            q_dtype == FP8_DTYPE)
+        # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
+        self.kv_code = KV_FORMAT_CODE["fp8"] if cfg.qk_fp8 else kv_format_code(
+            self.kv_format, aligned4 and not interpreter, (kv_stride[0], kv_stride[1], CKV_DIM + KPE_DIM))
         self.h_blocks = -(-self.num_heads // cfg.block_h)
         self.items = self.batch * self.h_blocks
         self.sm_count = _device.sm_count(device)
@@ -88,7 +90,7 @@ class _Plan:
             constexprs=dict(
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
-                OUT_PTR=self.has_out_scale,
+                OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
@@ -145,7 +147,7 @@ def launch_mla(
         if seq_lens.dtype == torch.uint32:
             seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
         facts = (
-            query.device, _env.triton_interpret(), query.shape, query.stride(), kv.shape, kv.stride(), kv.dtype,
+            query.device, _env.triton_interpret(), query.shape, query.stride(), query.dtype, kv.shape, kv.stride(), kv.dtype,
             table.stride(), out.stride(), workspace.numel() if workspace is not None else None,
             logit_tensor is not None, out_tensor is not None,
             kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0,

@@ -5,8 +5,9 @@ so configurations are fixed per (operand kind, head_dim). Every sm90 entry was c
 sm_90a and checked: wgmma for both products, no register spills, shared memory within the 227 KB
 an H100 program may use (the facts are in the comments; not yet timed on a GPU).
 
-Operand kinds: ``"half"`` (fp16/bf16 operands: half caches, and fp8 / NVFP4 caches converted to the
-query's dtype), ``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
+Operand kinds: ``"half"`` (fp16/bf16 query and cache), ``"dequant"`` (fp8 / NVFP4 cache converted
+to the 16-bit query's dtype in registers: the conversion's registers need smaller key tiles),
+``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
 
 Skip-softmax fixes the tiles at 128 x 128 (the semantics' tile, ``kvattn.reference.prefill``):
 :data:`SKIP` holds warps and stages per head_dim for that shape.
@@ -25,19 +26,28 @@ class PrefillConfig:
     num_stages: int  # software-pipelining depth of the K/V loads
 
 
-# Compiled for sm_90a (Triton 3.6, 16-byte aligned strides), registers / spill bytes / shared memory:
-#   half  D64  128x128 w8 s3: 211 regs, no spill,  83 KB     half D128 128x64 w8 s3: 184, none, 98 KB
-#   half  D256  64x32  w8 s3: 172 regs, no spill,  98 KB     (128x128 D128: 255 regs at the edge;
-#   D256 128x64: 88 B spilled; 64x64: 8 B)                   fp8 D128 128x128 w8 s3: 214, none, 99 KB
-#   fp8   D64  128x128 w8 s3: clean                          fp8 D256 64x64 w8 s2: 211, none, 98 KB
-#   NVFP4 / fp8 caches on the half rows: 170-225 regs, no spill, 57-66 KB.
+# Compiled for sm_90a (Triton 3.6, 16-byte aligned strides, page 64 HND unless said), registers / stack
+# bytes / shared memory; the loops' spill-free is what matters (a one-off 8-16 B outside them is harmless):
+#   half D64  128x128 w8 s2: 230 regs, none,  80 KB
+#   half D128 128x128 w8 s2: 255 regs, 8 B (one STL/LDL pair outside the loops), 160 KB; page 16: 254,
+#        none; page 128: 16 B outside the loops. H100 A/B at 1x8192x8192 (before the FMA logits):
+#        128x128 s2 390 TFLOP/s > 128x128 s3 368 = 64x64 w4 s4 367 > 128x64 s3 327.
+#   half D256 128x32  w8 s2: 254 regs, none, 128 KB
+#   dequant (fp8 / NVFP4 cache) 128x64 w8 s3 D128: fp8 page 16 + window + sinks + split tables 223 regs,
+#        none, 64 KB; NVFP4 + NVFP4 output 231, none, 56 KB (128x128 s2 spills 72-80 B there);
+#        D64 156 regs, none; D256 64x32 w8 s3 NVFP4 + NVFP4 output: 72 B spilled (known)
+#   fp8  D64  128x128 w8 s2: 167 regs, none, 48 KB   fp8 D128 128x128 w8 s2: 229, none, 96 KB (H100: = s3)
+#   fp8  D256 128x64  w8 s2: 244 regs, none, 112 KB
 _SM90 = {
-    ("half", 64): PrefillConfig(128, 128, 8, 3),
-    ("half", 128): PrefillConfig(128, 64, 8, 3),
-    ("half", 256): PrefillConfig(64, 32, 8, 3),
-    ("fp8", 64): PrefillConfig(128, 128, 8, 3),
-    ("fp8", 128): PrefillConfig(128, 128, 8, 3),
-    ("fp8", 256): PrefillConfig(64, 64, 8, 2),
+    ("half", 64): PrefillConfig(128, 128, 8, 2),
+    ("half", 128): PrefillConfig(128, 128, 8, 2),
+    ("half", 256): PrefillConfig(128, 32, 8, 2),
+    ("dequant", 64): PrefillConfig(128, 64, 8, 3),
+    ("dequant", 128): PrefillConfig(128, 64, 8, 3),
+    ("dequant", 256): PrefillConfig(64, 32, 8, 3),
+    ("fp8", 64): PrefillConfig(128, 128, 8, 2),
+    ("fp8", 128): PrefillConfig(128, 128, 8, 2),
+    ("fp8", 256): PrefillConfig(128, 64, 8, 2),
 }
 # head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;
 # D256 255 regs, 880 B spilled and unpipelined (a 128 x 256 float32 accumulator alone is 128
@@ -48,7 +58,7 @@ _DEFAULT = {key: PrefillConfig(c.block_m, c.block_n, c.num_warps, 2) for key, c 
 _DEFAULT_SKIP = {d: (w, 1 if d == 256 else 2) for d, (w, _) in _SM90_SKIP.items()}
 
 # Small tiles so CPU tests cover multi-tile query and key loops, and tiles inside / across pages.
-_INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8") for d in (64, 128, 256)}
+_INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "dequant", "fp8") for d in (64, 128, 256)}
 _INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}

@@ -3,9 +3,11 @@
 A program holds ``BLOCK_M`` consecutive query rows of one request and one query head (rows at
 positions ``p = L - Lq + i``) and streams the request's keys in ``BLOCK_N`` tiles aligned at key 0,
 FlashAttention-2 style: ``S = Q K^T`` and ``P V`` on tensor cores (wgmma on Hopper), the softmax
-state in registers, K/V gathered from the pages per tile (a scalar page id when a tile lies inside
-one page, per-token ids otherwise) so the loads are ordinary pointer loads that Triton pipelines
-(cp.async, ``num_stages``).
+state in registers, K/V gathered from the pages per tile (one table entry a page: a scalar page id
+when a tile lies inside one page, one per page selected per token when it holds up to 4 whole
+pages, per-token ids otherwise) so the loads are ordinary pointer loads that Triton pipelines
+(cp.async, ``num_stages``). Full tiles keep the logits unscaled and fold scale and max shift into
+one FMA before ``exp2`` (the logit scale's sign goes into q once per program).
 
 The keys a tile can see are cut into three runs, visited in increasing key order:
 
@@ -42,26 +44,46 @@ from .common import (
     sink_logits2,
     softmax_finalize,
     store_scaled,
-    tile_pv,
     token_offsets,
     token_pages,
 )
 
 
 @triton.jit
-def _tile_page_ids(table_row_ptr, stride_table_p, n0, offs_n, tok_ok, num_pages, PAGE_SIZE: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-    """int32 ``[BLOCK_N]`` page ids of the tile's tokens (-1: token not ``tok_ok`` or id outside the cache).
+def _tile_pages(table_row_ptr, stride_table_p, n0, offs_n, hi, num_pages, MASKED: tl.constexpr,
+                PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(page, slot, ok)`` of the tile's tokens ``offs_n = n0 + [0, BLOCK_N)``: int64 page (a scalar
+    when the tile lies inside one page), int64 slot, bool ``ok`` (token below ``hi`` with a page id
+    inside ``[0, num_pages)``; the others load as zeros).
 
-    A tile inside one page (``PAGE_SIZE % BLOCK_N == 0``; tiles start at multiples of BLOCK_N)
-    reads one table entry: the K/V addresses are then one base plus a strided range, not a gather.
+    The table is read once per page, not once per token: a scalar entry when a tile lies inside one
+    page (``PAGE_SIZE % BLOCK_N == 0``; tiles start at multiples of BLOCK_N), one scalar per page
+    selected per token when a tile holds a few whole pages. Entries of pages at or past ``hi`` are
+    never read. Not MASKED: every token of the tile is below ``hi`` (the caller's full tiles).
     """
     if PAGE_SIZE % BLOCK_N == 0:
         pid = tl.load(table_row_ptr + (n0 // PAGE_SIZE) * stride_table_p)
-        pid = tl.where((pid >= 0) & (pid < num_pages), pid, -1)
-        return tl.where(tok_ok, pid, -1)
+        ok = tl.broadcast_to((pid >= 0) & (pid < num_pages), offs_n.shape)
+        if MASKED:
+            ok = ok & (offs_n < hi)
+        page = tl.maximum(pid, 0).to(tl.int64)
+        slot = (n0 % PAGE_SIZE + offs_n - n0).to(tl.int64)
+        return page, slot, ok
     else:
-        return load_page_ids(table_row_ptr, stride_table_p, offs_n, tok_ok, num_pages, PAGE_SIZE, True)
+        if BLOCK_N % PAGE_SIZE == 0 and BLOCK_N // PAGE_SIZE <= 4:
+            which = (offs_n - n0) // PAGE_SIZE
+            ids = tl.zeros(offs_n.shape, dtype=tl.int32)
+            for r in tl.static_range(BLOCK_N // PAGE_SIZE):
+                pid = tl.load(table_row_ptr + (n0 // PAGE_SIZE + r) * stride_table_p, mask=n0 + r * PAGE_SIZE < hi,
+                              other=-1)
+                ids = tl.where(which == r, pid, ids)
+            ok = (ids >= 0) & (ids < num_pages)
+            if MASKED:
+                ok = ok & (offs_n < hi)
+            ids = tl.where(ok, ids, -1)
+        else:
+            ids = load_page_ids(table_row_ptr, stride_table_p, offs_n, offs_n < hi, num_pages, PAGE_SIZE, True)
+        return token_pages(ids, offs_n, True, PAGE_SIZE, True)
 
 
 @triton.jit
@@ -79,14 +101,13 @@ def _context_run(
     """Fold the key tiles ``n0 = n_lo, n_lo + BLOCK_N, .. < n_hi`` into ``(acc, m_i, l_i)``.
 
     MASKED: apply the causal/window rule (keys past ``hi`` are masked by it too); otherwise every
-    row sees every key of these tiles. Tokens whose page id is invalid load as zeros (finite),
+    row sees every key of these tiles (all below ``hi``), and the logits stay unscaled until the
+    exponent's FMA (``qk_scale >= 0``). Tokens whose page id is invalid load as zeros (finite),
     whatever the table holds.
     """
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        tok_ok = offs_n < hi
-        k_ids = _tile_page_ids(kt_row, stride_kt_p, n0, offs_n, tok_ok, num_pages, PAGE_SIZE, BLOCK_N)
-        k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, True)
+        k_page, k_slot, k_ok = _tile_pages(kt_row, stride_kt_p, n0, offs_n, hi, num_pages, MASKED, PAGE_SIZE, BLOCK_N)
         k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
         ksf_off = k_off
         if KV_FORMAT == KV_NVFP4:
@@ -95,35 +116,47 @@ def _context_run(
             k = tl.load(k_ptr + k_off[:, None] + tl.arange(0, HEAD_DIM)[None, :], mask=k_ok[:, None], other=0.0)
         else:
             k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, CDT)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        if MASKED:
-            dist = row_pos[:, None] - offs_n[None, :]
-            allowed = dist >= 0
-            if HAS_WINDOW:
-                allowed = allowed & (dist <= window_left)
-            s = tl.where(allowed, s, float("-inf"))
+        s = tl.dot(q, tl.trans(k))
         keep = True
-        if SKIP:
-            # One decision for the whole tile: every row must find it negligible (rows past the
-            # request and rows without a key in the tile agree to skip; a row that has seen no key
-            # yet never does: exp2(finite - -inf) = inf).
-            t_max = tl.max(s, 1)
-            ratio = tl.where(t_max == float("-inf"), 0.0, tl.exp2(t_max - m_i))
-            vote = ((ratio < skip_lambda) | (row_ok == 0)).to(tl.int32)
-            keep = (tl.min(vote, 0) == 0) | (n0 == first_n)
+        if MASKED or SKIP:
+            s = s * qk_scale
+            if MASKED:
+                dist = row_pos[:, None] - offs_n[None, :]
+                allowed = dist >= 0
+                if HAS_WINDOW:
+                    allowed = allowed & (dist <= window_left)
+                s = tl.where(allowed, s, float("-inf"))
+            if SKIP:
+                # One decision for the whole tile: every row must find it negligible (rows past the
+                # request and rows without a key in the tile agree to skip; a row that has seen no
+                # key yet never does: exp2(finite - -inf) = inf).
+                t_max = tl.max(s, 1)
+                ratio = tl.where(t_max == float("-inf"), 0.0, tl.exp2(t_max - m_i))
+                vote = ((ratio < skip_lambda) | (row_ok == 0)).to(tl.int32)
+                keep = (tl.min(vote, 0) == 0) | (n0 == first_n)
         if keep:
-            m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+            if MASKED or SKIP:
+                m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+            else:
+                # Full tile: every logit is finite, so the new max is too; the scale (>= 0: the
+                # caller folded its sign into q) commutes with the max, and one FMA a logit scales
+                # and shifts it.
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                p = tl.exp2(s * qk_scale - m_new[:, None])
+                alpha = tl.exp2(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                m_i = m_new
             if SAME_TABLE:
                 v_page, v_slot, v_ok = k_page, k_slot, k_ok
             else:
-                v_ids = _tile_page_ids(vt_row, stride_vt_p, n0, offs_n, tok_ok, num_pages, PAGE_SIZE, BLOCK_N)
-                v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, True)
+                v_page, v_slot, v_ok = _tile_pages(vt_row, stride_vt_p, n0, offs_n, hi, num_pages, MASKED, PAGE_SIZE,
+                                                   BLOCK_N)
             v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
             vsf_off = v_off
             if KV_FORMAT == KV_NVFP4:
                 vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
             v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, CDT)
-            acc = acc * alpha[:, None] + tile_pv(p, v, True)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_i, l_i
 
 
@@ -184,7 +217,14 @@ def context_kernel(
     logit = logit_factor
     if LOGIT_PTR:
         logit = logit * tl.load(logit_scale_ptr)
-    qk_scale = logit * LOG2E
+    # A negative logit scale goes into q (negation is exact, and so is its effect on the products):
+    # with qk_scale >= 0 the full tiles take the row max before scaling (see _context_run).
+    if QK_FP8:
+        q_bits = q.to(tl.uint8, bitcast=True)
+        q = tl.where(logit < 0, q_bits ^ 0x80, q_bits).to(q_ptr.dtype.element_ty, bitcast=True)
+    else:
+        q = tl.where(logit < 0, -q, q)
+    qk_scale = tl.abs(logit) * LOG2E
     skip_lambda = skip_factor / tl.maximum(kv_len, 1).to(tl.float32)
 
     # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.

@@ -36,7 +36,7 @@ def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bo
     """``(config, QK_FP8)`` for a call: fp8 tensor-core Q.K^T when the query and the cache are both
     fp8 and the kernels are compiled (the interpreter has no fp8 products)."""
     qk_fp8 = query.dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and not interpreter
-    kind = "fp8" if qk_fp8 else "half"
+    kind = "fp8" if qk_fp8 else ("half" if kv_dtype in (torch.float16, torch.bfloat16) else "dequant")
     cfg = prefill_configs.config(_arch(query.device, interpreter), kind, query.shape[-1], skip)
     return cfg, qk_fp8
 
