@@ -35,6 +35,9 @@ VARIANTS = {
     "bn16s3": {"block_n": 16, "num_stages": 3},
     "bn16s4": {"block_n": 16, "num_stages": 4},
     # fp8 query + fp8 cache on the float16-operand path (BLOCK_H 32, the previous default): A/B
+    # fp8 query + fp8 cache with few heads (Hq <= 32): fp8 scores at BLOCK_H 64, rows past Hq padded
+    "fp8qk64": {"qk_fp8": True, "block_h": 64, "block_n": 64, "num_stages": 3},
+    "fp8qk64s2": {"qk_fp8": True, "block_h": 64, "block_n": 32, "num_stages": 3},
     "fp8f16": {"qk_fp8": False, "block_h": 32, "block_n": 64, "num_stages": 3},
     # BLOCK_H 16 / 32 (memory-bound); the table's entry is (64, 8, 3)
     "bn64s2": {"block_n": 64, "num_stages": 2},
