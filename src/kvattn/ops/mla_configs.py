@@ -28,6 +28,14 @@ class MLAConfig:
     min_chunk: int = 256  # fewest keys worth a split of their own
     max_splits: int = 64
     qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, BLOCK_H 64 wgmma)
+    # Scores one tile ahead (mla_kernels OVERLAP): the next tile's score wgmma runs during this
+    # tile's softmax. Local sm_90a compiles (BLOCK_H 64, 8 warps): the loop's score product then
+    # splits N between the warpgroups (32 m64n16k16 + 8 rope wgmmas a 32-key tile instead of 72),
+    # the next tile's score wait lands after the softmax (inside the P.V wait), but the carried
+    # ckv tile goes through registers: half (32, 8, 3) 255 regs + 40 B stack, 221 KB; (32, 8, 2)
+    # 16 B stack, 184 KB; (16, 8, 3) 40 B, 149 KB; fp8qk (32, 8, 3) 416 B stack, 131 KB; (16, 8, 3)
+    # 16 B, 131 KB; (64, 8, 3) 1.5 KB stack. Off until an H100 run says otherwise.
+    overlap: bool = False
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
@@ -73,6 +81,12 @@ _SM90 = {
     ("fp8", 16): (64, 8, 3, 1),
 }
 _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
+# Smallest BLOCK_H per format (default MIN_BLOCK_H). fp8 scores exist only at BLOCK_H 64 (wgmma);
+# with a floor of 64 an fp8 query with an fp8 cache takes them at any Hq (rows past Hq padded and
+# masked: at BLOCK_H 64 the tensor-core time a key is under its memory time). H100, Hq 16 fp8
+# (graph us, 64x4096 / 128x8192 / 32x16384): float16-operand path at BLOCK_H 16 154 / 567 / 293;
+# fp8 scores at BLOCK_H 64 (64, 8, 3) 116 / 431 / 211 (taken); (32, 8, 3) 162 / 553 / 311.
+_BLOCK_H_FLOOR: dict = {"sm90": {"fp8qk": 64}}
 # Other GPUs: no fp8 scores (fp8qk falls back to fp8), two stages.
 _DEFAULT = {key: (bn, w, 2, 1) for key, (bn, w, _, _) in _SM90.items() if key[0] != "fp8qk"}
 # Small tiles in the interpreter, so CI runs multi-tile loops over several pages.
@@ -109,7 +123,7 @@ def _next_power_of_2(n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig:
     """The config of a launch: ``BLOCK_H`` = the head count rounded up to a power of 2 in
-    ``[16, cap]`` (cap 64, or the table's lower one), then the table's entry for it.
+    ``[floor, cap]`` (floor 16 and cap 64, or the tables' own), then the table's entry for it.
 
     An fp8 query with an fp8 cache takes the fp8-score entry (``qk_fp8``) where the table has one
     for that ``BLOCK_H`` (sm90, BLOCK_H 64: wgmma); otherwise the float16-operand fp8 entry.
@@ -117,9 +131,11 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
     fmt = _fmt(kv_format, q_fp8)
     table = TABLES.get(arch, _DEFAULT)
     caps = _BLOCK_H_CAP.get(arch, {})
+    floors = _BLOCK_H_FLOOR.get(arch, {})
 
     def pick(fmt):
-        block_h = min(max(MIN_BLOCK_H, _next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
+        floor = floors.get(fmt, MIN_BLOCK_H)
+        block_h = min(max(floor, _next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
         return _override.get("block_h", block_h)
 
     block_h = pick(fmt)

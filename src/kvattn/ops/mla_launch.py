@@ -91,6 +91,7 @@ class _Plan:
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8,
+                OVERLAP=cfg.overlap,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
