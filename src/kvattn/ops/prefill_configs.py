@@ -24,6 +24,7 @@ class PrefillConfig:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int  # software-pipelining depth of the K/V loads
+    overlap: bool = False  # full tiles on the overlapped loop (prefill_kernels OVERLAP): products under softmaxes
 
 
 # Compiled for sm_90a (Triton 3.6, 16-byte aligned strides, page 64 HND unless said), registers / stack
@@ -38,6 +39,13 @@ class PrefillConfig:
 #        D64 156 regs, none; D256 64x32 w8 s3 NVFP4 + NVFP4 output: 72 B spilled (known)
 #   fp8  D64  128x128 w8 s2: 167 regs, none, 48 KB   fp8 D128 128x128 w8 s2: 229, none, 96 KB (H100: = s3)
 #   fp8  D256 128x64  w8 s2: 244 regs, none, 112 KB
+# Overlapped full-tile loop (overlap=True; compiled, not yet timed on a GPU): clean (no spill, no ptxas
+# wgmma serialization, C7511/C7512/C7514, which would wait after every wgmma of the kernel) only at
+# BLOCK_N <= 64: half D128 128x64 w8 s2/s3: 254 regs, none, 176 KB; fp8 D128 128x64 w8 s2/s3: 252,
+# none, 88 KB; half D64 128x64 w8 s3: 202, none, 88 KB. 128x128 spills 2-3 KB and serializes (and
+# needs 320 KB at half D128); D256 128x32 spills 104 B; dequant caches gain nothing (their K is
+# converted in registers and copied to shared memory, so Triton waits for Q.K^T at once). The
+# shipped entries keep overlap off until an H100 A/B (benchmarks/tune_prefill.py ``128x64w8s3o``).
 _SM90 = {
     ("half", 64): PrefillConfig(128, 128, 8, 2),
     ("half", 128): PrefillConfig(128, 128, 8, 2),

@@ -108,6 +108,6 @@ def launch_context(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=KV_FORMAT_CODE[KV_FORMATS[k.dtype]],
             QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
-            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out,
+            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, OVERLAP=cfg.overlap,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
