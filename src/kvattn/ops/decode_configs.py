@@ -8,9 +8,10 @@ engine and cannot run inside CUDA-graph capture. The tables were measured with
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, replace
+
+from .launch_common import config_override
 
 
 @dataclass(frozen=True)
@@ -59,18 +60,8 @@ LONG_TABLES = {"sm90": _SM90_LONG}
 _override: dict = {}
 
 
-@contextlib.contextmanager
-def override(**fields):
-    """Replace config fields for the duration of a ``with`` block (the tuning script's hook)."""
-    old = dict(_override)
-    _override.update(fields)
-    config.cache_clear()
-    try:
-        yield
-    finally:
-        _override.clear()
-        _override.update(old)
-        config.cache_clear()
+# ``with override(**fields):`` replaces config fields for the block (the tuning script's hook).
+override = config_override(_override, lambda: config.cache_clear())
 
 
 # Per-SM resources of the GPUs the tables target (sm90): shared memory a multiprocessor can give

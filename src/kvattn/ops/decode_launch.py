@@ -14,7 +14,6 @@ facts alone and cached under them; a call then computes only its split count (me
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from itertools import compress, repeat
 
@@ -25,6 +24,7 @@ from .._inputs import KV_FORMATS, cached_aliases
 from ..formats import FP8_DTYPE
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
+from .launch_common import cached_plan, device_guard, int32_lengths
 
 KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
 KV_FP8_WORDS = 3  # fp8 read as 32-bit words (common.KV_FP8_WORDS): 4-byte aligned rows, compiled kernels
@@ -41,9 +41,7 @@ _SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq
                    "out_scale", "out", "lse", "part_o", "part_lse")
 _COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
-_CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 
-_MAX_PLANS = 1024  # distinct call shapes kept; past this the cache starts over
 _MAX_SPANS = 4096  # split counts memoised per plan
 
 
@@ -267,14 +265,7 @@ _PLANS: dict[tuple, _Plan] = {}
 
 
 def _plan(facts: tuple) -> _Plan:
-    if decode_configs._override:  # a tuning override changes the configs: plan afresh
-        return _Plan(facts)
-    plan = _PLANS.get(facts)
-    if plan is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        plan = _PLANS[facts] = _Plan(facts)
-    return plan
+    return cached_plan(_PLANS, facts, _Plan, bool(decode_configs._override))
 
 
 def launch_decode(
@@ -311,13 +302,9 @@ def launch_decode(
     """Launch decode attention into ``out``, with the query's GPU current: Triton launches on the
     current device, and a multi-GPU caller's tensors may live on another one."""
     device = query.get_device()  # -1 on the CPU
-    switch = device >= 0 and device != torch.cuda.current_device()
-    with torch.cuda.device(device) if switch else _CURRENT_DEVICE:
+    with device_guard(device):
         if seq_lens is not None:
-            if not seq_lens.is_contiguous():  # the kernels read length b at seq_lens_ptr + b
-                seq_lens = seq_lens.contiguous()
-            if seq_lens.dtype == torch.uint32:
-                seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
+            seq_lens = int32_lengths(seq_lens)
         if mask is not None:
             mask = mask.view(torch.int16)
             if mask.stride(-1) != 1:

@@ -9,9 +9,10 @@ pass.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, replace
+
+from .launch_common import config_override
 
 MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
 MIN_BLOCK_H = 16  # tl.dot's smallest M
@@ -96,18 +97,8 @@ TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
 _override: dict = {}
 
 
-@contextlib.contextmanager
-def override(**fields):
-    """Replace config fields (``block_h`` too) for the duration of a ``with`` block (tuning, tests)."""
-    old = dict(_override)
-    _override.update(fields)
-    config.cache_clear()
-    try:
-        yield
-    finally:
-        _override.clear()
-        _override.update(old)
-        config.cache_clear()
+# ``with override(**fields):`` replaces config fields (``block_h`` too) for the block (tuning, tests).
+override = config_override(_override, lambda: config.cache_clear())
 
 
 def _fmt(kv_format: str, q_fp8: bool = False) -> str:

@@ -9,8 +9,6 @@ The partials are merged by the decode family's :func:`~.decode_kernels.decode_co
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from .. import _device, _env
@@ -19,12 +17,11 @@ from ..formats import FP8_DTYPE
 from . import fast_launch, mla_configs
 from .decode_kernels import decode_combine_kernel
 from .decode_launch import KV_FORMAT_CODE, _ALIGN, _partials_from_workspace, _next_power_of_2, kv_format_code
+from .launch_common import cached_plan, device_guard, int32_lengths
 from .mla_kernels import mla_split_kernel
 
 CKV_DIM = 512
 KPE_DIM = 64
-_CURRENT_DEVICE = contextlib.nullcontext()
-_MAX_PLANS = 1024
 _MAX_SPANS = 4096
 
 # Order of the call's tensors (fast_launch.call_args); an absent scale tensor is replaced by the
@@ -115,14 +112,7 @@ _PLANS: dict[tuple, _Plan] = {}
 
 
 def _plan(facts: tuple) -> _Plan:
-    if mla_configs._override:  # a tuning override changes the configs: plan afresh
-        return _Plan(facts)
-    plan = _PLANS.get(facts)
-    if plan is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        plan = _PLANS[facts] = _Plan(facts)
-    return plan
+    return cached_plan(_PLANS, facts, _Plan, bool(mla_configs._override))
 
 
 def launch_mla(
@@ -141,12 +131,8 @@ def launch_mla(
 ) -> None:
     """Launch MLA decode into ``out``, with the query's GPU current."""
     device = query.get_device()  # -1 on the CPU
-    switch = device >= 0 and device != torch.cuda.current_device()
-    with torch.cuda.device(device) if switch else _CURRENT_DEVICE:
-        if not seq_lens.is_contiguous():  # the kernel reads length b at seq_lens_ptr + b
-            seq_lens = seq_lens.contiguous()
-        if seq_lens.dtype == torch.uint32:
-            seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
+    with device_guard(device):
+        seq_lens = int32_lengths(seq_lens)
         facts = (
             query.device, _env.triton_interpret(), query.shape, query.stride(), query.dtype, kv.shape, kv.stride(), kv.dtype,
             table.stride(), out.stride(), workspace.numel() if workspace is not None else None,

@@ -37,8 +37,6 @@ import triton
 import triton.language as tl
 
 from .common import (
-    KV_FP8,
-    KV_HALF,
     KV_NVFP4,
     LOG2E,
     load_kv_tile,

@@ -8,18 +8,16 @@ and replayed with new lengths, query offsets and tables written in place.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from .. import _device, _env
 from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE
 from . import prefill_configs
+from .launch_common import device_guard, int32_lengths
 from .prefill_kernels import context_kernel
 
 KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}  # common.KV_HALF / KV_FP8 / KV_NVFP4
-_CURRENT_DEVICE = contextlib.nullcontext()
 
 
 def _arch(device: torch.device, interpreter: bool) -> str:
@@ -75,12 +73,8 @@ def launch_context(
     skip = skip_factor > 0
     cfg, qk_fp8 = plan(query, k.dtype, skip, interpreter)
     device = query.get_device()  # -1 on the CPU
-    switch = device >= 0 and device != torch.cuda.current_device()
-    with torch.cuda.device(device) if switch else _CURRENT_DEVICE:
-        if not seq_lens.is_contiguous():  # the kernel reads length b at seq_lens_ptr + b
-            seq_lens = seq_lens.contiguous()
-        if seq_lens.dtype == torch.uint32:
-            seq_lens = seq_lens.view(torch.int32)  # lengths < 2^31: same bits
+    with device_guard(device):
+        seq_lens = int32_lengths(seq_lens)
         if not cum_seq_lens_q.is_contiguous():
             cum_seq_lens_q = cum_seq_lens_q.contiguous()
         if sinks is not None and sinks.stride(-1) != 1:
