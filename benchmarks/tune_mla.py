@@ -11,7 +11,6 @@ Usage (on the device, from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,10 +19,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(_ROOT))
     sys.path.insert(0, str(_ROOT / "src"))
 
-import torch  # noqa: E402
-
-from benchmarks import problems, shapes  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
+from benchmarks import shapes, tuning  # noqa: E402
 
 VARIANTS = {
     "default": {},
@@ -53,32 +49,16 @@ VARIANTS = {
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="default")
-    ap.add_argument("--filter", action="append", default=[], help="keep shape ids containing this")
-    ap.add_argument("--rep", type=int, default=100)
-    args = ap.parse_args(argv)
+    args = tuning.parse_args(__doc__, argv)
     from kvattn.ops import mla_configs, mla_launch
 
-    device = torch.device("cuda")
-    timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    for shape in shapes._mla_grid():
-        if args.filter and not any(f in shape.id for f in args.filter):
-            continue
-        prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=256)
-        fns = [s.kvattn for s in prob.sets]
-        for name in [v for v in args.variants.split(",") if v]:
-            def context(fields=VARIANTS[name]):
-                mla_launch._PLANS.clear()
-                return mla_configs.override(**fields)
-            try:
-                us = timer.graph(fns, context=context)
-            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
-                print(f"{shape.id:40s} {name:10s} FAILED {type(exc).__name__}: {exc}"[:300], flush=True)
-                continue
-            print(f"{shape.id:40s} {name:10s} {us:9.1f} us {prob.work.flops / us * 1e-6:7.1f} TFLOP/s "
-                  f"{prob.work.bytes / us * 1e-3:7.1f} GB/s", flush=True)
+    def context_for(shape, name):
+        def context(fields=VARIANTS[name]):
+            mla_launch._PLANS.clear()  # plans hold their configs
+            return mla_configs.override(**fields)
+        return context
+
+    tuning.time_variants(shapes._mla_grid(), args, context_for, workspace_mib=256)
     return 0
 
 

@@ -14,7 +14,6 @@ Usage (on the device, from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import re
 import sys
@@ -25,10 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(_ROOT))
     sys.path.insert(0, str(_ROOT / "src"))
 
-import torch  # noqa: E402
-
-from benchmarks import problems, shapes  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
+from benchmarks import shapes, tuning  # noqa: E402
 
 _VARIANT = re.compile(r"(\d+)x(\d+)w(\d+)s(\d+)(o?)")
 
@@ -48,33 +44,19 @@ def _forced(key: tuple, name: str):
         table[key] = old
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="default")
-    ap.add_argument("--filter", action="append", default=[], help="keep shape ids containing this")
-    ap.add_argument("--rep", type=int, default=100)
-    args = ap.parse_args(argv)
+def _table_key(shape) -> tuple:
+    """The sm90 table entry a shape's calls use: (operand kind, head_dim)."""
+    if shape.q_dtype == "fp8" and shape.kv_dtype == "fp8":
+        kind = "fp8"
+    else:
+        kind = "half" if shape.kv_dtype in ("bfloat16", "float16") else "dequant"
+    return kind, shape.head_dim
 
-    device = torch.device("cuda")
-    timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    for shape in shapes._prefill_grid():
-        if args.filter and not any(f in shape.id for f in args.filter):
-            continue
-        prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
-        fns = [s.kvattn for s in prob.sets]
-        if shape.q_dtype == "fp8" and shape.kv_dtype == "fp8":
-            kind = "fp8"
-        else:
-            kind = "half" if shape.kv_dtype in ("bfloat16", "float16") else "dequant"
-        key = (kind, shape.head_dim)
-        for name in [v for v in args.variants.split(",") if v]:
-            try:
-                us = timer.graph(fns, context=lambda name=name: _forced(key, name))
-            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
-                print(f"{shape.id:40s} {name:12s} FAILED {type(exc).__name__}: {exc}"[:300], flush=True)
-                continue
-            print(f"{shape.id:40s} {name:12s} {us:9.1f} us {prob.work.flops / us * 1e-6:7.1f} TFLOP/s", flush=True)
+
+def main(argv=None) -> int:
+    args = tuning.parse_args(__doc__, argv)
+    tuning.time_variants(shapes._prefill_grid(), args,
+                         lambda shape, name: lambda: _forced(_table_key(shape), name), workspace_mib=128)
     return 0
 
 
