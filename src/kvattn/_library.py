@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .ops import decode_launch
+from .ops import decode_launch, mla_launch, prefill_launch
 
 
 def entry(op, impl):
@@ -107,9 +107,6 @@ def _single_decode_fake(q, k, v, logit_factor, logit_tensor, out_factor, out_ten
 # ---------------------------------------------------------------------------------------------
 # context attention (prefill)
 # ---------------------------------------------------------------------------------------------
-from .ops import prefill_launch  # noqa: E402
-
-
 def context_impl(
     query: torch.Tensor,
     k: torch.Tensor,
@@ -158,9 +155,6 @@ def _context_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_l
 # ---------------------------------------------------------------------------------------------
 # MLA decode
 # ---------------------------------------------------------------------------------------------
-from .ops import mla_launch  # noqa: E402
-
-
 def mla_decode_impl(
     query: torch.Tensor,
     kv: torch.Tensor,
