@@ -35,12 +35,6 @@ VARIANTS = {
     "fp8qk64": {"qk_fp8": True, "block_h": 64, "block_n": 64, "num_stages": 3},
     "fp8qk64s2": {"qk_fp8": True, "block_h": 64, "block_n": 32, "num_stages": 3},
     "fp8f16": {"qk_fp8": False, "block_h": 32, "block_n": 64, "num_stages": 3},
-    # scores one tile ahead (OVERLAP; BLOCK_H 64 only): bf16 Hq128 and fp8 scores
-    "ov32s2": {"overlap": True, "block_n": 32, "num_stages": 2},  # bf16 184 KB, 16 B stack
-    "ov32s3": {"overlap": True, "block_n": 32, "num_stages": 3},  # bf16 221 KB, 40 B stack; fp8 416 B
-    "ov16s3": {"overlap": True, "block_n": 16, "num_stages": 3},  # bf16 149 KB, 40 B; fp8 16 B
-    "ov16s4": {"overlap": True, "block_n": 16, "num_stages": 4},
-    "fp8qk64ov": {"qk_fp8": True, "block_h": 64, "block_n": 16, "num_stages": 3, "overlap": True},
     # BLOCK_H 16 / 32 (memory-bound); the table's entry is (64, 8, 3)
     "bn64s2": {"block_n": 64, "num_stages": 2},
     "bn32s4p2": {"block_n": 32, "num_stages": 4, "programs_per_sm": 2},

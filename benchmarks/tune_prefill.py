@@ -1,15 +1,13 @@
 """Tune the prefill kernel: time launch-config variants on the prefill benchmark shapes.
 
-A variant is ``BLOCK_M x BLOCK_N x warps x stages`` (``128x64w8s3``), with a trailing ``o`` for the
-overlapped full-tile loop (``128x64w8s3o``: ``PrefillConfig.overlap``, the next tile's Q.K^T on the
-tensor cores during a softmax), and replaces the sm90 table's
+A variant is ``BLOCK_M x BLOCK_N x warps x stages`` (``128x64w8s3``) and replaces the sm90 table's
 entry of the shape's operand kind and head_dim for every call; shapes and inputs come from the
 benchmark registry. Times are medians of CUDA-graph replays (``do_bench``, L2 flushed); the winners
 go into ``src/kvattn/ops/prefill_configs.py``.
 
 Usage (on the device, from the repository root)::
 
-    PYTHONPATH=src python benchmarks/tune_prefill.py --filter "1x8192x8192" --variants default,128x128w8s3,128x64w8s3o
+    PYTHONPATH=src python benchmarks/tune_prefill.py --filter "1x8192x8192" --variants default,128x128w8s3,128x64w8s3
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ if __package__ in (None, ""):
 
 from benchmarks import shapes, tuning  # noqa: E402
 
-_VARIANT = re.compile(r"(\d+)x(\d+)w(\d+)s(\d+)(o?)")
+_VARIANT = re.compile(r"(\d+)x(\d+)w(\d+)s(\d+)")
 
 
 @contextlib.contextmanager
@@ -36,8 +34,7 @@ def _forced(key: tuple, name: str):
     table = prefill_configs.TABLES["sm90"]
     old = table[key]
     if name != "default":
-        *sizes, overlap = _VARIANT.fullmatch(name).groups()
-        table[key] = prefill_configs.PrefillConfig(*map(int, sizes), overlap=overlap == "o")
+        table[key] = prefill_configs.PrefillConfig(*map(int, _VARIANT.fullmatch(name).groups()))
     try:
         yield
     finally:

@@ -25,7 +25,7 @@ from triton.runtime.jit import JITFunction
 import kvattn
 from kvattn import _env, _inputs
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops import decode_configs, decode_launch, fast_launch
+from kvattn.ops import decode_configs, decode_launch, fast_launch, launch_common
 from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()
@@ -219,8 +219,8 @@ def test_integer_helpers_match_triton():
     import triton
 
     for n in range(1, 5000):
-        assert decode_launch._next_power_of_2(n) == triton.next_power_of_2(n)
-        assert decode_launch._cdiv(n, 7) == triton.cdiv(n, 7)
+        assert launch_common.next_power_of_2(n) == triton.next_power_of_2(n)
+        assert launch_common.cdiv(n, 7) == triton.cdiv(n, 7)
 
 
 def test_cached_aliases_follow_the_base_tensor():
@@ -253,8 +253,8 @@ def test_no_aliases_for_tensors_that_require_grad():
 
 def test_workspace_partials_do_not_keep_the_workspace():
     ws = torch.zeros(1 << 16, dtype=torch.uint8)[3:]  # not 16-byte aligned
-    part_o, part_lse = decode_launch._partials_from_workspace(ws, 100, 20)
-    assert decode_launch._partials_from_workspace(ws, 100, 20)[0] is part_o
+    part_o, part_lse = launch_common.partials_from_workspace(ws, 100, 20)
+    assert launch_common.partials_from_workspace(ws, 100, 20)[0] is part_o
     assert part_o.data_ptr() % 16 == 0 and part_lse.data_ptr() == part_o.data_ptr() + 400
     assert part_o.dtype == part_lse.dtype == torch.float32 and part_o.numel() == 100 and part_lse.numel() == 20
     ref = __import__("weakref").ref(ws)
@@ -677,7 +677,7 @@ def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backe
 @pytest.mark.parametrize(
     "kv_format,words_ok,strides,expected",
     [
-        ("fp8", True, (4096, 1024, 128, 4096, 1024, 128, 128), decode_launch.KV_FP8_WORDS),
+        ("fp8", True, (4096, 1024, 128, 4096, 1024, 128, 128), launch_common.KV_FP8_WORDS),
         ("fp8", False, (4096, 1024, 128, 4096, 1024, 128, 128), 1),  # a base pointer off by 1-3 bytes
         ("fp8", True, (4098, 1026, 128, 4096, 1024, 128, 128), 1),  # a stride not a multiple of 4
         ("bfloat16", True, (4096, 1024, 128, 4096, 1024, 128, 128), 0),
@@ -686,4 +686,4 @@ def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backe
     ids=["fp8-aligned", "fp8-misaligned-base", "fp8-odd-stride", "bf16", "nvfp4"],
 )
 def test_fp8_word_path_only_for_aligned_rows(kv_format, words_ok, strides, expected):
-    assert decode_launch.kv_format_code(kv_format, words_ok, strides) == expected
+    assert launch_common.kv_format_code(kv_format, words_ok, strides) == expected

@@ -165,15 +165,13 @@ def test_mla_ops_entry_float16(kw, kernel_device):
     ops_case(kernel_device, **kw)
 
 
-# Scores one tile ahead (OVERLAP) and BLOCK_H 64 over few heads (rows past Hq padded and masked):
-# small tiles so the loop runs many tiles, a length that ends inside a tile (the masked extra
-# tile of the last iteration), one key (the loop body runs once), an empty request (no body).
+# BLOCK_H 64 over few heads (rows past Hq padded and masked), as fp8 scores take it at any Hq:
+# small tiles so the loop runs many tiles, a length that ends inside a tile, one key, an empty request.
 @pytest.mark.parametrize("fields", [
-    pytest.param(dict(overlap=True), id="overlap"),
     pytest.param(dict(block_h=64), id="BLOCK_H64-Hq16"),
-    pytest.param(dict(overlap=True, block_h=64, min_chunk=16, waves=64), id="overlap-BLOCK_H64-Hq16-splits"),
+    pytest.param(dict(block_h=64, min_chunk=16, waves=64), id="BLOCK_H64-Hq16-splits"),
 ])
-def test_mla_loop_variants(fields, kernel_device):
+def test_mla_padded_head_block(fields, kernel_device):
     lens = [1, 37, 0, 70] if not ON_GPU else [1, 37, 0, 70, 1029, 2048]
     with mla_configs.override(**({"block_n": 16} if not ON_GPU else {}), **fields):
         ops_case(kernel_device, lens=lens, hq=16, page=16, seed=21)
@@ -183,32 +181,23 @@ def test_mla_loop_variants(fields, kernel_device):
 @pytest.mark.parametrize("fields", [
     pytest.param(dict(qk_fp8=True, block_h=64, block_n=64, num_stages=3), id="fp8qk64"),
     pytest.param(dict(qk_fp8=True, block_h=64, block_n=32, num_stages=3), id="fp8qk64s2"),
-    pytest.param(dict(qk_fp8=True, block_h=64, block_n=16, num_stages=3, overlap=True), id="fp8qk64ov"),
-    pytest.param(dict(overlap=True, block_n=32, num_stages=2), id="overlap-Hq128"),
 ])
 @pytest.mark.parametrize("hq", [8, 16, 20, 128], ids=lambda h: f"Hq{h}")
 def test_mla_fp8_scores_at_any_head_count(fields, hq, kernel_device, triton_backend, monkeypatch):
-    """fp8 query + fp8 cache on fp8 scores at BLOCK_H 64 whatever Hq (the tune variants), and the
-    overlapped loop; Hq 128 runs two head blocks."""
-    if fields.get("qk_fp8") is None and hq != 128:
-        pytest.skip("bf16 overlap: Hq 128 only")
-    fmt = "fp8" if fields.get("qk_fp8") else "bfloat16"
+    """fp8 query + fp8 cache on fp8 scores at BLOCK_H 64 whatever Hq (the table's tiles and the
+    other tune variant); Hq 128 runs two head blocks."""
     with mla_configs.override(**fields):
-        mla_case(kernel_device, monkeypatch, lens=GPU_LENS, hq=hq, kv_format=fmt, seed=30 + hq)
+        mla_case(kernel_device, monkeypatch, lens=GPU_LENS, hq=hq, kv_format="fp8", seed=30 + hq)
 
 
-def test_mla_block_h_floor_rule(monkeypatch):
-    """The BLOCK_H floor of 64 for fp8 scores (on for sm90) takes them at any Hq."""
-    monkeypatch.setitem(mla_configs._BLOCK_H_FLOOR, "sm90", {"fp8qk": 64})
-    mla_configs.config.cache_clear()
-    try:
-        for hq in (1, 8, 16, 20, 64, 128):
-            cfg = mla_configs.config("sm90", "fp8", hq, True)
-            assert cfg.qk_fp8 and cfg.block_h == 64
-            assert mla_configs.config("sm90", "fp8", hq, False).block_h == min(max(16, 1 << (hq - 1).bit_length()), 32)
-            assert not mla_configs.config("sm90", "bfloat16", hq, True).qk_fp8
-    finally:
-        mla_configs.config.cache_clear()
+def test_mla_block_h_floor_rule():
+    """sm90's BLOCK_H floor of 64 for fp8 scores takes them at any Hq; the float16-operand fp8 path
+    and 16-bit caches keep the head count rounded up in [16, cap]."""
+    for hq in (1, 8, 16, 20, 64, 128):
+        cfg = mla_configs.config("sm90", "fp8", hq, True)
+        assert cfg.qk_fp8 and cfg.block_h == 64
+        assert mla_configs.config("sm90", "fp8", hq, False).block_h == min(max(16, 1 << (hq - 1).bit_length()), 32)
+        assert not mla_configs.config("sm90", "bfloat16", hq, True).qk_fp8
 
 
 def test_mla_split_partials_combine_exactly(kernel_device):

@@ -13,7 +13,6 @@ there (float16, small shapes, 16 x 16 tiles); a GPU runs the whole grid with its
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -60,23 +59,18 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None, tiles=None, overlap=False,
+    bmm2=None, tiles=None,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
     ``out_kind``: None (the query's dtype, or bf16 for an fp8 query), a torch dtype, or ``"nvfp4"``.
     ``tiles``: ``(BLOCK_M, BLOCK_N)`` of the interpreter's table for this case (CPU only: tiles
     holding several pages, or parts of one, with the small pages the interpreter can afford).
-    ``overlap``: the interpreter's table runs the full tiles on the overlapped loop (CPU only;
-    ``PrefillConfig.overlap``; a GPU uses its own table).
     """
-    if (tiles is not None or overlap) and not ON_GPU:
+    if tiles is not None and not ON_GPU:
         from kvattn.ops import prefill_configs
 
-        table = dict(prefill_configs.TABLES["interpreter"])
-        for key, c in table.items():
-            m, n = tiles if tiles is not None else (c.block_m, c.block_n)
-            table[key] = prefill_configs.PrefillConfig(m, n, 4, 1, overlap)
+        table = {key: prefill_configs.PrefillConfig(*tiles, 4, 1) for key in prefill_configs.TABLES["interpreter"]}
         monkeypatch.setitem(prefill_configs.TABLES, "interpreter", table)
     half = qdt if qdt != FP8_DTYPE else torch.bfloat16
     fmt = fmt or {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8"}[qdt]
@@ -153,9 +147,6 @@ def param(id, interp=False, **kw):
 # Lq = 1, Lq < L (L not a multiple of the page or the tile), an empty request, Lq = L, no queries.
 SMALL_LENS, SMALL_LQ = [1, 37, 0, 40, 20], [1, 10, 0, 40, 0]
 # (the dense oracle pads to [B, Hq, max Lq, max L] float64 on the CPU: keep that product small)
-# Full runs of 1, 2, 3, 4 and 7 tiles of 16 keys (rows at positions 16..31, 32..47, ...), a lone row
-# past 5 tiles, and a request whose rows see no full tile.
-OVERLAP_LENS, OVERLAP_LQ = [32, 48, 64, 80, 128, 81, 9], [16, 16, 16, 16, 16, 1, 9]
 GPU_LENS, GPU_LQ = [1, 300, 0, 777, 1029, 64], [1, 300, 0, 129, 700, 0]
 
 CASES = [
@@ -176,19 +167,6 @@ CASES = [
     param("fp16-HND-p64-tile32", True, lens=[70, 100], lq=[70, 33], page=64, tiles=(16, 32)),
     param("fp16-negative-bmm1", True, lens=SMALL_LENS, lq=SMALL_LQ, bmm1=-0.2, sinks=True),
     param("fp16-negative-tensor-bmm1", True, lens=SMALL_LENS, lq=SMALL_LQ, bmm1=-0.2, tensor_scales=True),
-    # the overlapped full-tile loop: runs of 0, 1, 2, 3 and many full tiles (16-key tiles), per-tile,
-    # per-page and per-token page ids, split tables, windows, dequantised caches
-    param("overlap-fp16-p16", True, lens=OVERLAP_LENS, lq=OVERLAP_LQ, overlap=True),
-    param("overlap-fp16-NHD-p8-tile32-4-pages-split-tables-window", True, lens=OVERLAP_LENS, lq=OVERLAP_LQ,
-          layout="NHD", page=8, tiles=(16, 32), split=True, window=40, overlap=True),
-    param("overlap-fp16-p4-tile32-8-pages-sinks", True, lens=OVERLAP_LENS, lq=OVERLAP_LQ, page=4, tiles=(32, 32),
-          sinks=True, overlap=True),
-    param("overlap-fp16-p64-tile16-negative-bmm1", True, lens=OVERLAP_LENS, lq=OVERLAP_LQ, page=64, bmm1=-0.2,
-          overlap=True),
-    param("overlap-fp8kv-fp8-out", True, lens=OVERLAP_LENS, lq=OVERLAP_LQ, fmt="fp8", out_kind=FP8_DTYPE, bmm2=2.0,
-          overlap=True),
-    param("overlap-nvfp4kv-nvfp4-out", True, lens=OVERLAP_LENS, lq=OVERLAP_LQ, fmt="nvfp4", out_kind="nvfp4",
-          o_sf_scale=0.5, overlap=True),
     param("fp8q-fp8kv-D128-G8-int64-cum", True, lens=[33, 18], lq=[17, 18], d=128, hkv=1, group=8, qdt=FP8_DTYPE,
           fmt="fp8", cum_dtype=torch.int64, max_q_len=24),
     # --- GPU grid -------------------------------------------------------------------------------
@@ -255,31 +233,6 @@ SKIP_CASES = [
 @pytest.mark.parametrize("kw", SKIP_CASES)
 def test_skip_softmax_matches_oracles(kw, kernel_device, triton_backend, monkeypatch):
     prefill_case(kernel_device, monkeypatch, **kw)
-
-
-@pytest.mark.parametrize("fmt,qdt", [("float16", torch.float16), ("fp8", torch.float16), ("fp8", FP8_DTYPE)],
-                         ids=["fp16", "fp8kv", "fp8q-fp8kv"])
-def test_overlapped_loop_is_bit_exact(fmt, qdt, kernel_device, triton_backend, monkeypatch):
-    """The overlapped full-tile loop reorders independent work only: the same bits as the plain loop,
-    with either sign of the logit scale (on a GPU too, at 128 x 64 tiles: a race on the loop's
-    shared-memory buffers or on a running product's registers shows here)."""
-    from kvattn.ops import prefill_configs
-
-    kw = dict(lens=OVERLAP_LENS, lq=OVERLAP_LQ, fmt=fmt, qdt=qdt)
-    if ON_GPU:
-        kw = dict(lens=[2000, 300, 1029, 4099], lq=[700, 1, 700, 4099], hkv=8, d=128, page=64, fmt=fmt,
-                  qdt=qdt if qdt == FP8_DTYPE else torch.bfloat16)
-    for bmm1 in (0.09, -0.09):
-        outs = []
-        for overlap in (False, True):
-            with monkeypatch.context() as mp:
-                for arch, table in prefill_configs.TABLES.items():
-                    if ON_GPU:  # tiles the overlapped loop compiles cleanly with (see prefill_configs)
-                        table = {k: prefill_configs.PrefillConfig(128, 64, 8, 3) for k in table}
-                    mp.setitem(prefill_configs.TABLES, arch, {k: dataclasses.replace(c, overlap=overlap)
-                                                              for k, c in table.items()})
-                outs.append(prefill_case(kernel_device, mp, bmm1=bmm1, **kw))
-        assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8)), f"bmm1 {bmm1}"
 
 
 def test_empty_batch_and_empty_requests(kernel_device, triton_backend, monkeypatch):

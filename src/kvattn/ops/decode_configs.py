@@ -83,7 +83,7 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     elem = {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 1}[kv_format]
     smem = (cfg.num_stages - 1) * cfg.block_n * head_dim * elem * 2 + (4 if rope_query else 6) * 1024
     regs = 128
-    if kv_format == "fp8":  # read as words (decode_launch.KV_FP8_WORDS): a float16 tile staged for the MMA
+    if kv_format == "fp8":  # read as words (launch_common.KV_FP8_WORDS): a float16 tile staged for the MMA
         smem += cfg.block_n * head_dim * 2
         regs = 160 if cfg.block_n >= 128 else 128
     elif elem == 1 and cfg.block_n >= 128:

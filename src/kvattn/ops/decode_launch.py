@@ -20,17 +20,17 @@ from itertools import compress, repeat
 import torch
 
 from .. import _device, _env
-from .._inputs import KV_FORMATS, cached_aliases
+from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
-from .launch_common import cached_plan, device_guard, int32_lengths
+from .launch_common import (
+    arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
+    partials_from_workspace,
+)
 
-KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
-KV_FP8_WORDS = 3  # fp8 read as 32-bit words (common.KV_FP8_WORDS): 4-byte aligned rows, compiled kernels
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
 MIN_BLOCK_M = 16  # tl.dot's smallest M
-_ALIGN = 16  # bytes: the partials' float32 views start on a 16-byte boundary
 
 # Pointer arguments: the call's tensors are passed to fast_launch.call_args once, _ALWAYS then the
 # _OPTIONAL ones that are given; each kernel picks its pointers from them by name. An absent
@@ -43,32 +43,6 @@ _COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
 _MAX_SPANS = 4096  # split counts memoised per plan
-
-
-def _arch(device: torch.device, interpreter: bool) -> str:
-    if interpreter:
-        return "interpreter"
-    return "sm90" if _device.is_hopper(device) else "default"
-
-
-def kv_format_code(kv_format: str, words_ok: bool, strides: tuple) -> int:
-    """The kernels' KV_FORMAT: fp8 is read as 32-bit words (``KV_FP8_WORDS``) when the compiled
-    kernels run (``words_ok``: also both base pointers 4-byte aligned) and every stride and the head
-    dim are multiples of 4 elements, so every word load is aligned; otherwise byte by byte."""
-    code = KV_FORMAT_CODE[kv_format]
-    if code == KV_FORMAT_CODE["fp8"] and words_ok and all(x % 4 == 0 for x in strides):
-        return KV_FP8_WORDS
-    return code
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _next_power_of_2(n: int) -> int:
-    """``triton.next_power_of_2`` for ``n >= 1`` (that one is a constexpr_function: microseconds
-    of host time a call in Triton 3.6)."""
-    return 1 << (n - 1).bit_length()
 
 
 def _as_rows(shape: tuple, stride: tuple) -> tuple[tuple, tuple]:
@@ -95,23 +69,8 @@ def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
     if not use_dot:
         return 1, rows
     cap = 128 if head_dim <= 128 else 64
-    block_m = min(max(MIN_BLOCK_M, _next_power_of_2(rows)), cap)
-    return block_m, _cdiv(rows, block_m)
-
-
-# ---------------------------------------------------------------------------------------------
-# split partials in the workspace
-# ---------------------------------------------------------------------------------------------
-def _partials_views(workspace: torch.Tensor, numel_o: int, numel_lse: int):
-    pad = (-workspace.data_ptr()) % _ALIGN
-    ws = workspace[pad : pad + 4 * (numel_o + numel_lse)].view(torch.float32)
-    return ws[:numel_o], ws[numel_o:]
-
-
-def _partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: int):
-    """Float32 ``(part_o [numel_o], part_lse [numel_lse])`` in ``workspace`` from its first 16-byte
-    boundary; kept per workspace tensor (three views cost microseconds a call)."""
-    return cached_aliases(workspace, ("partials",), _partials_views, numel_o, numel_lse)
+    block_m = min(max(MIN_BLOCK_M, next_power_of_2(rows)), cap)
+    return block_m, cdiv(rows, block_m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,8 +104,8 @@ class _Plan:
         self.kv_code = kv_format_code(self.kv_format, kv_aligned4 and not interpreter,
                                       (*self.k_strides, *self.v_strides, self.head_dim))
         self.rows = q_len * self.group
-        arch = _arch(device, interpreter)
-        cfg0 = decode_configs.config(arch, self.kv_format, self.head_dim, 16, rope)
+        arch_name = arch(device, interpreter)
+        cfg0 = decode_configs.config(arch_name, self.kv_format, self.head_dim, 16, rope)
         use_dot = self.rows > 1
         if self.rows == 1:
             # One query row: tensor cores (M padded to 16) are still the only path whose K/V loads
@@ -157,12 +116,12 @@ class _Plan:
         self.items = self.batch * self.num_kv_heads * self.m_blocks
         self.sm_count = _device.sm_count(device)
         long_tiles = decode_configs.wants_long_tiles(
-            arch, self.kv_format, self.head_dim, self.block_m, rope, page_size=self.page_size, items=self.items,
+            arch_name, self.kv_format, self.head_dim, self.block_m, rope, page_size=self.page_size, items=self.items,
             sm_count=self.sm_count,
         )
-        self.cfg = cfg = decode_configs.config(arch, self.kv_format, self.head_dim, self.block_m, rope, long_tiles)
+        self.cfg = cfg = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope, long_tiles)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
-        self.fit = max(0, ws_numel - _ALIGN) // (4 * per_split) if ws_numel is not None else cfg.max_splits
+        self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
         self.rope_query = rope and use_dot and self.rows == 1
         self.gdc = cfg.pdl and not interpreter
         self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
@@ -254,7 +213,7 @@ def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
         num_floats=1,
         constexprs=dict(
             NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim,
-            BLOCK_S=min(_next_power_of_2(splits), max(1, 8192 // plan.head_dim)), HAS_SINKS=has["sinks"],
+            BLOCK_S=min(next_power_of_2(splits), max(1, 8192 // plan.head_dim)), HAS_SINKS=has["sinks"],
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], USE_PDL=plan.gdc,
         ),
         options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
@@ -338,7 +297,7 @@ def launch_decode(
         if combine is None:
             part_o = part_lse = out  # never written: every request fits one split
         elif workspace is not None:
-            part_o, part_lse = _partials_from_workspace(workspace, numel_o, numel_lse)
+            part_o, part_lse = partials_from_workspace(workspace, numel_o, numel_lse)
         else:
             part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
             part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)

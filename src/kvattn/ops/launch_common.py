@@ -11,8 +11,64 @@ from typing import Callable, Iterator
 
 import torch
 
+from .. import _device
+from .._inputs import cached_aliases
+
 _CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 MAX_PLANS = 1024  # distinct call shapes a launcher keeps plans for; past this its cache starts over
+# The kernels' KV_FORMAT per cache format (common.KV_HALF / KV_FP8 / KV_NVFP4), and fp8 read as
+# 32-bit words (common.KV_FP8_WORDS: 4-byte aligned rows, compiled kernels only).
+KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
+KV_FP8_WORDS = 3
+ALIGN = 16  # bytes: the split partials' float32 views start on a 16-byte boundary
+
+
+def arch(device: torch.device, interpreter: bool) -> str:
+    """Which config table a launch reads: ``"interpreter"``, ``"sm90"`` (Hopper) or ``"default"``."""
+    if interpreter:
+        return "interpreter"
+    return "sm90" if _device.is_hopper(device) else "default"
+
+
+def kv_format_code(kv_format: str, words_ok: bool, strides: tuple) -> int:
+    """The kernels' KV_FORMAT: fp8 is read as 32-bit words (``KV_FP8_WORDS``) when the compiled
+    kernels run (``words_ok``: also both base pointers 4-byte aligned) and every stride and the head
+    dim are multiples of 4 elements, so every word load is aligned; otherwise byte by byte."""
+    code = KV_FORMAT_CODE[kv_format]
+    if code == KV_FORMAT_CODE["fp8"] and words_ok and all(x % 4 == 0 for x in strides):
+        return KV_FP8_WORDS
+    return code
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for ``n >= 1`` (that one is a constexpr_function: microseconds
+    of host time a call in Triton 3.6)."""
+    return 1 << (n - 1).bit_length()
+
+
+def _partials_views(workspace: torch.Tensor, numel_o: int, numel_lse: int):
+    pad = (-workspace.data_ptr()) % ALIGN
+    ws = workspace[pad : pad + 4 * (numel_o + numel_lse)].view(torch.float32)
+    return ws[:numel_o], ws[numel_o:]
+
+
+def partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: int):
+    """Float32 ``(part_o [numel_o], part_lse [numel_lse])`` of split-KV partials in ``workspace``
+    from its first 16-byte boundary; kept per workspace tensor (three views cost microseconds a
+    call)."""
+    return cached_aliases(workspace, ("partials",), _partials_views, numel_o, numel_lse)
+
+
+def partials_fit(ws_numel: int | None, per_split: int, default: int) -> int:
+    """How many splits' partials (``per_split`` float32 values each) a workspace of ``ws_numel``
+    bytes holds; ``default`` without a workspace (the partials are then allocated)."""
+    if ws_numel is None:
+        return default
+    return max(0, ws_numel - ALIGN) // (4 * per_split)
 
 
 def device_guard(device: int):

@@ -29,14 +29,6 @@ class MLAConfig:
     min_chunk: int = 256  # fewest keys worth a split of their own
     max_splits: int = 64
     qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, BLOCK_H 64 wgmma)
-    # Scores one tile ahead (mla_kernels OVERLAP): the next tile's score wgmma runs during this
-    # tile's softmax. Local sm_90a compiles (BLOCK_H 64, 8 warps): the loop's score product then
-    # splits N between the warpgroups (32 m64n16k16 + 8 rope wgmmas a 32-key tile instead of 72),
-    # the next tile's score wait lands after the softmax (inside the P.V wait), but the carried
-    # ckv tile goes through registers: half (32, 8, 3) 255 regs + 40 B stack, 221 KB; (32, 8, 2)
-    # 16 B stack, 184 KB; (16, 8, 3) 40 B, 149 KB; fp8qk (32, 8, 3) 416 B stack, 131 KB; (16, 8, 3)
-    # 16 B, 131 KB; (64, 8, 3) 1.5 KB stack. Off until an H100 run says otherwise.
-    overlap: bool = False
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,

@@ -19,12 +19,6 @@ for before the next (no overlap of the score and P.V products). Measured on the 
 score tile split between the warpgroups (one warpgroup per 32 or 64 keys), which Triton 3.6 does
 not express.
 
-``OVERLAP`` (BLOCK_H 64): scores one tile ahead, FA3's intra-warpgroup order. The next tile's
-score wgmma is issued before this tile's softmax and waited for with the P.V product; since the
-loop's score product then feeds no dot of its own iteration, Triton splits its N between the
-warpgroups (no duplicated score work beyond the 64-column rope product). The carried ckv tile
-passes through registers (small spills at BLOCK_N 32: see mla_configs).
-
 An fp8 query with an fp8 cache (``QK_FP8``, BLOCK_H 64) takes the scores on fp8 tensor cores
 straight from the copied bytes (both operands K-major: the query rows and the cache rows), exact
 products accumulated in float32, and converts the tile once, to the float16 P.V operand (exact).
@@ -82,7 +76,7 @@ def mla_split_kernel(
     logit_factor, out_factor,
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
-    OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, OVERLAP: tl.constexpr,
+    OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -129,35 +123,15 @@ def mla_split_kernel(
     # load of their own iteration, and the pipeliner overlaps them with the previous tile.
     offs_n = start + tl.arange(0, BLOCK_N)
     ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
-    if OVERLAP:
-        # Scores one tile ahead (FA3's intra-warpgroup pipelining): the body issues the next
-        # tile's score product before this tile's softmax and P.V, so its wgmmas run while the
-        # warps do the softmax. The tile's rows and scores ride one iteration in the loop; the
-        # last iteration's "next" tile lies past ``end`` and is fully masked (reads nothing, its
-        # scores are never used).
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
         ckv, ok, s = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stride_kv_s,
                                       CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt)
+        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv.to(cdt))
         offs_n = offs_n + BLOCK_N
         ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
-        for start_n in range(start, end, BLOCK_N):
-            ckv_next, ok_next, s_next = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p,
-                                                         stride_kv_s, CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt)
-            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-            m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
-            acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv.to(cdt))
-            ckv, ok, s = ckv_next, ok_next, s_next
-            offs_n = offs_n + BLOCK_N
-            ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
-    else:
-        for start_n in range(start, end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            ckv, ok, s = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stride_kv_s,
-                                          CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt)
-            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-            m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
-            acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv.to(cdt))
-            offs_n = offs_n + BLOCK_N
-            ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
 
     # One split: the final rows. Several: every split writes a partial (an empty one, o = 0 and
     # lse = -inf, past a short request's active splits), which the combine merges.

@@ -16,8 +16,10 @@ from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE
 from . import fast_launch, mla_configs
 from .decode_kernels import decode_combine_kernel
-from .decode_launch import KV_FORMAT_CODE, _ALIGN, _partials_from_workspace, _next_power_of_2, kv_format_code
-from .launch_common import cached_plan, device_guard, int32_lengths
+from .launch_common import (
+    KV_FORMAT_CODE, arch, cached_plan, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
+    partials_from_workspace,
+)
 from .mla_kernels import mla_split_kernel
 
 CKV_DIM = 512
@@ -29,12 +31,6 @@ _MAX_SPANS = 4096
 _Q, _KV, _TABLE, _LENS, _OUT, _PART_O, _PART_LSE, _LOGIT, _OUT_SCALE = range(9)
 
 
-def _arch(device: torch.device, interpreter: bool) -> str:
-    if interpreter:
-        return "interpreter"
-    return "sm90" if _device.is_hopper(device) else "default"
-
-
 class _Plan:
     """Everything a call derives from its host facts (see :func:`launch_mla` for the tuple)."""
 
@@ -44,7 +40,7 @@ class _Plan:
         self.batch, self.num_heads = q_shape[0], q_shape[1]
         self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
         self.kv_format = KV_FORMATS[kv_dtype]
-        self.cfg = cfg = mla_configs.config(_arch(device, interpreter), self.kv_format, self.num_heads,
+        self.cfg = cfg = mla_configs.config(arch(device, interpreter), self.kv_format, self.num_heads,
                                             q_dtype == FP8_DTYPE)
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
         self.kv_code = KV_FORMAT_CODE["fp8"] if cfg.qk_fp8 else kv_format_code(
@@ -53,7 +49,7 @@ class _Plan:
         self.items = self.batch * self.h_blocks
         self.sm_count = _device.sm_count(device)
         per_split = self.batch * self.num_heads * (CKV_DIM + 1)
-        self.fit = max(0, ws_numel - _ALIGN) // (4 * per_split) if ws_numel is not None else cfg.max_splits
+        self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
         self.head = (q_stride[0], q_stride[1], out_stride[0], out_stride[1], kv_stride[0], kv_stride[1],
                      table_stride[0], table_stride[1], self.batch, self.num_heads)
         self.has_logit, self.has_out_scale = has_logit, has_out_scale
@@ -88,7 +84,6 @@ class _Plan:
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8,
-                OVERLAP=cfg.overlap,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
@@ -101,7 +96,7 @@ class _Plan:
             slots=(_PART_O, _PART_LSE, _Q, _OUT_SCALE if self.has_out_scale else _Q, _OUT, _Q),
             head=(self.head[2], self.head[3], 0, self.batch, splits), num_floats=1,
             constexprs=dict(
-                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(_next_power_of_2(splits), 8192 // CKV_DIM),
+                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(next_power_of_2(splits), 8192 // CKV_DIM),
                 HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=False, USE_PDL=False,
             ),
             options=dict(num_warps=4, num_stages=2),
@@ -144,7 +139,7 @@ def launch_mla(
         if combine is None:
             part_o = part_lse = out  # never written: one split
         elif workspace is not None:
-            part_o, part_lse = _partials_from_workspace(workspace, numel_o, numel_lse)
+            part_o, part_lse = partials_from_workspace(workspace, numel_o, numel_lse)
         else:
             part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
             part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)

@@ -2,8 +2,9 @@
 
 Autotuning would stall a serving engine's first calls and cannot run inside CUDA-graph capture,
 so configurations are fixed per (operand kind, head_dim). Every sm90 entry was compiled for
-sm_90a and checked: wgmma for both products, no register spills, shared memory within the 227 KB
-an H100 program may use (the facts are in the comments; not yet timed on a GPU).
+sm_90a and checked: wgmma for both products, no register spills in the loops, shared memory within
+the 227 KB an H100 program may use (the facts are in the comments, with the H100 A/B that picked
+the half D128 entry; benchmarks/NOTES.md).
 
 Operand kinds: ``"half"`` (fp16/bf16 query and cache), ``"dequant"`` (fp8 / NVFP4 cache converted
 to the 16-bit query's dtype in registers: the conversion's registers need smaller key tiles),
@@ -24,7 +25,6 @@ class PrefillConfig:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int  # software-pipelining depth of the K/V loads
-    overlap: bool = False  # full tiles on the overlapped loop (prefill_kernels OVERLAP): products under softmaxes
 
 
 # Compiled for sm_90a (Triton 3.6, 16-byte aligned strides, page 64 HND unless said), registers / stack
@@ -39,13 +39,6 @@ class PrefillConfig:
 #        D64 156 regs, none; D256 64x32 w8 s3 NVFP4 + NVFP4 output: 72 B spilled (known)
 #   fp8  D64  128x128 w8 s2: 167 regs, none, 48 KB   fp8 D128 128x128 w8 s2: 229, none, 96 KB (H100: = s3)
 #   fp8  D256 128x64  w8 s2: 244 regs, none, 112 KB
-# Overlapped full-tile loop (overlap=True; compiled, not yet timed on a GPU): clean (no spill, no ptxas
-# wgmma serialization, C7511/C7512/C7514, which would wait after every wgmma of the kernel) only at
-# BLOCK_N <= 64: half D128 128x64 w8 s2/s3: 254 regs, none, 176 KB; fp8 D128 128x64 w8 s2/s3: 252,
-# none, 88 KB; half D64 128x64 w8 s3: 202, none, 88 KB. 128x128 spills 2-3 KB and serializes (and
-# needs 320 KB at half D128); D256 128x32 spills 104 B; dequant caches gain nothing (their K is
-# converted in registers and copied to shared memory, so Triton waits for Q.K^T at once). The
-# shipped entries keep overlap off until an H100 A/B (benchmarks/tune_prefill.py ``128x64w8s3o``).
 _SM90 = {
     ("half", 64): PrefillConfig(128, 128, 8, 2),
     ("half", 128): PrefillConfig(128, 128, 8, 2),

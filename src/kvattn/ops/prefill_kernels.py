@@ -15,10 +15,6 @@ The keys a tile can see are cut into three runs, visited in increasing key order
 * ``[full_lo, full_hi)``: tiles every row sees whole (no mask arithmetic at all),
 * ``[full_hi, hi)``: the causal diagonal (masked).
 
-``OVERLAP`` (``PrefillConfig.overlap``) runs the full tiles two an iteration so that tensor-core
-products run under softmaxes (see :func:`_full_run_overlapped`); the logit scale's sign then stays
-out of q (a computed q costs ~40 registers a thread: Triton feeds it to wgmma from registers).
-
 Why one query head per program (no GQA row packing): a 128-row tile of one head already gives
 wgmma its full M, and the K/V tile is shared by the group's programs through L2 (the launch
 orders heads fastest, so a group's programs run side by side). The grid runs the query tiles
@@ -111,23 +107,13 @@ def _tile_scores(
 
 
 @triton.jit
-def _full_tile_softmax(m_i, l_i, s, qk_scale, NEG: tl.constexpr):
-    """Online-softmax step of a full tile: every logit is finite, so the new max is too; the scale
-    ``qk_scale >= 0`` commutes with the max, and one FMA a logit scales and shifts it.
-    ``(m_i, l_i, p, alpha)``.
-
-    NEG: the logits are ``-qk_scale * s`` (the caller did not fold a negative scale's sign into
-    q): the row max is ``-min(s)`` and the FMA multiplies by ``-qk_scale``, the same bits as a
-    negated q gives (negation is exact).
+def _full_tile_softmax(m_i, l_i, s, qk_scale):
+    """Online-softmax step of a full tile of unscaled logits ``s``: every logit is finite, so the
+    new max is too; the scale ``qk_scale >= 0`` commutes with the max, and one FMA a logit scales
+    and shifts it. ``(m_i, l_i, p, alpha)``.
     """
-    if NEG:
-        s_max = -tl.min(s, 1)
-        scale = -qk_scale
-    else:
-        s_max = tl.max(s, 1)
-        scale = qk_scale
-    m_new = tl.maximum(m_i, s_max * qk_scale)
-    p = tl.exp2(s * scale - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     return m_new, l_i, p, alpha
@@ -194,7 +180,7 @@ def _context_run(
             if MASKED or SKIP:
                 m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
             else:
-                m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s, qk_scale, False)
+                m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s, qk_scale)
             if SAME_TABLE:
                 v_page, v_slot, v_ok = k_page, k_slot, k_ok
             else:
@@ -203,85 +189,6 @@ def _context_run(
             acc = _fold_values(acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
                                stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
                                HEAD_DIM, KV_FORMAT, CDT)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _full_run_overlapped(
-    acc, m_i, l_i, q,
-    k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row,
-    stride_kt_p, stride_vt_p,
-    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-    kvh, num_pages, n_lo, n_hi, hi, qk_scale,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
-    QK_FP8: tl.constexpr, CDT: tl.constexpr, NEG: tl.constexpr,
-):
-    """The full tiles ``[n_lo, n_hi)`` (no mask, no skip), two tiles an iteration, with a ``Q K^T``
-    on the tensor cores while a softmax runs (FA3's intra-warpgroup overlap, for one tile of two).
-
-    Iteration ``n0`` enters with ``S`` of tile ``n0`` (issued one iteration earlier, maybe still
-    running) and does: ``S1 = Q K^T`` of tile ``n0 + BLOCK_N`` (waited at once: that wait completes
-    ``S`` too), softmax of ``S``, ``P V`` of tile ``n0``; issue ``S`` of tile ``n0 + 2 BLOCK_N``;
-    softmax of ``S1`` (under that product), ``P V`` of tile ``n0 + BLOCK_N`` (left running).
-
-    Why this shape (Triton 3.6's wgmma pipeliner and ptxas): a product stays in flight only
-    across the loop's back edge, and only when every use of its carried result follows a full wait
-    (``warp_group_dot_wait {pendings = 0}``) in the next iteration, so the product run under the
-    second softmax is the one carried; it lands in the registers the first softmax has just
-    released (no register copy of a running accumulator, which makes ptxas serialize every wgmma
-    of the kernel); the one-tile loop needs that copy. The leftover one or two tiles are peeled
-    off. The same operations on the same values as :func:`_context_run` (not MASKED, not SKIP), in
-    another order: the results are bit for bit the same.
-    """
-    if n_lo < n_hi:
-        n_last = n_hi - BLOCK_N
-        # tiles after the first, taken two an iteration while a third follows them
-        n_end = n_lo + ((n_last - n_lo) // (2 * BLOCK_N)) * (2 * BLOCK_N)
-        s, k_page, k_slot, k_ok = _tile_scores(
-            q, k_ptr, k_sf_ptr, kt_row, stride_kt_p, stride_k_p, stride_k_s, stride_k_h,
-            stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n_lo, hi,
-            HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, False, QK_FP8, CDT)
-        for n0 in range(n_lo, n_end, 2 * BLOCK_N):
-            s1, k_page, k_slot, k_ok = _tile_scores(
-                q, k_ptr, k_sf_ptr, kt_row, stride_kt_p, stride_k_p, stride_k_s, stride_k_h,
-                stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n0 + BLOCK_N, hi,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, False, QK_FP8, CDT)
-            m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s, qk_scale, NEG)
-            v_page, v_slot, v_ok = _tile_pages(vt_row, stride_vt_p, n0, n0 + tl.arange(0, BLOCK_N), hi, num_pages,
-                                               False, PAGE_SIZE, BLOCK_N)
-            acc = _fold_values(acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
-                               stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                               HEAD_DIM, KV_FORMAT, CDT)
-            s, k_page, k_slot, k_ok = _tile_scores(
-                q, k_ptr, k_sf_ptr, kt_row, stride_kt_p, stride_k_p, stride_k_s, stride_k_h,
-                stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n0 + 2 * BLOCK_N, hi,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, False, QK_FP8, CDT)
-            m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s1, qk_scale, NEG)
-            n1 = n0 + BLOCK_N
-            v_page, v_slot, v_ok = _tile_pages(vt_row, stride_vt_p, n1, n1 + tl.arange(0, BLOCK_N), hi, num_pages,
-                                               False, PAGE_SIZE, BLOCK_N)
-            acc = _fold_values(acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
-                               stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                               HEAD_DIM, KV_FORMAT, CDT)
-        if n_end < n_last:  # two tiles left: n_end (its S in hand) and n_last
-            s1, k_page, k_slot, k_ok = _tile_scores(
-                q, k_ptr, k_sf_ptr, kt_row, stride_kt_p, stride_k_p, stride_k_s, stride_k_h,
-                stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n_last, hi,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, False, QK_FP8, CDT)
-            m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s, qk_scale, NEG)
-            v_page, v_slot, v_ok = _tile_pages(vt_row, stride_vt_p, n_end, n_end + tl.arange(0, BLOCK_N), hi,
-                                               num_pages, False, PAGE_SIZE, BLOCK_N)
-            acc = _fold_values(acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
-                               stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                               HEAD_DIM, KV_FORMAT, CDT)
-            s = s1
-        m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s, qk_scale, NEG)
-        v_page, v_slot, v_ok = _tile_pages(vt_row, stride_vt_p, n_last, n_last + tl.arange(0, BLOCK_N), hi,
-                                           num_pages, False, PAGE_SIZE, BLOCK_N)
-        acc = _fold_values(acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
-                           stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                           HEAD_DIM, KV_FORMAT, CDT)
     return acc, m_i, l_i
 
 
@@ -311,7 +218,6 @@ def context_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, QK_FP8: tl.constexpr,
     SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, SKIP: tl.constexpr,
     LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, OUT_NVFP4: tl.constexpr,
-    OVERLAP: tl.constexpr,
 ):
     h = tl.program_id(0)
     b = tl.program_id(1)
@@ -344,16 +250,10 @@ def context_kernel(
     if LOGIT_PTR:
         logit = logit * tl.load(logit_scale_ptr)
     # A negative logit scale goes into q (negation is exact, and so is its effect on the products):
-    # with qk_scale >= 0 the full tiles take the row max before scaling (see _context_run). Not on
-    # the overlapped loop: a computed q is fed to wgmma from registers (Triton keeps a loaded one in
-    # shared memory), 30-40 more registers a thread, which that loop cannot spare; there the masked
-    # runs multiply by the signed scale and the full tiles take the sign (_full_tile_softmax).
+    # with qk_scale >= 0 the full tiles take the row max before scaling (see _context_run).
     neg = logit < 0
     qk_scale = tl.abs(logit) * LOG2E
-    run_scale = qk_scale
-    if OVERLAP and not SKIP:
-        run_scale = tl.where(neg, -qk_scale, qk_scale)
-    elif QK_FP8:
+    if QK_FP8:
         q_bits = q.to(tl.uint8, bitcast=True)
         q = tl.where(neg, q_bits ^ 0x80, q_bits).to(q_ptr.dtype.element_ty, bitcast=True)
     else:
@@ -384,40 +284,21 @@ def context_kernel(
         acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
         stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
         stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-        kvh, num_pages, start, a_hi, hi, start, row_pos, row_ok, run_scale, window_left, skip_lambda,
+        kvh, num_pages, start, a_hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
         HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, True, HAS_WINDOW, SKIP, QK_FP8, cdt,
     )
-    if OVERLAP and not SKIP:
-        # the sign as a constexpr: a branch inside the loop makes ptxas wait for the running product
-        if neg:
-            acc, m_i, l_i = _full_run_overlapped(
-                acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
-                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                kvh, num_pages, full_lo, full_hi, hi, qk_scale,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, QK_FP8, cdt, True,
-            )
-        else:
-            acc, m_i, l_i = _full_run_overlapped(
-                acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
-                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                kvh, num_pages, full_lo, full_hi, hi, qk_scale,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, QK_FP8, cdt, False,
-            )
-    else:
-        acc, m_i, l_i = _context_run(
-            acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
-            stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-            stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-            kvh, num_pages, full_lo, full_hi, hi, start, row_pos, row_ok, run_scale, window_left, skip_lambda,
-            HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, False, HAS_WINDOW, SKIP, QK_FP8, cdt,
-        )
     acc, m_i, l_i = _context_run(
         acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
         stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
         stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-        kvh, num_pages, c_lo, hi, hi, start, row_pos, row_ok, run_scale, window_left, skip_lambda,
+        kvh, num_pages, full_lo, full_hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
+        HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, False, HAS_WINDOW, SKIP, QK_FP8, cdt,
+    )
+    acc, m_i, l_i = _context_run(
+        acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
+        stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+        stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+        kvh, num_pages, c_lo, hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
         HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, True, HAS_WINDOW, SKIP, QK_FP8, cdt,
     )
 

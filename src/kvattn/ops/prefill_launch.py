@@ -10,32 +10,19 @@ from __future__ import annotations
 
 import torch
 
-from .. import _device, _env
+from .. import _env
 from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE
 from . import prefill_configs
-from .launch_common import device_guard, int32_lengths
+from .launch_common import KV_FORMAT_CODE, arch, cdiv, device_guard, int32_lengths
 from .prefill_kernels import context_kernel
-
-KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}  # common.KV_HALF / KV_FP8 / KV_NVFP4
-
-
-def _arch(device: torch.device, interpreter: bool) -> str:
-    if interpreter:
-        return "interpreter"
-    return "sm90" if _device.is_hopper(device) else "default"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
     """``(config, QK_FP8)`` for a call: fp8 tensor-core Q.K^T when the query and the cache are both
     fp8 and the kernels are compiled (the interpreter has no fp8 products)."""
     qk_fp8 = query.dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and not interpreter
     kind = "fp8" if qk_fp8 else ("half" if kv_dtype in (torch.float16, torch.bfloat16) else "dequant")
-    cfg = prefill_configs.config(_arch(query.device, interpreter), kind, query.shape[-1], skip)
+    cfg = prefill_configs.config(arch(query.device, interpreter), kind, query.shape[-1], skip)
     return cfg, qk_fp8
 
 
@@ -87,7 +74,7 @@ def launch_context(
         sf_cols = out_sf.shape[1] if nvfp4_out else 4
         ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)
         vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
-        grid = (num_heads, batch, _cdiv(max_q_len, cfg.block_m))
+        grid = (num_heads, batch, cdiv(max_q_len, cfg.block_m))
         context_kernel[grid](
             query, k, v, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
             seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
@@ -102,6 +89,6 @@ def launch_context(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=KV_FORMAT_CODE[KV_FORMATS[k.dtype]],
             QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
-            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, OVERLAP=cfg.overlap,
+            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
