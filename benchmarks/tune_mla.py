@@ -39,6 +39,18 @@ VARIANTS = {
     "bn64s2": {"block_n": 64, "num_stages": 2},
     "bn32s4p2": {"block_n": 32, "num_stages": 4, "programs_per_sm": 2},
     "w2": {"waves": 2},
+    # heads in the N dim (S^T = K Q^T, O^T = V^T P^T): wgmma with M = keys at any Hq, no padded heads.
+    # Local sm_90a compiles: bf16 (64, 4, 2) 168 regs 164 KB, (64, 8, 2) 186 regs 164 KB ((64, 4, 3)
+    # needs 236 KB); fp8 scores (64, 8, 2|3|4) 176-178 regs, 51 / 87 / 123 KB (4 warps: 255 regs + spills)
+    "hn16s2": {"heads_as_n": True, "block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 2},
+    "hn16w8s2": {"heads_as_n": True, "block_h": 16, "block_n": 64, "num_warps": 8, "num_stages": 2},
+    "fp8hn16": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64, "num_warps": 8, "num_stages": 3},
+    "fp8hn16s2": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64, "num_warps": 8,
+                  "num_stages": 2},
+    "fp8hn16n32": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
+                   "num_stages": 3},
+    "fp8hn16s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64, "num_warps": 8,
+                  "num_stages": 4},
 }
 
 

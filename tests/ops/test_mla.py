@@ -177,6 +177,46 @@ def test_mla_padded_head_block(fields, kernel_device):
         ops_case(kernel_device, lens=lens, hq=16, page=16, seed=21)
 
 
+# Heads in the N dim (S^T = K Q^T, O^T = V^T P^T): the transposed softmax bookkeeping, padded
+# heads (Hq 8 / 20), a split launch, many tiles (small tiles on the CPU).
+@pytest.mark.parametrize("fields", [
+    pytest.param(dict(heads_as_n=True), id="heads-as-N"),
+    pytest.param(dict(heads_as_n=True, min_chunk=16, waves=64), id="heads-as-N-splits"),
+])
+@pytest.mark.parametrize("hq", [8, 16, 20], ids=lambda h: f"Hq{h}")
+def test_mla_heads_as_n(fields, hq, kernel_device):
+    lens = [1, 37, 0, 70] if not ON_GPU else [1, 37, 0, 70, 1029, 2048]
+    tiles = {"block_n": 16} if not ON_GPU else {"block_n": 64, "num_warps": 4, "num_stages": 2}
+    with mla_configs.override(**tiles, **fields):
+        ops_case(kernel_device, lens=lens, hq=hq, page=16, seed=40 + hq)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="GPU grid")
+@pytest.mark.parametrize("fields", [
+    pytest.param(dict(heads_as_n=True, block_n=64, num_warps=4, num_stages=2), id="hn-bf16-64w4s2"),
+    pytest.param(dict(heads_as_n=True, block_n=64, num_warps=8, num_stages=2), id="hn-bf16-64w8s2"),
+])
+@pytest.mark.parametrize("hq", [8, 16, 32], ids=lambda h: f"Hq{h}")
+def test_mla_heads_as_n_bf16(fields, hq, kernel_device, triton_backend, monkeypatch):
+    with mla_configs.override(**fields):
+        mla_case(kernel_device, monkeypatch, lens=GPU_LENS, hq=hq, seed=50 + hq)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="fp8 tensor cores")
+@pytest.mark.parametrize("fields", [
+    pytest.param(dict(qk_fp8=True, heads_as_n=True, block_h=16, block_n=64, num_warps=8, num_stages=3),
+                 id="fp8hn16"),
+    pytest.param(dict(qk_fp8=True, heads_as_n=True, block_h=32, block_n=64, num_warps=8, num_stages=2),
+                 id="fp8hn32"),
+])
+@pytest.mark.parametrize("hq", [8, 16, 20, 32], ids=lambda h: f"Hq{h}")
+def test_mla_fp8_scores_heads_as_n(fields, hq, kernel_device, triton_backend, monkeypatch):
+    """fp8 query + fp8 cache, fp8 scores with the keys in M (the table's tiles at BLOCK_H 16, and
+    BLOCK_H 32); Hq 20 / 32 run two head blocks at BLOCK_H 16, Hq 8 / 20 pad their last block."""
+    with mla_configs.override(**fields):
+        mla_case(kernel_device, monkeypatch, lens=GPU_LENS, hq=hq, kv_format="fp8", seed=60 + hq)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="fp8 tensor cores")
 @pytest.mark.parametrize("fields", [
     pytest.param(dict(qk_fp8=True, block_h=64, block_n=64, num_stages=3), id="fp8qk64"),
@@ -190,14 +230,16 @@ def test_mla_fp8_scores_at_any_head_count(fields, hq, kernel_device, triton_back
         mla_case(kernel_device, monkeypatch, lens=GPU_LENS, hq=hq, kv_format="fp8", seed=30 + hq)
 
 
-def test_mla_block_h_floor_rule():
-    """sm90's BLOCK_H floor of 64 for fp8 scores takes them at any Hq; the float16-operand fp8 path
-    and 16-bit caches keep the head count rounded up in [16, cap]."""
+def test_mla_fp8_score_block_h_rule():
+    """sm90 takes fp8 scores at any Hq: BLOCK_H 16 with heads in N up to 16 heads, BLOCK_H 64 (heads
+    in M, rows past Hq padded) above; the float16-operand fp8 path and 16-bit caches keep the head
+    count rounded up in [16, cap]."""
     for hq in (1, 8, 16, 20, 64, 128):
         cfg = mla_configs.config("sm90", "fp8", hq, True)
-        assert cfg.qk_fp8 and cfg.block_h == 64
+        assert cfg.qk_fp8 and (cfg.block_h, cfg.heads_as_n) == ((16, True) if hq <= 16 else (64, False))
         assert mla_configs.config("sm90", "fp8", hq, False).block_h == min(max(16, 1 << (hq - 1).bit_length()), 32)
         assert not mla_configs.config("sm90", "bfloat16", hq, True).qk_fp8
+        assert not mla_configs.config("sm90", "bfloat16", hq).heads_as_n
 
 
 def test_mla_split_partials_combine_exactly(kernel_device):
@@ -225,7 +267,7 @@ def test_mla_launch_sizes_come_from_host_bounds():
     qk = mla_configs.config("sm90", "fp8", 128, True)
     assert qk.qk_fp8 and qk.block_h == 64
     assert mla_configs.config("sm90", "fp8", 64, True).qk_fp8
-    assert mla_configs.config("sm90", "fp8", 16, True).qk_fp8  # the BLOCK_H floor: fp8 scores at any Hq
+    assert mla_configs.config("sm90", "fp8", 16, True).qk_fp8  # BLOCK_H 16, heads in N
     assert not mla_configs.config("sm90", "bfloat16", 128, True).qk_fp8
     assert not mla_configs.config("default", "fp8", 128, True).qk_fp8
     assert not mla_configs.config("interpreter", "fp8", 128, True).qk_fp8

@@ -43,19 +43,24 @@ FP8_MAX: tl.constexpr = tl.constexpr(448.0)
 # online softmax
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def online_softmax_step(m_i, l_i, s):
+def online_softmax_step(m_i, l_i, s, KEYS_FIRST: tl.constexpr = False):
     """One tile of the streaming softmax.
 
-    ``s [M, N]`` base-2 logits (-inf: disallowed); ``m_i, l_i [M]`` running max / denominator.
-    Returns ``(m_new, l_new, p, alpha)``: the caller rescales its accumulator by ``alpha`` and adds
-    ``p @ V``.
+    ``s [M, N]`` base-2 logits (-inf: disallowed), or ``[N, M]`` with ``KEYS_FIRST`` (a tile
+    computed as ``K Q^T``); ``m_i, l_i [M]`` running max / denominator. Returns
+    ``(m_new, l_new, p, alpha)`` (``p`` shaped like ``s``): the caller rescales its accumulator by
+    ``alpha`` and adds ``p @ V``.
     """
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    KEY_AXIS: tl.constexpr = 0 if KEYS_FIRST else 1
+    m_new = tl.maximum(m_i, tl.max(s, KEY_AXIS))
     # A row that has seen no allowed key keeps m = -inf; subtracting 0 instead keeps p = 0, alpha = 0.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_new = l_i * alpha + tl.sum(p, 1)
+    if KEYS_FIRST:
+        p = tl.exp2(s - m_safe[None, :])
+    else:
+        p = tl.exp2(s - m_safe[:, None])
+    l_new = l_i * alpha + tl.sum(p, KEY_AXIS)
     return m_new, l_new, p, alpha
 
 

@@ -28,7 +28,8 @@ class MLAConfig:
     waves: int = 1  # the split count fills this many whole waves of resident programs
     min_chunk: int = 256  # fewest keys worth a split of their own
     max_splits: int = 64
-    qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, BLOCK_H 64 wgmma)
+    qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, on wgmma)
+    heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
@@ -64,24 +65,31 @@ class MLAConfig:
 #            LDS.U8 a tile); fp8 mma.sync operands are upcast to float16 by Triton on sm_90.
 #   fp8 64:  (32, 8, 2) spills ~330 B (the conversion on top of the accumulator): reachable by an
 #            override only; the cap keeps fp8 (float16 operands) at BLOCK_H 32.
+#   fp8qk 16, heads in N (S^T = K Q^T: the keys fill wgmma's M, no padded heads): (64, 8, 3) 176
+#            regs, 87 KB, no spill: 36 m64n8k32 e4m3 score + 16 m64n16k16 float16 P.V wgmmas a tile,
+#            but the transposed P.V operand is gathered byte by byte (128 LDS.U8 a thread a tile).
+#            H100 Hq 16 (graph us, 64x4096 / 128x8192 / 32x16384): 107 / 370 / 199 against 115 / 431
+#            / 214 at BLOCK_H 64; (64, 8, 4) 107 / 372 / 195; (64, 8, 2) 132 / 439 / 246. The same
+#            with the P.V tile loaded a second time as words (no LDS.U8, 182 regs, 179 KB at 2
+#            stages): 147 / 528 / 274, slower. 16-bit caches with heads in N ((64, 4|8, 2)): 162-173
+#            / 446-559 / 304-325, slower than mma.sync at BLOCK_H 16: not taken.
 _SM90 = {
     ("half", 64): (32, 8, 3, 1),
     ("half", 32): (64, 8, 3, 1),
     ("half", 16): (64, 8, 3, 1),
     ("fp8qk", 64): (64, 8, 3, 1),
+    ("fp8qk", 16): (64, 8, 3, 1, True),  # heads in N
     ("fp8", 64): (32, 8, 2, 1),
     ("fp8", 32): (64, 8, 3, 1),
     ("fp8", 16): (64, 8, 3, 1),
 }
 _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
-# Smallest BLOCK_H per format (default MIN_BLOCK_H). fp8 scores exist only at BLOCK_H 64 (wgmma);
-# with a floor of 64 an fp8 query with an fp8 cache takes them at any Hq (rows past Hq padded and
-# masked: at BLOCK_H 64 the tensor-core time a key is under its memory time). H100, Hq 16 fp8
-# (graph us, 64x4096 / 128x8192 / 32x16384): float16-operand path at BLOCK_H 16 154 / 567 / 293;
-# fp8 scores at BLOCK_H 64 (64, 8, 3) 116 / 431 / 211 (taken); (32, 8, 3) 162 / 553 / 311.
-_BLOCK_H_FLOOR: dict = {"sm90": {"fp8qk": 64}}
+# fp8 scores exist at BLOCK_H 16 (heads in N) and 64 (heads in M, wgmma): Hq 17-32 takes 64 (rows
+# past Hq padded and masked), so an fp8 query with an fp8 cache takes fp8 scores at any Hq. H100,
+# Hq 16 fp8 (graph us, 64x4096 / 128x8192 / 32x16384): float16-operand path at BLOCK_H 16 154 / 567
+# / 293; fp8 scores at BLOCK_H 64 (64, 8, 3) 116 / 431 / 211; (32, 8, 3) 162 / 553 / 311.
 # Other GPUs: no fp8 scores (fp8qk falls back to fp8), two stages.
-_DEFAULT = {key: (bn, w, 2, 1) for key, (bn, w, _, _) in _SM90.items() if key[0] != "fp8qk"}
+_DEFAULT = {key: (entry[0], entry[1], 2, 1) for key, entry in _SM90.items() if key[0] != "fp8qk"}
 # Small tiles in the interpreter, so CI runs multi-tile loops over several pages.
 _INTERPRETER = {(fmt, bh): (16, 4, 1, 1) for fmt in ("half", "fp8") for bh in (16, 32, 64)}
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
@@ -106,27 +114,27 @@ def _next_power_of_2(n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig:
     """The config of a launch: ``BLOCK_H`` = the head count rounded up to a power of 2 in
-    ``[floor, cap]`` (floor 16 and cap 64, or the tables' own), then the table's entry for it.
+    ``[16, cap]`` (cap 64, or the table's own), or the table's next larger ``BLOCK_H`` for the
+    format where it has no entry for that one; then the table's entry for it.
 
     An fp8 query with an fp8 cache takes the fp8-score entry (``qk_fp8``) where the table has one
-    for that ``BLOCK_H`` (sm90, BLOCK_H 64: wgmma); otherwise the float16-operand fp8 entry.
+    (sm90: BLOCK_H 16 with heads in N, 64 with heads in M); otherwise the float16-operand fp8 entry.
     """
     fmt = _fmt(kv_format, q_fp8)
     table = TABLES.get(arch, _DEFAULT)
     caps = _BLOCK_H_CAP.get(arch, {})
-    floors = _BLOCK_H_FLOOR.get(arch, {})
 
     def pick(fmt):
-        floor = floors.get(fmt, MIN_BLOCK_H)
-        block_h = min(max(floor, _next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
+        want = min(max(MIN_BLOCK_H, _next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
+        block_h = min((bh for f, bh in table if f == fmt and bh >= want), default=want)
         return _override.get("block_h", block_h)
 
     block_h = pick(fmt)
     if fmt == "fp8qk" and (fmt, block_h) not in table:
         fmt = "fp8"
         block_h = pick(fmt)
-    block_n, warps, stages, per_sm = table[(fmt, block_h)]
-    cfg = MLAConfig(block_h, block_n, warps, stages, per_sm, qk_fp8=fmt == "fp8qk")
+    block_n, warps, stages, per_sm, *heads_as_n = table[(fmt, block_h)]
+    cfg = MLAConfig(block_h, block_n, warps, stages, per_sm, qk_fp8=fmt == "fp8qk", heads_as_n=any(heads_as_n))
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

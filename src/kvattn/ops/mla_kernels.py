@@ -24,6 +24,13 @@ straight from the copied bytes (both operands K-major: the query rows and the ca
 products accumulated in float32, and converts the tile once, to the float16 P.V operand (exact).
 Otherwise fp8 rows convert to float16 for both products; BLOCK_H 16 / 32 run on mma.sync (M < 64)
 and are bound by the row reads for 16-bit caches.
+
+``HEADS_AS_N`` swaps the operands of both products, ``S^T = ckv q_nope^T + kpe q_rope^T`` and
+``O^T = ckv^T P^T``: the keys fill wgmma's M (64 rows and more) and the heads are its N (16 is
+enough), so few heads need no padding to 64 rows. With fp8 scores at Hq <= 16 this cuts the tensor
+work of a key 4x against BLOCK_H 64 (whose padded rows made that path compute-bound); the
+softmax state then runs along the columns (``online_softmax_step(..., KEYS_FIRST=True)``) and the
+accumulator is transposed once at the end.
 """
 
 from __future__ import annotations
@@ -45,9 +52,11 @@ from .common import (
 
 @triton.jit
 def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stride_kv_s, CKV_DIM: tl.constexpr,
-                     KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FORMAT: tl.constexpr, sdt: tl.constexpr):
-    """``(ckv [N, CKV_DIM], ok [N], s [M, N])``: one tile's rows and raw float32 scores
-    ``q_nope ckv^T + q_rope kpe^T`` (tokens past ``end`` or with an invalid page read as 0)."""
+                     KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FORMAT: tl.constexpr, sdt: tl.constexpr,
+                     HEADS_AS_N: tl.constexpr):
+    """``(ckv [N, CKV_DIM], ok [N], s)``: one tile's rows and raw float32 scores
+    ``q_nope ckv^T + q_rope kpe^T`` as ``s [M, N]``, or transposed, ``s [N, M] = ckv q_nope^T + ...``,
+    with ``HEADS_AS_N`` (tokens past ``end`` or with an invalid page read as 0)."""
     page, slot, ok = token_pages(ids, offs_n, offs_n < end, PAGE_SIZE, True)
     row_off = page * stride_kv_p + slot * stride_kv_s  # int64 (token_offsets of the one latent head)
     # One read of the rows: ckv is the keys' first 512 columns and the values. (QK_FP8: the byte
@@ -55,8 +64,12 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stri
     # conversion for P.V happens once, after the scores.)
     ckv = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, 0, CKV_DIM, KV_FORMAT, sdt)
     kpe = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, CKV_DIM, KPE_DIM, KV_FORMAT, sdt)
-    s = tl.dot(q_rope, tl.trans(kpe))
-    s = tl.dot(q_nope, tl.trans(ckv), s)
+    if HEADS_AS_N:
+        s = tl.dot(kpe, tl.trans(q_rope))
+        s = tl.dot(ckv, tl.trans(q_nope), s)
+    else:
+        s = tl.dot(q_rope, tl.trans(kpe))
+        s = tl.dot(q_nope, tl.trans(ckv), s)
     return ckv, ok, s
 
 
@@ -76,7 +89,7 @@ def mla_split_kernel(
     logit_factor, out_factor,
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
-    OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr,
+    OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -118,7 +131,10 @@ def mla_split_kernel(
     table_row = table_ptr + b.to(tl.int64) * stride_t_b
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, CKV_DIM], dtype=tl.float32)
+    if HEADS_AS_N:
+        acc = tl.zeros([CKV_DIM, BLOCK_H], dtype=tl.float32)  # transposed: V^T P^T
+    else:
+        acc = tl.zeros([BLOCK_H, CKV_DIM], dtype=tl.float32)
     # Page ids a tile ahead, carried through the loop: the row loads of a tile then depend on no
     # load of their own iteration, and the pipeliner overlaps them with the previous tile.
     offs_n = start + tl.arange(0, BLOCK_N)
@@ -126,15 +142,22 @@ def mla_split_kernel(
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         ckv, ok, s = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stride_kv_s,
-                                      CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt)
-        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
-        acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv.to(cdt))
+                                      CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt, HEADS_AS_N)
+        if HEADS_AS_N:
+            s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
+            m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, True)
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(ckv.to(cdt)), p.to(cdt))
+        else:
+            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+            m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+            acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv.to(cdt))
         offs_n = offs_n + BLOCK_N
         ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
 
     # One split: the final rows. Several: every split writes a partial (an empty one, o = 0 and
     # lse = -inf, past a short request's active splits), which the combine merges.
+    if HEADS_AS_N:
+        acc = tl.trans(acc)
     o, lse2 = softmax_finalize(acc, m_i, l_i, l_i, False)
     final = num_splits == 1
     out_mult = out_factor
