@@ -14,6 +14,8 @@ import kvattn
 from kvattn import dense
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
+from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
+
 ON_GPU = torch.cuda.is_available()
 
 
@@ -75,7 +77,6 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(q_len, triton_backend)
 @pytest.mark.parametrize("fullgraph", [True], ids=["fullgraph"])
 def test_torch_compile_traces_the_public_functions(fullgraph, kernel_device, triton_backend):
     """The custom ops' fake implementations let torch.compile trace batch and single decode."""
-    backend = "inductor" if ON_GPU else "aot_eager"  # CPU: no C++ toolchain needed
     lens = [50, 3]
     case = make_paged_kv(lens, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16,
                          device=kernel_device, seed=3)
@@ -89,10 +90,6 @@ def test_torch_compile_traces_the_public_functions(fullgraph, kernel_device, tri
         return o * 2, s + 1
 
     args = (q, case.kv_cache, case.block_tables, case.seq_lens, k, v)
-    eager = step(*args)
-    torch._dynamo.reset()
-    compiled = torch.compile(step, backend=backend, fullgraph=fullgraph)
-    got = compiled(*args)
+    eager, got = eager_and_compiled(step, args, compile_backend(ON_GPU), fullgraph)
     for a, b in zip(got, eager):
-        assert torch.isfinite(a.float()).all()
-        assert relative_error(a, b.float()) <= 1e-3
+        assert_close_to_eager(a, b)

@@ -23,6 +23,7 @@ from kvattn.formats import FP8_DTYPE
 from kvattn.ops import mla_configs
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
+from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
 from .test_decode import assert_matches, cpu, run_both
 
 ON_GPU = torch.cuda.is_available()
@@ -326,8 +327,7 @@ def test_mla_cuda_graph_replay_follows_new_lengths_and_tables(hq, triton_backend
 
 def test_mla_torch_compile_traces_the_public_function(kernel_device, triton_backend):
     """The op's fake implementation lets torch.compile(fullgraph=True) trace the public function
-    (on the CPU: the reference path, bf16 being the API's dtype; the op is traced on a GPU)."""
-    backend = "inductor" if ON_GPU else "aot_eager"
+    (GPU only: its dtype is bfloat16; the CPU tier traces the op in the float16 test below)."""
     if not ON_GPU:
         pytest.skip("the public function's Triton path needs bfloat16 arithmetic (GPU)")
     cache, tables, seq_lens = make_cache([50, 3], page=16, kv_format="bfloat16", device=kernel_device, seed=3)
@@ -339,16 +339,12 @@ def test_mla_torch_compile_traces_the_public_function(kernel_device, triton_back
                                                           bmm1_scale=BMM1)
         return o * 2
 
-    eager = step(q, cache, tables, seq_lens)
-    torch._dynamo.reset()
-    got = torch.compile(step, backend=backend, fullgraph=True)(q, cache, tables, seq_lens)
-    assert torch.isfinite(got.float()).all()
-    assert relative_error(got, eager.float()) <= 1e-3
+    eager, got = eager_and_compiled(step, (q, cache, tables, seq_lens), compile_backend(ON_GPU))
+    assert_close_to_eager(got, eager)
 
 
 def test_mla_op_traces_under_compile_with_float16(kernel_device):
     """torch.compile(fullgraph=True) through the ops entry and its torch op (both tiers)."""
-    backend = "inductor" if ON_GPU else "aot_eager"
     cache, tables, seq_lens = make_cache([20, 3], page=16, kv_format="float16", device=kernel_device, seed=9)
     pages = cache.unsqueeze(2)
     q = torch.randn(2, 16, DIM, device=kernel_device, dtype=torch.float16)
@@ -360,8 +356,5 @@ def test_mla_op_traces_under_compile_with_float16(kernel_device):
                                   max_seq_len=32, logit_scale=Scale(BMM1), out_scale=Scale(1.0))
         return out * 2
 
-    eager = step(q, pages, tables, seq_lens)
-    torch._dynamo.reset()
-    got = torch.compile(step, backend=backend, fullgraph=True)(q, pages, tables, seq_lens)
-    assert torch.isfinite(got.float()).all()
-    assert relative_error(got, eager.float()) <= 1e-3
+    eager, got = eager_and_compiled(step, (q, pages, tables, seq_lens), compile_backend(ON_GPU))
+    assert_close_to_eager(got, eager)

@@ -26,6 +26,7 @@ from kvattn.formats import FP8_DTYPE, FP8_MAX, FP4Tensor, dequantize_nvfp4_outpu
 from kvattn.ops.common import quantize_nvfp4_rows
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
+from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
 from .test_decode import assert_matches, cpu, run_both
 
 ON_GPU = torch.cuda.is_available()
@@ -374,7 +375,6 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, triton_backe
 
 
 def test_torch_compile_traces_the_public_function(kernel_device, triton_backend):
-    backend = "inductor" if ON_GPU else "aot_eager"  # CPU: no C++ toolchain needed
     lens, lq = [50, 3], [20, 3]
     case = make_paged_kv(lens, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16,
                          layout="HND", device=kernel_device, seed=3)
@@ -390,9 +390,6 @@ def test_torch_compile_traces_the_public_function(kernel_device, triton_backend)
         return o * 2, f.data, f.scale
 
     args = (q, case.kv_cache, case.block_tables, case.seq_lens, cq)
-    eager = step(*args)
-    torch._dynamo.reset()
-    got = torch.compile(step, backend=backend, fullgraph=True)(*args)
-    assert torch.isfinite(got[0].float()).all()
-    assert relative_error(got[0], eager[0].float()) <= 1e-3
+    eager, got = eager_and_compiled(step, args, compile_backend(ON_GPU))
+    assert_close_to_eager(got[0], eager[0])
     assert torch.equal(got[1], eager[1]) and torch.equal(got[2].view(torch.uint8), eager[2].view(torch.uint8))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from .launch_common import config_override
+from .launch_common import config_override, next_power_of_2
 
 MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
 MIN_BLOCK_H = 16  # tl.dot's smallest M
@@ -107,10 +107,6 @@ def _fmt(kv_format: str, q_fp8: bool = False) -> str:
     return "fp8qk" if q_fp8 else "fp8"
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig:
     """The config of a launch: ``BLOCK_H`` = the head count rounded up to a power of 2 in
@@ -125,7 +121,7 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
     caps = _BLOCK_H_CAP.get(arch, {})
 
     def pick(fmt):
-        want = min(max(MIN_BLOCK_H, _next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
+        want = min(max(MIN_BLOCK_H, next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
         block_h = min((bh for f, bh in table if f == fmt and bh >= want), default=want)
         return _override.get("block_h", block_h)
 
