@@ -53,6 +53,27 @@ def test_configs_come_from_their_tables():
     assert dc.config("sm80", "bfloat16", 128, 16, False).num_stages == 2
 
 
+@pytest.mark.parametrize(
+    "page_size,overrides,expected",
+    [(64, {}, True), (128, {}, True), (16, {}, False), (32, {}, False), (64, dict(rope=True), False),
+     (64, dict(block_m=32), False), (64, dict(fmt="fp8"), False), (64, dict(head_dim=64), False),
+     (64, dict(arch="default"), False), (64, dict(arch="interpreter"), False)],
+    ids=["p64", "p128", "p16", "p32", "p64-rope", "p64-block_m32", "p64-fp8", "p64-D64", "p64-non-hopper",
+         "p64-interpreter"],
+)
+def test_short_tiles_only_for_pages_of_64_where_measured(page_size, overrides, expected):
+    kw = dict(arch="sm90", kv_format="bfloat16", head_dim=128, block_m=16, rope=False)
+    kw.update({("kv_format" if k == "fmt" else k): v for k, v in overrides.items()})
+    assert dc.has_short_tiles(kw.pop("arch"), *kw.values(), page_size=page_size) is expected
+
+
+def test_short_config_is_three_programs_an_sm():
+    short = dc.config("sm90", "bfloat16", 128, 16, False, short=True)
+    assert (short.block_n, short.num_warps, short.num_stages) == (64, 4, 3)
+    assert dc.occupancy(short, "bfloat16", 128, False) == 3
+    assert dc.SHORT_SPAN == 1024
+
+
 def test_split_count_fills_whole_waves():
     long = dc.config("sm90", "bfloat16", 128, 16, False, long_tiles=True)
     assert dc.occupancy(long, "bfloat16", 128, False) == 1

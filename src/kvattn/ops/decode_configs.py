@@ -51,11 +51,20 @@ _SM90 = {
 _SM90_LONG = {
     ("half", 128): (128, 8, 3),
 }
+# Short requests on pages of 64+ tokens (every request at most SHORT_SPAN keys): three 4-warp
+# programs an SM instead of one long-tile program, so each short program's setup (query, page ids)
+# hides behind the others' copies. Measured on an H100 (benchmarks/NOTES.md): 256x1024 page 64
+# 0.948 -> 0.963; at 2048 keys the long tiles still win (128x2048 page 64 0.957 vs 0.949).
+_SM90_SHORT = {
+    ("half", 128): (64, 4, 3),
+}
+SHORT_SPAN = 1024
 _DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
 _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
 LONG_TABLES = {"sm90": _SM90_LONG}
+SHORT_TABLES = {"sm90": _SM90_SHORT}
 
 _override: dict = {}
 
@@ -131,11 +140,26 @@ def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rop
     return items <= sm_count * occupancy(long, kv_format, head_dim, False)
 
 
+def has_short_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
+                    page_size: int) -> bool:
+    """Whether a launch takes the short-request table (``config(..., short=True)``) for key spans
+    of at most ``SHORT_SPAN``: pages of 64+ tokens (where the long tiles are the rule otherwise),
+    without RoPE, one 16-row block, and only where a short entry was measured."""
+    if rope or block_m != 16 or page_size < 64:
+        return False
+    return (_fmt(kv_format), head_dim) in SHORT_TABLES.get(arch, {})
+
+
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
-           long_tiles: bool = False) -> DecodeConfig:
+           long_tiles: bool = False, short: bool = False) -> DecodeConfig:
     fmt = _fmt(kv_format)
-    table = LONG_TABLES[arch] if long_tiles else TABLES.get(arch, _DEFAULT)
+    if short:
+        table = SHORT_TABLES[arch]
+    elif long_tiles:
+        table = LONG_TABLES[arch]
+    else:
+        table = TABLES.get(arch, _DEFAULT)
     block_n, warps, stages = table[(fmt, head_dim)]
     if rope:
         # RoPE keeps two float32 [BLOCK_N, D/2] cos/sin tables live (and one-row programs a square

@@ -120,6 +120,12 @@ class _Plan:
             sm_count=self.sm_count,
         )
         self.cfg = cfg = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope, long_tiles)
+        # Spans of at most SHORT_SPAN keys may take another table (a per-span choice: see launches).
+        self.cfg_short = None
+        if decode_configs.has_short_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
+                                          page_size=self.page_size):
+            self.cfg_short = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
+                                                   short=True)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
         self.rope_query = rope and use_dot and self.rows == 1
@@ -143,11 +149,18 @@ class _Plan:
         self.split_slots = tuple(index.get(n, 0) for n in _SPLIT_POINTERS)
         self.combine_slots = tuple(index.get(n, 0) for n in _COMBINE_POINTERS)
         self._by_span: dict[int, tuple] = {}
-        self._by_splits: dict[int, tuple] = {}
+        self._by_splits: dict[tuple, tuple] = {}
 
-    def num_splits(self, span: int) -> int:
+    def config_for(self, span: int) -> decode_configs.DecodeConfig:
+        """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
+        where the plan has one, else the plan's table."""
+        if self.cfg_short is not None and span <= decode_configs.SHORT_SPAN:
+            return self.cfg_short
+        return self.cfg
+
+    def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
         return decode_configs.num_splits(
-            self.cfg, items=self.items, span=span, sm_count=self.sm_count, fit=self.fit,
+            cfg or self.config_for(span), items=self.items, span=span, sm_count=self.sm_count, fit=self.fit,
             max_programs=self.max_programs, kv_format=self.kv_format, head_dim=self.head_dim,
             rope_query=self.rope_query,
         )
@@ -157,24 +170,25 @@ class _Plan:
         hit = self._by_span.get(span)
         if hit is not None:
             return hit
-        splits = self.num_splits(span)
-        hit = self._by_splits.get(splits)
+        cfg = self.config_for(span)
+        splits = self.num_splits(span, cfg)
+        hit = self._by_splits.get((cfg, splits))
         if hit is None:
             numel_o = splits * self.rows_total * self.num_heads * self.head_dim
             numel_lse = splits * self.rows_total * self.num_heads
             combine = _combine_launch(self, splits) if splits > 1 else None
-            hit = self._by_splits[splits] = (_split_launch(self, splits), combine, numel_o, numel_lse)
+            hit = self._by_splits[cfg, splits] = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse)
         if len(self._by_span) >= _MAX_SPANS:
             self._by_span.clear()
         self._by_span[span] = hit
         return hit
 
 
-def _split_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
+def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> fast_launch.Launch:
     """The split kernel's launch: every argument but the pointers, the call's ints
     ``(fixed_len, window_left)`` and the floats ``(logit_factor, out_factor, soft_cap, rope_theta,
     rope_scale)``."""
-    s, has, cfg = plan.strides, plan.has, plan.cfg
+    s, has = plan.strides, plan.has
     num_items = plan.items * splits
     persistent = plan.max_programs is not None and num_items > plan.max_programs
     return fast_launch.Launch(
