@@ -167,51 +167,13 @@ def test_batch_decode_matches_oracles(kw, kernel_device, triton_backend, monkeyp
     decode_case(kernel_device, monkeypatch, **kw)
 
 
-# The partials merge in the split kernel (its last split per item: the default) or in a combine
-# launch (the fallback past launch_common.MAX_COUNTERS items, and MLA's path).
-COMBINE = pytest.mark.parametrize("fused", [True, False], ids=["fused-combine", "combine-kernel"])
-
-
-@COMBINE
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
-def test_split_kv_partials_combine_exactly(q_len, group, fused, kernel_device, triton_backend, monkeypatch):
+def test_split_kv_partials_combine_exactly(q_len, group, kernel_device, triton_backend, monkeypatch):
     """Short splits force several partials per request (ragged: some requests need one)."""
     lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
-    with decode_configs.override(min_chunk=32, waves=64, fused_combine=fused):
+    with decode_configs.override(min_chunk=32, waves=64):
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=True, window=60)
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, seed=3)
-
-
-def test_fused_combine_puts_its_counters_back(kernel_device, triton_backend, monkeypatch):
-    """Three calls on one workspace: each relies on the counters the last one left, every output
-    is exact, and the counters end at zero. More items than counters fall back to a combine launch
-    (a shrunk counter region here)."""
-    from kvattn.ops import decode_launch, launch_common
-
-    lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
-    case = make_paged_kv(lens, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16,
-                         device=kernel_device, seed=5)
-    ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
-    g = torch.Generator().manual_seed(5)
-    real_split = decode_launch._split_launch
-    launched = []  # (splits, fused) of each split launch built (plans are not cached under override)
-    monkeypatch.setattr(decode_launch, "_split_launch",
-                        lambda plan, cfg, splits, fused: launched.append((splits, fused)) or real_split(
-                            plan, cfg, splits, fused))
-    with decode_configs.override(min_chunk=32, waves=64):
-        for max_counters in (launch_common.MAX_COUNTERS, launch_common.MAX_COUNTERS, 3):
-            monkeypatch.setattr(decode_launch, "MAX_COUNTERS", max_counters)
-            launched.clear()
-            q = torch.randn(len(lens), 8, 64, generator=g).to(kernel_device, torch.float16)
-            out = poison_(torch.empty_like(q))
-            kvattn.decode.xqa_batch_decode_with_kv_cache(q, case.kv_cache, ws, case.block_tables, case.seq_lens,
-                                                         max(lens), out=out, bmm1_scale=0.125)
-            (splits, fused), = launched
-            assert splits > 1 and fused is (max_counters > 3)  # 4 requests x 2 KV heads = 8 items
-            exact = dense.batch_decode(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens),
-                                       bmm1_scale=0.125)
-            assert relative_error(out.cpu().double(), exact) < 2e-3
-            assert (launch_common.counters_from_workspace(ws) == 0).all()
 
 
 def test_empty_batch_all_zero(kernel_device, triton_backend, monkeypatch):

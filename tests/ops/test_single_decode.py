@@ -112,12 +112,10 @@ def test_single_decode_matches_oracles(kw, kernel_device, triton_backend, monkey
     run_case(kernel_device, monkeypatch, **kw)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused-combine", "combine-kernel"])
-def test_split_kv_single_decode(fused, kernel_device, triton_backend, monkeypatch):
-    """Forced short splits: partials and their LSE merge (output and returned LSE), in the split
-    kernel (its counters kept per stream, zeroed once) or in a combine launch."""
+def test_split_kv_single_decode(kernel_device, triton_backend, monkeypatch):
+    """Forced short splits: partials and their LSE merge (output and returned LSE)."""
     length = 200 if not ON_GPU else 20000
-    with decode_configs.override(min_chunk=32, waves=64, fused_combine=fused):
+    with decode_configs.override(min_chunk=32, waves=64):
         run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ALIBI", logits_soft_cap=4.0)
         run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ROPE_LLAMA", window_left=150)
 

@@ -93,36 +93,6 @@ def split_bounds(kv_len, kv_lo, num_splits, BLOCK_N: tl.constexpr):
     return tl.maximum(chunk, BLOCK_N)
 
 
-@triton.jit
-def merge_partials(part_o_ptr, part_lse_ptr, p_rows, rows_ok, num_splits, split_stride,
-                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Merge split partials exactly through their LSEs: ``(acc [R, D], m [R], l [R])``, the
-    softmax state of the rows as if one program had seen every split (finish with
-    :func:`softmax_finalize`).
-
-    ``p_rows [R]`` int64: the rows' indices in split 0's partials; split ``s`` holds them at
-    ``p_rows + s * split_stride`` (``part_o [.., D]`` float32 normalised outputs, ``part_lse``
-    base-2 LSEs, -inf for an empty split). ``BLOCK_S`` splits load at once, so with
-    ``num_splits <= BLOCK_S`` the merge costs one round trip to L2. The loads skip L1 (``.cg``):
-    the fused combine reads partials that other programs of the running launch wrote.
-    """
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
-    m = tl.full(p_rows.shape, float("-inf"), tl.float32)
-    l = tl.zeros(p_rows.shape, tl.float32)
-    acc = tl.zeros([p_rows.shape[0], HEAD_DIM], tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        ok = ((s0 + offs_s) < num_splits)[:, None] & rows_ok[None, :]  # [S, R]
-        idx = (s0 + offs_s).to(tl.int64)[:, None] * split_stride + p_rows[None, :]
-        lse_i = tl.load(part_lse_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        o_i = tl.load(part_o_ptr + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None],
-                      other=0.0, cache_modifier=".cg")
-        # the splits' LSEs are the logits of this softmax, their outputs its values
-        m, l, w, alpha = online_softmax_step(m, l, lse_i, True)
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_i, 0)
-    return acc, m, l
-
-
 # ---------------------------------------------------------------------------------------------
 # masking rules
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ class DecodeConfig:
     pdl: bool = False  # programmatic dependent launch between the split and combine kernels
     page_ahead: bool = True  # page ids loaded a tile ahead (see decode_kernels); False: pipeliner-staged
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
-    fused_combine: bool = True  # the last split of an item merges the partials (no combine launch)
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.

@@ -22,7 +22,6 @@ from .common import (
     LOG2E,
     alibi_slopes,
     load_kv_tile,
-    merge_partials,
     online_softmax_step,
     prefetch_rows_l2,
     rope_angle,
@@ -70,7 +69,7 @@ def _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN: tl.constex
 def _decode_item(
     item,
     q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr, sinks_ptr,
-    logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+    logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -83,7 +82,6 @@ def _decode_item(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_S: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -292,30 +290,6 @@ def _decode_item(
     tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=row_ok[:, None] & partial)
     tl.store(part_lse_ptr + p_row, lse2, mask=row_ok & partial)
 
-    if FUSED_COMBINE:
-        # The split of this item that finishes last merges every split's partial, so the launch
-        # needs no combine kernel after it. Its counter (one per item, in zeroed memory) is put
-        # back to 0 for the next launch. The barrier orders every thread's partial stores before
-        # the release; the acquire orders the merge's loads after all splits' stores.
-        tl.debug_barrier()
-        c_ptr = counter_ptr + (bh * M_BLOCKS + mb)
-        arrived = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            tl.debug_barrier()
-            offs_r = mb * BLOCK_M + tl.arange(0, MERGE_ROWS)  # the tile's rows, padding rows left out
-            r_ok = offs_r < Q_LEN * GROUP
-            r_heads = kvh * GROUP + offs_r % GROUP
-            r_rows = (b * Q_LEN + offs_r // GROUP).to(tl.int64)
-            m_acc, m_m, m_l = merge_partials(part_o_ptr, part_lse_ptr, r_rows * NUM_HEADS + r_heads, r_ok,
-                                             num_splits, num_rows * NUM_HEADS, HEAD_DIM, MERGE_S)
-            r_sink2 = sink_logits2(sinks_ptr, r_heads, r_ok, HAS_SINKS)
-            r_o, r_lse2 = softmax_finalize(m_acc, m_m, m_l, r_sink2, HAS_SINKS)
-            r_off = r_rows[:, None] * stride_o_t + r_heads[:, None] * stride_o_h + offs_d[None, :]
-            store_scaled(out_ptr + r_off, r_o * out_mult, r_ok[:, None], OUT_FP8)
-            if STORE_LSE:
-                tl.store(lse_ptr + r_rows * stride_lse_t + r_heads, r_lse2, mask=r_ok)
-            tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")
-
 
 @triton.jit
 def decode_split_kernel(
@@ -335,7 +309,6 @@ def decode_split_kernel(
     lse_ptr,  # [B * Q_LEN, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
     part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs
-    counter_ptr,  # [B * Hkv * M_BLOCKS] int32 splits finished per item, zero between launches (FUSED_COMBINE)
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -348,8 +321,7 @@ def decode_split_kernel(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, FUSED_COMBINE: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    MERGE_S: tl.constexpr,
+    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
@@ -362,7 +334,7 @@ def decode_split_kernel(
         for item in range(pid, num_items, tl.num_programs(0)):
             _decode_item(
                 item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
-                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
                 stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                 stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
                 stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -372,12 +344,11 @@ def decode_split_kernel(
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
-                FUSED_COMBINE, MERGE_ROWS, MERGE_S,
             )
     else:
         _decode_item(
             pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
-            sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+            sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
             stride_q_t, stride_q_h, stride_o_t, stride_o_h,
             stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
             stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -387,7 +358,6 @@ def decode_split_kernel(
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
-            FUSED_COMBINE, MERGE_ROWS, MERGE_S,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
@@ -417,20 +387,37 @@ def decode_combine_kernel(
     h = tl.program_id(1)
     if USE_PDL:
         gdc_wait()
-    offs_r = tl.arange(0, 1)  # one row: [1]-shaped so the merge is the fused combine's
-    r_ok = offs_r < 1
-    r_heads = h + offs_r
-    acc, m, l = merge_partials(part_o_ptr, part_lse_ptr, t.to(tl.int64) * NUM_HEADS + r_heads, r_ok, num_splits,
-                               num_rows * NUM_HEADS, HEAD_DIM, BLOCK_S)
-    o, lse2 = softmax_finalize(acc, m, l, sink_logits2(sinks_ptr, r_heads, r_ok, HAS_SINKS), HAS_SINKS)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row = t.to(tl.int64) * NUM_HEADS + h
+    m = float("-inf")
+    den = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_ok = s0 + offs_s < num_splits
+        p_row = (s0 + offs_s).to(tl.int64) * num_rows * NUM_HEADS + row
+        lse_i = tl.load(part_lse_ptr + p_row, mask=s_ok, other=float("-inf"))
+        o_i = tl.load(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_i, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
+        w = tl.exp2(lse_i - m_safe)
+        den = den * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o_i, 0)
+        m = m_new
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = den
+    if HAS_SINKS:
+        total = den + tl.exp2(tl.load(sinks_ptr + h).to(tl.float32) * LOG2E - m_safe)
+    o = acc / tl.where(total > 0, total, 1.0)
     out_mult = out_factor
     if OUT_PTR:
         out_mult = out_mult * tl.load(out_scale_ptr)
-    offs_d = tl.arange(0, HEAD_DIM)
-    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d[None, :], o * out_mult,
-                 r_ok[:, None], OUT_FP8)
+    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, o * out_mult,
+                 offs_d < HEAD_DIM, OUT_FP8)
     if STORE_LSE:
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + r_heads, lse2)
+        lse2 = tl.where(den > 0, m + tl.log2(tl.where(den > 0, den, 1.0)), float("-inf"))
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + h, lse2)
 
 
 __all__ = ["decode_split_kernel", "decode_combine_kernel"]

@@ -25,8 +25,8 @@ from ..formats import FP8_DTYPE
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch_common import (
-    MAX_COUNTERS, arch, cached_plan, cdiv, counters_from_workspace, device_guard, int32_lengths, kv_format_code,
-    next_power_of_2, partials_fit, partials_from_workspace, zeroed_counters,
+    arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
+    partials_from_workspace,
 )
 
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
@@ -35,10 +35,10 @@ MIN_BLOCK_M = 16  # tl.dot's smallest M
 # Pointer arguments: the call's tensors are passed to fast_launch.call_args once, _ALWAYS then the
 # _OPTIONAL ones that are given; each kernel picks its pointers from them by name. An absent
 # optional tensor is replaced by the query, which the kernel never reads for it.
-_ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse", "counters")
+_ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse")
 _OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
 _SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit",
-                   "out_scale", "out", "lse", "part_o", "part_lse", "counters")
+                   "out_scale", "out", "lse", "part_o", "part_lse")
 _COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
@@ -166,9 +166,7 @@ class _Plan:
         )
 
     def launches(self, span: int) -> tuple:
-        """``(split launch, combine launch or None, numel_o, numel_lse, fused)`` for a key span:
-        ``numel_o == 0`` when every request fits one split (no partials); ``fused`` when the split
-        kernel merges them itself (it then needs zeroed counters, and there is no combine)."""
+        """``(split launch, combine launch or None, numel_o, numel_lse)`` for a key span."""
         hit = self._by_span.get(span)
         if hit is not None:
             return hit
@@ -176,27 +174,23 @@ class _Plan:
         splits = self.num_splits(span, cfg)
         hit = self._by_splits.get((cfg, splits))
         if hit is None:
-            numel_o = splits * self.rows_total * self.num_heads * self.head_dim if splits > 1 else 0
+            numel_o = splits * self.rows_total * self.num_heads * self.head_dim
             numel_lse = splits * self.rows_total * self.num_heads
-            # The split kernel merges when there are partials and a counter for every item.
-            fused = splits > 1 and cfg.fused_combine and self.items <= MAX_COUNTERS
-            combine = _combine_launch(self, splits) if splits > 1 and not fused else None
-            hit = self._by_splits[cfg, splits] = (_split_launch(self, cfg, splits, fused), combine, numel_o,
-                                                  numel_lse, fused)
+            combine = _combine_launch(self, splits) if splits > 1 else None
+            hit = self._by_splits[cfg, splits] = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse)
         if len(self._by_span) >= _MAX_SPANS:
             self._by_span.clear()
         self._by_span[span] = hit
         return hit
 
 
-def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int, fused: bool) -> fast_launch.Launch:
+def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> fast_launch.Launch:
     """The split kernel's launch: every argument but the pointers, the call's ints
     ``(fixed_len, window_left)`` and the floats ``(logit_factor, out_factor, soft_cap, rope_theta,
     rope_scale)``."""
     s, has = plan.strides, plan.has
     num_items = plan.items * splits
     persistent = plan.max_programs is not None and num_items > plan.max_programs
-    merge_rows = min(plan.block_m, next_power_of_2(plan.rows))  # an item's rows, without the padding
     return fast_launch.Launch(
         decode_split_kernel, (plan.max_programs if persistent else num_items,),
         slots=plan.split_slots,
@@ -214,8 +208,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int, fu
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
             PREFETCH=0 if plan.paged else cfg.prefetch, PERSISTENT=persistent,
-            USE_PDL=plan.gdc, FUSED_COMBINE=fused, MERGE_ROWS=merge_rows,
-            MERGE_S=min(next_power_of_2(splits), max(1, 8192 // (merge_rows * plan.head_dim))),
+            USE_PDL=plan.gdc,
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -314,20 +307,15 @@ def launch_decode(
         )
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
-        split, combine, numel_o, numel_lse, fused = plan.launches(span)
-        counters = out  # never read without the fused combine
-        if numel_o == 0:
+        split, combine, numel_o, numel_lse = plan.launches(span)
+        if combine is None:
             part_o = part_lse = out  # never written: every request fits one split
         elif workspace is not None:
             part_o, part_lse = partials_from_workspace(workspace, numel_o, numel_lse)
-            if fused:
-                counters = counters_from_workspace(workspace)
         else:
             part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
             part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
-            if fused:
-                counters = zeroed_counters(query.device)
-        call = fast_launch.call_args((query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
+        call = fast_launch.call_args((query, k, v, out, part_o, part_lse, *compress(optional, present)),
                                      (fixed_len, window_left), device)
         rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
         split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))

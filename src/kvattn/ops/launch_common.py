@@ -20,13 +20,7 @@ MAX_PLANS = 1024  # distinct call shapes a launcher keeps plans for; past this i
 # 32-bit words (common.KV_FP8_WORDS: 4-byte aligned rows, compiled kernels only).
 KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
 KV_FP8_WORDS = 3
-ALIGN = 16  # bytes: the workspace's views start on a 16-byte boundary
-# The workspace's first COUNTER_BYTES (after that boundary) hold the decode kernels' fused-combine
-# counters (int32, one per work item, zero between launches: the workspace is zeroed before its
-# first use, and the last split of an item puts its counter back); the split partials follow, for
-# every launcher, so no other op's partials overwrite the counters.
-COUNTER_BYTES = 4096
-MAX_COUNTERS = COUNTER_BYTES // 4
+ALIGN = 16  # bytes: the split partials' float32 views start on a 16-byte boundary
 
 
 def arch(device: torch.device, interpreter: bool) -> str:
@@ -57,47 +51,16 @@ def next_power_of_2(n: int) -> int:
 
 
 def _partials_views(workspace: torch.Tensor, numel_o: int, numel_lse: int):
-    start = (-workspace.data_ptr()) % ALIGN + COUNTER_BYTES
-    ws = workspace[start : start + 4 * (numel_o + numel_lse)].view(torch.float32)
+    pad = (-workspace.data_ptr()) % ALIGN
+    ws = workspace[pad : pad + 4 * (numel_o + numel_lse)].view(torch.float32)
     return ws[:numel_o], ws[numel_o:]
 
 
 def partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: int):
-    """Float32 ``(part_o [numel_o], part_lse [numel_lse])`` of split-KV partials in ``workspace``,
-    after its counters; kept per workspace tensor (three views cost microseconds a call)."""
+    """Float32 ``(part_o [numel_o], part_lse [numel_lse])`` of split-KV partials in ``workspace``
+    from its first 16-byte boundary; kept per workspace tensor (three views cost microseconds a
+    call)."""
     return cached_aliases(workspace, ("partials",), _partials_views, numel_o, numel_lse)
-
-
-def _counter_view(workspace: torch.Tensor):
-    pad = (-workspace.data_ptr()) % ALIGN
-    return workspace[pad : pad + COUNTER_BYTES].view(torch.int32)
-
-
-def counters_from_workspace(workspace: torch.Tensor) -> torch.Tensor:
-    """The int32 ``[MAX_COUNTERS]`` fused-combine counters at the start of ``workspace`` (a
-    workspace that holds any partial holds them: see :func:`partials_fit`)."""
-    return cached_aliases(workspace, ("counters",), _counter_view)
-
-
-# (device, stream) -> int32 [MAX_COUNTERS] zeros, for launches without a workspace (single decode).
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def zeroed_counters(device: torch.device) -> torch.Tensor:
-    """Fused-combine counters for a call without a workspace: zeroed once and kept per device and
-    stream (the kernels leave them at 0; launches on one stream never overlap, on two streams
-    they would share counters). During CUDA-graph capture a fresh buffer is made (its zeroing is
-    captured with the call) and not kept: memory of the graph's pool must not outlive it."""
-    if device.type != "cuda":  # the interpreter runs CPU tensors
-        key = (device, None)
-    else:
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
-        key = (device, torch.cuda.current_stream(device).cuda_stream)
-    counters = _COUNTERS.get(key)
-    if counters is None:
-        counters = _COUNTERS[key] = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
-    return counters
 
 
 def partials_fit(ws_numel: int | None, per_split: int, default: int) -> int:
@@ -105,7 +68,7 @@ def partials_fit(ws_numel: int | None, per_split: int, default: int) -> int:
     bytes holds; ``default`` without a workspace (the partials are then allocated)."""
     if ws_numel is None:
         return default
-    return max(0, ws_numel - ALIGN - COUNTER_BYTES) // (4 * per_split)
+    return max(0, ws_numel - ALIGN) // (4 * per_split)
 
 
 def device_guard(device: int):
