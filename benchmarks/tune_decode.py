@@ -71,8 +71,6 @@ VARIANTS = {
     "bn32s6": {"block_n": 32, "num_stages": 6},
     "w4": {"waves": 4},
     "w8": {"waves": 8},
-    # fp8 with the heads in the products' M dim (padded to 16 rows), as before heads_as_n.
-    "nohn": {"heads_as_n": False},
     # Not a config: the split kernel alone, the combine launch skipped (outputs wrong), to see
     # what the second launch costs the split shapes.
     "nocombine": {"_no_combine": True},

@@ -167,30 +167,6 @@ def test_batch_decode_matches_oracles(kw, kernel_device, triton_backend, monkeyp
     decode_case(kernel_device, monkeypatch, **kw)
 
 
-# Keys in the products' M dim (S^T = K Q^T, O^T = V^T P^T): the sm90 default for fp8 caches at one
-# query row per head; forced here on every format the tier runs, and off for fp8 on the GPU.
-HEADS_AS_N_CASES = [
-    param("fp16-G4-sinks-window", True, lens=SMALL, sinks=True, window=20),
-    param("fp16-G1-HND-p32", True, lens=SMALL, group=1, layout="HND", page=32),
-    param("fp16-G8-D128-split", True, lens=[150, 3, 0, 97], group=8, d=128),
-    *[param(f"fp8-G{g}-D{d}-{layout}", lens=GPU_LENS, fmt="fp8", group=g, d=d, layout=layout, qdt=torch.bfloat16,
-            sinks=True, seed=g)
-      for g in (1, 4, 8) for d in (64, 128, 256) for layout in ("NHD", "HND")],
-    param("fp8-window-fp8-out", lens=GPU_LENS, fmt="fp8", window=100, fp8_out=True, o_scale=2.0, qdt=torch.bfloat16),
-    param("nvfp4-G4", lens=GPU_LENS, fmt="nvfp4", qdt=torch.bfloat16),
-    param("bf16-G16-long-split", lens=[30000, 5], hkv=2, group=16, d=128, qdt=torch.bfloat16),
-]
-
-
-@pytest.mark.parametrize("heads_as_n", [True, False], ids=["heads-as-N", "heads-as-M"])
-@pytest.mark.parametrize("kw", HEADS_AS_N_CASES)
-def test_heads_as_n_matches_oracles(kw, heads_as_n, kernel_device, triton_backend, monkeypatch):
-    if not heads_as_n and kw.get("fmt") != "fp8":
-        pytest.skip("heads-as-M is every other test's path")
-    with decode_configs.override(heads_as_n=heads_as_n, min_chunk=32 if not ON_GPU else 256):
-        decode_case(kernel_device, monkeypatch, **kw)
-
-
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
 def test_split_kv_partials_combine_exactly(q_len, group, kernel_device, triton_backend, monkeypatch):
     """Short splits force several partials per request (ragged: some requests need one)."""

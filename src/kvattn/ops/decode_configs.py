@@ -26,7 +26,6 @@ class DecodeConfig:
     pdl: bool = False  # programmatic dependent launch between the split and combine kernels
     page_ahead: bool = True  # page ids loaded a tile ahead (see decode_kernels); False: pipeliner-staged
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
-    heads_as_n: bool = False  # S^T = K Q^T, O^T = V^T P^T (one query row per head, no RoPE/ALiBi/cap)
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -171,11 +170,8 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
     sm90 = arch == "sm90"
     # L2 prefetch of the first tile: only RoPE has setup long enough to hide it behind (measured on
     # an H100: ROPE 4096 44.0 -> 43.0 us; NONE and deeper prefetches equal or slower).
-    # fp8 on Hopper: keys in the products' M dim (wgmma, K converted in registers as operand A)
-    # instead of heads padded to 16 rows, whose query operand Triton reloads from shared memory
-    # every tile (~200 register moves a warp a 128-key tile, SASS). Measured: benchmarks/NOTES.md.
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
-                       prefetch=1 if sm90 and rope else 0, heads_as_n=sm90 and fmt == "fp8")
+                       prefetch=1 if sm90 and rope else 0)
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

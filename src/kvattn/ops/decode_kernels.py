@@ -82,7 +82,6 @@ def _decode_item(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    HEADS_AS_N: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -180,10 +179,7 @@ def _decode_item(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HEADS_AS_N:
-        acc = tl.zeros([HEAD_DIM, BLOCK_M], dtype=tl.float32)  # transposed: V^T P^T
-    else:
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # PAGE_AHEAD: page ids are loaded one tile ahead and carried through the loop, so the K/V
     # loads of a tile depend on no load of their own iteration and the pipeliner double-buffers
     # them with fewer stages; otherwise the pipeliner stages the (table -> K/V) chain itself.
@@ -233,9 +229,6 @@ def _decode_item(
                 k1 = k1.to(cdt)
                 k2 = k2.to(cdt)
             qk = tile_scores(q1, k1, USE_DOT) + tile_scores(q2, k2, USE_DOT)
-        elif HEADS_AS_N:
-            k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
-            qk = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]: S^T = K Q^T
         else:
             k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
             qk = tile_scores(q, k, USE_DOT)
@@ -250,33 +243,25 @@ def _decode_item(
         else:
             s = qk * qk_scale
 
-        if HEADS_AS_N:
-            # One query row per head (Q_LEN 1): a window is the key range itself (kv_lo), so the
-            # keys' validity is the whole mask.
-            allowed = (k_ok & v_ok)[:, None]
-        else:
-            allowed = (k_ok & v_ok)[None, :]
-            if Q_LEN > 1:
-                c = offs_n[None, :] - draft_start
-                prefix = c < 0
-                if HAS_WINDOW:
-                    prefix = prefix & (row_pos[:, None] - offs_n[None, :] <= window_left)
-                draft = spec_draft_allowed(row_idx, row_ok, c, mask_row, stride_mask_r, Q_LEN, HAS_MASK)
-                allowed = allowed & (prefix | draft)
-            elif HAS_WINDOW:
-                allowed = allowed & window_causal_allowed(row_pos, offs_n, window_left, True)
+        allowed = (k_ok & v_ok)[None, :]
+        if Q_LEN > 1:
+            c = offs_n[None, :] - draft_start
+            prefix = c < 0
+            if HAS_WINDOW:
+                prefix = prefix & (row_pos[:, None] - offs_n[None, :] <= window_left)
+            draft = spec_draft_allowed(row_idx, row_ok, c, mask_row, stride_mask_r, Q_LEN, HAS_MASK)
+            allowed = allowed & (prefix | draft)
+        elif HAS_WINDOW:
+            allowed = allowed & window_causal_allowed(row_pos, offs_n, window_left, True)
         s = tl.where(allowed, s, float("-inf"))
-        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, HEADS_AS_N)
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
 
         v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
         vsf_off = v_off
         if KV_FORMAT == KV_NVFP4:
             vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
         v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
-        if HEADS_AS_N:
-            acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(cdt))
-        else:
-            acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
+        acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
 
         if PAGE_AHEAD:
             offs_next = offs_n + BLOCK_N
@@ -289,8 +274,6 @@ def _decode_item(
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
     # all num_splits of them without reading the request's length again.
     final = num_splits == 1
-    if HEADS_AS_N:
-        acc = tl.trans(acc)
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
     out_mult = out_factor
     if OUT_PTR:
@@ -338,7 +321,7 @@ def decode_split_kernel(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HEADS_AS_N: tl.constexpr,
+    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
@@ -360,7 +343,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, HEADS_AS_N,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
             )
     else:
         _decode_item(
@@ -374,7 +357,7 @@ def decode_split_kernel(
             logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, HEADS_AS_N,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made

@@ -208,8 +208,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
             PREFETCH=0 if plan.paged else cfg.prefetch, PERSISTENT=persistent,
-            USE_PDL=plan.gdc, HEADS_AS_N=cfg.heads_as_n and plan.use_dot and plan.q_len == 1 and not (
-                plan.rope or plan.alibi or plan.soft_cap),
+            USE_PDL=plan.gdc,
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
