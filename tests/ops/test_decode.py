@@ -159,6 +159,10 @@ CASES = [
     param("bf16-pdl", lens=GPU_LENS, qdt=torch.bfloat16, enable_pdl=True),
     param("fp16-tiny-workspace-no-split", lens=[20000, 3], ws_bytes=16),
     param("bf16-Hq8-Hkv1-D128", lens=[8192, 100], hkv=1, group=8, d=128, qdt=torch.bfloat16),
+    # spans of at most decode_configs.SHORT_SPAN keys on pages of 64+: the short-request tiles on sm90
+    *[param(f"bf16-short-spans-{layout}-p{page}", lens=[1, 63, 64, 65, 700, 1024, 0], page=page, d=128,
+            layout=layout, qdt=torch.bfloat16, sinks=True, seed=page)
+      for layout in ("NHD", "HND") for page in (64, 128)],
 ]
 
 
