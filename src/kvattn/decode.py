@@ -108,7 +108,9 @@ def xqa_batch_decode_with_kv_cache(
     sinks : torch.Tensor float32 ``[Hq]``, optional
     kv_layout : {"NHD", "HND"}
     enable_pdl : bool, optional
-        Accepted for compatibility; Triton launches do not use PDL.
+        On Hopper, launch the kernel as a programmatic dependent launch: it may start while the
+        previous kernel on the stream finishes, and waits for it before reading any input. (The
+        split-KV combine always follows its split kernel that way there.) Ignored elsewhere.
     q_len_per_req : int
         Query tokens per request (speculative decoding); None means 1.
     o_scale : float
