@@ -9,12 +9,9 @@ Usage (on the device, from the repository root)::
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    sys.path.insert(0, str(_ROOT))
-    sys.path.insert(0, str(_ROOT / "src"))
+if __package__ in (None, ""):  # run as a script
+    import _paths  # noqa: F401
 
 import torch  # noqa: E402
 
@@ -23,8 +20,10 @@ from benchmarks.tune_decode import SHAPES  # noqa: E402
 
 
 def main(argv=None) -> int:
-    wanted = (argv or sys.argv[1:])[0]
-    shape = next(s for s in SHAPES if s.id == wanted)
+    args = argv if argv is not None else sys.argv[1:]
+    shape = next((s for s in SHAPES if args and s.id == args[0]), None)
+    if shape is None:
+        raise SystemExit("usage: ncu_decode.py SHAPE_ID, one of:\n  " + "\n  ".join(s.id for s in SHAPES))
     device = torch.device("cuda")
     prob = problems.build(shape, device, l2_bytes=torch.cuda.get_device_properties(device).L2_cache_size,
                           workspace_mib=128)

@@ -23,10 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    sys.path.insert(0, str(_ROOT))
-    sys.path.insert(0, str(_ROOT / "src"))
+if __package__ in (None, ""):  # run as a script
+    import _paths  # noqa: F401
 
 import torch  # noqa: E402
 

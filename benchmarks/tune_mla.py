@@ -11,13 +11,9 @@ Usage (on the device, from the repository root)::
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    sys.path.insert(0, str(_ROOT))
-    sys.path.insert(0, str(_ROOT / "src"))
+if __package__ in (None, ""):  # run as a script
+    import _paths  # noqa: F401
 
 from benchmarks import shapes, tuning  # noqa: E402
 

@@ -26,7 +26,7 @@ from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch_common import (
     arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
-    partials_from_workspace,
+    split_partials,
 )
 
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
@@ -308,13 +308,7 @@ def launch_decode(
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
         split, combine, numel_o, numel_lse = plan.launches(span)
-        if combine is None:
-            part_o = part_lse = out  # never written: every request fits one split
-        elif workspace is not None:
-            part_o, part_lse = partials_from_workspace(workspace, numel_o, numel_lse)
-        else:
-            part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
-            part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
+        part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
         call = fast_launch.call_args((query, k, v, out, part_o, part_lse, *compress(optional, present)),
                                      (fixed_len, window_left), device)
         rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)

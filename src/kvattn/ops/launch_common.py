@@ -63,6 +63,18 @@ def partials_from_workspace(workspace: torch.Tensor, numel_o: int, numel_lse: in
     return cached_aliases(workspace, ("partials",), _partials_views, numel_o, numel_lse)
 
 
+def split_partials(needed: bool, workspace, numel_o: int, numel_lse: int, out: torch.Tensor):
+    """Float32 ``(part_o [numel_o], part_lse [numel_lse])`` for a launch's split-KV partials: views
+    of ``workspace``, or allocated on ``out``'s device when the call has none. Not ``needed`` (one
+    split: the kernels write no partial): ``out`` stands in for both, never written through them."""
+    if not needed:
+        return out, out
+    if workspace is not None:
+        return partials_from_workspace(workspace, numel_o, numel_lse)
+    return (torch.empty(numel_o, dtype=torch.float32, device=out.device),
+            torch.empty(numel_lse, dtype=torch.float32, device=out.device))
+
+
 def partials_fit(ws_numel: int | None, per_split: int, default: int) -> int:
     """How many splits' partials (``per_split`` float32 values each) a workspace of ``ws_numel``
     bytes holds; ``default`` without a workspace (the partials are then allocated)."""

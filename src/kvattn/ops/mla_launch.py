@@ -18,7 +18,7 @@ from . import fast_launch, mla_configs
 from .decode_kernels import decode_combine_kernel
 from .launch_common import (
     KV_FORMAT_CODE, arch, cached_plan, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
-    partials_from_workspace,
+    split_partials,
 )
 from .mla_kernels import mla_split_kernel
 
@@ -136,13 +136,7 @@ def launch_mla(
         )
         plan = _plan(facts)
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
-        if combine is None:
-            part_o = part_lse = out  # never written: one split
-        elif workspace is not None:
-            part_o, part_lse = partials_from_workspace(workspace, numel_o, numel_lse)
-        else:
-            part_o = torch.empty(numel_o, dtype=torch.float32, device=query.device)
-            part_lse = torch.empty(numel_lse, dtype=torch.float32, device=query.device)
+        part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
         call = fast_launch.call_args(
             (query, kv, table, seq_lens, out, part_o, part_lse,
              logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),

@@ -280,27 +280,17 @@ def context_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc, m_i, l_i = _context_run(
-        acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
-        stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-        stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-        kvh, num_pages, start, a_hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
-        HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, True, HAS_WINDOW, SKIP, QK_FP8, cdt,
-    )
-    acc, m_i, l_i = _context_run(
-        acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
-        stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-        stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-        kvh, num_pages, full_lo, full_hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
-        HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, False, HAS_WINDOW, SKIP, QK_FP8, cdt,
-    )
-    acc, m_i, l_i = _context_run(
-        acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
-        stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-        stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-        kvh, num_pages, c_lo, hi, hi, start, row_pos, row_ok, qk_scale, window_left, skip_lambda,
-        HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, True, HAS_WINDOW, SKIP, QK_FP8, cdt,
-    )
+    # Three runs of key tiles: the window's edge, the tiles every row sees whole (no mask), the
+    # diagonal. Unrolled: each run is its own loop with its own mask flag.
+    for run in tl.static_range(3):
+        acc, m_i, l_i = _context_run(
+            acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
+            stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+            stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+            kvh, num_pages, (start, full_lo, c_lo)[run], (a_hi, full_hi, hi)[run], hi, start, row_pos, row_ok,
+            qk_scale, window_left, skip_lambda,
+            HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, run != 1, HAS_WINDOW, SKIP, QK_FP8, cdt,
+        )
 
     heads = tl.full([BLOCK_M], 0, tl.int32) + h
     sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
