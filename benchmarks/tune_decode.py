@@ -77,6 +77,18 @@ VARIANTS = {
 _TILES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 4, 3),
           (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4)]
 VARIANTS.update({f"t{bn}_{w}_{st}": {"block_n": bn, "num_warps": w, "num_stages": st} for bn, w, st in _TILES})
+# Unpipelined K/V loads (num_stages 1) with and without the L2 evict_first hint they can carry;
+# "pipelined" is the long-tile entry the streaming one replaced.
+VARIANTS.update({
+    "stream128": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": True},
+    "stream64": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": True},
+    "stream128nohint": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": False},
+    "stream128w2": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": True, "waves": 2},
+    "pipelined": {"block_n": 128, "num_warps": 8, "num_stages": 3, "evict_first": False},
+    "stream32": {"block_n": 32, "num_warps": 4, "num_stages": 1, "evict_first": True},
+    "stream16": {"block_n": 16, "num_warps": 4, "num_stages": 1, "evict_first": True},
+    "stream32pf": {"block_n": 32, "num_warps": 4, "num_stages": 1, "evict_first": True, "prefetch": 1},
+})
 # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
 VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
 
@@ -87,6 +99,9 @@ SHAPES = [
     Shape("decode", 16, 4096),
     Shape("decode", 32, 4096),
     Shape("decode", 1, 32768),
+    Shape("decode", 1, 32768, page_size=64, layout="HND"),
+    Shape("decode", 4, 8192),
+    Shape("decode", 8, 8192),
     Shape("decode", 64, 8192, page_size=64, layout="HND"),
     Shape("decode", 128, 2048, page_size=64),
     Shape("decode", 256, 1024, page_size=64),

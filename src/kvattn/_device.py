@@ -21,6 +21,13 @@ def sm_count(device: torch.device) -> int:
     return _props(device.index if device.index is not None else torch.cuda.current_device()).multi_processor_count
 
 
+def l2_bytes(device: torch.device) -> int:
+    """L2 cache size in bytes (0 on the CPU)."""
+    if device.type != "cuda":
+        return 0
+    return _props(device.index if device.index is not None else torch.cuda.current_device()).L2_cache_size
+
+
 def capability(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return (0, 0)

@@ -163,6 +163,11 @@ CASES = [
     *[param(f"bf16-short-spans-{layout}-p{page}", lens=[1, 63, 64, 65, 700, 1024, 0], page=page, d=128,
             layout=layout, qdt=torch.bfloat16, sinks=True, seed=page)
       for layout in ("NHD", "HND") for page in (64, 128)],
+    # fp8 at D 128 (the tuned entries): short-request tiles on any page size, the main tile past them
+    *[param(f"fp8-D128-short-spans-{layout}-p{page}", lens=[1, 63, 64, 65, 700, 1024, 0], fmt="fp8", page=page,
+            d=128, layout=layout, qdt=torch.bfloat16, sinks=True, seed=page)
+      for layout in ("NHD", "HND") for page in (16, 64)],
+    param("fp8-D128-G4-long-split", lens=[1029, 20000], fmt="fp8", d=128, hkv=8, qdt=torch.bfloat16),
 ]
 
 

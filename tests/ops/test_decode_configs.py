@@ -56,21 +56,26 @@ def test_configs_come_from_their_tables():
 @pytest.mark.parametrize(
     "page_size,overrides,expected",
     [(64, {}, True), (128, {}, True), (16, {}, False), (32, {}, False), (64, dict(rope=True), False),
-     (64, dict(block_m=32), False), (64, dict(fmt="fp8"), False), (64, dict(head_dim=64), False),
-     (64, dict(arch="default"), False), (64, dict(arch="interpreter"), False)],
-    ids=["p64", "p128", "p16", "p32", "p64-rope", "p64-block_m32", "p64-fp8", "p64-D64", "p64-non-hopper",
-         "p64-interpreter"],
+     (64, dict(block_m=32), False), (64, dict(fmt="fp8"), True), (16, dict(fmt="fp8"), True),
+     (16, dict(fmt="nvfp4"), False), (64, dict(head_dim=64), False), (64, dict(arch="default"), False),
+     (64, dict(arch="interpreter"), False)],
+    ids=["p64", "p128", "p16", "p32", "p64-rope", "p64-block_m32", "p64-fp8", "p16-fp8", "p16-nvfp4", "p64-D64",
+         "p64-non-hopper", "p64-interpreter"],
 )
-def test_short_tiles_only_for_pages_of_64_where_measured(page_size, overrides, expected):
+def test_short_tiles_where_measured(page_size, overrides, expected):
+    """16-bit caches on pages of 64+ tokens and fp8 on any page (H100 measurements)."""
     kw = dict(arch="sm90", kv_format="bfloat16", head_dim=128, block_m=16, rope=False)
     kw.update({("kv_format" if k == "fmt" else k): v for k, v in overrides.items()})
     assert dc.has_short_tiles(kw.pop("arch"), *kw.values(), page_size=page_size) is expected
 
 
-def test_short_config_is_three_programs_an_sm():
+def test_short_configs_put_more_programs_on_an_sm():
     short = dc.config("sm90", "bfloat16", 128, 16, False, short=True)
     assert (short.block_n, short.num_warps, short.num_stages) == (64, 4, 3)
     assert dc.occupancy(short, "bfloat16", 128, False) == 3
+    fp8 = dc.config("sm90", "fp8", 128, 16, False, short=True)
+    assert dc.occupancy(fp8, "fp8", 128, False) == 4 > dc.occupancy(dc.config("sm90", "fp8", 128, 16, False), "fp8",
+                                                                     128, False)
     assert dc.SHORT_SPAN == 1024
 
 
@@ -93,3 +98,42 @@ def test_l2_prefetch_only_for_rope_on_sm90(arch, rope, expected):
     """Measured on an H100: one prefetched tile helps RoPE single decode (its setup hides the
     fetch); NONE gained nothing. The interpreter cannot run the inline PTX at all."""
     assert dc.config(arch, "bfloat16", 128, 16, rope).prefetch == expected
+
+
+def stream_tiles(items, *, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False):
+    return dc.wants_stream_tiles(arch, fmt, head_dim, block_m, rope, items=items, sm_count=SMS)
+
+
+@pytest.mark.parametrize("items,expected", [(8, True), (32, True), (66, True), (67, False), (128, False)],
+                         ids=["1x32768", "single-h32", "half-wave", "over-half-wave", "16x4096"])
+def test_stream_tiles_for_launches_that_split_every_item(items, expected):
+    assert stream_tiles(items) is expected
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(rope=True), dict(block_m=32), dict(fmt="fp8"), dict(head_dim=64), dict(arch="default"),
+     dict(arch="interpreter")],
+    ids=["rope", "block_m32", "fp8", "D64", "non-hopper", "interpreter"],
+)
+def test_stream_tiles_only_where_measured(overrides):
+    assert stream_tiles(8, **overrides) is False
+
+
+def test_stream_config_is_unpipelined_and_carries_the_hint():
+    """Triton 3.6 keeps an L2 eviction hint only on loads it does not software-pipeline."""
+    stream = dc.config("sm90", "bfloat16", 128, 16, False, stream=True)
+    assert stream.num_stages == 1 and stream.evict_first
+    for kind in ({}, dict(long_tiles=True), dict(short=True)):
+        assert not dc.config("sm90", "bfloat16", 128, 16, False, **kind).evict_first
+
+
+@pytest.mark.parametrize(
+    "batch,hkv,span,expected",
+    [(1, 8, 32768, True), (4, 8, 8192, True), (8, 8, 8192, False), (1, 32, 4096, True), (1, 32, 32768, False)],
+    ids=["1x32768", "4x8192", "8x8192", "single-4096", "single-32768"],
+)
+def test_stream_span_is_four_l2_sizes_of_kv(batch, hkv, span, expected):
+    """H100: 50 MB of L2; bf16 D 128 rows are 256 bytes."""
+    limit = dc.stream_span(batch=batch, num_kv_heads=hkv, row_bytes=256, l2_bytes=50 * 2**20)
+    assert (span <= limit) is expected

@@ -236,6 +236,22 @@ def e2m1_values(code):
 
 
 @triton.jit
+def opaque(x):
+    """``x`` (a 16-bit tile) unchanged, through an identity the compiler cannot look behind.
+
+    Why: Triton 3.6 sizes a tensor-core product's register packing (kWidth, mma.sync) from the
+    narrowest load behind either operand, halved for every join on the way. A V tile rebuilt from
+    fp8 words by joins gives its P.V product kWidth 4: P then goes through shared memory and back
+    every tile. Behind this boundary the product gets kWidth 2, P stays in registers and V is read
+    with ldmatrix (sm_90a fp8 decode loop: 964 -> 791 instructions a 128-key tile; H100 fp8
+    64x8192 0.883 -> 0.924 of copy bandwidth, benchmarks/NOTES.md). The K tile keeps kWidth 4:
+    behind the boundary it would be staged through shared memory as well, which measured slower.
+    ptxas removes the move itself.
+    """
+    return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x], dtype=x.dtype, is_pure=False, pack=1)
+
+
+@triton.jit
 def load_kv_tile(
     base_ptr,  # [..., D_STORED] cache elements (the token offsets point at one head's vector)
     sf_ptr,  # [..., D / 16] e4m3 block scales (NVFP4 only)
@@ -246,20 +262,25 @@ def load_kv_tile(
     WIDTH: tl.constexpr,  # logical columns in the tile
     KV_FORMAT: tl.constexpr,
     OUT_DTYPE: tl.constexpr,
+    PV_OPERAND: tl.constexpr = False,  # the tile feeds a P.V product: fp8 words end in `opaque`
+    EVICT_FIRST: tl.constexpr = False,  # loads marked evict_first in L2
 ):
     """``[N, WIDTH]`` tile of logical columns ``COL0 ..`` in ``OUT_DTYPE``; masked tokens are 0.
 
     fp8 values convert exactly to float16/bfloat16; NVFP4 values (e2m1 x e4m3, at most 5
-    significant bits) do too, so the dot products see the cache's exact values.
+    significant bits) do too, so the dot products see the cache's exact values. Triton 3.6 keeps
+    ``EVICT_FIRST`` on register loads only: a software-pipelined (cp.async) load drops it.
     """
     if KV_FORMAT == KV_NVFP4:
         offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
-        packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0).to(tl.int32)
+        packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
+                         eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.int32)
         lo = e2m1_values(packed & 15)
         hi = e2m1_values(packed >> 4)
         vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
         offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
-        sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
+                     eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float32)
         vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
                           (tok_off.shape[0], WIDTH))
         return vals.to(OUT_DTYPE)
@@ -270,7 +291,7 @@ def load_kv_tile(
         # reach the tensor cores through a 16-bit transposing ldmatrix instead.
         offs_w = COL0 // 4 + tl.arange(0, WIDTH // 4)
         w_ptr = (base_ptr + tok_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
-        w = tl.load(w_ptr, mask=ok[:, None], other=0)
+        w = tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
         # bytes 0..3 of a word -> elements 4i .. 4i+3 (cvt: the upper byte goes to the upper half)
         e0, e1, e2, e3 = tl.inline_asm_elementwise(
             """{
@@ -284,10 +305,14 @@ def load_kv_tile(
             }""",
             "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
         # join(join(e0, e2), join(e1, e3))[i, w, m, j] = e(2m + j): flattened in element order
-        return tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (tok_off.shape[0], WIDTH))
+        tile = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (tok_off.shape[0], WIDTH))
+        if PV_OPERAND:
+            tile = opaque(tile)
+        return tile
     else:
         offs_d = COL0 + tl.arange(0, WIDTH)
-        x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+        x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0,
+                    eviction_policy="evict_first" if EVICT_FIRST else "")
         return x.to(OUT_DTYPE)
 
 

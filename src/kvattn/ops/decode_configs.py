@@ -26,6 +26,7 @@ class DecodeConfig:
     pdl: bool = False  # programmatic dependent launch between the split and combine kernels
     page_ahead: bool = True  # page ids loaded a tile ahead (see decode_kernels); False: pipeliner-staged
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
+    evict_first: bool = False  # K/V loads marked evict_first in L2 (kept by Triton on unpipelined loads only)
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -51,20 +52,37 @@ _SM90 = {
 _SM90_LONG = {
     ("half", 128): (128, 8, 3),
 }
-# Short requests on pages of 64+ tokens (every request at most SHORT_SPAN keys): three 4-warp
-# programs an SM instead of one long-tile program, so each short program's setup (query, page ids)
-# hides behind the others' copies. Measured on an H100 (benchmarks/NOTES.md): 256x1024 page 64
-# 0.948 -> 0.963; at 2048 keys the long tiles still win (128x2048 page 64 0.957 vs 0.949).
+# Short requests (every request at most SHORT_SPAN keys): more, shorter programs an SM, so each
+# short program's setup (query, page ids) hides behind the others' copies. 16-bit caches: three
+# 4-warp programs instead of one long-tile program, on pages of 64+ tokens (smaller pages already
+# run 64-key tiles); fp8: four instead of two, on any page size. Measured on an H100
+# (benchmarks/NOTES.md): 256x1024 page 64 0.948 -> 0.963, fp8 256x1024 page 16 0.828 -> 0.853; at
+# 2048 keys the long tiles still win (128x2048 page 64 0.957 vs 0.949).
 _SM90_SHORT = {
     ("half", 128): (64, 4, 3),
+    ("fp8", 128): (64, 4, 3),
 }
+_SHORT_MIN_PAGE = {"half": 64, "fp8": 1}
 SHORT_SPAN = 1024
+# Streaming tiles: launches that split every work item (few items: small batches, single decode)
+# and read at most STREAM_MAX_L2 times the L2 size of K/V. Their K/V loads are not software
+# pipelined (num_stages 1), so Triton keeps an evict_first hint on them: the streamed K/V, read
+# once, leaves L2 first, and the dirty lines other kernels left there (in the benchmark, the L2
+# flush's) are not written back during the call. Latency is hidden by more programs an SM
+# instead. Measured on an H100 (benchmarks/NOTES.md): 1x32768 0.672 -> 0.729, single decode 4096
+# 0.559 -> 0.639; past ~4 L2 sizes the hint costs more than it saves (single decode 32768 0.925
+# -> 0.891), and launches that do not split lose (16x4096 0.825 -> 0.819).
+_SM90_STREAM = {
+    ("half", 128): (128, 8, 1),
+}
+STREAM_MAX_L2 = 4
 _DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
 _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
 LONG_TABLES = {"sm90": _SM90_LONG}
 SHORT_TABLES = {"sm90": _SM90_SHORT}
+STREAM_TABLES = {"sm90": _SM90_STREAM}
 
 _override: dict = {}
 
@@ -143,18 +161,40 @@ def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rop
 def has_short_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
                     page_size: int) -> bool:
     """Whether a launch takes the short-request table (``config(..., short=True)``) for key spans
-    of at most ``SHORT_SPAN``: pages of 64+ tokens (where the long tiles are the rule otherwise),
-    without RoPE, one 16-row block, and only where a short entry was measured."""
-    if rope or block_m != 16 or page_size < 64:
+    of at most ``SHORT_SPAN``: without RoPE, one 16-row block, only where a short entry was
+    measured, and for 16-bit caches only on pages of 64+ tokens (where the long tiles are the rule
+    otherwise)."""
+    fmt = _fmt(kv_format)
+    if rope or block_m != 16 or (fmt, head_dim) not in SHORT_TABLES.get(arch, {}):
         return False
-    return (_fmt(kv_format), head_dim) in SHORT_TABLES.get(arch, {})
+    return page_size >= _SHORT_MIN_PAGE[fmt]
+
+
+def wants_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, items: int,
+                       sm_count: int) -> bool:
+    """Whether a launch may take the streaming table (``config(..., stream=True)``), for spans
+    whose K/V bytes are at most ``STREAM_MAX_L2`` L2 sizes: a long-tile launch would split every
+    one of its ``items`` (at most half a wave of them). Without RoPE, one 16-row block, and only
+    where a streaming entry was measured."""
+    if rope or block_m != 16 or (_fmt(kv_format), head_dim) not in STREAM_TABLES.get(arch, {}):
+        return False
+    long = config(arch, kv_format, head_dim, block_m, rope, long_tiles=True)
+    return 2 * items <= sm_count * occupancy(long, kv_format, head_dim, False)
+
+
+def stream_span(*, batch: int, num_kv_heads: int, row_bytes: int, l2_bytes: int) -> int:
+    """Longest key span a streaming launch takes: K and V of ``batch x num_kv_heads`` rows of
+    ``row_bytes`` a token, at most ``STREAM_MAX_L2`` times ``l2_bytes`` in all."""
+    return STREAM_MAX_L2 * l2_bytes // max(1, batch * num_kv_heads * 2 * row_bytes)
 
 
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
-           long_tiles: bool = False, short: bool = False) -> DecodeConfig:
+           long_tiles: bool = False, short: bool = False, stream: bool = False) -> DecodeConfig:
     fmt = _fmt(kv_format)
-    if short:
+    if stream:
+        table = STREAM_TABLES[arch]
+    elif short:
         table = SHORT_TABLES[arch]
     elif long_tiles:
         table = LONG_TABLES[arch]
@@ -171,7 +211,7 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
     # L2 prefetch of the first tile: only RoPE has setup long enough to hide it behind (measured on
     # an H100: ROPE 4096 44.0 -> 43.0 us; NONE and deeper prefetches equal or slower).
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
-                       prefetch=1 if sm90 and rope else 0)
+                       prefetch=1 if sm90 and rope else 0, evict_first=stream)
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

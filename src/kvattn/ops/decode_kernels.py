@@ -82,6 +82,7 @@ def _decode_item(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -209,16 +210,20 @@ def _decode_item(
             # S[t, t'] = <R(p - j0 - t) q, k_t'>: its diagonal holds the tile's logits. The square
             # product is ~BLOCK_N / 16 times the padded one row, still well under the tile's
             # memory time, and the query rows depend on no load, so they overlap the copies.
-            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt)
-            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt)
+            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
+                              EVICT_FIRST=KV_EVICT_FIRST)
+            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
+                              EVICT_FIRST=KV_EVICT_FIRST)
             qt1, qt2 = rope_query_per_key(u1, u2, t_cos, t_sin)
             sq = tl.dot(qt1.to(cdt), tl.trans(k1))
             sq = tl.dot(qt2.to(cdt), tl.trans(k2), sq)
             qk = tl.where(first_row[:, None], tile_diagonal(sq)[None, :], 0.0)
             u1, u2 = rope_rotate(u1, u2, step_cos, -step_sin)
         elif ROPE:
-            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32)
-            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32)
+            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32,
+                              EVICT_FIRST=KV_EVICT_FIRST)
+            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32,
+                              EVICT_FIRST=KV_EVICT_FIRST)
             b_ang = rope_angle(start_n, freqs)
             b_cos = tl.cos(b_ang)[None, :]
             b_sin = tl.sin(b_ang)[None, :]
@@ -230,7 +235,8 @@ def _decode_item(
                 k2 = k2.to(cdt)
             qk = tile_scores(q1, k1, USE_DOT) + tile_scores(q2, k2, USE_DOT)
         else:
-            k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
+            k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
+                             EVICT_FIRST=KV_EVICT_FIRST)
             qk = tile_scores(q, k, USE_DOT)
 
         if ALIBI or SOFT_CAP:
@@ -260,7 +266,8 @@ def _decode_item(
         vsf_off = v_off
         if KV_FORMAT == KV_NVFP4:
             vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
-        v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt)
+        v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
+                         EVICT_FIRST=KV_EVICT_FIRST)
         acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
 
         if PAGE_AHEAD:
@@ -321,7 +328,7 @@ def decode_split_kernel(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr, PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
@@ -343,7 +350,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST,
             )
     else:
         _decode_item(
@@ -357,7 +364,7 @@ def decode_split_kernel(
             logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made

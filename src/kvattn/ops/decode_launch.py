@@ -45,6 +45,11 @@ _NONES = tuple(repeat(None, len(_OPTIONAL)))
 _MAX_SPANS = 4096  # split counts memoised per plan
 
 
+# Cache bytes of one token's vector for one head, per cache format (NVFP4: codes and scales).
+KV_ROW_BYTES = {"float16": lambda d: 2 * d, "bfloat16": lambda d: 2 * d, "fp8": lambda d: d,
+                "nvfp4": lambda d: d // 2 + d // 16}
+
+
 def _as_rows(shape: tuple, stride: tuple) -> tuple[tuple, tuple]:
     """Shape and strides of a query or output as ``[rows, Hq, D]``: ``[B, 1, Hq, D]`` (xqa's beam
     dim) drops dim 1, ``[Hq, D]`` (one row) gains a leading dim, with the strides ``q[:, 0]`` and
@@ -120,12 +125,21 @@ class _Plan:
             sm_count=self.sm_count,
         )
         self.cfg = cfg = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope, long_tiles)
-        # Spans of at most SHORT_SPAN keys may take another table (a per-span choice: see launches).
+        # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
+        # bytes are few enough for streaming tiles (per-span choices: see config_for).
         self.cfg_short = None
         if decode_configs.has_short_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                           page_size=self.page_size):
             self.cfg_short = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                                    short=True)
+        self.cfg_stream, self.stream_span = None, 0  # longest span that takes the streaming tiles
+        if decode_configs.wants_stream_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
+                                             items=self.items, sm_count=self.sm_count):
+            self.stream_span = decode_configs.stream_span(
+                batch=self.batch, num_kv_heads=self.num_kv_heads,
+                row_bytes=KV_ROW_BYTES[self.kv_format](self.head_dim), l2_bytes=_device.l2_bytes(device))
+            self.cfg_stream = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
+                                                    stream=True)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
         self.rope_query = rope and use_dot and self.rows == 1
@@ -153,9 +167,11 @@ class _Plan:
 
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
-        where the plan has one, else the plan's table."""
+        where the plan has one, the streaming table up to ``stream_span``, else the plan's table."""
         if self.cfg_short is not None and span <= decode_configs.SHORT_SPAN:
             return self.cfg_short
+        if self.cfg_stream is not None and span <= self.stream_span:
+            return self.cfg_stream
         return self.cfg
 
     def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
@@ -207,7 +223,8 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             HAS_WINDOW=plan.has_window, HAS_MASK=has["mask"], HAS_SINKS=has["sinks"], LOGIT_PTR=has["logit"],
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
-            PREFETCH=0 if plan.paged else cfg.prefetch, PERSISTENT=persistent,
+            PREFETCH=0 if plan.paged else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first,
+            PERSISTENT=persistent,
             USE_PDL=plan.gdc,
         ),
         options=dict(

@@ -1,0 +1,126 @@
+"""What does reading a decode shape's bytes once cost, under the benchmark's own timing?
+
+A decode kernel cannot beat a kernel that only streams the same number of bytes. This times bare
+streaming reads of exactly the bytes each memory-bound target shape moves (``metrics.work``), in
+the benchmark's measurement (``do_bench`` median of a CUDA-graph replay, L2 flushed before each
+call, copy bandwidth measured in the same run), and keeps the best of several read kernels:
+grid-stride register loads with 4-16 programs an SM, 4-16 KB a load, with and without an
+``evict_first`` L2 hint, and ``torch.sum``. The same reads back to back (no flush) show what the
+flush's dirty lines cost. A target fraction above the best read's is out of reach for any kernel
+in this measurement. The best read without the hint is the floor for kernels whose loads cannot
+carry it (Triton 3.6's pipelined cp.async loads).
+
+Usage (on the device): ``PYTHONPATH=src python benchmarks/read_floor.py --out $OUT/read_floor.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+if __package__ in (None, ""):  # run as a script
+    import _paths  # noqa: F401
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from benchmarks import metrics  # noqa: E402
+from benchmarks.shapes import Shape  # noqa: E402
+from benchmarks.timing import Timer, capture_graphs  # noqa: E402
+from benchmarks.tune_decode import copy_gbps  # noqa: E402
+
+# The memory-bound targets whose fractions are in question, and one that is met, for scale.
+SHAPES = [
+    Shape("decode", 1, 32768),
+    Shape("decode", 16, 4096),
+    Shape("decode", 64, 8192, kv_dtype="fp8"),
+    Shape("single_decode", 1, 4096, num_qo_heads=32, num_kv_heads=32),
+    Shape("single_decode", 1, 32768, num_qo_heads=32, num_kv_heads=32),
+    Shape("decode", 64, 8192),
+]
+
+
+@triton.jit
+def stream_sum_kernel(x_ptr,  # [n] int32
+                      out_ptr,  # [programs] int32
+                      n, BLOCK: tl.constexpr, EVICT: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0, eviction_policy=EVICT)
+    tl.store(out_ptr + pid, tl.sum(acc, 0))
+
+
+def readers(x: torch.Tensor, sms: int):
+    """(name, callable) for every read kernel tried on ``x``."""
+    out = torch.empty(16 * sms, dtype=torch.int32, device=x.device)
+    fns = [("torch.sum", lambda: torch.sum(x, dtype=torch.int64))]
+    for per_sm in (4, 8, 16):
+        for block, warps in ((1024, 4), (2048, 8), (4096, 8)):
+            for evict in ("", "evict_first"):
+                def fn(p=per_sm * sms, b=block, w=warps, e=evict):
+                    stream_sum_kernel[(p,)](x, out, x.numel(), BLOCK=b, EVICT=e, num_warps=w)
+                fns.append((f"stream p{per_sm}/SM b{block * 4 // 1024}K w{warps}{' ' + evict if evict else ''}", fn))
+    return fns
+
+
+def back_to_back_us(fn, reps: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    timer = Timer(dev, rep_ms=args.rep)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    copy = copy_gbps(timer)
+    print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
+          f"copy {copy:.0f} GB/s", flush=True)
+    rows = []
+    for shape in SHAPES:
+        nbytes = int(metrics.work(shape).bytes)
+        x = torch.randint(0, 100, (nbytes // 4,), dtype=torch.int32, device=dev)
+        times = {}
+        for name, fn in readers(x, sms):
+            graphs = capture_graphs([fn])
+            times[name] = 1e3 * triton.testing.do_bench(graphs[0].replay, warmup=25, rep=args.rep,
+                                                        return_mode="median")
+            del graphs
+        frac = lambda us: nbytes / (us * 1e-6) / 1e9 / copy  # noqa: E731
+        # Best of all, and best without the L2 hint: Triton 3.6 drops the hint on the pipelined
+        # (cp.async) loads a decode kernel's K/V tiles take, so that one is the floor they can reach.
+        best = min(times, key=times.get)
+        plain = min((n for n in times if "evict_first" not in n), key=times.get)
+        b2b = back_to_back_us(dict(readers(x, sms))[best])
+        row = {"shape": shape.id, "bytes": nbytes, "readers_us": times,
+               "best_reader": best, "flushed_us": times[best], "flushed_fraction": frac(times[best]),
+               "best_plain_reader": plain, "plain_flushed_us": times[plain], "plain_fraction": frac(times[plain]),
+               "back_to_back_us": b2b, "back_to_back_fraction": frac(b2b)}
+        rows.append(row)
+        print(f"{shape.id:40s} {nbytes / 1e6:7.1f} MB  best {times[best]:7.1f} us ({frac(times[best]):.3f}, {best})"
+              f"  no hint {times[plain]:7.1f} us ({frac(times[plain]):.3f}, {plain})"
+              f"  back to back {b2b:7.1f} us ({frac(b2b):.3f})", flush=True)
+        del x
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                       "triton": triton.__version__, "copy_gbps": copy, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
