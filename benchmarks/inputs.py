@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 FP8 = torch.float8_e4m3fn
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8, "nvfp4": torch.uint8}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -56,6 +56,8 @@ class PagedPools:
     page_size: int
     layout: str
     inv_page: torch.Tensor
+    k_sf: torch.Tensor | None = None  # NVFP4 block scales (e4m3, last dim D / 16)
+    v_sf: torch.Tensor | None = None
 
     @property
     def width(self) -> int:
@@ -93,6 +95,14 @@ def make_pools(
         v = None
     else:
         page = (page_size, num_heads, head_dim) if layout == "NHD" else (num_heads, page_size, head_dim)
+        if dtype == torch.uint8:  # NVFP4: random code bytes, e4m3 scales in [1/4, 4]
+            data = lambda: torch.randint(0, 256, (total, *page[:2], head_dim // 2), dtype=torch.uint8,  # noqa: E731
+                                         device=device, generator=gen)
+            sf = lambda: torch.exp2(torch.rand((total, *page[:2], head_dim // 16), device=device,  # noqa: E731
+                                               generator=gen) * 4 - 2).to(FP8)
+            k, v = data(), data()
+            seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+            return PagedPools(k, v, tables, seq_lens, list(lens), page_size, layout, inv_page, sf(), sf())
         k = randn((total, *page), dtype, device, gen)
         v = randn((total, *page), dtype, device, gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)

@@ -127,6 +127,7 @@ def _decode_set(shape: Shape, device, gen, ws) -> InputSet:
         return kvattn.decode.xqa_batch_decode_with_kv_cache(
             q, (pools.k, pools.v), ws, pools.tables, pools.seq_lens, max_len,
             bmm1_scale=scale, bmm2_scale=1.0, out=out, kv_layout=shape.layout, q_len_per_req=q_len,
+            kv_cache_sf=None if pools.k_sf is None else (pools.k_sf, pools.v_sf),
         )
 
     return InputSet(call, _paged_spec(q, pools, shape, lens, q_len, scale))

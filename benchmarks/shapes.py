@@ -43,7 +43,7 @@ class Shape:
     head_dim: int = 128
     page_size: int = 16
     layout: str = "NHD"
-    kv_dtype: str = "bfloat16"  # "bfloat16" or "fp8"
+    kv_dtype: str = "bfloat16"  # "bfloat16", "fp8" or "nvfp4" (decode)
     q_dtype: str = "bfloat16"  # "bfloat16" or "fp8" (prefill / MLA only)
     ragged: bool = False
     pos_encoding_mode: str = "NONE"  # single decode: "NONE" or "ROPE_LLAMA"
@@ -66,7 +66,7 @@ class Shape:
     @property
     def id(self) -> str:
         """A compact unique name, also what ``--filter`` matches."""
-        kv = "fp8" if self.kv_dtype == "fp8" else "bf16"
+        kv = {"fp8": "fp8", "nvfp4": "nvfp4"}.get(self.kv_dtype, "bf16")
         heads = "" if (self.num_qo_heads, self.num_kv_heads) == (32, 8) else f" h{self.num_qo_heads}/{self.num_kv_heads}"
         if self.suite == "decode":
             lens = f"ragged{self.batch}x[1,{self.kv_len}]" if self.ragged else f"{self.batch}x{self.kv_len}"
@@ -109,6 +109,8 @@ def _decode_grid() -> list[Shape]:
                             ragged=True, peers=peers))
     for b, n in ((64, 8192), (256, 1024)):
         shapes.append(Shape("decode", b, n, kv_dtype="fp8", quick=(b == 64)))
+    # NVFP4 KV (not a BENCHMARKS.md shape; no peer reads it): bytes include the block scales.
+    shapes.append(Shape("decode", 64, 8192, kv_dtype="nvfp4"))
     # Llama-3-70B heads per GPU (tensor parallel 8): 8 query heads, 1 KV head.
     shapes.append(Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1))
     return shapes

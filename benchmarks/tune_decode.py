@@ -107,6 +107,7 @@ SHAPES = [
     Shape("decode", 256, 1024, page_size=64),
     Shape("decode", 64, 8192, kv_dtype="fp8"),
     Shape("decode", 256, 1024, kv_dtype="fp8"),
+    Shape("decode", 64, 8192, kv_dtype="nvfp4"),
     Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1),
     Shape("decode", 128, 8192, ragged=True),
     Shape("decode", 128, 8192, ragged=True, page_size=64),
