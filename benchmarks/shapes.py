@@ -109,8 +109,9 @@ def _decode_grid() -> list[Shape]:
                             ragged=True, peers=peers))
     for b, n in ((64, 8192), (256, 1024)):
         shapes.append(Shape("decode", b, n, kv_dtype="fp8", quick=(b == 64)))
-    # NVFP4 KV (not a BENCHMARKS.md shape; no peer reads it): bytes include the block scales.
-    shapes.append(Shape("decode", 64, 8192, kv_dtype="nvfp4"))
+    # NVFP4 KV (not a BENCHMARKS.md shape; no peer reads it: SDPA on the uint8 pools crashed the
+    # process): bytes include the block scales.
+    shapes.append(Shape("decode", 64, 8192, kv_dtype="nvfp4", peers=False))
     # Llama-3-70B heads per GPU (tensor parallel 8): 8 query heads, 1 KV head.
     shapes.append(Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1))
     return shapes
