@@ -242,7 +242,7 @@ def opaque(x):
     """``x`` (a 16-bit tile) unchanged, through an identity the compiler cannot look behind.
 
     Why: Triton 3.6 sizes a tensor-core product's register packing (kWidth, mma.sync) from the
-    narrowest load behind either operand, halved for every join on the way. A V tile rebuilt from
+    narrowest load behind either operand, halved when a join is on the way. A V tile rebuilt from
     fp8 words by joins gives its P.V product kWidth 4: P then goes through shared memory and back
     every tile. Behind this boundary the product gets kWidth 2, P stays in registers and V is read
     with ldmatrix (sm_90a fp8 decode loop: 964 -> 791 instructions a 128-key tile; H100 fp8
