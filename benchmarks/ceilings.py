@@ -18,12 +18,12 @@ import torch
 from .timing import Timer
 
 
-def _copy_gbps(device: torch.device, nbytes: int, timer: Timer) -> float:
+def copy_gbps(timer: Timer, nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy of ``nbytes``: bytes read + written over the median time."""
     n = nbytes // 4
-    src = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device=device)
+    src = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device=timer.device)
     dst = torch.empty_like(src)
     us = timer.eager([lambda: dst.copy_(src)])
-    del src, dst
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
@@ -81,7 +81,7 @@ def measure(device: torch.device, timer: Timer) -> dict:
     warm = 0.5 if cuda else 0.1
     out: dict = {"copy_bytes": copy_bytes, "matmul_n": n, "matmul_warmup_s": warm, "errors": {}}
     for key, f in (
-        ("copy_gbps", lambda: _copy_gbps(device, copy_bytes, timer)),
+        ("copy_gbps", lambda: copy_gbps(timer, copy_bytes)),
         ("matmul_bf16_tflops", lambda: _matmul_tflops(device, n, warm, fp8=False)),
         ("matmul_fp8_tflops", lambda: _matmul_tflops(device, n, warm, fp8=True)),
     ):

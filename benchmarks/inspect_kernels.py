@@ -4,7 +4,7 @@ chosen PTX / SASS patterns, per compiled specialisation.
 Runs one decode call per shape (and config variant, see ``tune_decode.VARIANTS``), then walks
 the kernels' compile caches. Usage (on the device, from the repository root)::
 
-    PYTHONPATH=src python benchmarks/inspect_kernels.py --variants default,evfirst \
+    PYTHONPATH=src python benchmarks/inspect_kernels.py --variants default,stream128 \
         --ptx "evict_first" --ptx "cp.async" --sass "LDS.U8"
 """
 

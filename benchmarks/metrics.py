@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvattn.formats import kv_row_bytes
+
 from .shapes import Shape
 
 MLA_QK_DIM = 576
@@ -48,9 +50,7 @@ def work(shape: Shape) -> Work:
         nbytes = tokens * MLA_QK_DIM * kv_b + shape.batch * hq * (MLA_QK_DIM * q_b + MLA_V_DIM * 2)
         flops = 2.0 * hq * tokens * (MLA_QK_DIM + MLA_V_DIM)
         return Work(nbytes, flops, "auto", matmul)
-    kv_bytes = sum(lens) * hkv * d * kv_b * 2
-    if shape.kv_dtype == "nvfp4":
-        kv_bytes += sum(lens) * hkv * (d // 16) * 1 * 2
+    kv_bytes = sum(lens) * hkv * kv_row_bytes(shape.kv_dtype, d) * 2
     rows = shape.batch * shape.q_len
     io_bytes = rows * hq * d * q_b + rows * hq * d * 2  # query in, bf16 output out
     flops = 4.0 * d * hq * _allowed_pairs(lens, shape.q_len)

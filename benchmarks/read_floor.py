@@ -27,9 +27,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from benchmarks import metrics  # noqa: E402
+from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
 from benchmarks.timing import Timer, capture_graphs  # noqa: E402
-from benchmarks.tune_decode import copy_gbps  # noqa: E402
 
 # The memory-bound targets whose fractions are in question, and one that is met, for scale.
 SHAPES = [

@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script
 import torch  # noqa: E402
 
 from benchmarks import problems  # noqa: E402
+from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
 from benchmarks.timing import Timer  # noqa: E402
 
@@ -120,15 +121,6 @@ SHAPES = [
     Shape("single_decode", 1, 131072, num_qo_heads=32, num_kv_heads=32),
     Shape("single_decode", 1, 131072, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode="ROPE_LLAMA"),
 ]
-
-
-def copy_gbps(timer: Timer, nbytes: int = 4 << 30) -> float:
-    """Device-to-device copy of ``nbytes / 2`` bytes: bytes read + written over the median time."""
-    src = torch.randint(-(2**31), 2**31 - 1, (nbytes // 8,), dtype=torch.int32, device=timer.device)
-    dst = torch.empty_like(src)
-    us = timer.eager([lambda: dst.copy_(src)])
-    del src, dst
-    return nbytes / (us * 1e-6) / 1e9
 
 
 def graph_noflush_us(fns, context, replays: int = 20) -> float:

@@ -687,3 +687,20 @@ def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backe
 )
 def test_fp8_word_path_only_for_aligned_rows(kv_format, words_ok, strides, expected):
     assert launch_common.kv_format_code(kv_format, words_ok, strides) == expected
+
+
+@pytest.mark.parametrize("length,stream", [(4096, True), (12800, True), (12801, False), (16384, False)],
+                         ids=["L4096", "L12800-at-limit", "L12801", "L16384"])
+def test_small_split_launches_take_the_streaming_tiles_on_sm90(length, stream, monkeypatch):
+    """Single decode, 32 heads of 128 on a faked H100 (132 SMs, 50 MB of L2): up to 4 L2 sizes of
+    K/V (12800 tokens) the launch runs the unpipelined, evict_first tiles; longer ones the table's."""
+    FakeGPU(monkeypatch)
+    monkeypatch.setattr(decode_launch, "arch", lambda device, interpreter: "sm90")
+    monkeypatch.setattr(decode_launch._device, "sm_count", lambda device: 132)
+    monkeypatch.setattr(decode_launch._device, "l2_bytes", lambda device: 50 << 20)
+    q = torch.empty(32, 128, dtype=torch.bfloat16)
+    k = torch.empty(length, 32, 128, dtype=torch.bfloat16)
+    kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k))
+    (plan,) = decode_launch._PLANS.values()
+    cfg = plan.config_for(length)
+    assert (cfg.evict_first, cfg.num_stages == 1) == (stream, stream)

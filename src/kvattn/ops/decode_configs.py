@@ -182,10 +182,10 @@ def wants_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, r
     return 2 * items <= sm_count * occupancy(long, kv_format, head_dim, False)
 
 
-def stream_span(*, batch: int, num_kv_heads: int, row_bytes: int, l2_bytes: int) -> int:
+def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:
     """Longest key span a streaming launch takes: K and V of ``batch x num_kv_heads`` rows of
     ``row_bytes`` a token, at most ``STREAM_MAX_L2`` times ``l2_bytes`` in all."""
-    return STREAM_MAX_L2 * l2_bytes // max(1, batch * num_kv_heads * 2 * row_bytes)
+    return int(STREAM_MAX_L2 * l2_bytes // max(1, batch * num_kv_heads * 2 * row_bytes))
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,7 +21,7 @@ import torch
 
 from .. import _device, _env
 from .._inputs import KV_FORMATS
-from ..formats import FP8_DTYPE
+from ..formats import FP8_DTYPE, kv_row_bytes
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch_common import (
@@ -43,11 +43,6 @@ _COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
 _MAX_SPANS = 4096  # split counts memoised per plan
-
-
-# Cache bytes of one token's vector for one head, per cache format (NVFP4: codes and scales).
-KV_ROW_BYTES = {"float16": lambda d: 2 * d, "bfloat16": lambda d: 2 * d, "fp8": lambda d: d,
-                "nvfp4": lambda d: d // 2 + d // 16}
 
 
 def _as_rows(shape: tuple, stride: tuple) -> tuple[tuple, tuple]:
@@ -137,7 +132,7 @@ class _Plan:
                                              items=self.items, sm_count=self.sm_count):
             self.stream_span = decode_configs.stream_span(
                 batch=self.batch, num_kv_heads=self.num_kv_heads,
-                row_bytes=KV_ROW_BYTES[self.kv_format](self.head_dim), l2_bytes=_device.l2_bytes(device))
+                row_bytes=kv_row_bytes(self.kv_format, self.head_dim), l2_bytes=_device.l2_bytes(device))
             self.cfg_stream = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                                     stream=True)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)

@@ -1,0 +1,81 @@
+"""What the decode kernel compiles to for Hopper (sm_90a), where a speed-up rests on a compiler fact.
+
+The kernels are compiled (not run) for an sm_90a target, so these tests need no GPU: a subprocess
+without ``TRITON_INTERPRET`` compiles them through Triton's own pipeline and reports the TTGIR /
+PTX facts checked here. They pin two Triton 3.6 behaviours the decode tables are built on
+(``benchmarks/NOTES.md``, session d): the fp8 V tile behind ``common.opaque`` gives its P.V product
+kWidth 2, and an ``evict_first`` hint survives only on loads Triton does not software-pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kvattn.ops.decode_kernels import decode_split_kernel as fn
+
+FLOATS = {"logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale"}
+PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "mask_ptr": "*i16",
+        "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32", "lse_ptr": "*fp32",
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_sf_ptr": "*u8", "v_sf_ptr": "*u8"}
+BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_M=16, BLOCK_N=128, M_BLOCKS=1,
+            KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False, HAS_SINKS=False,
+            LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
+            SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, PERSISTENT=False,
+            USE_PDL=True)
+
+def compile_(constexprs, kv_type, warps, stages):
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = kv_type if name in ("k_ptr", "v_ptr") else PTRS.get(name, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, signature=sig, attrs=attrs,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 128), options={"num_warps": warps, "num_stages": stages})
+    return {"kwidths": sorted({int(w) for w in re.findall(r"kWidth = (\d+)", ck.asm["ttgir"])}),
+            "evict_first": ck.asm["ptx"].count("evict_first"),
+            "cp_async": len(re.findall(r"cp\.async\.c[ag]", ck.asm["ptx"]))}
+
+case = json.loads(sys.argv[1])
+print(json.dumps(compile_(dict(BASE, **case["constexprs"]), case["kv_type"], case["warps"], case["stages"])))
+"""
+
+
+def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: int = 3) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    case = json.dumps({"constexprs": constexprs, "kv_type": kv_type, "warps": warps, "stages": stages})
+    res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        pytest.fail(f"sm_90a compile failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_fp8_pv_product_gets_kwidth_2():
+    """fp8 read as words (KV_FORMAT 3): the V tile ends in `opaque`, so the P.V product packs 2
+    elements a register (P stays in registers) while Q.K^T keeps the joins' kWidth 4."""
+    got = _compile(dict(KV_FORMAT=3), kv_type="*fp8e4nv")
+    assert got["kwidths"] == [2, 4]
+
+
+@pytest.mark.parametrize("stages,hinted", [(1, True), (3, False)], ids=["unpipelined", "pipelined"])
+def test_evict_first_survives_only_unpipelined_loads(stages, hinted):
+    """The streaming tiles run 1 stage because Triton 3.6 drops the hint on cp.async copies."""
+    got = _compile(dict(KV_EVICT_FIRST=True), warps=8, stages=stages)
+    assert (got["evict_first"] > 0) is hinted
+    assert (got["cp_async"] == 0) is hinted
