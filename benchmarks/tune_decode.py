@@ -90,6 +90,29 @@ VARIANTS.update({
     "stream16": {"block_n": 16, "num_warps": 4, "num_stages": 1, "evict_first": True},
     "stream32pf": {"block_n": 32, "num_warps": 4, "num_stages": 1, "evict_first": True, "prefetch": 1},
 })
+# Split count caps, and more waves of the long / main tiles (load balance of few, long programs).
+VARIANTS.update({
+    "split12": {"max_splits": 12},
+    "split8": {"max_splits": 8},
+    "long_w4": {"block_n": 128, "num_warps": 8, "num_stages": 3, "waves": 4},
+    "t64_4_4w2": {"block_n": 64, "num_warps": 4, "num_stages": 4, "waves": 2},
+    "t64_4_4w4": {"block_n": 64, "num_warps": 4, "num_stages": 4, "waves": 4},
+    "cap1": {"max_per_sm": 1},
+    "cap2": {"max_per_sm": 2},
+    "cap3": {"max_per_sm": 3},
+    "cap4": {"max_per_sm": 4},
+    "t64_4_4cap2": {"block_n": 64, "num_warps": 4, "num_stages": 4, "max_per_sm": 2},
+    "t64_4_3cap2": {"block_n": 64, "num_warps": 4, "num_stages": 3, "max_per_sm": 2},
+    "t32_4_3cap2": {"block_n": 32, "num_warps": 4, "num_stages": 3, "max_per_sm": 2},
+    "t32_4_2cap2": {"block_n": 32, "num_warps": 4, "num_stages": 2, "max_per_sm": 2},
+    "t32_4_3cap3": {"block_n": 32, "num_warps": 4, "num_stages": 3, "max_per_sm": 3},
+    "t32_4_3cap4": {"block_n": 32, "num_warps": 4, "num_stages": 3, "max_per_sm": 4},
+    "t32_4_3cap2pf0": {"block_n": 32, "num_warps": 4, "num_stages": 3, "max_per_sm": 2, "prefetch": 0},
+    "t32_8_3cap2": {"block_n": 32, "num_warps": 8, "num_stages": 3, "max_per_sm": 2},
+    "t64_8_3cap2": {"block_n": 64, "num_warps": 8, "num_stages": 3, "max_per_sm": 2},
+    "t16_4_3cap2": {"block_n": 16, "num_warps": 4, "num_stages": 3, "max_per_sm": 2},
+    "stream128nohint_w2": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": False, "waves": 2},
+})
 # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
 VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
 

@@ -27,6 +27,7 @@ class DecodeConfig:
     page_ahead: bool = True  # page ids loaded a tile ahead (see decode_kernels); False: pipeliner-staged
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
     evict_first: bool = False  # K/V loads marked evict_first in L2 (kept by Triton on unpipelined loads only)
+    max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -132,7 +133,10 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     most ``max_programs`` programs (xqa's ``sm_count``).
     """
     items = max(items, 1)
-    slots = sm_count * occupancy(cfg, kv_format, head_dim, rope_query)
+    per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
+    if cfg.max_per_sm:
+        per_sm = min(per_sm, cfg.max_per_sm)
+    slots = sm_count * per_sm
     want = max(1, cfg.waves * slots // items)
     useful = max(1, -(-span // cfg.min_chunk))  # ceil
     splits = min(want, useful, cfg.max_splits, fit)
@@ -208,10 +212,17 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
     if block_m * head_dim >= 64 * 128:
         warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
     sm90 = arch == "sm90"
+    # RoPE on sm90: at most 3 pipeline stages, and the split count plans for two programs an SM
+    # although four fit (half as many programs, each twice as long). Measured on an H100
+    # (benchmarks/NOTES.md), single decode 4096 / 32768 / 131072: 4 stages and four programs an SM
+    # 42.9 / 202.1 / 744.6 us; 3 stages and two 39.4 / 193.1 / 713.1.
+    if sm90 and rope:
+        stages = min(stages, 3)
     # L2 prefetch of the first tile: only RoPE has setup long enough to hide it behind (measured on
     # an H100: ROPE 4096 44.0 -> 43.0 us; NONE and deeper prefetches equal or slower).
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
-                       prefetch=1 if sm90 and rope else 0, evict_first=stream)
+                       prefetch=1 if sm90 and rope else 0, evict_first=stream,
+                       max_per_sm=2 if sm90 and rope else 0)
     if _override:
         cfg = replace(cfg, **_override)
     return cfg
