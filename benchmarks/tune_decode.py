@@ -116,6 +116,12 @@ VARIANTS.update({
     "rope_stream32c4": {"block_n": 32, "num_warps": 4, "num_stages": 1, "evict_first": True, "max_per_sm": 4},
     "rope_stream16c4": {"block_n": 16, "num_warps": 4, "num_stages": 1, "evict_first": True, "max_per_sm": 4},
     "rope_stream64c2": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": True, "max_per_sm": 2},
+    "rope_stream64c3": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": True, "max_per_sm": 3},
+    "rope_stream64c4": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": True, "max_per_sm": 4},
+    "rope_stream64w8c2": {"block_n": 64, "num_warps": 8, "num_stages": 1, "evict_first": True, "max_per_sm": 2},
+    "rope_stream128w8c1": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": True, "max_per_sm": 1},
+    "rope_stream128w8c2": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": True, "max_per_sm": 2},
+    "rope_t64_4_3c2": {"block_n": 64, "num_warps": 4, "num_stages": 3, "max_per_sm": 2},
     "rope_stream32w8c2": {"block_n": 32, "num_warps": 8, "num_stages": 1, "evict_first": True, "max_per_sm": 2},
     "stream128nohint_w2": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": False, "waves": 2},
 })
