@@ -76,7 +76,10 @@ VARIANTS = {
 }
 # Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use.
 _TILES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 4, 3),
-          (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4)]
+          (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4), (32, 4, 3), (32, 4, 5), (16, 4, 4),
+          (16, 4, 6), (32, 8, 4), (32, 2, 4), (16, 2, 4), (32, 2, 6), (16, 1, 4), (16, 1, 6), (16, 2, 3), (16, 2, 6),
+          (16, 2, 8), (32, 1, 4), (32, 2, 3), (64, 2, 4), (64, 1, 4), (16, 1, 3), (16, 1, 5), (16, 1, 8), (16, 1, 10),
+          (32, 1, 6), (32, 1, 3), (16, 2, 5), (32, 2, 5)]
 VARIANTS.update({f"t{bn}_{w}_{st}": {"block_n": bn, "num_warps": w, "num_stages": st} for bn, w, st in _TILES})
 # Unpipelined K/V loads (num_stages 1) with and without the L2 evict_first hint they can carry;
 # "pipelined" is the long-tile entry the streaming one replaced.
@@ -125,6 +128,13 @@ VARIANTS.update({
     "rope_stream32w8c2": {"block_n": 32, "num_warps": 8, "num_stages": 1, "evict_first": True, "max_per_sm": 2},
     "stream128nohint_w2": {"block_n": 128, "num_warps": 8, "num_stages": 1, "evict_first": False, "waves": 2},
 })
+# NVFP4 one-warp tiles with fewer, longer splits
+VARIANTS.update({
+    "t16_1_6c512": {"block_n": 16, "num_warps": 1, "num_stages": 6, "min_chunk": 512},
+    "t16_1_6c1k": {"block_n": 16, "num_warps": 1, "num_stages": 6, "min_chunk": 1024},
+    "t16_1_6w2": {"block_n": 16, "num_warps": 1, "num_stages": 6, "max_per_sm": 2},
+    "t16_1_6w4": {"block_n": 16, "num_warps": 1, "num_stages": 6, "max_per_sm": 4},
+})
 # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
 VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
 
@@ -144,6 +154,10 @@ SHAPES = [
     Shape("decode", 64, 8192, kv_dtype="fp8"),
     Shape("decode", 256, 1024, kv_dtype="fp8"),
     Shape("decode", 64, 8192, kv_dtype="nvfp4"),
+    Shape("decode", 64, 8192, kv_dtype="nvfp4", head_dim=64),
+    Shape("decode", 32, 8192, kv_dtype="nvfp4", head_dim=256),
+    Shape("decode", 16, 4096, kv_dtype="nvfp4"),
+    Shape("decode", 1, 32768, kv_dtype="nvfp4"),
     Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1),
     Shape("decode", 128, 8192, ragged=True),
     Shape("decode", 128, 8192, ragged=True, page_size=64),
