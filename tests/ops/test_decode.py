@@ -168,6 +168,11 @@ CASES = [
             d=128, layout=layout, qdt=torch.bfloat16, sinks=True, seed=page)
       for layout in ("NHD", "HND") for page in (16, 64)],
     param("fp8-D128-G4-long-split", lens=[1029, 20000], fmt="fp8", d=128, hkv=8, qdt=torch.bfloat16),
+    # NVFP4 at the head dims whose table entries differ from D 64's (kvattn check caught a D 128 tile
+    # that the D 64 cases above passed)
+    *[param(f"nvfp4-D{d}-{layout}-p{page}", lens=[1, 70, 300, 513, 4096], fmt="nvfp4", d=d, hkv=8 if d == 128 else 2,
+            layout=layout, page=page, qdt=torch.bfloat16, seed=d + page)
+      for d in (128, 256) for layout, page in (("NHD", 16), ("HND", 32))],
 ]
 
 

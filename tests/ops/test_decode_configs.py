@@ -91,22 +91,6 @@ def test_split_count_fills_whole_waves():
     assert dc.num_splits(long, items=8, span=32768, **{**kw, "max_programs": 40}) == 5
 
 
-@pytest.mark.parametrize("head_dim,expected", [(64, (32, 1, 3)), (128, (16, 1, 6)), (256, (16, 2, 4))],
-                         ids=["D64", "D128", "D256"])
-def test_nvfp4_takes_small_few_warp_tiles(head_dim, expected):
-    """Measured on an H100: NVFP4 decode 20-35 % faster with one- or two-warp programs."""
-    cfg = dc.config("sm90", "nvfp4", head_dim, 16, False)
-    assert (cfg.block_n, cfg.num_warps, cfg.num_stages) == expected
-
-
-@pytest.mark.parametrize("block_m,head_dim,warps", [(16, 128, 1), (32, 128, 2), (16, 256, 2), (32, 256, 8),
-                                                    (64, 128, 8)],
-                         ids=["m16-D128", "m32-D128", "m16-D256", "m32-D256", "m64-D128"])
-def test_accumulator_sets_the_fewest_warps(block_m, head_dim, warps):
-    """At most 64 float32 accumulator values a thread: several draft rows widen NVFP4's programs."""
-    assert dc.config("sm90", "nvfp4", head_dim, block_m, False).num_warps == warps
-
-
 def test_rope_split_count_plans_two_programs_an_sm():
     """Measured on an H100: RoPE single decode (32 heads) ran 4-8 % faster with 3 stages and the
     split count of two programs an SM (8 splits) than with 4 stages and four (16 splits)."""

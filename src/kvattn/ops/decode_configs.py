@@ -31,12 +31,8 @@ class DecodeConfig:
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
-# Measured on an H100 (benchmarks/NOTES.md): ("half", 128), ("fp8", 128) and the NVFP4 rows. The
-# other rows keep the bytes per tile of those two and are not tuned yet.
-# NVFP4: small one- or two-warp programs, many an SM. Its loop is bound by the code conversion
-# (~9 instructions an element), and a program with fewer warps does it without cross-warp
-# reductions; 64x8192: 819 -> 626 us (D 128), 491 -> 315 (D 64), 32x8192 D 256 756 -> 564,
-# 16x4096 119 -> 95. One launch shape loses: 1x32768 (D 128) 69 -> 75 us.
+# Measured on an H100 (benchmarks/NOTES.md): ("half", 128) and ("fp8", 128). The other rows keep
+# the bytes per tile of those two and are not tuned yet.
 _SM90 = {
     ("half", 64): (128, 4, 3),
     ("half", 128): (64, 4, 4),
@@ -44,9 +40,9 @@ _SM90 = {
     ("fp8", 64): (128, 4, 3),
     ("fp8", 128): (128, 4, 3),
     ("fp8", 256): (64, 4, 3),
-    ("nvfp4", 64): (32, 1, 3),
-    ("nvfp4", 128): (16, 1, 6),
-    ("nvfp4", 256): (16, 2, 4),
+    ("nvfp4", 64): (128, 4, 3),
+    ("nvfp4", 128): (128, 4, 3),
+    ("nvfp4", 256): (64, 4, 3),
 }
 # Long tiles: for launches whose work items all fit one wave of long-tile programs (small
 # batches, single decode: the sequence is split to fill that wave) and for pages of 64+ tokens
@@ -213,11 +209,8 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
         # RoPE keeps two float32 [BLOCK_N, D/2] cos/sin tables live (and one-row programs a square
         # [BLOCK_N, BLOCK_N] score tile): halve the tile. Measured on an H100: 64 was slower.
         block_n = max(16, block_n // 2)
-    # the [BLOCK_M, D] float32 accumulator: at most 64 values a thread (the one- and two-warp
-    # NVFP4 tiles with several draft rows), 8 warps from 64 x 128 on
-    warps = max(warps, block_m * head_dim // 2048)
     if block_m * head_dim >= 64 * 128:
-        warps = max(warps, 8)
+        warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
     sm90 = arch == "sm90"
     # RoPE on sm90: at most 3 pipeline stages, and the split count plans for two programs an SM
     # although four fit (half as many programs, each twice as long). Measured on an H100
