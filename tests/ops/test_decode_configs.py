@@ -91,6 +91,21 @@ def test_split_count_fills_whole_waves():
     assert dc.num_splits(long, items=8, span=32768, **{**kw, "max_programs": 40}) == 5
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+def test_nvfp4_never_takes_16_key_tiles_on_sm90(head_dim, block_m):
+    """On an H100 (Triton 3.6) every NVFP4 case computed wrong results with 16-key tiles, with 1,
+    2 or 4 warps, while 32-key and longer tiles pass and the interpreter passes with 16
+    (benchmarks/NOTES.md, session e). No table entry may lead there."""
+    for table in ("long_tiles", "short", "stream", None):
+        kw = {table: True} if table else {}
+        try:
+            cfg = dc.config("sm90", "nvfp4", head_dim, block_m, False, **kw)
+        except KeyError:  # no entry of that kind for NVFP4
+            continue
+        assert cfg.block_n >= 32
+
+
 def test_rope_split_count_plans_two_programs_an_sm():
     """Measured on an H100: RoPE single decode (32 heads) ran 4-8 % faster with 3 stages and the
     split count of two programs an SM (8 splits) than with 4 stages and four (16 splits)."""
