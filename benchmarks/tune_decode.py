@@ -74,7 +74,9 @@ VARIANTS = {
     # what the second launch costs the split shapes.
     "nocombine": {"_no_combine": True},
 }
-# Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use.
+# Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use. Variants are timed, not
+# checked: before a table takes one, the GPU tests must pass with it (NVFP4 with 16-key tiles ran
+# fast and computed wrong results, benchmarks/NOTES.md session e).
 _TILES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 4, 3),
           (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4), (32, 4, 3), (32, 4, 5), (16, 4, 4),
           (16, 4, 6), (32, 8, 4), (32, 2, 4), (16, 2, 4), (32, 2, 6), (16, 1, 4), (16, 1, 6), (16, 2, 3), (16, 2, 6),
