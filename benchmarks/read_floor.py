@@ -31,7 +31,7 @@ import triton.language as tl  # noqa: E402
 from benchmarks import metrics  # noqa: E402
 from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
-from benchmarks.timing import Timer, capture_graphs  # noqa: E402
+from benchmarks.timing import Timer, back_to_back_us  # noqa: E402
 
 # The memory-bound targets whose fractions are in question, and one that is met, for scale.
 SHAPES = [
@@ -100,7 +100,7 @@ PAGED_READERS = [(1, 1, 128, 8, 3, ""), (1, 1, 64, 4, 3, ""), (1, 1, 128, 8, 1, 
                  (8, 8, 16, 8, 3, ""), (8, 16, 16, 4, 1, ""), (8, 64, 16, 4, 1, "")]
 
 
-def paged_readers(shape: Shape, dev: torch.device, sms: int):
+def paged_readers(shape: Shape, dev: torch.device):
     """(name, callable) for each paged read of ``shape``'s pools (NHD, equal lengths)."""
     from benchmarks import inputs
 
@@ -136,18 +136,6 @@ def readers(x: torch.Tensor, sms: int):
     return fns
 
 
-def back_to_back_us(fn, reps: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -155,7 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
-    timer = Timer(dev, rep_ms=args.rep)
+    timer = Timer(dev, warmup_ms=25, rep_ms=args.rep)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     copy = copy_gbps(timer)
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
@@ -164,25 +152,16 @@ def main(argv=None) -> int:
     for shape in [s for s in SHAPES if args.filter in s.id]:
         nbytes = int(metrics.work(shape).bytes)
         x = torch.randint(0, 100, (nbytes // 4,), dtype=torch.int32, device=dev)
-        times = {}
-        for name, fn in readers(x, sms):
-            graphs = capture_graphs([fn])
-            times[name] = 1e3 * triton.testing.do_bench(graphs[0].replay, warmup=25, rep=args.rep,
-                                                        return_mode="median")
-            del graphs
+        times = {name: timer.graph([fn]) for name, fn in readers(x, sms)}
         paged = {}
         if shape.suite == "decode" and shape.layout == "NHD" and shape.kv_dtype == "bfloat16" and not shape.ragged:
-            for name, fn in paged_readers(shape, dev, sms):
-                graphs = capture_graphs([fn])
-                paged[name] = 1e3 * triton.testing.do_bench(graphs[0].replay, warmup=25, rep=args.rep,
-                                                            return_mode="median")
-                del graphs
+            paged = {name: timer.graph([fn]) for name, fn in paged_readers(shape, dev)}
         frac = lambda us: nbytes / (us * 1e-6) / 1e9 / copy  # noqa: E731
         # Best of all, and best without the L2 hint: Triton 3.6 drops the hint on the pipelined
         # (cp.async) loads a decode kernel's K/V tiles take, so that one is the floor they can reach.
         best = min(times, key=times.get)
         plain = min((n for n in times if "evict_first" not in n), key=times.get)
-        b2b = back_to_back_us(dict(readers(x, sms))[best])
+        b2b = back_to_back_us([dict(readers(x, sms))[best]])
         row = {"shape": shape.id, "bytes": nbytes, "readers_us": times,
                "best_reader": best, "flushed_us": times[best], "flushed_fraction": frac(times[best]),
                "best_plain_reader": plain, "plain_flushed_us": times[plain], "plain_fraction": frac(times[plain]),

@@ -34,17 +34,8 @@ REGION = 1 << 20  # int64 slots: split programs [0, R), combine programs [R, 2R)
 
 # (old, new) text patches of ops/decode_kernels.py: timestamps at entry, after gdc_wait, at the end.
 _HELPERS = '''import os
+from benchmarks.timeline import _now as _gtime, _smid
 TRACE_ADDR = tl.constexpr(int(os.environ.get("KVATTN_TRACE_ADDR", "0")))
-
-
-@triton.jit
-def _gtime(x):
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _smid(x):
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -74,22 +65,31 @@ PATCHES = [
 
 @triton.jit
 def _now(x):
+    """The global nanosecond timer (``x``: any scalar, to give the asm an operand)."""
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64,
                                      is_pure=False, pack=1)
 
+
+@triton.jit
+def _smid(x):
+    """The SM the program runs on."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def _record(tr_ptr, pid, t0, t2):
-    sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
     o = tl.arange(0, 1)
     z = tl.zeros([1], tl.int64)
-    tl.store(tr_ptr + pid * 4 + o, sm.to(tl.int64) + z)
+    tl.store(tr_ptr + pid * 4 + o, _smid(pid).to(tl.int64) + z)
     tl.store(tr_ptr + pid * 4 + 1 + o, t0 + z)
     tl.store(tr_ptr + pid * 4 + 2 + o, t0 + z)
     tl.store(tr_ptr + pid * 4 + 3 + o, t2 + z)
 
+
 @triton.jit
 def marker(ptr):
     tl.store(ptr + tl.arange(0, 1), _now(tl.program_id(0)) + tl.zeros([1], tl.int64))
+
 
 @triton.jit
 def static_reader(x_ptr, out_ptr, tr_ptr, n_blocks, BLOCK: tl.constexpr):
@@ -100,6 +100,7 @@ def static_reader(x_ptr, out_ptr, tr_ptr, n_blocks, BLOCK: tl.constexpr):
         acc += tl.load(x_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
     tl.store(out_ptr + pid, tl.sum(acc))
     _record(tr_ptr, pid, t0, _now(pid))
+
 
 @triton.jit
 def claiming_reader(x_ptr, out_ptr, ctr_ptr, tr_ptr, n_claims, BLOCK: tl.constexpr, SUB: tl.constexpr):

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from benchmarks import problems  # noqa: E402
 from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
+from benchmarks.timing import Timer, back_to_back_us  # noqa: E402
 
 VARIANTS = {
     "default": {},
@@ -174,28 +174,6 @@ SHAPES = [
 ]
 
 
-def graph_noflush_us(fns, context, replays: int = 20) -> float:
-    """Mean time of back-to-back graph replays (rotating input sets) with no L2 flush between.
-
-    do_bench's flush leaves ~L2-size dirty lines that the timed call then writes back; on a call
-    of a few tens of microseconds that write-back is a visible share of the time.
-    """
-    from benchmarks.timing import capture_graphs
-
-    with context():
-        graphs = capture_graphs(fns)
-    for g in graphs:
-        g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(replays):
-        graphs[i % len(graphs)].replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
-
-
 @contextlib.contextmanager
 def variant(name: str):
     """Apply a variant: its config fields through ``decode_configs.override``; ``_no_combine``
@@ -262,8 +240,7 @@ def main(argv=None) -> int:
             row["eager_us"] = timer.eager(fns)
         if args.noflush:
             for name in names[:2]:
-                row[f"noflush_{name}_us"] = graph_noflush_us(
-                    fns, lambda: variant(name))
+                row[f"noflush_{name}_us"] = back_to_back_us(fns, lambda: variant(name))
         rows.append(row)
         del prob, fns
         torch.cuda.empty_cache()

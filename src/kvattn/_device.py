@@ -10,28 +10,32 @@ from . import _env
 
 
 @functools.lru_cache(maxsize=None)
-def _props(index: int):
+def _props_at(index: int):
     return torch.cuda.get_device_properties(index)
+
+
+def _props(device: torch.device):
+    return _props_at(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def sm_count(device: torch.device) -> int:
     """Number of streaming multiprocessors (a nominal 8 on the CPU, for the interpreter)."""
     if device.type != "cuda":
         return 8
-    return _props(device.index if device.index is not None else torch.cuda.current_device()).multi_processor_count
+    return _props(device).multi_processor_count
 
 
 def l2_bytes(device: torch.device) -> int:
     """L2 cache size in bytes (0 on the CPU)."""
     if device.type != "cuda":
         return 0
-    return _props(device.index if device.index is not None else torch.cuda.current_device()).L2_cache_size
+    return _props(device).L2_cache_size
 
 
 def capability(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return (0, 0)
-    p = _props(device.index if device.index is not None else torch.cuda.current_device())
+    p = _props(device)
     return (p.major, p.minor)
 
 

@@ -47,7 +47,7 @@ def test_long_tiles_only_where_measured(overrides, items, page_size):
 def test_configs_come_from_their_tables():
     main = dc.config("sm90", "bfloat16", 128, 16, False)
     assert (main.block_n, main.num_warps, main.num_stages) == (64, 4, 4)
-    long = dc.config("sm90", "float16", 128, 16, False, long_tiles=True)
+    long = dc.config("sm90", "float16", 128, 16, False, "long")
     assert (long.block_n, long.num_warps, long.num_stages) == (128, 8, 3)
     # GPUs without their own table fall back to the default one
     assert dc.config("sm80", "bfloat16", 128, 16, False).num_stages == 2
@@ -70,17 +70,17 @@ def test_short_tiles_where_measured(page_size, overrides, expected):
 
 
 def test_short_configs_put_more_programs_on_an_sm():
-    short = dc.config("sm90", "bfloat16", 128, 16, False, short=True)
+    short = dc.config("sm90", "bfloat16", 128, 16, False, "short")
     assert (short.block_n, short.num_warps, short.num_stages) == (64, 4, 3)
     assert dc.occupancy(short, "bfloat16", 128, False) == 3
-    fp8 = dc.config("sm90", "fp8", 128, 16, False, short=True)
+    fp8 = dc.config("sm90", "fp8", 128, 16, False, "short")
     assert dc.occupancy(fp8, "fp8", 128, False) == 4 > dc.occupancy(dc.config("sm90", "fp8", 128, 16, False), "fp8",
                                                                      128, False)
     assert dc.SHORT_SPAN == 1024
 
 
 def test_split_count_fills_whole_waves():
-    long = dc.config("sm90", "bfloat16", 128, 16, False, long_tiles=True)
+    long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
     assert dc.occupancy(long, "bfloat16", 128, False) == 1
     kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, fit=64, max_programs=None)
     assert dc.num_splits(long, items=8, span=32768, **kw) == 16  # 128 programs on 132 SMs
@@ -97,13 +97,9 @@ def test_nvfp4_never_takes_16_key_tiles_on_sm90(head_dim, block_m):
     """On an H100 (Triton 3.6) every NVFP4 case computed wrong results with 16-key tiles, with 1,
     2 or 4 warps, while 32-key and longer tiles pass and the interpreter passes with 16
     (benchmarks/NOTES.md, session e). No table entry may lead there."""
-    for table in ("long_tiles", "short", "stream", None):
-        kw = {table: True} if table else {}
-        try:
-            cfg = dc.config("sm90", "nvfp4", head_dim, block_m, False, **kw)
-        except KeyError:  # no entry of that kind for NVFP4
-            continue
-        assert cfg.block_n >= 32
+    for kind, tables in dc.KINDS.items():
+        if ("nvfp4", head_dim) in tables.get("sm90", {}):
+            assert dc.config("sm90", "nvfp4", head_dim, block_m, False, kind).block_n >= 32
 
 
 def test_rope_split_count_plans_two_programs_an_sm():
@@ -149,10 +145,10 @@ def test_stream_tiles_only_where_measured(overrides):
 
 def test_stream_config_is_unpipelined_and_carries_the_hint():
     """Triton 3.6 keeps an L2 eviction hint only on loads it does not software-pipeline."""
-    stream = dc.config("sm90", "bfloat16", 128, 16, False, stream=True)
+    stream = dc.config("sm90", "bfloat16", 128, 16, False, "stream")
     assert stream.num_stages == 1 and stream.evict_first
-    for kind in ({}, dict(long_tiles=True), dict(short=True)):
-        assert not dc.config("sm90", "bfloat16", 128, 16, False, **kind).evict_first
+    for kind in ("main", "long", "short"):
+        assert not dc.config("sm90", "bfloat16", 128, 16, False, kind).evict_first
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,8 @@ TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
 LONG_TABLES = {"sm90": _SM90_LONG}
 SHORT_TABLES = {"sm90": _SM90_SHORT}
 STREAM_TABLES = {"sm90": _SM90_STREAM}
+# config(..., kind): the main table, or one of the measured special-purpose tables above.
+KINDS = {"main": TABLES, "long": LONG_TABLES, "short": SHORT_TABLES, "stream": STREAM_TABLES}
 
 _override: dict = {}
 
@@ -151,40 +153,42 @@ def _fmt(kv_format: str) -> str:
     return "half" if kv_format in ("float16", "bfloat16") else kv_format
 
 
+def _measured(kind: str, arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool) -> bool:
+    """Whether the ``kind`` table has an entry for this launch. The special-purpose tables were
+    measured without RoPE and for one 16-row block only."""
+    return not rope and block_m == 16 and (_fmt(kv_format), head_dim) in KINDS[kind].get(arch, {})
+
+
 def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
                      page_size: int, items: int, sm_count: int) -> bool:
-    """Whether a launch takes the long-tile table (``config(..., long_tiles=True)``): pages of
-    64+ tokens, or work items that all fit one wave of long-tile programs. Only where a long-tile
-    entry was measured: without RoPE, one 16-row block."""
-    if rope or block_m != 16 or (_fmt(kv_format), head_dim) not in LONG_TABLES.get(arch, {}):
+    """Whether a launch takes the long-tile table (``config(..., "long")``): pages of 64+ tokens,
+    or work items that all fit one wave of long-tile programs."""
+    if not _measured("long", arch, kv_format, head_dim, block_m, rope):
         return False
     if page_size >= 64:
         return True
-    long = config(arch, kv_format, head_dim, block_m, rope, long_tiles=True)
+    long = config(arch, kv_format, head_dim, block_m, rope, "long")
     return items <= sm_count * occupancy(long, kv_format, head_dim, False)
 
 
 def has_short_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
                     page_size: int) -> bool:
-    """Whether a launch takes the short-request table (``config(..., short=True)``) for key spans
-    of at most ``SHORT_SPAN``: without RoPE, one 16-row block, only where a short entry was
-    measured, and for 16-bit caches only on pages of 64+ tokens (where the long tiles are the rule
-    otherwise)."""
-    fmt = _fmt(kv_format)
-    if rope or block_m != 16 or (fmt, head_dim) not in SHORT_TABLES.get(arch, {}):
+    """Whether a launch takes the short-request table (``config(..., "short")``) for key spans of
+    at most ``SHORT_SPAN``: for 16-bit caches only on pages of 64+ tokens (where the long tiles
+    are the rule otherwise)."""
+    if not _measured("short", arch, kv_format, head_dim, block_m, rope):
         return False
-    return page_size >= _SHORT_MIN_PAGE[fmt]
+    return page_size >= _SHORT_MIN_PAGE[_fmt(kv_format)]
 
 
 def wants_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, items: int,
                        sm_count: int) -> bool:
-    """Whether a launch may take the streaming table (``config(..., stream=True)``), for spans
-    whose K/V bytes are at most ``STREAM_MAX_L2`` L2 sizes: a long-tile launch would split every
-    one of its ``items`` (at most half a wave of them). Without RoPE, one 16-row block, and only
-    where a streaming entry was measured."""
-    if rope or block_m != 16 or (_fmt(kv_format), head_dim) not in STREAM_TABLES.get(arch, {}):
+    """Whether a launch may take the streaming table (``config(..., "stream")``), for spans whose
+    K/V bytes are at most ``STREAM_MAX_L2`` L2 sizes: a long-tile launch would split every one of
+    its ``items`` (at most half a wave of them)."""
+    if not _measured("stream", arch, kv_format, head_dim, block_m, rope):
         return False
-    long = config(arch, kv_format, head_dim, block_m, rope, long_tiles=True)
+    long = config(arch, kv_format, head_dim, block_m, rope, "long")
     return 2 * items <= sm_count * occupancy(long, kv_format, head_dim, False)
 
 
@@ -195,17 +199,12 @@ def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: in
 
 
 @functools.lru_cache(maxsize=None)
-def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
-           long_tiles: bool = False, short: bool = False, stream: bool = False) -> DecodeConfig:
+def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, kind: str = "main") -> DecodeConfig:
+    """The launch config from the ``kind`` table (``KINDS``; GPUs without a main table of their own
+    use ``"default"``), adjusted for RoPE and the accumulator's size."""
     fmt = _fmt(kv_format)
-    if stream:
-        table = STREAM_TABLES[arch]
-    elif short:
-        table = SHORT_TABLES[arch]
-    elif long_tiles:
-        table = LONG_TABLES[arch]
-    else:
-        table = TABLES.get(arch, _DEFAULT)
+    tables = KINDS[kind]
+    table = tables.get(arch, _DEFAULT) if kind == "main" else tables[arch]
     block_n, warps, stages = table[(fmt, head_dim)]
     if rope:
         # RoPE keeps two float32 [BLOCK_N, D/2] cos/sin tables live (and one-row programs a square
@@ -214,17 +213,18 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool,
     if block_m * head_dim >= 64 * 128:
         warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
     sm90 = arch == "sm90"
-    # RoPE on sm90: at most 3 pipeline stages, and the split count plans for two programs an SM
-    # although four fit (half as many programs, each twice as long). Measured on an H100
-    # (benchmarks/NOTES.md), single decode 4096 / 32768 / 131072: 4 stages and four programs an SM
-    # 42.9 / 202.1 / 744.6 us; 3 stages and two 39.4 / 193.1 / 713.1.
-    if sm90 and rope:
+    # RoPE on sm90, measured on an H100 (benchmarks/NOTES.md):
+    # - at most 3 pipeline stages, and a split count planned for two programs an SM although four
+    #   fit (half as many programs, each twice as long): single decode 4096 / 32768 / 131072 42.9 /
+    #   202.1 / 744.6 us with 4 stages and four an SM, 39.4 / 193.1 / 713.1 with 3 and two;
+    # - an L2 prefetch of the first tile, which only RoPE's setup is long enough to hide (4096
+    #   44.0 -> 43.0 us; NONE and deeper prefetches equal or slower).
+    sm90_rope = sm90 and rope
+    if sm90_rope:
         stages = min(stages, 3)
-    # L2 prefetch of the first tile: only RoPE has setup long enough to hide it behind (measured on
-    # an H100: ROPE 4096 44.0 -> 43.0 us; NONE and deeper prefetches equal or slower).
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
-                       prefetch=1 if sm90 and rope else 0, evict_first=stream,
-                       max_per_sm=2 if sm90 and rope else 0)
+                       prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
+                       evict_first=kind == "stream")
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

@@ -119,14 +119,15 @@ class _Plan:
             arch_name, self.kv_format, self.head_dim, self.block_m, rope, page_size=self.page_size, items=self.items,
             sm_count=self.sm_count,
         )
-        self.cfg = cfg = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope, long_tiles)
+        self.cfg = cfg = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
+                                               "long" if long_tiles else "main")
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
         self.cfg_short = None
         if decode_configs.has_short_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                           page_size=self.page_size):
             self.cfg_short = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                                   short=True)
+                                                   "short")
         self.cfg_stream, self.stream_span = None, 0  # longest span that takes the streaming tiles
         if decode_configs.wants_stream_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                              items=self.items, sm_count=self.sm_count):
@@ -134,7 +135,7 @@ class _Plan:
                 batch=self.batch, num_kv_heads=self.num_kv_heads,
                 row_bytes=kv_row_bytes(self.kv_format, self.head_dim), l2_bytes=_device.l2_bytes(device))
             self.cfg_stream = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                                    stream=True)
+                                                    "stream")
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
         self.rope_query = rope and use_dot and self.rows == 1
