@@ -273,18 +273,17 @@ def load_kv_tile(
     significant bits) do too, so the dot products see the cache's exact values. Triton 3.6 keeps
     ``EVICT_FIRST`` on register loads only: a software-pipelined (cp.async) load drops it.
     """
-    EVICT: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     if KV_FORMAT == KV_NVFP4:
         offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
         packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
-                         eviction_policy=EVICT).to(tl.int32)
+                         eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.int32)
         lo = e2m1_values(packed & 15)
         hi = e2m1_values(packed >> 4)
         vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
         offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
         # float16 products are exact: at most 5 significant bits, magnitudes 2^-10 .. 2688
         sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
-                     eviction_policy=EVICT).to(tl.float16)
+                     eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float16)
         vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
                           (tok_off.shape[0], WIDTH))
         return vals.to(OUT_DTYPE)
@@ -295,7 +294,7 @@ def load_kv_tile(
         # reach the tensor cores through a 16-bit transposing ldmatrix instead.
         offs_w = COL0 // 4 + tl.arange(0, WIDTH // 4)
         w_ptr = (base_ptr + tok_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
-        w = tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy=EVICT)
+        w = tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
         # bytes 0..3 of a word -> elements 4i .. 4i+3 (cvt: the upper byte goes to the upper half)
         e0, e1, e2, e3 = tl.inline_asm_elementwise(
             """{
@@ -316,7 +315,7 @@ def load_kv_tile(
     else:
         offs_d = COL0 + tl.arange(0, WIDTH)
         x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0,
-                    eviction_policy=EVICT)
+                    eviction_policy="evict_first" if EVICT_FIRST else "")
         return x.to(OUT_DTYPE)
 
 
