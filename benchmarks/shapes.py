@@ -68,6 +68,8 @@ class Shape:
         """A compact unique name, also what ``--filter`` matches."""
         kv = {"fp8": "fp8", "nvfp4": "nvfp4"}.get(self.kv_dtype, "bf16")
         heads = "" if (self.num_qo_heads, self.num_kv_heads) == (32, 8) else f" h{self.num_qo_heads}/{self.num_kv_heads}"
+        if self.suite != "mla" and self.head_dim != 128:
+            heads += f" D{self.head_dim}"
         if self.suite == "decode":
             lens = f"ragged{self.batch}x[1,{self.kv_len}]" if self.ragged else f"{self.batch}x{self.kv_len}"
             return f"decode {kv} {lens} p{self.page_size} {self.layout}{heads}"

@@ -33,6 +33,10 @@ from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
 from benchmarks.timing import Timer, back_to_back_us  # noqa: E402
 
+# Largest relative difference from the table's output a variant may show (bfloat16 outputs; the
+# split count changes the summation order) before it is flagged as computing something else.
+MAX_REL_DIFF = 1e-2
+
 VARIANTS = {
     "default": {},
     "stages2": {"num_stages": 2},
@@ -74,9 +78,9 @@ VARIANTS = {
     # what the second launch costs the split shapes.
     "nocombine": {"_no_combine": True},
 }
-# Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use. Variants are timed, not
-# checked: before a table takes one, the GPU tests must pass with it (NVFP4 with 16-key tiles ran
-# fast and computed wrong results, benchmarks/NOTES.md session e).
+# Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use. Each variant's output is
+# compared with the table's (flagged when off), but before a table takes one the GPU tests must
+# pass with it (NVFP4 with 16-key tiles ran fast and computed wrong results, NOTES.md session e).
 _TILES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 4, 3),
           (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4), (32, 4, 3), (32, 4, 5), (16, 4, 4),
           (16, 4, 6), (32, 8, 4), (32, 2, 4), (16, 2, 4), (32, 2, 6), (16, 1, 4), (16, 1, 6), (16, 2, 3), (16, 2, 6),
@@ -137,6 +141,14 @@ VARIANTS.update({
     "t16_1_6w2": {"block_n": 16, "num_warps": 1, "num_stages": 6, "max_per_sm": 2},
     "t16_1_6w4": {"block_n": 16, "num_warps": 1, "num_stages": 6, "max_per_sm": 4},
 })
+# NVFP4 tiles with the block scales read as 32-bit words (the launcher's choice on aligned
+# caches), and "+bytes": the same tile with the scales read byte by byte (the unaligned path).
+_NVFP4_TILES = [(32, 1, 3), (32, 1, 4), (32, 1, 6), (32, 2, 3), (32, 2, 4), (32, 4, 4), (64, 1, 4), (64, 2, 4),
+                (64, 4, 4), (64, 4, 3), (128, 4, 3)]
+VARIANTS.update({f"t{bn}_{w}_{st}": {"block_n": bn, "num_warps": w, "num_stages": st} for bn, w, st in _NVFP4_TILES})
+VARIANTS.update({f"t{bn}_{w}_{st}+bytes": {"block_n": bn, "num_warps": w, "num_stages": st, "_sf_bytes": True}
+                 for bn, w, st in _NVFP4_TILES})
+VARIANTS["default+bytes"] = {"_sf_bytes": True}
 # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
 VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
 
@@ -160,6 +172,11 @@ SHAPES = [
     Shape("decode", 32, 8192, kv_dtype="nvfp4", head_dim=256),
     Shape("decode", 16, 4096, kv_dtype="nvfp4"),
     Shape("decode", 1, 32768, kv_dtype="nvfp4"),
+    Shape("decode", 32, 8192, kv_dtype="nvfp4"),
+    Shape("decode", 16, 4096, kv_dtype="nvfp4", head_dim=64),
+    Shape("decode", 1, 32768, kv_dtype="nvfp4", head_dim=64),
+    Shape("decode", 16, 4096, kv_dtype="nvfp4", head_dim=256),
+    Shape("decode", 1, 32768, kv_dtype="nvfp4", head_dim=256),
     Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1),
     Shape("decode", 128, 8192, ragged=True),
     Shape("decode", 128, 8192, ragged=True, page_size=64),
@@ -177,21 +194,36 @@ SHAPES = [
 @contextlib.contextmanager
 def variant(name: str):
     """Apply a variant: its config fields through ``decode_configs.override``; ``_no_combine``
-    replaces the combine launch by a no-op. Cached launch plans are dropped on entry and exit."""
-    from kvattn.ops import decode_configs, decode_launch
+    replaces the combine launch by a no-op; ``_sf_bytes`` reads NVFP4 block scales byte by byte
+    even where they could be read as words. Cached launch plans are dropped on entry and exit."""
+    from kvattn.ops import decode_configs, decode_launch, launch_common
 
     fields = dict(VARIANTS[name])
     no_combine = fields.pop("_no_combine", False)
-    real = decode_launch._combine_launch
+    sf_bytes = fields.pop("_sf_bytes", False)
+    real, real_code = decode_launch._combine_launch, decode_launch.kv_format_code
     decode_launch._PLANS.clear()
     if no_combine:
         decode_launch._combine_launch = lambda plan, splits: (lambda call, floats: None)
+    if sf_bytes:
+        def bytes_code(*args):
+            code = real_code(*args)
+            return launch_common.KV_FORMAT_CODE["nvfp4"] if code == launch_common.KV_NVFP4_WORDS else code
+        decode_launch.kv_format_code = bytes_code
     try:
         with decode_configs.override(**fields):
             yield
     finally:
-        decode_launch._combine_launch = real
+        decode_launch._combine_launch, decode_launch.kv_format_code = real, real_code
         decode_launch._PLANS.clear()
+
+
+def relative_difference(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``|out - ref| / |ref|`` in float64 (inf when ``out`` has a non-finite value)."""
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def main(argv=None) -> int:
@@ -225,17 +257,25 @@ def main(argv=None) -> int:
     for shape in shapes:
         prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
         fns = [s.kvattn for s in prob.sets]
-        row = {"shape": shape.id, "bytes": prob.work.bytes, "graph_us": {}}
+        row = {"shape": shape.id, "bytes": prob.work.bytes, "graph_us": {}, "rel_diff": {}}
+        # Each variant's output is compared with the table's (which the GPU tests check): a
+        # variant that computes something else is flagged, not only timed.
+        with variant("default"):
+            expected = fns[0]().clone()
         for name in names:
             t0 = time.perf_counter()
             try:
                 us = timer.graph(fns, context=lambda: variant(name))
+                with variant(name):
+                    diff = relative_difference(fns[0](), expected)
             except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
                 print(f"  {shape.id} {name}: FAILED {type(exc).__name__}: {exc}"[:300], flush=True)
                 continue
             row["graph_us"][name] = us
+            row["rel_diff"][name] = diff
+            flag = "  WRONG" if not diff <= MAX_REL_DIFF else ""
             print(f"  {shape.id:48s} {name:10s} {us:9.1f} us  {prob.work.bytes / us / 1e3 / copy:.3f}"
-                  f"  ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+                  f"  diff {diff:.1e}{flag}  ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         if args.eager:
             row["eager_us"] = timer.eager(fns)
         if args.noflush:
@@ -247,7 +287,8 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"env": env, "variants": VARIANTS, "rows": rows}, indent=1))
 
-    print(f"\n# graph-replay us (fraction of copy BW {copy:.0f} GB/s); best per shape marked *")
+    print(f"\n# graph-replay us (fraction of copy BW {copy:.0f} GB/s); best per shape marked *, "
+          f"outputs off the table's by more than {MAX_REL_DIFF:g} marked !")
     print(f"{'shape':48s} " + " ".join(f"{n:>13s}" for n in names) + ("        eager" if args.eager else ""))
     for row in rows:
         t = row["graph_us"]
@@ -258,7 +299,8 @@ def main(argv=None) -> int:
                 cells.append(f"{'-':>13s}")
                 continue
             frac = row["bytes"] / t[n] / 1e3 / copy
-            cells.append(f"{t[n]:7.1f}/{frac:.3f}{'*' if t[n] == best else ' '}")
+            mark = "!" if not row["rel_diff"][n] <= MAX_REL_DIFF else ("*" if t[n] == best else " ")
+            cells.append(f"{t[n]:7.1f}/{frac:.3f}{mark}")
         eager = f" {row['eager_us']:9.1f}" if "eager_us" in row else ""
         for n in names[:2]:
             if f"noflush_{n}_us" in row:

@@ -39,6 +39,12 @@ def capability(device: torch.device) -> tuple[int, int]:
     return (p.major, p.minor)
 
 
+def has_fp8_convert(device: torch.device) -> bool:
+    """Whether the GPU converts fp8-e4m3 pairs in one instruction (``cvt.rn.f16x2.e4m3x2``, sm_89
+    and later), which the kernels' words formats use through inline PTX."""
+    return capability(device) >= (8, 9)
+
+
 def is_hopper(device: torch.device) -> bool:
     return capability(device) == (9, 0)
 

@@ -65,12 +65,18 @@ def run_both(backend_call, monkeypatch):
 def decode_case(
     device, monkeypatch, *, lens, hkv=2, group=4, d=64, page=16, layout="NHD", form="stacked", fmt=None,
     qdt=torch.float16, q_len=1, mask=False, window=-1, sinks=False, tensor_scales=False, fp8_out=False,
-    o_scale=1.0, uint32=False, seed=0, ws_bytes=1 << 22, max_seq_len=None, enable_pdl=None,
+    o_scale=1.0, uint32=False, seed=0, ws_bytes=1 << 22, max_seq_len=None, enable_pdl=None, sf_off_by_one=False,
 ):
-    """Build one random case, run both backends and the dense oracle, and compare."""
+    """Build one random case, run both backends and the dense oracle, and compare.
+
+    ``sf_off_by_one``: NVFP4 block scales one byte past a 4-byte boundary (the kernels then read
+    them byte by byte instead of as words)."""
     fmt = fmt or {torch.float16: "float16", torch.bfloat16: "bfloat16"}[qdt]
     case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=qdt, kv_format=fmt,
                          layout=layout, form=form, device=device, seed=seed)
+    if sf_off_by_one:
+        case.kv_cache_sf = tuple(_off_by_one(t) for t in case.kv_cache_sf) if isinstance(
+            case.kv_cache_sf, tuple) else _off_by_one(case.kv_cache_sf)
     g = torch.Generator().manual_seed(100 + seed)
     batch, hq = len(lens), hkv * group
     q = torch.randn(batch * q_len, hq, d, generator=g).to(device=device, dtype=qdt)
@@ -109,6 +115,16 @@ def decode_case(
     for b, n in enumerate(lens):
         if n == 0:
             assert (out[b * q_len : (b + 1) * q_len].float() == 0).all(), f"empty request {b}: rows not zero"
+    return out
+
+
+def _off_by_one(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its strides, starting one byte past a 4-byte boundary."""
+    size = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    buf = torch.empty(size + 1, dtype=t.dtype, device=t.device)
+    out = torch.as_strided(buf, t.shape, t.stride(), storage_offset=1)
+    out.copy_(t)
+    assert out.data_ptr() % 4 != 0
     return out
 
 
@@ -173,6 +189,22 @@ CASES = [
     *[param(f"nvfp4-D{d}-{layout}-p{page}", lens=[1, 70, 300, 513, 4096], fmt="nvfp4", d=d, hkv=8 if d == 128 else 2,
             layout=layout, page=page, qdt=torch.bfloat16, seed=d + page)
       for d in (128, 256) for layout, page in (("NHD", 16), ("HND", 32))],
+    # NVFP4 launches of more work items than SMs (the main table's one-warp tiles; the cases above
+    # have few items), spec decode and large groups (more query rows: 8 warps on the 32-key tiles)
+    param("nvfp4-D128-many-items", lens=[1 + 97 * i for i in range(24)], fmt="nvfp4", d=128, hkv=8,
+          qdt=torch.bfloat16, seed=5),
+    param("nvfp4-D64-many-items-HND", lens=[3 + 61 * i for i in range(40)], fmt="nvfp4", d=64, hkv=4,
+          layout="HND", qdt=torch.bfloat16, seed=6),
+    param("nvfp4-D128-spec-Q4-G16-mask", lens=[4, 300, 1029], fmt="nvfp4", d=128, hkv=1, group=16, q_len=4,
+          mask=True, qdt=torch.bfloat16, seed=7),
+    param("nvfp4-D256-spec-Q4-G8-window", lens=[6, 700], fmt="nvfp4", d=256, hkv=2, group=8, q_len=4, window=100,
+          qdt=torch.bfloat16, seed=8),
+    param("nvfp4-D64-spec-Q2-sinks", lens=[2, 45, 2000], fmt="nvfp4", d=64, q_len=2, sinks=True,
+          qdt=torch.bfloat16, seed=9),
+    # NVFP4 scales not 4-byte aligned: read byte by byte (the aligned cases above read words)
+    *[param(f"nvfp4-D{d}-{layout}-scales-off-by-one", lens=[1, 70, 513, 2100], fmt="nvfp4", d=d, hkv=2,
+            layout=layout, qdt=torch.bfloat16, sf_off_by_one=True, seed=d)
+      for d in (64, 128) for layout in ("NHD", "HND")],
 ]
 
 

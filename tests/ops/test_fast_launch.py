@@ -681,11 +681,14 @@ def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backe
         ("fp8", False, (4096, 1024, 128, 4096, 1024, 128, 128), 1),  # a base pointer off by 1-3 bytes
         ("fp8", True, (4098, 1026, 128, 4096, 1024, 128, 128), 1),  # a stride not a multiple of 4
         ("bfloat16", True, (4096, 1024, 128, 4096, 1024, 128, 128), 0),
-        ("nvfp4", True, (2048, 512, 64, 2048, 512, 64, 128), 2),
+        ("nvfp4", True, (256, 64, 8, 256, 64, 8, 8), launch_common.KV_NVFP4_WORDS),  # scale strides, D / 16
+        ("nvfp4", False, (256, 64, 8, 256, 64, 8, 8), 2),  # a scale base pointer off by 1-3 bytes
+        ("nvfp4", True, (128, 32, 4, 128, 32, 4, 2), 2),  # D 32: half a word of scales a row
     ],
-    ids=["fp8-aligned", "fp8-misaligned-base", "fp8-odd-stride", "bf16", "nvfp4"],
+    ids=["fp8-aligned", "fp8-misaligned-base", "fp8-odd-stride", "bf16", "nvfp4-aligned", "nvfp4-misaligned-base",
+         "nvfp4-D32"],
 )
-def test_fp8_word_path_only_for_aligned_rows(kv_format, words_ok, strides, expected):
+def test_word_paths_only_for_aligned_rows(kv_format, words_ok, strides, expected):
     assert launch_common.kv_format_code(kv_format, words_ok, strides) == expected
 
 

@@ -36,6 +36,10 @@ KV_NVFP4: tl.constexpr = tl.constexpr(2)  # uint8, two e2m1 codes a byte, e4m3 s
 # fp8 again, read as 32-bit words and converted to float16 in registers (GPU only: inline PTX; the
 # launcher picks it when every row of the cache is 4-byte aligned). See load_kv_tile.
 KV_FP8_WORDS: tl.constexpr = tl.constexpr(3)
+# NVFP4 again, its codes and block scales read as 32-bit words and converted in registers (GPU
+# only: inline PTX; the launcher picks it when every row of codes and of scales is 4-byte aligned,
+# D a multiple of 64, and the GPU converts fp8 pairs). See load_kv_tile.
+KV_NVFP4_WORDS: tl.constexpr = tl.constexpr(4)
 FP8_MAX: tl.constexpr = tl.constexpr(448.0)
 
 
@@ -238,6 +242,69 @@ def e2m1_values(code):
 
 
 @triton.jit
+def e2m1_words_f16(w):
+    """float16 ``[R, 8 C]`` of the e2m1 codes of int32 words ``w [R, C]`` in memory order (nibble
+    j of word c, from the least significant, is element 8c + j), as :func:`e2m1_values` computes
+    them but two at a time: codes j and j + 4 of a word land in the two halves of one register
+    (magnitude bits at 9-11, sign at 15: the value times 2^-14), restored by one packed multiply
+    by 2^14 (``k``).
+    GPU only (inline PTX)."""
+    e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
+        """{
+        .reg .b32 a, b, x, m, k;
+        mov.b32 m, 0x0E000E00;
+        mov.b32 k, 0x74007400;
+        shl.b32 a, $8, 9;
+        shl.b32 b, $8, 12;
+        and.b32 b, b, 0x80008000;
+        lop3.b32 x, a, m, b, 0xEA;
+        mul.rn.f16x2 x, x, k;
+        mov.b32 {$0, $1}, x;
+        shl.b32 a, $8, 5;
+        shl.b32 b, $8, 8;
+        and.b32 b, b, 0x80008000;
+        lop3.b32 x, a, m, b, 0xEA;
+        mul.rn.f16x2 x, x, k;
+        mov.b32 {$2, $3}, x;
+        shl.b32 a, $8, 1;
+        shl.b32 b, $8, 4;
+        and.b32 b, b, 0x80008000;
+        lop3.b32 x, a, m, b, 0xEA;
+        mul.rn.f16x2 x, x, k;
+        mov.b32 {$4, $5}, x;
+        shr.u32 a, $8, 3;
+        and.b32 b, $8, 0x80008000;
+        lop3.b32 x, a, m, b, 0xEA;
+        mul.rn.f16x2 x, x, k;
+        mov.b32 {$6, $7}, x;
+        }""",
+        "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    # flat position k = 4a + 2b + c of join(join(join(., .)_a, .)_b, .)_c: e_k at c = k & 1, b = k >> 1 & 1, a = k >> 2
+    t = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    return tl.reshape(t, (w.shape[0], 8 * w.shape[1]))
+
+
+@triton.jit
+def e4m3_words_f16(w):
+    """float16 ``[R, 4 C]`` of the fp8-e4m3 bytes of int32 words ``w [R, C]`` in memory order
+    (byte j of word c is element 4c + j): exact, two conversions a word (GPU only: inline PTX)."""
+    # bytes 0..3 of a word -> elements 4i .. 4i+3 (cvt: the upper byte goes to the upper half)
+    e0, e1, e2, e3 = tl.inline_asm_elementwise(
+        """{
+        .reg .b16 lo, hi;
+        .reg .b32 x, y;
+        mov.b32 {lo, hi}, $4;
+        cvt.rn.f16x2.e4m3x2 x, lo;
+        cvt.rn.f16x2.e4m3x2 y, hi;
+        mov.b32 {$0, $1}, x;
+        mov.b32 {$2, $3}, y;
+        }""",
+        "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+    # join(join(e0, e2), join(e1, e3))[i, w, m, j] = e(2m + j): flattened in element order
+    return tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (w.shape[0], 4 * w.shape[1]))
+
+
+@triton.jit
 def opaque(x):
     """``x`` (a 16-bit tile) unchanged, through an identity the compiler cannot look behind.
 
@@ -273,17 +340,34 @@ def load_kv_tile(
     significant bits) do too, so the dot products see the cache's exact values. Triton 3.6 keeps
     ``EVICT_FIRST`` on register loads only: a software-pipelined (cp.async) load drops it.
     """
-    if KV_FORMAT == KV_NVFP4:
-        offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
-        packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
-                         eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.int32)
-        lo = e2m1_values(packed & 15)
-        hi = e2m1_values(packed >> 4)
-        vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
-        offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
+    if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
+        if KV_FORMAT == KV_NVFP4_WORDS and WIDTH % 8 == 0 and COL0 % 8 == 0:
+            # Eight codes a word, converted two at a time: ~2.5 instructions an element instead of
+            # ~9 (H100, 64x8192 D128 with the scales as words too: 0.31 -> 0.39 of copy bandwidth).
+            offs_c = COL0 // 8 + tl.arange(0, WIDTH // 8)
+            c_ptr = (base_ptr + tok_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_c[None, :]
+            codes = tl.load(c_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
+            vals = e2m1_words_f16(codes)
+        else:
+            offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
+            packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
+                             eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.int32)
+            lo = e2m1_values(packed & 15)
+            hi = e2m1_values(packed >> 4)
+            vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
+        if KV_FORMAT == KV_NVFP4_WORDS and WIDTH % 64 == 0 and COL0 % 64 == 0:
+            # Why words: with 1-byte loads (some tile shapes) Triton 3.6 leaves the scales out of
+            # the software pipeline (no async copy under 4 bytes), and converting them is one
+            # cvt a pair instead of one a value.
+            offs_w = COL0 // 64 + tl.arange(0, WIDTH // 64)
+            w_ptr = (sf_ptr + sf_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
+            w = tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
+            sf = e4m3_words_f16(w)
+        else:
+            offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
+            sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
+                         eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float16)
         # float16 products are exact: at most 5 significant bits, magnitudes 2^-10 .. 2688
-        sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
-                     eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float16)
         vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
                           (tok_off.shape[0], WIDTH))
         return vals.to(OUT_DTYPE)
@@ -295,20 +379,7 @@ def load_kv_tile(
         offs_w = COL0 // 4 + tl.arange(0, WIDTH // 4)
         w_ptr = (base_ptr + tok_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
         w = tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
-        # bytes 0..3 of a word -> elements 4i .. 4i+3 (cvt: the upper byte goes to the upper half)
-        e0, e1, e2, e3 = tl.inline_asm_elementwise(
-            """{
-            .reg .b16 lo, hi;
-            .reg .b32 x, y;
-            mov.b32 {lo, hi}, $4;
-            cvt.rn.f16x2.e4m3x2 x, lo;
-            cvt.rn.f16x2.e4m3x2 y, hi;
-            mov.b32 {$0, $1}, x;
-            mov.b32 {$2, $3}, y;
-            }""",
-            "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
-        # join(join(e0, e2), join(e1, e3))[i, w, m, j] = e(2m + j): flattened in element order
-        tile = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (tok_off.shape[0], WIDTH))
+        tile = e4m3_words_f16(w)
         if PV_OPERAND:
             tile = opaque(tile)
         return tile

@@ -40,11 +40,22 @@ _SM90 = {
     ("fp8", 64): (128, 4, 3),
     ("fp8", 128): (128, 4, 3),
     ("fp8", 256): (64, 4, 3),
-    # NVFP4: never under 32 keys a tile. On an H100 (Triton 3.6) 16-key tiles computed wrong
-    # results with 1, 2 or 4 warps (benchmarks/NOTES.md, session e); test_decode_configs guards it.
-    ("nvfp4", 64): (128, 4, 3),
-    ("nvfp4", 128): (128, 4, 3),
-    ("nvfp4", 256): (64, 4, 3),
+    # NVFP4 (codes and scales read as words, launch_common.KV_NVFP4_WORDS), measured on an H100
+    # (benchmarks/NOTES.md, session f): one-warp programs where each gets a long split,
+    # 64x8192 D64 / D128 341 -> 228 / 578 -> 511 us against (128, 4, 3); D256 (32, 2, 3) 672 -> 634
+    # against (64, 4, 3). Never under 32 keys a tile: on an H100 (Triton 3.6) 16-key tiles computed
+    # wrong results with 1, 2 or 4 warps (session e); test_decode_configs guards it.
+    ("nvfp4", 64): (32, 1, 3),
+    ("nvfp4", 128): (32, 1, 3),
+    ("nvfp4", 256): (32, 2, 3),
+}
+# Launches of at most one work item an SM (small batches): every item is split, and one-warp
+# programs get short splits. NVFP4 D128, measured on an H100 (benchmarks/NOTES.md, session f):
+# 16x4096 113 -> 80 us, 1x32768 57 -> 48 with (32, 2, 3) instead of the main table's (32, 1, 3);
+# at 32x8192 (256 items) the main table's still wins (265 vs 272). D64's and D256's main entries
+# win on those shapes as they are.
+_SM90_FEW = {
+    ("nvfp4", 128): (32, 2, 3),
 }
 # Long tiles: for launches whose work items all fit one wave of long-tile programs (small
 # batches, single decode: the sequence is split to fill that wave) and for pages of 64+ tokens
@@ -84,10 +95,11 @@ _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
 LONG_TABLES = {"sm90": _SM90_LONG}
+FEW_TABLES = {"sm90": _SM90_FEW}
 SHORT_TABLES = {"sm90": _SM90_SHORT}
 STREAM_TABLES = {"sm90": _SM90_STREAM}
 # config(..., kind): the main table, or one of the measured special-purpose tables above.
-KINDS = {"main": TABLES, "long": LONG_TABLES, "short": SHORT_TABLES, "stream": STREAM_TABLES}
+KINDS = {"main": TABLES, "long": LONG_TABLES, "few": FEW_TABLES, "short": SHORT_TABLES, "stream": STREAM_TABLES}
 
 _override: dict = {}
 
@@ -110,7 +122,10 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     pipelined copies) and 4-6 KB of operand / reduction scratch, as the compiled kernels show; fp8
     caches add the float16 tile their words are converted into. Registers: what ptxas gave the
     tuned kernels (``benchmarks/inspect_kernels.py``, or ptxas on a local sm_90a compile): ~150 a
-    thread for fp8 and ~205 for NVFP4 at 128-key tiles, at most 128 otherwise.
+    thread for fp8 at 128-key tiles, at most 128 otherwise; NVFP4 grows with the elements a thread
+    converts a tile (``block_n * D / threads``): 96-102 at 32, 128-161 at 64, 168-209 at 128
+    (Triton 3.6, sm_90a), which ``96 + elements`` bounds from above. An estimate above the truth
+    leaves slots idle; one below plans a second, partial wave.
     """
     elem = {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 1}[kv_format]
     smem = (cfg.num_stages - 1) * cfg.block_n * head_dim * elem * 2 + (4 if rope_query else 6) * 1024
@@ -118,8 +133,8 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     if kv_format == "fp8":  # read as words (launch_common.KV_FP8_WORDS): a float16 tile staged for the MMA
         smem += cfg.block_n * head_dim * 2
         regs = 160 if cfg.block_n >= 128 else 128
-    elif elem == 1 and cfg.block_n >= 128:
-        regs = 208
+    elif kv_format == "nvfp4":
+        regs = min(255, 96 + cfg.block_n * head_dim // (32 * cfg.num_warps))
     fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
               _WARPS_PER_SM // cfg.num_warps)
     return max(1, fit)
@@ -169,6 +184,13 @@ def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rop
         return True
     long = config(arch, kv_format, head_dim, block_m, rope, "long")
     return items <= sm_count * occupancy(long, kv_format, head_dim, False)
+
+
+def wants_few_item_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, items: int,
+                         sm_count: int) -> bool:
+    """Whether a launch takes the few-items table (``config(..., "few")``): at most one work item
+    an SM."""
+    return _measured("few", arch, kv_format, head_dim, block_m, rope) and items <= sm_count
 
 
 def has_short_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,

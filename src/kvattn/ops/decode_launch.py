@@ -64,6 +64,14 @@ def _lse_row_stride(stride: tuple | None, num_heads: int) -> int:
     return stride[0] if len(stride) == 2 else num_heads * stride[0]
 
 
+def _words_aligned(k, v, k_sf, v_sf) -> bool:
+    """Whether the base pointers of what a words format reads are 4-byte aligned: fp8 K and V, or
+    NVFP4's codes and block scales."""
+    if k_sf is not None and v_sf is not None:
+        return all(t.data_ptr() % 4 == 0 for t in (k, v, k_sf, v_sf))
+    return k.dtype == FP8_DTYPE and k.data_ptr() % 4 == 0 and v.data_ptr() % 4 == 0
+
+
 def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
     """``(BLOCK_M, M_BLOCKS)`` for ``rows`` query rows per (request, KV head)."""
     if not use_dot:
@@ -101,8 +109,13 @@ class _Plan:
             self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
         self.kv_format = KV_FORMATS[kv_dtype]
-        self.kv_code = kv_format_code(self.kv_format, kv_aligned4 and not interpreter,
-                                      (*self.k_strides, *self.v_strides, self.head_dim))
+        if self.kv_format == "nvfp4":  # codes and block scales
+            words_strides = (*self.k_strides, *self.v_strides, *ksf_stride[:3], *vsf_stride[:3],
+                             self.head_dim // 16) if paged else (1,)
+        else:
+            words_strides = (*self.k_strides, *self.v_strides, self.head_dim)
+        words_ok = kv_aligned4 and not interpreter and _device.has_fp8_convert(device)
+        self.kv_code = kv_format_code(self.kv_format, words_ok, words_strides)
         self.rows = q_len * self.group
         arch_name = arch(device, interpreter)
         cfg0 = decode_configs.config(arch_name, self.kv_format, self.head_dim, 16, rope)
@@ -119,8 +132,10 @@ class _Plan:
             arch_name, self.kv_format, self.head_dim, self.block_m, rope, page_size=self.page_size, items=self.items,
             sm_count=self.sm_count,
         )
+        few_items = not long_tiles and decode_configs.wants_few_item_tiles(
+            arch_name, self.kv_format, self.head_dim, self.block_m, rope, items=self.items, sm_count=self.sm_count)
         self.cfg = cfg = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                               "long" if long_tiles else "main")
+                                               "long" if long_tiles else ("few" if few_items else "main"))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
         self.cfg_short = None
@@ -316,7 +331,7 @@ def launch_decode(
             same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
             workspace.numel() if workspace is not None else None,
             paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
-            k.dtype == FP8_DTYPE and k.data_ptr() % 4 == 0 and v.data_ptr() % 4 == 0,
+            _words_aligned(k, v, k_sf, v_sf),
         )
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
