@@ -235,6 +235,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rep", type=int, default=100)
     args = ap.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
 
     import triton
 
@@ -251,7 +255,6 @@ def main(argv=None) -> int:
     env["copy_gbps"] = copy
     print(f"# {env['device']} {env['date']} torch {env['torch']} triton {env['triton']} copy {copy:.0f} GB/s",
           flush=True)
-    names = [v for v in args.variants.split(",") if v]
     shapes = [s for s in SHAPES if not args.filter or any(f in s.id for f in args.filter)]
     rows = []
     for shape in shapes:

@@ -241,45 +241,35 @@ def e2m1_values(code):
     return bits.to(tl.int16).to(tl.float16, bitcast=True) * 16384.0
 
 
+def _e2m1_pairs_ptx() -> str:
+    """PTX of :func:`e2m1_words_f16`: for j < 4, nibbles j and j + 4 of the word ``$8`` into the
+    two halves of one register, magnitude bits to 9-11 (shift 9 - 4j), sign to 15 (shift 12 - 4j),
+    times 2^14 (``k``), out as ``$2j, $2j+1``."""
+    lines = [".reg .b32 a, b, x, m, k;", "mov.b32 m, 0x0E000E00;", "mov.b32 k, 0x74007400;"]
+    for j in range(4):
+        mag, sign = 9 - 4 * j, 12 - 4 * j
+        lines.append(f"shl.b32 a, $8, {mag};" if mag > 0 else f"shr.u32 a, $8, {-mag};")
+        if sign:
+            lines += [f"shl.b32 b, $8, {sign};", "and.b32 b, b, 0x80008000;"]
+        else:
+            lines.append("and.b32 b, $8, 0x80008000;")
+        lines += ["lop3.b32 x, a, m, b, 0xEA;", "mul.rn.f16x2 x, x, k;", f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, x;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+E2M1_PAIRS_PTX: tl.constexpr = tl.constexpr(_e2m1_pairs_ptx())
+
+
 @triton.jit
 def e2m1_words_f16(w):
     """float16 ``[R, 8 C]`` of the e2m1 codes of int32 words ``w [R, C]`` in memory order (nibble
     j of word c, from the least significant, is element 8c + j), as :func:`e2m1_values` computes
     them but two at a time: codes j and j + 4 of a word land in the two halves of one register
-    (magnitude bits at 9-11, sign at 15: the value times 2^-14), restored by one packed multiply
-    by 2^14 (``k``).
-    GPU only (inline PTX)."""
+    (the value times 2^-14), restored by one packed multiply (``E2M1_PAIRS_PTX``). GPU only."""
     e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
-        """{
-        .reg .b32 a, b, x, m, k;
-        mov.b32 m, 0x0E000E00;
-        mov.b32 k, 0x74007400;
-        shl.b32 a, $8, 9;
-        shl.b32 b, $8, 12;
-        and.b32 b, b, 0x80008000;
-        lop3.b32 x, a, m, b, 0xEA;
-        mul.rn.f16x2 x, x, k;
-        mov.b32 {$0, $1}, x;
-        shl.b32 a, $8, 5;
-        shl.b32 b, $8, 8;
-        and.b32 b, b, 0x80008000;
-        lop3.b32 x, a, m, b, 0xEA;
-        mul.rn.f16x2 x, x, k;
-        mov.b32 {$2, $3}, x;
-        shl.b32 a, $8, 1;
-        shl.b32 b, $8, 4;
-        and.b32 b, b, 0x80008000;
-        lop3.b32 x, a, m, b, 0xEA;
-        mul.rn.f16x2 x, x, k;
-        mov.b32 {$4, $5}, x;
-        shr.u32 a, $8, 3;
-        and.b32 b, $8, 0x80008000;
-        lop3.b32 x, a, m, b, 0xEA;
-        mul.rn.f16x2 x, x, k;
-        mov.b32 {$6, $7}, x;
-        }""",
-        "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
-    # flat position k = 4a + 2b + c of join(join(join(., .)_a, .)_b, .)_c: e_k at c = k & 1, b = k >> 1 & 1, a = k >> 2
+        E2M1_PAIRS_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    # flat position k = 4a + 2b + c of join(join(join(., .)_a, .)_b, .)_c: e_k at c = k & 1,
+    # b = (k >> 1) & 1, a = k >> 2
     t = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
     return tl.reshape(t, (w.shape[0], 8 * w.shape[1]))
 
@@ -321,6 +311,15 @@ def opaque(x):
 
 
 @triton.jit
+def load_words(base_ptr, row_off, WORD0: tl.constexpr, WORDS: tl.constexpr, ok, EVICT_FIRST: tl.constexpr):
+    """int32 ``[N, WORDS]``: words ``WORD0 ..`` of the 4-byte aligned rows at byte offsets
+    ``row_off [N]`` of ``base_ptr`` (rows not ``ok`` read as 0)."""
+    offs_w = WORD0 + tl.arange(0, WORDS)
+    w_ptr = (base_ptr + row_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
+    return tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
+
+
+@triton.jit
 def load_kv_tile(
     base_ptr,  # [..., D_STORED] cache elements (the token offsets point at one head's vector)
     sf_ptr,  # [..., D / 16] e4m3 block scales (NVFP4 only)
@@ -344,10 +343,7 @@ def load_kv_tile(
         if KV_FORMAT == KV_NVFP4_WORDS and WIDTH % 8 == 0 and COL0 % 8 == 0:
             # Eight codes a word, converted two at a time: ~2.5 instructions an element instead of
             # ~9 (H100, 64x8192 D128 with the scales as words too: 0.31 -> 0.39 of copy bandwidth).
-            offs_c = COL0 // 8 + tl.arange(0, WIDTH // 8)
-            c_ptr = (base_ptr + tok_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_c[None, :]
-            codes = tl.load(c_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
-            vals = e2m1_words_f16(codes)
+            vals = e2m1_words_f16(load_words(base_ptr, tok_off, COL0 // 8, WIDTH // 8, ok, EVICT_FIRST))
         else:
             offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
             packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
@@ -359,10 +355,7 @@ def load_kv_tile(
             # Why words: with 1-byte loads (some tile shapes) Triton 3.6 leaves the scales out of
             # the software pipeline (no async copy under 4 bytes), and converting them is one
             # cvt a pair instead of one a value.
-            offs_w = COL0 // 64 + tl.arange(0, WIDTH // 64)
-            w_ptr = (sf_ptr + sf_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
-            w = tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
-            sf = e4m3_words_f16(w)
+            sf = e4m3_words_f16(load_words(sf_ptr, sf_off, COL0 // 64, WIDTH // 64, ok, EVICT_FIRST))
         else:
             offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
             sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
@@ -376,10 +369,7 @@ def load_kv_tile(
         # P.V product (keys along its reduction dim, i.e. transposed) is gathered byte by byte
         # (one LDS.U8 per element, 128 a thread a 128-key tile); words converted in registers
         # reach the tensor cores through a 16-bit transposing ldmatrix instead.
-        offs_w = COL0 // 4 + tl.arange(0, WIDTH // 4)
-        w_ptr = (base_ptr + tok_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
-        w = tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
-        tile = e4m3_words_f16(w)
+        tile = e4m3_words_f16(load_words(base_ptr, tok_off, COL0 // 4, WIDTH // 4, ok, EVICT_FIRST))
         if PV_OPERAND:
             tile = opaque(tile)
         return tile
