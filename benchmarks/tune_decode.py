@@ -144,7 +144,7 @@ VARIANTS.update({
 # NVFP4 tiles with the block scales read as 32-bit words (the launcher's choice on aligned
 # caches), and "+bytes": the same tile with the scales read byte by byte (the unaligned path).
 _NVFP4_TILES = [(32, 1, 3), (32, 1, 4), (32, 1, 6), (32, 2, 3), (32, 2, 4), (32, 4, 4), (64, 1, 4), (64, 2, 4),
-                (64, 4, 4), (64, 4, 3), (128, 4, 3)]
+                (64, 4, 4), (64, 4, 3), (128, 4, 3), (32, 1, 2), (32, 2, 2), (64, 1, 2), (64, 2, 3)]
 VARIANTS.update({f"t{bn}_{w}_{st}": {"block_n": bn, "num_warps": w, "num_stages": st} for bn, w, st in _NVFP4_TILES})
 VARIANTS.update({f"t{bn}_{w}_{st}+bytes": {"block_n": bn, "num_warps": w, "num_stages": st, "_sf_bytes": True}
                  for bn, w, st in _NVFP4_TILES})

@@ -241,11 +241,13 @@ def e2m1_values(code):
     return bits.to(tl.int16).to(tl.float16, bitcast=True) * 16384.0
 
 
-def _e2m1_pairs_ptx() -> str:
-    """PTX of :func:`e2m1_words_f16`: for j < 4, nibbles j and j + 4 of the word ``$8`` into the
-    two halves of one register, magnitude bits to 9-11 (shift 9 - 4j), sign to 15 (shift 12 - 4j),
-    times 2^14 (``k``), out as ``$2j, $2j+1``."""
-    lines = [".reg .b32 a, b, x, m, k;", "mov.b32 m, 0x0E000E00;", "mov.b32 k, 0x74007400;"]
+def _nvfp4_pairs_ptx() -> str:
+    """PTX of :func:`nvfp4_words_f16`: for j < 4, nibbles j and j + 4 of the code word ``$8`` into
+    the two halves of one register (magnitude bits to 9-11: shift 9 - 4j; sign to 15: shift
+    12 - 4j), the value times 2^-14; then times the block scale ``$9`` (exact: a multiple of 2^-24
+    under 0.17) and 2^14 (``k``); out as ``$2j, $2j+1``."""
+    lines = [".reg .b32 a, b, x, m, k, s;", "mov.b32 m, 0x0E000E00;", "mov.b32 k, 0x74007400;",
+             "mov.b32 s, {$9, $9};"]
     for j in range(4):
         mag, sign = 9 - 4 * j, 12 - 4 * j
         lines.append(f"shl.b32 a, $8, {mag};" if mag > 0 else f"shr.u32 a, $8, {-mag};")
@@ -253,21 +255,24 @@ def _e2m1_pairs_ptx() -> str:
             lines += [f"shl.b32 b, $8, {sign};", "and.b32 b, b, 0x80008000;"]
         else:
             lines.append("and.b32 b, $8, 0x80008000;")
-        lines += ["lop3.b32 x, a, m, b, 0xEA;", "mul.rn.f16x2 x, x, k;", f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, x;"]
+        lines += ["lop3.b32 x, a, m, b, 0xEA;", "mul.rn.f16x2 x, x, s;", "mul.rn.f16x2 x, x, k;",
+                  f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, x;"]
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-E2M1_PAIRS_PTX: tl.constexpr = tl.constexpr(_e2m1_pairs_ptx())
+NVFP4_PAIRS_PTX: tl.constexpr = tl.constexpr(_nvfp4_pairs_ptx())
 
 
 @triton.jit
-def e2m1_words_f16(w):
-    """float16 ``[R, 8 C]`` of the e2m1 codes of int32 words ``w [R, C]`` in memory order (nibble
-    j of word c, from the least significant, is element 8c + j), as :func:`e2m1_values` computes
-    them but two at a time: codes j and j + 4 of a word land in the two halves of one register
-    (the value times 2^-14), restored by one packed multiply (``E2M1_PAIRS_PTX``). GPU only."""
+def nvfp4_words_f16(w, scale):
+    """float16 ``[R, 8 C]``: the e2m1 codes of int32 words ``w [R, C]`` in memory order (nibble j
+    of word c, from the least significant, is element 8c + j) times their block's float16
+    ``scale [R, C]`` (a word's eight codes share one block). As :func:`e2m1_values` computes the
+    codes, but two at a time (codes j and j + 4 of a word in the halves of one register), with the
+    scale applied in the same packed instructions (``NVFP4_PAIRS_PTX``). GPU only."""
     e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
-        E2M1_PAIRS_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+        NVFP4_PAIRS_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, scale], dtype=(tl.float16,) * 8, is_pure=True,
+        pack=1)
     # flat position k = 4a + 2b + c of join(join(join(., .)_a, .)_b, .)_c: e_k at c = k & 1,
     # b = (k >> 1) & 1, a = k >> 2
     t = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
@@ -330,37 +335,40 @@ def load_kv_tile(
     WIDTH: tl.constexpr,  # logical columns in the tile
     KV_FORMAT: tl.constexpr,
     OUT_DTYPE: tl.constexpr,
-    PV_OPERAND: tl.constexpr = False,  # the tile feeds a P.V product: fp8 words end in `opaque`
+    PV_OPERAND: tl.constexpr = False,  # the tile feeds a P.V product: fp8 / NVFP4 words end in `opaque`
     EVICT_FIRST: tl.constexpr = False,  # loads marked evict_first in L2
 ):
     """``[N, WIDTH]`` tile of logical columns ``COL0 ..`` in ``OUT_DTYPE``; masked tokens are 0.
 
-    fp8 values convert exactly to float16/bfloat16; NVFP4 values (e2m1 x e4m3, at most 5
+    fp8 values convert exactly to float16/bfloat16; NVFP4 values (e2m1 x e4m3, at most 6
     significant bits) do too, so the dot products see the cache's exact values. Triton 3.6 keeps
     ``EVICT_FIRST`` on register loads only: a software-pipelined (cp.async) load drops it.
     """
-    if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
-        if KV_FORMAT == KV_NVFP4_WORDS and WIDTH % 8 == 0 and COL0 % 8 == 0:
-            # Eight codes a word, converted two at a time: ~2.5 instructions an element instead of
-            # ~9 (H100, 64x8192 D128 with the scales as words too: 0.31 -> 0.39 of copy bandwidth).
-            vals = e2m1_words_f16(load_words(base_ptr, tok_off, COL0 // 8, WIDTH // 8, ok, EVICT_FIRST))
-        else:
-            offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
-            packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
-                             eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.int32)
-            lo = e2m1_values(packed & 15)
-            hi = e2m1_values(packed >> 4)
-            vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
-        if KV_FORMAT == KV_NVFP4_WORDS and WIDTH % 64 == 0 and COL0 % 64 == 0:
-            # Why words: with 1-byte loads (some tile shapes) Triton 3.6 leaves the scales out of
-            # the software pipeline (no async copy under 4 bytes), and converting them is one
-            # cvt a pair instead of one a value.
-            sf = e4m3_words_f16(load_words(sf_ptr, sf_off, COL0 // 64, WIDTH // 64, ok, EVICT_FIRST))
-        else:
-            offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
-            sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
-                         eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float16)
-        # float16 products are exact: at most 5 significant bits, magnitudes 2^-10 .. 2688
+    if KV_FORMAT == KV_NVFP4_WORDS and WIDTH % 64 == 0 and COL0 % 64 == 0:
+        # Why words: eight codes and four block scales a 4-byte load (1-byte loads are no async
+        # copy, so Triton 3.6 kept some tile shapes' scales out of the software pipeline), the
+        # codes converted two at a time with their scale in the same packed instructions (~3
+        # instructions an element, was ~10), and the V tile behind `opaque` (kWidth 2, as fp8).
+        # H100, NVFP4 64x8192 D128: 0.24 -> 0.49 of copy bandwidth (benchmarks/NOTES.md, session f).
+        sf = e4m3_words_f16(load_words(sf_ptr, sf_off, COL0 // 64, WIDTH // 64, ok, EVICT_FIRST))
+        rows: tl.constexpr = tok_off.shape[0]
+        word_scale = tl.reshape(tl.broadcast_to(sf[:, :, None], (rows, WIDTH // 16, 2)), (rows, WIDTH // 8))
+        vals = nvfp4_words_f16(load_words(base_ptr, tok_off, COL0 // 8, WIDTH // 8, ok, EVICT_FIRST), word_scale)
+        vals = vals.to(OUT_DTYPE)
+        if PV_OPERAND and OUT_DTYPE == tl.float16:
+            vals = opaque(vals)
+        return vals
+    elif KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
+        offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
+        packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
+                         eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.int32)
+        lo = e2m1_values(packed & 15)
+        hi = e2m1_values(packed >> 4)
+        vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
+        offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
+        sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
+                     eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float16)
+        # float16 products are exact: at most 6 significant bits, magnitudes 2^-10 .. 2688
         vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
                           (tok_off.shape[0], WIDTH))
         return vals.to(OUT_DTYPE)

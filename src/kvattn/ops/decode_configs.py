@@ -42,7 +42,7 @@ _SM90 = {
     ("fp8", 256): (64, 4, 3),
     # NVFP4 (codes and scales read as words, launch_common.KV_NVFP4_WORDS), measured on an H100
     # (benchmarks/NOTES.md, session f): one-warp programs where each gets a long split,
-    # 64x8192 D64 / D128 341 -> 228 / 578 -> 511 us against (128, 4, 3); D256 (32, 2, 3) 672 -> 634
+    # 64x8192 D64 / D128 321 -> 212 / 498 -> 402 us against (128, 4, 3); D256 (32, 2, 3) 629 -> 585
     # against (64, 4, 3). Never under 32 keys a tile: on an H100 (Triton 3.6) 16-key tiles computed
     # wrong results with 1, 2 or 4 warps (session e); test_decode_configs guards it.
     ("nvfp4", 64): (32, 1, 3),
@@ -51,11 +51,11 @@ _SM90 = {
 }
 # Launches of at most one work item an SM (small batches): every item is split, and one-warp
 # programs get short splits. NVFP4 D128, measured on an H100 (benchmarks/NOTES.md, session f):
-# 16x4096 113 -> 80 us, 1x32768 57 -> 48 with (32, 2, 3) instead of the main table's (32, 1, 3);
-# at 32x8192 (256 items) the main table's still wins (265 vs 272). D64's and D256's main entries
-# win on those shapes as they are.
+# 16x4096 88.6 -> 74.9 us, 1x32768 44.7 -> 43.8 with (64, 2, 3) instead of the main table's
+# (32, 1, 3); at 32x8192 (256 items) the main table's wins (214 vs 252). D64's and D256's main
+# entries win on those shapes as they are.
 _SM90_FEW = {
-    ("nvfp4", 128): (32, 2, 3),
+    ("nvfp4", 128): (64, 2, 3),
 }
 # Long tiles: for launches whose work items all fit one wave of long-tile programs (small
 # batches, single decode: the sequence is split to fill that wave) and for pages of 64+ tokens
@@ -123,8 +123,8 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     caches add the float16 tile their words are converted into. Registers: what ptxas gave the
     tuned kernels (``benchmarks/inspect_kernels.py``, or ptxas on a local sm_90a compile): ~150 a
     thread for fp8 at 128-key tiles, at most 128 otherwise; NVFP4 grows with the elements a thread
-    converts a tile (``block_n * D / threads``): 96-102 at 32, 128-161 at 64, 168-209 at 128
-    (Triton 3.6, sm_90a), which ``96 + elements`` bounds from above. An estimate above the truth
+    converts a tile (``block_n * D / threads``): 96-110 at 32, 128-146 at 64, 168-213 at 128
+    (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. An estimate above the truth
     leaves slots idle; one below plans a second, partial wave.
     """
     elem = {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 1}[kv_format]
