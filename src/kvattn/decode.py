@@ -120,7 +120,10 @@ def xqa_batch_decode_with_kv_cache(
         Bit ``c % 16`` of word ``c // 16`` of row ``r`` lets draft row ``r`` see draft token ``c``;
         None means causal among the drafts.
     kv_cache_sf : torch.Tensor or tuple, optional
-        NVFP4 e4m3 block scales, the data's shape with last dim ``D / 16``.
+        NVFP4 e4m3 block scales, the data's shape with last dim ``D / 16``. On GPUs with fp8
+        conversion (sm_89+), caches whose code and scale rows start on 4-byte boundaries (any
+        contiguous cache with D a multiple of 64) are read as 32-bit words, about twice as fast
+        as the byte path other layouts take.
 
     Returns
     -------

@@ -351,8 +351,8 @@ def load_kv_tile(
         # instructions an element, was ~10), and the V tile behind `opaque` (kWidth 2, as fp8).
         # H100, NVFP4 64x8192 D128: 0.24 -> 0.49 of copy bandwidth (benchmarks/NOTES.md, session f).
         sf = e4m3_words_f16(load_words(sf_ptr, sf_off, COL0 // 64, WIDTH // 64, ok, EVICT_FIRST))
-        rows: tl.constexpr = tok_off.shape[0]
-        word_scale = tl.reshape(tl.broadcast_to(sf[:, :, None], (rows, WIDTH // 16, 2)), (rows, WIDTH // 8))
+        ROWS: tl.constexpr = tok_off.shape[0]
+        word_scale = tl.reshape(tl.broadcast_to(sf[:, :, None], (ROWS, WIDTH // 16, 2)), (ROWS, WIDTH // 8))
         vals = nvfp4_words_f16(load_words(base_ptr, tok_off, COL0 // 8, WIDTH // 8, ok, EVICT_FIRST), word_scale)
         vals = vals.to(OUT_DTYPE)
         if PV_OPERAND and OUT_DTYPE == tl.float16:

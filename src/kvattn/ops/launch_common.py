@@ -18,7 +18,7 @@ _CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 MAX_PLANS = 1024  # distinct call shapes a launcher keeps plans for; past this its cache starts over
 # The kernels' KV_FORMAT per cache format (common.KV_HALF / KV_FP8 / KV_NVFP4), and the forms
 # read as 32-bit words (compiled kernels only, every word aligned): fp8 values
-# (common.KV_FP8_WORDS) and NVFP4 block scales (common.KV_NVFP4_WORDS).
+# (common.KV_FP8_WORDS), NVFP4 codes and block scales (common.KV_NVFP4_WORDS).
 KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
 KV_FP8_WORDS = 3
 KV_NVFP4_WORDS = 4
@@ -33,11 +33,11 @@ def arch(device: torch.device, interpreter: bool) -> str:
 
 
 def kv_format_code(kv_format: str, words_ok: bool, strides: tuple) -> int:
-    """The kernels' KV_FORMAT: fp8 values (``KV_FP8_WORDS``) and NVFP4 block scales
+    """The kernels' KV_FORMAT: fp8 values (``KV_FP8_WORDS``) and NVFP4 codes and block scales
     (``KV_NVFP4_WORDS``) are read as 32-bit words when the compiled kernels run (``words_ok``: also
-    the base pointers 4-byte aligned) and every stride in ``strides`` (the cache's, and the head dim,
-    for fp8; the scales', and D / 16, for NVFP4) is a multiple of 4 bytes, so every word load is
-    aligned; otherwise byte by byte."""
+    the base pointers 4-byte aligned, and the GPU converts fp8 pairs) and every stride in
+    ``strides`` (the cache's and the head dim for fp8; the cache's, the scales' and D / 16 for
+    NVFP4) is a multiple of 4 bytes, so every word load is aligned; otherwise byte by byte."""
     code = KV_FORMAT_CODE[kv_format]
     if words_ok and all(x % 4 == 0 for x in strides):
         if code == KV_FORMAT_CODE["fp8"]:
