@@ -692,6 +692,33 @@ def test_word_paths_only_for_aligned_rows(kv_format, words_ok, strides, expected
     assert launch_common.kv_format_code(kv_format, words_ok, strides) == expected
 
 
+@pytest.mark.parametrize("capability,interpreter,aligned,expected", [
+    ((9, 0), False, True, True), ((8, 9), False, True, True), ((8, 0), False, True, False),
+    ((9, 0), True, True, False), ((9, 0), False, False, False),
+], ids=["H100", "sm89", "A100-no-fp8-cvt", "interpreter", "misaligned"])
+def test_words_formats_need_fp8_convert_and_compiled_kernels(capability, interpreter, aligned, expected, monkeypatch):
+    """The words formats' inline PTX converts fp8 pairs with ``cvt.rn.f16x2.e4m3x2`` (sm_89+):
+    older GPUs, like the interpreter, take the byte paths."""
+    monkeypatch.setattr(launch_common._device, "capability", lambda device: capability)
+    assert launch_common.words_allowed(torch.device("cuda", 0), interpreter, aligned) == expected
+
+
+def test_nvfp4_words_need_the_codes_and_scales_aligned():
+    """NVFP4 reads codes and block scales as words: all four base pointers must be 4-byte aligned
+    (fp8 checks K and V only)."""
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    k, v, k_sf, v_sf = buf[0:1024], buf[1024:2048], buf[2048:2560], buf[2560:3072]
+    assert decode_launch._words_aligned(k, v, k_sf, v_sf)
+    for i, off in enumerate((buf[1:1025], buf[1025:2049], buf[2049:2561], buf[2561:3073])):
+        args = [k, v, k_sf, v_sf]
+        args[i] = off
+        assert not decode_launch._words_aligned(*args)
+    f8 = torch.zeros(4096, dtype=torch.uint8).view(FP8_DTYPE)
+    assert decode_launch._words_aligned(f8[:1024], f8[1024:2048], None, None)
+    assert not decode_launch._words_aligned(f8[1:1025], f8[1024:2048], None, None)
+    assert not decode_launch._words_aligned(buf[:1024], buf[1024:2048], None, None)  # uint8 without scales
+
+
 @pytest.mark.parametrize("length,stream", [(4096, True), (12800, True), (12801, False), (16384, False)],
                          ids=["L4096", "L12800-at-limit", "L12801", "L16384"])
 def test_small_split_launches_take_the_streaming_tiles_on_sm90(length, stream, monkeypatch):

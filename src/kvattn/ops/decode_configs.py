@@ -125,8 +125,8 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     tuned kernels (``benchmarks/inspect_kernels.py``, or ptxas on a local sm_90a compile): ~150 a
     thread for fp8 at 128-key tiles, at most 128 otherwise; NVFP4 grows with the elements a thread
     converts a tile (``block_n * D / threads``): 96-110 at 32, 128-146 at 64, 168-213 at 128
-    (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. An estimate above the truth
-    leaves slots idle; one below plans a second, partial wave.
+    (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. An
+    estimate above the truth leaves slots idle; one below plans a second, partial wave.
     """
     elem = {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 1}[kv_format]
     smem = (cfg.num_stages - 1) * cfg.block_n * head_dim * elem * 2 + (4 if rope_query else 6) * 1024

@@ -26,7 +26,7 @@ from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch_common import (
     arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
-    split_partials,
+    split_partials, words_allowed,
 )
 
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
@@ -109,13 +109,10 @@ class _Plan:
             self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
         self.kv_format = KV_FORMATS[kv_dtype]
-        if self.kv_format == "nvfp4":  # codes and block scales
-            words_strides = (*self.k_strides, *self.v_strides, *ksf_stride[:3], *vsf_stride[:3],
-                             self.head_dim // 16) if paged else (1,)
-        else:
-            words_strides = (*self.k_strides, *self.v_strides, self.head_dim)
-        words_ok = kv_aligned4 and not interpreter and _device.has_fp8_convert(device)
-        self.kv_code = kv_format_code(self.kv_format, words_ok, words_strides)
+        words_strides = (*self.k_strides, *self.v_strides, self.head_dim)
+        if self.kv_format == "nvfp4":  # (paged only) the codes and the block scales
+            words_strides = (*self.k_strides, *self.v_strides, *ksf_stride[:3], *vsf_stride[:3], self.head_dim // 16)
+        self.kv_code = kv_format_code(self.kv_format, words_allowed(device, interpreter, kv_aligned4), words_strides)
         self.rows = q_len * self.group
         arch_name = arch(device, interpreter)
         cfg0 = decode_configs.config(arch_name, self.kv_format, self.head_dim, 16, rope)

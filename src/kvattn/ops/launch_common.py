@@ -32,10 +32,17 @@ def arch(device: torch.device, interpreter: bool) -> str:
     return "sm90" if _device.is_hopper(device) else "default"
 
 
+def words_allowed(device: torch.device, interpreter: bool, aligned: bool) -> bool:
+    """Whether a launch may read a words format (``kv_format_code``'s ``words_ok``): compiled
+    kernels (the interpreter cannot run their inline PTX), base pointers 4-byte aligned
+    (``aligned``), and a GPU that converts fp8 pairs in one instruction (sm_89+)."""
+    return aligned and not interpreter and _device.has_fp8_convert(device)
+
+
 def kv_format_code(kv_format: str, words_ok: bool, strides: tuple) -> int:
     """The kernels' KV_FORMAT: fp8 values (``KV_FP8_WORDS``) and NVFP4 codes and block scales
-    (``KV_NVFP4_WORDS``) are read as 32-bit words when the compiled kernels run (``words_ok``: also
-    the base pointers 4-byte aligned, and the GPU converts fp8 pairs) and every stride in
+    (``KV_NVFP4_WORDS``) are read as 32-bit words where ``words_ok`` (:func:`words_allowed`) and
+    every stride in
     ``strides`` (the cache's and the head dim for fp8; the cache's, the scales' and D / 16 for
     NVFP4) is a multiple of 4 bytes, so every word load is aligned; otherwise byte by byte."""
     code = KV_FORMAT_CODE[kv_format]

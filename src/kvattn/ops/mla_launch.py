@@ -18,7 +18,7 @@ from . import fast_launch, mla_configs
 from .decode_kernels import decode_combine_kernel
 from .launch_common import (
     KV_FORMAT_CODE, arch, cached_plan, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
-    split_partials,
+    split_partials, words_allowed,
 )
 from .mla_kernels import mla_split_kernel
 
@@ -43,7 +43,7 @@ class _Plan:
         self.cfg = cfg = mla_configs.config(arch(device, interpreter), self.kv_format, self.num_heads,
                                             q_dtype == FP8_DTYPE)
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
-        words_ok = aligned4 and not interpreter and _device.has_fp8_convert(device)
+        words_ok = words_allowed(device, interpreter, aligned4)
         self.kv_code = KV_FORMAT_CODE["fp8"] if cfg.qk_fp8 else kv_format_code(
             self.kv_format, words_ok, (kv_stride[0], kv_stride[1], CKV_DIM + KPE_DIM))
         self.h_blocks = -(-self.num_heads // cfg.block_h)
