@@ -172,6 +172,7 @@ def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
         return kvattn.prefill.trtllm_batch_context_with_kv_cache(
             q, (pools.k, pools.v), ws, pools.tables, pools.seq_lens, lq, max_kv, scale, 1.0, b, cum_q, cum_kv,
             out=out, kv_layout=shape.layout,
+            kv_block_scales=None if pools.k_sf is None else (pools.k_sf, pools.v_sf),
         )
 
     return InputSet(call, _paged_spec(q, pools, shape, lens, lq, scale))

@@ -139,6 +139,10 @@ def _prefill_grid() -> list[Shape]:
         for b, lq, lk in ((1, 8192, 8192), (4, 2048, 2048), (16, 512, 4096), (8, 1024, 8192))
     ]
     shapes.append(Shape("prefill", 1, 8192, q_len=8192, page_size=64, layout="HND", kv_dtype="fp8", q_dtype="fp8"))
+    # A bfloat16 query over a quantised cache (chunked prefill on an fp8 / NVFP4 cache; not
+    # BENCHMARKS.md shapes, no peer reads these caches): the tiles convert to float16 operands.
+    for kv in ("fp8", "nvfp4"):
+        shapes.append(Shape("prefill", 1, 8192, q_len=8192, page_size=64, layout="HND", kv_dtype=kv, peers=False))
     return shapes
 
 

@@ -42,7 +42,7 @@ def _table_key(shape) -> tuple:
     if shape.q_dtype == "fp8" and shape.kv_dtype == "fp8":
         kind = "fp8"
     else:
-        kind = "half" if shape.kv_dtype in ("bfloat16", "float16") else "dequant"
+        kind = {"fp8": "fp8kv", "nvfp4": "nvfp4kv"}.get(shape.kv_dtype, "half")
     return kind, shape.head_dim
 
 

@@ -708,15 +708,15 @@ def test_nvfp4_words_need_the_codes_and_scales_aligned():
     (fp8 checks K and V only)."""
     buf = torch.zeros(4096, dtype=torch.uint8)
     k, v, k_sf, v_sf = buf[0:1024], buf[1024:2048], buf[2048:2560], buf[2560:3072]
-    assert decode_launch._words_aligned(k, v, k_sf, v_sf)
+    assert launch_common.words_aligned(k, v, k_sf, v_sf)
     for i, off in enumerate((buf[1:1025], buf[1025:2049], buf[2049:2561], buf[2561:3073])):
         args = [k, v, k_sf, v_sf]
         args[i] = off
-        assert not decode_launch._words_aligned(*args)
+        assert not launch_common.words_aligned(*args)
     f8 = torch.zeros(4096, dtype=torch.uint8).view(FP8_DTYPE)
-    assert decode_launch._words_aligned(f8[:1024], f8[1024:2048], None, None)
-    assert not decode_launch._words_aligned(f8[1:1025], f8[1024:2048], None, None)
-    assert not decode_launch._words_aligned(buf[:1024], buf[1024:2048], None, None)  # uint8 without scales
+    assert launch_common.words_aligned(f8[:1024], f8[1024:2048], None, None)
+    assert not launch_common.words_aligned(f8[1:1025], f8[1024:2048], None, None)
+    assert not launch_common.words_aligned(buf[:1024], buf[1024:2048], None, None)  # uint8 without scales
 
 
 @pytest.mark.parametrize("length,stream", [(4096, True), (12800, True), (12801, False), (16384, False)],

@@ -23,11 +23,12 @@ import triton.language as tl
 import kvattn
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE, FP8_MAX, FP4Tensor, dequantize_nvfp4_output, quantize_nvfp4_output
+from kvattn.ops import launch_common, prefill_configs, prefill_launch
 from kvattn.ops.common import quantize_nvfp4_rows
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
-from .test_decode import assert_matches, cpu, run_both
+from .test_decode import _off_by_one, assert_matches, cpu, run_both
 
 ON_GPU = torch.cuda.is_available()
 GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier runs the interp subset")
@@ -60,13 +61,15 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None, tiles=None,
+    bmm2=None, tiles=None, off_by_one=None,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
     ``out_kind``: None (the query's dtype, or bf16 for an fp8 query), a torch dtype, or ``"nvfp4"``.
     ``tiles``: ``(BLOCK_M, BLOCK_N)`` of the interpreter's table for this case (CPU only: tiles
     holding several pages, or parts of one, with the small pages the interpreter can afford).
+    ``off_by_one``: ``"kv"`` / ``"sf"`` copies the cache / the NVFP4 block scales to one byte past a
+    4-byte boundary, so a GPU reads them byte by byte instead of as words.
     """
     if tiles is not None and not ON_GPU:
         from kvattn.ops import prefill_configs
@@ -77,6 +80,10 @@ def prefill_case(
     fmt = fmt or {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8"}[qdt]
     case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=half, kv_format=fmt,
                          layout=layout, form=form, device=device, seed=seed, split_tables=split)
+    if off_by_one is not None:
+        name = {"kv": "kv_cache", "sf": "kv_cache_sf"}[off_by_one]
+        t = getattr(case, name)
+        setattr(case, name, tuple(_off_by_one(x) for x in t) if isinstance(t, tuple) else _off_by_one(t))
     g = torch.Generator().manual_seed(200 + seed)
     hq = hkv * group
     q = random_query(sum(lq), hq, d, qdt, g, q_scale, q_shared).to(device)
@@ -198,6 +205,10 @@ CASES = [
     *[param(f"bf16-split-tables-{form}-{layout}-p{page}", lens=GPU_LENS, lq=GPU_LQ, split=True, form=form,
             layout=layout, page=page, qdt=torch.bfloat16, window=500, sinks=True)
       for form in ("stacked", "tuple") for layout in ("NHD", "HND") for page in (16, 64)],
+    # fp8 / NVFP4 caches off a 4-byte boundary: the byte paths (aligned caches read words on a GPU)
+    *[param(f"{fmt}-kv-bf16-q-{form}-misaligned-{what}", lens=GPU_LENS, lq=GPU_LQ, fmt=fmt, form=form, d=128,
+            qdt=torch.bfloat16, off_by_one=what, seed=5)
+      for fmt, what in (("fp8", "kv"), ("nvfp4", "kv"), ("nvfp4", "sf")) for form in ("stacked", "tuple")],
     param("bf16-Hq32-Hkv8-D128-p64-HND", lens=[2000, 300], lq=[700, 1], hkv=8, d=128, page=64, qdt=torch.bfloat16),
     param("fp8q-fp8kv-Hq32-Hkv8-D128-p64-HND", lens=[2000, 300], lq=[700, 1], hkv=8, d=128, page=64, qdt=FP8_DTYPE),
     param("bf16-G32-Hkv1-D128", lens=[1200, 100], lq=[1200, 5], hkv=1, group=32, d=128, qdt=torch.bfloat16),
@@ -285,6 +296,47 @@ def dequant_scales(t: FP4Tensor, rows: int, d: int) -> torch.Tensor:
     kk = torch.arange(d // 16).unsqueeze(0)
     off = swizzled_scale_offset(mm, kk, t.scale.shape[1])
     return t.scale.view(torch.uint8).reshape(-1)[off.reshape(-1)].view(FP8_DTYPE).float().view(rows, d // 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# which path a quantised cache takes, and its table entry
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("qdt,fmt,off_by_one,expected", [
+    (torch.bfloat16, "fp8", None, launch_common.KV_FP8_WORDS),
+    (torch.bfloat16, "fp8", "kv", 1),
+    (torch.bfloat16, "nvfp4", None, launch_common.KV_NVFP4_WORDS),
+    (torch.bfloat16, "nvfp4", "sf", 2),
+    (FP8_DTYPE, "fp8", None, 1),  # fp8 scores take the copied bytes
+], ids=["fp8-aligned-words", "fp8-misaligned-bytes", "nvfp4-aligned-words", "nvfp4-scales-misaligned-bytes",
+        "fp8q-fp8kv-bytes"])
+@pytest.mark.skipif(not ON_GPU, reason="words formats run on compiled kernels only")
+def test_quantised_caches_read_as_words_where_aligned(qdt, fmt, off_by_one, expected, triton_backend, monkeypatch):
+    """The aligned GPU cases of the grid above run the words path, the misaligned ones the byte
+    path: the launcher's choice, seen as it is made (and the output still checked)."""
+    chosen = []
+    real = prefill_launch.kv_format_code
+    monkeypatch.setattr(prefill_launch, "kv_format_code", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], fmt=fmt, d=128, qdt=qdt,
+                 off_by_one=off_by_one, seed=3)
+    assert chosen and set(chosen) == {expected}
+
+
+@pytest.mark.parametrize("kv_dtype,qdt,kind", [
+    (torch.bfloat16, torch.bfloat16, "half"), (torch.float16, torch.float16, "half"),
+    (FP8_DTYPE, torch.bfloat16, "fp8kv"), (torch.uint8, torch.bfloat16, "nvfp4kv"),
+    (torch.uint8, FP8_DTYPE, "nvfp4kv"),
+])
+def test_table_entry_per_cache_format(kv_dtype, qdt, kind, monkeypatch):
+    """fp8 and NVFP4 caches have their own entries (their best tiles differ at D 64), present for
+    every head dim in every table."""
+    for arch, table in prefill_configs.TABLES.items():
+        assert {k for k, _ in table} == {"half", "fp8kv", "nvfp4kv", "fp8"}, arch
+        assert all((k, d) in table for k in ("half", "fp8kv", "nvfp4kv", "fp8") for d in (64, 128, 256)), arch
+    seen = []
+    real = prefill_configs.config
+    monkeypatch.setattr(prefill_configs, "config", lambda arch, k, d, skip=False: seen.append(k) or real(arch, k, d, skip))
+    cfg, qk_fp8 = prefill_launch.plan(torch.empty(4, 2, 128, dtype=qdt), kv_dtype, False, False)
+    assert seen == [kind] and not qk_fp8 and cfg == prefill_configs.config("default", kind, 128)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -325,6 +325,14 @@ def load_words(base_ptr, row_off, WORD0: tl.constexpr, WORDS: tl.constexpr, ok, 
 
 
 @triton.jit
+def float16_operand(x):
+    """``x`` as a float16 product operand, saturated to float16's range: the products with fp8 and
+    NVFP4 caches take float16 operands (both convert to it exactly, fp8 in one instruction a pair),
+    and a (far-fetched) bfloat16 query beyond 65504 must stay finite."""
+    return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+
+@triton.jit
 def load_kv_tile(
     base_ptr,  # [..., D_STORED] cache elements (the token offsets point at one head's vector)
     sf_ptr,  # [..., D / 16] e4m3 block scales (NVFP4 only)

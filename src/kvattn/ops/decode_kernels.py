@@ -22,6 +22,7 @@ from .common import (
     KV_NVFP4_WORDS,
     LOG2E,
     alibi_slopes,
+    float16_operand,
     load_kv_tile,
     online_softmax_step,
     prefetch_rows_l2,
@@ -170,8 +171,8 @@ def _decode_item(
         t_cos, t_sin = rope_table(BLOCK_N, freqs)
     else:
         q = tl.load(q_ptr + q_off + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        if KV_FORMAT != KV_HALF:  # float16 operands: saturate a (far-fetched) bfloat16 q beyond its range
-            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(cdt)
+        if KV_FORMAT != KV_HALF:
+            q = float16_operand(q)
     if ALIBI:
         slopes = alibi_slopes(heads, alibi_n)
     sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)

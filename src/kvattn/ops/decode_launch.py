@@ -26,7 +26,7 @@ from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch_common import (
     arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
-    split_partials, words_allowed,
+    split_partials, words_aligned, words_allowed,
 )
 
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
@@ -62,14 +62,6 @@ def _lse_row_stride(stride: tuple | None, num_heads: int) -> int:
     if stride is None:
         return 0
     return stride[0] if len(stride) == 2 else num_heads * stride[0]
-
-
-def _words_aligned(k, v, k_sf, v_sf) -> bool:
-    """Whether the base pointers of what a words format reads are 4-byte aligned: fp8 K and V, or
-    NVFP4's codes and block scales."""
-    if k_sf is not None and v_sf is not None:
-        return all(t.data_ptr() % 4 == 0 for t in (k, v, k_sf, v_sf))
-    return k.dtype == FP8_DTYPE and k.data_ptr() % 4 == 0 and v.data_ptr() % 4 == 0
 
 
 def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
@@ -328,7 +320,7 @@ def launch_decode(
             same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
             workspace.numel() if workspace is not None else None,
             paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
-            _words_aligned(k, v, k_sf, v_sf),
+            words_aligned(k, v, k_sf, v_sf),
         )
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len

@@ -13,6 +13,7 @@ import torch
 
 from .. import _device
 from .._inputs import cached_aliases
+from ..formats import FP8_DTYPE
 
 _CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 MAX_PLANS = 1024  # distinct call shapes a launcher keeps plans for; past this its cache starts over
@@ -37,6 +38,14 @@ def words_allowed(device: torch.device, interpreter: bool, aligned: bool) -> boo
     kernels (the interpreter cannot run their inline PTX), base pointers 4-byte aligned
     (``aligned``), and a GPU that converts fp8 pairs in one instruction (sm_89+)."""
     return aligned and not interpreter and _device.has_fp8_convert(device)
+
+
+def words_aligned(k: torch.Tensor, v: torch.Tensor, k_sf, v_sf) -> bool:
+    """Whether the base pointers of what a words format reads are 4-byte aligned: fp8 K and V, or
+    NVFP4's codes and block scales (``words_allowed``'s ``aligned``)."""
+    if k_sf is not None and v_sf is not None:
+        return all(t.data_ptr() % 4 == 0 for t in (k, v, k_sf, v_sf))
+    return k.dtype == FP8_DTYPE and k.data_ptr() % 4 == 0 and v.data_ptr() % 4 == 0
 
 
 def kv_format_code(kv_format: str, words_ok: bool, strides: tuple) -> int:

@@ -41,6 +41,7 @@ import triton.language as tl
 from .common import (
     KV_HALF,
     LOG2E,
+    float16_operand,
     load_kv_tile,
     load_page_ids,
     online_softmax_step,
@@ -117,9 +118,9 @@ def mla_split_kernel(
     q_off = b.to(tl.int64) * stride_q_b + heads[:, None].to(tl.int64) * stride_q_h
     q_nope = tl.load(q_ptr + q_off + offs_c[None, :], mask=head_ok[:, None], other=0.0)
     q_rope = tl.load(q_ptr + q_off + offs_r[None, :], mask=head_ok[:, None], other=0.0)
-    if KV_FORMAT != KV_HALF and not QK_FP8:  # float16: saturate a (far-fetched) bfloat16 q beyond its range
-        q_nope = tl.minimum(tl.maximum(q_nope.to(tl.float32), -65504.0), 65504.0)
-        q_rope = tl.minimum(tl.maximum(q_rope.to(tl.float32), -65504.0), 65504.0)
+    if KV_FORMAT != KV_HALF and not QK_FP8:
+        q_nope = float16_operand(q_nope)
+        q_rope = float16_operand(q_rope)
     q_nope = q_nope.to(sdt)
     q_rope = q_rope.to(sdt)
 

@@ -6,9 +6,9 @@ sm_90a and checked: wgmma for both products, no register spills in the loops, sh
 the 227 KB an H100 program may use (the facts are in the comments, with the H100 A/B that picked
 the half D128 entry; benchmarks/NOTES.md).
 
-Operand kinds: ``"half"`` (fp16/bf16 query and cache), ``"dequant"`` (fp8 / NVFP4 cache converted
-to the 16-bit query's dtype in registers: the conversion's registers need smaller key tiles),
-``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
+Operand kinds: ``"half"`` (fp16/bf16 query and cache), ``"fp8kv"`` / ``"nvfp4kv"`` (a 16-bit or
+fp8 query over an fp8 / NVFP4 cache: tiles converted to float16 operands in registers, read as
+32-bit words where aligned), ``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
 
 Skip-softmax fixes the tiles at 128 x 128 (the semantics' tile, ``kvattn.reference.prefill``):
 :data:`SKIP` holds warps and stages per head_dim for that shape.
@@ -34,18 +34,26 @@ class PrefillConfig:
 #        none; page 128: 16 B outside the loops. H100 A/B at 1x8192x8192 (before the FMA logits):
 #        128x128 s2 390 TFLOP/s > 128x128 s3 368 = 64x64 w4 s4 367 > 128x64 s3 327.
 #   half D256 128x32  w8 s2: 254 regs, none, 128 KB
-#   dequant (fp8 / NVFP4 cache) 128x64 w8 s3 D128: fp8 page 16 + window + sinks + split tables 223 regs,
-#        none, 64 KB; NVFP4 + NVFP4 output 231, none, 56 KB (128x128 s2 spills 72-80 B there);
-#        D64 156 regs, none; D256 64x32 w8 s3 NVFP4 + NVFP4 output: 72 B spilled (known)
+#   fp8kv / nvfp4kv (16-bit query, words path; H100 at 1x8192x8192 p64 HND, graph us, session g of
+#        benchmarks/NOTES.md): D128 128x128 w8 s2 fp8 1623 / NVFP4 1710 (128x64 w8 s3, the old entry:
+#        1967 / 2237; s3 1644 / 1732), 239 / 255 regs, no spill in the plain kernel; with window,
+#        sinks, split tables and an NVFP4 output at page 16, 24-64 B spilled (fp8: 4 spill ops in
+#        the loops). D64: fp8 128x64 w8 s3 865 (128x128 s2 1041), NVFP4 128x128 w8 s2 1168 (128x64
+#        s3 1660), 186-218 regs, no spill. D256 (Hq 16): 128x64 w8 s2 fp8 1768 / NVFP4 2433 against
+#        64x32 w8 s3 4064 / 5331 and 128x32 s2 2104 / 2831, although it spills (256-352 B, in the
+#        loops too): every D256 tile of these kinds spills on the words path.
 #   fp8  D64  128x128 w8 s2: 167 regs, none, 48 KB   fp8 D128 128x128 w8 s2: 229, none, 96 KB (H100: = s3)
 #   fp8  D256 128x64  w8 s2: 244 regs, none, 112 KB
 _SM90 = {
     ("half", 64): PrefillConfig(128, 128, 8, 2),
     ("half", 128): PrefillConfig(128, 128, 8, 2),
     ("half", 256): PrefillConfig(128, 32, 8, 2),
-    ("dequant", 64): PrefillConfig(128, 64, 8, 3),
-    ("dequant", 128): PrefillConfig(128, 64, 8, 3),
-    ("dequant", 256): PrefillConfig(64, 32, 8, 3),
+    ("fp8kv", 64): PrefillConfig(128, 64, 8, 3),
+    ("fp8kv", 128): PrefillConfig(128, 128, 8, 2),
+    ("fp8kv", 256): PrefillConfig(128, 64, 8, 2),
+    ("nvfp4kv", 64): PrefillConfig(128, 128, 8, 2),
+    ("nvfp4kv", 128): PrefillConfig(128, 128, 8, 2),
+    ("nvfp4kv", 256): PrefillConfig(128, 64, 8, 2),
     ("fp8", 64): PrefillConfig(128, 128, 8, 2),
     ("fp8", 128): PrefillConfig(128, 128, 8, 2),
     ("fp8", 256): PrefillConfig(128, 64, 8, 2),
@@ -59,7 +67,7 @@ _DEFAULT = {key: PrefillConfig(c.block_m, c.block_n, c.num_warps, 2) for key, c 
 _DEFAULT_SKIP = {d: (w, 1 if d == 256 else 2) for d, (w, _) in _SM90_SKIP.items()}
 
 # Small tiles so CPU tests cover multi-tile query and key loops, and tiles inside / across pages.
-_INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "dequant", "fp8") for d in (64, 128, 256)}
+_INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8kv", "nvfp4kv", "fp8") for d in (64, 128, 256)}
 _INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}

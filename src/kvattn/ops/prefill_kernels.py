@@ -33,8 +33,11 @@ import triton
 import triton.language as tl
 
 from .common import (
+    KV_HALF,
     KV_NVFP4,
+    KV_NVFP4_WORDS,
     LOG2E,
+    float16_operand,
     load_kv_tile,
     load_page_ids,
     online_softmax_step,
@@ -97,7 +100,7 @@ def _tile_scores(
     k_page, k_slot, k_ok = _tile_pages(kt_row, stride_kt_p, n0, offs_n, hi, num_pages, MASKED, PAGE_SIZE, BLOCK_N)
     k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
     ksf_off = k_off
-    if KV_FORMAT == KV_NVFP4:
+    if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
         ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
     if QK_FP8:  # fp8 query and fp8 keys: an fp8 tensor-core product, raw bytes straight in
         k = tl.load(k_ptr + k_off[:, None] + tl.arange(0, HEAD_DIM)[None, :], mask=k_ok[:, None], other=0.0)
@@ -128,9 +131,9 @@ def _fold_values(
     """``acc * alpha + P V`` for the V tile at ``(v_page, v_slot)``."""
     v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
     vsf_off = v_off
-    if KV_FORMAT == KV_NVFP4:
+    if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
         vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
-    v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, CDT)
+    v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, CDT, PV_OPERAND=True)
     return tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
 
 
@@ -239,13 +242,14 @@ def context_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     rows64 = rows.to(tl.int64)
 
-    # Operand type of the products: the query's (fp8 and NVFP4 caches convert to it exactly), or
-    # float16 for an fp8 query (its P.V product and its products with NVFP4 keys).
-    cdt = tl.float16 if q_ptr.dtype.element_ty == tl.float8e4nv else q_ptr.dtype.element_ty
+    # Operand type of the products: the query's with a 16-bit cache; float16 with an fp8 or NVFP4
+    # cache (both convert to it exactly, fp8 in one instruction a pair, and a words format's tiles
+    # are float16), and for an fp8 query's P.V product.
+    cdt = q_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16
     q = tl.load(q_ptr + rows64[:, None] * stride_q_t + h * stride_q_h + offs_d[None, :], mask=row_ok[:, None],
                 other=0.0)
     if not QK_FP8:
-        q = q.to(cdt)
+        q = q.to(cdt) if KV_FORMAT == KV_HALF else float16_operand(q)
     logit = logit_factor
     if LOGIT_PTR:
         logit = logit * tl.load(logit_scale_ptr)

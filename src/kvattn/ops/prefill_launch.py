@@ -14,14 +14,14 @@ from .. import _env
 from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE
 from . import prefill_configs
-from .launch_common import KV_FORMAT_CODE, arch, cdiv, device_guard, int32_lengths
+from .launch_common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
 from .prefill_kernels import context_kernel
 
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
     """``(config, QK_FP8)`` for a call: fp8 tensor-core Q.K^T when the query and the cache are both
     fp8 and the kernels are compiled (the interpreter has no fp8 products)."""
     qk_fp8 = query.dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and not interpreter
-    kind = "fp8" if qk_fp8 else ("half" if kv_dtype in (torch.float16, torch.bfloat16) else "dequant")
+    kind = "fp8" if qk_fp8 else {FP8_DTYPE: "fp8kv", torch.uint8: "nvfp4kv"}.get(kv_dtype, "half")
     cfg = prefill_configs.config(arch(query.device, interpreter), kind, query.shape[-1], skip)
     return cfg, qk_fp8
 
@@ -74,6 +74,15 @@ def launch_context(
         sf_cols = out_sf.shape[1] if nvfp4_out else 4
         ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)
         vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
+        # fp8 / NVFP4 caches read as 32-bit words where every word is aligned, as decode reads them;
+        # not with fp8 scores (QK_FP8), whose K tile goes to the tensor cores as the copied bytes
+        # (on words, Triton 3.6 compiles that product as float16: sm_90a SASS, benchmarks/NOTES.md).
+        kv_format = KV_FORMATS[k.dtype]
+        words_strides = (*k.stride()[:3], *v.stride()[:3], head_dim)
+        if kv_format == "nvfp4":
+            words_strides = (*k.stride()[:3], *v.stride()[:3], *ksf_s, *vsf_s, head_dim // 16)
+        words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
+        kv_code = kv_format_code(kv_format, words_ok, words_strides)
         grid = (num_heads, batch, cdiv(max_q_len, cfg.block_m))
         context_kernel[grid](
             query, k, v, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
@@ -86,7 +95,7 @@ def launch_context(
             sum_q, k.shape[0], k_table.shape[1] * k.shape[1], window_left, sf_cols, sf_start,
             float(logit_factor), float(out_factor), 1.0 / float(o_sf_scale), float(skip_factor),
             HEAD_DIM=head_dim, PAGE_SIZE=k.shape[1], GROUP=num_heads // num_kv_heads,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=KV_FORMAT_CODE[KV_FORMATS[k.dtype]],
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=kv_code,
             QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
             OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out,
