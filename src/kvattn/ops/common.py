@@ -315,13 +315,19 @@ def opaque(x):
     return tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x], dtype=x.dtype, is_pure=False, pack=1)
 
 
+@triton.constexpr_function
+def l2_policy(evict_first):
+    """``tl.load``'s ``eviction_policy`` for a constexpr flag: ``"evict_first"`` or the default."""
+    return "evict_first" if evict_first else ""
+
+
 @triton.jit
 def load_words(base_ptr, row_off, WORD0: tl.constexpr, WORDS: tl.constexpr, ok, EVICT_FIRST: tl.constexpr):
     """int32 ``[N, WORDS]``: words ``WORD0 ..`` of the 4-byte aligned rows at byte offsets
     ``row_off [N]`` of ``base_ptr`` (rows not ``ok`` read as 0)."""
     offs_w = WORD0 + tl.arange(0, WORDS)
     w_ptr = (base_ptr + row_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
-    return tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy="evict_first" if EVICT_FIRST else "")
+    return tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy=l2_policy(EVICT_FIRST))
 
 
 @triton.jit
@@ -369,13 +375,13 @@ def load_kv_tile(
     elif KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
         offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
         packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
-                         eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.int32)
+                         eviction_policy=l2_policy(EVICT_FIRST)).to(tl.int32)
         lo = e2m1_values(packed & 15)
         hi = e2m1_values(packed >> 4)
         vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
         offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
         sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
-                     eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float16)
+                     eviction_policy=l2_policy(EVICT_FIRST)).to(tl.float16)
         # float16 products are exact: at most 6 significant bits, magnitudes 2^-10 .. 2688
         vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
                           (tok_off.shape[0], WIDTH))
@@ -392,7 +398,7 @@ def load_kv_tile(
     else:
         offs_d = COL0 + tl.arange(0, WIDTH)
         x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0,
-                    eviction_policy="evict_first" if EVICT_FIRST else "")
+                    eviction_policy=l2_policy(EVICT_FIRST))
         return x.to(OUT_DTYPE)
 
 
