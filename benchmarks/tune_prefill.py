@@ -1,8 +1,9 @@
 """Tune the prefill kernel: time launch-config variants on the prefill benchmark shapes.
 
 A variant is ``BLOCK_M x BLOCK_N x warps x stages`` (``128x64w8s3``) and replaces the sm90 table's
-entry of the shape's operand kind and head_dim for every call; shapes and inputs come from the
-benchmark registry. Times are medians of CUDA-graph replays (``do_bench``, L2 flushed); the winners
+entry of the shape's operand kind and head_dim for every call; ``tma128x64w4s3`` replaces the TMA
+table's entry (16-bit caches whose pages TMA can read), ``gather`` removes it (the pointer-gather
+kernel on a 16-bit cache); shapes and inputs come from the benchmark registry. Times are medians of CUDA-graph replays (``do_bench``, L2 flushed); the winners
 go into ``src/kvattn/ops/prefill_configs.py``.
 
 Usage (on the device, from the repository root)::
@@ -20,21 +21,33 @@ if __package__ in (None, ""):  # run as a script
 
 from benchmarks import shapes, tuning  # noqa: E402
 
-_VARIANT = re.compile(r"(\d+)x(\d+)w(\d+)s(\d+)")
+_VARIANT = re.compile(r"(tma)?(\d+)x(\d+)w(\d+)s(\d+)")
 
 
 @contextlib.contextmanager
 def _forced(key: tuple, name: str):
     from kvattn.ops import prefill_configs
 
-    table = prefill_configs.TABLES["sm90"]
-    old = table[key]
-    if name != "default":
-        table[key] = prefill_configs.PrefillConfig(*map(int, _VARIANT.fullmatch(name).groups()))
+    table, tma = prefill_configs.TABLES["sm90"], prefill_configs.TMA_TABLES["sm90"]
+    old, old_tma = table[key], tma.get(key[1])
+    if name == "gather":
+        tma.pop(key[1], None)
+    elif name != "default":
+        match = _VARIANT.fullmatch(name)
+        cfg = prefill_configs.PrefillConfig(*map(int, match.groups()[1:]))
+        if match.group(1):
+            tma[key[1]] = cfg
+        else:
+            tma.pop(key[1], None)  # a gather tile: the gather kernel
+            table[key] = cfg
     try:
         yield
     finally:
         table[key] = old
+        if old_tma is None:
+            tma.pop(key[1], None)
+        else:
+            tma[key[1]] = old_tma
 
 
 def _table_key(shape) -> tuple:

@@ -45,6 +45,11 @@ def has_fp8_convert(device: torch.device) -> bool:
     return capability(device) >= (8, 9)
 
 
+def has_tma(device: torch.device) -> bool:
+    """Whether the GPU has the tensor memory accelerator (TMA descriptor loads): sm_90 and later."""
+    return capability(device) >= (9, 0)
+
+
 def is_hopper(device: torch.device) -> bool:
     return capability(device) == (9, 0)
 

@@ -205,6 +205,13 @@ CASES = [
     *[param(f"bf16-split-tables-{form}-{layout}-p{page}", lens=GPU_LENS, lq=GPU_LQ, split=True, form=form,
             layout=layout, page=page, qdt=torch.bfloat16, window=500, sinks=True)
       for form in ("stacked", "tuple") for layout in ("NHD", "HND") for page in (16, 64)],
+    # 16-bit pages of 64 / 128 tokens: K/V tiles by TMA (any head dim and group, both layouts)
+    *[param(f"bf16-tma-{layout}-{form}-p{page}-D{d}-G{g}", lens=[1, 77, 513, 700, 64], lq=[1, 77, 300, 700, 0], d=d,
+            group=g, hkv=max(1, 8 // g), layout=layout, form=form, page=page, qdt=torch.bfloat16, seed=d + g + page)
+      for layout in ("NHD", "HND") for form, page in (("stacked", 64), ("tuple", 128))
+      for d in (64, 128, 256) for g in (1, 4, 8)],
+    param("fp16-tma-window-sinks-split-tables-fp8-out", lens=GPU_LENS, lq=GPU_LQ, page=64, layout="NHD", form="tuple",
+          split=True, window=100, sinks=True, out_kind=FP8_DTYPE, tensor_scales=True),
     # fp8 / NVFP4 caches off a 4-byte boundary: the byte paths (aligned caches read words on a GPU)
     *[param(f"{fmt}-kv-bf16-q-{form}-misaligned-{what}", lens=GPU_LENS, lq=GPU_LQ, fmt=fmt, form=form, d=128,
             qdt=torch.bfloat16, off_by_one=what, seed=5)
@@ -321,6 +328,21 @@ def test_quantised_caches_read_as_words_where_aligned(qdt, fmt, off_by_one, expe
     assert chosen and set(chosen) == {expected}
 
 
+@pytest.mark.parametrize("layout,form,page,tma", [
+    ("HND", "stacked", 64, True), ("NHD", "tuple", 128, True), ("NHD", "shared", 64, True), ("HND", "tuple", 16, False),
+], ids=["HND-stacked-p64", "NHD-tuple-p128", "NHD-shared-p64", "HND-p16-gathers"])
+@pytest.mark.skipif(not ON_GPU, reason="TMA on compiled kernels only")
+def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, triton_backend, monkeypatch):
+    """Pages holding whole 64-token tiles are read by TMA, smaller ones gathered: the launcher's
+    choice, seen as it is made (the output still checked)."""
+    chosen = []
+    real = prefill_launch.tma_views
+    monkeypatch.setattr(prefill_launch, "tma_views", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], d=128, qdt=torch.bfloat16,
+                 layout=layout, form=form, page=page, seed=4)
+    assert len(chosen) == 1 and (chosen[0] is not None) == tma
+
+
 @pytest.mark.parametrize("kv_dtype,qdt,kind", [
     (torch.bfloat16, torch.bfloat16, "half"), (torch.float16, torch.float16, "half"),
     (FP8_DTYPE, torch.bfloat16, "fp8kv"), (torch.uint8, torch.bfloat16, "nvfp4kv"),
@@ -342,10 +364,11 @@ def test_table_entry_per_cache_format(kv_dtype, qdt, kind, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # corrupt tables, CUDA graphs, torch.compile
 # ---------------------------------------------------------------------------------------------
-def test_page_ids_outside_the_cache_are_never_read(kernel_device, triton_backend):
+@pytest.mark.parametrize("page", [16, 64], ids=["gather-p16", "tma-p64"])
+def test_page_ids_outside_the_cache_are_never_read(page, kernel_device, triton_backend):
     """A corrupt used table entry (huge or negative) neither faults nor leaks NaN; the other
-    request is unaffected."""
-    case = make_paged_kv([40, 50], num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16,
+    request is unaffected (gathered tiles, and on a GPU TMA tiles)."""
+    case = make_paged_kv([40, 50], num_kv_heads=2, head_dim=64, page_size=page, dtype=torch.float16,
                          layout="HND", device=kernel_device, seed=9)
     q = torch.randn(20, 8, 64).to(kernel_device, torch.float16)
     cq, ckv = cum([10, 10]).to(kernel_device), cum([40, 50]).to(kernel_device)

@@ -58,6 +58,19 @@ _SM90 = {
     ("fp8", 128): PrefillConfig(128, 128, 8, 2),
     ("fp8", 256): PrefillConfig(128, 64, 8, 2),
 }
+# 16-bit caches read by TMA (the launcher's choice where the pages allow it: a tile inside one page, 16-byte
+# aligned rows; see prefill_launch.tma_views), head_dim -> config; absent: the gathers of _SM90.
+# H100 (graph us, benchmarks/NOTES.md session g; gathers -> TMA): D128 128x64 w4 s2 (one warpgroup
+# holds all 128 rows; 255 regs, ~100 B spilled outside the hot path, 96 KB: two programs an SM)
+# 1x8192x8192 1368 -> 1113, 4x2048 451 -> 359, 16x512x4096 1432 -> 1151, 8x1024x8192 2680 -> 2269
+# (s3 1174 / 384 / 1147 / 2324; 64x64 w4 s3 1297 / 412 / 1500 / 2891); D64 64x64 w4 s3 981 -> 656
+# (128x64 w4 s2 729); D256 (Hq 16) 128x64 w8 s2 1765 -> 1041 (64x64 w4 s3 1445).
+_SM90_TMA = {
+    64: PrefillConfig(64, 64, 4, 3),
+    128: PrefillConfig(128, 64, 4, 2),
+    256: PrefillConfig(128, 64, 8, 2),
+}
+
 # head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;
 # D256 255 regs, 880 B spilled and unpipelined (a 128 x 256 float32 accumulator alone is 128
 # registers a thread at 8 warps; 16 warps cap registers at 128 and spill more): correct, slow.
@@ -71,12 +84,16 @@ _INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8
 _INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
+TMA_TABLES = {"sm90": _SM90_TMA}
 SKIP_TABLES = {"sm90": _SM90_SKIP, "default": _DEFAULT_SKIP, "interpreter": _INTERPRETER_SKIP}
 SKIP_TILE = 128  # = kvattn.reference.SKIP_SOFTMAX_TILE_M = SKIP_SOFTMAX_TILE_N
 
 
 def config(arch: str, kind: str, head_dim: int, skip: bool = False) -> PrefillConfig:
-    """The configuration for ``arch`` (``"sm90"``, ``"default"``, ``"interpreter"``)."""
+    """The configuration for ``arch`` (``"sm90"``, ``"default"``, ``"interpreter"``); kind ``"tma"``
+    (a 16-bit cache read by TMA) may have none (then None: the launcher gathers instead)."""
+    if kind == "tma":
+        return None if skip else TMA_TABLES.get(arch, {}).get(head_dim)
     if skip:
         warps, stages = SKIP_TABLES[arch][head_dim]
         return PrefillConfig(SKIP_TILE, SKIP_TILE, warps, stages)

@@ -88,24 +88,47 @@ def _tile_pages(table_row_ptr, stride_table_p, n0, offs_n, hi, num_pages, MASKED
 
 
 @triton.jit
+def _tma_page(table_row_ptr, stride_table_p, n0, offs_n, hi, PAGE_SIZE: tl.constexpr):
+    """``(page, slot, ok)`` of a tile read by TMA (it lies inside one page): the raw int32 page id
+    (an id outside the cache is a coordinate outside the descriptor, which TMA reads as zeros,
+    as the gathers read an invalid page), the scalar slot of its first token, and ``offs_n < hi``."""
+    page = tl.load(table_row_ptr + (n0 // PAGE_SIZE) * stride_table_p)
+    return page, n0 % PAGE_SIZE, offs_n < hi
+
+
+@triton.jit
+def _tma_tile(desc, page, slot, kvh, head_rows, head_cols, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """``[BLOCK_N, HEAD_DIM]`` tile of one page by TMA. ``desc`` views the cache as ``[pages, rows,
+    cols]`` with a ``[1, BLOCK_N, HEAD_DIM]`` box: HND rows = head x slot (``head_rows`` = page
+    size, ``head_cols`` = 0), NHD rows = slots and columns = head x D (``head_rows`` = 0,
+    ``head_cols`` = D)."""
+    t = desc.load([page, kvh * head_rows + slot, kvh * head_cols])
+    return tl.reshape(t, (BLOCK_N, HEAD_DIM))
+
+
+@triton.jit
 def _tile_scores(
     q, k_ptr, k_sf_ptr, kt_row, stride_kt_p, stride_k_p, stride_k_s, stride_k_h,
-    stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n0, hi,
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n0, hi, head_rows, head_cols,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
-    MASKED: tl.constexpr, QK_FP8: tl.constexpr, CDT: tl.constexpr,
+    MASKED: tl.constexpr, QK_FP8: tl.constexpr, CDT: tl.constexpr, TMA: tl.constexpr,
 ):
     """Unscaled logits ``q K^T`` of the key tile at ``n0`` (float32 ``[BLOCK_M, BLOCK_N]``) and the
-    tile's ``(page, slot, ok)``."""
+    tile's ``(page, slot, ok)``. TMA: ``k_ptr`` is a tensor descriptor of a 16-bit cache."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    k_page, k_slot, k_ok = _tile_pages(kt_row, stride_kt_p, n0, offs_n, hi, num_pages, MASKED, PAGE_SIZE, BLOCK_N)
-    k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
-    ksf_off = k_off
-    if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
-        ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
-    if QK_FP8:  # fp8 query and fp8 keys: an fp8 tensor-core product, raw bytes straight in
-        k = tl.load(k_ptr + k_off[:, None] + tl.arange(0, HEAD_DIM)[None, :], mask=k_ok[:, None], other=0.0)
+    if TMA:
+        k_page, k_slot, k_ok = _tma_page(kt_row, stride_kt_p, n0, offs_n, hi, PAGE_SIZE)
+        k = _tma_tile(k_ptr, k_page, k_slot, kvh, head_rows, head_cols, BLOCK_N, HEAD_DIM)
     else:
-        k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, CDT)
+        k_page, k_slot, k_ok = _tile_pages(kt_row, stride_kt_p, n0, offs_n, hi, num_pages, MASKED, PAGE_SIZE, BLOCK_N)
+        k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
+        ksf_off = k_off
+        if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
+            ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
+        if QK_FP8:  # fp8 query and fp8 keys: an fp8 tensor-core product, raw bytes straight in
+            k = tl.load(k_ptr + k_off[:, None] + tl.arange(0, HEAD_DIM)[None, :], mask=k_ok[:, None], other=0.0)
+        else:
+            k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, CDT)
     return tl.dot(q, tl.trans(k)), k_page, k_slot, k_ok
 
 
@@ -125,15 +148,21 @@ def _full_tile_softmax(m_i, l_i, s, qk_scale):
 @triton.jit
 def _fold_values(
     acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
-    stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-    HEAD_DIM: tl.constexpr, KV_FORMAT: tl.constexpr, CDT: tl.constexpr,
+    stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h, head_rows, head_cols,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, CDT: tl.constexpr,
+    MASKED: tl.constexpr, TMA: tl.constexpr,
 ):
     """``acc * alpha + P V`` for the V tile at ``(v_page, v_slot)``."""
-    v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
-    vsf_off = v_off
-    if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
-        vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
-    v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, CDT, PV_OPERAND=True)
+    if TMA:
+        v = _tma_tile(v_ptr, v_page, v_slot, kvh, head_rows, head_cols, BLOCK_N, HEAD_DIM)
+        if MASKED:  # a page's slots past the request hold anything (NaN too): 0 * NaN is NaN
+            v = tl.where(v_ok[:, None], v, 0.0)
+    else:
+        v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
+        vsf_off = v_off
+        if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
+            vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
+        v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, CDT, PV_OPERAND=True)
     return tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
 
 
@@ -145,9 +174,10 @@ def _context_run(
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     kvh, num_pages, n_lo, n_hi, hi, first_n, row_pos, row_ok, qk_scale, window_left, skip_lambda,
+    head_rows, head_cols,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
     SAME_TABLE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, SKIP: tl.constexpr,
-    QK_FP8: tl.constexpr, CDT: tl.constexpr,
+    QK_FP8: tl.constexpr, CDT: tl.constexpr, TMA: tl.constexpr,
 ):
     """Fold the key tiles ``n0 = n_lo, n_lo + BLOCK_N, .. < n_hi`` into ``(acc, m_i, l_i)``.
 
@@ -160,8 +190,8 @@ def _context_run(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         s, k_page, k_slot, k_ok = _tile_scores(
             q, k_ptr, k_sf_ptr, kt_row, stride_kt_p, stride_k_p, stride_k_s, stride_k_h,
-            stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n0, hi,
-            HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, MASKED, QK_FP8, CDT)
+            stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n0, hi, head_rows, head_cols,
+            HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, MASKED, QK_FP8, CDT, TMA)
         keep = True
         if MASKED or SKIP:
             s = s * qk_scale
@@ -186,20 +216,23 @@ def _context_run(
                 m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s, qk_scale)
             if SAME_TABLE:
                 v_page, v_slot, v_ok = k_page, k_slot, k_ok
+            elif TMA:
+                v_page, v_slot, v_ok = _tma_page(vt_row, stride_vt_p, n0, offs_n, hi, PAGE_SIZE)
             else:
                 v_page, v_slot, v_ok = _tile_pages(vt_row, stride_vt_p, n0, offs_n, hi, num_pages, MASKED, PAGE_SIZE,
                                                    BLOCK_N)
             acc = _fold_values(acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
                                stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                               HEAD_DIM, KV_FORMAT, CDT)
+                               head_rows, head_cols, HEAD_DIM, BLOCK_N, KV_FORMAT, CDT, MASKED, TMA)
     return acc, m_i, l_i
 
 
 @triton.jit
 def context_kernel(
     q_ptr,  # [sum_q, Hq, D] query rows (last dim contiguous)
-    k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] K pages (NHD view, any strides); D_STORED = D/2 for NVFP4
-    v_ptr,  # same shape as k_ptr
+    k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] K pages (NHD view, any strides); D_STORED = D/2 for NVFP4;
+    #         TMA: a descriptor of the 16-bit pages viewed as [num_pages, rows, cols] (see _tma_tile)
+    v_ptr,  # same as k_ptr
     k_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of K (NVFP4)
     v_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of V (NVFP4)
     k_table_ptr,  # [B, pages_per_seq] int32 page ids of K
@@ -215,12 +248,13 @@ def context_kernel(
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
-    num_rows, num_pages, capacity, window_left, sf_cols, sf_row0,
+    num_rows, num_pages, capacity, window_left, sf_cols, sf_row0, head_rows, head_cols,
     logit_factor, out_factor, sf_div, skip_factor,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, QK_FP8: tl.constexpr,
     SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, SKIP: tl.constexpr,
     LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, OUT_NVFP4: tl.constexpr,
+    TMA: tl.constexpr, Q_SIGN: tl.constexpr,
 ):
     h = tl.program_id(0)
     b = tl.program_id(1)
@@ -254,14 +288,17 @@ def context_kernel(
     if LOGIT_PTR:
         logit = logit * tl.load(logit_scale_ptr)
     # A negative logit scale goes into q (negation is exact, and so is its effect on the products):
-    # with qk_scale >= 0 the full tiles take the row max before scaling (see _context_run).
-    neg = logit < 0
+    # with qk_scale >= 0 the full tiles take the row max before scaling (see _context_run). Only
+    # where the sign may be negative (Q_SIGN 0: a device scale; -1: a negative float): a q read
+    # straight from memory stays a shared-memory operand of the products, not 128 registers.
     qk_scale = tl.abs(logit) * LOG2E
-    if QK_FP8:
-        q_bits = q.to(tl.uint8, bitcast=True)
-        q = tl.where(neg, q_bits ^ 0x80, q_bits).to(q_ptr.dtype.element_ty, bitcast=True)
-    else:
-        q = tl.where(neg, -q, q)
+    if Q_SIGN <= 0:
+        neg = logit < 0
+        if QK_FP8:
+            q_bits = q.to(tl.uint8, bitcast=True)
+            q = tl.where(neg, q_bits ^ 0x80, q_bits).to(q_ptr.dtype.element_ty, bitcast=True)
+        else:
+            q = tl.where(neg, -q, q)
     skip_lambda = skip_factor / tl.maximum(kv_len, 1).to(tl.float32)
 
     # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.
@@ -292,8 +329,8 @@ def context_kernel(
             stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
             stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
             kvh, num_pages, (start, full_lo, c_lo)[run], (a_hi, full_hi, hi)[run], hi, start, row_pos, row_ok,
-            qk_scale, window_left, skip_lambda,
-            HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, run != 1, HAS_WINDOW, SKIP, QK_FP8, cdt,
+            qk_scale, window_left, skip_lambda, head_rows, head_cols,
+            HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, run != 1, HAS_WINDOW, SKIP, QK_FP8, cdt, TMA,
         )
 
     heads = tl.full([BLOCK_M], 0, tl.int32) + h

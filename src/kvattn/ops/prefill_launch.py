@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from .. import _env
+from .. import _device, _env
 from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE
 from . import prefill_configs
 from .launch_common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
 from .prefill_kernels import context_kernel
+
+try:  # Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the gathers only
+    TensorDescriptor = None
 
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
     """``(config, QK_FP8)`` for a call: fp8 tensor-core Q.K^T when the query and the cache are both
@@ -24,6 +29,40 @@ def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bo
     kind = "fp8" if qk_fp8 else {FP8_DTYPE: "fp8kv", torch.uint8: "nvfp4kv"}.get(kv_dtype, "half")
     cfg = prefill_configs.config(arch(query.device, interpreter), kind, query.shape[-1], skip)
     return cfg, qk_fp8
+
+
+def tma_views(k: torch.Tensor, v: torch.Tensor, block_n: int):
+    """``(k_desc, v_desc, head_rows, head_cols)`` for TMA reads of 16-bit K/V pages, or None.
+
+    ``k``, ``v``: ``[P, page, Hkv, D]`` NHD views of any layout. A tile of ``block_n`` tokens of one
+    head inside one page is a box of a ``[P, rows, cols]`` view: HND pages (each head's slots
+    contiguous rows of D) as ``[P, Hkv * page, D]`` (``head_rows`` = page), NHD pages (heads side
+    by side in a row) as ``[P, page, Hkv * D]`` (``head_cols`` = D). Both caches need the same
+    form, 16-byte aligned bases and strides (TMA's rules), and pages holding whole tiles.
+    """
+    if TensorDescriptor is None:
+        return None
+    pages, page, heads, dim = k.shape
+    if page % block_n:
+        return None
+    form = None
+    for t in (k, v):
+        sp, ss, sh, sd = t.stride()
+        esize = t.element_size()
+        if sd != 1 or t.data_ptr() % 16 or (sp * esize) % 16:
+            return None
+        this = "HND" if (ss == dim and sh == page * dim) else ("NHD" if (sh == dim and ss == heads * dim) else None)
+        if this is None or (form is not None and this != form):
+            return None
+        form = this
+    if form == "HND":
+        shape, head_rows, head_cols = [pages, heads * page, dim], page, 0
+    else:
+        shape, head_rows, head_cols = [pages, page, heads * dim], 0, dim
+    if (shape[2] * k.element_size()) % 16:
+        return None
+    descs = tuple(TensorDescriptor(t, shape, [t.stride(0), shape[2], 1], [1, block_n, dim]) for t in (k, v))
+    return (*descs, head_rows, head_cols)
 
 
 def launch_context(
@@ -83,21 +122,32 @@ def launch_context(
             words_strides = (*k.stride()[:3], *v.stride()[:3], *ksf_s, *vsf_s, head_dim // 16)
         words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
         kv_code = kv_format_code(kv_format, words_ok, words_strides)
+        # 16-bit caches: K/V tiles by TMA where the pages allow it (no per-token address math, no
+        # registers for it: one warpgroup a program, two programs an SM; benchmarks/NOTES.md)
+        k_src, v_src, head_rows, head_cols = k, v, 0, 0
+        tma = None
+        if kv_format in ("float16", "bfloat16") and not interpreter and _device.has_tma(query.device):
+            tma_cfg = prefill_configs.config(arch(query.device, interpreter), "tma", head_dim, skip)
+            tma = tma_views(k, v, tma_cfg.block_n) if tma_cfg is not None else None
+            if tma is not None:
+                cfg = tma_cfg
+                k_src, v_src, head_rows, head_cols = tma
         grid = (num_heads, batch, cdiv(max_q_len, cfg.block_m))
         context_kernel[grid](
-            query, k, v, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
+            query, k_src, v_src, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
             seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
             out, sf_flat,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             *k.stride()[:3], *v.stride()[:3], *ksf_s, *vsf_s,
             k_table.stride(0), k_table.stride(1), v_table.stride(0), v_table.stride(1),
-            sum_q, k.shape[0], k_table.shape[1] * k.shape[1], window_left, sf_cols, sf_start,
+            sum_q, k.shape[0], k_table.shape[1] * k.shape[1], window_left, sf_cols, sf_start, head_rows, head_cols,
             float(logit_factor), float(out_factor), 1.0 / float(o_sf_scale), float(skip_factor),
             HEAD_DIM=head_dim, PAGE_SIZE=k.shape[1], GROUP=num_heads // num_kv_heads,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=kv_code,
             QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
-            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out,
+            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, TMA=tma is not None,
+            Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
