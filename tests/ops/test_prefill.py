@@ -343,6 +343,25 @@ def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, trito
     assert len(chosen) == 1 and (chosen[0] is not None) == tma
 
 
+def test_tma_views_of_each_page_form():
+    """Host side of the TMA path: which caches TMA reads, and the [pages, rows, cols] view and box
+    each gets (HND: a head's slots are rows; NHD: heads side by side in a row)."""
+    P, S, H, D = 6, 64, 2, 128
+    hnd = torch.zeros(P, 2, H, S, D, dtype=torch.bfloat16)  # stacked HND; the launcher's NHD views:
+    k, v = hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2)
+    kd, vd, rows, cols = prefill_launch.tma_views(k, v, 64)
+    assert (rows, cols) == (S, 0) and list(kd.shape) == [P, H * S, D] and list(kd.block_shape) == [1, 64, D]
+    assert list(kd.strides) == [2 * H * S * D, D, 1] and vd.base.data_ptr() == v.data_ptr()
+    nhd = torch.zeros(P, S, H, D, dtype=torch.float16)
+    kd, _, rows, cols = prefill_launch.tma_views(nhd, nhd, 64)
+    assert (rows, cols) == (0, D) and list(kd.shape) == [P, S, H * D] and list(kd.strides) == [S * H * D, H * D, 1]
+    assert prefill_launch.tma_views(k, v, 128) is None  # a tile would span pages
+    assert prefill_launch.tma_views(k, nhd.to(torch.bfloat16), 64) is None  # K and V in different forms
+    flat = torch.zeros(P * S * H * D + 8, dtype=torch.bfloat16)
+    odd = flat[1:1 + P * S * H * D].view(P, S, H, D)  # 2 bytes off a 16-byte boundary
+    assert prefill_launch.tma_views(odd, odd, 64) is None
+
+
 @pytest.mark.parametrize("kv_dtype,qdt,kind", [
     (torch.bfloat16, torch.bfloat16, "half"), (torch.float16, torch.float16, "half"),
     (FP8_DTYPE, torch.bfloat16, "fp8kv"), (torch.uint8, torch.bfloat16, "nvfp4kv"),
@@ -390,11 +409,14 @@ def test_page_ids_outside_the_cache_are_never_read(page, kernel_device, triton_b
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("out_kind", ["bf16", "nvfp4"])
-def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, triton_backend):
-    """Capture one call; write new lengths, query offsets, tables and cache in place; replay."""
+@pytest.mark.parametrize("out_kind,page,tensor_scale", [
+    ("bf16", 16, True), ("nvfp4", 16, True), ("bf16", 64, True), ("bf16", 64, False),
+], ids=["bf16-p16", "nvfp4-p16", "bf16-p64-tma-device-scale", "bf16-p64-tma-float-scale"])
+def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor_scale, triton_backend):
+    """Capture one call; write new lengths, query offsets, tables and cache in place; replay (pages
+    of 64: TMA tiles, whose descriptors the graph holds)."""
     device = torch.device("cuda")
-    hkv, group, d, page, width, pool = 2, 4, 128, 16, 200, 600
+    hkv, group, d, width, pool = 2, 4, 128, 200, 600
     lens, lq = [700, 40, 2500, 0], [700, 1, 300, 0]
 
     def make(lens, seed):
@@ -412,7 +434,7 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, triton_backe
     ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
     sinks = torch.randn(hkv * group, device=device)
     out = FP4Tensor.empty(rows, hkv * group, d, device) if out_kind == "nvfp4" else torch.empty_like(q)
-    bmm1 = torch.tensor([0.1], device=device)
+    bmm1 = torch.tensor([0.1], device=device) if tensor_scale else 0.09
 
     def call():
         kvattn.prefill.trtllm_batch_context_with_kv_cache(
@@ -430,7 +452,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, triton_backe
     seq_lens.copy_(new.seq_lens)
     tables.copy_(new.block_tables)
     cq.copy_(cum(new_lq))
-    bmm1.fill_(0.09)
+    if tensor_scale:
+        bmm1.fill_(0.09)
     if out_kind == "nvfp4":
         poison_(out.data)
     else:

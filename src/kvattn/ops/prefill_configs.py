@@ -10,6 +10,9 @@ Operand kinds: ``"half"`` (fp16/bf16 query and cache), ``"fp8kv"`` / ``"nvfp4kv"
 fp8 query over an fp8 / NVFP4 cache: tiles converted to float16 operands in registers, read as
 32-bit words where aligned), ``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
 
+16-bit caches whose pages TMA can read (``prefill_launch.tma_views``) take :data:`TMA_TABLES`
+(per head_dim) instead of the ``"half"`` entry.
+
 Skip-softmax fixes the tiles at 128 x 128 (the semantics' tile, ``kvattn.reference.prefill``):
 :data:`SKIP` holds warps and stages per head_dim for that shape.
 """

@@ -3,11 +3,19 @@
 A program holds ``BLOCK_M`` consecutive query rows of one request and one query head (rows at
 positions ``p = L - Lq + i``) and streams the request's keys in ``BLOCK_N`` tiles aligned at key 0,
 FlashAttention-2 style: ``S = Q K^T`` and ``P V`` on tensor cores (wgmma on Hopper), the softmax
-state in registers, K/V gathered from the pages per tile (one table entry a page: a scalar page id
-when a tile lies inside one page, one per page selected per token when it holds up to 4 whole
-pages, per-token ids otherwise) so the loads are ordinary pointer loads that Triton pipelines
-(cp.async, ``num_stages``). Full tiles keep the logits unscaled and fold scale and max shift into
-one FMA before ``exp2`` (the logit scale's sign goes into q once per program).
+state in registers. K/V tiles come one of two ways, both software-pipelined by Triton
+(``num_stages``):
+
+* ``TMA`` (16-bit caches whose pages hold whole tiles, Hopper): a tensor descriptor over the pages
+  (see :func:`_tma_tile`), one page's slice a tile; no per-token addresses, so a 128-row program
+  fits one warpgroup and two programs share an SM (``benchmarks/NOTES.md``, session g);
+* gathered otherwise (one table entry a page: a scalar page id when a tile lies inside one page,
+  one per page selected per token when it holds up to 4 whole pages, per-token ids otherwise),
+  as pointer loads (cp.async); fp8 / NVFP4 caches read as 32-bit words where aligned.
+
+Full tiles keep the logits unscaled and fold scale and max shift into one FMA before ``exp2``; the
+logit scale's sign goes into q once per program, only where it may be negative (``Q_SIGN``: an
+elementwise op on q would move it from shared memory into registers for the whole loop).
 
 The keys a tile can see are cut into three runs, visited in increasing key order:
 
