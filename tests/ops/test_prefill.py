@@ -343,6 +343,14 @@ def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, trito
     assert len(chosen) == 1 and (chosen[0] is not None) == tma
 
 
+@pytest.mark.parametrize("capability,expected", [((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False)],
+                         ids=["H100", "sm100", "sm89", "A100"])
+def test_tma_needs_sm90(capability, expected, monkeypatch):
+    """The launcher reads pages by TMA on sm_90 and later only (older GPUs gather)."""
+    monkeypatch.setattr(kvattn._device, "capability", lambda device: capability)
+    assert kvattn._device.has_tma(torch.device("cuda", 0)) == expected
+
+
 def test_tma_views_of_each_page_form():
     """Host side of the TMA path: which caches TMA reads, and the [pages, rows, cols] view and box
     each gets (HND: a head's slots are rows; NHD: heads side by side in a row)."""

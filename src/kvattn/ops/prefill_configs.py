@@ -92,7 +92,7 @@ SKIP_TABLES = {"sm90": _SM90_SKIP, "default": _DEFAULT_SKIP, "interpreter": _INT
 SKIP_TILE = 128  # = kvattn.reference.SKIP_SOFTMAX_TILE_M = SKIP_SOFTMAX_TILE_N
 
 
-def config(arch: str, kind: str, head_dim: int, skip: bool = False) -> PrefillConfig:
+def config(arch: str, kind: str, head_dim: int, skip: bool = False) -> PrefillConfig | None:
     """The configuration for ``arch`` (``"sm90"``, ``"default"``, ``"interpreter"``); kind ``"tma"``
     (a 16-bit cache read by TMA) may have none (then None: the launcher gathers instead)."""
     if kind == "tma":
