@@ -675,21 +675,24 @@ def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backe
 
 
 @pytest.mark.parametrize(
-    "kv_format,words_ok,strides,expected",
+    "kv_format,words_ok,strides,head_dim,sf_strides,expected",
     [
-        ("fp8", True, (4096, 1024, 128, 4096, 1024, 128, 128), launch_common.KV_FP8_WORDS),
-        ("fp8", False, (4096, 1024, 128, 4096, 1024, 128, 128), 1),  # a base pointer off by 1-3 bytes
-        ("fp8", True, (4098, 1026, 128, 4096, 1024, 128, 128), 1),  # a stride not a multiple of 4
-        ("bfloat16", True, (4096, 1024, 128, 4096, 1024, 128, 128), 0),
-        ("nvfp4", True, (256, 64, 8, 256, 64, 8, 8), launch_common.KV_NVFP4_WORDS),  # scale strides, D / 16
-        ("nvfp4", False, (256, 64, 8, 256, 64, 8, 8), 2),  # a scale base pointer off by 1-3 bytes
-        ("nvfp4", True, (128, 32, 4, 128, 32, 4, 2), 2),  # D 32: half a word of scales a row
+        ("fp8", True, (4096, 1024, 128, 4096, 1024, 128), 128, (), launch_common.KV_FP8_WORDS),
+        ("fp8", False, (4096, 1024, 128, 4096, 1024, 128), 128, (), 1),  # a base pointer off by 1-3 bytes
+        ("fp8", True, (4098, 1026, 128, 4096, 1024, 128), 128, (), 1),  # a stride not a multiple of 4
+        ("fp8", True, (4096, 1024, 130, 4096, 1024, 130), 130, (), 1),  # a row not a whole number of words
+        ("bfloat16", True, (4096, 1024, 128, 4096, 1024, 128), 128, (), 0),
+        ("nvfp4", True, (4096, 1024, 64, 4096, 1024, 64), 128, (512, 128, 8, 512, 128, 8),
+         launch_common.KV_NVFP4_WORDS),
+        ("nvfp4", False, (4096, 1024, 64, 4096, 1024, 64), 128, (512, 128, 8, 512, 128, 8), 2),  # a base off by 1-3
+        ("nvfp4", True, (4096, 1024, 64, 4096, 1024, 64), 128, (514, 128, 8, 512, 128, 8), 2),  # a scale stride
+        ("nvfp4", True, (2048, 512, 16, 2048, 512, 16), 32, (128, 32, 2, 128, 32, 2), 2),  # D 32: half a word of scales
     ],
-    ids=["fp8-aligned", "fp8-misaligned-base", "fp8-odd-stride", "bf16", "nvfp4-aligned", "nvfp4-misaligned-base",
-         "nvfp4-D32"],
+    ids=["fp8-aligned", "fp8-misaligned-base", "fp8-odd-stride", "fp8-odd-row", "bf16", "nvfp4-aligned",
+         "nvfp4-misaligned-base", "nvfp4-odd-scale-stride", "nvfp4-D32"],
 )
-def test_word_paths_only_for_aligned_rows(kv_format, words_ok, strides, expected):
-    assert launch_common.kv_format_code(kv_format, words_ok, strides) == expected
+def test_word_paths_only_for_aligned_rows(kv_format, words_ok, strides, head_dim, sf_strides, expected):
+    assert launch_common.kv_format_code(kv_format, words_ok, strides, head_dim, sf_strides) == expected
 
 
 @pytest.mark.parametrize("capability,interpreter,aligned,expected", [

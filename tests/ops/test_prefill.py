@@ -308,6 +308,18 @@ def dequant_scales(t: FP4Tensor, rows: int, d: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # which path a quantised cache takes, and its table entry
 # ---------------------------------------------------------------------------------------------
+def returns_of(monkeypatch, module, name: str) -> list:
+    """What ``module.name`` returns from now on (the launcher's choices, as they are made)."""
+    returned, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(module, name, spy)
+    return returned
+
+
 @pytest.mark.parametrize("qdt,fmt,off_by_one,expected", [
     (torch.bfloat16, "fp8", None, launch_common.KV_FP8_WORDS),
     (torch.bfloat16, "fp8", "kv", 1),
@@ -320,9 +332,7 @@ def dequant_scales(t: FP4Tensor, rows: int, d: int) -> torch.Tensor:
 def test_quantised_caches_read_as_words_where_aligned(qdt, fmt, off_by_one, expected, triton_backend, monkeypatch):
     """The aligned GPU cases of the grid above run the words path, the misaligned ones the byte
     path: the launcher's choice, seen as it is made (and the output still checked)."""
-    chosen = []
-    real = prefill_launch.kv_format_code
-    monkeypatch.setattr(prefill_launch, "kv_format_code", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    chosen = returns_of(monkeypatch, prefill_launch, "kv_format_code")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], fmt=fmt, d=128, qdt=qdt,
                  off_by_one=off_by_one, seed=3)
     assert chosen and set(chosen) == {expected}
@@ -335,9 +345,7 @@ def test_quantised_caches_read_as_words_where_aligned(qdt, fmt, off_by_one, expe
 def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, triton_backend, monkeypatch):
     """Pages holding whole 64-token tiles are read by TMA, smaller ones gathered: the launcher's
     choice, seen as it is made (the output still checked)."""
-    chosen = []
-    real = prefill_launch.tma_views
-    monkeypatch.setattr(prefill_launch, "tma_views", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    chosen = returns_of(monkeypatch, prefill_launch, "tma_views")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], d=128, qdt=torch.bfloat16,
                  layout=layout, form=form, page=page, seed=4)
     assert len(chosen) == 1 and (chosen[0] is not None) == tma
@@ -381,11 +389,10 @@ def test_table_entry_per_cache_format(kv_dtype, qdt, kind, monkeypatch):
     for arch, table in prefill_configs.TABLES.items():
         assert {k for k, _ in table} == {"half", "fp8kv", "nvfp4kv", "fp8"}, arch
         assert all((k, d) in table for k in ("half", "fp8kv", "nvfp4kv", "fp8") for d in (64, 128, 256)), arch
-    seen = []
-    real = prefill_configs.config
-    monkeypatch.setattr(prefill_configs, "config", lambda arch, k, d, skip=False: seen.append(k) or real(arch, k, d, skip))
+    cfgs = returns_of(monkeypatch, prefill_configs, "config")
     cfg, qk_fp8 = prefill_launch.plan(torch.empty(4, 2, 128, dtype=qdt), kv_dtype, False, False)
-    assert seen == [kind] and not qk_fp8 and cfg == prefill_configs.config("default", kind, 128)
+    # (the entry itself: entries of different kinds may hold equal values)
+    assert len(cfgs) == 1 and cfg is cfgs[0] is prefill_configs.TABLES["default"][(kind, 128)] and not qk_fp8
 
 
 # ---------------------------------------------------------------------------------------------

@@ -180,6 +180,24 @@ def token_offsets(page, slot, head, stride_page, stride_slot, stride_head):
     return page * stride_page + slot * stride_slot + head.to(tl.int64) * stride_head
 
 
+@triton.constexpr_function
+def is_nvfp4(kv_format):
+    """Whether a KV_FORMAT is NVFP4, read byte by byte (KV_NVFP4) or as words (KV_NVFP4_WORDS)."""
+    return kv_format in (KV_NVFP4.value, KV_NVFP4_WORDS.value)
+
+
+@triton.jit
+def kv_token_offsets(page, slot, head, stride_page, stride_slot, stride_head, stride_sf_page, stride_sf_slot,
+                     stride_sf_head, KV_FORMAT: tl.constexpr):
+    """``(tok_off, sf_off)``: :func:`token_offsets` of each token's vector in the cache and, for an
+    NVFP4 cache, of its row of block scales (others: ``tok_off`` again, unused)."""
+    tok_off = token_offsets(page, slot, head, stride_page, stride_slot, stride_head)
+    sf_off = tok_off
+    if is_nvfp4(KV_FORMAT):
+        sf_off = token_offsets(page, slot, head, stride_sf_page, stride_sf_slot, stride_sf_head)
+    return tok_off, sf_off
+
+
 @triton.jit
 def prefetch_rows_l2(row0_ptr, stride_row_bytes, num_rows, ROWS: tl.constexpr, ROW_BYTES: tl.constexpr):
     """Ask L2 for every 128-byte line of rows ``0 .. min(ROWS, num_rows) - 1`` of the strided array
@@ -372,7 +390,7 @@ def load_kv_tile(
         if PV_OPERAND and OUT_DTYPE == tl.float16:
             vals = opaque(vals)
         return vals
-    elif KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
+    elif is_nvfp4(KV_FORMAT):
         offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
         packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
                          eviction_policy=l2_policy(EVICT_FIRST)).to(tl.int32)

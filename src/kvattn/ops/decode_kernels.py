@@ -18,12 +18,13 @@ import triton.language as tl
 
 from .common import (
     KV_HALF,
-    KV_NVFP4,
-    KV_NVFP4_WORDS,
     LOG2E,
     alibi_slopes,
     float16_operand,
+    is_nvfp4,
+    kv_token_offsets,
     load_kv_tile,
+    load_page_ids,
     online_softmax_step,
     prefetch_rows_l2,
     rope_angle,
@@ -40,8 +41,6 @@ from .common import (
     tile_diagonal,
     tile_pv,
     tile_scores,
-    token_offsets,
-    load_page_ids,
     token_pages,
     window_causal_allowed,
 )
@@ -95,7 +94,6 @@ def _decode_item(
     # Operand type of the products. Quantised caches (fp8, NVFP4) convert exactly to float16, and
     # the fp8 -> float16 conversion is one instruction per pair (bfloat16 needs a second step).
     cdt = q_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16
-    NVFP4: tl.constexpr = KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS
 
     mb = item % M_BLOCKS
     rest = item // M_BLOCKS
@@ -112,7 +110,7 @@ def _decode_item(
         # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
         # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
         ELEM: tl.constexpr = 2 if KV_FORMAT == KV_HALF else 1
-        ROW_BYTES: tl.constexpr = HEAD_DIM * ELEM // (2 if NVFP4 else 1)
+        ROW_BYTES: tl.constexpr = HEAD_DIM * ELEM // (2 if is_nvfp4(KV_FORMAT) else 1)
         pf_rows = kv_len - start  # (not end: ptxas then kept the RoPE kernel at 156 registers)
         pf_head = kvh.to(tl.int64)
         prefetch_rows_l2(k_ptr + (pf_head * stride_k_h + start.to(tl.int64) * stride_k_s), stride_k_s * ELEM, pf_rows,
@@ -204,10 +202,8 @@ def _decode_item(
         v_page, v_slot, v_ok = k_page, k_slot, k_ok
         if not SAME_TABLE:
             v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
-        k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
-        ksf_off = k_off
-        if NVFP4:
-            ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
+        k_off, ksf_off = kv_token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h,
+                                          stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
 
         if ROPE_Q:
             # S[t, t'] = <R(p - j0 - t) q, k_t'>: its diagonal holds the tile's logits. The square
@@ -265,10 +261,8 @@ def _decode_item(
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
 
-        v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
-        vsf_off = v_off
-        if NVFP4:
-            vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
+        v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
+                                          stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
         v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
                          EVICT_FIRST=KV_EVICT_FIRST)
         acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)

@@ -101,10 +101,9 @@ class _Plan:
             self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
         self.kv_format = KV_FORMATS[kv_dtype]
-        words_strides = (*self.k_strides, *self.v_strides, self.head_dim)
-        if self.kv_format == "nvfp4":  # (paged only) the codes and the block scales
-            words_strides = (*self.k_strides, *self.v_strides, *ksf_stride[:3], *vsf_stride[:3], self.head_dim // 16)
-        self.kv_code = kv_format_code(self.kv_format, words_allowed(device, interpreter, kv_aligned4), words_strides)
+        sf_strides = (*ksf_stride[:3], *vsf_stride[:3]) if self.kv_format == "nvfp4" else ()  # (NVFP4: paged only)
+        self.kv_code = kv_format_code(self.kv_format, words_allowed(device, interpreter, kv_aligned4),
+                                      (*self.k_strides, *self.v_strides), self.head_dim, sf_strides)
         self.rows = q_len * self.group
         arch_name = arch(device, interpreter)
         cfg0 = decode_configs.config(arch_name, self.kv_format, self.head_dim, 16, rope)

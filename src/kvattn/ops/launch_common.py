@@ -48,18 +48,19 @@ def words_aligned(k: torch.Tensor, v: torch.Tensor, k_sf, v_sf) -> bool:
     return k.dtype == FP8_DTYPE and k.data_ptr() % 4 == 0 and v.data_ptr() % 4 == 0
 
 
-def kv_format_code(kv_format: str, words_ok: bool, strides: tuple) -> int:
+def kv_format_code(kv_format: str, words_ok: bool, strides: tuple, head_dim: int, sf_strides: tuple = ()) -> int:
     """The kernels' KV_FORMAT: fp8 values (``KV_FP8_WORDS``) and NVFP4 codes and block scales
     (``KV_NVFP4_WORDS``) are read as 32-bit words where ``words_ok`` (:func:`words_allowed`) and
-    every stride in
-    ``strides`` (the cache's and the head dim for fp8; the cache's, the scales' and D / 16 for
-    NVFP4) is a multiple of 4 bytes, so every word load is aligned; otherwise byte by byte."""
+    every word load is aligned: the cache's ``strides`` (bytes: fp8 and NVFP4 codes are one byte)
+    and a row (``head_dim`` fp8 values; for NVFP4 the scales' ``sf_strides`` and a row of
+    ``head_dim / 16`` scales) all multiples of 4 bytes. Otherwise byte by byte."""
     code = KV_FORMAT_CODE[kv_format]
-    if words_ok and all(x % 4 == 0 for x in strides):
-        if code == KV_FORMAT_CODE["fp8"]:
-            return KV_FP8_WORDS
-        if code == KV_FORMAT_CODE["nvfp4"]:
-            return KV_NVFP4_WORDS
+    if not words_ok:
+        return code
+    if code == KV_FORMAT_CODE["fp8"] and all(x % 4 == 0 for x in (*strides, head_dim)):
+        return KV_FP8_WORDS
+    if code == KV_FORMAT_CODE["nvfp4"] and all(x % 4 == 0 for x in (*strides, *sf_strides, head_dim // 16)):
+        return KV_NVFP4_WORDS
     return code
 
 

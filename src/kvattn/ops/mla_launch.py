@@ -45,7 +45,7 @@ class _Plan:
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
         words_ok = words_allowed(device, interpreter, aligned4)
         self.kv_code = KV_FORMAT_CODE["fp8"] if cfg.qk_fp8 else kv_format_code(
-            self.kv_format, words_ok, (kv_stride[0], kv_stride[1], CKV_DIM + KPE_DIM))
+            self.kv_format, words_ok, (kv_stride[0], kv_stride[1]), CKV_DIM + KPE_DIM)
         self.h_blocks = -(-self.num_heads // cfg.block_h)
         self.items = self.batch * self.h_blocks
         self.sm_count = _device.sm_count(device)

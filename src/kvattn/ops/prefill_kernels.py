@@ -42,10 +42,9 @@ import triton.language as tl
 
 from .common import (
     KV_HALF,
-    KV_NVFP4,
-    KV_NVFP4_WORDS,
     LOG2E,
     float16_operand,
+    kv_token_offsets,
     load_kv_tile,
     load_page_ids,
     online_softmax_step,
@@ -53,7 +52,6 @@ from .common import (
     sink_logits2,
     softmax_finalize,
     store_scaled,
-    token_offsets,
     token_pages,
 )
 
@@ -129,10 +127,8 @@ def _tile_scores(
         k = _tma_tile(k_ptr, k_page, k_slot, kvh, head_rows, head_cols, BLOCK_N, HEAD_DIM)
     else:
         k_page, k_slot, k_ok = _tile_pages(kt_row, stride_kt_p, n0, offs_n, hi, num_pages, MASKED, PAGE_SIZE, BLOCK_N)
-        k_off = token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h)
-        ksf_off = k_off
-        if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
-            ksf_off = token_offsets(k_page, k_slot, kvh, stride_ksf_p, stride_ksf_s, stride_ksf_h)
+        k_off, ksf_off = kv_token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h,
+                                          stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
         if QK_FP8:  # fp8 query and fp8 keys: an fp8 tensor-core product, raw bytes straight in
             k = tl.load(k_ptr + k_off[:, None] + tl.arange(0, HEAD_DIM)[None, :], mask=k_ok[:, None], other=0.0)
         else:
@@ -166,10 +162,8 @@ def _fold_values(
         if MASKED:  # a page's slots past the request hold anything (NaN too): 0 * NaN is NaN
             v = tl.where(v_ok[:, None], v, 0.0)
     else:
-        v_off = token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h)
-        vsf_off = v_off
-        if KV_FORMAT == KV_NVFP4 or KV_FORMAT == KV_NVFP4_WORDS:
-            vsf_off = token_offsets(v_page, v_slot, kvh, stride_vsf_p, stride_vsf_s, stride_vsf_h)
+        v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
+                                          stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
         v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, CDT, PV_OPERAND=True)
     return tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
 

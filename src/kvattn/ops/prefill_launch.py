@@ -117,11 +117,8 @@ def launch_context(
         # not with fp8 scores (QK_FP8), whose K tile goes to the tensor cores as the copied bytes
         # (on words, Triton 3.6 compiles that product as float16: sm_90a SASS, benchmarks/NOTES.md).
         kv_format = KV_FORMATS[k.dtype]
-        words_strides = (*k.stride()[:3], *v.stride()[:3], head_dim)
-        if kv_format == "nvfp4":
-            words_strides = (*k.stride()[:3], *v.stride()[:3], *ksf_s, *vsf_s, head_dim // 16)
         words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
-        kv_code = kv_format_code(kv_format, words_ok, words_strides)
+        kv_code = kv_format_code(kv_format, words_ok, (*k.stride()[:3], *v.stride()[:3]), head_dim, (*ksf_s, *vsf_s))
         # 16-bit caches: K/V tiles by TMA where the pages allow it (no per-token address math, no
         # registers for it: one warpgroup a program, two programs an SM; benchmarks/NOTES.md)
         k_src, v_src, head_rows, head_cols = k, v, 0, 0
