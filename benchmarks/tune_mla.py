@@ -47,6 +47,25 @@ VARIANTS = {
                    "num_stages": 3},
     "fp8hn16n32s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
                      "num_stages": 4},  # tried with a split/join P.V conversion (since reverted): NOTES, session c
+    # score products unchained (layout fences, mla_kernels._mla_tile_scores): each warpgroup computes
+    # half of the score tile's N instead of all of it. Local sm_90a compiles (regs, shared memory):
+    # bf16 (32, 8, 3) 255 / 184 KB, (32, 8, 2) 255 / 148 KB, (64, 8, 2) 255 + 8 B stack / 224 KB;
+    # heads in N (64, 8, 2) 255 + 32 B / 224 KB; fp8 scores (64, 8, 3) 254 / 184 KB, (64, 8, 2) 253 /
+    # 148 KB, (64, 8, 4) 254 / 220 KB, (32, 8, 3) 251 / 128 KB; fp8 heads in N at 16 heads 223 / 87 KB
+    "sp32s3": {"split_scores": True, "block_n": 32, "num_stages": 3},
+    "sp32s2": {"split_scores": True, "block_n": 32, "num_stages": 2},
+    "sp32s4": {"split_scores": True, "block_n": 32, "num_stages": 4},
+    "sp64s2": {"split_scores": True, "block_n": 64, "num_stages": 2},
+    "sp64s3": {"split_scores": True, "block_n": 64, "num_stages": 3},
+    "sp64s4": {"split_scores": True, "block_n": 64, "num_stages": 4},
+    # 16 warps (four warpgroups, 128 registers a thread): bf16 (64, 16, 2) 88 B stack, (32, 16, 3) 8 B;
+    # fp8 scores (64, 16, 3) 56 B
+    "sp64w16s2": {"split_scores": True, "block_n": 64, "num_warps": 16, "num_stages": 2},
+    "sp32w16s3": {"split_scores": True, "block_n": 32, "num_warps": 16, "num_stages": 3},
+    "sp64w16s3": {"split_scores": True, "block_n": 64, "num_warps": 16, "num_stages": 3},
+    "hnsp64s2": {"split_scores": True, "heads_as_n": True, "block_n": 64, "num_stages": 2},
+    "fp8hn16sp": {"split_scores": True, "heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64,
+                  "num_warps": 8, "num_stages": 3},
     "fp8hn16s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64, "num_warps": 8,
                   "num_stages": 4},
 }

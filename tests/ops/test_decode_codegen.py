@@ -9,21 +9,13 @@ kWidth 2, and an ``evict_first`` hint survives only on loads Triton does not sof
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import re
 
 import pytest
 
-_SCRIPT = r"""
-import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kvattn.ops.decode_kernels import decode_split_kernel as fn
+from .sm90 import compile_sm90
 
-FLOATS = {"logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale"}
+FLOATS = ("logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale")
 PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "mask_ptr": "*i16",
         "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32", "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_sf_ptr": "*u8", "v_sf_ptr": "*u8"}
@@ -33,37 +25,13 @@ BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, PERSISTENT=False,
             USE_PDL=True)
 
-def compile_(constexprs, kv_type, warps, stages):
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = kv_type if name in ("k_ptr", "v_ptr") else PTRS.get(name, "*bf16")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = "fp32" if name in FLOATS else "i32"
-            if name.startswith("stride"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn, signature=sig, attrs=attrs,
-                    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 128), options={"num_warps": warps, "num_stages": stages})
-    return {"kwidths": sorted({int(w) for w in re.findall(r"kWidth = (\d+)", ck.asm["ttgir"])}),
-            "evict_first": ck.asm["ptx"].count("evict_first"),
-            "cp_async": len(re.findall(r"cp\.async\.c[ag]", ck.asm["ptx"]))}
-
-case = json.loads(sys.argv[1])
-print(json.dumps(compile_(dict(BASE, **case["constexprs"]), case["kv_type"], case["warps"], case["stages"])))
-"""
-
 
 def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: int = 3) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    case = json.dumps({"constexprs": constexprs, "kv_type": kv_type, "warps": warps, "stages": stages})
-    res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0:
-        pytest.fail(f"sm_90a compile failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    got = compile_sm90("kvattn.ops.decode_kernels.decode_split_kernel", dict(BASE, **constexprs),
+                       ptrs=dict(PTRS, k_ptr=kv_type, v_ptr=kv_type), floats=FLOATS, warps=warps, stages=stages)
+    return {"kwidths": sorted({int(w) for w in re.findall(r"kWidth = (\d+)", got["ttgir"])}),
+            "evict_first": got["ptx"].count("evict_first"),
+            "cp_async": len(re.findall(r"cp\.async\.c[ag]", got["ptx"]))}
 
 
 def test_fp8_pv_product_gets_kwidth_2():

@@ -169,8 +169,9 @@ def test_mla_ops_entry_float16(kw, kernel_device):
 # BLOCK_H 64 over few heads (rows past Hq padded and masked), as fp8 scores take it at any Hq:
 # small tiles so the loop runs many tiles, a length that ends inside a tile, one key, an empty request.
 @pytest.mark.parametrize("fields", [
-    pytest.param(dict(block_h=64), id="BLOCK_H64-Hq16"),
-    pytest.param(dict(block_h=64, min_chunk=16, waves=64), id="BLOCK_H64-Hq16-splits"),
+    pytest.param(dict(block_h=64, split_scores=False), id="BLOCK_H64-Hq16-chained"),
+    pytest.param(dict(block_h=64, split_scores=True), id="BLOCK_H64-Hq16-split-scores"),
+    pytest.param(dict(block_h=64, split_scores=True, min_chunk=16, waves=64), id="BLOCK_H64-Hq16-split-scores-splits"),
 ])
 def test_mla_padded_head_block(fields, kernel_device):
     lens = [1, 37, 0, 70] if not ON_GPU else [1, 37, 0, 70, 1029, 2048]
@@ -183,6 +184,7 @@ def test_mla_padded_head_block(fields, kernel_device):
 @pytest.mark.parametrize("fields", [
     pytest.param(dict(heads_as_n=True), id="heads-as-N"),
     pytest.param(dict(heads_as_n=True, min_chunk=16, waves=64), id="heads-as-N-splits"),
+    pytest.param(dict(heads_as_n=True, split_scores=True), id="heads-as-N-split-scores"),
 ])
 @pytest.mark.parametrize("hq", [8, 16, 20], ids=lambda h: f"Hq{h}")
 def test_mla_heads_as_n(fields, hq, kernel_device):
@@ -196,6 +198,8 @@ def test_mla_heads_as_n(fields, hq, kernel_device):
 @pytest.mark.parametrize("fields", [
     pytest.param(dict(heads_as_n=True, block_n=64, num_warps=4, num_stages=2), id="hn-bf16-64w4s2"),
     pytest.param(dict(heads_as_n=True, block_n=64, num_warps=8, num_stages=2), id="hn-bf16-64w8s2"),
+    pytest.param(dict(heads_as_n=True, split_scores=True, block_n=64, num_warps=8, num_stages=2),
+                 id="hn-bf16-64w8s2-split-scores"),
 ])
 @pytest.mark.parametrize("hq", [8, 16, 32], ids=lambda h: f"Hq{h}")
 def test_mla_heads_as_n_bf16(fields, hq, kernel_device, triton_backend, monkeypatch):
@@ -207,6 +211,8 @@ def test_mla_heads_as_n_bf16(fields, hq, kernel_device, triton_backend, monkeypa
 @pytest.mark.parametrize("fields", [
     pytest.param(dict(qk_fp8=True, heads_as_n=True, block_h=16, block_n=64, num_warps=8, num_stages=3),
                  id="fp8hn16"),
+    pytest.param(dict(qk_fp8=True, heads_as_n=True, block_h=16, block_n=64, num_warps=8, num_stages=3,
+                      split_scores=False), id="fp8hn16-chained"),
     pytest.param(dict(qk_fp8=True, heads_as_n=True, block_h=32, block_n=64, num_warps=8, num_stages=2),
                  id="fp8hn32"),
 ])
@@ -221,7 +227,7 @@ def test_mla_fp8_scores_heads_as_n(fields, hq, kernel_device, triton_backend, mo
 @pytest.mark.skipif(not ON_GPU, reason="fp8 tensor cores")
 @pytest.mark.parametrize("fields", [
     pytest.param(dict(qk_fp8=True, block_h=64, block_n=64, num_stages=3), id="fp8qk64"),
-    pytest.param(dict(qk_fp8=True, block_h=64, block_n=32, num_stages=3), id="fp8qk64s2"),
+    pytest.param(dict(qk_fp8=True, block_h=64, block_n=32, num_stages=3, split_scores=False), id="fp8qk64n32-chained"),
 ])
 @pytest.mark.parametrize("hq", [8, 16, 20, 128], ids=lambda h: f"Hq{h}")
 def test_mla_fp8_scores_at_any_head_count(fields, hq, kernel_device, triton_backend, monkeypatch):
@@ -241,6 +247,10 @@ def test_mla_fp8_score_block_h_rule():
         assert mla_configs.config("sm90", "fp8", hq, False).block_h == min(max(16, 1 << (hq - 1).bit_length()), 32)
         assert not mla_configs.config("sm90", "bfloat16", hq, True).qk_fp8
         assert not mla_configs.config("sm90", "bfloat16", hq).heads_as_n
+        # the split score products where the products run on wgmma: BLOCK_H 64, and fp8 scores
+        assert cfg.split_scores
+        assert mla_configs.config("sm90", "bfloat16", hq).split_scores is (hq > 32)
+        assert not mla_configs.config("sm90", "fp8", hq, False).split_scores
 
 
 def test_mla_split_partials_combine_exactly(kernel_device):

@@ -30,6 +30,7 @@ class MLAConfig:
     max_splits: int = 64
     qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, on wgmma)
     heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
+    split_scores: bool = False  # score products unchained (layout fences): each warpgroup computes half of N
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
@@ -73,12 +74,21 @@ class MLAConfig:
 #            with the P.V tile loaded a second time as words (no LDS.U8, 182 regs, 179 KB at 2
 #            stages): 147 / 528 / 274, slower. 16-bit caches with heads in N ((64, 4|8, 2)): 162-173
 #            / 446-559 / 304-325, slower than mma.sync at BLOCK_H 16: not taken.
+# Split score products ("split": SPLIT_SCORES, layout fences; 2026-11-24 session h, H100 graph us,
+# 64x4096 / 128x8192 / 32x16384, Hq 128 unless stated; local compiles in benchmarks/tune_mla.py):
+#   half 64: (32, 8, 3) 362-369 / 1429 / 717 -> split (32, 8, 3) 350 / 1328, (32, 8, 4) 344 / 1329,
+#            (32, 8, 2) 416 / 1584, **(64, 8, 2) 277-279 / 1047 / 559** (255 regs + 8 B stack, 224 KB;
+#            the unsplit 64-key tile spilled); heads in N split (64, 8, 2) 285 / 1085; 16 warps
+#            (64, 16, 2) 406 / - / 698, (32, 16, 3) 414 / - / 825. Taken: (64, 8, 2) split.
+#   fp8qk 64: (64, 8, 3) 220-221 / 851 / 415 -> split (64, 8, 3) **201-203 / 764 / 397**, (64, 8, 4)
+#            203 / 768, (64, 8, 2) 233-237 / 869, (32, 8, 3) 269 / 1032; 16 warps 264-349. Taken.
+#   fp8qk 16 heads in N (Hq 16): 107 / 370 / 200 -> split **87.5 / 294 / 156**. Taken.
 _SM90 = {
-    ("half", 64): (32, 8, 3, 1),
+    ("half", 64): (64, 8, 2, 1, "split"),
     ("half", 32): (64, 8, 3, 1),
     ("half", 16): (64, 8, 3, 1),
-    ("fp8qk", 64): (64, 8, 3, 1),
-    ("fp8qk", 16): (64, 8, 3, 1, True),  # heads in N
+    ("fp8qk", 64): (64, 8, 3, 1, "split"),
+    ("fp8qk", 16): (64, 8, 3, 1, "heads_as_n", "split"),
     ("fp8", 64): (32, 8, 2, 1),
     ("fp8", 32): (64, 8, 3, 1),
     ("fp8", 16): (64, 8, 3, 1),
@@ -129,8 +139,9 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
     if fmt == "fp8qk" and (fmt, block_h) not in table:
         fmt = "fp8"
         block_h = pick(fmt)
-    block_n, warps, stages, per_sm, *heads_as_n = table[(fmt, block_h)]
-    cfg = MLAConfig(block_h, block_n, warps, stages, per_sm, qk_fp8=fmt == "fp8qk", heads_as_n=any(heads_as_n))
+    block_n, warps, stages, per_sm, *flags = table[(fmt, block_h)]
+    cfg = MLAConfig(block_h, block_n, warps, stages, per_sm, qk_fp8=fmt == "fp8qk", heads_as_n="heads_as_n" in flags,
+                    split_scores="split" in flags)
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

@@ -10,14 +10,14 @@ partial ``(o, lse)`` per split that :func:`~.decode_kernels.decode_combine_kerne
 
 Cost model (local sm_90a compiles and the H100 runs recorded in mla_configs). BLOCK_H 64
 (Hq >= 64) runs on wgmma with 8 warps, which the ``[64, 512]`` float32 accumulator needs (128
-registers a thread); Triton gives a chained dot's 64 rows to all 8 warps, so both warpgroups
-compute the whole score tile (the PTX has 2 x 36 ``m64n16k16`` score wgmmas a 32-key tile, the
-P.V product 2 ``m64n256k16``, one per warpgroup): the products cost ``2 * 576 + 512`` instead of
-``576 + 512`` MACs a (head, key), at most ~0.65 of the tensor-core rate, and each wgmma is waited
-for before the next (no overlap of the score and P.V products). Measured on the H100 (Triton
-3.6): 0.26 of the bf16 matmul rate at (32, 8, 2), 0.31 at (32, 8, 3); the 0.75 target needs the
-score tile split between the warpgroups (one warpgroup per 32 or 64 keys), which Triton 3.6 does
-not express.
+registers a thread). Left to itself, Triton 3.6 gives a product whose result reaches another
+product (a "chained dot") all 8 warps along its 64 rows, so both warpgroups would compute the whole
+score tile (2 x 36 ``m64n16k16`` score wgmmas a 32-key tile): ``2 * 576 + 512`` MACs a (head, key)
+instead of ``576 + 512``, 0.30 of the bf16 matmul rate on the H100. ``SPLIT_SCORES`` puts layout
+fences after the score products (see ``_mla_tile_scores``): each warpgroup computes half of the
+tile's keys (36 wgmmas a tile in all), the softmax reductions cross the warpgroups through shared
+memory, and P reaches the P.V product (one ``m64n256k16`` a warpgroup and k-step) through shared
+memory. H100: bf16 Hq 128 0.30 -> 0.39-0.41 of the matmul rate with 64-key tiles.
 
 An fp8 query with an fp8 cache (``QK_FP8``, BLOCK_H 64) takes the scores on fp8 tensor cores
 straight from the copied bytes (both operands K-major: the query rows and the cache rows), exact
@@ -52,12 +52,21 @@ from .common import (
 
 
 @triton.jit
-def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stride_kv_s, CKV_DIM: tl.constexpr,
-                     KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FORMAT: tl.constexpr, sdt: tl.constexpr,
-                     HEADS_AS_N: tl.constexpr):
-    """``(ckv [N, CKV_DIM], ok [N], s)``: one tile's rows and raw float32 scores
-    ``q_nope ckv^T + q_rope kpe^T`` as ``s [M, N]``, or transposed, ``s [N, M] = ckv q_nope^T + ...``,
-    with ``HEADS_AS_N`` (tokens past ``end`` or with an invalid page read as 0)."""
+def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, stride_kv_p, stride_kv_s,
+                     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FORMAT: tl.constexpr,
+                     sdt: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr):
+    """``(ckv [N, CKV_DIM], s)``: one tile's rows and its base-2 logits ``(q_nope ckv^T + q_rope
+    kpe^T) * qk_scale`` as ``s [M, N]``, or transposed, ``s [N, M] = (ckv q_nope^T + ...) * qk_scale``,
+    with ``HEADS_AS_N``; -inf for tokens past ``end`` or with an invalid page (read as 0).
+
+    ``SPLIT_SCORES``: ``live`` is true whenever this runs (the loop's own condition), which the
+    compiler cannot know, and the two ``if live:`` blocks are layout fences: Triton 3.6 gives every warp the whole M dim of a
+    wgmma product whose result reaches another product (``warpsPerTileV3``: a chained dot gets
+    ``[num_warps, 1]`` warps), so both warpgroups would compute the whole score tile. The search
+    for a chained product follows a value's uses but stops at the ``yield`` of a region, so a
+    result that leaves each product through an ``if`` makes every product an unchained one
+    (``[4, 2]``: each warpgroup computes half of N). Inside the ``if`` is real work (the
+    where / scale), which keeps MLIR from folding the region into a select."""
     page, slot, ok = token_pages(ids, offs_n, offs_n < end, PAGE_SIZE, True)
     row_off = page * stride_kv_p + slot * stride_kv_s  # int64 (token_offsets of the one latent head)
     # One read of the rows: ckv is the keys' first 512 columns and the values. (QK_FP8: the byte
@@ -66,12 +75,24 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stri
     ckv = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, 0, CKV_DIM, KV_FORMAT, sdt)
     kpe = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, CKV_DIM, KPE_DIM, KV_FORMAT, sdt)
     if HEADS_AS_N:
+        ok_s = ok[:, None]
         s = tl.dot(kpe, tl.trans(q_rope))
+    else:
+        ok_s = ok[None, :]
+        s = tl.dot(q_rope, tl.trans(kpe))
+    if SPLIT_SCORES:
+        if live:
+            s = tl.where(ok_s, s, 0.0)
+    if HEADS_AS_N:
         s = tl.dot(ckv, tl.trans(q_nope), s)
     else:
-        s = tl.dot(q_rope, tl.trans(kpe))
         s = tl.dot(q_nope, tl.trans(ckv), s)
-    return ckv, ok, s
+    if SPLIT_SCORES:
+        if live:
+            s = tl.where(ok_s, s * qk_scale, float("-inf"))
+    else:
+        s = tl.where(ok_s, s * qk_scale, float("-inf"))
+    return ckv, s
 
 
 @triton.jit
@@ -90,7 +111,7 @@ def mla_split_kernel(
     logit_factor, out_factor,
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
-    OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr,
+    OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -142,14 +163,12 @@ def mla_split_kernel(
     ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        ckv, ok, s = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, stride_kv_p, stride_kv_s,
-                                      CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt, HEADS_AS_N)
+        ckv, s = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, start_n < end, qk_scale, stride_kv_p,
+                                  stride_kv_s, CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt, HEADS_AS_N, SPLIT_SCORES)
         if HEADS_AS_N:
-            s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
             m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, True)
             acc = acc * alpha[None, :] + tl.dot(tl.trans(ckv.to(cdt)), p.to(cdt))
         else:
-            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
             m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
             acc = acc * alpha[:, None] + tl.dot(p.to(cdt), ckv.to(cdt))
         offs_n = offs_n + BLOCK_N

@@ -1,0 +1,54 @@
+"""Compile a kvattn kernel for Hopper (sm_90a) without a GPU, for tests that pin a compiler fact.
+
+A subprocess without ``TRITON_INTERPRET`` runs Triton's own pipeline (TTGIR, PTX, ptxas) on the
+kernel with the given constexprs and returns the TTGIR and PTX text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = r"""
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+case = json.loads(sys.argv[1])
+module, name = case["kernel"].rsplit(".", 1)
+fn = getattr(importlib.import_module(module), name)
+sig, attrs = {}, {}
+for i, arg in enumerate(fn.arg_names):
+    if arg in case["constexprs"]:
+        sig[arg] = "constexpr"
+    elif arg.endswith("_ptr"):
+        sig[arg] = case["ptrs"].get(arg, case["default_ptr"])
+        attrs[(i,)] = [["tt.divisibility", 16]]
+    else:
+        sig[arg] = "fp32" if arg in case["floats"] else "i32"
+        if arg.startswith("stride"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+src = ASTSource(fn, signature=sig, attrs=attrs,
+                constexprs={(fn.arg_names.index(k),): v for k, v in case["constexprs"].items()})
+ck = triton.compile(src, target=GPUTarget("cuda", 90, 128),
+                    options={"num_warps": case["warps"], "num_stages": case["stages"]})
+print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"]}))
+"""
+
+
+def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",
+                 warps: int = 4, stages: int = 3) -> dict:
+    """``{"ttgir": ..., "ptx": ...}`` of ``kernel`` (``"module.name"``) compiled for sm_90a: pointer
+    arguments typed by ``ptrs`` (else ``default_ptr``), ``floats`` fp32 scalars, other scalars i32."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),
+                           default_ptr=default_ptr, warps=warps, stages=stages))
+    res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        pytest.fail(f"sm_90a compile of {kernel} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
