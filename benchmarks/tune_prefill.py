@@ -28,7 +28,8 @@ _VARIANT = re.compile(r"(tma)?(\d+)x(\d+)w(\d+)s(\d+)")
 def _forced(key: tuple, name: str):
     from kvattn.ops import prefill_configs
 
-    table, tma = prefill_configs.TABLES["sm90"], prefill_configs.TMA_TABLES["sm90"]
+    table = prefill_configs.TABLES["sm90"]
+    tma = (prefill_configs.TMA_FP8_TABLES if key[0] == "fp8" else prefill_configs.TMA_TABLES)["sm90"]
     old, old_tma = table[key], tma.get(key[1])
     if name == "gather":
         tma.pop(key[1], None)

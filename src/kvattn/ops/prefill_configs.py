@@ -87,7 +87,15 @@ _INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8
 _INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
+# fp8 query and fp8 pages read by TMA (fp8 scores straight from the TMA tile, V converted once):
+# UNMEASURED (branch next/prefill-fp8-tma; local sm_90a compiles only, see the session-g closing note).
+_SM90_TMA_FP8 = {
+    64: PrefillConfig(128, 64, 4, 2),
+    128: PrefillConfig(128, 64, 4, 2),
+    256: PrefillConfig(128, 64, 8, 2),
+}
 TMA_TABLES = {"sm90": _SM90_TMA}
+TMA_FP8_TABLES = {"sm90": _SM90_TMA_FP8}
 SKIP_TABLES = {"sm90": _SM90_SKIP, "default": _DEFAULT_SKIP, "interpreter": _INTERPRETER_SKIP}
 SKIP_TILE = 128  # = kvattn.reference.SKIP_SOFTMAX_TILE_M = SKIP_SOFTMAX_TILE_N
 
@@ -95,8 +103,9 @@ SKIP_TILE = 128  # = kvattn.reference.SKIP_SOFTMAX_TILE_M = SKIP_SOFTMAX_TILE_N
 def config(arch: str, kind: str, head_dim: int, skip: bool = False) -> PrefillConfig | None:
     """The configuration for ``arch`` (``"sm90"``, ``"default"``, ``"interpreter"``); kind ``"tma"``
     (a 16-bit cache read by TMA) may have none (then None: the launcher gathers instead)."""
-    if kind == "tma":
-        return None if skip else TMA_TABLES.get(arch, {}).get(head_dim)
+    if kind in ("tma", "tma_fp8"):
+        tables = TMA_TABLES if kind == "tma" else TMA_FP8_TABLES
+        return None if skip else tables.get(arch, {}).get(head_dim)
     if skip:
         warps, stages = SKIP_TABLES[arch][head_dim]
         return PrefillConfig(SKIP_TILE, SKIP_TILE, warps, stages)

@@ -159,6 +159,8 @@ def _fold_values(
     """``acc * alpha + P V`` for the V tile at ``(v_page, v_slot)``."""
     if TMA:
         v = _tma_tile(v_ptr, v_page, v_slot, kvh, head_rows, head_cols, BLOCK_N, HEAD_DIM)
+        if KV_FORMAT != KV_HALF:  # fp8 pages (fp8 scores): the P.V operand in float16 (exact)
+            v = v.to(CDT)
         if MASKED:  # a page's slots past the request hold anything (NaN too): 0 * NaN is NaN
             v = tl.where(v_ok[:, None], v, 0.0)
     else:

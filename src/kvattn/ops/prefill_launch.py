@@ -123,8 +123,9 @@ def launch_context(
         # registers for it: one warpgroup a program, two programs an SM; benchmarks/NOTES.md)
         k_src, v_src, head_rows, head_cols = k, v, 0, 0
         tma = None
-        if kv_format in ("float16", "bfloat16") and not interpreter and _device.has_tma(query.device):
-            tma_cfg = prefill_configs.config(arch(query.device, interpreter), "tma", head_dim, skip)
+        if (kv_format in ("float16", "bfloat16") or qk_fp8) and not interpreter and _device.has_tma(query.device):
+            tma_kind = "tma_fp8" if qk_fp8 else "tma"
+            tma_cfg = prefill_configs.config(arch(query.device, interpreter), tma_kind, head_dim, skip)
             tma = tma_views(k, v, tma_cfg.block_n) if tma_cfg is not None else None
             if tma is not None:
                 cfg = tma_cfg
