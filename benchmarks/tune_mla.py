@@ -64,6 +64,9 @@ VARIANTS = {
     "sp32w16s3": {"split_scores": True, "block_n": 32, "num_warps": 16, "num_stages": 3},
     "sp64w16s3": {"split_scores": True, "block_n": 64, "num_warps": 16, "num_stages": 3},
     "hnsp64s2": {"split_scores": True, "heads_as_n": True, "block_n": 64, "num_stages": 2},
+    # bf16 at 16 heads, heads in N with split scores: (64, 8, 2) 128 regs, 164 KB ((64, 8, 3) 236 KB: too much)
+    "hnsp16s2": {"split_scores": True, "heads_as_n": True, "block_h": 16, "block_n": 64, "num_warps": 8,
+                 "num_stages": 2},
     "fp8hn16sp": {"split_scores": True, "heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64,
                   "num_warps": 8, "num_stages": 3},
     "fp8hn16s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64, "num_warps": 8,

@@ -14,6 +14,7 @@ Usage (on the device, from the repository root)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 
 if __package__ in (None, ""):  # run as a script
@@ -60,9 +61,20 @@ def _table_key(shape) -> tuple:
     return kind, shape.head_dim
 
 
+def _grid(head_dim: int | None) -> list:
+    """The prefill shapes, at ``head_dim`` if given (D256 with 16 query heads and 4 KV heads, as the
+    session-g tuning ran it: the same bytes a token as D128)."""
+    grid = shapes._prefill_grid()
+    if head_dim is None:
+        return grid
+    heads = {256: (16, 4)}.get(head_dim, (32, 8))
+    return [dataclasses.replace(s, head_dim=head_dim, num_qo_heads=heads[0], num_kv_heads=heads[1]) for s in grid]
+
+
 def main(argv=None) -> int:
-    args = tuning.parse_args(__doc__, argv)
-    tuning.time_variants(shapes._prefill_grid(), args,
+    args = tuning.parse_args(__doc__, argv, extra=lambda ap: ap.add_argument(
+        "--head-dim", type=int, default=None, help="run the shapes at this head_dim (64, 128 or 256)"))
+    tuning.time_variants(_grid(args.head_dim), args,
                          lambda shape, name: lambda: _forced(_table_key(shape), name), workspace_mib=128)
     return 0
 

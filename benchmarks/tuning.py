@@ -16,8 +16,10 @@ from benchmarks.shapes import Shape
 from benchmarks.timing import Timer
 
 
-def parse_args(doc: str, argv=None) -> argparse.Namespace:
+def parse_args(doc: str, argv=None, extra: Callable[[argparse.ArgumentParser], object] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--variants", default="default", help="comma-separated variant names")
     ap.add_argument("--filter", action="append", default=[], help="keep shape ids containing this")
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")

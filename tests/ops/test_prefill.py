@@ -351,6 +351,19 @@ def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, trito
     assert len(chosen) == 1 and (chosen[0] is not None) == tma
 
 
+@pytest.mark.parametrize("qdt,page,tma", [
+    (FP8_DTYPE, 64, True), (FP8_DTYPE, 16, False), (torch.bfloat16, 64, False),
+], ids=["fp8q-p64-tma", "fp8q-p16-gathers", "bf16q-p64-gathers"])
+@pytest.mark.skipif(not ON_GPU, reason="TMA on compiled kernels only")
+def test_fp8_pages_read_by_tma_with_fp8_scores(qdt, page, tma, triton_backend, monkeypatch):
+    """fp8 pages of 64 tokens are read by TMA when the scores are fp8 (an fp8 query: the tile feeds
+    the fp8 product as it lands); a 16-bit query still converts gathered words."""
+    chosen = returns_of(monkeypatch, prefill_launch, "tma_views")
+    prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], d=128, qdt=qdt, fmt="fp8",
+                 layout="HND", page=page, seed=6)
+    assert (len(chosen) == 1 and chosen[0] is not None) == tma
+
+
 @pytest.mark.parametrize("capability,expected", [((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False)],
                          ids=["H100", "sm100", "sm89", "A100"])
 def test_tma_needs_sm90(capability, expected, monkeypatch):

@@ -87,12 +87,14 @@ _INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8
 _INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
-# fp8 query and fp8 pages read by TMA (fp8 scores straight from the TMA tile, V converted once):
-# UNMEASURED (branch next/prefill-fp8-tma; local sm_90a compiles only, see the session-g closing note).
+# fp8 query and fp8 pages read by TMA (fp8 scores straight from the TMA tile, V converted to float16
+# once). H100 (graph us at 1x8192x8192, benchmarks/NOTES.md session h; gathers -> TMA): D128 128x64
+# w4 s2 1161 -> 998 (s3 1007, 128x128 w8 s2 1153, 64x64 w4 s3 1401); D64 64x64 w4 s2 807 -> 661
+# (s3 671, 128x64 w4 s2 700); D256 (Hq 16) 64x64 w4 s2 1067 -> 1004 (128x64 w8 s2 1135).
 _SM90_TMA_FP8 = {
-    64: PrefillConfig(128, 64, 4, 2),
+    64: PrefillConfig(64, 64, 4, 2),
     128: PrefillConfig(128, 64, 4, 2),
-    256: PrefillConfig(128, 64, 8, 2),
+    256: PrefillConfig(64, 64, 4, 2),
 }
 TMA_TABLES = {"sm90": _SM90_TMA}
 TMA_FP8_TABLES = {"sm90": _SM90_TMA_FP8}
