@@ -2,8 +2,8 @@
 
 A variant is ``BLOCK_M x BLOCK_N x warps x stages`` (``128x64w8s3``) and replaces the sm90 table's
 entry of the shape's operand kind and head_dim for every call; ``tma128x64w4s3`` replaces the TMA
-table's entry (16-bit caches whose pages TMA can read), ``gather`` removes it (the pointer-gather
-kernel on a 16-bit cache); shapes and inputs come from the benchmark registry. Times are medians of CUDA-graph replays (``do_bench``, L2 flushed); the winners
+table's entry (16-bit and fp8 caches whose pages TMA can read), ``gather`` removes it (the
+pointer-gather kernel); shapes and inputs come from the benchmark registry. Times are medians of CUDA-graph replays (``do_bench``, L2 flushed); the winners
 go into ``src/kvattn/ops/prefill_configs.py``.
 
 Usage (on the device, from the repository root)::
@@ -29,27 +29,26 @@ _VARIANT = re.compile(r"(tma)?(\d+)x(\d+)w(\d+)s(\d+)")
 def _forced(key: tuple, name: str):
     from kvattn.ops import prefill_configs
 
-    table = prefill_configs.TABLES["sm90"]
-    tma = (prefill_configs.TMA_FP8_TABLES if key[0] == "fp8" else prefill_configs.TMA_TABLES)["sm90"]
-    old, old_tma = table[key], tma.get(key[1])
+    table, tma = prefill_configs.TABLES["sm90"], prefill_configs.TMA_TABLES["sm90"]
+    old, old_tma = table[key], tma.get(key)
     if name == "gather":
-        tma.pop(key[1], None)
+        tma.pop(key, None)
     elif name != "default":
         match = _VARIANT.fullmatch(name)
         cfg = prefill_configs.PrefillConfig(*map(int, match.groups()[1:]))
         if match.group(1):
-            tma[key[1]] = cfg
+            tma[key] = cfg
         else:
-            tma.pop(key[1], None)  # a gather tile: the gather kernel
+            tma.pop(key, None)  # a gather tile: the gather kernel
             table[key] = cfg
     try:
         yield
     finally:
         table[key] = old
         if old_tma is None:
-            tma.pop(key[1], None)
+            tma.pop(key, None)
         else:
-            tma[key[1]] = old_tma
+            tma[key] = old_tma
 
 
 def _table_key(shape) -> tuple:

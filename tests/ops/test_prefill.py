@@ -351,15 +351,16 @@ def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, trito
     assert len(chosen) == 1 and (chosen[0] is not None) == tma
 
 
-@pytest.mark.parametrize("qdt,page,tma", [
-    (FP8_DTYPE, 64, True), (FP8_DTYPE, 16, False), (torch.bfloat16, 64, False),
-], ids=["fp8q-p64-tma", "fp8q-p16-gathers", "bf16q-p64-gathers"])
+@pytest.mark.parametrize("qdt,fmt,page,tma", [
+    (FP8_DTYPE, "fp8", 64, True), (FP8_DTYPE, "fp8", 16, False), (torch.bfloat16, "fp8", 64, False),
+    (torch.bfloat16, "nvfp4", 64, False),
+], ids=["fp8q-p64-tma", "fp8q-p16-gathers", "bf16q-p64-gathers", "nvfp4-p64-gathers"])
 @pytest.mark.skipif(not ON_GPU, reason="TMA on compiled kernels only")
-def test_fp8_pages_read_by_tma_with_fp8_scores(qdt, page, tma, triton_backend, monkeypatch):
-    """fp8 pages of 64 tokens are read by TMA when the scores are fp8 (an fp8 query: the tile feeds
-    the fp8 product as it lands); a 16-bit query still converts gathered words."""
+def test_fp8_pages_read_by_tma_with_fp8_scores(qdt, fmt, page, tma, triton_backend, monkeypatch):
+    """fp8 pages holding whole tiles are read by TMA when the scores are fp8 (an fp8 query: the
+    tile feeds the fp8 product as it lands); a 16-bit query's tiles and NVFP4 pages gather."""
     chosen = returns_of(monkeypatch, prefill_launch, "tma_views")
-    prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], d=128, qdt=qdt, fmt="fp8",
+    prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], d=128, qdt=qdt, fmt=fmt,
                  layout="HND", page=page, seed=6)
     assert (len(chosen) == 1 and chosen[0] is not None) == tma
 
@@ -403,9 +404,22 @@ def test_table_entry_per_cache_format(kv_dtype, qdt, kind, monkeypatch):
         assert {k for k, _ in table} == {"half", "fp8kv", "nvfp4kv", "fp8"}, arch
         assert all((k, d) in table for k in ("half", "fp8kv", "nvfp4kv", "fp8") for d in (64, 128, 256)), arch
     cfgs = returns_of(monkeypatch, prefill_configs, "config")
-    cfg, qk_fp8 = prefill_launch.plan(torch.empty(4, 2, 128, dtype=qdt), kv_dtype, False, False)
+    cfg, qk_fp8, got_kind = prefill_launch.plan(torch.empty(4, 2, 128, dtype=qdt), kv_dtype, False, False)
     # (the entry itself: entries of different kinds may hold equal values)
     assert len(cfgs) == 1 and cfg is cfgs[0] is prefill_configs.TABLES["default"][(kind, 128)] and not qk_fp8
+    assert got_kind == kind
+
+
+def test_tma_table_kinds():
+    """TMA tiles exist for 16-bit caches and for fp8 scores at every head dim; none for a 16-bit
+    query over fp8 or NVFP4 pages (their gathered words were as fast) or with skip-softmax."""
+    for kind in ("half", "fp8"):
+        for d in (64, 128, 256):
+            assert prefill_configs.config("sm90", kind, d, tma=True) is not None, (kind, d)
+            assert prefill_configs.config("sm90", kind, d, skip=True, tma=True) is None
+    assert prefill_configs.config("sm90", "nvfp4kv", 128, tma=True) is None
+    assert prefill_configs.config("sm90", "fp8kv", 128, tma=True) is None
+    assert prefill_configs.config("default", "half", 128, tma=True) is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,17 +61,28 @@ _SM90 = {
     ("fp8", 128): PrefillConfig(128, 128, 8, 2),
     ("fp8", 256): PrefillConfig(128, 64, 8, 2),
 }
-# 16-bit caches read by TMA (the launcher's choice where the pages allow it: a tile inside one page, 16-byte
-# aligned rows; see prefill_launch.tma_views), head_dim -> config; absent: the gathers of _SM90.
+# Caches read by TMA (the launcher's choice where the pages allow it: a tile inside one page, 16-byte
+# aligned rows; see prefill_launch.tma_views), (kind, head_dim) -> config; absent: the gathers of _SM90.
+# 16-bit caches ("half"):
 # H100 (graph us, benchmarks/NOTES.md session g; gathers -> TMA): D128 128x64 w4 s2 (one warpgroup
 # holds all 128 rows; 255 regs, ~100 B spilled outside the hot path, 96 KB: two programs an SM)
 # 1x8192x8192 1368 -> 1113, 4x2048 451 -> 359, 16x512x4096 1432 -> 1151, 8x1024x8192 2680 -> 2269
 # (s3 1174 / 384 / 1147 / 2324; 64x64 w4 s3 1297 / 412 / 1500 / 2891); D64 64x64 w4 s3 981 -> 656
 # (128x64 w4 s2 729); D256 (Hq 16) 128x64 w8 s2 1765 -> 1041 (64x64 w4 s3 1445).
 _SM90_TMA = {
-    64: PrefillConfig(64, 64, 4, 3),
-    128: PrefillConfig(128, 64, 4, 2),
-    256: PrefillConfig(128, 64, 8, 2),
+    ("half", 64): PrefillConfig(64, 64, 4, 3),
+    ("half", 128): PrefillConfig(128, 64, 4, 2),
+    ("half", 256): PrefillConfig(128, 64, 8, 2),
+    # fp8 query and fp8 pages ("fp8": fp8 scores straight from the TMA tile, V converted to float16
+    # once). H100 (graph us at 1x8192x8192, benchmarks/NOTES.md session h; gathers -> TMA): D128 128x64
+    # w4 s2 1161 -> 998 (s3 1007, 128x128 w8 s2 1153, 64x64 w4 s3 1401); D64 64x64 w4 s2 807 -> 661
+    # (s3 671, 128x64 w4 s2 700); D256 (Hq 16) 64x64 w4 s2 1067 -> 1004 (128x64 w8 s2 1135).
+    ("fp8", 64): PrefillConfig(64, 64, 4, 2),
+    ("fp8", 128): PrefillConfig(128, 64, 4, 2),
+    ("fp8", 256): PrefillConfig(64, 64, 4, 2),
+    # fp8 pages with a 16-bit query ("fp8kv") gather: TMA tiles converted to the query's type
+    # (Triton's e4m3 -> bf16, K and V) were no faster (H100, session h: 1x8192x8192 D128 best
+    # 128x128 w8 s2 1612 vs gathered words 1651 us, D64 847 vs 856, D256 1722 vs 1723).
 }
 
 # head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;
@@ -87,27 +98,17 @@ _INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8
 _INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
-# fp8 query and fp8 pages read by TMA (fp8 scores straight from the TMA tile, V converted to float16
-# once). H100 (graph us at 1x8192x8192, benchmarks/NOTES.md session h; gathers -> TMA): D128 128x64
-# w4 s2 1161 -> 998 (s3 1007, 128x128 w8 s2 1153, 64x64 w4 s3 1401); D64 64x64 w4 s2 807 -> 661
-# (s3 671, 128x64 w4 s2 700); D256 (Hq 16) 64x64 w4 s2 1067 -> 1004 (128x64 w8 s2 1135).
-_SM90_TMA_FP8 = {
-    64: PrefillConfig(64, 64, 4, 2),
-    128: PrefillConfig(128, 64, 4, 2),
-    256: PrefillConfig(64, 64, 4, 2),
-}
 TMA_TABLES = {"sm90": _SM90_TMA}
-TMA_FP8_TABLES = {"sm90": _SM90_TMA_FP8}
 SKIP_TABLES = {"sm90": _SM90_SKIP, "default": _DEFAULT_SKIP, "interpreter": _INTERPRETER_SKIP}
 SKIP_TILE = 128  # = kvattn.reference.SKIP_SOFTMAX_TILE_M = SKIP_SOFTMAX_TILE_N
 
 
-def config(arch: str, kind: str, head_dim: int, skip: bool = False) -> PrefillConfig | None:
-    """The configuration for ``arch`` (``"sm90"``, ``"default"``, ``"interpreter"``); kind ``"tma"``
-    (a 16-bit cache read by TMA) may have none (then None: the launcher gathers instead)."""
-    if kind in ("tma", "tma_fp8"):
-        tables = TMA_TABLES if kind == "tma" else TMA_FP8_TABLES
-        return None if skip else tables.get(arch, {}).get(head_dim)
+def config(arch: str, kind: str, head_dim: int, skip: bool = False, tma: bool = False) -> PrefillConfig | None:
+    """The configuration for ``arch`` (``"sm90"``, ``"default"``, ``"interpreter"``) and operand
+    ``kind``; with ``tma`` (pages read by TMA) there may be none (then None: the launcher gathers
+    instead, as it does with skip-softmax)."""
+    if tma:
+        return None if skip else TMA_TABLES.get(arch, {}).get((kind, head_dim))
     if skip:
         warps, stages = SKIP_TABLES[arch][head_dim]
         return PrefillConfig(SKIP_TILE, SKIP_TILE, warps, stages)

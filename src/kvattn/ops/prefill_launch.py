@@ -23,16 +23,17 @@ except ImportError:  # pragma: no cover - older Triton: the gathers only
     TensorDescriptor = None
 
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
-    """``(config, QK_FP8)`` for a call: fp8 tensor-core Q.K^T when the query and the cache are both
-    fp8 and the kernels are compiled (the interpreter has no fp8 products)."""
+    """``(config, QK_FP8, kind)`` for a call (gathered tiles; the launcher may take TMA's instead):
+    fp8 tensor-core Q.K^T when the query and the cache are both fp8 and the kernels are compiled
+    (the interpreter has no fp8 products)."""
     qk_fp8 = query.dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and not interpreter
     kind = "fp8" if qk_fp8 else {FP8_DTYPE: "fp8kv", torch.uint8: "nvfp4kv"}.get(kv_dtype, "half")
     cfg = prefill_configs.config(arch(query.device, interpreter), kind, query.shape[-1], skip)
-    return cfg, qk_fp8
+    return cfg, qk_fp8, kind
 
 
 def tma_views(k: torch.Tensor, v: torch.Tensor, block_n: int):
-    """``(k_desc, v_desc, head_rows, head_cols)`` for TMA reads of 16-bit K/V pages, or None.
+    """``(k_desc, v_desc, head_rows, head_cols)`` for TMA reads of 16-bit or fp8 K/V pages, or None.
 
     ``k``, ``v``: ``[P, page, Hkv, D]`` NHD views of any layout. A tile of ``block_n`` tokens of one
     head inside one page is a box of a ``[P, rows, cols]`` view: HND pages (each head's slots
@@ -97,7 +98,7 @@ def launch_context(
         return
     interpreter = _env.triton_interpret()
     skip = skip_factor > 0
-    cfg, qk_fp8 = plan(query, k.dtype, skip, interpreter)
+    cfg, qk_fp8, kind = plan(query, k.dtype, skip, interpreter)
     device = query.get_device()  # -1 on the CPU
     with device_guard(device):
         seq_lens = int32_lengths(seq_lens)
@@ -119,13 +120,13 @@ def launch_context(
         kv_format = KV_FORMATS[k.dtype]
         words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
         kv_code = kv_format_code(kv_format, words_ok, (*k.stride()[:3], *v.stride()[:3]), head_dim, (*ksf_s, *vsf_s))
-        # 16-bit caches: K/V tiles by TMA where the pages allow it (no per-token address math, no
-        # registers for it: one warpgroup a program, two programs an SM; benchmarks/NOTES.md)
+        # K/V tiles by TMA where the table has a tile for the kind (16-bit caches, fp8 with fp8
+        # scores) and the pages allow it: no per-token address math, no registers for it, so one
+        # warpgroup a program and two programs an SM (benchmarks/NOTES.md).
         k_src, v_src, head_rows, head_cols = k, v, 0, 0
         tma = None
-        if (kv_format in ("float16", "bfloat16") or qk_fp8) and not interpreter and _device.has_tma(query.device):
-            tma_kind = "tma_fp8" if qk_fp8 else "tma"
-            tma_cfg = prefill_configs.config(arch(query.device, interpreter), tma_kind, head_dim, skip)
+        if not interpreter and _device.has_tma(query.device):
+            tma_cfg = prefill_configs.config(arch(query.device, interpreter), kind, head_dim, skip, tma=True)
             tma = tma_views(k, v, tma_cfg.block_n) if tma_cfg is not None else None
             if tma is not None:
                 cfg = tma_cfg
