@@ -59,14 +59,15 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, s
     kpe^T) * qk_scale`` as ``s [M, N]``, or transposed, ``s [N, M] = (ckv q_nope^T + ...) * qk_scale``,
     with ``HEADS_AS_N``; -inf for tokens past ``end`` or with an invalid page (read as 0).
 
-    ``SPLIT_SCORES``: ``live`` is true whenever this runs (the loop's own condition), which the
-    compiler cannot know, and the two ``if live:`` blocks are layout fences: Triton 3.6 gives every warp the whole M dim of a
-    wgmma product whose result reaches another product (``warpsPerTileV3``: a chained dot gets
-    ``[num_warps, 1]`` warps), so both warpgroups would compute the whole score tile. The search
-    for a chained product follows a value's uses but stops at the ``yield`` of a region, so a
-    result that leaves each product through an ``if`` makes every product an unchained one
-    (``[4, 2]``: each warpgroup computes half of N). Inside the ``if`` is real work (the
-    where / scale), which keeps MLIR from folding the region into a select."""
+    ``SPLIT_SCORES``: the two ``if live:`` blocks are layout fences (``live`` is the loop's own
+    condition: true whenever this runs, which the compiler cannot know). Triton 3.6 gives a wgmma
+    product whose result reaches another product all the warps along M (``warpsPerTileV3``: a
+    chained dot gets ``[num_warps, 1]``), so at 64 rows both warpgroups would compute the whole
+    score tile. Its search follows a value's uses into a region but not out through the region's
+    ``yield``, so results that leave each product through an ``if`` make both products unchained
+    (``[4, 2]``: each warpgroup computes half of N), while the row loads, used in the loop body,
+    stay software-pipelined. The ``if`` holds real work (the where / scale), which keeps MLIR from
+    folding it into a select. ``tests/ops/test_mla_codegen.py`` pins all of this."""
     page, slot, ok = token_pages(ids, offs_n, offs_n < end, PAGE_SIZE, True)
     row_off = page * stride_kv_p + slot * stride_kv_s  # int64 (token_offsets of the one latent head)
     # One read of the rows: ckv is the keys' first 512 columns and the values. (QK_FP8: the byte
