@@ -17,7 +17,7 @@ instead of ``576 + 512``, 0.30 of the bf16 matmul rate on the H100. ``SPLIT_SCOR
 fences after the score products (see ``_mla_tile_scores``): each warpgroup computes half of the
 tile's keys (36 wgmmas a tile in all), the softmax reductions cross the warpgroups through shared
 memory, and P reaches the P.V product (one ``m64n256k16`` a warpgroup and k-step) through shared
-memory. H100: bf16 Hq 128 0.30 -> 0.39-0.41 of the matmul rate with 64-key tiles.
+memory. H100: bf16 Hq 128 0.30 -> 0.40-0.42 of the matmul rate with 64-key tiles.
 
 An fp8 query with an fp8 cache (``QK_FP8``, BLOCK_H 64) takes the scores on fp8 tensor cores
 straight from the copied bytes (both operands K-major: the query rows and the cache rows), exact

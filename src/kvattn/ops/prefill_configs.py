@@ -10,8 +10,9 @@ Operand kinds: ``"half"`` (fp16/bf16 query and cache), ``"fp8kv"`` / ``"nvfp4kv"
 fp8 query over an fp8 / NVFP4 cache: tiles converted to float16 operands in registers, read as
 32-bit words where aligned), ``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
 
-16-bit caches whose pages TMA can read (``prefill_launch.tma_views``) take :data:`TMA_TABLES`
-(per head_dim) instead of the ``"half"`` entry.
+Where the pages let TMA read whole tiles (``prefill_launch.tma_views``), a kind with a
+:data:`TMA_TABLES` entry for the head_dim (16-bit caches, and fp8 scores) takes it instead of its
+gather entry.
 
 Skip-softmax fixes the tiles at 128 x 128 (the semantics' tile, ``kvattn.reference.prefill``):
 :data:`SKIP` holds warps and stages per head_dim for that shape.
@@ -82,7 +83,8 @@ _SM90_TMA = {
     ("fp8", 256): PrefillConfig(64, 64, 4, 2),
     # fp8 pages with a 16-bit query ("fp8kv") gather: TMA tiles converted to the query's type
     # (Triton's e4m3 -> bf16, K and V) were no faster (H100, session h: 1x8192x8192 D128 best
-    # 128x128 w8 s2 1612 vs gathered words 1651 us, D64 847 vs 856, D256 1722 vs 1723).
+    # 128x128 w8 s2 1612 vs gathered words 1651 us, D64 847 vs 856, D256 1722 vs 1723), nor with
+    # float16 operands (q in registers: D128 1598 vs 1596; D64 812 vs 840, D256 1580 vs 1730).
 }
 
 # head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;

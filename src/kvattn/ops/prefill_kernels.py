@@ -122,7 +122,8 @@ def _tile_scores(
     MASKED: tl.constexpr, QK_FP8: tl.constexpr, CDT: tl.constexpr, TMA: tl.constexpr,
 ):
     """Unscaled logits ``q K^T`` of the key tile at ``n0`` (float32 ``[BLOCK_M, BLOCK_N]``) and the
-    tile's ``(page, slot, ok)``. TMA: ``k_ptr`` is a tensor descriptor of a 16-bit cache."""
+    tile's ``(page, slot, ok)``. TMA: ``k_ptr`` is a tensor descriptor of a 16-bit cache, or of an
+    fp8 cache under fp8 scores (the tile feeds the product as it lands)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if TMA:
         k_page, k_slot, k_ok = _tma_page(kt_row, stride_kt_p, n0, offs_n, hi, PAGE_SIZE)
@@ -237,7 +238,7 @@ def _context_run(
 def context_kernel(
     q_ptr,  # [sum_q, Hq, D] query rows (last dim contiguous)
     k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] K pages (NHD view, any strides); D_STORED = D/2 for NVFP4;
-    #         TMA: a descriptor of the 16-bit pages viewed as [num_pages, rows, cols] (see _tma_tile)
+    #         TMA: a descriptor of the 16-bit (or fp8, QK_FP8) pages as [num_pages, rows, cols] (see _tma_tile)
     v_ptr,  # same as k_ptr
     k_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of K (NVFP4)
     v_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of V (NVFP4)
