@@ -1,31 +1,37 @@
-"""MLA decode for Hopper in Gluon: 16-bit latent pages read by TMA, loads issued as buffers free.
+"""MLA decode for Hopper in Gluon: 16-bit latent pages read by TMA, copies issued as buffers free.
 
-The Triton kernel (:mod:`.mla_kernels`) leaves Triton 3.6's software pipeliner to place the row
-copies. With the ``[64, 576]`` query and two ``[64, 576]`` row tiles (224 KB) there is room for two
-buffers only, and the pipeliner issues the copy of tile ``j + 1`` at the end of iteration ``j``,
-after the page-id load it depends on, then waits for it first thing in iteration ``j + 1``: each
-tile's load latency is exposed (H100: ~4.5 us a tile against ~2 us of tensor work). Here the
-schedule is explicit: the copy of tile ``j + 1`` is issued as soon as the P.V product of tile
-``j - 1`` (the last reader of its buffer) has retired, before the score product of tile ``j``, so
-it overlaps a whole tile of work; page ids are read two tiles ahead, off the copy's path.
+Why a second kernel. The Triton kernel (:mod:`.mla_kernels`) leaves the row copies to Triton
+3.6's software pipeliner. The ``[64, 576]`` query and two ``[64, 576]`` row tiles fill 216-224 KB,
+so there is room for two buffers only, and the pipeliner issues the copy of tile ``j + 1`` at the
+end of iteration ``j`` (after the page-id load it depends on) and waits for it first thing in
+iteration ``j + 1``: every tile's load latency is exposed. Gluon (Triton's explicit-layout
+language, part of the same package: still no compiler at install) lets the schedule be written
+out: the copy of tile ``j + 1`` is issued as soon as the P.V product of tile ``j - 1`` (the last
+reader of its buffer) has retired, before the score product of tile ``j``, so it overlaps a whole
+tile of work. And the score layout is chosen rather than inferred: each warpgroup computes the
+whole ``[64, 64]`` score tile (``m64n64`` wgmmas; the two warpgroups do the same products), so
+each holds all of P in the rows it owns in the P.V product and no reduction or P exchange crosses
+the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; benchmarks/NOTES.md, session
+i): 64x4096 278 -> 224 us, 128x8192 1052 -> 845, 32x16384 560 -> 423 against the Triton kernel.
+(The Triton kernel's split score tile, half the keys a warpgroup with the softmax reductions and P
+crossing through shared memory, measured 244 / 926 / 415 here.)
 
-Scope: 16-bit caches, ``BLOCK_H = 64`` query heads a program (Hq >= 64), 64-key tiles, pages of a
-multiple of 64 tokens whose rows are contiguous (the cache viewed as ``[pages * page, 576]`` for
-TMA). Everything else takes :mod:`.mla_kernels`.
+Scope: 16-bit caches with a query of the same dtype, ``BLOCK_H = 64`` query heads a program
+(Hq >= 64; rows past Hq padded), 64-key tiles, pages of a multiple of 64 tokens whose rows TMA
+can address as one ``[pages * page, 576]`` view. Every other launch takes :mod:`.mla_kernels`
+(the ``KVATTN_GLUON=0`` switch too).
 
-Per tile (8 warps, two warpgroups; ``[4, 2]`` layouts, each warpgroup owns half of the tile's keys
-in S and half of the 512 output columns):
+Per tile ``j`` (8 warps; the accumulator ``[64, 512]`` split by columns between the warpgroups):
 
-1. wait for tile ``j``'s copy (an mbarrier a buffer);
-2. retire P.V of tile ``j - 1``; a CTA barrier (both warpgroups read that buffer and P);
-3. one thread issues the copy of tile ``j + 1`` into the freed buffer (nine 64-column TMA boxes);
-4. ``S = q ckv^T + q_rope kpe^T`` (one wgmma chain, A = the query in shared memory);
-5. online softmax; P (bf16) to shared memory, fenced, CTA barrier;
-6. ``acc = acc * alpha + P ckv`` issued asynchronously (retired in step 2 of the next tile).
-
-A request's last tile may hold slots past its length, which the cache may fill with anything (NaN
-too, and ``0 * NaN`` is NaN in the product): that tile's rows past the end are zeroed in shared
-memory before use.
+1. wait for tile ``j``'s copy (an mbarrier a buffer); a request's last tile gets its rows past the
+   end zeroed in shared memory (a page's slots past the request may hold anything, NaN too, and
+   ``0 * NaN`` is NaN in the product);
+2. retire P.V of tile ``j - 1``; a CTA barrier (both warpgroups read that buffer);
+3. one thread issues the copy of tile ``j + 1`` into the freed buffer (nine 64-column TMA boxes;
+   a page id outside the cache becomes a row past the view's end, which TMA reads as zeros);
+4. ``S = q_rope kpe^T + q_nope ckv^T`` (A = the query in shared memory);
+5. online softmax in registers;
+6. ``acc = acc * alpha + P ckv`` issued asynchronously (P from registers), retired in step 2.
 """
 
 from __future__ import annotations
@@ -82,10 +88,11 @@ def mla_gluon_kernel(
     ROW_DIM: gl.constexpr = CKV_DIM + KPE_DIM
     dt: gl.constexpr = q_ptr.dtype.element_ty
     # Layouts: 8 warps as [4, 2] (warpgroup = column half). S: m64n32 a warpgroup; O: m64n256.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, BLOCK_N // 2, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, CKV_DIM // 2, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
@@ -108,7 +115,6 @@ def mla_gluon_kernel(
     qr_smem = gl.allocate_shared_memory(dt, [BLOCK_H, KPE_DIM], row_smem)
     ckv_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, CKV_DIM], row_smem)
     kpe_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, KPE_DIM], row_smem)
-    p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], row_smem)
     bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(bars.index(0), count=1)
     mbarrier.init(bars.index(1), count=1)
@@ -186,11 +192,10 @@ def mla_gluon_kernel(
         p = gl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
         m_i = m_new
-        p_smem.store(p.to(dt))
-        fence_async_shared()
-        gl.thread_barrier()
+        # Each warpgroup holds all of P, in the rows it owns in the P.V product: no exchange.
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-        acc = warpgroup_mma(p_smem, ckv_buf, acc_t * alpha_o[:, None], is_async=True)
+        p_op = gl.convert_layout(p.to(dt), p_layout)
+        acc = warpgroup_mma(p_op, ckv_buf, acc_t * alpha_o[:, None], is_async=True)
     acc_t = warpgroup_mma_wait(0, deps=[acc])
     mbarrier.invalidate(bars.index(0))
     mbarrier.invalidate(bars.index(1))
