@@ -47,7 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-_LOG2E = gl.constexpr(1.4426950408889634)
+# The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
+from .common import LOG2E, online_softmax_step, softmax_finalize, split_bounds
 
 
 @gluon.jit
@@ -103,9 +104,7 @@ def mla_gluon_kernel(
     b = rest // num_splits
 
     kv_len = gl.load(seq_lens_ptr + b)
-    span = gl.maximum(kv_len, 0)
-    chunk = gl.cdiv(gl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
-    chunk = gl.maximum(chunk, BLOCK_N)
+    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N)
     start = split * chunk
     end = gl.minimum(start + chunk, kv_len)
     num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
@@ -145,7 +144,7 @@ def mla_gluon_kernel(
     logit = logit_factor
     if LOGIT_PTR:
         logit = logit * gl.load(logit_scale_ptr)
-    qk_scale = logit * _LOG2E
+    qk_scale = logit * LOG2E
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -186,12 +185,7 @@ def mla_gluon_kernel(
         s = warpgroup_mma_wait(0, deps=[s])
         valid = ((n0 + offs_sn) < end) & ok_cur
         s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
         # Each warpgroup holds all of P, in the rows it owns in the P.V product: no exchange.
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
         p_op = gl.convert_layout(p.to(dt), p_layout)
@@ -202,10 +196,9 @@ def mla_gluon_kernel(
 
     # One split: the final rows. Several: every split writes a partial (an empty one: o = 0,
     # lse = -inf), which the decode family's combine kernel merges.
-    lse2 = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    o = acc_t / gl.where(l_o > 0, l_o, 1.0)[:, None]
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o, lse2 = softmax_finalize(acc_t, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
     head_ok = heads < num_heads
     offs_c = gl.arange(0, CKV_DIM, layout=gl.SliceLayout(0, o_layout))
     final = num_splits == 1
@@ -217,6 +210,4 @@ def mla_gluon_kernel(
     partial = num_splits > 1
     p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
     gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
-    heads_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    p_row_s = (split.to(gl.int64) * batch + b) * num_heads + heads_s
-    gl.store(part_lse_ptr + p_row_s, lse2, mask=(heads_s < num_heads) & partial)
+    gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
