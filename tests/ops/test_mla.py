@@ -118,6 +118,9 @@ GPU_CASES = [
     *[param(f"bf16-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, seed=page) for page in (128, 256)],
     param("bf16-Hq96-padded-heads", lens=GPU_LENS, hq=96, seed=96),
     *[param(f"bf16-Hq{hq}-triton-kernel", lens=GPU_LENS, hq=hq, gluon=False, seed=hq + 1) for hq in (64, 128)],
+    # fp8 scores on pages of 128 / 256 tokens and padded heads (the Triton kernel: Gluon takes 16-bit caches only)
+    *[param(f"fp8-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, kv_format="fp8", seed=page + 1) for page in (128, 256)],
+    param("fp8-Hq96-padded-heads", lens=GPU_LENS, hq=96, kv_format="fp8", seed=97),
     param("bf16-Hq128-long-split-triton-kernel", lens=[16384, 5, 9000], hq=128, gluon=False, seed=5),
 ]
 

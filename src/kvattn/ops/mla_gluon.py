@@ -88,7 +88,8 @@ def mla_gluon_kernel(
 ):
     ROW_DIM: gl.constexpr = CKV_DIM + KPE_DIM
     dt: gl.constexpr = q_ptr.dtype.element_ty
-    # Layouts: 8 warps as [4, 2] (warpgroup = column half). S: m64n32 a warpgroup; O: m64n256.
+    # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
+    # compute it); O [64, 512] split by columns ([4, 2]: m64n256 a warpgroup).
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -119,7 +120,6 @@ def mla_gluon_kernel(
     mbarrier.init(bars.index(1), count=1)
 
     table_row = table_ptr + b.to(gl.int64) * stride_t_b
-    # The first two tiles' copies go out before the query is even read.
     # The first two tiles' copies go out before the query is even read. ok0 / ok1: whether the
     # tile in buffer 0 / 1 comes from a page inside the cache.
     ok0 = _issue_tile(kv_desc, ckv_smem.index(0), kpe_smem.index(0), bars.index(0), table_row, stride_t_p, start,
