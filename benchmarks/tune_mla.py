@@ -11,6 +11,8 @@ Usage (on the device, from the repository root)::
 
 from __future__ import annotations
 
+import contextlib
+import os
 
 if __package__ in (None, ""):  # run as a script
     import _paths  # noqa: F401
@@ -71,6 +73,8 @@ VARIANTS = {
                   "num_warps": 8, "num_stages": 3},
     "fp8hn16s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 64, "num_warps": 8,
                   "num_stages": 4},
+    # the table's config on the Triton kernel where the Gluon one would run (KVATTN_GLUON=0)
+    "triton": {"_env": {"KVATTN_GLUON": "0"}},
 }
 
 
@@ -79,9 +83,23 @@ def main(argv=None) -> int:
     from kvattn.ops import mla_configs, mla_launch
 
     def context_for(shape, name):
+        @contextlib.contextmanager
         def context(fields=VARIANTS[name]):
+            fields = dict(fields)
+            env = fields.pop("_env", {})
+            saved = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)
             mla_launch._PLANS.clear()  # plans hold their configs
-            return mla_configs.override(**fields)
+            try:
+                with mla_configs.override(**fields):
+                    yield
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+                mla_launch._PLANS.clear()
         return context
 
     tuning.time_variants(shapes._mla_grid(), args, context_for, workspace_mib=256)

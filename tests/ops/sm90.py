@@ -1,7 +1,9 @@
 """Compile a kvattn kernel for Hopper (sm_90a) without a GPU, for tests that pin a compiler fact.
 
 A subprocess without ``TRITON_INTERPRET`` runs Triton's own pipeline (TTGIR, PTX, ptxas) on the
-kernel with the given constexprs and returns the TTGIR and PTX text.
+kernel (a Triton or a Gluon one) with the given constexprs and returns the TTGIR and PTX text, the
+shared memory the launch needs and ptxas's register / stack use (``cuobjdump -res-usage``, when
+Triton ships the tool).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import pytest
 
 _SCRIPT = r"""
-import importlib, json, sys
+import importlib, json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -26,6 +28,8 @@ sig, attrs = {}, {}
 for i, arg in enumerate(fn.arg_names):
     if arg in case["constexprs"]:
         sig[arg] = "constexpr"
+    elif arg in case["descs"]:
+        sig[arg] = case["descs"][arg]
     elif arg.endswith("_ptr"):
         sig[arg] = case["ptrs"].get(arg, case["default_ptr"])
         attrs[(i,)] = [["tt.divisibility", 16]]
@@ -33,21 +37,33 @@ for i, arg in enumerate(fn.arg_names):
         sig[arg] = "fp32" if arg in case["floats"] else "i32"
         if arg.startswith("stride"):
             attrs[(i,)] = [["tt.divisibility", 16]]
+if case["gluon"]:
+    from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 src = ASTSource(fn, signature=sig, attrs=attrs,
                 constexprs={(fn.arg_names.index(k),): v for k, v in case["constexprs"].items()})
 ck = triton.compile(src, target=GPUTarget("cuda", 90, 128),
                     options={"num_warps": case["warps"], "num_stages": case["stages"]})
-print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"]}))
+usage = {}
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+if os.path.exists(tool):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    usage = {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK):(\d+)", text)}
+print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"], "shared": ck.metadata.shared, **usage}))
 """
 
 
 def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",
-                 warps: int = 4, stages: int = 3) -> dict:
-    """``{"ttgir": ..., "ptx": ...}`` of ``kernel`` (``"module.name"``) compiled for sm_90a: pointer
-    arguments typed by ``ptrs`` (else ``default_ptr``), ``floats`` fp32 scalars, other scalars i32."""
+                 warps: int = 4, stages: int = 3, gluon: bool = False, descs: dict | None = None) -> dict:
+    """``{"ttgir", "ptx", "shared", "reg", "stack"}`` of ``kernel`` (``"module.name"``; a Gluon
+    kernel with ``gluon``) compiled for sm_90a: pointer arguments typed by ``ptrs`` (else
+    ``default_ptr``), tensor descriptors by ``descs`` (signature strings), ``floats`` fp32
+    scalars, other scalars i32. ``reg`` / ``stack`` are absent where Triton has no cuobjdump."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),
-                           default_ptr=default_ptr, warps=warps, stages=stages))
+                           default_ptr=default_ptr, warps=warps, stages=stages, gluon=gluon, descs=descs or {}))
     res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         pytest.fail(f"sm_90a compile of {kernel} failed:\n{res.stderr[-3000:]}")

@@ -62,7 +62,10 @@ def check_empty_rows(out, lens):
 # GPU: the public function
 # ---------------------------------------------------------------------------------------------
 def mla_case(device, monkeypatch, *, lens, hq=16, page=64, kv_format="bfloat16", q_format=None,
-             tensor_scales=False, four_d=False, ws_bytes=64 << 20, max_seq_len=None, give_out=True, seed=0):
+             tensor_scales=False, four_d=False, ws_bytes=64 << 20, max_seq_len=None, give_out=True, gluon=True,
+             seed=0):
+    if not gluon:
+        monkeypatch.setenv("KVATTN_GLUON", "0")
     cache, tables, seq_lens = make_cache(lens, page=page, kv_format=kv_format, device=device, seed=seed)
     q_dtype = {"bfloat16": torch.bfloat16, "fp8": FP8_DTYPE}[q_format or kv_format]
     g = torch.Generator().manual_seed(100 + seed)
@@ -110,6 +113,15 @@ GPU_CASES = [
     param("bf16-max_seq_len-capacity", lens=[100, 30, 0], hq=32, max_seq_len="capacity"),
     param("bf16-all-empty", lens=[0, 0, 0], hq=16, max_seq_len="capacity"),
     param("bf16-page128", lens=[1, 129, 1000], hq=16, page=128),
+    # Hq >= 64 with 16-bit caches on Hopper take the Gluon kernel on pages of 64+ tokens (tiles at
+    # offsets 0 / 64 / ... of a page); the Triton kernel for the same launches:
+    *[param(f"bf16-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, seed=page) for page in (128, 256)],
+    param("bf16-Hq96-padded-heads", lens=GPU_LENS, hq=96, seed=96),
+    *[param(f"bf16-Hq{hq}-triton-kernel", lens=GPU_LENS, hq=hq, gluon=False, seed=hq + 1) for hq in (64, 128)],
+    # fp8 scores on pages of 128 / 256 tokens and padded heads (the Triton kernel: Gluon takes 16-bit caches only)
+    *[param(f"fp8-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, kv_format="fp8", seed=page + 1) for page in (128, 256)],
+    param("fp8-Hq96-padded-heads", lens=GPU_LENS, hq=96, kv_format="fp8", seed=97),
+    param("bf16-Hq128-long-split-triton-kernel", lens=[16384, 5, 9000], hq=128, gluon=False, seed=5),
 ]
 
 

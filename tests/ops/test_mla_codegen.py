@@ -38,3 +38,31 @@ def test_score_products_split_between_warpgroups(split):
     assert got["warps"] == ([("4", "2")] if split else [("8", "1")])
     assert got["score_wgmmas"] == (36 if split else 72)
     assert got["cp_async"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The Gluon kernel (16-bit caches on Hopper, kvattn.ops.mla_gluon)
+# ---------------------------------------------------------------------------------------------
+GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
+GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
+                  OUT_PTR=False)
+ROW_SMEM = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])"
+
+
+@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+def test_gluon_kernel_compiles_to_its_schedule(page):
+    """The Gluon MLA kernel still compiles with this Triton (its language is experimental), and to
+    what its docstring promises: whole-tile m64n64 score wgmmas in each warpgroup (36 k-steps of
+    512 + 64 columns) and m64n256 P.V ones, nine + nine TMA copies before the loop and nine in it,
+    the query and two row buffers in shared memory (216 KB of the 227 an H100 gives a program), and
+    no register spill."""
+    got = compile_sm90("kvattn.ops.mla_gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
+                       floats=("logit_factor", "out_factor"), warps=8, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 36
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16", ptx)) == 4
+    assert len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) == 27
+    assert got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255

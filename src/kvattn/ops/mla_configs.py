@@ -83,6 +83,10 @@ class MLAConfig:
 #   fp8qk 64: (64, 8, 3) 220-221 / 851 / 415 -> split (64, 8, 3) **201-203 / 764 / 397**, (64, 8, 4)
 #            203 / 768, (64, 8, 2) 233-237 / 869, (32, 8, 3) 269 / 1032; 16 warps 264-349. Taken.
 #   fp8qk 16 heads in N (Hq 16): 107 / 370 / 200 -> split **87.5 / 294 / 156**. Taken.
+# On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla_gluon's kernel instead
+# (mla_launch._gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100
+# graph us 224 / 845 / 423 against 278 / 1052 / 560, NOTES session i). Overrides of BLOCK_N or the
+# warps (tuning variants, tests) keep the Triton kernel.
 _SM90 = {
     ("half", 64): (64, 8, 2, 1, "split"),
     ("half", 32): (64, 8, 3, 1),

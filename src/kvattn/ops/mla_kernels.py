@@ -19,6 +19,10 @@ tile's keys (36 wgmmas a tile in all), the softmax reductions cross the warpgrou
 memory, and P reaches the P.V product (one ``m64n256k16`` a warpgroup and k-step) through shared
 memory. H100: bf16 Hq 128 0.30 -> 0.40-0.42 of the matmul rate with 64-key tiles.
 
+On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.mla_gluon` instead
+(the same work division, with the copies and the score layout written out in Gluon: 224 against
+278 us at Hq 128, 64x4096, on an H100); this kernel serves every other launch and the CPU tier.
+
 An fp8 query with an fp8 cache (``QK_FP8``, BLOCK_H 64) takes the scores on fp8 tensor cores
 straight from the copied bytes (both operands K-major: the query rows and the cache rows), exact
 products accumulated in float32, and converts the tile once, to the float16 P.V operand (exact).

@@ -22,6 +22,14 @@ from .launch_common import (
 )
 from .mla_kernels import mla_split_kernel
 
+try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+
+    from .mla_gluon import mla_gluon_kernel
+except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
+    mla_gluon_kernel = None
+
 CKV_DIM = 512
 KPE_DIM = 64
 _MAX_SPANS = 4096
@@ -36,7 +44,7 @@ class _Plan:
 
     def __init__(self, facts: tuple):
         (device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride, out_stride,
-         ws_numel, has_logit, has_out_scale, aligned4) = facts
+         ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on) = facts
         self.batch, self.num_heads = q_shape[0], q_shape[1]
         self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
         self.kv_format = KV_FORMATS[kv_dtype]
@@ -54,6 +62,9 @@ class _Plan:
         self.head = (q_stride[0], q_stride[1], out_stride[0], out_stride[1], kv_stride[0], kv_stride[1],
                      table_stride[0], table_stride[1], self.batch, self.num_heads)
         self.has_logit, self.has_out_scale = has_logit, has_out_scale
+        self.row_stride = kv_stride[1]
+        self.gluon = (gluon_on and mla_gluon_kernel is not None and arch(device, interpreter) == "sm90"
+                      and _gluon_fits(cfg, self.kv_format, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16))
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
@@ -74,8 +85,10 @@ class _Plan:
         self._by_span[span] = hit
         return hit
 
-    def _split(self, splits: int) -> fast_launch.Launch:
+    def _split(self, splits: int):
         cfg = self.cfg
+        if self.gluon:
+            return _GluonSplit(self, splits)
         return fast_launch.Launch(
             mla_split_kernel, (self.items * splits,),
             slots=(_Q, _KV, _TABLE, _LENS, _LOGIT if self.has_logit else _Q,
@@ -101,6 +114,47 @@ class _Plan:
                 HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=False, USE_PDL=False,
             ),
             options=dict(num_warps=4, num_stages=2),
+        )
+
+
+def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
+                aligned16: bool) -> bool:
+    """Whether :mod:`.mla_gluon` runs a launch: 16-bit cache and query of one dtype, 64 heads a
+    program, 64-key tiles inside pages of a multiple of 64 tokens, and rows TMA can address as one
+    ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
+    pages, page = kv_shape[0], kv_shape[1]
+    return (kv_format in ("float16", "bfloat16") and q_dtype == kv_dtype and cfg.block_h == 64
+            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8 and page % 64 == 0 and aligned16
+            and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0 and kv_stride[0] == page * kv_stride[1]
+            and pages * page < 2**31)
+
+
+class _GluonSplit:
+    """The split launch of :func:`~.mla_gluon.mla_gluon_kernel` (through the Gluon JIT: its TMA
+    descriptor of the cache is built for each call from the cache's pointer)."""
+
+    BLOCK_N = 64
+
+    def __init__(self, plan: _Plan, splits: int):
+        self.grid = (plan.items * splits,)
+        self.splits = splits
+        self.plan = plan
+        self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    def run(self, query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
+            out_factor):
+        plan = self.plan
+        desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
+                                [self.BLOCK_N, 64], self.layout)
+        h = plan.head  # (q_b, q_h, o_b, o_h, kv_p, kv_s, t_b, t_p, batch, heads)
+        mla_gluon_kernel[self.grid](
+            query, desc, table, seq_lens, logit_tensor if logit_tensor is not None else query,
+            out_tensor if out_tensor is not None else query, out, part_o, part_lse,
+            h[0], h[1], h[2], h[3], h[6], h[7], h[8], h[9], self.splits, plan.num_pages,
+            logit_factor, out_factor,
+            CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
+            BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
+            num_warps=8,
         )
 
 
@@ -133,7 +187,7 @@ def launch_mla(
             query.device, _env.triton_interpret(), query.shape, query.stride(), query.dtype, kv.shape, kv.stride(), kv.dtype,
             table.stride(), out.stride(), workspace.numel() if workspace is not None else None,
             logit_tensor is not None, out_tensor is not None,
-            kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0,
+            kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0, kv.data_ptr() % 16 == 0, _env.gluon(),
         )
         plan = _plan(facts)
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
@@ -143,6 +197,10 @@ def launch_mla(
              logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
             (), device,
         )
-        split(call, (logit_factor, out_factor))
+        if plan.gluon:
+            split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
+                      out_factor)
+        else:
+            split(call, (logit_factor, out_factor))
         if combine is not None:
             combine(call, (out_factor,))
