@@ -265,6 +265,32 @@ def test_mla_fp8_score_block_h_rule():
         assert not mla_configs.config("sm90", "fp8", hq, False).split_scores
 
 
+def _fits(hq=128, page=64, kv_dtype=torch.bfloat16, q_dtype=None, *, pages=100, row_stride=576, aligned16=True,
+          **fields):
+    from kvattn.ops import mla_launch
+    kv_format = {torch.bfloat16: "bfloat16", torch.float16: "float16", FP8_DTYPE: "fp8"}[kv_dtype]
+    q_dtype = q_dtype or kv_dtype
+    with mla_configs.override(**fields):
+        cfg = mla_configs.config("sm90", kv_format, hq, q_dtype == FP8_DTYPE)
+    return mla_launch._gluon_fits(cfg, kv_format, q_dtype, kv_dtype, (pages, page, 576),
+                                  (page * row_stride, row_stride, 1), aligned16)
+
+
+def test_mla_gluon_kernel_takes_only_the_launches_it_serves():
+    """The Gluon kernel (sm90) runs 16-bit caches with a query of the same dtype, 64 heads a
+    program, 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address; every
+    other launch keeps the Triton kernel (which the GPU cases then run too)."""
+    assert _fits() and _fits(hq=64) and _fits(hq=96) and _fits(page=128) and _fits(page=256)
+    assert _fits(kv_dtype=torch.float16) and _fits(row_stride=640)
+    assert not _fits(hq=32) and not _fits(hq=16)  # BLOCK_H 32 / 16: mma.sync tables
+    assert not _fits(page=16) and not _fits(page=32)  # a 64-key tile would span pages
+    assert not _fits(kv_dtype=FP8_DTYPE) and not _fits(kv_dtype=FP8_DTYPE, q_dtype=torch.bfloat16)
+    assert not _fits(q_dtype=FP8_DTYPE)  # fp8 query over a 16-bit cache: the operand types differ
+    assert not _fits(aligned16=False) and not _fits(row_stride=580)  # TMA: 16-byte base and row stride
+    assert not _fits(block_n=32) and not _fits(num_warps=4)  # overrides (tuning, tests) keep Triton
+    assert not _fits(pages=2**25)  # rows past 2^31: int32 TMA coordinates
+
+
 def test_mla_split_partials_combine_exactly(kernel_device):
     """Several splits a request (the combine merges their LSEs), and a workspace too small for
     them (one split, nothing allocated beyond it)."""
