@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from unittest import mock
 
 if __package__ in (None, ""):  # run as a script
     import _paths  # noqa: F401
@@ -86,19 +87,11 @@ def main(argv=None) -> int:
         @contextlib.contextmanager
         def context(fields=VARIANTS[name]):
             fields = dict(fields)
-            env = fields.pop("_env", {})
-            saved = {key: os.environ.get(key) for key in env}
-            os.environ.update(env)
-            mla_launch._PLANS.clear()  # plans hold their configs
+            mla_launch._PLANS.clear()  # plans hold their configs (and the environment switches)
             try:
-                with mla_configs.override(**fields):
+                with mock.patch.dict(os.environ, fields.pop("_env", {})), mla_configs.override(**fields):
                     yield
             finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
                 mla_launch._PLANS.clear()
         return context
 

@@ -46,7 +46,8 @@ def test_score_products_split_between_warpgroups(split):
 GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
 GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
                   OUT_PTR=False)
-ROW_SMEM = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])"
+ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
+            "fp4_padded=False, cga_layout=[])")
 
 
 @pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])

@@ -124,9 +124,9 @@ def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, k
     ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
     return (kv_format in ("float16", "bfloat16") and q_dtype == kv_dtype and cfg.block_h == 64
-            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8 and page % 64 == 0 and aligned16
-            and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0 and kv_stride[0] == page * kv_stride[1]
-            and pages * page < 2**31)
+            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
+            and page % 64 == 0 and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0
+            and kv_stride[0] == page * kv_stride[1] and pages * page < 2**31)
 
 
 class _GluonSplit:

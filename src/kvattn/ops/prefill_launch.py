@@ -22,6 +22,7 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover - older Triton: the gathers only
     TensorDescriptor = None
 
+
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
     """``(config, QK_FP8, kind)`` for a call (gathered tiles; the launcher may take TMA's instead):
     fp8 tensor-core Q.K^T when the query and the cache are both fp8 and the kernels are compiled
