@@ -19,7 +19,7 @@ import torch
 import kvattn
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE, FP8_MAX
-from kvattn.ops import decode_configs
+from kvattn.ops import decode_configs, decode_launch
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 ON_GPU = torch.cuda.is_available()
@@ -220,6 +220,7 @@ def test_split_kv_partials_combine_exactly(q_len, group, merge, kernel_device, t
     """Short splits force several partials per request (ragged: some requests need one), merged
     by each item's last split program or by the combine launch (``KVATTN_FUSED_MERGE=0``)."""
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
+    monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)  # merge in the kernel however many splits
     lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
     with decode_configs.override(min_chunk=32, waves=64):
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=True, window=60)
@@ -232,6 +233,7 @@ def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backe
     from kvattn.ops.launch_common import ALIGN, COUNTER_BYTES
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)
     ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
     lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
     with decode_configs.override(min_chunk=32, waves=64):

@@ -317,7 +317,7 @@ def _decode_item(
             mg_ok, mg_idx, mg_heads, mg_rows = _tile_rows(mb * BLOCK_M + tl.arange(0, MERGE_ROWS), b, kvh, GROUP, Q_LEN)
             split_stride = num_rows * NUM_HEADS
             mg_m, mg_den, mg_acc = merge_partials(part_o_ptr, part_lse_ptr, mg_rows * NUM_HEADS + mg_heads, mg_ok,
-                                                  split_stride, num_splits, HEAD_DIM, MERGE_BLOCK_S)
+                                                  split_stride, num_splits, HEAD_DIM, MERGE_BLOCK_S, True)
             mg_sink2 = sink_logits2(sinks_ptr, mg_heads, mg_ok, HAS_SINKS)
             mg_o, mg_lse2 = softmax_finalize(mg_acc, mg_m, mg_den, mg_sink2, HAS_SINKS)
             mg_off = mg_rows[:, None] * stride_o_t + mg_heads[:, None] * stride_o_h + offs_d[None, :]
@@ -430,7 +430,7 @@ def decode_combine_kernel(
     heads = h + tl.zeros([1], dtype=tl.int32)
     row_ok = heads < NUM_HEADS
     m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, t.to(tl.int64) * NUM_HEADS + heads, row_ok,
-                                 num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S)
+                                 num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S, False)
     sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
     o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
     out_mult = out_factor

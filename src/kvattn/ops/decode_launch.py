@@ -143,6 +143,7 @@ class _Plan:
         self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
         # Split launches merge in their own last program (one counter an item) where they can.
         self.merge = fused_merge and self.items <= MAX_COUNTERS
+        self.merge_rows = min(self.block_m, next_power_of_2(self.rows))
         self.rope_query = rope and use_dot and self.rows == 1
         self.gdc = cfg.pdl and not interpreter
         self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
@@ -194,7 +195,7 @@ class _Plan:
         if hit is None:
             numel_o = splits * self.rows_total * self.num_heads * self.head_dim
             numel_lse = splits * self.rows_total * self.num_heads
-            merged = self.merge and splits > 1
+            merged = self.merge and splits > 1 and cdiv(splits, _merge_block_s(self, cfg, splits)) <= MAX_MERGE_ROUNDS
             combine = _combine_launch(self, splits) if splits > 1 and not merged else None
             hit = self._by_splits[cfg, splits] = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse,
                                                   merged)
@@ -204,6 +205,18 @@ class _Plan:
         return hit
 
 
+# The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
+# critical path (~1 us on an H100): past two rounds the combine launch (~2 us after the last split
+# program) is the faster merge (benchmarks/NOTES.md).
+MAX_MERGE_ROUNDS = 2
+
+
+def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
+    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at 16
+    values a thread (32 took the one-row RoPE kernel from 128 registers to 168)."""
+    return min(next_power_of_2(splits), max(1, 512 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
+
+
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> fast_launch.Launch:
     """The split kernel's launch: every argument but the pointers, the call's ints
     ``(fixed_len, window_left)`` and the floats ``(logit_factor, out_factor, soft_cap, rope_theta,
@@ -211,8 +224,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
     s, has = plan.strides, plan.has
     num_items = plan.items * splits
     persistent = plan.max_programs is not None and num_items > plan.max_programs
-    merge = plan.merge and splits > 1
-    merge_rows = min(plan.block_m, next_power_of_2(plan.rows))
+    merge = plan.merge and splits > 1 and cdiv(splits, _merge_block_s(plan, cfg, splits)) <= MAX_MERGE_ROUNDS
     return fast_launch.Launch(
         decode_split_kernel, (plan.max_programs if persistent else num_items,),
         slots=plan.split_slots,
@@ -230,10 +242,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
             PREFETCH=0 if plan.paged else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first,
-            MERGE=merge, MERGE_ROWS=merge_rows,
-            # splits merged a load: [S, MERGE_ROWS, D] float32, 16 values a thread (32 took the
-            # one-row RoPE kernel from 128 registers to 168)
-            MERGE_BLOCK_S=min(next_power_of_2(splits), max(1, 512 * cfg.num_warps // (merge_rows * plan.head_dim))),
+            MERGE=merge, MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
             USE_PDL=plan.gdc,
         ),
