@@ -127,7 +127,8 @@ def test_split_kv_single_decode(merge, kernel_device, triton_backend, monkeypatc
         run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ALIBI", logits_soft_cap=4.0)
         run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ROPE_LLAMA", window_left=150)
         run_case(kernel_device, monkeypatch, length=length - 37, hq=4, hkv=4, seed=2)
-    counters = [c for (dev, _), c in launch_common._STREAM_COUNTERS.items() if dev.type == torch.device(kernel_device).type]
+    kind = torch.device(kernel_device).type
+    counters = [c for (dev, _), c in launch_common._STREAM_COUNTERS.items() if dev.type == kind]
     if merge == "in-kernel":
         assert counters, "no counters were made: the launches did not merge in the kernel"
     assert all((c == 0).all() for c in counters)
