@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 ROOT = Path(__file__).resolve().parent.parent
-REGION = 1 << 20  # int64 slots: split programs [0, R), combine programs [R, 2R), marker at 3R
+REGION = 1 << 20  # int64 slots: split programs [0, R), combine programs [R, 2R), merges [2R, 3R), marker at 3R
 
 # (old, new) text patches of ops/decode_kernels.py: timestamps at entry, after gdc_wait, at the end.
 _HELPERS = '''import os
@@ -56,10 +56,17 @@ PATCHES = [
      "    if USE_PDL:\n        # At the end, not the start"),
     ("    h = tl.program_id(1)\n    if USE_PDL:\n        gdc_wait()",
      "    h = tl.program_id(1)\n    c0 = _gtime(h)\n    if USE_PDL:\n        gdc_wait()\n    c1 = _gtime(h)"),
-    ("        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + h, lse2)\n\n\n__all__",
-     "        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + h, lse2)\n    c2 = _gtime(h)\n"
+    ("        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)\n\n\n__all__",
+     "        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)\n    c2 = _gtime(h)\n"
      f"    cs = {REGION} + (t * NUM_HEADS + h) * 4\n    _trace_put(cs, _smid(h))\n    _trace_put(cs + 1, c0)\n"
      "    _trace_put(cs + 2, c1)\n    _trace_put(cs + 3, c2)\n\n\n__all__"),
+    # the in-kernel merge (MERGE): when the item's last split program starts and ends merging
+    ("            tl.atomic_xchg(count_ptr, 0, sem=\"relaxed\", scope=\"gpu\")\n",
+     "            tl.atomic_xchg(count_ptr, 0, sem=\"relaxed\", scope=\"gpu\")\n"
+     f"            _trace_put({2 * REGION} + item * 2, _gtime(item))\n"),
+    ("                tl.store(lse_ptr + mg_rows * stride_lse_t + mg_heads, mg_lse2, mask=mg_ok)\n",
+     "                tl.store(lse_ptr + mg_rows * stride_lse_t + mg_heads, mg_lse2, mask=mg_ok)\n"
+     f"            _trace_put({2 * REGION} + item * 2 + 1, _gtime(item))\n"),
 ]
 
 
@@ -138,6 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="", help="tune_decode variants to trace besides the default")
     ap.add_argument("--no-readers", action="store_true", help="skip the bare reads")
     ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--noflush", action="store_true", help="replay without flushing L2 before each replay")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -186,6 +194,11 @@ def main(argv=None) -> int:
         if len(comb):
             r["combine_wait_exit_us"] = float(comb[:, 2].min() - mark - first) / 1e3
             r["combine_end_us"] = float(comb[:, 3].max() - mark - first) / 1e3
+        merge = tr[2 * REGION:3 * REGION].view(-1, 2)
+        merge = merge[merge[:, 0] > 0]
+        if len(merge):
+            r["merge_start_us"] = float(merge[:, 0].max() - mark - first) / 1e3
+            r["merge_us"] = float((merge[:, 1] - merge[:, 0]).max()) / 1e3
         r["total_us"] = r.get("combine_end_us", float(q[-1]))
         return r
 
@@ -194,8 +207,9 @@ def main(argv=None) -> int:
         flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
         runs = []
         for i in range(reps + 3):
-            trace[:2 * REGION].fill_(-1)
-            flush.zero_()  # as do_bench does before each timed call
+            trace[:3 * REGION].fill_(-1)
+            if not args.noflush:
+                flush.zero_()  # as do_bench does before each timed call
             marker[(1,)](trace[3 * REGION:])
             graphs[i % len(graphs)].replay()
             torch.cuda.synchronize()
@@ -203,7 +217,8 @@ def main(argv=None) -> int:
                 tr = trace.cpu()
                 runs.append(summarise(tr, int(tr[3 * REGION])))
         med = {k: statistics.median(r[k] for r in runs)
-               for k in ("start_spread_us", "total_us", "combine_wait_exit_us", "combine_end_us") if k in runs[0]}
+               for k in ("start_spread_us", "total_us", "combine_wait_exit_us", "combine_end_us", "merge_start_us",
+                         "merge_us") if k in runs[0]}
         med["end_us"] = [statistics.median(r["end_us"][j] for r in runs) for j in range(5)]
         med.update({k: runs[0][k] for k in ("programs", "sms", "max_per_sm", "end_us_quantiles")})
         # per-program durations, averaged over the first and second halves of the replays: how
@@ -220,6 +235,8 @@ def main(argv=None) -> int:
     def line(name: str, r: dict) -> str:
         ends = " ".join(f"{v:6.1f}" for v in r["end_us"])
         comb = f"  combine end {r['combine_end_us']:6.1f}" if "combine_end_us" in r else ""
+        if "merge_us" in r:
+            comb += f"  last merge starts {r['merge_start_us']:6.1f}, longest merge {r['merge_us']:5.2f}"
         return (f"{name:56s} {r['programs']:5d} programs, <= {r['max_per_sm']} an SM; ends (min/p10/med/p90/max) "
                 f"{ends}{comb}; program durations spread {r['duration_rel_spread']:.3f}, "
                 f"consistency {r['duration_consistency']:.2f}")

@@ -19,9 +19,11 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 if __package__ in (None, ""):  # run as a script
     import _paths  # noqa: F401
@@ -151,6 +153,8 @@ VARIANTS.update({f"t{bn}_{w}_{st}+bytes": {"block_n": bn, "num_warps": w, "num_s
 VARIANTS["default+bytes"] = {"_sf_bytes": True}
 # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
 VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
+# Split partials merged by the combine launch instead of the split kernel's last program.
+VARIANTS["combine"] = {"_env": {"KVATTN_FUSED_MERGE": "0"}}
 
 SHAPES = [
     Shape("decode", 64, 8192),
@@ -195,12 +199,14 @@ SHAPES = [
 def variant(name: str):
     """Apply a variant: its config fields through ``decode_configs.override``; ``_no_combine``
     replaces the combine launch by a no-op; ``_sf_bytes`` reads NVFP4 block scales byte by byte
-    even where they could be read as words. Cached launch plans are dropped on entry and exit."""
+    even where they could be read as words; ``_env`` sets environment switches. Cached launch
+    plans are dropped on entry and exit."""
     from kvattn.ops import decode_configs, decode_launch, launch_common
 
     fields = dict(VARIANTS[name])
     no_combine = fields.pop("_no_combine", False)
     sf_bytes = fields.pop("_sf_bytes", False)
+    env = fields.pop("_env", {})
     real, real_code = decode_launch._combine_launch, decode_launch.kv_format_code
     decode_launch._PLANS.clear()
     if no_combine:
@@ -211,7 +217,7 @@ def variant(name: str):
             return launch_common.KV_FORMAT_CODE["nvfp4"] if code == launch_common.KV_NVFP4_WORDS else code
         decode_launch.kv_format_code = bytes_code
     try:
-        with decode_configs.override(**fields):
+        with decode_configs.override(**fields), mock.patch.dict(os.environ, env):
             yield
     finally:
         decode_launch._combine_launch, decode_launch.kv_format_code = real, real_code

@@ -10,6 +10,9 @@
 ``KVATTN_FAST_LAUNCH``
     ``0`` launches every kernel through ``kernel[grid](...)`` instead of the compiled kernel's
     launcher (see :mod:`kvattn.ops.fast_launch`); on by default.
+``KVATTN_FUSED_MERGE``
+    ``0`` merges decode's split-KV partials in a second launch (the combine kernel) instead of in
+    the split kernel, whose last program of each item merges them; on by default.
 ``KVATTN_GLUON``
     ``0`` keeps the Triton kernel where a Gluon kernel exists for the launch (MLA decode with 16-bit
     caches on Hopper, :mod:`kvattn.ops.mla_gluon`); on by default.
@@ -98,6 +101,8 @@ debug_checks = _switch("KVATTN_DEBUG", lambda raw: _parse_flag(raw, False), "deb
                        "Whether the device-value checks (``KVATTN_DEBUG=1``) are on.")
 fast_launch = _switch("KVATTN_FAST_LAUNCH", lambda raw: _parse_flag(raw, True), "fast_launch",
                       "Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on).")
+fused_merge = _switch("KVATTN_FUSED_MERGE", lambda raw: _parse_flag(raw, True), "fused_merge",
+                      "Whether decode's last split program merges the partials (``KVATTN_FUSED_MERGE``, default on).")
 gluon = _switch("KVATTN_GLUON", lambda raw: _parse_flag(raw, True), "gluon",
                 "Whether launches may take a Gluon kernel where one exists (``KVATTN_GLUON``, default on).")
 triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",

@@ -92,8 +92,10 @@ def xqa_batch_decode_with_kv_cache(
         ``[P, page_size, Hkv, D]`` / ``[P, Hkv, page_size, D]``. Dtype: the query's, float8_e4m3fn, or
         uint8 NVFP4 (last dim ``D / 2``, with ``kv_cache_sf``). Only the last dim must be contiguous.
     workspace_buffer : torch.Tensor uint8
-        Scratch for split-KV partials; zero it before its first use. Nothing else is allocated
-        when ``out`` is given.
+        Scratch: its first 16 KB are the arrival counters of the split-KV merge (every call leaves
+        them at zero), the split-KV partials follow. Zero it before its first use, and give calls
+        that may run at the same time (other streams) workspaces of their own. Nothing else is
+        allocated when ``out`` is given.
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``
     seq_lens : torch.Tensor int32 or uint32 ``[B]``
         KV length of each request, including its ``q_len_per_req`` new tokens. 0 gives a zero output.
@@ -278,6 +280,13 @@ def single_decode_with_kv_cache(
     Returns
     -------
     torch.Tensor ``[Hq, D]`` in q's dtype, and with ``return_lse`` a float32 ``[Hq]`` LSE.
+
+    Notes
+    -----
+    On the GPU a long sequence is split across programs, and the last program of each head to
+    finish merges the splits (one launch). Having no workspace argument, the call keeps the
+    arrival counters itself, at zero between calls: one small set per device and stream, and for a
+    call captured in a CUDA graph a set of its own, so graphs may replay concurrently.
 
     Examples
     --------

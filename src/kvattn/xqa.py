@@ -90,7 +90,7 @@ def xqa(
     seq_lens : torch.Tensor uint32 or int32 ``[B, 1]``
     output : torch.Tensor ``[B, 1, Hq, D]``, the query's dtype (or float8_e4m3fn with an fp8 cache)
     workspace_buffer : torch.Tensor uint8 (zeroed before first use)
-    semaphores : torch.Tensor uint32 (checked; kvattn's split-KV combine needs no semaphores)
+    semaphores : torch.Tensor uint32 (checked; kvattn's split-KV merge keeps its counters in the workspace)
     num_kv_heads : int
     page_size : int in 16, 32, 64, 128
     sinks : torch.Tensor float32 ``[num_kv_heads, Hq / num_kv_heads]``, optional

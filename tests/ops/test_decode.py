@@ -19,7 +19,7 @@ import torch
 import kvattn
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE, FP8_MAX
-from kvattn.ops import decode_configs
+from kvattn.ops import decode_configs, decode_launch
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 ON_GPU = torch.cuda.is_available()
@@ -66,11 +66,12 @@ def decode_case(
     device, monkeypatch, *, lens, hkv=2, group=4, d=64, page=16, layout="NHD", form="stacked", fmt=None,
     qdt=torch.float16, q_len=1, mask=False, window=-1, sinks=False, tensor_scales=False, fp8_out=False,
     o_scale=1.0, uint32=False, seed=0, ws_bytes=1 << 22, max_seq_len=None, enable_pdl=None, sf_off_by_one=False,
+    workspace=None,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
     ``sf_off_by_one``: NVFP4 block scales one byte past a 4-byte boundary (the kernels then read
-    them byte by byte instead of as words)."""
+    them byte by byte instead of as words). ``workspace``: one to use instead of a fresh zeroed one."""
     fmt = fmt or {torch.float16: "float16", torch.bfloat16: "bfloat16"}[qdt]
     case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=qdt, kv_format=fmt,
                          layout=layout, form=form, device=device, seed=seed)
@@ -99,7 +100,7 @@ def decode_case(
 
     def call():
         out = poison_(torch.empty(q.shape, dtype=out_dtype, device=device))
-        ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
+        ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device) if workspace is None else workspace
         got = kvattn.decode.xqa_batch_decode_with_kv_cache(
             q, case.kv_cache, ws, case.block_tables, seq_lens, max_len, out=out, enable_pdl=enable_pdl, **kw)
         assert got is out
@@ -213,13 +214,34 @@ def test_batch_decode_matches_oracles(kw, kernel_device, triton_backend, monkeyp
     decode_case(kernel_device, monkeypatch, **kw)
 
 
+@pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
-def test_split_kv_partials_combine_exactly(q_len, group, kernel_device, triton_backend, monkeypatch):
-    """Short splits force several partials per request (ragged: some requests need one)."""
+def test_split_kv_partials_combine_exactly(q_len, group, merge, kernel_device, triton_backend, monkeypatch):
+    """Short splits force several partials per request (ragged: some requests need one), merged
+    by each item's last split program or by the combine launch (``KVATTN_FUSED_MERGE=0``)."""
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
+    monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)  # merge in the kernel however many splits
     lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
     with decode_configs.override(min_chunk=32, waves=64):
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=True, window=60)
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, seed=3)
+
+
+def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backend, monkeypatch):
+    """Calls sharing one workspace stay exact (each launch's last split program resets its item's
+    arrival counter), and the workspace's counter region reads zero after them."""
+    from kvattn.ops.launch_common import ALIGN, COUNTER_BYTES
+
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)
+    ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
+    lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
+    with decode_configs.override(min_chunk=32, waves=64):
+        for seed in range(3):
+            decode_case(kernel_device, monkeypatch, lens=lens, group=4, sinks=seed == 1, seed=seed, workspace=ws)
+    start = (-ws.data_ptr()) % ALIGN
+    assert (ws[start : start + COUNTER_BYTES] == 0).all()
+    assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: the launches did not split"
 
 
 def test_empty_batch_all_zero(kernel_device, triton_backend, monkeypatch):

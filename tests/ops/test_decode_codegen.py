@@ -18,17 +18,22 @@ from .sm90 import compile_sm90
 FLOATS = ("logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale")
 PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "mask_ptr": "*i16",
         "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32", "lse_ptr": "*fp32",
-        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_sf_ptr": "*u8", "v_sf_ptr": "*u8"}
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32", "k_sf_ptr": "*u8", "v_sf_ptr": "*u8"}
 BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_M=16, BLOCK_N=128, M_BLOCKS=1,
             KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False, HAS_SINKS=False,
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
-            SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, PERSISTENT=False,
-            USE_PDL=True)
+            SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, MERGE=False,
+            MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True)
+# Single decode with RoPE, 32 heads of 128 (the one-row kernel: the query rotated per key) on sm90's table
+ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=False, STORE_LSE=True, ROPE=True,
+                    PREFETCH=1)
 
 
-def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: int = 3) -> dict:
+def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: int = 3, raw: bool = False) -> dict:
     got = compile_sm90("kvattn.ops.decode_kernels.decode_split_kernel", dict(BASE, **constexprs),
                        ptrs=dict(PTRS, k_ptr=kv_type, v_ptr=kv_type), floats=FLOATS, warps=warps, stages=stages)
+    if raw:
+        return got
     return {"kwidths": sorted({int(w) for w in re.findall(r"kWidth = (\d+)", got["ttgir"])}),
             "evict_first": got["ptx"].count("evict_first"),
             "cp_async": len(re.findall(r"cp\.async\.c[ag]", got["ptx"]))}
@@ -47,3 +52,19 @@ def test_evict_first_survives_only_unpipelined_loads(stages, hinted):
     got = _compile(dict(KV_EVICT_FIRST=True), warps=8, stages=stages)
     assert (got["evict_first"] > 0) is hinted
     assert (got["cp_async"] == 0) is hinted
+
+
+def test_in_kernel_merge_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
+    """The merge adds no registers where occupancy is at a step (128 registers: 4 programs of 4
+    warps an SM; its first form, 32 float32 a thread of merge loads, took 168), and its counter is
+    one thread's acq_rel atomic behind a CTA barrier that follows every thread's partial stores."""
+    plain = _compile(ROPE_ONE_ROW, raw=True)
+    merged = _compile(dict(ROPE_ONE_ROW, MERGE=True, MERGE_BLOCK_S=8), raw=True)
+    if "reg" not in merged:
+        pytest.skip("Triton ships no cuobjdump here")
+    assert plain["reg"] <= 128 and merged["reg"] <= 128, (plain["reg"], merged["reg"])
+    ptx = merged["ptx"]
+    add = re.search(r"@%p\d+ atom\.global\.gpu\.acq_rel\.add\.u32", ptx)
+    assert add and "atom." not in plain["ptx"]
+    assert "bar.sync" in ptx[ptx.rfind("st.global", 0, add.start()) : add.start()]
+    assert len(re.findall(r"ld\.global\.cg", ptx)) >= 2  # the merge's partial loads skip L1

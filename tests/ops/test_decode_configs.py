@@ -192,3 +192,56 @@ def test_stream_span_is_four_l2_sizes_of_kv(batch, hkv, span, expected):
     """H100: 50 MB of L2; bf16 D 128 rows are 256 bytes."""
     limit = dc.stream_span(batch=batch, num_kv_heads=hkv, row_bytes=256, l2_bytes=50 * 2**20)
     assert (span <= limit) is expected
+
+
+def _sm90_plan(monkeypatch, *, span, hq, hkv, rope=False, paged=False, batch=1, fused=True, head_dim=128):
+    """The launches an H100 call would get (the GPU facts faked: sm90 tables, 132 SMs, 50 MB L2)."""
+    import torch
+
+    from kvattn import _device
+    from kvattn.ops import decode_launch as dl
+
+    monkeypatch.setattr(dl, "arch", lambda device, interpreter: "sm90")
+    monkeypatch.setattr(dl, "words_allowed", lambda *args: True)
+    monkeypatch.setattr(_device, "sm_count", lambda device: SMS)
+    monkeypatch.setattr(_device, "l2_bytes", lambda device: 50 << 20)
+    dev, d = torch.device("cuda", 0), head_dim
+    if paged:
+        q_shape, q_stride = (batch, hq, d), (hq * d, d, 1)
+        k_stride = (16 * hkv * d, hkv * d, d, 1)
+        present = (False, False, True, True, True, False, False, False, False, False)
+        facts = (dev, False, q_shape, q_stride, (4096, 16, hkv, d), k_stride, k_stride, torch.bfloat16, q_shape,
+                 q_stride, torch.bfloat16, present, None, None, (512, 1), (512, 1), True, None, None, 128 << 20, True,
+                 1, False, rope, False, False, None, None, False, True, fused)
+    else:
+        q_shape, q_stride, k_stride = (hq, d), (d, 1), (hkv * d, d, 1)
+        present = (False,) * 9 + (True,)
+        facts = (dev, False, q_shape, q_stride, hkv, k_stride, k_stride, torch.bfloat16, q_shape, q_stride,
+                 torch.bfloat16, present, None, None, None, None, True, None, (1,), None, False, 1, False, rope, False,
+                 False, False, None, False, True, fused)
+    split, combine, _, _, merged = dl._Plan(facts).launches(span)
+    return split, combine, merged
+
+
+@pytest.mark.parametrize("span,rope", [(4096, False), (4096, True), (32768, False), (32768, True), (131072, False)],
+                         ids=lambda v: str(v))
+def test_single_decode_merges_in_its_split_kernel(span, rope, monkeypatch):
+    """Single decode (32 heads) on an H100: one launch, its last split program of each head merging
+    the partials in at most MAX_MERGE_ROUNDS rounds; KVATTN_FUSED_MERGE=0 brings the combine back."""
+    from kvattn.ops import decode_launch as dl
+
+    split, combine, merged = _sm90_plan(monkeypatch, span=span, hq=32, hkv=32, rope=rope)
+    assert merged and combine is None and split.constexprs["MERGE"]
+    c = split.constexprs
+    assert c["MERGE_ROWS"] == 1  # the one query row, not the 16 rows of its tensor-core tile
+    splits = split.grid[0] // 32
+    assert splits > 1 and -(-splits // c["MERGE_BLOCK_S"]) <= dl.MAX_MERGE_ROUNDS
+    split, combine, merged = _sm90_plan(monkeypatch, span=span, hq=32, hkv=32, rope=rope, fused=False)
+    assert not merged and combine is not None and not split.constexprs["MERGE"]
+
+
+def test_many_splits_keep_the_combine_launch(monkeypatch):
+    """1 x 32768 (8 KV heads, 33 splits each): the merge would take 5 rounds, so the combine
+    launch merges (measured faster on an H100)."""
+    split, combine, merged = _sm90_plan(monkeypatch, span=32768, hq=32, hkv=8, paged=True)
+    assert not merged and combine is not None and not split.constexprs["MERGE"]

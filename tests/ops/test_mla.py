@@ -21,6 +21,7 @@ from kvattn import dense, reference
 from kvattn._inputs import PagedKV, Scale
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops import mla_configs
+from kvattn.ops.launch_common import COUNTER_BYTES
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
@@ -109,7 +110,8 @@ GPU_CASES = [
     param("bf16-Hq16-long-split-B1", lens=[30000], hq=16, seed=6),
     param("fp8-Hq128-ragged", lens=[1, 5000, 17, 12000, 0, 333], hq=128, kv_format="fp8", seed=7),
     param("bf16-Hq16-tiny-workspace-no-split", lens=[20000, 3], hq=16, ws_bytes=16),
-    param("bf16-Hq128-workspace-two-splits", lens=[8000, 700], hq=128, ws_bytes=2 * 2 * 128 * 513 * 4 + 64),
+    param("bf16-Hq128-workspace-two-splits", lens=[8000, 700], hq=128,
+          ws_bytes=COUNTER_BYTES + 2 * 2 * 128 * 513 * 4 + 64),
     param("bf16-max_seq_len-capacity", lens=[100, 30, 0], hq=32, max_seq_len="capacity"),
     param("bf16-all-empty", lens=[0, 0, 0], hq=16, max_seq_len="capacity"),
     param("bf16-page128", lens=[1, 129, 1000], hq=16, page=128),

@@ -16,7 +16,7 @@ import torch
 import kvattn
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops import decode_configs
+from kvattn.ops import decode_configs, decode_launch
 from kvattn.testing import relative_error
 
 ON_GPU = torch.cuda.is_available()
@@ -112,12 +112,66 @@ def test_single_decode_matches_oracles(kw, kernel_device, triton_backend, monkey
     run_case(kernel_device, monkeypatch, **kw)
 
 
-def test_split_kv_single_decode(kernel_device, triton_backend, monkeypatch):
-    """Forced short splits: partials and their LSE merge (output and returned LSE)."""
+@pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])
+def test_split_kv_single_decode(merge, kernel_device, triton_backend, monkeypatch):
+    """Forced short splits: partials and their LSE merge (output and returned LSE), in each head's
+    last split program or in the combine launch (``KVATTN_FUSED_MERGE=0``). The in-kernel merge's
+    counters (kept per device and stream, single decode having no workspace) are back at zero after
+    every call, so the next call, of another shape, merges right too."""
+    from kvattn.ops import launch_common
+
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
+    monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)  # merge in the kernel however many splits
     length = 200 if not ON_GPU else 20000
     with decode_configs.override(min_chunk=32, waves=64):
         run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ALIBI", logits_soft_cap=4.0)
         run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ROPE_LLAMA", window_left=150)
+        run_case(kernel_device, monkeypatch, length=length - 37, hq=4, hkv=4, seed=2)
+    kind = torch.device(kernel_device).type
+    counters = [c for (dev, _), c in launch_common._STREAM_COUNTERS.items() if dev.type == kind]
+    if merge == "in-kernel":
+        assert counters, "no counters were made: the launches did not merge in the kernel"
+    assert all((c == 0).all() for c in counters)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("mode", ["NONE", "ROPE_LLAMA"])
+def test_single_decode_in_cuda_graphs(mode, triton_backend, monkeypatch):
+    """Two captured calls (their own zeroed counters, cut from the device's chunk for captures),
+    replayed several times each, alternately and with new K/V in place, follow the new values."""
+    from kvattn.ops import launch_common
+
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)
+    device = torch.device("cuda")
+    q, k, v = make_inputs(device, length=20000, hq=32, hkv=8, d=128, dtype=torch.bfloat16, seed=4)
+    q2, k2, v2 = make_inputs(device, length=4096, hq=8, hkv=8, d=128, dtype=torch.bfloat16, seed=5)
+
+    def call(q, k, v):
+        return kvattn.decode.single_decode_with_kv_cache(q, k, v, pos_encoding_mode=mode, return_lse=True)
+
+    call(q, k, v), call(q2, k2, v2)  # compile (and make the chunk) outside the capture
+    torch.cuda.synchronize()
+    used = launch_common._CAPTURE_CHUNKS[q.device][1]
+    graphs, results = [], []
+    for args in ((q, k, v), (q2, k2, v2)):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            results.append(call(*args))
+        graphs.append(graph)
+    assert launch_common._CAPTURE_CHUNKS[q.device][1] == used + 2 * 32  # a slice of counters each
+    for step in range(3):
+        for (qq, kk, vv), graph, (out, lse) in zip(((q, k, v), (q2, k2, v2)), graphs, results):
+            g = torch.Generator().manual_seed(step)
+            kk.copy_(torch.randn(kk.shape, generator=g).to(kk))
+            vv.copy_(torch.randn(vv.shape, generator=g).to(vv))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            exact, exact_lse = dense.single_decode(qq.cpu(), kk.cpu(), vv.cpu(), pos_encoding_mode=mode,
+                                                   return_lse=True)
+            assert relative_error(out.cpu().double(), exact) <= 2e-2, (step, qq.shape[0])
+            assert torch.allclose(lse.cpu().double(), exact_lse, atol=0.05, rtol=0)
 
 
 def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, rope_scale: float, theta: float) -> torch.Tensor:

@@ -84,6 +84,66 @@ def softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS: tl.constexpr):
     return o, lse2
 
 
+@triton.jit
+def merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, split_stride, num_splits,
+                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, UNROLL: tl.constexpr):
+    """``(m, den, acc)`` of rows merged from their split partials, for :func:`softmax_finalize`.
+
+    ``p_row [R]`` int64: each row's index in split 0 of ``part_lse [num_splits, split_stride]``
+    (base-2 LSEs, -inf: an empty split) and of ``part_o [num_splits, split_stride, HEAD_DIM]``
+    (normalised outputs). Returns the running max ``m [R]``, ``den [R] = sum_s 2^(lse_s - m)`` and
+    ``acc [R, D] = sum_s 2^(lse_s - m) o_s``: the softmax state of all the rows' keys, so
+    ``softmax_finalize(acc, m, den, ...)`` gives the exact output and LSE.
+
+    ``BLOCK_S`` splits a round, their loads issued together, in one of two forms (measured on an
+    H100, benchmarks/NOTES.md): one ``[S, R, D]`` tile summed over S (the combine kernel's; at the
+    end of the decode kernel it took ~5 us a round), or with ``UNROLL`` S separate ``[R]`` and
+    ``[R, D]`` tiles folded in turn, elementwise (the decode kernel's in-kernel merge: ~one L2
+    round trip a round). Loads go to L2 (``.cg``): a program merging other programs' partials must
+    not read its SM's L1.
+    """
+    offs_d = tl.arange(0, HEAD_DIM)
+    m = tl.full(p_row.shape, float("-inf"), dtype=tl.float32)
+    den = tl.zeros(p_row.shape, dtype=tl.float32)
+    acc = tl.zeros([p_row.shape[0], HEAD_DIM], dtype=tl.float32)
+    stride64 = tl.zeros_like(p_row) + split_stride  # [R] int64: offsets past 2^31 stay exact
+    for s0 in range(0, num_splits, BLOCK_S):
+        if UNROLL:
+            m_new = m
+            for j in tl.static_range(BLOCK_S):
+                lse_j = tl.load(part_lse_ptr + p_row + stride64 * (s0 + j), mask=(s0 + j < num_splits) & row_ok,
+                                other=float("-inf"), cache_modifier=".cg")
+                m_new = tl.maximum(m_new, lse_j)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
+            den = den * alpha
+            acc = acc * alpha[:, None]
+            for j in tl.static_range(BLOCK_S):
+                row_j = p_row + stride64 * (s0 + j)
+                ok_j = (s0 + j < num_splits) & row_ok
+                lse_j = tl.load(part_lse_ptr + row_j, mask=ok_j, other=float("-inf"), cache_modifier=".cg")
+                o_j = tl.load(part_o_ptr + row_j[:, None] * HEAD_DIM + offs_d[None, :], mask=ok_j[:, None], other=0.0,
+                              cache_modifier=".cg")
+                w_j = tl.exp2(lse_j - m_safe)
+                den += w_j
+                acc += w_j[:, None] * o_j
+        else:
+            offs_s = tl.arange(0, BLOCK_S)
+            rows = (s0 + offs_s).to(tl.int64)[:, None] * split_stride + p_row[None, :]  # [S, R]
+            ok = (s0 + offs_s < num_splits)[:, None] & row_ok[None, :]
+            lse_i = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o_i = tl.load(part_o_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None],
+                          other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse_i, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_safe)
+            w = tl.exp2(lse_i - m_safe[None, :])
+            den = den * alpha + tl.sum(w, 0)
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_i, 0)
+        m = m_new
+    return m, den, acc
+
+
 # ---------------------------------------------------------------------------------------------
 # split-KV work division
 # ---------------------------------------------------------------------------------------------

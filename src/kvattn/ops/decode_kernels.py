@@ -25,6 +25,7 @@ from .common import (
     kv_token_offsets,
     load_kv_tile,
     load_page_ids,
+    merge_partials,
     online_softmax_step,
     prefetch_rows_l2,
     rope_angle,
@@ -67,10 +68,21 @@ def _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN: tl.constex
 
 
 @triton.jit
+def _tile_rows(offs_m, b, kvh, GROUP: tl.constexpr, Q_LEN: tl.constexpr):
+    """``(row_ok, row_idx, heads, q_rows)`` of tile rows ``offs_m`` of request ``b`` and KV head
+    ``kvh``: row m is draft row ``m // GROUP`` of query head ``kvh * GROUP + m % GROUP``."""
+    row_ok = offs_m < Q_LEN * GROUP
+    row_idx = offs_m // GROUP
+    heads = kvh * GROUP + offs_m % GROUP
+    q_rows = (b * Q_LEN + row_idx).to(tl.int64)
+    return row_ok, row_idx, heads, q_rows
+
+
+@triton.jit
 def _decode_item(
     item,
     q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr, sinks_ptr,
-    logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -83,7 +95,7 @@ def _decode_item(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    KV_EVICT_FIRST: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -118,12 +130,8 @@ def _decode_item(
         prefetch_rows_l2(v_ptr + (pf_head * stride_v_h + start.to(tl.int64) * stride_v_s), stride_v_s * ELEM, pf_rows,
                          PREFETCH * BLOCK_N, ROW_BYTES)
 
-    # Rows of the tile: m -> (draft row r = m // GROUP, query head kvh * GROUP + m % GROUP).
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < Q_LEN * GROUP
-    row_idx = offs_m // GROUP
-    heads = kvh * GROUP + offs_m % GROUP
-    q_rows = (b * Q_LEN + row_idx).to(tl.int64)
+    row_ok, row_idx, heads, q_rows = _tile_rows(offs_m, b, kvh, GROUP, Q_LEN)
     row_pos = kv_len - Q_LEN + row_idx
     draft_start = kv_len - Q_LEN
     offs_d = tl.arange(0, HEAD_DIM)
@@ -294,6 +302,29 @@ def _decode_item(
     tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=row_ok[:, None] & partial)
     tl.store(part_lse_ptr + p_row, lse2, mask=row_ok & partial)
 
+    if MERGE:
+        # The item's last split to finish merges all of them (no combine launch): each split
+        # counts its arrival after its partial is written (the barrier orders every thread's
+        # stores before the one thread's release), and the last resets the count for the next
+        # launch. Every split of an item runs, so the count always reaches num_splits.
+        tl.debug_barrier()
+        count_ptr = counter_ptr + (bh * M_BLOCKS + mb)
+        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+            # MERGE_ROWS: the tile's rows that can hold query rows (1 for one row, which the
+            # tensor-core tile pads to 16), so the merge loads more splits at once instead.
+            mg_ok, mg_idx, mg_heads, mg_rows = _tile_rows(mb * BLOCK_M + tl.arange(0, MERGE_ROWS), b, kvh, GROUP, Q_LEN)
+            split_stride = num_rows * NUM_HEADS
+            mg_m, mg_den, mg_acc = merge_partials(part_o_ptr, part_lse_ptr, mg_rows * NUM_HEADS + mg_heads, mg_ok,
+                                                  split_stride, num_splits, HEAD_DIM, MERGE_BLOCK_S, True)
+            mg_sink2 = sink_logits2(sinks_ptr, mg_heads, mg_ok, HAS_SINKS)
+            mg_o, mg_lse2 = softmax_finalize(mg_acc, mg_m, mg_den, mg_sink2, HAS_SINKS)
+            mg_off = mg_rows[:, None] * stride_o_t + mg_heads[:, None] * stride_o_h + offs_d[None, :]
+            store_scaled(out_ptr + mg_off, mg_o * out_mult, mg_ok[:, None], OUT_FP8)
+            if STORE_LSE:
+                tl.store(lse_ptr + mg_rows * stride_lse_t + mg_heads, mg_lse2, mask=mg_ok)
+
 
 @triton.jit
 def decode_split_kernel(
@@ -313,6 +344,7 @@ def decode_split_kernel(
     lse_ptr,  # [B * Q_LEN, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
     part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs
+    counter_ptr,  # [B * Hkv * M_BLOCKS] int32 arrivals per item (MERGE; zero between launches)
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -325,7 +357,8 @@ def decode_split_kernel(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    KV_EVICT_FIRST: tl.constexpr, PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr,
+    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
@@ -338,7 +371,7 @@ def decode_split_kernel(
         for item in range(pid, num_items, tl.num_programs(0)):
             _decode_item(
                 item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
-                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
                 stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                 stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
                 stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -348,11 +381,12 @@ def decode_split_kernel(
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S,
             )
     else:
         _decode_item(
             pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
-            sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+            sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
             stride_q_t, stride_q_h, stride_o_t, stride_o_h,
             stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
             stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -362,6 +396,7 @@ def decode_split_kernel(
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
@@ -391,37 +426,21 @@ def decode_combine_kernel(
     h = tl.program_id(1)
     if USE_PDL:
         gdc_wait()
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row = t.to(tl.int64) * NUM_HEADS + h
-    m = float("-inf")
-    den = 0.0
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s_ok = s0 + offs_s < num_splits
-        p_row = (s0 + offs_s).to(tl.int64) * num_rows * NUM_HEADS + row
-        lse_i = tl.load(part_lse_ptr + p_row, mask=s_ok, other=float("-inf"))
-        o_i = tl.load(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_i, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
-        w = tl.exp2(lse_i - m_safe)
-        den = den * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(w[:, None] * o_i, 0)
-        m = m_new
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    total = den
-    if HAS_SINKS:
-        total = den + tl.exp2(tl.load(sinks_ptr + h).to(tl.float32) * LOG2E - m_safe)
-    o = acc / tl.where(total > 0, total, 1.0)
+    # One row, as a [1] tensor: the same merge the split kernel's last program does for its rows.
+    heads = h + tl.zeros([1], dtype=tl.int32)
+    row_ok = heads < NUM_HEADS
+    m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, t.to(tl.int64) * NUM_HEADS + heads, row_ok,
+                                 num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S, False)
+    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
+    o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
     out_mult = out_factor
     if OUT_PTR:
         out_mult = out_mult * tl.load(out_scale_ptr)
-    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, o * out_mult,
-                 offs_d < HEAD_DIM, OUT_FP8)
+    offs_d = tl.arange(0, HEAD_DIM)
+    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
+                 o * out_mult, row_ok[:, None], OUT_FP8)
     if STORE_LSE:
-        lse2 = tl.where(den > 0, m + tl.log2(tl.where(den > 0, den, 1.0)), float("-inf"))
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + h, lse2)
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
 
 
 __all__ = ["decode_split_kernel", "decode_combine_kernel"]

@@ -25,8 +25,8 @@ from ..formats import FP8_DTYPE, kv_row_bytes
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch_common import (
-    arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
-    split_partials, words_aligned, words_allowed,
+    MAX_COUNTERS, arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, launch_counters,
+    next_power_of_2, partials_fit, split_partials, words_aligned, words_allowed,
 )
 
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
@@ -35,10 +35,10 @@ MIN_BLOCK_M = 16  # tl.dot's smallest M
 # Pointer arguments: the call's tensors are passed to fast_launch.call_args once, _ALWAYS then the
 # _OPTIONAL ones that are given; each kernel picks its pointers from them by name. An absent
 # optional tensor is replaced by the query, which the kernel never reads for it.
-_ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse")
+_ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse", "counters")
 _OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
 _SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit",
-                   "out_scale", "out", "lse", "part_o", "part_lse")
+                   "out_scale", "out", "lse", "part_o", "part_lse", "counters")
 _COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
@@ -88,7 +88,7 @@ class _Plan:
         (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
          out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
          ws_numel, paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs,
-         enable_pdl, kv_aligned4) = facts
+         enable_pdl, kv_aligned4, fused_merge) = facts
         q_shape, q_stride = _as_rows(q_shape, q_stride)
         out_stride = _as_rows(out_shape, out_stride)[1]
         self.rows_total, self.num_heads, self.head_dim = q_shape
@@ -141,6 +141,9 @@ class _Plan:
                                                     "stream")
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
+        # Split launches merge in their own last program (one counter an item) where they can.
+        self.merge = fused_merge and self.items <= MAX_COUNTERS
+        self.merge_rows = min(self.block_m, next_power_of_2(self.rows))
         self.rope_query = rope and use_dot and self.rows == 1
         self.gdc = cfg.pdl and not interpreter
         self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
@@ -181,7 +184,8 @@ class _Plan:
         )
 
     def launches(self, span: int) -> tuple:
-        """``(split launch, combine launch or None, numel_o, numel_lse)`` for a key span."""
+        """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
+        (``merged``: the split launch merges its partials itself, with counters)."""
         hit = self._by_span.get(span)
         if hit is not None:
             return hit
@@ -191,12 +195,26 @@ class _Plan:
         if hit is None:
             numel_o = splits * self.rows_total * self.num_heads * self.head_dim
             numel_lse = splits * self.rows_total * self.num_heads
-            combine = _combine_launch(self, splits) if splits > 1 else None
-            hit = self._by_splits[cfg, splits] = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse)
+            merged = self.merge and splits > 1 and cdiv(splits, _merge_block_s(self, cfg, splits)) <= MAX_MERGE_ROUNDS
+            combine = _combine_launch(self, splits) if splits > 1 and not merged else None
+            hit = self._by_splits[cfg, splits] = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse,
+                                                  merged)
         if len(self._by_span) >= _MAX_SPANS:
             self._by_span.clear()
         self._by_span[span] = hit
         return hit
+
+
+# The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
+# critical path (~1 us on an H100): past two rounds the combine launch (~2 us after the last split
+# program) is the faster merge (benchmarks/NOTES.md).
+MAX_MERGE_ROUNDS = 2
+
+
+def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
+    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at 16
+    values a thread (32 took the one-row RoPE kernel from 128 registers to 168)."""
+    return min(next_power_of_2(splits), max(1, 512 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
 
 
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> fast_launch.Launch:
@@ -206,6 +224,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
     s, has = plan.strides, plan.has
     num_items = plan.items * splits
     persistent = plan.max_programs is not None and num_items > plan.max_programs
+    merge = plan.merge and splits > 1 and cdiv(splits, _merge_block_s(plan, cfg, splits)) <= MAX_MERGE_ROUNDS
     return fast_launch.Launch(
         decode_split_kernel, (plan.max_programs if persistent else num_items,),
         slots=plan.split_slots,
@@ -223,6 +242,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
             PREFETCH=0 if plan.paged else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first,
+            MERGE=merge, MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
             USE_PDL=plan.gdc,
         ),
@@ -319,13 +339,14 @@ def launch_decode(
             same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
             workspace.numel() if workspace is not None else None,
             paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
-            words_aligned(k, v, k_sf, v_sf),
+            words_aligned(k, v, k_sf, v_sf), _env.fused_merge(),
         )
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
-        split, combine, numel_o, numel_lse = plan.launches(span)
-        part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
-        call = fast_launch.call_args((query, k, v, out, part_o, part_lse, *compress(optional, present)),
+        split, combine, numel_o, numel_lse, merged = plan.launches(span)
+        part_o, part_lse = split_partials(combine is not None or merged, workspace, numel_o, numel_lse, out)
+        counters = launch_counters(workspace, query.device, plan.items) if merged else out
+        call = fast_launch.call_args((query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
                                      (fixed_len, window_left), device)
         rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
         split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
