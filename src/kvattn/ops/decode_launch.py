@@ -183,6 +183,10 @@ class _Plan:
             rope_query=self.rope_query,
         )
 
+    def merges(self, cfg: decode_configs.DecodeConfig, splits: int) -> bool:
+        """Whether a launch of ``splits`` splits merges them in its own last programs."""
+        return self.merge and splits > 1 and cdiv(splits, _merge_block_s(self, cfg, splits)) <= MAX_MERGE_ROUNDS
+
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
         (``merged``: the split launch merges its partials itself, with counters)."""
@@ -195,7 +199,7 @@ class _Plan:
         if hit is None:
             numel_o = splits * self.rows_total * self.num_heads * self.head_dim
             numel_lse = splits * self.rows_total * self.num_heads
-            merged = self.merge and splits > 1 and cdiv(splits, _merge_block_s(self, cfg, splits)) <= MAX_MERGE_ROUNDS
+            merged = self.merges(cfg, splits)
             combine = _combine_launch(self, splits) if splits > 1 and not merged else None
             hit = self._by_splits[cfg, splits] = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse,
                                                   merged)
@@ -224,7 +228,6 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
     s, has = plan.strides, plan.has
     num_items = plan.items * splits
     persistent = plan.max_programs is not None and num_items > plan.max_programs
-    merge = plan.merge and splits > 1 and cdiv(splits, _merge_block_s(plan, cfg, splits)) <= MAX_MERGE_ROUNDS
     return fast_launch.Launch(
         decode_split_kernel, (plan.max_programs if persistent else num_items,),
         slots=plan.split_slots,
@@ -242,7 +245,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
             PREFETCH=0 if plan.paged else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first,
-            MERGE=merge, MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
+            MERGE=plan.merges(cfg, splits), MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
             USE_PDL=plan.gdc,
         ),
