@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
-from .common import LOG2E, online_softmax_step, softmax_finalize, split_bounds
+from .common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 
 
 @gluon.jit
@@ -59,8 +59,8 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
     ``ckv_buf [BLOCK_N, CKV_DIM]`` and ``kpe_buf [BLOCK_N, KPE_DIM]``; ``bar`` counts its bytes.
     Returns whether the page lies inside the cache: an id outside it becomes the row
     ``total_rows``, past the descriptor's end, which TMA reads as zeros."""
-    pid = gl.load(table_row_ptr + (n0 // PAGE_SIZE) * stride_t_p, mask=pred & (n0 < end), other=-1)
-    ok = (pid >= 0) & (pid < num_pages)
+    pid = load_page_ids(table_row_ptr, stride_t_p, n0, pred & (n0 < end), num_pages, PAGE_SIZE, True)
+    ok = pid >= 0
     row = gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows)
     mbarrier.expect(bar, BLOCK_N * (CKV_DIM + KPE_DIM) * 2, pred=pred)
     for c in gl.static_range(CKV_DIM // 64):
