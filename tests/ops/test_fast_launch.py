@@ -737,3 +737,50 @@ def test_small_split_launches_take_the_streaming_tiles_on_sm90(length, stream, m
     (plan,) = decode_launch._PLANS.values()
     cfg = plan.config_for(length)
     assert (cfg.evict_first, cfg.num_stages == 1) == (stream, stream)
+
+
+def _fake_h100(monkeypatch) -> FakeGPU:
+    fake = FakeGPU(monkeypatch)
+    monkeypatch.setattr(decode_launch, "arch", lambda device, interpreter: "sm90")
+    monkeypatch.setattr(decode_launch._device, "sm_count", lambda device: 132)
+    monkeypatch.setattr(decode_launch._device, "l2_bytes", lambda device: 50 << 20)
+    return fake
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "KVATTN_FUSED_MERGE=0"])
+@pytest.mark.parametrize("length,mode", [(4096, "NONE"), (4096, "ROPE_LLAMA"), (32768, "NONE"),
+                                         (32768, "ROPE_LLAMA"), (131072, "NONE")], ids=lambda v: str(v))
+def test_single_decode_merges_in_its_split_kernel(length, mode, fused, monkeypatch):
+    """Single decode, 32 heads of 128 on a faked H100: one launch, each head's last split program
+    merging the partials within MAX_MERGE_ROUNDS rounds over its one query row; with
+    ``KVATTN_FUSED_MERGE=0`` the combine launch follows the split launch."""
+    fake = _fake_h100(monkeypatch)
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if fused else "0")
+    q = torch.empty(32, 128, dtype=torch.bfloat16)
+    k = torch.empty(length, 32, 128, dtype=torch.bfloat16)
+    kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k), pos_encoding_mode=mode)
+    (plan,) = decode_launch._PLANS.values()
+    split, combine, _, _, merged = plan.launches(length)
+    assert len(fake.launches()) == (1 if fused else 2)
+    assert merged == fused and (combine is None) == fused and split.constexprs["MERGE"] == fused
+    splits = split.grid[0] // 32
+    assert splits > 1
+    if fused:
+        assert split.constexprs["MERGE_ROWS"] == 1  # the one query row, not its tensor-core tile's 16
+        assert -(-splits // split.constexprs["MERGE_BLOCK_S"]) <= decode_launch.MAX_MERGE_ROUNDS
+
+
+def test_many_splits_keep_the_combine_launch(monkeypatch):
+    """Batch decode 1 x 32768 (8 KV heads, 33 splits each) on a faked H100: the in-kernel merge
+    would take 5 rounds, so the combine launch merges (measured faster on an H100)."""
+    fake = _fake_h100(monkeypatch)
+    pages, hkv, d = 32768 // 16, 8, 128
+    kv = torch.empty(pages, 2, 16, hkv, d, dtype=torch.bfloat16)
+    table = torch.arange(pages, dtype=torch.int32)[None]
+    kvattn.decode.xqa_batch_decode_with_kv_cache(
+        torch.empty(1, 32, d, dtype=torch.bfloat16), kv, torch.zeros(4 << 20, dtype=torch.uint8), table,
+        torch.tensor([32768], dtype=torch.int32), 32768)
+    (plan,) = decode_launch._PLANS.values()
+    split, combine, _, _, merged = plan.launches(32768)
+    assert split.grid[0] // 8 == 33 and not merged and combine is not None and not split.constexprs["MERGE"]
+    assert len(fake.launches()) == 2
