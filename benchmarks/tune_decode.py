@@ -153,6 +153,15 @@ VARIANTS.update({f"t{bn}_{w}_{st}+bytes": {"block_n": bn, "num_warps": w, "num_s
 VARIANTS["default+bytes"] = {"_sf_bytes": True}
 # L2 prefetch of a contiguous cache's first tiles at a program's start (0: off).
 VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
+# Small-batch paged shapes in the pattern of the best paged bare reads (benchmarks/read_floor.py:
+# 16x4096 read fastest as 8 splits of 64-key, 4-warp, unpipelined programs).
+VARIANTS.update({
+    "stream64nohint": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": False},
+    "stream64w2": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": True, "waves": 2},
+    "stream64nohint_w2": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": False, "waves": 2},
+    "t64_4_2": {"block_n": 64, "num_warps": 4, "num_stages": 2},
+    "long_w2": {"block_n": 128, "num_warps": 8, "num_stages": 3, "waves": 2},
+})
 # Split partials merged by the combine launch instead of the split kernel's last program.
 VARIANTS["combine"] = {"_env": {"KVATTN_FUSED_MERGE": "0"}}
 
