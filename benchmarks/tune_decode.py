@@ -158,9 +158,16 @@ VARIANTS.update({f"pf{n}": {"prefetch": n} for n in (0, 1, 2, 4, 8)})
 VARIANTS.update({
     "stream64nohint": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": False},
     "stream64w2": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": True, "waves": 2},
-    "stream64nohint_w2": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": False, "waves": 2},
     "t64_4_2": {"block_n": 64, "num_warps": 4, "num_stages": 2},
     "long_w2": {"block_n": 128, "num_warps": 8, "num_stages": 3, "waves": 2},
+})
+# Many short unpipelined programs without the hint (the fastest bare per-head read of single decode
+# 32768's bytes: 64 splits a head of 32-key, 4-warp programs, session k).
+VARIANTS.update({f"stream{bn}nohint_w{w}": {"block_n": bn, "num_warps": 4, "num_stages": 1, "evict_first": False,
+                                            "waves": w} for bn in (16, 32, 64) for w in (1, 2, 4)})
+VARIANTS.update({
+    "stream64nohint_c3": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": False, "max_per_sm": 3},
+    "stream64w8nohint": {"block_n": 64, "num_warps": 8, "num_stages": 1, "evict_first": False},
 })
 # Split partials merged by the combine launch instead of the split kernel's last program.
 VARIANTS["combine"] = {"_env": {"KVATTN_FUSED_MERGE": "0"}}

@@ -183,6 +183,26 @@ def test_stream_config_is_unpipelined_and_carries_the_hint():
         assert not dc.config("sm90", "bfloat16", 128, 16, False, kind).evict_first
 
 
+def contig_tiles(*, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False, paged=False, rows=1):
+    return dc.wants_contig_tiles(arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [({}, True), (dict(rope=True), False), (dict(paged=True), False), (dict(rows=4), False), (dict(fmt="fp8"), False),
+     (dict(head_dim=64), False), (dict(arch="default"), False), (dict(arch="interpreter"), False)],
+    ids=["single-mha", "rope", "paged", "gqa-rows", "fp8", "D64", "non-hopper", "interpreter"],
+)
+def test_contig_tiles_only_where_measured(overrides, expected):
+    """Measured on an H100 for single decode with one query head a KV head (16-bit, D 128)."""
+    assert contig_tiles(**overrides) is expected
+
+
+def test_contig_config_is_short_unpipelined_and_unhinted():
+    contig = dc.config("sm90", "bfloat16", 128, 16, False, "contig")
+    assert (contig.block_n, contig.num_warps, contig.num_stages, contig.evict_first) == (64, 4, 1, False)
+
+
 @pytest.mark.parametrize(
     "batch,hkv,span,expected",
     [(1, 8, 32768, True), (4, 8, 8192, True), (8, 8, 8192, False), (1, 32, 4096, True), (1, 32, 32768, False)],

@@ -726,7 +726,8 @@ def test_nvfp4_words_need_the_codes_and_scales_aligned():
                          ids=["L4096", "L12800-at-limit", "L12801", "L16384"])
 def test_small_split_launches_take_the_streaming_tiles_on_sm90(length, stream, monkeypatch):
     """Single decode, 32 heads of 128 on a faked H100 (132 SMs, 50 MB of L2): up to 4 L2 sizes of
-    K/V (12800 tokens) the launch runs the unpipelined, evict_first tiles; longer ones the table's."""
+    K/V (12800 tokens) the launch runs the unpipelined, evict_first tiles; longer ones the one-row
+    contiguous tiles (unpipelined too, without the hint)."""
     FakeGPU(monkeypatch)
     monkeypatch.setattr(decode_launch, "arch", lambda device, interpreter: "sm90")
     monkeypatch.setattr(decode_launch._device, "sm_count", lambda device: 132)
@@ -736,7 +737,37 @@ def test_small_split_launches_take_the_streaming_tiles_on_sm90(length, stream, m
     kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k))
     (plan,) = decode_launch._PLANS.values()
     cfg = plan.config_for(length)
-    assert (cfg.evict_first, cfg.num_stages == 1) == (stream, stream)
+    assert (cfg.evict_first, cfg.num_stages == 1) == (stream, True)
+    if not stream:  # past the streaming spans: the one-row contiguous tiles, 16 splits a head
+        assert (cfg.block_n, cfg.num_warps) == (64, 4)
+        split = plan.launches(length)[0]
+        assert split.grid[0] == 32 * 16 and split.constexprs["MERGE"]
+
+
+@pytest.mark.parametrize("case", ["gqa", "rope", "paged"])
+def test_long_spans_keep_the_long_tiles_where_contig_is_unmeasured(case, monkeypatch):
+    """The one-row contiguous tiles were measured for single decode with one query head a KV head:
+    GQA single decode, RoPE and paged caches keep the long pipelined tiles past the streaming spans."""
+    _fake_h100(monkeypatch)
+    length = 131072
+    if case == "paged":
+        pages, hkv, d = 8 * 8192 // 16, 8, 128
+        kv = torch.empty(pages, 2, 16, hkv, d, dtype=torch.bfloat16)
+        table = torch.arange(pages, dtype=torch.int32).view(8, -1)
+        length = 8192
+        kvattn.decode.xqa_batch_decode_with_kv_cache(
+            torch.empty(8, 32, d, dtype=torch.bfloat16), kv, torch.zeros(4 << 20, dtype=torch.uint8), table,
+            torch.full((8,), length, dtype=torch.int32), length)
+    else:
+        hkv = 8 if case == "gqa" else 32
+        q = torch.empty(32, 128, dtype=torch.bfloat16)
+        k = torch.empty(length, hkv, 128, dtype=torch.bfloat16)
+        mode = "ROPE_LLAMA" if case == "rope" else "NONE"
+        kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k), pos_encoding_mode=mode)
+    (plan,) = decode_launch._PLANS.values()
+    assert plan.cfg_contig is None
+    cfg = plan.config_for(length)
+    assert cfg.num_stages > 1 and not cfg.evict_first
 
 
 def _fake_h100(monkeypatch) -> FakeGPU:

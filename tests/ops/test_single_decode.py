@@ -104,6 +104,10 @@ CASES = [
     param("bf16-long-rope-scaled", length=40000, dtype=torch.bfloat16, pos_encoding_mode="ROPE_LLAMA",
           rope_scale=4.0, rope_theta=1e6, hq=32, hkv=8, d=128),
     param("fp16-alibi-H12", length=700, hq=12, hkv=4, pos_encoding_mode="ALIBI"),
+    # MHA 32 x 128 past the streaming spans (12800 keys on an H100): the one-row contiguous tiles.
+    param("bf16-contig-NONE-NHD-L20000-H32", length=20000, dtype=torch.bfloat16, hq=32, hkv=32, d=128, seed=31),
+    param("bf16-contig-alibi-softcap-window-HND-L13001-H32", length=13001, dtype=torch.bfloat16, hq=32, hkv=32,
+          d=128, layout="HND", pos_encoding_mode="ALIBI", logits_soft_cap=20.0, window_left=12900, seed=32),
 ]
 
 

@@ -91,6 +91,18 @@ _SM90_STREAM = {
     ("half", 128): (128, 8, 1),
 }
 STREAM_MAX_L2 = 4
+# One-row tiles past the streaming spans: a launch of one query row an item over a contiguous
+# cache (single decode, MHA) whose span is too long for the streaming tiles' hint. Many short
+# unpipelined programs without the hint (4 an SM, 16 splits a head at 32 heads) instead of one
+# long pipelined program an SM: the block scheduler keeps every SM busy to the end. Found from
+# bare reads of single decode 32768's bytes (the fastest per-head read: many 32-64-key, 4-warp,
+# unpipelined programs), measured on an H100 (benchmarks/NOTES.md, session k): single decode 32768
+# 192.2-192.4 -> 189.0-189.1 us (0.92 -> 0.94 of copy bandwidth), 131072 710.0-710.7 -> 703.6-703.9;
+# with the hint, or 16- / 32-key tiles, or 8 warps, slower. Paged caches do not gain (16x4096 and
+# 8x8192 within 1 %, 64x8192 p64 0.99 -> 0.76: too many items for it), so they keep the long tiles.
+_SM90_CONTIG = {
+    ("half", 128): (64, 4, 1),
+}
 _DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
 _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 
@@ -99,8 +111,10 @@ LONG_TABLES = {"sm90": _SM90_LONG}
 FEW_TABLES = {"sm90": _SM90_FEW}
 SHORT_TABLES = {"sm90": _SM90_SHORT}
 STREAM_TABLES = {"sm90": _SM90_STREAM}
+CONTIG_TABLES = {"sm90": _SM90_CONTIG}
 # config(..., kind): the main table, or one of the measured special-purpose tables above.
-KINDS = {"main": TABLES, "long": LONG_TABLES, "few": FEW_TABLES, "short": SHORT_TABLES, "stream": STREAM_TABLES}
+KINDS = {"main": TABLES, "long": LONG_TABLES, "few": FEW_TABLES, "short": SHORT_TABLES, "stream": STREAM_TABLES,
+         "contig": CONTIG_TABLES}
 
 _override: dict = {}
 
@@ -213,6 +227,14 @@ def wants_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, r
         return False
     long = config(arch, kv_format, head_dim, block_m, rope, "long")
     return 2 * items <= sm_count * occupancy(long, kv_format, head_dim, False)
+
+
+def wants_contig_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, paged: bool,
+                       rows: int) -> bool:
+    """Whether a launch takes the one-row contiguous table (``config(..., "contig")``) for the
+    spans past its streaming tiles: a contiguous cache and one query row an item (single decode
+    with one query head a KV head), as measured."""
+    return _measured("contig", arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
 
 
 def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:

@@ -139,6 +139,12 @@ class _Plan:
                 row_bytes=kv_row_bytes(self.kv_format, self.head_dim), l2_bytes=_device.l2_bytes(device))
             self.cfg_stream = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                                     "stream")
+        # Past the streaming spans, one-row launches over a contiguous cache take their own table.
+        self.cfg_contig = None
+        if self.cfg_stream is not None and decode_configs.wants_contig_tiles(
+                arch_name, self.kv_format, self.head_dim, self.block_m, rope, paged=paged, rows=self.rows):
+            self.cfg_contig = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
+                                                    "contig")
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
         # Split launches merge in their own last program (one counter an item) where they can.
@@ -169,11 +175,14 @@ class _Plan:
 
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
-        where the plan has one, the streaming table up to ``stream_span``, else the plan's table."""
+        where the plan has one, the streaming table up to ``stream_span``, past it the one-row
+        contiguous table where the plan has one, else the plan's table."""
         if self.cfg_short is not None and span <= decode_configs.SHORT_SPAN:
             return self.cfg_short
         if self.cfg_stream is not None and span <= self.stream_span:
             return self.cfg_stream
+        if self.cfg_contig is not None:
+            return self.cfg_contig
         return self.cfg
 
     def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
