@@ -204,6 +204,7 @@ SHAPES = [
     Shape("spec_decode", 64, 4096, q_len=4),
     Shape("single_decode", 1, 4096, num_qo_heads=32, num_kv_heads=32),
     Shape("single_decode", 1, 4096, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode="ROPE_LLAMA"),
+    Shape("single_decode", 1, 16384, num_qo_heads=32, num_kv_heads=32),
     Shape("single_decode", 1, 32768, num_qo_heads=32, num_kv_heads=32),
     Shape("single_decode", 1, 32768, num_qo_heads=32, num_kv_heads=32, pos_encoding_mode="ROPE_LLAMA"),
     Shape("single_decode", 1, 131072, num_qo_heads=32, num_kv_heads=32),
