@@ -5,8 +5,9 @@ Single decode reads K and V ``[L, H, D]`` (NHD): a program of the split kernel r
 bytes in two orders, under the benchmark's measurement (CUDA-graph replay, L2 flushed, copy
 bandwidth of the same run): per head (programs over (head, split), tiles of ``n`` rows of one
 head, ``w`` warps) and token-major (programs over token chunks, all heads of ``rows`` tokens a
-step: contiguous 8 KB rows), with and without the ``evict_first`` L2 hint. benchmarks/NOTES.md,
-session k, has the H100 figures and what the decode tables took from them.
+step: contiguous 8 KB rows), with and without the ``evict_first`` L2 hint; the per-head reads
+also with consecutive programs on consecutive heads (``head-fast``) instead of one head's splits.
+benchmarks/NOTES.md, session k, has the H100 figures and what the decode tables took from them.
 
 Usage (on the device, from the repository root)::
 
@@ -33,10 +34,14 @@ def per_head_kernel(k_ptr,  # [L, H, D] bfloat16
                     v_ptr,  # [L, H, D] bfloat16
                     out_ptr,  # [programs] float32
                     L, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                    EVICT: tl.constexpr):
+                    EVICT: tl.constexpr, HEAD_FAST: tl.constexpr = False):
     pid = tl.program_id(0)
-    h = pid // SPLITS
-    s = pid % SPLITS
+    if HEAD_FAST:  # consecutive programs: the same split of consecutive heads
+        h = pid % H
+        s = pid // H
+    else:  # consecutive programs: the splits of one head (the split kernel's order)
+        h = pid // SPLITS
+        s = pid % SPLITS
     chunk = L // SPLITS
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -85,9 +90,10 @@ def main() -> int:
         for ev in ("evict_first", ""):
             for splits, bn, w in [(8, 128, 8), (8, 64, 4), (16, 64, 4), (8, 32, 4), (4, 128, 8), (16, 32, 4)]:
                 sp = splits * (length // 4096)
-                report(f"per-head s{sp} n{bn} w{w} {ev}",
-                       [lambda s=s, sp=sp, bn=bn, w=w, ev=ev: per_head_kernel[(heads * sp,)](
-                           s[0], s[1], out, length, heads, d, sp, bn, ev, num_warps=w) for s in sets])
+                for hf in (False, True):
+                    report(f"per-head{' head-fast' if hf else ''} s{sp} n{bn} w{w} {ev}",
+                           [lambda s=s, sp=sp, bn=bn, w=w, ev=ev, hf=hf: per_head_kernel[(heads * sp,)](
+                               s[0], s[1], out, length, heads, d, sp, bn, ev, hf, num_warps=w) for s in sets])
             for progs, rows, w in [(256, 2, 8), (256, 1, 4), (512, 1, 4), (128, 4, 8)]:
                 report(f"token-major p{progs} rows{rows} w{w} {ev}",
                        [lambda s=s, progs=progs, rows=rows, w=w, ev=ev: token_major_kernel[(progs,)](
