@@ -13,6 +13,8 @@ import re
 
 import pytest
 
+from kvattn.ops import decode_configs
+
 from .sm90 import compile_sm90
 
 FLOATS = ("logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale")
@@ -68,3 +70,17 @@ def test_in_kernel_merge_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
     assert add and "atom." not in plain["ptx"]
     assert "bar.sync" in ptx[ptx.rfind("st.global", 0, add.start()) : add.start()]
     assert len(re.findall(r"ld\.global\.cg", ptx)) >= 2  # the merge's partial loads skip L1
+
+
+def test_contig_one_row_tiles_fit_four_programs_an_sm():
+    """Single decode past the streaming spans (decode_configs._SM90_CONTIG: 64-key, 4-warp,
+    unpipelined tiles, merged in the kernel) was measured with 4 programs an SM, which needs at
+    most 128 registers a thread; its loads are register loads (no cp.async) without the hint."""
+    cfg = decode_configs.config("sm90", "bfloat16", 128, 16, False, "contig")
+    got = _compile(dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, PAGED=False, STORE_LSE=True, MERGE=True,
+                        MERGE_BLOCK_S=16, BLOCK_N=cfg.block_n, KV_EVICT_FIRST=cfg.evict_first),
+                   warps=cfg.num_warps, stages=cfg.num_stages, raw=True)
+    if "reg" not in got:
+        pytest.skip("Triton ships no cuobjdump here")
+    assert got["reg"] <= 128, got["reg"]
+    assert "cp.async" not in got["ptx"] and "evict_first" not in got["ptx"]
