@@ -728,10 +728,7 @@ def test_small_split_launches_take_the_streaming_tiles_on_sm90(length, stream, m
     """Single decode, 32 heads of 128 on a faked H100 (132 SMs, 50 MB of L2): up to 4 L2 sizes of
     K/V (12800 tokens) the launch runs the unpipelined, evict_first tiles; longer ones the one-row
     contiguous tiles (unpipelined too, without the hint)."""
-    FakeGPU(monkeypatch)
-    monkeypatch.setattr(decode_launch, "arch", lambda device, interpreter: "sm90")
-    monkeypatch.setattr(decode_launch._device, "sm_count", lambda device: 132)
-    monkeypatch.setattr(decode_launch._device, "l2_bytes", lambda device: 50 << 20)
+    _fake_h100(monkeypatch)
     q = torch.empty(32, 128, dtype=torch.bfloat16)
     k = torch.empty(length, 32, 128, dtype=torch.bfloat16)
     kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k))
