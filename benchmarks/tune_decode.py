@@ -169,6 +169,19 @@ VARIANTS.update({
     "stream64nohint_c3": {"block_n": 64, "num_warps": 4, "num_stages": 1, "evict_first": False, "max_per_sm": 3},
     "stream64w8nohint": {"block_n": 64, "num_warps": 8, "num_stages": 1, "evict_first": False},
 })
+# Contiguous 16-bit caches read by TMA (the table's tiles, and pipelined tiles that lost to the
+# hinted streaming ones), with and without the L2 evict_first hint (ops/ptx_hints.py).
+VARIANTS.update({
+    "tma": {"tma": True},
+    "tma_hint": {"tma": True, "evict_first": True},
+    "tma_hint_pf0": {"tma": True, "evict_first": True, "prefetch": 0},
+    "long_tma_hint": {"block_n": 128, "num_warps": 8, "num_stages": 3, "tma": True, "evict_first": True},
+    "long_tma": {"block_n": 128, "num_warps": 8, "num_stages": 3, "tma": True},
+    "t64_4_3tma_hint": {"block_n": 64, "num_warps": 4, "num_stages": 3, "tma": True, "evict_first": True},
+    "t64_4_4tma_hint": {"block_n": 64, "num_warps": 4, "num_stages": 4, "tma": True, "evict_first": True},
+    "t32_4_4tma_hint": {"block_n": 32, "num_warps": 4, "num_stages": 4, "tma": True, "evict_first": True},
+    "t64_8_3tma_hint": {"block_n": 64, "num_warps": 8, "num_stages": 3, "tma": True, "evict_first": True},
+})
 # Split partials merged by the combine launch instead of the split kernel's last program.
 VARIANTS["combine"] = {"_env": {"KVATTN_FUSED_MERGE": "0"}}
 

@@ -51,19 +51,27 @@ if os.path.exists(tool):
         f.flush()
         text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
     usage = {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK):(\d+)", text)}
+    if case["sass"]:
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(ck.asm["cubin"])
+            f.flush()
+            usage["sass"] = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
 print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"], "shared": ck.metadata.shared, **usage}))
 """
 
 
 def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",
-                 warps: int = 4, stages: int = 3, gluon: bool = False, descs: dict | None = None) -> dict:
+                 warps: int = 4, stages: int = 3, gluon: bool = False, descs: dict | None = None,
+                 sass: bool = False) -> dict:
     """``{"ttgir", "ptx", "shared", "reg", "stack"}`` of ``kernel`` (``"module.name"``; a Gluon
     kernel with ``gluon``) compiled for sm_90a: pointer arguments typed by ``ptrs`` (else
     ``default_ptr``), tensor descriptors by ``descs`` (signature strings), ``floats`` fp32
-    scalars, other scalars i32. ``reg`` / ``stack`` are absent where Triton has no cuobjdump."""
+    scalars, other scalars i32; with ``sass``, also ``"sass"`` (cuobjdump's disassembly).
+    ``reg`` / ``stack`` / ``sass`` are absent where Triton has no cuobjdump."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),
-                           default_ptr=default_ptr, warps=warps, stages=stages, gluon=gluon, descs=descs or {}))
+                           default_ptr=default_ptr, warps=warps, stages=stages, gluon=gluon, descs=descs or {},
+                           sass=sass))
     res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         pytest.fail(f"sm_90a compile of {kernel} failed:\n{res.stderr[-3000:]}")

@@ -24,16 +24,18 @@ PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "m
 BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_M=16, BLOCK_N=128, M_BLOCKS=1,
             KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False, HAS_SINKS=False,
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
-            SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, MERGE=False,
+            SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False, MERGE=False,
             MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True)
 # Single decode with RoPE, 32 heads of 128 (the one-row kernel: the query rotated per key) on sm90's table
 ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=False, STORE_LSE=True, ROPE=True,
                     PREFETCH=1)
 
 
-def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: int = 3, raw: bool = False) -> dict:
+def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: int = 3, raw: bool = False,
+             descs: dict | None = None, sass: bool = False) -> dict:
     got = compile_sm90("kvattn.ops.decode_kernels.decode_split_kernel", dict(BASE, **constexprs),
-                       ptrs=dict(PTRS, k_ptr=kv_type, v_ptr=kv_type), floats=FLOATS, warps=warps, stages=stages)
+                       ptrs=dict(PTRS, k_ptr=kv_type, v_ptr=kv_type), floats=FLOATS, warps=warps, stages=stages,
+                       descs=descs, sass=sass)
     if raw:
         return got
     return {"kwidths": sorted({int(w) for w in re.findall(r"kWidth = (\d+)", got["ttgir"])}),
@@ -84,3 +86,36 @@ def test_contig_one_row_tiles_fit_four_programs_an_sm():
         pytest.skip("Triton ships no cuobjdump here")
     assert got["reg"] <= 128, got["reg"]
     assert "cp.async" not in got["ptx"] and "evict_first" not in got["ptx"]
+
+
+def test_rope_stream_tiles_copy_by_tma_with_a_policy_ptxas_writes():
+    """RoPE's streaming tiles (the one-row kernel, K and V by TMA, KV_EVICT_FIRST): every TMA copy
+    carries the L2 policy created once at the entry (ops/ptx_hints.py), no copy is a plain
+    cp.async (which ptxas 12.8 miscompiles with a policy: an LDGSTS reading a descriptor register
+    nothing writes), and in the SASS every UTMALDG's descriptor register pair is written before
+    it. Registers stay at 4 programs an SM."""
+    descs = {"k_ptr": "tensordesc<bf16[1, 32, 64]>", "v_ptr": "tensordesc<bf16[1, 32, 128]>"}
+    got = _compile(dict(ROPE_ONE_ROW, KV_TMA=True, KV_EVICT_FIRST=True, PREFETCH=0), descs=descs, raw=True,
+                   sass=True)
+    ptx = got["ptx"]
+    copies = re.findall(r"cp\.async\.bulk\.tensor[^;]*;", ptx)
+    assert len(copies) >= 3 and all(c.endswith(", %kvattn_l2_evict_first;") and ".L2::cache_hint" in c for c in copies)
+    assert ptx.count("createpolicy.fractional.L2::evict_first.b64 %kvattn_l2_evict_first, 1.0;") == 1
+    assert not re.search(r"cp\.async\.c[ag]", ptx)
+    if "sass" not in got:
+        pytest.skip("Triton ships no cuobjdump here")
+    assert got["reg"] <= 128, got["reg"]
+    written: set[int] = set()
+    loads = 0
+    for line in got["sass"].splitlines():
+        ins = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)\s+(.*?);", line)
+        if not ins:
+            continue
+        if ins.group(1).startswith("UTMALDG"):
+            pair = int(re.search(r"desc\[UR(\d+)\]", ins.group(2)).group(1))
+            assert {pair, pair + 1} <= written, line
+            loads += 1
+        dest = re.match(r"UR(\d+)\b", ins.group(2))
+        if dest and ins.group(1).startswith("U") or dest and ins.group(1) == "R2UR":
+            written.add(int(dest.group(1)))
+    assert loads == len(copies)

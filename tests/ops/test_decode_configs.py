@@ -213,3 +213,33 @@ def test_stream_span_is_four_l2_sizes_of_kv(batch, hkv, span, expected):
     limit = dc.stream_span(batch=batch, num_kv_heads=hkv, row_bytes=256, l2_bytes=50 * 2**20)
     assert (span <= limit) is expected
 
+
+
+def rope_stream_tiles(*, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=True, paged=False, rows=1):
+    return dc.wants_rope_stream_tiles(arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [({}, True), (dict(fmt="float16"), True), (dict(rope=False), False), (dict(paged=True), False),
+     (dict(rows=4), False), (dict(block_m=32), False), (dict(fmt="fp8"), False), (dict(head_dim=64), False),
+     (dict(arch="default"), False), (dict(arch="interpreter"), False)],
+    ids=["single-mha-rope", "fp16", "no-rope", "paged", "gqa-rows", "block_m32", "fp8", "D64", "non-hopper",
+         "interpreter"],
+)
+def test_rope_stream_tiles_only_where_measured(overrides, expected):
+    """Measured on an H100 for single decode with RoPE and one query head a KV head (16-bit, D 128)."""
+    assert rope_stream_tiles(**overrides) is expected
+
+
+def test_rope_stream_config_is_ropes_tiles_read_by_tma_with_the_hint():
+    """RoPE's own tiles (32 keys, 4 warps, 3 stages, the first tile prefetched, two programs an SM
+    planned), pipelined, their copies by TMA with the L2 hint; no other table asks for TMA."""
+    rope = dc.config("sm90", "bfloat16", 128, 16, True)
+    stream = dc.config("sm90", "bfloat16", 128, 16, True, "rope_stream")
+    assert (stream.block_n, stream.num_warps, stream.num_stages) == (rope.block_n, rope.num_warps, rope.num_stages)
+    assert (stream.block_n, stream.num_warps, stream.num_stages) == (32, 4, 3)
+    assert (stream.prefetch, stream.max_per_sm) == (rope.prefetch, rope.max_per_sm) == (1, 2)
+    assert stream.tma and stream.evict_first and not rope.tma and not rope.evict_first
+    for kind in ("main", "long", "short", "stream", "contig"):
+        assert not dc.config("sm90", "bfloat16", 128, 16, False, kind).tma

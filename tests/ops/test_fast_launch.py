@@ -388,11 +388,11 @@ def xqa_variant(*, lens=(700, 40, 2500), sm_count=None, lens_of=None, q_of=None)
     return build
 
 
-def single_variant(*, length, dtype=torch.float16, layout="NHD", kv_fp8=False, **kw):
+def single_variant(*, length, dtype=torch.float16, layout="NHD", kv_fp8=False, hkv=8, **kw):
     def build(device):
         g = torch.Generator().manual_seed(length)
         q = torch.randn(32, 128, generator=g).to(device, dtype)
-        shape = (length, 8, 128) if layout == "NHD" else (8, length, 128)
+        shape = (length, hkv, 128) if layout == "NHD" else (hkv, length, 128)
         k, v = (torch.randn(*shape, generator=g).to(device, FP8_DTYPE if kv_fp8 else dtype) for _ in range(2))
 
         def call():
@@ -445,6 +445,10 @@ VARIANTS = [
     pytest.param(single_variant(length=2049, dtype=torch.bfloat16, layout="HND", use_tensor_cores=True),
                  id="single-tc-bf16-HND"),
     pytest.param(single_variant(length=5000, kv_fp8=True, k_scale=0.5, v_scale=2.0), id="single-fp8"),
+    # RoPE with one query head a KV head: on Hopper K/V go to the kernel as TMA descriptors
+    *[pytest.param(single_variant(length=n, hkv=32, dtype=dt, layout=lay, pos_encoding_mode="ROPE_LLAMA"),
+                   id=f"single-rope-mha-tma-{lay}-L{n}") for n, dt, lay in
+      ((4096, torch.bfloat16, "NHD"), (999, torch.float16, "HND"))],
 ]
 
 
@@ -812,3 +816,77 @@ def test_many_splits_keep_the_combine_launch(monkeypatch):
     split, combine, _, _, merged = plan.launches(32768)
     assert split.grid[0] // 8 == 33 and not merged and combine is not None and not split.constexprs["MERGE"]
     assert len(fake.launches()) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# TMA reads of contiguous caches (single decode's RoPE streaming tiles)
+# ---------------------------------------------------------------------------------------------
+def test_descriptor_specialisation_is_dtype_and_block_shape():
+    """What lets a TMA launch keep its tensors' key (``with_descriptors``): Triton specialises a
+    tensor descriptor on its dtype and block shape only, not on its base, shape or strides."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = torch.zeros(64, 4, 128, dtype=torch.bfloat16)
+    seen = {native(TensorDescriptor(base, shape, [128, 512, 1], [1, 32, 64]))
+            for base, shape in ((t, [4, 64, 128]), (t[1:], [4, 63, 128]), (t[3:], [4, 20, 128]))}
+    assert seen == {("tensordesc<bf16[1, 32, 64]>", None)}
+    assert native(TensorDescriptor(t, [4, 64, 128], [128, 512, 1], [1, 32, 128]))[0] != seen.pop()[0]
+
+
+def test_with_descriptors_replaces_tensors_and_pointers_and_keeps_the_key():
+    a, b, c = (torch.zeros(4) for _ in range(3))
+    for ptrs in (None, (1, 2, 3)):
+        call = fast_launch.CallArgs((a, b, c), (5,), ptrs, 9 if ptrs else None, 7)
+        got = fast_launch.with_descriptors(call, {1: "desc-b", 2: "desc-c"})
+        assert got.tensors == (a, "desc-b", "desc-c") and got.ints == (5,)
+        assert got.ptrs == (None if ptrs is None else (1, "desc-b", "desc-c"))
+        assert (got.key, got.stream) == (call.key, call.stream) and call.tensors == (a, b, c)
+
+
+def tma_readable(**kw):
+    args = dict(paged=False, compiled=True, kv_format="bfloat16", aligned16=True, strides=(4096, 128, 4096, 128),
+                rope=True, rope_query=True)
+    args.update(kw)
+    return decode_launch.tma_readable(**args)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [({}, True), (dict(rope=False, rope_query=False), True), (dict(kv_format="float16"), True),
+     (dict(strides=(128, 4096 * 32, 128, 4096 * 32)), True), (dict(paged=True), False), (dict(compiled=False), False),
+     (dict(kv_format="fp8"), False), (dict(aligned16=False), False), (dict(strides=(4100, 128, 4096, 128)), False),
+     (dict(strides=(4096, 128, 4096, 132)), False), (dict(rope_query=False), False)],
+    ids=["rope-one-row", "none", "fp16", "HND", "paged", "no-tma-or-interpreter", "fp8", "base-unaligned",
+         "k-stride-unaligned", "v-stride-unaligned", "rope-key-rotation"],
+)
+def test_tma_reads_only_where_tma_rules_hold(overrides, expected):
+    assert tma_readable(**overrides) is expected
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("rope_query", [False, True], ids=["whole-rows", "rope-halves"])
+def test_tma_descriptors_view_the_cache_as_heads_tokens_dims(layout, rope_query):
+    """``[L, Hkv, D]`` views of either layout as ``[Hkv, L, D]`` with their own strides; K's box is
+    half a row under RoPE (the one-row kernel reads K's rotation halves apart)."""
+    length, hkv, d = 100, 4, 128
+    base = torch.zeros(length, hkv, d) if layout == "NHD" else torch.zeros(hkv, length, d).transpose(0, 1)
+    k_desc, v_desc = decode_launch.tma_descriptors(base, base, 32, rope_query)
+    for desc, width in ((k_desc, d // 2 if rope_query else d), (v_desc, d)):
+        assert desc.base is base and list(desc.shape) == [hkv, length, d]
+        assert list(desc.strides) == [base.stride(1), base.stride(0), 1]
+        assert list(desc.block_shape) == [1, 32, width]
+
+
+def test_rope_single_decode_streams_by_tma_within_the_streaming_spans(monkeypatch):
+    """Single decode RoPE, 32 heads of 128 on a faked H100: spans within the streaming bytes take
+    RoPE's tiles by TMA with the hint, longer ones RoPE's table; the kernel reads by TMA only on
+    a GPU with TMA (the faked one runs the interpreter, so none here)."""
+    _fake_h100(monkeypatch)
+    q = torch.empty(32, 128, dtype=torch.bfloat16)
+    k = torch.empty(4096, 32, 128, dtype=torch.bfloat16)
+    kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k), pos_encoding_mode="ROPE_LLAMA")
+    (plan,) = decode_launch._PLANS.values()
+    assert plan.stream_span == 12800 and plan.cfg_contig is None
+    assert plan.config_for(4096).tma and plan.config_for(12800).evict_first
+    assert not plan.config_for(12801).tma and not plan.config_for(12801).evict_first
+    assert not plan.tma_ok and not plan.launches(4096)[0].constexprs["KV_TMA"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import dense
+from kvattn import _device, dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops import decode_configs, decode_launch
 from kvattn.testing import relative_error
@@ -24,13 +24,18 @@ GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier
 EXTRA = {torch.float16: 5e-4, torch.bfloat16: 4e-3}
 
 
-def make_inputs(device, *, length, hq, hkv, d, dtype, kv_fp8=False, layout="NHD", seed=0):
+def make_inputs(device, *, length, hq, hkv, d, dtype, kv_fp8=False, layout="NHD", seed=0, kv_offset=0):
+    """``kv_offset``: K and V start that many elements into a larger buffer (unaligned bases)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(hq, d, generator=g).to(device, dtype)
     shape = (length, hkv, d) if layout == "NHD" else (hkv, length, d)
     k, v = (torch.randn(*shape, generator=g) for _ in range(2))
     kv_dtype = FP8_DTYPE if kv_fp8 else dtype
-    return q, k.to(device, kv_dtype), v.to(device, kv_dtype)
+    k, v = k.to(device, kv_dtype), v.to(device, kv_dtype)
+    if kv_offset:
+        k, v = (torch.empty(t.numel() + kv_offset, dtype=kv_dtype, device=device)[kv_offset:].view(shape).copy_(t)
+                for t in (k, v))
+    return q, k, v
 
 
 def lse_tolerance(dtype, rounds_rotated: bool, logit_mag: float) -> float:
@@ -41,9 +46,9 @@ def lse_tolerance(dtype, rounds_rotated: bool, logit_mag: float) -> float:
 
 
 def run_case(device, monkeypatch, *, length, hq=8, hkv=2, d=64, dtype=torch.float16, kv_fp8=False, layout="NHD",
-             seed=0, **kw):
+             seed=0, kv_offset=0, **kw):
     q, k, v = make_inputs(device, length=length, hq=hq, hkv=hkv, d=d, dtype=dtype, kv_fp8=kv_fp8, layout=layout,
-                          seed=seed)
+                          seed=seed, kv_offset=kv_offset)
     args = dict(kv_layout=layout, return_lse=True, **kw)
     results = []
     for backend in ("triton", "reference"):
@@ -114,6 +119,31 @@ CASES = [
 @pytest.mark.parametrize("kw", CASES)
 def test_single_decode_matches_oracles(kw, kernel_device, triton_backend, monkeypatch):
     run_case(kernel_device, monkeypatch, **kw)
+
+
+@GPU_ONLY
+@pytest.mark.parametrize(
+    "kw,tma",
+    [(dict(length=4097), True), (dict(length=3001, layout="HND"), True),
+     (dict(length=1, layout="HND"), True),
+     (dict(length=5000, window_left=700, logits_soft_cap=30.0, rope_scale=2.0, rope_theta=5e5), True),
+     (dict(length=12800, use_tensor_cores=True), True),
+     (dict(length=4097, kv_offset=4), False)],
+    ids=["NHD-L4097", "HND-L3001", "HND-L1", "window-softcap-scaled-L5000", "L12800-at-limit", "unaligned-L4097"],
+)
+def test_rope_single_decode_reads_by_tma_where_it_can(kw, tma, monkeypatch):
+    """RoPE single decode with one query head a KV head (bf16, D 128, 32 heads) within the
+    streaming spans: on Hopper its tiles are read by TMA (the copies hinted evict-first; tokens
+    past the end read as TMA's zeros) and match the oracles; K/V bases off 16 bytes take the same
+    tiles by cp.async."""
+    monkeypatch.setattr(decode_launch, "_PLANS", {})
+    args = dict(dtype=torch.bfloat16, hq=32, hkv=32, d=128, pos_encoding_mode="ROPE_LLAMA", seed=kw["length"])
+    run_case(torch.device("cuda"), monkeypatch, **args, **kw)
+    (plan,) = decode_launch._PLANS.values()
+    if not _device.is_hopper(torch.device("cuda")):
+        pytest.skip("the TMA tiles are Hopper's table")
+    split = plan.launches(kw["length"])[0]
+    assert split.constexprs["KV_TMA"] is tma and split.constexprs["KV_EVICT_FIRST"]
 
 
 @pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])

@@ -378,6 +378,15 @@ def e4m3_words_f16(w):
 
 
 @triton.jit
+def tma_kv_tile(desc, kvh, start, COL0: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """``[ROWS, WIDTH]`` tile of a contiguous 16-bit cache by TMA: tokens ``start ..`` of head
+    ``kvh``, columns ``COL0 ..``. ``desc`` views the cache as ``[Hkv, L, D]`` with a ``[1, ROWS,
+    WIDTH]`` box; tokens past ``L`` read as zeros (TMA's out-of-bounds fill), and the caller masks
+    every key outside its range in the scores, as it does for masked register loads."""
+    return tl.reshape(desc.load([kvh, start, COL0]), (ROWS, WIDTH))
+
+
+@triton.jit
 def opaque(x):
     """``x`` (a 16-bit tile) unchanged, through an identity the compiler cannot look behind.
 

@@ -26,8 +26,9 @@ class DecodeConfig:
     pdl: bool = False  # programmatic dependent launch between the split and combine kernels
     page_ahead: bool = True  # page ids loaded a tile ahead (see decode_kernels); False: pipeliner-staged
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
-    evict_first: bool = False  # K/V loads marked evict_first in L2 (kept by Triton on unpipelined loads only)
+    evict_first: bool = False  # K/V marked evict_first in L2 (Triton keeps it on unpipelined loads; TMA: ptx_hints)
     max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
+    tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by ops/ptx_hints)
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -103,6 +104,16 @@ STREAM_MAX_L2 = 4
 _SM90_CONTIG = {
     ("half", 128): (64, 4, 1),
 }
+# RoPE's streaming tiles: one query row an item (MHA single decode) over a contiguous 16-bit cache,
+# within the streaming spans. RoPE's tiles stay pipelined (its per-key query rotation needs the
+# copies in flight), read by TMA with the L2 evict_first hint that the streaming tiles get from
+# register loads (ops/ptx_hints.py puts it on the TMA copies; Triton cannot). Measured on an H100
+# (benchmarks/NOTES.md, session l): single decode RoPE 4096 38.4 -> 36.3 us (NONE 34.2); TMA
+# without the hint 39.9, 64-key tiles 37.1; past the streaming spans the hint loses (32768 191.5
+# -> 201.4). The entry is RoPE's own tile before config() halves it: 32 keys, 4 warps, 3 stages.
+_SM90_ROPE_STREAM = {
+    ("half", 128): (64, 4, 3),
+}
 _DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
 _INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
 
@@ -112,9 +123,10 @@ FEW_TABLES = {"sm90": _SM90_FEW}
 SHORT_TABLES = {"sm90": _SM90_SHORT}
 STREAM_TABLES = {"sm90": _SM90_STREAM}
 CONTIG_TABLES = {"sm90": _SM90_CONTIG}
+ROPE_STREAM_TABLES = {"sm90": _SM90_ROPE_STREAM}
 # config(..., kind): the main table, or one of the measured special-purpose tables above.
 KINDS = {"main": TABLES, "long": LONG_TABLES, "few": FEW_TABLES, "short": SHORT_TABLES, "stream": STREAM_TABLES,
-         "contig": CONTIG_TABLES}
+         "contig": CONTIG_TABLES, "rope_stream": ROPE_STREAM_TABLES}
 
 _override: dict = {}
 
@@ -237,6 +249,16 @@ def wants_contig_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, r
     return _measured("contig", arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
 
 
+def wants_rope_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, paged: bool,
+                            rows: int) -> bool:
+    """Whether a RoPE launch takes RoPE's streaming table (``config(..., "rope_stream")``) for the
+    spans within ``stream_span``: one query row an item (the one-row RoPE kernel) over a
+    contiguous cache, as measured. (The launcher reads by TMA only where TMA's alignment rules
+    hold; elsewhere the same tiles run without the hint.)"""
+    table = ROPE_STREAM_TABLES.get(arch, {})
+    return rope and block_m == 16 and (_fmt(kv_format), head_dim) in table and not paged and rows == 1
+
+
 def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:
     """Longest key span a streaming launch takes: K and V of ``batch x num_kv_heads`` rows of
     ``row_bytes`` a token, at most ``STREAM_MAX_L2`` times ``l2_bytes`` in all."""
@@ -269,7 +291,7 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
         stages = min(stages, 3)
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
-                       evict_first=kind == "stream")
+                       evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:
         cfg = replace(cfg, **_override)
     return cfg

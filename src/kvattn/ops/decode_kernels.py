@@ -39,12 +39,18 @@ from .common import (
     spec_draft_allowed,
     split_bounds,
     store_scaled,
+    tma_kv_tile,
     tile_diagonal,
     tile_pv,
     tile_scores,
     token_pages,
     window_causal_allowed,
 )
+from .ptx_hints import install as install_ptx_hints
+from .ptx_hints import mark_copies_evict_first
+
+# KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies (ptx_hints).
+install_ptx_hints()
 
 try:  # grid dependency control (programmatic dependent launch); absent in old Triton builds
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -95,7 +101,8 @@ def _decode_item(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    KV_EVICT_FIRST: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -217,10 +224,14 @@ def _decode_item(
             # S[t, t'] = <R(p - j0 - t) q, k_t'>: its diagonal holds the tile's logits. The square
             # product is ~BLOCK_N / 16 times the padded one row, still well under the tile's
             # memory time, and the query rows depend on no load, so they overlap the copies.
-            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
-                              EVICT_FIRST=KV_EVICT_FIRST)
-            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
-                              EVICT_FIRST=KV_EVICT_FIRST)
+            if KV_TMA:
+                k1 = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HALF)
+                k2 = tma_kv_tile(k_ptr, kvh, start_n, HALF, BLOCK_N, HALF)
+            else:
+                k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
+                                  EVICT_FIRST=KV_EVICT_FIRST)
+                k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
+                                  EVICT_FIRST=KV_EVICT_FIRST)
             qt1, qt2 = rope_query_per_key(u1, u2, t_cos, t_sin)
             sq = tl.dot(qt1.to(cdt), tl.trans(k1))
             sq = tl.dot(qt2.to(cdt), tl.trans(k2), sq)
@@ -242,8 +253,11 @@ def _decode_item(
                 k2 = k2.to(cdt)
             qk = tile_scores(q1, k1, USE_DOT) + tile_scores(q2, k2, USE_DOT)
         else:
-            k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
-                             EVICT_FIRST=KV_EVICT_FIRST)
+            if KV_TMA:
+                k = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
+            else:
+                k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
+                                 EVICT_FIRST=KV_EVICT_FIRST)
             qk = tile_scores(q, k, USE_DOT)
 
         if ALIBI or SOFT_CAP:
@@ -271,8 +285,11 @@ def _decode_item(
 
         v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
                                           stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
-        v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
-                         EVICT_FIRST=KV_EVICT_FIRST)
+        if KV_TMA:
+            v = tma_kv_tile(v_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
+        else:
+            v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
+                             EVICT_FIRST=KV_EVICT_FIRST)
         acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
 
         if PAGE_AHEAD:
@@ -329,7 +346,8 @@ def _decode_item(
 @triton.jit
 def decode_split_kernel(
     q_ptr,  # [B * Q_LEN, Hq, D] query rows, request-major (last dim contiguous)
-    k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] pages (PAGED) or [L, Hkv, D_STORED]; D_STORED = D/2 for NVFP4
+    k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] pages (PAGED) or [L, Hkv, D_STORED]; D_STORED = D/2 for NVFP4;
+    #         KV_TMA: a tensor descriptor of the contiguous 16-bit cache as [Hkv, L, D] (common.tma_kv_tile)
     v_ptr,  # same shape as k_ptr
     k_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of K (NVFP4)
     v_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of V (NVFP4)
@@ -357,9 +375,12 @@ def decode_split_kernel(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
-    KV_EVICT_FIRST: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if KV_EVICT_FIRST and KV_TMA:
+        mark_copies_evict_first()
     if USE_PDL:
         gdc_wait()
     # Two call sites on purpose: wrapping the one-item path in the persistent loop as well (one
@@ -380,7 +401,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
                 MERGE, MERGE_ROWS, MERGE_BLOCK_S,
             )
     else:
@@ -395,7 +416,7 @@ def decode_split_kernel(
             logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
             MERGE, MERGE_ROWS, MERGE_BLOCK_S,
         )
     if USE_PDL:

@@ -24,6 +24,11 @@ from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE, kv_row_bytes
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
+
+try:  # TMA reads of contiguous caches (Triton 3.4+)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
 from .launch_common import (
     MAX_COUNTERS, arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, launch_counters,
     next_power_of_2, partials_fit, split_partials, words_aligned, words_allowed,
@@ -88,7 +93,7 @@ class _Plan:
         (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
          out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
          ws_numel, paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs,
-         enable_pdl, kv_aligned4, fused_merge) = facts
+         enable_pdl, kv_aligned4, fused_merge, kv_aligned16) = facts
         q_shape, q_stride = _as_rows(q_shape, q_stride)
         out_stride = _as_rows(out_shape, out_stride)[1]
         self.rows_total, self.num_heads, self.head_dim = q_shape
@@ -132,13 +137,19 @@ class _Plan:
             self.cfg_short = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                                    "short")
         self.cfg_stream, self.stream_span = None, 0  # longest span that takes the streaming tiles
+        stream_kind = None
         if decode_configs.wants_stream_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                              items=self.items, sm_count=self.sm_count):
+            stream_kind = "stream"
+        elif decode_configs.wants_rope_stream_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
+                                                    paged=paged, rows=self.rows):
+            stream_kind = "rope_stream"
+        if stream_kind is not None:
             self.stream_span = decode_configs.stream_span(
                 batch=self.batch, num_kv_heads=self.num_kv_heads,
                 row_bytes=kv_row_bytes(self.kv_format, self.head_dim), l2_bytes=_device.l2_bytes(device))
             self.cfg_stream = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                                    "stream")
+                                                    stream_kind)
         # Past the streaming spans, one-row launches over a contiguous cache take their own table.
         self.cfg_contig = None
         if self.cfg_stream is not None and decode_configs.wants_contig_tiles(
@@ -151,6 +162,10 @@ class _Plan:
         self.merge = fused_merge and self.items <= MAX_COUNTERS
         self.merge_rows = min(self.block_m, next_power_of_2(self.rows))
         self.rope_query = rope and use_dot and self.rows == 1
+        self.tma_ok = tma_readable(
+            paged=paged, compiled=not interpreter and _device.has_tma(device), kv_format=self.kv_format,
+            aligned16=kv_aligned16, strides=(*k_stride[:2], *v_stride[:2]), rope=rope, rope_query=self.rope_query,
+        )
         self.gdc = cfg.pdl and not interpreter
         self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
         self.soft_cap, self.max_programs, self.enable_pdl = soft_cap, max_programs, enable_pdl
@@ -236,6 +251,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
     rope_scale)``."""
     s, has = plan.strides, plan.has
     num_items = plan.items * splits
+    tma = cfg.tma and plan.tma_ok
     persistent = plan.max_programs is not None and num_items > plan.max_programs
     return fast_launch.Launch(
         decode_split_kernel, (plan.max_programs if persistent else num_items,),
@@ -253,7 +269,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             HAS_WINDOW=plan.has_window, HAS_MASK=has["mask"], HAS_SINKS=has["sinks"], LOGIT_PTR=has["logit"],
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
-            PREFETCH=0 if plan.paged else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first,
+            PREFETCH=0 if plan.paged or tma else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first, KV_TMA=tma,
             MERGE=plan.merges(cfg, splits), MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
             USE_PDL=plan.gdc,
@@ -280,6 +296,30 @@ def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
         ),
         options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
     )
+
+
+def tma_readable(*, paged: bool, compiled: bool, kv_format: str, aligned16: bool, strides: tuple, rope: bool,
+                 rope_query: bool) -> bool:
+    """Whether a launch may read its cache by TMA (``common.tma_kv_tile``): a contiguous 16-bit
+    cache on a GPU with TMA (compiled, not interpreted), whose bases (``aligned16``) and token and
+    head ``strides`` (elements) are 16-byte aligned, TMA's rules; under RoPE only the one-row
+    kernel (``rope_query``), whose K rows go to the product unrotated."""
+    return (
+        TensorDescriptor is not None and compiled and not paged and kv_format in ("float16", "bfloat16")
+        and aligned16 and all(x * 2 % 16 == 0 for x in strides) and (rope_query or not rope)
+    )
+
+
+def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int, rope_query: bool) -> tuple:
+    """Tensor descriptors of a contiguous cache ``[L, Hkv, D]`` as ``[Hkv, L, D]`` for
+    ``common.tma_kv_tile``: ``[1, block_n, D]`` boxes, K's ``[1, block_n, D / 2]`` under RoPE
+    (the one-row kernel reads K's two rotation halves apart)."""
+    dim = k.shape[-1]
+    descs = []
+    for t, width in ((k, dim // 2 if rope_query else dim), (v, dim)):
+        sl, sh, _ = t.stride()
+        descs.append(TensorDescriptor(t, [t.shape[1], t.shape[0], dim], [sh, sl, 1], [1, block_n, width]))
+    return tuple(descs)
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -352,6 +392,7 @@ def launch_decode(
             workspace.numel() if workspace is not None else None,
             paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
             words_aligned(k, v, k_sf, v_sf), _env.fused_merge(),
+            not paged and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0,
         )
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
@@ -360,6 +401,9 @@ def launch_decode(
         counters = launch_counters(workspace, query.device, plan.items) if merged else out
         call = fast_launch.call_args((query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
                                      (fixed_len, window_left), device)
+        if split.constexprs["KV_TMA"]:
+            k_desc, v_desc = tma_descriptors(k, v, split.constexprs["BLOCK_N"], plan.rope_query)
+            call = fast_launch.with_descriptors(call, {1: k_desc, 2: v_desc})
         rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
         split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
         if combine is not None:

@@ -219,6 +219,24 @@ def call_args(tensors: tuple, ints: tuple = (), device: int | None = None) -> Ca
     return CallArgs(tensors, ints, ptrs, key, active.get_current_stream(device))
 
 
+def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
+    """``call`` with the tensors at the given positions replaced by Triton tensor descriptors
+    (``{position: TensorDescriptor}``) for every launch of the call.
+
+    The key stays the tensors' own: a descriptor's specialisation (its dtype and block shape) is
+    the tensor's dtype and a block shape the launch fixes, so equal keys still mean the same
+    compiled kernel. The fast path hands the descriptors to Triton's launcher, which encodes
+    them (``wrap_handle_tensordesc``); Triton's own path takes them as arguments.
+    """
+    tensors = list(call.tensors)
+    ptrs = None if call.ptrs is None else list(call.ptrs)
+    for i, desc in descriptors.items():
+        tensors[i] = desc
+        if ptrs is not None:
+            ptrs[i] = desc
+    return CallArgs(tuple(tensors), call.ints, None if ptrs is None else tuple(ptrs), call.key, call.stream)
+
+
 # ---------------------------------------------------------------------------------------------
 # launches
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""The PTX rewrite that puts an L2 evict-first policy on a marked kernel's TMA copies
+(``kvattn.ops.ptx_hints``), on PTX text (CPU). What ptxas makes of it is pinned on an sm_90a
+compile in ``test_decode_codegen``, its speed in ``benchmarks/NOTES.md``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import triton
+
+from kvattn.ops import ptx_hints
+
+COPY = ("@%p2 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%r8], [%rd3, {%r31, %r9, %r275}], [%r6];")
+PLAIN = "cp.async.cg.shared.global [ %r361 + 0 ], [ %rd184 + 0 ], 0x10, %r364;"
+
+
+def module(*body: str, marked: bool = True) -> str:
+    lines = [".version 8.7", ".target sm_90a", ".address_size 64", "", ".visible .entry k(", "\t.param .u64 k_param_0",
+             ")", ".reqntid 128", "{", "\t.reg .b32 \t%r<300>;", "\t.reg .b64 \t%rd<10>;", "$L__func_begin0:",
+             "\t.loc\t1 1 0", "", "// %bb.0:", "\tld.param.b64 \t%rd3, [k_param_0];"]
+    if marked:
+        lines += ["\t// begin inline asm", f"\tmov.u32 %r1, 0; // {ptx_hints.MARKER}", "\t// end inline asm"]
+    return "\n".join(lines + [f"\t{b}" for b in body] + ["\tret;", "}"])
+
+
+def test_the_kernels_marker_is_the_rewrites():
+    """The marker text is written twice (the jit function's asm cannot read a Python global)."""
+    import inspect
+
+    assert ptx_hints.MARKER in inspect.getsource(ptx_hints.mark_copies_evict_first.fn)
+
+
+def test_marked_tma_copies_carry_one_evict_first_policy():
+    got = ptx_hints.rewrite_ptx(module(COPY, COPY.replace("%r8", "%r10"), PLAIN))
+    hinted = [line for line in got.splitlines() if "bulk.tensor" in line]
+    assert len(hinted) == 2
+    for line in hinted:
+        assert re.search(r"complete_tx::bytes\.L2::cache_hint \[%r\d+\], \[%rd3, \{[^}]*\}\], \[%r\d+\], "
+                         + re.escape(ptx_hints.POLICY_REG) + ";$", line.strip()), line
+    # ptxas 12.8 miscompiles cp.async with a policy: plain copies stay as they were
+    assert PLAIN in got and got.count("cache_hint") == 2
+    lines = got.splitlines()
+    decl = lines.index(f"\t.reg .b64 {ptx_hints.POLICY_REG};")
+    create = [i for i, line in enumerate(lines) if "createpolicy" in line]
+    assert lines[decl - 1] == "{" and len(create) == 1
+    assert lines[create[0]].strip() == f"createpolicy.fractional.L2::evict_first.b64 {ptx_hints.POLICY_REG}, 1.0;"
+    assert lines[create[0] + 1].strip().startswith("ld.param")  # before the first instruction, after labels
+    assert create[0] < min(i for i, line in enumerate(lines) if "bulk.tensor" in line)
+
+
+@pytest.mark.parametrize("ptx", [module(COPY, marked=False), module(PLAIN), module()],
+                         ids=["unmarked", "marked-no-tma", "marked-no-copies"])
+def test_other_ptx_is_left_alone(ptx):
+    assert ptx_hints.rewrite_ptx(ptx) == ptx
+
+
+@pytest.mark.parametrize("ptx", [module(COPY) + "\n" + module(COPY),
+                                 module(COPY.replace("bytes [", "bytes.L2::cache_hint [").replace("];", "], %rd9;"))],
+                         ids=["two-entries", "already-hinted"])
+def test_shapes_it_was_not_written_for_are_refused(ptx):
+    with pytest.raises(ValueError, match="ptx_hints"):
+        ptx_hints.rewrite_ptx(ptx)
+
+
+def test_install_chains_the_hook_once(monkeypatch):
+    runtime = triton.knobs.runtime
+    seen = []
+
+    def earlier(backend, stages, options, language, capability):
+        seen.append(capability)
+        stages["ptx"] = lambda src, metadata: module(COPY)
+
+    monkeypatch.setattr(runtime, "add_stages_inspection_hook", earlier)
+    ptx_hints.install()
+    ptx_hints.install()
+    hook = runtime.add_stages_inspection_hook
+    assert hook is not earlier and hook.kvattn_ptx_hints
+    for capability, rewritten in ((90, True), (80, False)):
+        stages = {}
+        hook(None, stages, None, None, capability)
+        assert ("cache_hint" in stages["ptx"]("llir", {})) is rewritten
+    assert seen == [90, 80]  # the earlier hook ran once a call: installed once
