@@ -445,9 +445,9 @@ VARIANTS = [
     pytest.param(single_variant(length=2049, dtype=torch.bfloat16, layout="HND", use_tensor_cores=True),
                  id="single-tc-bf16-HND"),
     pytest.param(single_variant(length=5000, kv_fp8=True, k_scale=0.5, v_scale=2.0), id="single-fp8"),
-    # RoPE with one query head a KV head: on Hopper K/V go to the kernel as TMA descriptors
+    # RoPE with one query head a KV head: RoPE's streaming tiles (eager: cp.async, TMA in graphs)
     *[pytest.param(single_variant(length=n, hkv=32, dtype=dt, layout=lay, pos_encoding_mode="ROPE_LLAMA"),
-                   id=f"single-rope-mha-tma-{lay}-L{n}") for n, dt, lay in
+                   id=f"single-rope-mha-{lay}-L{n}") for n, dt, lay in
       ((4096, torch.bfloat16, "NHD"), (999, torch.float16, "HND"))],
 ]
 
@@ -845,7 +845,7 @@ def test_with_descriptors_replaces_tensors_and_pointers_and_keeps_the_key():
 
 def tma_readable(**kw):
     args = dict(paged=False, compiled=True, kv_format="bfloat16", aligned16=True, strides=(4096, 128, 4096, 128),
-                rope=True, rope_query=True)
+                rope=True, rope_query=True, graph_capture=True)
     args.update(kw)
     return decode_launch.tma_readable(**args)
 
@@ -855,11 +855,14 @@ def tma_readable(**kw):
     [({}, True), (dict(rope=False, rope_query=False), True), (dict(kv_format="float16"), True),
      (dict(strides=(128, 4096 * 32, 128, 4096 * 32)), True), (dict(paged=True), False), (dict(compiled=False), False),
      (dict(kv_format="fp8"), False), (dict(aligned16=False), False), (dict(strides=(4100, 128, 4096, 128)), False),
-     (dict(strides=(4096, 128, 4096, 132)), False), (dict(rope_query=False), False)],
+     (dict(strides=(4096, 128, 4096, 132)), False), (dict(rope_query=False), False),
+     (dict(graph_capture=False), False)],
     ids=["rope-one-row", "none", "fp16", "HND", "paged", "no-tma-or-interpreter", "fp8", "base-unaligned",
-         "k-stride-unaligned", "v-stride-unaligned", "rope-key-rotation"],
+         "k-stride-unaligned", "v-stride-unaligned", "rope-key-rotation", "eager"],
 )
 def test_tma_reads_only_where_tma_rules_hold(overrides, expected):
+    """TMA's rules, and CUDA-graph capture only (a descriptor costs an eager call more host time
+    than it saves GPU time)."""
     assert tma_readable(**overrides) is expected
 
 
@@ -880,7 +883,7 @@ def test_tma_descriptors_view_the_cache_as_heads_tokens_dims(layout, rope_query)
 def test_rope_single_decode_streams_by_tma_within_the_streaming_spans(monkeypatch):
     """Single decode RoPE, 32 heads of 128 on a faked H100: spans within the streaming bytes take
     RoPE's tiles by TMA with the hint, longer ones RoPE's table; the kernel reads by TMA only on
-    a GPU with TMA (the faked one runs the interpreter, so none here)."""
+    a GPU with TMA and in graph capture (the faked GPU runs the interpreter, eagerly: none here)."""
     _fake_h100(monkeypatch)
     q = torch.empty(32, 128, dtype=torch.bfloat16)
     k = torch.empty(4096, 32, 128, dtype=torch.bfloat16)

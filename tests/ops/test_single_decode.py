@@ -55,6 +55,16 @@ def run_case(device, monkeypatch, *, length, hq=8, hkv=2, d=64, dtype=torch.floa
         monkeypatch.setenv("KVATTN_BACKEND", backend)
         results.append(kvattn.decode.single_decode_with_kv_cache(q, k, v, **args))
     (out, lse), (ref_out, _) = results
+    assert_matches_oracles(q, k, v, out, lse, ref_out, args)
+    return out, lse
+
+
+def assert_matches_oracles(q, k, v, out, lse, ref_out, args):
+    """``out`` / ``lse`` of the Triton backend against the float64 dense formulation, within twice
+    the reference backend's (``ref_out``) own error plus the kernel's operand rounding."""
+    hq, d = q.shape
+    hkv = k.shape[1] if args["kv_layout"] == "NHD" else k.shape[0]
+    dtype = q.dtype
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (hq,) and lse.dtype == torch.float32
     exact, exact_lse = dense.single_decode(q.cpu(), k.cpu(), v.cpu(), **args)
     got, ref = out.cpu().double(), ref_out.cpu().double()
@@ -62,14 +72,13 @@ def run_case(device, monkeypatch, *, length, hq=8, hkv=2, d=64, dtype=torch.floa
     err, ref_err = relative_error(got, exact), relative_error(ref, exact)
     assert err <= 2 * ref_err + EXTRA[dtype], f"relative error {err:.3g} (reference {ref_err:.3g})"
     rows = hq // hkv * 1
-    rounds = kw.get("pos_encoding_mode") == "ROPE_LLAMA" and (kw.get("use_tensor_cores") or rows > 1)
-    scale = kw.get("sm_scale") or 1 / math.sqrt(d)
+    rounds = args.get("pos_encoding_mode") == "ROPE_LLAMA" and (args.get("use_tensor_cores") or rows > 1)
+    scale = args.get("sm_scale") or 1 / math.sqrt(d)
     logit_mag = float(scale * q.float().norm(dim=-1).max() * k.float().norm(dim=-1).max())
-    if kw.get("logits_soft_cap"):
-        logit_mag = min(logit_mag, kw["logits_soft_cap"])
+    if args.get("logits_soft_cap"):
+        logit_mag = min(logit_mag, args["logits_soft_cap"])
     lse_err = float((lse.cpu().double() - exact_lse).abs().max())
     assert lse_err <= lse_tolerance(dtype, rounds, logit_mag), f"LSE error {lse_err:.3g}"
-    return out, lse
 
 
 def param(id, interp=False, **kw):
@@ -131,19 +140,37 @@ def test_single_decode_matches_oracles(kw, kernel_device, triton_backend, monkey
      (dict(length=4097, kv_offset=4), False)],
     ids=["NHD-L4097", "HND-L3001", "HND-L1", "window-softcap-scaled-L5000", "L12800-at-limit", "unaligned-L4097"],
 )
-def test_rope_single_decode_reads_by_tma_where_it_can(kw, tma, monkeypatch):
+def test_rope_single_decode_reads_by_tma_in_cuda_graphs(kw, tma, triton_backend, monkeypatch):
     """RoPE single decode with one query head a KV head (bf16, D 128, 32 heads) within the
-    streaming spans: on Hopper its tiles are read by TMA (the copies hinted evict-first; tokens
-    past the end read as TMA's zeros) and match the oracles; K/V bases off 16 bytes take the same
-    tiles by cp.async."""
+    streaming spans, captured in a CUDA graph: on Hopper its tiles are read by TMA (the copies
+    hinted evict-first; tokens past the end read as TMA's zeros), eager calls by cp.async; both
+    match the oracles. K/V bases off 16 bytes take cp.async in the graph too."""
     monkeypatch.setattr(decode_launch, "_PLANS", {})
-    args = dict(dtype=torch.bfloat16, hq=32, hkv=32, d=128, pos_encoding_mode="ROPE_LLAMA", seed=kw["length"])
-    run_case(torch.device("cuda"), monkeypatch, **args, **kw)
-    (plan,) = decode_launch._PLANS.values()
-    if not _device.is_hopper(torch.device("cuda")):
+    kw = dict(kw)
+    length, layout, offset = kw.pop("length"), kw.pop("layout", "NHD"), kw.pop("kv_offset", 0)
+    device = torch.device("cuda")
+    q, k, v = make_inputs(device, length=length, hq=32, hkv=32, d=128, dtype=torch.bfloat16, layout=layout,
+                          seed=length, kv_offset=offset)
+    args = dict(kv_layout=layout, return_lse=True, pos_encoding_mode="ROPE_LLAMA", **kw)
+    eager = kvattn.decode.single_decode_with_kv_cache(q, k, v, **args)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = kvattn.decode.single_decode_with_kv_cache(q, k, v, **args)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    monkeypatch.setenv("KVATTN_BACKEND", "reference")
+    ref_out, _ = kvattn.decode.single_decode_with_kv_cache(q, k, v, **args)
+    for got, got_lse in (eager, (out, lse)):
+        assert_matches_oracles(q, k, v, got, got_lse, ref_out, args)
+    if not _device.is_hopper(device):
         pytest.skip("the TMA tiles are Hopper's table")
-    split = plan.launches(kw["length"])[0]
-    assert split.constexprs["KV_TMA"] is tma and split.constexprs["KV_EVICT_FIRST"]
+    by_tma = {plan.tma_ok: plan.launches(min(length, kw.get("window_left", length) + 1))[0].constexprs
+              for plan in decode_launch._PLANS.values()}
+    assert set(by_tma) == ({False, True} if tma else {False})  # the eager plan and the captured one
+    for uses_tma, constexprs in by_tma.items():
+        assert constexprs["KV_TMA"] is uses_tma and constexprs["KV_EVICT_FIRST"]
 
 
 @pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])

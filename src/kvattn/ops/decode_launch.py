@@ -24,15 +24,15 @@ from .._inputs import KV_FORMATS
 from ..formats import FP8_DTYPE, kv_row_bytes
 from . import decode_configs, fast_launch
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
+from .launch_common import (
+    MAX_COUNTERS, arch, cached_plan, capturing, cdiv, device_guard, int32_lengths, kv_format_code, launch_counters,
+    next_power_of_2, partials_fit, split_partials, words_aligned, words_allowed,
+)
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
-from .launch_common import (
-    MAX_COUNTERS, arch, cached_plan, cdiv, device_guard, int32_lengths, kv_format_code, launch_counters,
-    next_power_of_2, partials_fit, split_partials, words_aligned, words_allowed,
-)
 
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
 MIN_BLOCK_M = 16  # tl.dot's smallest M
@@ -93,7 +93,7 @@ class _Plan:
         (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
          out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
          ws_numel, paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs,
-         enable_pdl, kv_aligned4, fused_merge, kv_aligned16) = facts
+         enable_pdl, kv_aligned4, fused_merge, kv_aligned16, graph_capture) = facts
         q_shape, q_stride = _as_rows(q_shape, q_stride)
         out_stride = _as_rows(out_shape, out_stride)[1]
         self.rows_total, self.num_heads, self.head_dim = q_shape
@@ -165,6 +165,7 @@ class _Plan:
         self.tma_ok = tma_readable(
             paged=paged, compiled=not interpreter and _device.has_tma(device), kv_format=self.kv_format,
             aligned16=kv_aligned16, strides=(*k_stride[:2], *v_stride[:2]), rope=rope, rope_query=self.rope_query,
+            graph_capture=graph_capture,
         )
         self.gdc = cfg.pdl and not interpreter
         self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
@@ -299,14 +300,21 @@ def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
 
 
 def tma_readable(*, paged: bool, compiled: bool, kv_format: str, aligned16: bool, strides: tuple, rope: bool,
-                 rope_query: bool) -> bool:
+                 rope_query: bool, graph_capture: bool) -> bool:
     """Whether a launch may read its cache by TMA (``common.tma_kv_tile``): a contiguous 16-bit
     cache on a GPU with TMA (compiled, not interpreted), whose bases (``aligned16``) and token and
     head ``strides`` (elements) are 16-byte aligned, TMA's rules; under RoPE only the one-row
-    kernel (``rope_query``), whose K rows go to the product unrotated."""
+    kernel (``rope_query``), whose K rows go to the product unrotated.
+
+    Only in CUDA-graph capture: Triton encodes a descriptor on the host at every launch, which
+    took an eager RoPE single decode from 48 to 79 us of host time a call on an H100 host, more
+    than the ~2.5 us of GPU time it saves there (benchmarks/NOTES.md, session l); a replay pays
+    no host time, so captured calls take the faster kernel and eager ones the raw-pointer launch.
+    """
     return (
-        TensorDescriptor is not None and compiled and not paged and kv_format in ("float16", "bfloat16")
-        and aligned16 and all(x * 2 % 16 == 0 for x in strides) and (rope_query or not rope)
+        TensorDescriptor is not None and graph_capture and compiled and not paged
+        and kv_format in ("float16", "bfloat16") and aligned16 and all(x * 2 % 16 == 0 for x in strides)
+        and (rope_query or not rope)
     )
 
 
@@ -393,6 +401,7 @@ def launch_decode(
             paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
             words_aligned(k, v, k_sf, v_sf), _env.fused_merge(),
             not paged and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0,
+            rope is not None and not paged and capturing(query.device),  # (TMA: tma_readable)
         )
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len

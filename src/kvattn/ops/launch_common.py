@@ -107,7 +107,8 @@ _CAPTURE_CHUNKS: dict[torch.device, list] = {}  # device -> [zeroed int32 chunk,
 CAPTURE_CHUNK = 1 << 16  # counters a device keeps for captured calls
 
 
-def _capturing(device: torch.device) -> bool:
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
@@ -117,7 +118,7 @@ def launch_counters(workspace, device: torch.device, count: int) -> torch.Tensor
     time a device or stream is seen, or in a CUDA-graph capture once the chunk is used up."""
     if workspace is not None:
         return cached_aliases(workspace, ("counters",), _counters_view)
-    if _capturing(device):
+    if capturing(device):
         chunk = _CAPTURE_CHUNKS.get(device)
         count = -(-count // 32) * 32
         if chunk is None or chunk[1] + count > chunk[0].numel():
