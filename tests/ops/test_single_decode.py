@@ -12,6 +12,8 @@ import math
 
 import pytest
 import torch
+from triton.compiler.compiler import CompiledKernel
+from triton.runtime.jit import JITFunction
 
 import kvattn
 from kvattn import _device, dense
@@ -152,11 +154,20 @@ def test_rope_single_decode_reads_by_tma_in_cuda_graphs(kw, tma, triton_backend,
     q, k, v = make_inputs(device, length=length, hq=32, hkv=32, d=128, dtype=torch.bfloat16, layout=layout,
                           seed=length, kv_offset=offset)
     args = dict(kv_layout=layout, return_lse=True, pos_encoding_mode="ROPE_LLAMA", **kw)
-    eager = kvattn.decode.single_decode_with_kv_cache(q, k, v, **args)  # compiles outside the capture
+    # The eager call compiles and loads the kernels the capture of the same call will launch
+    # (the TMA one too), so the capture loads no module (drivers before CUDA 12.3 refuse that).
+    eager = kvattn.decode.single_decode_with_kv_cache(q, k, v, **args)
     torch.cuda.synchronize()
+    compiles, loads = [], []
+    real_compile, real_load = JITFunction._do_compile, CompiledKernel._init_handles
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = kvattn.decode.single_decode_with_kv_cache(q, k, v, **args)
+    with pytest.MonkeyPatch.context() as spy:
+        spy.setattr(JITFunction, "_do_compile", lambda self, *a: compiles.append(self) or real_compile(self, *a))
+        spy.setattr(CompiledKernel, "_init_handles",
+                    lambda self: (loads.append(self) if self.module is None else None, real_load(self))[1])
+        with torch.cuda.graph(graph):
+            out, lse = kvattn.decode.single_decode_with_kv_cache(q, k, v, **args)
+    assert compiles == [] and loads == []
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()

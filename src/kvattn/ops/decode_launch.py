@@ -162,11 +162,14 @@ class _Plan:
         self.merge = fused_merge and self.items <= MAX_COUNTERS
         self.merge_rows = min(self.block_m, next_power_of_2(self.rows))
         self.rope_query = rope and use_dot and self.rows == 1
-        self.tma_ok = tma_readable(
+        tma_rules = dict(
             paged=paged, compiled=not interpreter and _device.has_tma(device), kv_format=self.kv_format,
             aligned16=kv_aligned16, strides=(*k_stride[:2], *v_stride[:2]), rope=rope, rope_query=self.rope_query,
-            graph_capture=graph_capture,
         )
+        self.tma_ok = tma_readable(graph_capture=graph_capture, **tma_rules)
+        # An eager plan whose captured twin may read by TMA warms that kernel up (launch_decode).
+        self.tma_twin = not graph_capture and rope and tma_readable(graph_capture=True, **tma_rules)
+        self.warmed: set = set()
         self.gdc = cfg.pdl and not interpreter
         self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
         self.soft_cap, self.max_programs, self.enable_pdl = soft_cap, max_programs, enable_pdl
@@ -330,6 +333,12 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int, rope_query: 
     return tuple(descs)
 
 
+def _descriptors(k: torch.Tensor, v: torch.Tensor, split: fast_launch.Launch, plan: _Plan) -> dict:
+    """``{1: k_desc, 2: v_desc}`` for ``fast_launch.with_descriptors`` (K and V's pointer slots)."""
+    k_desc, v_desc = tma_descriptors(k, v, split.constexprs["BLOCK_N"], plan.rope_query)
+    return {1: k_desc, 2: v_desc}
+
+
 _PLANS: dict[tuple, _Plan] = {}
 
 
@@ -406,14 +415,22 @@ def launch_decode(
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
         split, combine, numel_o, numel_lse, merged = plan.launches(span)
+
         part_o, part_lse = split_partials(combine is not None or merged, workspace, numel_o, numel_lse, out)
         counters = launch_counters(workspace, query.device, plan.items) if merged else out
         call = fast_launch.call_args((query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
                                      (fixed_len, window_left), device)
-        if split.constexprs["KV_TMA"]:
-            k_desc, v_desc = tma_descriptors(k, v, split.constexprs["BLOCK_N"], plan.rope_query)
-            call = fast_launch.with_descriptors(call, {1: k_desc, 2: v_desc})
         rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
-        split(call, (logit_factor, out_factor, soft_cap, rope_theta, rope_scale))
+        floats = (logit_factor, out_factor, soft_cap, rope_theta, rope_scale)
+        if split.constexprs["KV_TMA"]:
+            call = fast_launch.with_descriptors(call, _descriptors(k, v, split, plan))
+        elif plan.tma_twin and split not in plan.warmed:
+            # An eager call whose capture would read by TMA (another kernel): compile and load that
+            # kernel now, so that capturing the same call after eager warm-up loads no module.
+            plan.warmed.add(split)
+            twin = _plan(facts[:-1] + (True,)).launches(span)[0]
+            if twin.constexprs["KV_TMA"]:
+                twin.warmup(fast_launch.with_descriptors(call, _descriptors(k, v, twin, plan)), floats)
+        split(call, floats)
         if combine is not None:
             combine(call, (out_factor,))

@@ -404,6 +404,17 @@ class Launch:
             self._compiled[key] = (compiled, *_launcher(compiled))
             self._remember_globals()
 
+    def warmup(self, call: CallArgs, floats: tuple = ()) -> None:
+        """Compile this launch's kernel for ``call`` and load it onto the GPU, without launching:
+        so that a later first launch (in a CUDA-graph capture, where loading a module needs a
+        driver of CUDA 12.3+) finds it ready."""
+        compiled = self.kernel.warmup(
+            *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
+            grid=self.grid, **self.constexprs, **self.options,
+        )
+        if isinstance(compiled, CompiledKernel):
+            compiled._init_handles()
+
     def _remember_globals(self) -> None:
         """Triton refuses a launch once a global the kernel read at compile time has changed
         value; keep what it compares (known once the kernel has compiled)."""
