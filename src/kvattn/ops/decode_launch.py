@@ -415,7 +415,6 @@ def launch_decode(
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
         split, combine, numel_o, numel_lse, merged = plan.launches(span)
-
         part_o, part_lse = split_partials(combine is not None or merged, workspace, numel_o, numel_lse, out)
         counters = launch_counters(workspace, query.device, plan.items) if merged else out
         call = fast_launch.call_args((query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
