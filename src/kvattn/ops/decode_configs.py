@@ -195,10 +195,15 @@ def _fmt(kv_format: str) -> str:
     return "half" if kv_format in ("float16", "bfloat16") else kv_format
 
 
+# The special-purpose table measured with RoPE; the others were measured without it.
+_ROPE_KINDS = ("rope_stream",)
+
+
 def _measured(kind: str, arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool) -> bool:
     """Whether the ``kind`` table has an entry for this launch. The special-purpose tables were
-    measured without RoPE and for one 16-row block only."""
-    return not rope and block_m == 16 and (_fmt(kv_format), head_dim) in KINDS[kind].get(arch, {})
+    measured for one 16-row block only, RoPE's with RoPE and the others without it."""
+    return (rope == (kind in _ROPE_KINDS) and block_m == 16
+            and (_fmt(kv_format), head_dim) in KINDS[kind].get(arch, {}))
 
 
 def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
@@ -255,8 +260,7 @@ def wants_rope_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: i
     spans within ``stream_span``: one query row an item (the one-row RoPE kernel) over a
     contiguous cache, as measured. (The launcher reads by TMA only where TMA's alignment rules
     hold; elsewhere the same tiles run without the hint.)"""
-    table = ROPE_STREAM_TABLES.get(arch, {})
-    return rope and block_m == 16 and (_fmt(kv_format), head_dim) in table and not paged and rows == 1
+    return _measured("rope_stream", arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
 
 
 def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:

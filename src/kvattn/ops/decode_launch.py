@@ -333,10 +333,12 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int, rope_query: 
     return tuple(descs)
 
 
+_KV_SLOTS = (_ALWAYS.index("k"), _ALWAYS.index("v"))  # K and V's places among a call's tensors
+
+
 def _descriptors(k: torch.Tensor, v: torch.Tensor, split: fast_launch.Launch, plan: _Plan) -> dict:
-    """``{1: k_desc, 2: v_desc}`` for ``fast_launch.with_descriptors`` (K and V's pointer slots)."""
-    k_desc, v_desc = tma_descriptors(k, v, split.constexprs["BLOCK_N"], plan.rope_query)
-    return {1: k_desc, 2: v_desc}
+    """K and V's descriptors for ``split``, by their slots, for ``fast_launch.with_descriptors``."""
+    return dict(zip(_KV_SLOTS, tma_descriptors(k, v, split.constexprs["BLOCK_N"], plan.rope_query)))
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -427,7 +429,7 @@ def launch_decode(
             # An eager call whose capture would read by TMA (another kernel): compile and load that
             # kernel now, so that capturing the same call after eager warm-up loads no module.
             plan.warmed.add(split)
-            twin = _plan(facts[:-1] + (True,)).launches(span)[0]
+            twin = _plan(facts[:-1] + (True,)).launches(span)[0]  # the same facts, captured
             if twin.constexprs["KV_TMA"]:
                 twin.warmup(fast_launch.with_descriptors(call, _descriptors(k, v, twin, plan)), floats)
         split(call, floats)
