@@ -7,6 +7,9 @@ the best of 10 rounds of calls queued back to back and synchronised once: once t
 call is longer than its host time (NOTES.md: a CUDA-graph replay of 1x32768 takes 66 us on an
 H100), the launch queue fills and ``queued`` measures the GPU, not the host.
 
+``--breakdown`` also replays each call's kernel launches alone (the same launch objects and
+arguments, back to back): the launches' host cost against the Python around them.
+
 ``--compare`` also times every shape with ``KVATTN_FAST_LAUNCH=0`` (each kernel launched through
 ``kernel[grid](...)``, Triton's own path) and checks that both paths give the same bits.
 
@@ -19,7 +22,7 @@ on this machine's CPU.
 
 Usage (on the device, from the repository root)::
 
-    PYTHONPATH=src python benchmarks/profile_host.py [--calls 2000] [--compare] [--profile]
+    PYTHONPATH=src python benchmarks/profile_host.py [--calls 2000] [--compare] [--profile] [--breakdown]
     PYTHONPATH=src python benchmarks/profile_host.py --fake-gpu [--compare]   # any machine
 """
 
@@ -189,6 +192,38 @@ def triton_runs():
         JITFunction.run = run
 
 
+def launches_of(fn) -> list:
+    """The fast-path launches one call of ``fn`` makes, as ``(launch, call, floats)`` to replay."""
+    from kvattn.ops import fast_launch
+
+    seen, call_launch = [], fast_launch.Launch.__call__
+
+    def recording(self, call, floats=()):
+        seen.append((self, call, floats))
+        return call_launch(self, call, floats)
+
+    fast_launch.Launch.__call__ = recording
+    try:
+        fn()
+    finally:
+        fast_launch.Launch.__call__ = call_launch
+    return seen
+
+
+def breakdown(fn, calls: int) -> str:
+    """Host time of the call's kernel launches alone (the same ``Launch`` objects and arguments,
+    replayed back to back), against the whole call: what is Python around them."""
+    launches = launches_of(fn)
+
+    def replay():
+        for launch, call, floats in launches:
+            launch(call, floats)
+
+    whole, bare = queued_us(fn, calls), queued_us(replay, calls)
+    return (f"   breakdown: {len(launches)} launches {bare:5.1f} us, the rest of the call "
+            f"{whole - bare:5.1f} us (whole {whole:5.1f})")
+
+
 def profile(fn, calls: int = 500) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -207,6 +242,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", action="store_true", help="also time Triton's own launch path (KVATTN_FAST_LAUNCH=0)")
     ap.add_argument("--profile", action="store_true", help="also print the cProfile of the first shape")
     ap.add_argument("--fake-gpu", action="store_true", help="CPU tensors, Triton's GPU side faked (any machine)")
+    ap.add_argument("--breakdown", action="store_true", help="also time each call's kernel launches alone")
     args = ap.parse_args(argv)
     if args.fake_gpu:
         fake_gpu()
@@ -231,6 +267,8 @@ def main(argv=None) -> int:
             if not args.fake_gpu:  # (no kernel runs on a faked GPU)
                 line += "   same bits" if torch.equal(_bits(fn()), fast) else "   OUTPUTS DIFFER"
             _set_fast(True)
+        if args.breakdown:
+            line += breakdown(fn, args.calls)
         print(line, flush=True)
         if args.profile and i == 0:
             print(profile(fn))
