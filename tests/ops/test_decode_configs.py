@@ -184,7 +184,7 @@ def test_stream_config_is_unpipelined_and_carries_the_hint():
 
 
 def contig_tiles(*, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False, paged=False, rows=1):
-    return dc.wants_contig_tiles(arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
+    return dc.wants_one_row_tiles("contig", arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
 
 
 @pytest.mark.parametrize(
@@ -214,9 +214,8 @@ def test_stream_span_is_four_l2_sizes_of_kv(batch, hkv, span, expected):
     assert (span <= limit) is expected
 
 
-
 def rope_stream_tiles(*, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=True, paged=False, rows=1):
-    return dc.wants_rope_stream_tiles(arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
+    return dc.wants_one_row_tiles("rope_stream", arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
 
 
 @pytest.mark.parametrize(

@@ -246,21 +246,13 @@ def wants_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, r
     return 2 * items <= sm_count * occupancy(long, kv_format, head_dim, False)
 
 
-def wants_contig_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, paged: bool,
-                       rows: int) -> bool:
-    """Whether a launch takes the one-row contiguous table (``config(..., "contig")``) for the
-    spans past its streaming tiles: a contiguous cache and one query row an item (single decode
-    with one query head a KV head), as measured."""
-    return _measured("contig", arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
-
-
-def wants_rope_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, paged: bool,
-                            rows: int) -> bool:
-    """Whether a RoPE launch takes RoPE's streaming table (``config(..., "rope_stream")``) for the
-    spans within ``stream_span``: one query row an item (the one-row RoPE kernel) over a
-    contiguous cache, as measured. (The launcher reads by TMA only where TMA's alignment rules
-    hold; elsewhere the same tiles run without the hint.)"""
-    return _measured("rope_stream", arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
+def wants_one_row_tiles(kind: str, arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
+                        paged: bool, rows: int) -> bool:
+    """Whether a launch takes the ``kind`` table of one-row launches over a contiguous cache
+    (single decode with one query head a KV head), as measured: ``"contig"`` for spans past the
+    streaming tiles, ``"rope_stream"`` for RoPE's spans within ``stream_span`` (the launcher reads
+    by TMA only where TMA's alignment rules hold; elsewhere the same tiles run without the hint)."""
+    return _measured(kind, arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
 
 
 def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:

@@ -141,8 +141,8 @@ class _Plan:
         if decode_configs.wants_stream_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                              items=self.items, sm_count=self.sm_count):
             stream_kind = "stream"
-        elif decode_configs.wants_rope_stream_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                                    paged=paged, rows=self.rows):
+        elif decode_configs.wants_one_row_tiles("rope_stream", arch_name, self.kv_format, self.head_dim,
+                                                self.block_m, rope, paged=paged, rows=self.rows):
             stream_kind = "rope_stream"
         if stream_kind is not None:
             self.stream_span = decode_configs.stream_span(
@@ -152,8 +152,8 @@ class _Plan:
                                                     stream_kind)
         # Past the streaming spans, one-row launches over a contiguous cache take their own table.
         self.cfg_contig = None
-        if self.cfg_stream is not None and decode_configs.wants_contig_tiles(
-                arch_name, self.kv_format, self.head_dim, self.block_m, rope, paged=paged, rows=self.rows):
+        if self.cfg_stream is not None and decode_configs.wants_one_row_tiles(
+                "contig", arch_name, self.kv_format, self.head_dim, self.block_m, rope, paged=paged, rows=self.rows):
             self.cfg_contig = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                                     "contig")
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
