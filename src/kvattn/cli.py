@@ -135,10 +135,12 @@ def format_time(seconds: float) -> str:
 
 
 def format_rate(per_second: float, unit: str) -> str:
-    """``unit`` "B" (bytes: GB/s, MB/s, kB/s) or "FLOP" (TFLOP/s ... kFLOP/s), three digits."""
-    steps = (("G", 1e9), ("M", 1e6), ("k", 1e3)) if unit == "B" else (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+    """``unit`` "B" (bytes: GB/s down to B/s) or "FLOP" (TFLOP/s down to FLOP/s), three digits: the
+    prefix follows the value, so a slow CPU rate never reads 0.00."""
+    steps = (("T", 1e12),) if unit == "FLOP" else ()
+    steps += (("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
     for prefix, scale in steps:
-        if per_second >= scale or prefix == "k":
+        if per_second >= scale or prefix == "":
             value = per_second / scale
             return f"{value:.0f} {prefix}{unit}/s" if value >= 100 else f"{value:.3g} {prefix}{unit}/s"
     raise AssertionError("unreachable")
@@ -525,7 +527,7 @@ _SWITCHES = (
     ("KVATTN_FAST_LAUNCH", lambda: "on" if _env.fast_launch() else "off"),
     ("KVATTN_FUSED_MERGE", lambda: "on" if _env.fused_merge() else "off (a second launch merges the splits)"),
     ("KVATTN_GLUON", lambda: "on" if _env.gluon() else "off (Triton kernels where a Gluon one exists)"),
-    ("TRITON_INTERPRET", lambda: "on (kernels run in Triton's interpreter)" if _env.triton_interpret() else "off"),
+    ("TRITON_INTERPRET", lambda: "on (Triton's interpreter runs the kernels)" if _env.triton_interpret() else "off"),
 )
 
 _KERNELS = {
