@@ -141,6 +141,20 @@ def test_interpret_after_compiled_kernels_loaded(capsys, monkeypatch):
     assert_usage_error(rc, out, err, "--interpret", "fresh process")
 
 
+def test_interpret_with_numpy_the_interpreter_cannot_use(capsys, monkeypatch):
+    import numpy
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--interpret")
+    assert_usage_error(rc, out, err, "numpy < 2.4", "2.4.1")
+    monkeypatch.setattr(triton, "__version__", "3.7.1")  # 3.7's interpreter works with numpy 2.4
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(cli, "check", lambda *a, **k: 0)
+    assert cli.main(["check", "--device", "cpu", "--interpret"]) == 0
+
+
 def test_plot_without_matplotlib_fails_before_running(capsys, monkeypatch, tmp_path):
     import importlib.util
 

@@ -366,6 +366,19 @@ def _time(fn, device: torch.device, reps: int) -> float:
     return statistics.median(samples)
 
 
+def check_interpreter_numpy() -> None:
+    """Triton 3.6's interpreter fails on numpy >= 2.4 (it converts 1-element arrays to scalars, which
+    numpy 2.4 refuses); 3.7 works with it. Say so up front instead of failing every case."""
+    import numpy
+    import triton
+
+    from ._versions import parse
+
+    if parse(triton.__version__) < (3, 7, 0) and parse(numpy.__version__) >= (2, 4, 0):
+        raise UsageError(f"--interpret: Triton {triton.__version__}'s interpreter needs numpy < 2.4, this is numpy "
+                         f"{numpy.__version__} (pip install \"numpy<2.4\")")
+
+
 @contextmanager
 def _interpreter():
     """Triton's interpreter for this command: kvattn's kernels on CPU tensors. It must be on before
@@ -659,6 +672,7 @@ def _run(args) -> int:
         big = device.type == "cuda" and not args.small
         reps = args.reps or (20 if device.type == "cuda" else 0 if args.interpret else 3)
         if args.interpret:
+            check_interpreter_numpy()
             with _interpreter():
                 return check(device, big, reps, interpret=True, json_path=args.json, only=args.only)
         return check(device, big, reps, json_path=args.json, only=args.only)
