@@ -344,6 +344,22 @@ def test_bench_plot(tmp_path, capsys):
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times the Triton kernels and torch's GPU peers")
+def test_bench_on_gpu(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    rc, out, err = run_cli(capsys, "bench", "--only", "single_decode,xqa", "--rep-ms", "20", "--json", str(path))
+    assert rc == 0, out + err
+    assert "L2 flushed" in out
+    recs = json.loads(path.read_text())["records"]
+    for r in (r for r in recs if r["impl"] == "kvattn"):
+        assert r["status"] == "ok" and r["backend"] == "triton" and r["graph_us"] > 0 and r["eager_us"] > 0, r
+    peers = [r for r in recs if r["impl"].startswith("sdpa-") and r["status"] == "ok"]
+    assert peers and all(r["rel_err"] < 2e-2 and r["graph_us"] > 0 for r in peers), peers
+    flex = next(r for r in recs if r["impl"] == "flex")
+    assert flex["status"] in ("ok", "error"), flex  # timed, or its failure recorded without ending the run
+
+
 def test_progress_bar_redraws_on_a_terminal():
     class Tty:
         def __init__(self):

@@ -33,7 +33,7 @@ import sys
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -104,7 +104,6 @@ class Problem:
     unit: str  # "B" (bytes: GB/s) or "FLOP" (TFLOP/s)
     peers: Optional[PeerInputs] = None
     peer_note: str = ""  # why there are no peers
-    extra: dict = field(default_factory=dict)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -114,8 +113,10 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def _randn(shape, dtype, device, seed: int) -> torch.Tensor:
-    """Normal values drawn on the CPU (the same on every device), then moved."""
-    return torch.randn(shape, generator=_gen(seed)).to(device=device, dtype=dtype)
+    """Normal values drawn on ``device`` itself (the GPU grid's ~1.5 GB would take the host seconds)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return torch.randn(shape, generator=g, device=device, dtype=dtype)
 
 
 def _paged_pool(batch: int, length: int, heads: int, dim: int, page: int, layout: str, dtype, device, seed: int,
