@@ -27,7 +27,6 @@ import datetime
 import importlib.util
 import json
 import platform
-import shutil
 import statistics
 import sys
 import time
@@ -39,43 +38,9 @@ from typing import Callable, Optional
 import torch
 
 from ._version import __version__
-from .cli import FUNCTION_KEYS
+from ._console import FUNCTION_KEYS, Progress, UsageError, format_rate, function_list, positive_int, print_table
 
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
-
-# ---------------------------------------------------------------------------------------------
-# progress
-# ---------------------------------------------------------------------------------------------
-class Progress:
-    """A progress bar on stderr: redrawn in place on a terminal, one line per step otherwise."""
-
-    def __init__(self, total: int, title: str, stream=None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.total, self.title, self.i = total, title, 0
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.t0 = time.perf_counter()
-        self.width = 0
-
-    def step(self, label: str) -> None:
-        self.i += 1
-        filled = (20 * (self.i - 1)) // max(self.total, 1)
-        text = (f"{self.title} [{'#' * filled}{'.' * (20 - filled)}] {self.i}/{self.total} "
-                f"{time.perf_counter() - self.t0:4.0f} s  {label}")
-        if self.tty:
-            text = text[: shutil.get_terminal_size((100, 20)).columns - 1]
-            self.stream.write("\r" + text.ljust(self.width))
-            self.width = len(text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self.tty:
-            self.stream.write("\r" + " " * self.width + "\r")
-        else:
-            self.stream.write(f"{self.title}: {self.total} steps in {time.perf_counter() - self.t0:.0f} s\n")
-        self.stream.flush()
-
 
 # ---------------------------------------------------------------------------------------------
 # problems
@@ -559,8 +524,6 @@ def _us(x) -> str:
 
 
 def table_rows(doc: dict) -> list[tuple]:
-    from .cli import format_rate
-
     rows, kv_us, last = [], {}, None
     for r in doc["records"]:
         if r["impl"] == "kvattn":
@@ -584,8 +547,6 @@ HEADER = ("function", "shape", "impl", "us graph", "us eager", "rate", "time / k
 
 
 def print_report(doc: dict, out=None) -> None:
-    from .cli import print_table
-
     out = out or sys.stdout
     env = doc["env"]
     print(f"kvattn {env['kvattn']} bench on {env['device']}, {env['date'][:16].replace('T', ' ')} UTC, "
@@ -629,21 +590,17 @@ def plot(doc: dict, path: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import _positive_int, function_list
-
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
     p.add_argument("--only", type=function_list, default=FUNCTION_KEYS, metavar="LIST",
                    help=f"comma-separated subset of {','.join(FUNCTION_KEYS)}")
     p.add_argument("--no-peers", dest="peers", action="store_false", help="time kvattn alone")
     p.add_argument("--no-flex", dest="flex", action="store_false", default=None, help="skip FlexAttention")
-    p.add_argument("--rep-ms", type=_positive_int, default=100, help="time spent measuring each call, ms")
+    p.add_argument("--rep-ms", type=positive_int, default=100, help="time spent measuring each call, ms")
     p.add_argument("--json", metavar="FILE", default=None, help="write the results document (JSON)")
     p.add_argument("--plot", metavar="FILE", default=None, help="write a bar chart (PNG; needs matplotlib)")
 
 
 def main(args, device: torch.device) -> int:
-    from .cli import UsageError
-
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
     doc = run(device, args.only, peers=args.peers, flex=args.flex, rep_ms=args.rep_ms)

@@ -17,7 +17,6 @@ in one line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -30,25 +29,26 @@ from typing import Callable
 import torch
 
 from . import _backend, _device, _env, dense
+from ._console import (  # noqa: F401  (re-exported: the command's names live in kvattn.cli too)
+    FUNCTION_KEYS,
+    FUNCTIONS,
+    Progress,
+    UsageError,
+    format_rate,
+    format_time,
+    function_list,
+    positive_int,
+    print_grouped,
+    print_table,
+    writable,
+    write_json,
+)
 from ._version import __version__
-from .formats import dequantize_nvfp4_output, kv_row_bytes
+from .formats import NVFP4_BLOCK, dequantize_nvfp4_output
 from .testing import make_paged_kv, randn, relative_error, seeded
 
-# The five public functions, by the short names the tables use.
-FUNCTIONS = (
-    ("batch decode", "kvattn.decode.xqa_batch_decode_with_kv_cache", "batch_decode"),
-    ("xqa", "kvattn.xqa.xqa", "batch_decode"),
-    ("single decode", "kvattn.decode.single_decode_with_kv_cache", "single_decode"),
-    ("MLA decode", "kvattn.mla.xqa_batch_decode_with_kv_cache_mla", "mla_decode"),
-    ("prefill", "kvattn.prefill.trtllm_batch_context_with_kv_cache", "context"),
-)
-FUNCTION_KEYS = ("batch_decode", "xqa", "single_decode", "mla", "prefill")  # --only's names
 TOL_16BIT = 2e-2  # bf16/fp16 outputs: rounding of the output plus fp32 accumulation order
 TOL_NVFP4 = 0.15  # NVFP4 output: e2m1 values keep one mantissa bit
-
-
-class UsageError(Exception):
-    """A mistake of the caller's: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,25 +56,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
-
-
-def function_list(text: str) -> tuple:
-    """``--only``: a comma-separated subset of FUNCTION_KEYS, in the order given."""
-    keys = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in keys if k not in FUNCTION_KEYS]
-    if bad or not keys:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(FUNCTION_KEYS)}, got {text!r}")
-    return keys
 
 
 def resolve_device(text: str | None) -> torch.device:
@@ -124,38 +105,6 @@ def describe_device(device: torch.device) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# units
-# ---------------------------------------------------------------------------------------------
-def format_time(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
-
-
-def format_rate(per_second: float, unit: str) -> str:
-    """``unit`` "B" (bytes: GB/s down to B/s) or "FLOP" (TFLOP/s down to FLOP/s), three digits: the
-    prefix follows the value, so a slow CPU rate never reads 0.00."""
-    steps = (("T", 1e12),) if unit == "FLOP" else ()
-    steps += (("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
-    for prefix, scale in steps:
-        if per_second >= scale or prefix == "":
-            value = per_second / scale
-            return f"{value:.0f} {prefix}{unit}/s" if value >= 100 else f"{value:.3g} {prefix}{unit}/s"
-    raise AssertionError("unreachable")
-
-
-def print_table(rows: list[tuple], header: tuple, out=None) -> None:
-    out = out or sys.stdout
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)).rstrip(), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    for r in rows:
-        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip(), file=out)
-
-
-# ---------------------------------------------------------------------------------------------
 # kvattn check
 # ---------------------------------------------------------------------------------------------
 def _cpu(x):
@@ -184,6 +133,11 @@ class Case:
     work: float  # bytes moved (unit "B") or FLOPs (unit "FLOP") of one call
     unit: str
     skip: str = ""  # why this case cannot run in this mode (shown, counted as skipped)
+
+
+def _row_bytes(kv_format: str, head_dim: int) -> float:
+    """Cache bytes of one token's vector for one head (NVFP4: codes and their e4m3 block scales)."""
+    return head_dim * {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 0.5 + 1 / NVFP4_BLOCK}[kv_format]
 
 
 def _lens_text(lens: list[int]) -> str:
@@ -226,7 +180,7 @@ def _decode_cases(device, big: bool, half) -> list[Case]:
         variant = f"{kv_name} KV, {layout} pages of {page}"
         if q_len > 1:
             variant += f", {q_len} query tokens a request (speculative)"
-        work = sum(lens) * hkv * kv_row_bytes(fmt, d) * 2 + 2 * q.numel() * q.element_size()
+        work = sum(lens) * hkv * _row_bytes(fmt, d) * 2 + 2 * q.numel() * q.element_size()
         shape = f"{_lens_text(lens)}, {hq}/{hkv} heads, D {d}"
         cases.append(Case("batch decode", variant, shape, "batch_decode", run, expected, lambda o: o.float(),
                           TOL_16BIT, work, "B"))
@@ -369,23 +323,35 @@ def _time(fn, device: torch.device, reps: int) -> float:
 def check_interpreter_numpy() -> None:
     """Triton 3.6's interpreter fails on numpy >= 2.4 (it converts 1-element arrays to scalars, which
     numpy 2.4 refuses); 3.7 works with it. Say so up front instead of failing every case."""
-    import numpy
-    import triton
-
     from ._versions import parse
 
-    if parse(triton.__version__) < (3, 7, 0) and parse(numpy.__version__) >= (2, 4, 0):
-        raise UsageError(f"--interpret: Triton {triton.__version__}'s interpreter needs numpy < 2.4, this is numpy "
-                         f"{numpy.__version__} (pip install \"numpy<2.4\")")
+    # Versions from the installed metadata: importing triton now would define its own jit functions
+    # compiled-mode, before the interpreter is switched on.
+    triton_version, numpy_version = _installed("triton"), _installed("numpy")
+    if triton_version and numpy_version and parse(triton_version) < (3, 7, 0) and parse(numpy_version) >= (2, 4, 0):
+        raise UsageError(f"--interpret: Triton {triton_version}'s interpreter needs numpy < 2.4, this is numpy "
+                         f"{numpy_version} (pip install \"numpy<2.4\")")
+
+
+def _installed(name: str) -> str | None:
+    module = sys.modules.get(name)
+    if module is not None:
+        return module.__version__
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @contextmanager
 def _interpreter():
     """Triton's interpreter for this command: kvattn's kernels on CPU tensors. It must be on before
-    the kernels are defined (kvattn.ops imported), so it cannot be switched on in a process that has
-    already loaded them compiled."""
-    if not _env.triton_interpret() and "kvattn.ops" in sys.modules:
-        raise UsageError("--interpret: this process has already loaded kvattn's kernels compiled; "
+    any jit function is defined (Triton's own included, when triton is imported), so it cannot be
+    switched on in a process that has already imported Triton without it."""
+    if not _env.triton_interpret() and ("triton" in sys.modules or "kvattn.ops" in sys.modules):
+        raise UsageError("--interpret: this process has already imported Triton without its interpreter; "
                          "run the command in a fresh process")
     saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "KVATTN_BACKEND")}
     os.environ["TRITON_INTERPRET"] = "1"
@@ -423,25 +389,6 @@ def _mode_lines(device: torch.device, interpret: bool, reps: int) -> list[str]:
     ]
 
 
-def print_grouped(rows: list[tuple], header: tuple, out=None) -> None:
-    """``rows`` of ``(group title, cell, ...)``: a title line whenever the title changes, then the
-    cells, indented, in aligned columns."""
-    out = out or sys.stdout
-    cells = [r[1:] for r in rows]
-    widths = [max(len(str(r[i])) for r in cells + [header]) for i in range(len(header))]
-
-    def line(values):
-        return ("  " + "  ".join(str(v).ljust(w) for v, w in zip(values, widths))).rstrip()
-
-    print(line(header), file=out)
-    title = None
-    for r in rows:
-        if r[0] != title:
-            title = r[0]
-            print(title, file=out)
-        print(line(r[1:]), file=out)
-
-
 def check(device: torch.device, big: bool, reps: int, interpret: bool = False, json_path: str | None = None,
           only=FUNCTION_KEYS) -> int:
     """Print the correctness table; 0 when every case that ran is within its tolerance.
@@ -455,8 +402,6 @@ def check(device: torch.device, big: bool, reps: int, interpret: bool = False, j
     for line in _mode_lines(device, interpret, reps):
         print(line)
     print()
-    from .bench import Progress
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a reference fallback shows in the backend column
         builders = {"batch_decode": _decode_cases, "xqa": _xqa_cases, "single_decode": _single_cases,
@@ -508,27 +453,11 @@ def check(device: torch.device, big: bool, reps: int, interpret: bool = False, j
     print(f"rel err = ||out - exact|| / ||exact||; tol = the most a case may have: {TOL_16BIT:.2g} for 16-bit "
           f"outputs, {TOL_NVFP4:.2g} for NVFP4 outputs (4-bit values, one mantissa bit)")
     if json_path:
-        _write_json(json_path, {"command": "check", "kvattn": __version__, "device": describe_device(device),
+        write_json(json_path, {"command": "check", "kvattn": __version__, "device": describe_device(device),
                                 "mode": mode, "cases": records})
     passed = len(records) - failed - skipped
     print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return 1 if failed else 0
-
-
-def _write_json(path: str, doc: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
-        f.write("\n")
-
-
-def _writable(path: str | None, flag: str) -> None:
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path}: is a folder; give a file name")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,7 +480,7 @@ _KERNELS = {
 }
 
 
-def _served_by(op: str, device: torch.device) -> str:
+def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str:
     try:
         triton_runs = _backend.use_triton(op, device)
     except RuntimeError as exc:
@@ -561,11 +490,8 @@ def _served_by(op: str, device: torch.device) -> str:
     text = _KERNELS[op]
     if device.type != "cuda":
         return text + ", in Triton's interpreter"
-    if op == "mla_decode" and _device.is_hopper(device) and _env.gluon():
-        from .ops import mla_launch
-
-        if getattr(mla_launch, "mla_gluon_kernel", None) is not None:
-            text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
+    if op == "mla_decode" and _device.is_hopper(device) and _env.gluon() and fast_paths.get("gluon", "").startswith("on"):
+        text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
     return text
 
 
@@ -608,12 +534,12 @@ def info(device: torch.device) -> int:
     for name, meaning in _SWITCHES:
         raw = os.environ.get(name)
         print(f"  {name:<19s} {'unset' if raw is None else repr(raw):<10s} {meaning()}")
+    paths = _fast_paths()
     print(f"functions on {device}:")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for short, public, op in FUNCTIONS:
-            print(f"  {public:<51s} {_served_by(op, device)}")
-    paths = _fast_paths()
+            print(f"  {public:<51s} {_served_by(op, device, paths)}")
     print(f"fast paths (Triton {triton_version}):" + ("" if paths else " not reported by this kvattn"))
     for name, state in paths.items():
         print(f"  {name:<12s} {state}")
@@ -636,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--small", action="store_true", help="small shapes even on a GPU")
     p.add_argument("--only", type=function_list, default=FUNCTION_KEYS, metavar="LIST",
                    help=f"comma-separated subset of {','.join(FUNCTION_KEYS)}")
-    p.add_argument("--reps", type=_positive_int, default=None,
+    p.add_argument("--reps", type=positive_int, default=None,
                    help="timed calls per case after the checked one (default 20 on a GPU, 3 on a CPU; with "
                         "--interpret the checked call alone is timed)")
     p.add_argument("--interpret", action="store_true",
@@ -663,7 +589,7 @@ def _run(args) -> int:
         return info(resolve_device(args.device))
     if args.command == "check":
         device = resolve_device(args.device)
-        _writable(args.json, "--json")
+        writable(args.json, "--json")
         if args.interpret and device.type != "cpu":
             raise UsageError("--interpret runs the kernels in Triton's interpreter on the CPU: use it with --device cpu")
         if device.type == "cpu" and not args.interpret and _env.backend_override() == "triton" \
@@ -680,8 +606,8 @@ def _run(args) -> int:
         from . import bench
 
         device = resolve_device(args.device)
-        _writable(args.json, "--json")
-        _writable(args.plot, "--plot")
+        writable(args.json, "--json")
+        writable(args.plot, "--plot")
         if device.type == "cpu" and _env.backend_override() == "triton":
             raise UsageError("KVATTN_BACKEND=triton: kvattn bench times compiled kernels on a GPU; on a CPU it times "
                              "the reference (unset KVATTN_BACKEND)")
