@@ -135,10 +135,10 @@ def fake_gpu() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import CompiledKernel
 
-    from kvattn.ops import decode_launch
+    from kvattn.ops.decode import launch as decode_launch
 
     try:
-        from kvattn.ops import fast_launch
+        from kvattn.ops.launch import fast_launch
     except ImportError:  # a kvattn from before the fast path (to compare with)
         fast_launch = None
     if not isinstance(decode_launch.decode_split_kernel, jit.JITFunction):
@@ -194,7 +194,7 @@ def triton_runs():
 
 def launches_of(fn) -> list:
     """The fast-path launches one call of ``fn`` makes, as ``(launch, call, floats)`` to replay."""
-    from kvattn.ops import fast_launch
+    from kvattn.ops.launch import fast_launch
 
     seen, call_launch = [], fast_launch.Launch.__call__
 

@@ -1,6 +1,6 @@
 """Tune the decode kernels: time launch-config variants on the decode target shapes.
 
-Each variant replaces fields of :class:`kvattn.ops.decode_configs.DecodeConfig` (tile, warps,
+Each variant replaces fields of :class:`kvattn.ops.decode.configs.DecodeConfig` (tile, warps,
 pipelining depth, split heuristic, PDL) for every call; shapes and inputs come from the benchmark
 registry (``benchmarks/shapes.py``, ``benchmarks/problems.py``). Times are medians of CUDA-graph
 replays (``do_bench``, L2 flushed), fractions are of the copy bandwidth measured in the same run.
@@ -231,7 +231,9 @@ def variant(name: str):
     replaces the combine launch by a no-op; ``_sf_bytes`` reads NVFP4 block scales byte by byte
     even where they could be read as words; ``_env`` sets environment switches. Cached launch
     plans are dropped on entry and exit."""
-    from kvattn.ops import decode_configs, decode_launch, launch_common
+    from kvattn.ops.decode import configs as decode_configs
+    from kvattn.ops.decode import launch as decode_launch
+    from kvattn.ops.launch import common as launch_common
 
     fields = dict(VARIANTS[name])
     no_combine = fields.pop("_no_combine", False)

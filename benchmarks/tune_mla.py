@@ -1,6 +1,6 @@
 """Tune the MLA decode kernel: time launch-config variants on the MLA benchmark shapes.
 
-Each variant replaces fields of :class:`kvattn.ops.mla_configs.MLAConfig` (``block_h`` included)
+Each variant replaces fields of :class:`kvattn.ops.mla.configs.MLAConfig` (``block_h`` included)
 for every call; shapes and inputs come from the benchmark registry. Times are medians of
 CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/ops/mla_configs.py``.
 
@@ -81,7 +81,8 @@ VARIANTS = {
 
 def main(argv=None) -> int:
     args = tuning.parse_args(__doc__, argv)
-    from kvattn.ops import mla_configs, mla_launch
+    from kvattn.ops.mla import configs as mla_configs
+    from kvattn.ops.mla import launch as mla_launch
 
     def context_for(shape, name):
         @contextlib.contextmanager

@@ -27,7 +27,7 @@ _VARIANT = re.compile(r"(tma)?(\d+)x(\d+)w(\d+)s(\d+)")
 
 @contextlib.contextmanager
 def _forced(key: tuple, name: str):
-    from kvattn.ops import prefill_configs
+    from kvattn.ops.prefill import configs as prefill_configs
 
     table, tma = prefill_configs.TABLES["sm90"], prefill_configs.TMA_TABLES["sm90"]
     old, old_tma = table[key], tma.get(key)

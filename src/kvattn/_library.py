@@ -16,7 +16,9 @@ from typing import Optional
 
 import torch
 
-from .ops import decode_launch, mla_launch, prefill_launch
+from .ops.decode import launch as decode_launch
+from .ops.mla import launch as mla_launch
+from .ops.prefill import launch as prefill_launch
 
 
 def entry(op, impl):

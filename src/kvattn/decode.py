@@ -37,7 +37,7 @@ POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 @functools.lru_cache(maxsize=None)
 def ops_decode():
     """:mod:`kvattn.ops.decode`, imported on first use (it imports Triton)."""
-    from .ops import decode
+    from .ops.decode import op as decode
 
     return decode
 

@@ -122,7 +122,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     debug_check_pages(kv, seq_lens)
     q3 = query[:, 0]
     if _backend.use_triton("mla_decode", device):
-        from .ops import mla as ops_mla
+        from .ops.mla import op as ops_mla
 
         ops_mla.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len,
                            logit_scale=logit, out_scale=out_scale)

@@ -212,7 +212,7 @@ def trtllm_batch_context_with_kv_cache(
     args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
                 skip_softmax_threshold_scale_factor=f or None)
     if _backend.use_triton("context", device):
-        from .ops import prefill as ops_prefill
+        from .ops.prefill import op as ops_prefill
 
         ops_prefill.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
                             max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, **args)

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from kvattn.ops import decode_configs
+from kvattn.ops.decode import configs as decode_configs
 
 from .sm90 import compile_sm90
 
@@ -33,7 +33,7 @@ ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=Fal
 
 def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: int = 3, raw: bool = False,
              descs: dict | None = None, sass: bool = False) -> dict:
-    got = compile_sm90("kvattn.ops.decode_kernels.decode_split_kernel", dict(BASE, **constexprs),
+    got = compile_sm90("kvattn.ops.decode.kernels.decode_split_kernel", dict(BASE, **constexprs),
                        ptrs=dict(PTRS, k_ptr=kv_type, v_ptr=kv_type), floats=FLOATS, warps=warps, stages=stages,
                        descs=descs, sass=sass)
     if raw:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvattn.ops import decode_configs as dc
+from kvattn.ops.decode import configs as dc
 
 SMS = 132  # an H100 SXM
 

@@ -1,4 +1,4 @@
-"""The fast launch path (``kvattn.ops.fast_launch``) and the cached launch plans of ``decode_launch``.
+"""The fast launch path (``kvattn.ops.launch.fast_launch``) and the cached launch plans of ``decode_launch``.
 
 CPU tier: the specialisation rules against Triton's own ``native_specialize_impl``, what changes a
 launch key, launch plans, cached views, the environment switches, and the launcher's handling of
@@ -25,7 +25,10 @@ from triton.runtime.jit import JITFunction
 import kvattn
 from kvattn import _env, _inputs
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops import decode_configs, decode_launch, fast_launch, launch_common
+from kvattn.ops.decode import configs as decode_configs
+from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.launch import fast_launch
+from kvattn.ops.launch import common as launch_common
 from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()

@@ -6,7 +6,7 @@ path and the reference backend and compares both with the float64 dense formulat
 tolerance is scaled to the reference's own error (``test_decode.assert_matches``).
 
 The public function takes bfloat16 / fp8 only, and Triton's interpreter has no bfloat16
-arithmetic: on a CPU machine the ``interp`` cases call the ops entry (``kvattn.ops.mla``) with
+arithmetic: on a CPU machine the ``interp`` cases call the ops entry (``kvattn.ops.mla.op``) with
 float16 tensors on small shapes (the kernel is dtype-generic); a GPU runs the public function on
 the whole grid.
 """
@@ -20,8 +20,8 @@ import kvattn
 from kvattn import dense, reference
 from kvattn._inputs import PagedKV, Scale
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops import mla_configs
-from kvattn.ops.launch_common import COUNTER_BYTES
+from kvattn.ops.mla import configs as mla_configs
+from kvattn.ops.launch.common import COUNTER_BYTES
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
@@ -145,7 +145,7 @@ def test_mla_many_splits_combine_exactly(hq, kernel_device, triton_backend, monk
 # ---------------------------------------------------------------------------------------------
 def ops_case(device, *, lens, hq, page, tensor_scales=False, ws_bytes=1 << 20, max_seq_len=None, seed=0,
              uint32=False):
-    """Run ``kvattn.ops.mla.mla_decode`` on float16 tensors; compare with the reference and dense."""
+    """Run ``kvattn.ops.mla.op.mla_decode`` on float16 tensors; compare with the reference and dense."""
     cache, tables, seq_lens = make_cache(lens, page=page, kv_format="float16", device=device, seed=seed)
     g = torch.Generator().manual_seed(100 + seed)
     q = torch.randn(len(lens), hq, DIM, generator=g).to(device=device, dtype=torch.float16)
@@ -157,7 +157,7 @@ def ops_case(device, *, lens, hq, page, tensor_scales=False, ws_bytes=1 << 20, m
     max_len = max(max(lens), 1) if max_seq_len is None else max_seq_len
     out = poison_(torch.empty(len(lens), hq, V_DIM, dtype=torch.float16, device=device))
     ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
-    kvattn.ops.mla.mla_decode(q, kv, lens_arg, out, ws, max_seq_len=max_len, logit_scale=to_scale(bmm1),
+    kvattn.ops.mla.op.mla_decode(q, kv, lens_arg, out, ws, max_seq_len=max_len, logit_scale=to_scale(bmm1),
                               out_scale=to_scale(bmm2))
     ref_out = torch.empty_like(out)
     reference.mla_decode(q, kv, seq_lens, ref_out, logit_scale=to_scale(bmm1), out_scale=to_scale(bmm2))
@@ -269,7 +269,7 @@ def test_mla_fp8_score_block_h_rule():
 
 def _fits(hq=128, page=64, kv_dtype=torch.bfloat16, q_dtype=None, *, pages=100, row_stride=576, aligned16=True,
           **fields):
-    from kvattn.ops import mla_launch
+    from kvattn.ops.mla import launch as mla_launch
     kv_format = {torch.bfloat16: "bfloat16", torch.float16: "float16", FP8_DTYPE: "fp8"}[kv_dtype]
     q_dtype = q_dtype or kv_dtype
     with mla_configs.override(**fields):
@@ -402,7 +402,7 @@ def test_mla_op_traces_under_compile_with_float16(kernel_device):
 
     def step(q, pages, tables, lens):
         out = torch.empty(2, 16, V_DIM, dtype=torch.float16, device=q.device)
-        kvattn.ops.mla.mla_decode(q, PagedKV(pages, pages, tables, tables, DIM, V_DIM), lens, out, ws,
+        kvattn.ops.mla.op.mla_decode(q, PagedKV(pages, pages, tables, tables, DIM, V_DIM), lens, out, ws,
                                   max_seq_len=32, logit_scale=Scale(BMM1), out_scale=Scale(1.0))
         return out * 2
 

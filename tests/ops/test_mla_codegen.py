@@ -22,7 +22,7 @@ BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLO
 
 
 def _compile(split: bool, **constexprs) -> dict:
-    got = compile_sm90("kvattn.ops.mla_kernels.mla_split_kernel", dict(BASE, SPLIT_SCORES=split, **constexprs),
+    got = compile_sm90("kvattn.ops.mla.kernels.mla_split_kernel", dict(BASE, SPLIT_SCORES=split, **constexprs),
                        ptrs=PTRS, floats=("logit_factor", "out_factor"), warps=8, stages=2)
     return {"score_wgmmas": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16", got["ptx"])),
             "warps": sorted(set(re.findall(r"warpsPerCTA = \[(\d+), (\d+)\], instrShape = \[16, 32, 16\]",
@@ -41,7 +41,7 @@ def test_score_products_split_between_warpgroups(split):
 
 
 # ---------------------------------------------------------------------------------------------
-# The Gluon kernel (16-bit caches on Hopper, kvattn.ops.mla_gluon)
+# The Gluon kernel (16-bit caches on Hopper, kvattn.ops.mla.gluon)
 # ---------------------------------------------------------------------------------------------
 GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
 GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
@@ -57,7 +57,7 @@ def test_gluon_kernel_compiles_to_its_schedule(page):
     512 + 64 columns) and m64n256 P.V ones, nine + nine TMA copies before the loop and nine in it,
     the query and two row buffers in shared memory (216 KB of the 227 an H100 gives a program), and
     no register spill."""
-    got = compile_sm90("kvattn.ops.mla_gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
+    got = compile_sm90("kvattn.ops.mla.gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
                        floats=("logit_factor", "out_factor"), warps=8, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
     ptx = got["ptx"]

@@ -23,7 +23,9 @@ import triton.language as tl
 import kvattn
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE, FP8_MAX, FP4Tensor, dequantize_nvfp4_output, quantize_nvfp4_output
-from kvattn.ops import launch_common, prefill_configs, prefill_launch
+from kvattn.ops.launch import common as launch_common
+from kvattn.ops.prefill import configs as prefill_configs
+from kvattn.ops.prefill import launch as prefill_launch
 from kvattn.ops.common import quantize_nvfp4_rows
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
@@ -72,7 +74,7 @@ def prefill_case(
     4-byte boundary, so a GPU reads them byte by byte instead of as words.
     """
     if tiles is not None and not ON_GPU:
-        from kvattn.ops import prefill_configs
+        from kvattn.ops.prefill import configs as prefill_configs
 
         table = {key: prefill_configs.PrefillConfig(*tiles, 4, 1) for key in prefill_configs.TABLES["interpreter"]}
         monkeypatch.setitem(prefill_configs.TABLES, "interpreter", table)

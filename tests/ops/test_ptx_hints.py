@@ -1,5 +1,5 @@
 """The PTX rewrite that puts an L2 evict-first policy on a marked kernel's TMA copies
-(``kvattn.ops.ptx_hints``), on PTX text (CPU). What ptxas makes of it is pinned on an sm_90a
+(``kvattn.ops.launch.ptx_hints``), on PTX text (CPU). What ptxas makes of it is pinned on an sm_90a
 compile in ``test_decode_codegen``, its speed in ``benchmarks/NOTES.md``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import pytest
 import triton
 
-from kvattn.ops import ptx_hints
+from kvattn.ops.launch import ptx_hints
 
 COPY = ("@%p2 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
         "[%r8], [%rd3, {%r31, %r9, %r275}], [%r6];")

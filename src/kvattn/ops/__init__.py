@@ -1,5 +1,5 @@
 """Triton kernel families. Importing this package registers their torch ops."""
 
-from . import decode  # noqa: F401  (batch_decode, single_decode)
-from . import prefill  # noqa: F401  (context)
-from . import mla  # noqa: F401  (mla_decode)
+from .decode import op as _decode  # noqa: F401  (batch_decode, single_decode)
+from .prefill import op as _prefill  # noqa: F401  (context)
+from .mla import op as _mla  # noqa: F401  (mla_decode)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._device import is_interpreter
+from ..._device import is_interpreter
 
 try:  # threads of the program, for the inline-asm prefetch (CUDA builds of Triton)
     from triton.language.extra.cuda import num_threads

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from .launch_common import config_override
+from ..launch.common import config_override
 
 
 @dataclass(frozen=True)

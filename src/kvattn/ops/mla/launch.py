@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import torch
 
-from .. import _device, _env
-from .._inputs import KV_FORMATS
-from ..formats import FP8_DTYPE
-from . import fast_launch, mla_configs
-from .decode_kernels import decode_combine_kernel
-from .launch_common import (
+from ... import _device, _env
+from ..._inputs import KV_FORMATS
+from ...formats import FP8_DTYPE
+from . import configs as mla_configs
+from ..launch import fast_launch
+from ..decode.kernels import decode_combine_kernel
+from ..launch.common import (
     KV_FORMAT_CODE, arch, cached_plan, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
     split_partials, words_allowed,
 )
-from .mla_kernels import mla_split_kernel
+from .kernels import mla_split_kernel
 
 try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
     from triton.experimental.gluon import language as _gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
-    from .mla_gluon import mla_gluon_kernel
+    from .gluon import mla_gluon_kernel
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
     mla_gluon_kernel = None
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend, _library
-from .._inputs import PagedKV, Scale
+from ... import _backend, _library
+from ..._inputs import PagedKV, Scale
 
 
 def mla_decode(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import (
+from ..common import (
     KV_HALF,
     LOG2E,
     alibi_slopes,
@@ -46,8 +46,8 @@ from .common import (
     token_pages,
     window_causal_allowed,
 )
-from .ptx_hints import install as install_ptx_hints
-from .ptx_hints import mark_copies_evict_first
+from ..launch.ptx_hints import install as install_ptx_hints
+from ..launch.ptx_hints import mark_copies_evict_first
 
 # KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies (ptx_hints).
 install_ptx_hints()

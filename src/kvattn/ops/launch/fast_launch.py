@@ -51,7 +51,7 @@ from typing import Any, Callable, Sequence
 import torch
 import triton
 
-from .. import _device, _env
+from ... import _device, _env
 
 TRITON_SUPPORTED = triton.__version__.startswith("3.6")
 

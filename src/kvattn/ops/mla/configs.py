@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from .launch_common import config_override, next_power_of_2
+from ..launch.common import config_override, next_power_of_2
 
 MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
 MIN_BLOCK_H = 16  # tl.dot's smallest M

@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
-from .common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
+from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 
 
 @gluon.jit

@@ -11,9 +11,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from .. import _device
-from .._inputs import cached_aliases
-from ..formats import FP8_DTYPE
+from ... import _device
+from ..._inputs import cached_aliases
+from ...formats import FP8_DTYPE
 
 _CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 MAX_PLANS = 1024  # distinct call shapes a launcher keeps plans for; past this its cache starts over

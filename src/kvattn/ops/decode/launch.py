@@ -19,12 +19,13 @@ from itertools import compress, repeat
 
 import torch
 
-from .. import _device, _env
-from .._inputs import KV_FORMATS
-from ..formats import FP8_DTYPE, kv_row_bytes
-from . import decode_configs, fast_launch
-from .decode_kernels import decode_combine_kernel, decode_split_kernel
-from .launch_common import (
+from ... import _device, _env
+from ..._inputs import KV_FORMATS
+from ...formats import FP8_DTYPE, kv_row_bytes
+from . import configs as decode_configs
+from ..launch import fast_launch
+from .kernels import decode_combine_kernel, decode_split_kernel
+from ..launch.common import (
     MAX_COUNTERS, arch, cached_plan, capturing, cdiv, device_guard, int32_lengths, kv_format_code, launch_counters,
     next_power_of_2, partials_fit, split_partials, words_aligned, words_allowed,
 )

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend, _library
-from .._inputs import PagedKV, Scale
-from ..formats import FP4Tensor
+from ... import _backend, _library
+from ..._inputs import PagedKV, Scale
+from ...formats import FP4Tensor
 
 
 def context(

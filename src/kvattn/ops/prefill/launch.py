@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import _device, _env
-from .._inputs import KV_FORMATS
-from ..formats import FP8_DTYPE
-from . import prefill_configs
-from .launch_common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
-from .prefill_kernels import context_kernel
+from ... import _device, _env
+from ..._inputs import KV_FORMATS
+from ...formats import FP8_DTYPE
+from . import configs as prefill_configs
+from ..launch.common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
+from .kernels import context_kernel
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -42,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import (
+from ..common import (
     KV_HALF,
     LOG2E,
     float16_operand,
