@@ -72,7 +72,6 @@ def environment(device: torch.device, command: str) -> dict:
                    memory_bytes=p.total_memory)
     from kvattn import _backend
 
-    _backend._load_ops()
     env["triton_ops"] = sorted(_backend.TRITON_OPS)
     return env
 

@@ -29,6 +29,7 @@ T = TypeVar("T")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 KV_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE, torch.uint8)
 LAYOUTS = ("NHD", "HND")
+DECODE_HEAD_DIMS = (64, 128, 256)  # head dims of the decode kernels (batch, xqa and single decode)
 KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
 
 
@@ -115,6 +116,25 @@ def check_sinks(sinks, name: str, num_heads: int, device) -> torch.Tensor | None
     if sinks.numel() != num_heads:
         raise ValueError(f"{name}: expected {num_heads} values (one per query head), got shape {list(sinks.shape)}")
     return sinks if sinks.dim() == 1 else sinks.reshape(num_heads)
+
+
+def check_query_heads(hq: int, name: str, num_kv_heads: int) -> int:
+    """``hq`` (the query's head count) divisible by ``num_kv_heads``: the group size."""
+    if hq % num_kv_heads:
+        raise ValueError(f"{name}: expected a number of heads divisible by num_kv_heads={num_kv_heads}, got {hq}")
+    return hq // num_kv_heads
+
+
+def check_head_dim(head_dim: int, name: str, allowed=DECODE_HEAD_DIMS) -> int:
+    if head_dim not in allowed:
+        raise ValueError(f"{name}: expected head_dim in {allowed}, got {head_dim}")
+    return head_dim
+
+
+def check_out(out, name: str, shape: tuple, dtypes, device) -> torch.Tensor:
+    check_tensor(out, name, dtypes=dtypes, device=device, contiguous_last=True)
+    check_shape(out, name, shape)
+    return out
 
 
 _LENGTH_DTYPES = (torch.int32, torch.uint32)

@@ -12,6 +12,8 @@ from ._inputs import (
     HALF_DTYPES,
     check_int,
     check_last_dim_contiguous,
+    check_out,
+    check_query_heads,
     check_seq_lens,
     check_shape,
     check_sinks,
@@ -22,7 +24,6 @@ from ._inputs import (
     paged_kv_from_cache,
     to_scale,
 )
-from .decode import check_out, check_query_heads
 from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, round_up
 from .reference.core import store_output
 
@@ -211,11 +212,10 @@ def trtllm_batch_context_with_kv_cache(
 
     args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
                 skip_softmax_threshold_scale_factor=f or None)
-    if _backend.use_triton("context", device):
-        from .ops.prefill import op as ops_prefill
-
-        ops_prefill.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
-                            max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, **args)
+    ops = _backend.triton_entry("context", device)
+    if ops is not None:
+        ops.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
+                    max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, **args)
         return out
     o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, **args)
     if isinstance(out, FP4Tensor):

@@ -70,6 +70,15 @@ def kv_format_code(kv_format: str, words_ok: bool, strides: tuple, head_dim: int
     return code
 
 
+def entry(op, impl):
+    """``op`` (a ``torch.library.custom_op``) while ``torch.compile`` traces, which needs the
+    registered op; else the plain ``impl`` it wraps. Eager calls skip the dispatcher: a mutating
+    custom op costs tens of microseconds of Python per call (argument defaults, autograd and
+    in-place bookkeeping), more than a whole decode kernel at small batch. Both run the same
+    launcher."""
+    return op if torch.compiler.is_compiling() else impl
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
