@@ -46,7 +46,7 @@ _SM90 = {
     # 64x8192 D64 / D128 321 -> 212 / 498 -> 402 us against (128, 4, 3); D256 (32, 2, 3) 629 -> 585
     # against (64, 4, 3). Never under 32 keys a tile: on an H100 (Triton 3.6) 16-key tiles computed
     # wrong results with 1, 2 or 4 warps on the byte path (unaligned caches, session e; the words
-    # path computes them right but no faster, session f); test_decode_configs guards it.
+    # path computes them right but no faster, session f); tests/ops/decode/test_configs.py guards it.
     ("nvfp4", 64): (32, 1, 3),
     ("nvfp4", 128): (32, 1, 3),
     ("nvfp4", 256): (32, 2, 3),

@@ -71,7 +71,7 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, s
     ``yield``, so results that leave each product through an ``if`` make both products unchained
     (``[4, 2]``: each warpgroup computes half of N), while the row loads, used in the loop body,
     stay software-pipelined. The ``if`` holds real work (the where / scale), which keeps MLIR from
-    folding it into a select. ``tests/ops/test_mla_codegen.py`` pins all of this."""
+    folding it into a select. ``tests/ops/mla/test_codegen.py`` pins all of this."""
     page, slot, ok = token_pages(ids, offs_n, offs_n < end, PAGE_SIZE, True)
     row_off = page * stride_kv_p + slot * stride_kv_s  # int64 (token_offsets of the one latent head)
     # One read of the rows: ckv is the keys' first 512 columns and the values. (QK_FP8: the byte

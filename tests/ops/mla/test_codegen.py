@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from .sm90 import compile_sm90
+from ..sm90 import compile_sm90
 
 PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}

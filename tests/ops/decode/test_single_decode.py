@@ -22,8 +22,8 @@ from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import launch as decode_launch
 from kvattn.testing import relative_error
 
-ON_GPU = torch.cuda.is_available()
-GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier runs the interp subset")
+from ..oracle import GPU_ONLY, ON_GPU
+
 EXTRA = {torch.float16: 5e-4, torch.bfloat16: 4e-3}
 
 

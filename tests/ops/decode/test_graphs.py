@@ -14,7 +14,7 @@ import kvattn
 from kvattn import dense
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
-from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
+from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
 
 ON_GPU = torch.cuda.is_available()
 

@@ -25,11 +25,9 @@ from kvattn.ops.mla import op as mla_op
 from kvattn.ops.launch.common import COUNTER_BYTES
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
-from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
-from .test_decode import assert_matches, cpu, run_both
+from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
+from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, run_both
 
-ON_GPU = torch.cuda.is_available()
-GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier runs the interp subset")
 DIM, V_DIM = 576, 512
 BMM1 = 1.5 / 192**0.5
 

@@ -29,11 +29,9 @@ from kvattn.ops.prefill import launch as prefill_launch
 from kvattn.ops.common import quantize_nvfp4_rows
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
-from .compiled import assert_close_to_eager, compile_backend, eager_and_compiled
-from .test_decode import _off_by_one, assert_matches, cpu, run_both
+from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
+from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, off_by_one, run_both
 
-ON_GPU = torch.cuda.is_available()
-GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier runs the interp subset")
 
 
 def cum(values, dtype=torch.int32):
@@ -85,7 +83,7 @@ def prefill_case(
     if off_by_one is not None:
         name = {"kv": "kv_cache", "sf": "kv_cache_sf"}[off_by_one]
         t = getattr(case, name)
-        setattr(case, name, tuple(_off_by_one(x) for x in t) if isinstance(t, tuple) else _off_by_one(t))
+        setattr(case, name, tuple(off_by_one(x) for x in t) if isinstance(t, tuple) else off_by_one(t))
     g = torch.Generator().manual_seed(200 + seed)
     hq = hkv * group
     q = random_query(sum(lq), hq, d, qdt, g, q_scale, q_shared).to(device)

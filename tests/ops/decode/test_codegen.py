@@ -15,7 +15,7 @@ import pytest
 
 from kvattn.ops.decode import configs as decode_configs
 
-from .sm90 import compile_sm90
+from ..sm90 import compile_sm90
 
 FLOATS = ("logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale")
 PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "mask_ptr": "*i16",
