@@ -233,7 +233,7 @@ def variant(name: str):
     plans are dropped on entry and exit."""
     from kvattn.ops.decode import configs as decode_configs
     from kvattn.ops.decode import launch as decode_launch
-    from kvattn.ops.launch import common as launch_common
+    from kvattn._formats_table import BY_NAME
 
     fields = dict(VARIANTS[name])
     no_combine = fields.pop("_no_combine", False)
@@ -246,7 +246,8 @@ def variant(name: str):
     if sf_bytes:
         def bytes_code(*args):
             code = real_code(*args)
-            return launch_common.KV_FORMAT_CODE["nvfp4"] if code == launch_common.KV_NVFP4_WORDS else code
+            nvfp4 = BY_NAME["nvfp4"]
+            return nvfp4.kernel_code if code == nvfp4.words_code else code
         decode_launch.kv_format_code = bytes_code
     try:
         with decode_configs.override(**fields), mock.patch.dict(os.environ, env):

@@ -53,10 +53,12 @@ def _forced(key: tuple, name: str):
 
 def _table_key(shape) -> tuple:
     """The sm90 table entry a shape's calls use: (operand kind, head_dim)."""
+    from kvattn._formats_table import BY_NAME
+
     if shape.q_dtype == "fp8" and shape.kv_dtype == "fp8":
-        kind = "fp8"
+        kind = "fp8qk"
     else:
-        kind = {"fp8": "fp8kv", "nvfp4": "nvfp4kv"}.get(shape.kv_dtype, "half")
+        kind = BY_NAME[shape.kv_dtype].config_key
     return kind, shape.head_dim
 
 

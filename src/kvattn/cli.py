@@ -21,7 +21,8 @@ from typing import Callable
 import torch
 
 from . import _backend, _device, _env, dense
-from .formats import dequantize_nvfp4_output, kv_row_bytes
+from ._formats_table import BY_NAME
+from .formats import dequantize_nvfp4_output
 from .testing import make_paged_kv, randn, relative_error, seeded
 
 
@@ -93,7 +94,7 @@ def _decode_cases(device, big: bool) -> list[Case]:
             kw = {k: v for k, v in kw.items() if k != "out"}
             return _dense(dense.batch_decode, q, c.kv_cache, c.block_tables, c.seq_lens, **kw)
 
-        work = sum(lens) * hkv * kv_row_bytes(fmt, d) * 2 + 2 * q.numel() * 2
+        work = sum(lens) * hkv * BY_NAME[fmt].row_bytes(d) * 2 + 2 * q.numel() * 2
         name = f"batch_decode {fmt} {layout} page{page} q_len{q_len} B{len(lens)} L<={max(lens)}"
         cases.append(Case(name, "batch_decode", run, expected, lambda o: o.float(), 2e-2, work, "GB/s"))
     return cases

@@ -12,7 +12,6 @@ import torch
 
 from . import _backend, reference
 from ._inputs import (
-    DECODE_HEAD_DIMS,
     HALF_DTYPES,
     Scale,
     check_head_dim,
@@ -31,6 +30,7 @@ from ._inputs import (
     paged_kv_from_cache,
     to_scale,
 )
+from ._formats_table import QUANTISED_DTYPES
 from .formats import FP8_DTYPE
 
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
@@ -130,7 +130,7 @@ def xqa_batch_decode_with_kv_cache(
     batch = shape[0] // q_len
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
-        kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, FP8_DTYPE, torch.uint8),
+        kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, *QUANTISED_DTYPES),
     )
     check_query_heads(shape[1], "query", kv.num_kv_heads)
     if block_tables.shape[0] != batch:

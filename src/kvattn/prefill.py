@@ -24,6 +24,7 @@ from ._inputs import (
     paged_kv_from_cache,
     to_scale,
 )
+from ._formats_table import QUANTISED_DTYPES
 from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, round_up
 from .reference.core import store_output
 
@@ -149,7 +150,7 @@ def trtllm_batch_context_with_kv_cache(
         raise ValueError(f"query: expected head_dim in {PREFILL_HEAD_DIMS}, got {head_dim}")
     if not isinstance(uses_shared_paged_kv_idx, bool):
         raise TypeError(f"uses_shared_paged_kv_idx: expected a bool, got {type(uses_shared_paged_kv_idx).__name__}")
-    kv_dtypes = (FP8_DTYPE, torch.uint8) if query.dtype == FP8_DTYPE else (query.dtype, FP8_DTYPE, torch.uint8)
+    kv_dtypes = QUANTISED_DTYPES if query.dtype == FP8_DTYPE else (query.dtype, *QUANTISED_DTYPES)
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_block_scales, sf_name="kv_block_scales", split_tables=not uses_shared_paged_kv_idx,

@@ -24,6 +24,7 @@ from triton.runtime.jit import JITFunction
 
 import kvattn
 from kvattn import _env, _inputs
+from kvattn._formats_table import BY_NAME
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import launch as decode_launch
@@ -685,13 +686,13 @@ def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backe
 @pytest.mark.parametrize(
     "kv_format,words_ok,strides,head_dim,sf_strides,expected",
     [
-        ("fp8", True, (4096, 1024, 128, 4096, 1024, 128), 128, (), launch_common.KV_FP8_WORDS),
+        ("fp8", True, (4096, 1024, 128, 4096, 1024, 128), 128, (), BY_NAME["fp8"].words_code),
         ("fp8", False, (4096, 1024, 128, 4096, 1024, 128), 128, (), 1),  # a base pointer off by 1-3 bytes
         ("fp8", True, (4098, 1026, 128, 4096, 1024, 128), 128, (), 1),  # a stride not a multiple of 4
         ("fp8", True, (4096, 1024, 130, 4096, 1024, 130), 130, (), 1),  # a row not a whole number of words
         ("bfloat16", True, (4096, 1024, 128, 4096, 1024, 128), 128, (), 0),
         ("nvfp4", True, (4096, 1024, 64, 4096, 1024, 64), 128, (512, 128, 8, 512, 128, 8),
-         launch_common.KV_NVFP4_WORDS),
+         BY_NAME["nvfp4"].words_code),
         ("nvfp4", False, (4096, 1024, 64, 4096, 1024, 64), 128, (512, 128, 8, 512, 128, 8), 2),  # a base off by 1-3
         ("nvfp4", True, (4096, 1024, 64, 4096, 1024, 64), 128, (514, 128, 8, 512, 128, 8), 2),  # a scale stride
         ("nvfp4", True, (2048, 512, 16, 2048, 512, 16), 32, (128, 32, 2, 128, 32, 2), 2),  # D 32: half a word of scales

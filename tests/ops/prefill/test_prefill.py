@@ -22,8 +22,8 @@ import triton.language as tl
 
 import kvattn
 from kvattn import dense
+from kvattn._formats_table import BY_NAME
 from kvattn.formats import FP8_DTYPE, FP8_MAX, FP4Tensor, dequantize_nvfp4_output, quantize_nvfp4_output
-from kvattn.ops.launch import common as launch_common
 from kvattn.ops.prefill import configs as prefill_configs
 from kvattn.ops.prefill import launch as prefill_launch
 from kvattn.ops.common import quantize_nvfp4_rows
@@ -321,9 +321,9 @@ def returns_of(monkeypatch, module, name: str) -> list:
 
 
 @pytest.mark.parametrize("qdt,fmt,off_by_one,expected", [
-    (torch.bfloat16, "fp8", None, launch_common.KV_FP8_WORDS),
+    (torch.bfloat16, "fp8", None, BY_NAME["fp8"].words_code),
     (torch.bfloat16, "fp8", "kv", 1),
-    (torch.bfloat16, "nvfp4", None, launch_common.KV_NVFP4_WORDS),
+    (torch.bfloat16, "nvfp4", None, BY_NAME["nvfp4"].words_code),
     (torch.bfloat16, "nvfp4", "sf", 2),
     (FP8_DTYPE, "fp8", None, 1),  # fp8 scores take the copied bytes
 ], ids=["fp8-aligned-words", "fp8-misaligned-bytes", "nvfp4-aligned-words", "nvfp4-scales-misaligned-bytes",
@@ -394,15 +394,15 @@ def test_tma_views_of_each_page_form():
 
 @pytest.mark.parametrize("kv_dtype,qdt,kind", [
     (torch.bfloat16, torch.bfloat16, "half"), (torch.float16, torch.float16, "half"),
-    (FP8_DTYPE, torch.bfloat16, "fp8kv"), (torch.uint8, torch.bfloat16, "nvfp4kv"),
-    (torch.uint8, FP8_DTYPE, "nvfp4kv"),
+    (FP8_DTYPE, torch.bfloat16, "fp8"), (torch.uint8, torch.bfloat16, "nvfp4"),
+    (torch.uint8, FP8_DTYPE, "nvfp4"),
 ])
 def test_table_entry_per_cache_format(kv_dtype, qdt, kind, monkeypatch):
     """fp8 and NVFP4 caches have their own entries (their best tiles differ at D 64), present for
     every head dim in every table."""
     for arch, table in prefill_configs.TABLES.items():
-        assert {k for k, _ in table} == {"half", "fp8kv", "nvfp4kv", "fp8"}, arch
-        assert all((k, d) in table for k in ("half", "fp8kv", "nvfp4kv", "fp8") for d in (64, 128, 256)), arch
+        assert {k for k, _ in table} == {"half", "fp8", "nvfp4", "fp8qk"}, arch
+        assert all((k, d) in table for k in ("half", "fp8", "nvfp4", "fp8qk") for d in (64, 128, 256)), arch
     cfgs = returns_of(monkeypatch, prefill_configs, "config")
     cfg, qk_fp8, got_kind = prefill_launch.plan(torch.empty(4, 2, 128, dtype=qdt), kv_dtype, False, False)
     # (the entry itself: entries of different kinds may hold equal values)
@@ -413,12 +413,12 @@ def test_table_entry_per_cache_format(kv_dtype, qdt, kind, monkeypatch):
 def test_tma_table_kinds():
     """TMA tiles exist for 16-bit caches and for fp8 scores at every head dim; none for a 16-bit
     query over fp8 or NVFP4 pages (their gathered words were as fast) or with skip-softmax."""
-    for kind in ("half", "fp8"):
+    for kind in ("half", "fp8qk"):
         for d in (64, 128, 256):
             assert prefill_configs.config("sm90", kind, d, tma=True) is not None, (kind, d)
             assert prefill_configs.config("sm90", kind, d, skip=True, tma=True) is None
-    assert prefill_configs.config("sm90", "nvfp4kv", 128, tma=True) is None
-    assert prefill_configs.config("sm90", "fp8kv", 128, tma=True) is None
+    assert prefill_configs.config("sm90", "nvfp4", 128, tma=True) is None
+    assert prefill_configs.config("sm90", "fp8", 128, tma=True) is None
     assert prefill_configs.config("default", "half", 128, tma=True) is None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from ..._formats_table import BY_NAME
 from ..launch.common import config_override
 
 
@@ -41,7 +42,7 @@ _SM90 = {
     ("fp8", 64): (128, 4, 3),
     ("fp8", 128): (128, 4, 3),
     ("fp8", 256): (64, 4, 3),
-    # NVFP4 (codes and scales read as words, launch_common.KV_NVFP4_WORDS), measured on an H100
+    # NVFP4 (codes and scales read as words, KV_NVFP4_WORDS), measured on an H100
     # (benchmarks/NOTES.md, session f): one-warp programs where each gets a long split,
     # 64x8192 D64 / D128 321 -> 212 / 498 -> 402 us against (128, 4, 3); D256 (32, 2, 3) 629 -> 585
     # against (64, 4, 3). Never under 32 keys a tile: on an H100 (Triton 3.6) 16-key tiles computed
@@ -154,13 +155,16 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. An
     estimate above the truth leaves slots idle; one below plans a second, partial wave.
     """
-    elem = {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 1}[kv_format]
+    fmt = BY_NAME[kv_format]
+    # bytes a staged element: the stored width, at least one byte (NVFP4's half-byte codes come
+    # with their scales and conversion scratch; the estimate keeps the byte it was measured with)
+    elem = max(1, fmt.element_bits // 8)
     smem = (cfg.num_stages - 1) * cfg.block_n * head_dim * elem * 2 + (4 if rope_query else 6) * 1024
     regs = 128
-    if kv_format == "fp8":  # read as words (launch_common.KV_FP8_WORDS): a float16 tile staged for the MMA
+    if fmt.config_key == "fp8":  # read as words (KV_FP8_WORDS): a float16 tile staged for the MMA
         smem += cfg.block_n * head_dim * 2
         regs = 160 if cfg.block_n >= 128 else 128
-    elif kv_format == "nvfp4":
+    elif fmt.config_key == "nvfp4":
         regs = min(255, 96 + cfg.block_n * head_dim // (32 * cfg.num_warps))
     fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
               _WARPS_PER_SM // cfg.num_warps)
@@ -192,7 +196,8 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
 
 
 def _fmt(kv_format: str) -> str:
-    return "half" if kv_format in ("float16", "bfloat16") else kv_format
+    """The tables' key of a cache format (the format table's ``config_key``)."""
+    return BY_NAME[kv_format].config_key
 
 
 # The special-purpose table measured with RoPE; the others were measured without it.

@@ -20,8 +20,8 @@ from itertools import compress, repeat
 import torch
 
 from ... import _device, _env
-from ..._inputs import KV_FORMATS
-from ...formats import FP8_DTYPE, kv_row_bytes
+from ..._formats_table import BY_DTYPE, BY_NAME
+from ...formats import FP8_DTYPE
 from . import configs as decode_configs
 from ..launch import fast_launch
 from .kernels import decode_combine_kernel, decode_split_kernel
@@ -106,8 +106,9 @@ class _Plan:
             self.num_pages, self.page_size, self.num_kv_heads = 1, 1, k_shape
             self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
-        self.kv_format = KV_FORMATS[kv_dtype]
-        sf_strides = (*ksf_stride[:3], *vsf_stride[:3]) if self.kv_format == "nvfp4" else ()  # (NVFP4: paged only)
+        fmt = BY_DTYPE[kv_dtype]
+        self.kv_format = fmt.name
+        sf_strides = (*ksf_stride[:3], *vsf_stride[:3]) if fmt.scale_block else ()  # (block scales: paged only)
         self.kv_code = kv_format_code(self.kv_format, words_allowed(device, interpreter, kv_aligned4),
                                       (*self.k_strides, *self.v_strides), self.head_dim, sf_strides)
         self.rows = q_len * self.group
@@ -148,7 +149,7 @@ class _Plan:
         if stream_kind is not None:
             self.stream_span = decode_configs.stream_span(
                 batch=self.batch, num_kv_heads=self.num_kv_heads,
-                row_bytes=kv_row_bytes(self.kv_format, self.head_dim), l2_bytes=_device.l2_bytes(device))
+                row_bytes=fmt.row_bytes(self.head_dim), l2_bytes=_device.l2_bytes(device))
             self.cfg_stream = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
                                                     stream_kind)
         # Past the streaming spans, one-row launches over a contiguous cache take their own table.
@@ -317,7 +318,7 @@ def tma_readable(*, paged: bool, compiled: bool, kv_format: str, aligned16: bool
     """
     return (
         TensorDescriptor is not None and graph_capture and compiled and not paged
-        and kv_format in ("float16", "bfloat16") and aligned16 and all(x * 2 % 16 == 0 for x in strides)
+        and BY_NAME[kv_format].element_bits == 16 and aligned16 and all(x * 2 % 16 == 0 for x in strides)
         and (rope_query or not rope)
     )
 

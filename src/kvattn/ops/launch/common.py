@@ -12,17 +12,11 @@ from typing import Callable, Iterator
 import torch
 
 from ... import _device
+from ..._formats_table import BY_DTYPE, BY_NAME
 from ..._inputs import cached_aliases
-from ...formats import FP8_DTYPE
 
 _CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 MAX_PLANS = 1024  # distinct call shapes a launcher keeps plans for; past this its cache starts over
-# The kernels' KV_FORMAT per cache format (common.KV_HALF / KV_FP8 / KV_NVFP4), and the forms
-# read as 32-bit words (compiled kernels only, every word aligned): fp8 values
-# (common.KV_FP8_WORDS), NVFP4 codes and block scales (common.KV_NVFP4_WORDS).
-KV_FORMAT_CODE = {"float16": 0, "bfloat16": 0, "fp8": 1, "nvfp4": 2}
-KV_FP8_WORDS = 3
-KV_NVFP4_WORDS = 4
 ALIGN = 16  # bytes: the workspace's views start on its first 16-byte boundary
 # From there, the workspace's first COUNTER_BYTES are the int32 arrival counters of the decode
 # kernels' in-kernel merge (zero at rest: the workspace is zeroed before first use and every
@@ -47,27 +41,26 @@ def words_allowed(device: torch.device, interpreter: bool, aligned: bool) -> boo
 
 
 def words_aligned(k: torch.Tensor, v: torch.Tensor, k_sf, v_sf) -> bool:
-    """Whether the base pointers of what a words format reads are 4-byte aligned: fp8 K and V, or
-    NVFP4's codes and block scales (``words_allowed``'s ``aligned``)."""
-    if k_sf is not None and v_sf is not None:
-        return all(t.data_ptr() % 4 == 0 for t in (k, v, k_sf, v_sf))
-    return k.dtype == FP8_DTYPE and k.data_ptr() % 4 == 0 and v.data_ptr() % 4 == 0
+    """Whether the cache has a words format (the format table's ``words_code``) and the base
+    pointers of what it reads are 4-byte aligned: K and V, and a block-scaled format's scales
+    (``words_allowed``'s ``aligned``)."""
+    fmt = BY_DTYPE.get(k.dtype)
+    if fmt is None or fmt.words_code is None:
+        return False
+    scales = ()
+    if fmt.scale_block:
+        if k_sf is None or v_sf is None:
+            return False
+        scales = (k_sf, v_sf)
+    return all(t.data_ptr() % 4 == 0 for t in (k, v, *scales))
 
 
 def kv_format_code(kv_format: str, words_ok: bool, strides: tuple, head_dim: int, sf_strides: tuple = ()) -> int:
-    """The kernels' KV_FORMAT: fp8 values (``KV_FP8_WORDS``) and NVFP4 codes and block scales
-    (``KV_NVFP4_WORDS``) are read as 32-bit words where ``words_ok`` (:func:`words_allowed`) and
-    every word load is aligned: the cache's ``strides`` (bytes: fp8 and NVFP4 codes are one byte)
-    and a row (``head_dim`` fp8 values; for NVFP4 the scales' ``sf_strides`` and a row of
-    ``head_dim / 16`` scales) all multiples of 4 bytes. Otherwise byte by byte."""
-    code = KV_FORMAT_CODE[kv_format]
-    if not words_ok:
-        return code
-    if code == KV_FORMAT_CODE["fp8"] and all(x % 4 == 0 for x in (*strides, head_dim)):
-        return KV_FP8_WORDS
-    if code == KV_FORMAT_CODE["nvfp4"] and all(x % 4 == 0 for x in (*strides, *sf_strides, head_dim // 16)):
-        return KV_NVFP4_WORDS
-    return code
+    """The kernels' KV_FORMAT for a launch over a ``kv_format`` cache: its words code where
+    ``words_ok`` (:func:`words_allowed`) and every word load is aligned (``KVFormat.code``),
+    otherwise element by element. (A function of this module so that tools and tests can
+    intercept the choice.)"""
+    return BY_NAME[kv_format].code(words_ok, strides, head_dim, sf_strides)
 
 
 def entry(op, impl):

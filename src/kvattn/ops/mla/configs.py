@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from ..._formats_table import BY_NAME
 from ..launch.common import config_override, next_power_of_2
 
 MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
@@ -116,9 +117,10 @@ override = config_override(_override, lambda: config.cache_clear())
 
 
 def _fmt(kv_format: str, q_fp8: bool = False) -> str:
-    if kv_format != "fp8":
-        return "half"
-    return "fp8qk" if q_fp8 else "fp8"
+    """The tables' key: the cache format's ``config_key`` (:mod:`kvattn._formats_table`), or
+    ``"fp8qk"`` for an fp8 query over an fp8 cache (fp8 scores)."""
+    key = BY_NAME[kv_format].config_key
+    return "fp8qk" if key == "fp8" and q_fp8 else key
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 
 from ... import _device, _env
-from ..._inputs import KV_FORMATS
+from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as mla_configs
 from ..launch import fast_launch
 from ..decode.kernels import decode_combine_kernel
 from ..launch.common import (
-    KV_FORMAT_CODE, arch, cached_plan, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
+    arch, cached_plan, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
     split_partials, words_allowed,
 )
 from .kernels import mla_split_kernel
@@ -48,12 +48,12 @@ class _Plan:
          ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on) = facts
         self.batch, self.num_heads = q_shape[0], q_shape[1]
         self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
-        self.kv_format = KV_FORMATS[kv_dtype]
+        self.kv_format = BY_DTYPE[kv_dtype].name
         self.cfg = cfg = mla_configs.config(arch(device, interpreter), self.kv_format, self.num_heads,
                                             q_dtype == FP8_DTYPE)
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
         words_ok = words_allowed(device, interpreter, aligned4)
-        self.kv_code = KV_FORMAT_CODE["fp8"] if cfg.qk_fp8 else kv_format_code(
+        self.kv_code = BY_NAME["fp8"].kernel_code if cfg.qk_fp8 else kv_format_code(
             self.kv_format, words_ok, (kv_stride[0], kv_stride[1]), CKV_DIM + KPE_DIM)
         self.h_blocks = -(-self.num_heads // cfg.block_h)
         self.items = self.batch * self.h_blocks
@@ -124,7 +124,7 @@ def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, k
     program, 64-key tiles inside pages of a multiple of 64 tokens, and rows TMA can address as one
     ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
-    return (kv_format in ("float16", "bfloat16") and q_dtype == kv_dtype and cfg.block_h == 64
+    return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
             and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
             and page % 64 == 0 and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0
             and kv_stride[0] == page * kv_stride[1] and pages * page < 2**31)

@@ -6,9 +6,10 @@ sm_90a and checked: wgmma for both products, no register spills in the loops, sh
 the 227 KB an H100 program may use (the facts are in the comments, with the H100 A/B that picked
 the half D128 entry; benchmarks/NOTES.md).
 
-Operand kinds: ``"half"`` (fp16/bf16 query and cache), ``"fp8kv"`` / ``"nvfp4kv"`` (a 16-bit or
-fp8 query over an fp8 / NVFP4 cache: tiles converted to float16 operands in registers, read as
-32-bit words where aligned), ``"fp8"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores).
+Operand kinds: the cache format's ``config_key`` (:mod:`kvattn._formats_table`): ``"half"``
+(fp16/bf16 query and cache), ``"fp8"`` / ``"nvfp4"`` (a 16-bit or fp8 query over an fp8 / NVFP4
+cache: tiles converted to float16 operands in registers, read as 32-bit words where aligned); and
+``"fp8qk"`` (fp8 query and fp8 cache: Q.K^T on fp8 tensor cores, MLA's name for the same).
 
 Where the pages let TMA read whole tiles (``prefill_launch.tma_views``), a kind with a
 :data:`TMA_TABLES` entry for the head_dim (16-bit caches, and fp8 scores) takes it instead of its
@@ -38,7 +39,7 @@ class PrefillConfig:
 #        none; page 128: 16 B outside the loops. H100 A/B at 1x8192x8192 (before the FMA logits):
 #        128x128 s2 390 TFLOP/s > 128x128 s3 368 = 64x64 w4 s4 367 > 128x64 s3 327.
 #   half D256 128x32  w8 s2: 254 regs, none, 128 KB
-#   fp8kv / nvfp4kv (16-bit query, words path; H100 at 1x8192x8192 p64 HND, graph us, session g of
+#   fp8 / nvfp4 (16-bit query, words path; H100 at 1x8192x8192 p64 HND, graph us, session g of
 #        benchmarks/NOTES.md): D128 128x128 w8 s2 fp8 1623 / NVFP4 1710 (128x64 w8 s3, the old entry:
 #        1967 / 2237; s3 1644 / 1732), 239 / 255 regs, no spill in the plain kernel; with window,
 #        sinks, split tables and an NVFP4 output at page 16, 24-64 B spilled (fp8: 4 spill ops in
@@ -46,21 +47,21 @@ class PrefillConfig:
 #        s3 1660), 186-218 regs, no spill. D256 (Hq 16): 128x64 w8 s2 fp8 1768 / NVFP4 2433 against
 #        64x32 w8 s3 4064 / 5331 and 128x32 s2 2104 / 2831, although it spills (256-352 B, in the
 #        loops too): every D256 tile of these kinds spills on the words path.
-#   fp8  D64  128x128 w8 s2: 167 regs, none, 48 KB   fp8 D128 128x128 w8 s2: 229, none, 96 KB (H100: = s3)
-#   fp8  D256 128x64  w8 s2: 244 regs, none, 112 KB
+#   fp8qk D64  128x128 w8 s2: 167 regs, none, 48 KB   fp8qk D128 128x128 w8 s2: 229, none, 96 KB (H100: = s3)
+#   fp8qk D256 128x64  w8 s2: 244 regs, none, 112 KB
 _SM90 = {
     ("half", 64): PrefillConfig(128, 128, 8, 2),
     ("half", 128): PrefillConfig(128, 128, 8, 2),
     ("half", 256): PrefillConfig(128, 32, 8, 2),
-    ("fp8kv", 64): PrefillConfig(128, 64, 8, 3),
-    ("fp8kv", 128): PrefillConfig(128, 128, 8, 2),
-    ("fp8kv", 256): PrefillConfig(128, 64, 8, 2),
-    ("nvfp4kv", 64): PrefillConfig(128, 128, 8, 2),
-    ("nvfp4kv", 128): PrefillConfig(128, 128, 8, 2),
-    ("nvfp4kv", 256): PrefillConfig(128, 64, 8, 2),
-    ("fp8", 64): PrefillConfig(128, 128, 8, 2),
+    ("fp8", 64): PrefillConfig(128, 64, 8, 3),
     ("fp8", 128): PrefillConfig(128, 128, 8, 2),
     ("fp8", 256): PrefillConfig(128, 64, 8, 2),
+    ("nvfp4", 64): PrefillConfig(128, 128, 8, 2),
+    ("nvfp4", 128): PrefillConfig(128, 128, 8, 2),
+    ("nvfp4", 256): PrefillConfig(128, 64, 8, 2),
+    ("fp8qk", 64): PrefillConfig(128, 128, 8, 2),
+    ("fp8qk", 128): PrefillConfig(128, 128, 8, 2),
+    ("fp8qk", 256): PrefillConfig(128, 64, 8, 2),
 }
 # Caches read by TMA (the launcher's choice where the pages allow it: a tile inside one page, 16-byte
 # aligned rows; see prefill_launch.tma_views), (kind, head_dim) -> config; absent: the gathers of _SM90.
@@ -74,14 +75,14 @@ _SM90_TMA = {
     ("half", 64): PrefillConfig(64, 64, 4, 3),
     ("half", 128): PrefillConfig(128, 64, 4, 2),
     ("half", 256): PrefillConfig(128, 64, 8, 2),
-    # fp8 query and fp8 pages ("fp8": fp8 scores straight from the TMA tile, V converted to float16
+    # fp8 query and fp8 pages ("fp8qk": fp8 scores straight from the TMA tile, V converted to float16
     # once). H100 (graph us at 1x8192x8192, benchmarks/NOTES.md session h; gathers -> TMA): D128 128x64
     # w4 s2 1161 -> 998 (s3 1007, 128x128 w8 s2 1153, 64x64 w4 s3 1401); D64 64x64 w4 s2 807 -> 661
     # (s3 671, 128x64 w4 s2 700); D256 (Hq 16) 64x64 w4 s2 1067 -> 1004 (128x64 w8 s2 1135).
-    ("fp8", 64): PrefillConfig(64, 64, 4, 2),
-    ("fp8", 128): PrefillConfig(128, 64, 4, 2),
-    ("fp8", 256): PrefillConfig(64, 64, 4, 2),
-    # fp8 pages with a 16-bit query ("fp8kv") gather: TMA tiles converted to the query's type
+    ("fp8qk", 64): PrefillConfig(64, 64, 4, 2),
+    ("fp8qk", 128): PrefillConfig(128, 64, 4, 2),
+    ("fp8qk", 256): PrefillConfig(64, 64, 4, 2),
+    # fp8 pages with a 16-bit query ("fp8") gather: TMA tiles converted to the query's type
     # (Triton's e4m3 -> bf16, K and V) were no faster (H100, session h: 1x8192x8192 D128 best
     # 128x128 w8 s2 1612 vs gathered words 1651 us, D64 847 vs 856, D256 1722 vs 1723), nor with
     # float16 operands (q in registers: D128 1598 vs 1596; D64 812 vs 840, D256 1580 vs 1730).
@@ -96,7 +97,7 @@ _DEFAULT = {key: PrefillConfig(c.block_m, c.block_n, c.num_warps, 2) for key, c 
 _DEFAULT_SKIP = {d: (w, 1 if d == 256 else 2) for d, (w, _) in _SM90_SKIP.items()}
 
 # Small tiles so CPU tests cover multi-tile query and key loops, and tiles inside / across pages.
-_INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8kv", "nvfp4kv", "fp8") for d in (64, 128, 256)}
+_INTERPRETER = {(kind, d): PrefillConfig(16, 16, 4, 1) for kind in ("half", "fp8", "nvfp4", "fp8qk") for d in (64, 128, 256)}
 _INTERPRETER_SKIP = {d: (4, 1) for d in (64, 128, 256)}
 
 TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}

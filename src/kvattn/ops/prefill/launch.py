@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ... import _device, _env
-from ..._inputs import KV_FORMATS
+from ..._formats_table import BY_DTYPE
 from ...formats import FP8_DTYPE
 from . import configs as prefill_configs
 from ..launch.common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
@@ -25,10 +25,11 @@ except ImportError:  # pragma: no cover - older Triton: the gathers only
 
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
     """``(config, QK_FP8, kind)`` for a call (gathered tiles; the launcher may take TMA's instead):
-    fp8 tensor-core Q.K^T when the query and the cache are both fp8 and the kernels are compiled
-    (the interpreter has no fp8 products)."""
+    fp8 tensor-core Q.K^T (kind ``"fp8qk"``) when the query and the cache are both fp8 and the
+    kernels are compiled (the interpreter has no fp8 products); otherwise the cache format's
+    ``config_key``."""
     qk_fp8 = query.dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and not interpreter
-    kind = "fp8" if qk_fp8 else {FP8_DTYPE: "fp8kv", torch.uint8: "nvfp4kv"}.get(kv_dtype, "half")
+    kind = "fp8qk" if qk_fp8 else BY_DTYPE[kv_dtype].config_key
     cfg = prefill_configs.config(arch(query.device, interpreter), kind, query.shape[-1], skip)
     return cfg, qk_fp8, kind
 
@@ -118,7 +119,7 @@ def launch_context(
         # fp8 / NVFP4 caches read as 32-bit words where every word is aligned, as decode reads them;
         # not with fp8 scores (QK_FP8), whose K tile goes to the tensor cores as the copied bytes
         # (on words, Triton 3.6 compiles that product as float16: sm_90a SASS, benchmarks/NOTES.md).
-        kv_format = KV_FORMATS[k.dtype]
+        kv_format = BY_DTYPE[k.dtype].name
         words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
         kv_code = kv_format_code(kv_format, words_ok, (*k.stride()[:3], *v.stride()[:3]), head_dim, (*ksf_s, *vsf_s))
         # K/V tiles by TMA where the table has a tile for the kind (16-bit caches, fp8 with fp8
