@@ -25,7 +25,7 @@ from ._inputs import (
     to_scale,
 )
 from ._formats_table import QUANTISED_DTYPES
-from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, round_up
+from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, quantize_nvfp4_output, round_up
 from .reference.core import store_output
 
 PREFILL_HEAD_DIMS = (64, 128, 256)
@@ -220,7 +220,5 @@ def trtllm_batch_context_with_kv_cache(
         return out
     o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, **args)
     if isinstance(out, FP4Tensor):
-        from .formats import quantize_nvfp4_output
-
         return quantize_nvfp4_output(o_real, 1.0 if o_sf_scale is None else float(o_sf_scale), out)
     return store_output(o_real, out)

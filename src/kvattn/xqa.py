@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import types
 from typing import Optional
 
 import torch
@@ -178,11 +180,11 @@ def xqa(
                                out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None)
 
 
-class _CallableModule(__import__("types").ModuleType):
+class _CallableModule(types.ModuleType):
     """Lets ``kvattn.xqa(...)`` call the function while ``kvattn.xqa.xqa`` stays the seed's path."""
 
     def __call__(self, *args, **kwargs):
         return xqa(*args, **kwargs)
 
 
-__import__("sys").modules[__name__].__class__ = _CallableModule
+sys.modules[__name__].__class__ = _CallableModule
