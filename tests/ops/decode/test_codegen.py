@@ -35,7 +35,8 @@ def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: i
              descs: dict | None = None, sass: bool = False) -> dict:
     got = compile_sm90("kvattn.ops.decode.kernels.decode_split_kernel", dict(BASE, **constexprs),
                        ptrs=dict(PTRS, k_ptr=kv_type, v_ptr=kv_type), floats=FLOATS, warps=warps, stages=stages,
-                       descs=descs, sass=sass)
+                       descs=descs, sass=sass,
+                       ptx_hints=bool(constexprs.get("KV_TMA") and constexprs.get("KV_EVICT_FIRST")))
     if raw:
         return got
     return {"kwidths": sorted({int(w) for w in re.findall(r"kWidth = (\d+)", got["ttgir"])}),

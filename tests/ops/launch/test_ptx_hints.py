@@ -4,7 +4,10 @@ compile in ``tests/ops/decode/test_codegen.py``, its speed in ``benchmarks/NOTES
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import triton
@@ -32,8 +35,10 @@ def test_the_kernels_marker_is_the_rewrites():
     assert ptx_hints.MARKER in inspect.getsource(ptx_hints.mark_copies_evict_first.fn)
 
 
-def test_marked_tma_copies_carry_one_evict_first_policy():
-    got = ptx_hints.rewrite_ptx(module(COPY, COPY.replace("%r8", "%r10"), PLAIN))
+@pytest.mark.parametrize("space", ["shared::cluster", "shared::cta"], ids=["triton3.6-cluster", "triton3.7-cta"])
+def test_marked_tma_copies_carry_one_evict_first_policy(space):
+    copy = COPY.replace("shared::cluster", space)
+    got = ptx_hints.rewrite_ptx(module(copy, copy.replace("%r8", "%r10"), PLAIN))
     hinted = [line for line in got.splitlines() if "bulk.tensor" in line]
     assert len(hinted) == 2
     for line in hinted:
@@ -64,21 +69,61 @@ def test_shapes_it_was_not_written_for_are_refused(ptx):
         ptx_hints.rewrite_ptx(ptx)
 
 
-def test_install_chains_the_hook_once(monkeypatch):
-    runtime = triton.knobs.runtime
-    seen = []
-
-    def earlier(backend, stages, options, language, capability):
+def _earlier(seen):
+    def earlier(*args):
+        if not args:  # the cache-key protocol of Triton 3.7
+            return "earlier", "e" * 64
+        backend, stages, options, language, capability = args
         seen.append(capability)
         stages["ptx"] = lambda src, metadata: module(COPY)
+    return earlier
 
+
+@pytest.mark.skipif(not ptx_hints.HOOK_SUPPORTED, reason="no stages hook on this Triton")
+def test_applied_chains_the_hook_and_puts_the_earlier_one_back(monkeypatch):
+    runtime = triton.knobs.runtime
+    seen = []
+    earlier = _earlier(seen)
     monkeypatch.setattr(runtime, "add_stages_inspection_hook", earlier)
-    ptx_hints.install()
-    ptx_hints.install()
-    hook = runtime.add_stages_inspection_hook
-    assert hook is not earlier and hook.kvattn_ptx_hints
-    for capability, rewritten in ((90, True), (80, False)):
-        stages = {}
-        hook(None, stages, None, None, capability)
-        assert ("cache_hint" in stages["ptx"]("llir", {})) is rewritten
-    assert seen == [90, 80]  # the earlier hook ran once a call: installed once
+    with ptx_hints.applied():
+        with ptx_hints.applied():  # nested: chained once
+            hook = runtime.add_stages_inspection_hook
+        assert hook is runtime.add_stages_inspection_hook
+        assert hook is not earlier and hook.kvattn_ptx_hints
+        for capability, rewritten in ((90, True), (80, False)):
+            stages = {}
+            hook(None, stages, None, None, capability)
+            assert ("cache_hint" in stages["ptx"]("llir", {})) is rewritten
+        key, digest = hook()
+        assert key.startswith("earlier") and ptx_hints.MARKER in key and len(digest) == 64
+    assert runtime.add_stages_inspection_hook is earlier
+    assert seen == [90, 80]  # the earlier hook ran once a call
+
+
+@pytest.mark.skipif(not ptx_hints.HOOK_SUPPORTED, reason="no stages hook on this Triton")
+def test_applied_sets_nothing_outside_its_block_even_on_error(monkeypatch):
+    runtime = triton.knobs.runtime
+    monkeypatch.setattr(runtime, "add_stages_inspection_hook", None)
+    with pytest.raises(RuntimeError, match="boom"):
+        with ptx_hints.applied():
+            hook = runtime.add_stages_inspection_hook
+            assert hook() == (ptx_hints._KEY, ptx_hints._KEY_HASH)
+            raise RuntimeError("boom")
+    assert runtime.add_stages_inspection_hook is None
+
+
+def test_applied_is_a_no_op_on_versions_it_was_not_verified_with(monkeypatch):
+    runtime = triton.knobs.runtime
+    monkeypatch.setattr(ptx_hints, "HOOK_SUPPORTED", False)
+    monkeypatch.setattr(runtime, "add_stages_inspection_hook", None)
+    with ptx_hints.applied():
+        assert runtime.add_stages_inspection_hook is None
+
+
+def test_importing_kvattn_sets_no_hook():
+    """A fresh interpreter: importing every kvattn module leaves Triton's process-wide hook unset."""
+    code = ("import triton, kvattn, kvattn.ops, kvattn.ops.decode.kernels, kvattn.ops.launch.fast_launch; "
+            "assert triton.knobs.runtime.add_stages_inspection_hook is None")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]

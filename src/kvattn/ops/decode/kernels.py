@@ -46,11 +46,10 @@ from ..common import (
     token_pages,
     window_causal_allowed,
 )
-from ..launch.ptx_hints import install as install_ptx_hints
 from ..launch.ptx_hints import mark_copies_evict_first
 
-# KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies (ptx_hints).
-install_ptx_hints()
+# KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies: their launches compile
+# inside ptx_hints.applied() (fast_launch.Launch with ptx_hints=True).
 
 try:  # grid dependency control (programmatic dependent launch); absent in old Triton builds
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

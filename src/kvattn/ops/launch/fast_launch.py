@@ -42,6 +42,7 @@ callers pass tensors they validated to be on the current CUDA device.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import sys
@@ -52,6 +53,7 @@ import torch
 import triton
 
 from ... import _device, _env
+from .ptx_hints import applied as ptx_hints_applied
 
 TRITON_SUPPORTED = triton.__version__.startswith("3.6")
 
@@ -319,6 +321,9 @@ class Launch:
     constexprs, options : dict
         Keyword arguments of the launch: the constexpr parameters, and launch options such as
         ``num_warps``, ``num_stages`` or ``launch_pdl``.
+    ptx_hints : bool
+        The kernel marks its copies for :mod:`.ptx_hints`: every launch that goes through Triton
+        (and may compile) runs inside :func:`.ptx_hints.applied`.
     """
 
     def __init__(
@@ -333,8 +338,10 @@ class Launch:
         tail: tuple = (),
         constexprs: dict,
         options: dict,
+        ptx_hints: bool = False,
     ):
         self.kernel = kernel
+        self._scope = ptx_hints_applied if ptx_hints else contextlib.nullcontext
         self.grid = tuple(grid)
         self.constexprs = dict(constexprs)
         self.options = dict(options)
@@ -395,10 +402,11 @@ class Launch:
                     launch(*self._grid3, call.stream, *fixed, *self._pick(call.ptrs), *self._head,
                            *self._pick_ints(call.ints), *floats, *self._launch_tail)
                     return
-        compiled = self.kernel[self.grid](
-            *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
-            **self.constexprs, **self.options,
-        )
+        with self._scope():
+            compiled = self.kernel[self.grid](
+                *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
+                **self.constexprs, **self.options,
+            )
         self.last = compiled
         if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
             self._compiled[key] = (compiled, *_launcher(compiled))
@@ -408,10 +416,11 @@ class Launch:
         """Compile this launch's kernel for ``call`` and load it onto the GPU, without launching:
         so that a later first launch (in a CUDA-graph capture, where loading a module needs a
         driver of CUDA 12.3+) finds it ready."""
-        compiled = self.kernel.warmup(
-            *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
-            grid=self.grid, **self.constexprs, **self.options,
-        )
+        with self._scope():
+            compiled = self.kernel.warmup(
+                *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
+                grid=self.grid, **self.constexprs, **self.options,
+            )
         if isinstance(compiled, CompiledKernel):
             compiled._init_handles()
 

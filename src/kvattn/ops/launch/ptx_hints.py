@@ -14,8 +14,8 @@ policies meanwhile). TMA copies (``UTMALDG``) get their policy register written.
 
 How: a kernel that wants the hint calls :func:`mark_copies_evict_first` (an inline-asm comment
 in its PTX). A pipeline-stages hook on Triton's CUDA backend (``knobs.runtime.
-add_stages_inspection_hook``, chained to any hook already set) post-processes the PTX of marked
-kernels only: one ``createpolicy.fractional.L2::evict_first`` at the kernel's entry, and every
+add_stages_inspection_hook``, chained to any hook already set, and set only while kvattn launches
+a marked kernel: :func:`applied`) post-processes the PTX of marked kernels only: one ``createpolicy.fractional.L2::evict_first`` at the kernel's entry, and every
 ``cp.async.bulk.tensor`` global-to-shared copy rewritten to its ``.L2::cache_hint`` form carrying
 that policy (PTX ISA 8.0, sm_90). Same data, addresses and synchronisation: only the L2
 replacement priority of the copied lines changes. The marker's text is part of the kernel's
@@ -24,6 +24,8 @@ source, so the hinted binary has its own Triton cache key.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
 
 import triton
@@ -36,8 +38,9 @@ from ..._device import is_interpreter
 MARKER = "kvattn:tma-l2-evict-first:v1"
 POLICY_REG = "%kvattn_l2_evict_first"
 
+# Triton 3.6 writes the destination as shared::cluster, 3.7 as shared::cta (PTX ISA 8.6).
 _COPY = re.compile(
-    r"(cp\.async\.bulk\.tensor\.[1-5]d\.shared::cluster\.global(?:\.tile)?\.mbarrier::complete_tx::bytes)"
+    r"(cp\.async\.bulk\.tensor\.[1-5]d\.shared::(?:cluster|cta)\.global(?:\.tile)?\.mbarrier::complete_tx::bytes)"
     r"(\s+\[[^\]]*\],\s*\[[^\]]*\],\s*\[[^\]]*\]);"
 )
 _ENTRY = re.compile(r"^\.(?:visible\s+)?\.entry\s", re.M)
@@ -84,8 +87,29 @@ def rewrite_ptx(ptx: str) -> str:
     return "\n".join(lines)
 
 
-def _hook(previous):
-    def add_stages(backend, stages, options, language, capability):
+# The Triton versions whose stage-hook protocol this module speaks. 3.6 calls the hook with
+# ``(backend, stages, options, language, capability)`` while building the pipeline; 3.7 also calls
+# it with no arguments, on every ``JITFunction`` launch and in ``triton.compile``, for a
+# ``(key, hash)`` pair folded into the cache keys. Elsewhere no hook is set: marked kernels then
+# compile and run without the hint (the marker is a PTX comment), which is the portable fallback.
+HOOK_VERSIONS = ("3.6", "3.7")
+HOOK_SUPPORTED = triton.__version__.startswith(HOOK_VERSIONS)
+_KEY = f"kvattn-ptx-hints:{MARKER}"
+_KEY_HASH = hashlib.sha256(_KEY.encode()).hexdigest()
+
+
+def chained_hook(previous):
+    """A stages hook that runs ``previous`` (any hook already set, or None) first, then puts
+    :func:`rewrite_ptx` after the PTX stage of sm_90+ CUDA pipelines. Called with no arguments (the
+    3.7 cache-key protocol) it returns ``(key, hash)`` covering ``previous``'s pair too."""
+
+    def hook(*args):
+        if not args:
+            if previous is None:
+                return _KEY, _KEY_HASH
+            key, digest = previous()
+            return key + _KEY, hashlib.sha256((digest + _KEY_HASH).encode()).hexdigest()
+        backend, stages, options, language, capability = args
         if previous is not None:
             previous(backend, stages, options, language, capability)
         make_ptx = stages.get("ptx")
@@ -97,14 +121,33 @@ def _hook(previous):
 
         stages["ptx"] = ptx_stage
 
-    add_stages.kvattn_ptx_hints = True
-    return add_stages
+    hook.kvattn_ptx_hints = True
+    return hook
 
 
-def install() -> None:
-    """Put the rewrite into Triton's CUDA pipeline (idempotent; keeps a hook already there)."""
-    runtime = triton.knobs.runtime
-    current = runtime.add_stages_inspection_hook
-    if getattr(current, "kvattn_ptx_hints", False):
+@contextlib.contextmanager
+def applied():
+    """Within this block Triton compiles with the rewrite in its CUDA pipeline; outside it the
+    hook that was set before (usually none) is back.
+
+    Why scoped, not installed at import: the hook is process-wide, so an installed one would sit
+    in every other library's compiles, and from Triton 3.7 on it is also called on every launch of
+    every kernel and changes every kernel's cache key. kvattn enters this block only around the
+    launches of its marked kernels that may compile (the first, or every one where Triton's own
+    launch path runs: under 3.7 the hook's key is part of the marked kernel's key, so those
+    launches must all see it). Another thread compiling meanwhile gets the rewrite too, which
+    changes nothing in unmarked PTX.
+    """
+    if not HOOK_SUPPORTED:
+        yield
         return
-    runtime.add_stages_inspection_hook = _hook(current)
+    runtime = triton.knobs.runtime
+    previous = runtime.add_stages_inspection_hook
+    if getattr(previous, "kvattn_ptx_hints", False):  # nested
+        yield
+        return
+    runtime.add_stages_inspection_hook = chained_hook(previous)
+    try:
+        yield
+    finally:
+        runtime.add_stages_inspection_hook = previous

@@ -48,6 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
+from ..common.gluon_compat import cta_barrier
 from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 
 
@@ -139,7 +140,7 @@ def mla_gluon_kernel(
         else:
             qr_smem.store(q_c)
     fence_async_shared()
-    gl.thread_barrier()
+    cta_barrier()
 
     logit = logit_factor
     if LOGIT_PTR:
@@ -168,10 +169,10 @@ def mla_gluon_kernel(
                 rows = part.load(ld_layout)
                 part.store(gl.where((offs_r < end)[:, None], rows, 0.0))
             fence_async_shared()
-            gl.thread_barrier()
+            cta_barrier()
         # P.V of the previous tile retires; then neither warpgroup reads its buffer or P again.
         acc_t = warpgroup_mma_wait(0, deps=[acc])
-        gl.thread_barrier()
+        cta_barrier()
         ok_cur = gl.where(buf == 0, ok0, ok1)
         # Tile j + 1 into the freed buffer (tiles 0 and 1 went out before the loop).
         issue = (j >= 1) & (j + 1 < num_tiles)
