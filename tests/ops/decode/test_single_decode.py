@@ -191,7 +191,7 @@ def test_split_kv_single_decode(merge, kernel_device, triton_backend, monkeypatc
     last split program or in the combine launch (``KVATTN_FUSED_MERGE=0``). The in-kernel merge's
     counters (kept per device and stream, single decode having no workspace) are back at zero after
     every call, so the next call, of another shape, merges right too."""
-    from kvattn.ops.launch import common as launch_common
+    from kvattn.ops.launch import workspace as launch_workspace
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
     monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)  # merge in the kernel however many splits
@@ -201,7 +201,7 @@ def test_split_kv_single_decode(merge, kernel_device, triton_backend, monkeypatc
         run_case(kernel_device, monkeypatch, length=length, pos_encoding_mode="ROPE_LLAMA", window_left=150)
         run_case(kernel_device, monkeypatch, length=length - 37, hq=4, hkv=4, seed=2)
     kind = torch.device(kernel_device).type
-    counters = [c for (dev, _), c in launch_common._STREAM_COUNTERS.items() if dev.type == kind]
+    counters = [c for (dev, _), c in launch_workspace._STREAM_COUNTERS.items() if dev.type == kind]
     if merge == "in-kernel":
         assert counters, "no counters were made: the launches did not merge in the kernel"
     assert all((c == 0).all() for c in counters)
@@ -212,7 +212,7 @@ def test_split_kv_single_decode(merge, kernel_device, triton_backend, monkeypatc
 def test_single_decode_in_cuda_graphs(mode, triton_backend, monkeypatch):
     """Two captured calls (their own zeroed counters, cut from the device's chunk for captures),
     replayed several times each, alternately and with new K/V in place, follow the new values."""
-    from kvattn.ops.launch import common as launch_common
+    from kvattn.ops.launch import workspace as launch_workspace
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
     monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)
@@ -225,14 +225,14 @@ def test_single_decode_in_cuda_graphs(mode, triton_backend, monkeypatch):
 
     call(q, k, v), call(q2, k2, v2)  # compile (and make the chunk) outside the capture
     torch.cuda.synchronize()
-    used = launch_common._CAPTURE_CHUNKS[q.device][1]
+    used = launch_workspace._CAPTURE_CHUNKS[q.device][1]
     graphs, results = [], []
     for args in ((q, k, v), (q2, k2, v2)):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             results.append(call(*args))
         graphs.append(graph)
-    assert launch_common._CAPTURE_CHUNKS[q.device][1] == used + 2 * 32  # a slice of counters each
+    assert launch_workspace._CAPTURE_CHUNKS[q.device][1] == used + 2 * 32  # a slice of counters each
     for step in range(3):
         for (qq, kk, vv), graph, (out, lse) in zip(((q, k, v), (q2, k2, v2)), graphs, results):
             g = torch.Generator().manual_seed(step)

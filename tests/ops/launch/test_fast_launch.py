@@ -30,6 +30,7 @@ from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import launch as decode_launch
 from kvattn.ops.launch import fast_launch
 from kvattn.ops.launch import common as launch_common
+from kvattn.ops.launch import workspace as launch_workspace
 from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()
@@ -257,8 +258,8 @@ def test_no_aliases_for_tensors_that_require_grad():
 
 def test_workspace_partials_do_not_keep_the_workspace():
     ws = torch.zeros(1 << 16, dtype=torch.uint8)[3:]  # not 16-byte aligned
-    part_o, part_lse = launch_common.partials_from_workspace(ws, 100, 20)
-    assert launch_common.partials_from_workspace(ws, 100, 20)[0] is part_o
+    part_o, part_lse = launch_workspace.partials_from_workspace(ws, 100, 20)
+    assert launch_workspace.partials_from_workspace(ws, 100, 20)[0] is part_o
     assert part_o.data_ptr() % 16 == 0 and part_lse.data_ptr() == part_o.data_ptr() + 400
     assert part_o.dtype == part_lse.dtype == torch.float32 and part_o.numel() == 100 and part_lse.numel() == 20
     ref = __import__("weakref").ref(ws)

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..._formats_table import BY_NAME
-from ..launch.common import config_override
+from ..launch.plans import config_override
 
 
 @dataclass(frozen=True)

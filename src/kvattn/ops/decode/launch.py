@@ -26,9 +26,10 @@ from . import configs as decode_configs
 from ..launch import fast_launch
 from .kernels import decode_combine_kernel, decode_split_kernel
 from ..launch.common import (
-    MAX_COUNTERS, arch, cached_plan, capturing, cdiv, device_guard, int32_lengths, kv_format_code, launch_counters,
-    next_power_of_2, partials_fit, split_partials, words_aligned, words_allowed,
+    arch, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_aligned, words_allowed,
 )
+from ..launch.plans import cached_plan
+from ..launch.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
     from triton.tools.tensor_descriptor import TensorDescriptor

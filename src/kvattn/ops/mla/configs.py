@@ -13,7 +13,8 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..._formats_table import BY_NAME
-from ..launch.common import config_override, next_power_of_2
+from ..launch.common import next_power_of_2
+from ..launch.plans import config_override
 
 MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
 MIN_BLOCK_H = 16  # tl.dot's smallest M

@@ -17,10 +17,9 @@ from ...formats import FP8_DTYPE
 from . import configs as mla_configs
 from ..launch import fast_launch
 from ..decode.kernels import decode_combine_kernel
-from ..launch.common import (
-    arch, cached_plan, device_guard, int32_lengths, kv_format_code, next_power_of_2, partials_fit,
-    split_partials, words_allowed,
-)
+from ..launch.common import arch, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_allowed
+from ..launch.plans import cached_plan
+from ..launch.workspace import partials_fit, split_partials
 from .kernels import mla_split_kernel
 
 try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
