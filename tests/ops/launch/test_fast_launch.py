@@ -1,4 +1,4 @@
-"""The fast launch path (``kvattn.ops.launch.fast_launch``) and the cached launch plans of ``decode_launch``.
+"""The fast launch path (``kvattn.ops.launch.fast_launch``) and the cached launch plans of ``ops/decode/launch.py``.
 
 CPU tier: the specialisation rules against Triton's own ``native_specialize_impl``, what changes a
 launch key, launch plans, cached views, the environment switches, and the launcher's handling of
@@ -133,34 +133,42 @@ def _toy_interleaved(x_ptr, BLOCK: tl.constexpr, n):
 TOY = JITFunction(_toy)  # never compiled: only its parameters are read
 
 
-def _static(kernel=TOY, head=(64,), constexprs=None, options=None, slots=(0, 1), num_floats=1):
-    launch = fast_launch.Launch(
-        kernel, (4,), slots=slots, head=head, num_floats=num_floats,
+TOY_LAYOUT = fast_launch.CallLayout(("x", "y"), (), ("scale",))
+
+
+def _launch(kernel=TOY, n=64, constexprs=None, options=None, per_call=None, fixed=None):
+    return fast_launch.Launch(
+        kernel, (4,), layout=TOY_LAYOUT,
+        per_call=dict(x_ptr="x", y_ptr="y", scale="scale") if per_call is None else per_call,
+        fixed=dict(n=n) if fixed is None else fixed,
         constexprs=dict(BLOCK=32, FLAG=True) if constexprs is None else constexprs,
         options=dict(num_warps=4, num_stages=2) if options is None else options,
     )
-    return launch.static_key()
+
+
+def _static(**kw):
+    return _launch(**kw).static_key()
 
 
 def test_equal_launches_give_equal_static_keys():
     assert _static() is not None
     assert _static() == _static()
-    assert _static(head=(64,)) == _static(head=(4096,))  # both divisible by 16
+    assert _static(n=64) == _static(n=4096)  # both divisible by 16
     assert _static(options=dict(num_stages=2, num_warps=4)) == _static()  # keyword order
 
 
 @pytest.mark.parametrize("change", [
-    pytest.param(dict(head=(1,)), id="int-1"),
-    pytest.param(dict(head=(65,)), id="int-not-divisible"),
-    pytest.param(dict(head=(2**31 + 64,)), id="int64"),
-    pytest.param(dict(head=(64.0,)), id="float-for-int"),
-    pytest.param(dict(head=(True,)), id="bool-for-int"),
+    pytest.param(dict(n=1), id="int-1"),
+    pytest.param(dict(n=65), id="int-not-divisible"),
+    pytest.param(dict(n=2**31 + 64), id="int64"),
+    pytest.param(dict(n=64.0), id="float-for-int"),
+    pytest.param(dict(n=True), id="bool-for-int"),
     pytest.param(dict(constexprs=dict(BLOCK=64, FLAG=True)), id="constexpr-value"),
     pytest.param(dict(constexprs=dict(BLOCK=32, FLAG=1)), id="constexpr-type"),
     pytest.param(dict(options=dict(num_warps=8, num_stages=2)), id="num-warps"),
     pytest.param(dict(options=dict(num_warps=4, num_stages=3)), id="num-stages"),
     pytest.param(dict(options=dict(num_warps=4, num_stages=2, launch_pdl=True)), id="launch-pdl"),
-    pytest.param(dict(slots=(0, 0)), id="pointer-slots"),
+    pytest.param(dict(per_call=dict(x_ptr="x", y_ptr="x", scale="scale")), id="pointer-sources"),
 ])
 def test_each_bound_fact_changes_the_static_key(change):
     assert _static(**change) != _static()
@@ -169,14 +177,38 @@ def test_each_bound_fact_changes_the_static_key(change):
 @pytest.mark.parametrize("kw", [
     pytest.param(dict(kernel=JITFunction(_toy, do_not_specialize=["n"])), id="do-not-specialize"),
     pytest.param(dict(kernel=JITFunction(_toy, do_not_specialize_on_alignment=["x_ptr"])), id="no-align"),
-    pytest.param(dict(constexprs=dict(BLOCK=32)), id="constexpr-missing"),
-    pytest.param(dict(head=()), id="argument-missing"),
-    pytest.param(dict(head=("64",)), id="unknown-argument-type"),
-    pytest.param(dict(kernel=JITFunction(_toy_interleaved), slots=(0,), head=(), num_floats=0,
-                      constexprs=dict(BLOCK=32)), id="constexpr-before-argument"),
+    pytest.param(dict(n="64"), id="unknown-argument-type"),
 ])
 def test_launches_outside_the_rules_are_left_to_triton(kw):
     assert _static(**kw) is None
+
+
+@pytest.mark.parametrize("kw,message", [
+    pytest.param(dict(constexprs=dict(BLOCK=32)), r"constexprs: expected \['BLOCK', 'FLAG'\]", id="constexpr-missing"),
+    pytest.param(dict(fixed={}), r"no value for \['n'\]", id="argument-missing"),
+    pytest.param(dict(fixed=dict(n=64, m=3)), r"not arguments of the kernel: \['m'\]", id="unknown-parameter"),
+    pytest.param(dict(fixed=dict(n=64, scale=1.0)), r"given twice: \['scale'\]", id="given-twice"),
+    pytest.param(dict(per_call=dict(x_ptr="x", y_ptr="z", scale="scale")), r"not in the call layout: \['z'\]",
+                 id="unknown-call-value"),
+])
+def test_launches_name_every_parameter_once(kw, message):
+    """Arguments go by the kernel's parameter names: one nobody gives, a name the kernel lacks or a
+    value the call does not have fails when the launch is built, naming it."""
+    with pytest.raises(TypeError, match=message):
+        _launch(**kw)
+
+
+def test_names_resolve_to_the_kernels_parameter_order():
+    """Each parameter takes its named value wherever it sits, constexprs interleaved too."""
+    call = fast_launch.CallArgs((_BUF[:8], _BUF[8:16]), (), (0.5,))
+    launch = _launch(n=48)
+    assert launch.argument("y_ptr", call) is call.tensors[1] and launch.argument("scale", call) == 0.5
+    assert launch.argument("n", call) == 48 and launch.argument("FLAG", call) is True
+    inter = fast_launch.Launch(JITFunction(_toy_interleaved), (1,), layout=TOY_LAYOUT, per_call=dict(x_ptr="y"),
+                               fixed=dict(n=7), constexprs=dict(BLOCK=16), options={})
+    assert inter.static_key() is not None
+    assert [inter.argument(n, call) for n in ("BLOCK", "n")] == [16, 7]
+    assert inter.argument("x_ptr", call) is call.tensors[1]
 
 
 def test_interpreter_takes_tritons_path():
@@ -526,11 +558,11 @@ def test_fast_path_passes_tritons_kernel_and_arguments(build, monkeypatch):
     runs = []
     run, launch = JITFunction.run, fast_launch.Launch.__call__
 
-    def fast_then_triton(lau, args, floats=()):
-        launch(lau, args, floats)
+    def fast_then_triton(lau, args):
+        launch(lau, args)
         assert not runs, "an identical second call went through JITFunction.run"
         fast = fake.launches()
-        launch(lau, fast_launch.CallArgs(args.tensors, args.ints), floats)  # no key: Triton's path
+        launch(lau, fast_launch.CallArgs(args.tensors, args.ints, args.floats))  # no key: Triton's path
         assert runs
         runs.clear()
         triton_path = fake.launches()
@@ -842,9 +874,9 @@ def test_descriptor_specialisation_is_dtype_and_block_shape():
 def test_with_descriptors_replaces_tensors_and_pointers_and_keeps_the_key():
     a, b, c = (torch.zeros(4) for _ in range(3))
     for ptrs in (None, (1, 2, 3)):
-        call = fast_launch.CallArgs((a, b, c), (5,), ptrs, 9 if ptrs else None, 7)
+        call = fast_launch.CallArgs((a, b, c), (5,), (0.5,), ptrs, 9 if ptrs else None, 7)
         got = fast_launch.with_descriptors(call, {1: "desc-b", 2: "desc-c"})
-        assert got.tensors == (a, "desc-b", "desc-c") and got.ints == (5,)
+        assert got.tensors == (a, "desc-b", "desc-c") and got.ints == (5,) and got.floats == (0.5,)
         assert got.ptrs == (None if ptrs is None else (1, "desc-b", "desc-c"))
         assert (got.key, got.stream) == (call.key, call.stream) and call.tensors == (a, b, c)
 

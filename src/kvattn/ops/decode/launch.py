@@ -5,17 +5,20 @@ Everything here reads host-side facts only (shapes, strides, dtypes, the SM coun
 is allocated (but a copy of non-contiguous ``seq_lens``), so a call can be captured in a CUDA
 graph and replayed with new lengths and tables.
 
-Host time. What a call derives from its host facts (config, row tiling, strides, constexprs, and
-per split count the grid and both launches) is a :class:`_Plan`, built by a function of those
-facts alone and cached under them; a call then computes only its split count (memoised per
-``max_seq_len``/window span), reads the data pointers and launches through
-:mod:`.fast_launch`. Plans are rebuilt, not cached, while a ``decode_configs.override`` is active.
+Host time. What a call derives from its host facts (a :class:`DecodeFacts`: config, row tiling,
+strides, constexprs, and per split count the grid and both launches) is a :class:`_Plan`, built by
+a function of those facts alone and cached under them; a call then computes only its split count
+(memoised per ``max_seq_len``/window span), reads the data pointers and launches through
+:mod:`..launch.fast_launch`, every kernel argument named once in :func:`_split_launch` /
+:func:`_combine_launch`. Plans are rebuilt, not cached, while a ``decode_configs.override`` is
+active.
 """
 
 from __future__ import annotations
 
 import operator
 from itertools import compress, repeat
+from typing import NamedTuple
 
 import torch
 
@@ -39,14 +42,13 @@ except ImportError:  # pragma: no cover
 # The tile packs Q_LEN x GROUP query rows; a larger group is cut into several row blocks.
 MIN_BLOCK_M = 16  # tl.dot's smallest M
 
-# Pointer arguments: the call's tensors are passed to fast_launch.call_args once, _ALWAYS then the
-# _OPTIONAL ones that are given; each kernel picks its pointers from them by name. An absent
-# optional tensor is replaced by the query, which the kernel never reads for it.
+# A call's values, by name (fast_launch.CallLayout): its tensors, _ALWAYS then the _OPTIONAL ones
+# that are given, its ints and its floats; each launch names the value each kernel parameter takes
+# (an absent optional tensor's parameter takes the query, which the kernel never reads for it).
 _ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse", "counters")
 _OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
-_SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit",
-                   "out_scale", "out", "lse", "part_o", "part_lse", "counters")
-_COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
+_INTS = ("fixed_len", "window_left")
+_FLOATS = ("logit_factor", "out_factor", "soft_cap", "rope_theta", "rope_scale")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
 _MAX_SPANS = 4096  # split counts memoised per plan
@@ -83,115 +85,143 @@ def _row_tiling(rows: int, head_dim: int, use_dot: bool) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 # plans
 # ---------------------------------------------------------------------------------------------
-class _Plan:
-    """Everything a call derives from its host facts (``launch_decode`` lists them, in the order
-    unpacked here).
+class DecodeFacts(NamedTuple):
+    """Every host fact a decode plan reads: the key of the plan cache. ``launch_decode`` computes
+    each into a local of the field's name and builds the record from them (a test checks the
+    names and their order), positionally: keyword construction of 33 fields costs microseconds of
+    host time a call (``benchmarks/NOTES.md``, Host path)."""
 
-    Built from the facts tuple alone, so two calls with equal facts get equal plans. The split
-    count also depends on the call's key span; :meth:`launches` memoises it per span.
+    device: torch.device
+    interpreter: bool  # TRITON_INTERPRET: the interpreter's config table, no inline PTX
+    q_shape: tuple  # [rows, Hq, D], [rows, 1, Hq, D] or [Hq, D] (one row)
+    q_stride: tuple
+    k_shape: tuple  # [P, page, Hkv, Ds] (paged) or Hkv (contiguous [L, Hkv, Ds]: L is fixed_len, per call)
+    k_stride: tuple
+    v_stride: tuple
+    kv_dtype: torch.dtype
+    out_shape: tuple
+    out_stride: tuple
+    out_dtype: torch.dtype
+    present: tuple  # bool per _OPTIONAL tensor: given or not
+    ksf_stride: tuple | None
+    vsf_stride: tuple | None
+    kt_stride: tuple | None
+    vt_stride: tuple | None
+    same_table: bool  # K and V read one page table
+    mask_stride: tuple | None
+    lse_stride: tuple | None
+    ws_numel: int | None  # workspace bytes (None: partials allocated)
+    paged: bool
+    q_len: int
+    has_window: bool  # window_left >= 0 (the window itself is a per-call int)
+    has_rope: bool  # RoPE (its scale and theta are per-call floats)
+    alibi: bool
+    has_soft_cap: bool  # a soft cap > 0 (its value is a per-call float)
+    use_tensor_cores: bool | None
+    max_programs: int | None
+    enable_pdl: bool
+    kv_aligned4: bool  # the words formats' base pointers 4-byte aligned (words_aligned)
+    fused_merge: bool  # KVATTN_FUSED_MERGE
+    kv_aligned16: bool  # contiguous K and V 16-byte aligned (TMA)
+    graph_capture: bool  # RoPE over a contiguous cache while capturing a CUDA graph (tma_readable)
+
+
+class _Plan:
+    """Everything a call derives from its host facts (:class:`DecodeFacts`).
+
+    Built from the facts alone, so two calls with equal facts get equal plans. The split count
+    also depends on the call's key span; :meth:`launches` memoises it per span.
     """
 
-    def __init__(self, facts: tuple):
-        (device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
-         out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
-         ws_numel, paged, q_len, has_window, rope, alibi, soft_cap, use_tensor_cores, max_programs,
-         enable_pdl, kv_aligned4, fused_merge, kv_aligned16, graph_capture) = facts
-        q_shape, q_stride = _as_rows(q_shape, q_stride)
-        out_stride = _as_rows(out_shape, out_stride)[1]
+    def __init__(self, facts: DecodeFacts):
+        f = facts
+        q_shape, q_stride = _as_rows(f.q_shape, f.q_stride)
+        out_stride = _as_rows(f.out_shape, f.out_stride)[1]
         self.rows_total, self.num_heads, self.head_dim = q_shape
-        self.batch = self.rows_total // q_len
-        if paged:
-            self.num_pages, self.page_size, self.num_kv_heads = k_shape[0], k_shape[1], k_shape[2]
-            self.k_strides, self.v_strides = tuple(k_stride[:3]), tuple(v_stride[:3])
+        self.batch = self.rows_total // f.q_len
+        if f.paged:
+            self.num_pages, self.page_size, self.num_kv_heads = f.k_shape[0], f.k_shape[1], f.k_shape[2]
+            self.k_strides, self.v_strides = tuple(f.k_stride[:3]), tuple(f.v_stride[:3])
         else:  # [L, Hkv, D]: page 0, slot = token
-            self.num_pages, self.page_size, self.num_kv_heads = 1, 1, k_shape
-            self.k_strides, self.v_strides = (0, k_stride[0], k_stride[1]), (0, v_stride[0], v_stride[1])
+            self.num_pages, self.page_size, self.num_kv_heads = 1, 1, f.k_shape
+            self.k_strides, self.v_strides = (0, f.k_stride[0], f.k_stride[1]), (0, f.v_stride[0], f.v_stride[1])
         self.group = self.num_heads // self.num_kv_heads
-        fmt = BY_DTYPE[kv_dtype]
+        fmt = BY_DTYPE[f.kv_dtype]
         self.kv_format = fmt.name
-        sf_strides = (*ksf_stride[:3], *vsf_stride[:3]) if fmt.scale_block else ()  # (block scales: paged only)
-        self.kv_code = kv_format_code(self.kv_format, words_allowed(device, interpreter, kv_aligned4),
+        sf_strides = (*f.ksf_stride[:3], *f.vsf_stride[:3]) if fmt.scale_block else ()  # (block scales: paged only)
+        self.kv_code = kv_format_code(self.kv_format, words_allowed(f.device, f.interpreter, f.kv_aligned4),
                                       (*self.k_strides, *self.v_strides), self.head_dim, sf_strides)
-        self.rows = q_len * self.group
-        arch_name = arch(device, interpreter)
-        cfg0 = decode_configs.config(arch_name, self.kv_format, self.head_dim, 16, rope)
+        self.rows = f.q_len * self.group
+        arch_name = arch(f.device, f.interpreter)
+        cfg0 = decode_configs.config(arch_name, self.kv_format, self.head_dim, 16, f.has_rope)
         use_dot = self.rows > 1
         if self.rows == 1:
             # One query row: tensor cores (M padded to 16) are still the only path whose K/V loads
             # Triton pipelines, so the table may prefer them even when the caller did not ask.
-            use_dot = cfg0.dot_single_row or bool(use_tensor_cores)
+            use_dot = cfg0.dot_single_row or bool(f.use_tensor_cores)
         self.use_dot = use_dot
         self.block_m, self.m_blocks = _row_tiling(self.rows, self.head_dim, use_dot)
         self.items = self.batch * self.num_kv_heads * self.m_blocks
-        self.sm_count = _device.sm_count(device)
-        long_tiles = decode_configs.wants_long_tiles(
-            arch_name, self.kv_format, self.head_dim, self.block_m, rope, page_size=self.page_size, items=self.items,
-            sm_count=self.sm_count,
-        )
-        few_items = not long_tiles and decode_configs.wants_few_item_tiles(
-            arch_name, self.kv_format, self.head_dim, self.block_m, rope, items=self.items, sm_count=self.sm_count)
-        self.cfg = cfg = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                               "long" if long_tiles else ("few" if few_items else "main"))
+        self.sm_count = _device.sm_count(f.device)
+        table = (arch_name, self.kv_format, self.head_dim, self.block_m, f.has_rope)  # what every table is read by
+        long_tiles = decode_configs.wants_long_tiles(*table, page_size=self.page_size, items=self.items,
+                                                     sm_count=self.sm_count)
+        few_items = not long_tiles and decode_configs.wants_few_item_tiles(*table, items=self.items,
+                                                                           sm_count=self.sm_count)
+        self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
         self.cfg_short = None
-        if decode_configs.has_short_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                          page_size=self.page_size):
-            self.cfg_short = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                                   "short")
+        if decode_configs.has_short_tiles(*table, page_size=self.page_size):
+            self.cfg_short = decode_configs.config(*table, "short")
         self.cfg_stream, self.stream_span = None, 0  # longest span that takes the streaming tiles
         stream_kind = None
-        if decode_configs.wants_stream_tiles(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                             items=self.items, sm_count=self.sm_count):
+        if decode_configs.wants_stream_tiles(*table, items=self.items, sm_count=self.sm_count):
             stream_kind = "stream"
-        elif decode_configs.wants_one_row_tiles("rope_stream", arch_name, self.kv_format, self.head_dim,
-                                                self.block_m, rope, paged=paged, rows=self.rows):
+        elif decode_configs.wants_one_row_tiles("rope_stream", *table, paged=f.paged, rows=self.rows):
             stream_kind = "rope_stream"
         if stream_kind is not None:
             self.stream_span = decode_configs.stream_span(
                 batch=self.batch, num_kv_heads=self.num_kv_heads,
-                row_bytes=fmt.row_bytes(self.head_dim), l2_bytes=_device.l2_bytes(device))
-            self.cfg_stream = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                                    stream_kind)
+                row_bytes=fmt.row_bytes(self.head_dim), l2_bytes=_device.l2_bytes(f.device))
+            self.cfg_stream = decode_configs.config(*table, stream_kind)
         # Past the streaming spans, one-row launches over a contiguous cache take their own table.
         self.cfg_contig = None
-        if self.cfg_stream is not None and decode_configs.wants_one_row_tiles(
-                "contig", arch_name, self.kv_format, self.head_dim, self.block_m, rope, paged=paged, rows=self.rows):
-            self.cfg_contig = decode_configs.config(arch_name, self.kv_format, self.head_dim, self.block_m, rope,
-                                                    "contig")
+        if self.cfg_stream is not None and decode_configs.wants_one_row_tiles("contig", *table, paged=f.paged,
+                                                                              rows=self.rows):
+            self.cfg_contig = decode_configs.config(*table, "contig")
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
-        self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
+        self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
         # Split launches merge in their own last program (one counter an item) where they can.
-        self.merge = fused_merge and self.items <= MAX_COUNTERS
+        self.merge = f.fused_merge and self.items <= MAX_COUNTERS
         self.merge_rows = min(self.block_m, next_power_of_2(self.rows))
-        self.rope_query = rope and use_dot and self.rows == 1
+        self.rope_query = f.has_rope and use_dot and self.rows == 1
         tma_rules = dict(
-            paged=paged, compiled=not interpreter and _device.has_tma(device), kv_format=self.kv_format,
-            aligned16=kv_aligned16, strides=(*k_stride[:2], *v_stride[:2]), rope=rope, rope_query=self.rope_query,
+            paged=f.paged, compiled=not f.interpreter and _device.has_tma(f.device), kv_format=self.kv_format,
+            aligned16=f.kv_aligned16, strides=(*f.k_stride[:2], *f.v_stride[:2]), rope=f.has_rope,
+            rope_query=self.rope_query,
         )
-        self.tma_ok = tma_readable(graph_capture=graph_capture, **tma_rules)
+        self.tma_ok = tma_readable(graph_capture=f.graph_capture, **tma_rules)
         # An eager plan whose captured twin may read by TMA warms that kernel up (launch_decode).
-        self.tma_twin = not graph_capture and rope and tma_readable(graph_capture=True, **tma_rules)
+        self.tma_twin = not f.graph_capture and f.has_rope and tma_readable(graph_capture=True, **tma_rules)
         self.warmed: set = set()
-        self.gdc = cfg.pdl and not interpreter
-        self.q_len, self.paged, self.has_window, self.rope, self.alibi = q_len, paged, has_window, rope, alibi
-        self.soft_cap, self.max_programs, self.enable_pdl = soft_cap, max_programs, enable_pdl
-        self.same_table = same_table
-        self.has = dict(zip(_OPTIONAL, present))
-        self.out_fp8 = out_dtype == FP8_DTYPE
+        self.gdc = cfg.pdl and not f.interpreter
+        self.q_len, self.paged, self.has_window = f.q_len, f.paged, f.has_window
+        self.rope, self.alibi = f.has_rope, f.alibi
+        self.soft_cap, self.max_programs, self.enable_pdl = f.has_soft_cap, f.max_programs, f.enable_pdl
+        self.same_table = f.same_table
+        self.has = dict(zip(_OPTIONAL, f.present))
+        self.out_fp8 = f.out_dtype == FP8_DTYPE
         self.strides = dict(
             q=tuple(q_stride[:2]), out=tuple(out_stride[:2]), k=self.k_strides, v=self.v_strides,
-            k_sf=tuple(ksf_stride[:3]) if ksf_stride is not None and paged else (0, 0, 0),
-            v_sf=tuple(vsf_stride[:3]) if vsf_stride is not None and paged else (0, 0, 0),
-            k_table=tuple(kt_stride[:2]) if kt_stride is not None else (0, 0),
-            v_table=tuple(vt_stride[:2]) if vt_stride is not None else (0, 0),
-            mask=tuple(mask_stride[:2]) if mask_stride is not None else (0, 0),
-            lse=_lse_row_stride(lse_stride, self.num_heads),
+            k_sf=tuple(f.ksf_stride[:3]) if f.ksf_stride is not None and f.paged else (0, 0, 0),
+            v_sf=tuple(f.vsf_stride[:3]) if f.vsf_stride is not None and f.paged else (0, 0, 0),
+            k_table=tuple(f.kt_stride[:2]) if f.kt_stride is not None else (0, 0),
+            v_table=tuple(f.vt_stride[:2]) if f.vt_stride is not None else (0, 0),
+            mask=tuple(f.mask_stride[:2]) if f.mask_stride is not None else (0, 0),
+            lse=_lse_row_stride(f.lse_stride, self.num_heads),
         )
-        names = _ALWAYS + tuple(compress(_OPTIONAL, present))
-        index = {name: i for i, name in enumerate(names)}
-        self.split_slots = tuple(index.get(n, 0) for n in _SPLIT_POINTERS)
-        self.combine_slots = tuple(index.get(n, 0) for n in _COMBINE_POINTERS)
+        self.layout = fast_launch.CallLayout(_ALWAYS + tuple(compress(_OPTIONAL, f.present)), _INTS, _FLOATS)
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[tuple, tuple] = {}
 
@@ -242,7 +272,7 @@ class _Plan:
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
 # critical path (~1 us on an H100): past two rounds the combine launch (~2 us after the last split
-# program) is the faster merge (benchmarks/NOTES.md).
+# program) is the faster merge (benchmarks/NOTES.md, Decode).
 MAX_MERGE_ROUNDS = 2
 
 
@@ -252,23 +282,42 @@ def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -
     return min(next_power_of_2(splits), max(1, 512 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
 
 
+def _given(plan: _Plan, name: str) -> str:
+    """The call value an optional tensor's parameter takes: the tensor, or the query standing in
+    for an absent one (never read: its constexpr switch is off)."""
+    return name if plan.has[name] else "query"
+
+
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> fast_launch.Launch:
-    """The split kernel's launch: every argument but the pointers, the call's ints
-    ``(fixed_len, window_left)`` and the floats ``(logit_factor, out_factor, soft_cap, rope_theta,
-    rope_scale)``."""
+    """The split kernel's launch, every argument by its parameter's name."""
     s, has = plan.strides, plan.has
     num_items = plan.items * splits
     tma = cfg.tma and plan.tma_ok
     persistent = plan.max_programs is not None and num_items > plan.max_programs
     return fast_launch.Launch(
         decode_split_kernel, (plan.max_programs if persistent else num_items,),
-        slots=plan.split_slots,
-        head=(
-            *s["q"], *s["out"], *s["k"], *s["v"], *s["k_sf"], *s["v_sf"], *s["k_table"], *s["v_table"],
-            *s["mask"], s["lse"], num_items, plan.rows_total, splits, plan.num_pages,
+        layout=plan.layout,
+        per_call=dict(
+            q_ptr="query", k_ptr="k", v_ptr="v", k_sf_ptr=_given(plan, "k_sf"), v_sf_ptr=_given(plan, "v_sf"),
+            k_table_ptr=_given(plan, "k_table"), v_table_ptr=_given(plan, "v_table"),
+            seq_lens_ptr=_given(plan, "seq_lens"), mask_ptr=_given(plan, "mask"), sinks_ptr=_given(plan, "sinks"),
+            logit_scale_ptr=_given(plan, "logit"), out_scale_ptr=_given(plan, "out_scale"), out_ptr="out",
+            lse_ptr=_given(plan, "lse"), part_o_ptr="part_o", part_lse_ptr="part_lse", counter_ptr="counters",
+            fixed_len="fixed_len", window_left="window_left", logit_factor="logit_factor", out_factor="out_factor",
+            soft_cap_value="soft_cap", rope_theta="rope_theta", rope_scale="rope_scale",
         ),
-        int_slots=(0, 1), num_floats=5,
-        tail=(1 << (plan.num_heads.bit_length() - 1),),  # largest power of 2 <= Hq (ALiBi slopes)
+        fixed=dict(
+            stride_q_t=s["q"][0], stride_q_h=s["q"][1], stride_o_t=s["out"][0], stride_o_h=s["out"][1],
+            stride_k_p=s["k"][0], stride_k_s=s["k"][1], stride_k_h=s["k"][2],
+            stride_v_p=s["v"][0], stride_v_s=s["v"][1], stride_v_h=s["v"][2],
+            stride_ksf_p=s["k_sf"][0], stride_ksf_s=s["k_sf"][1], stride_ksf_h=s["k_sf"][2],
+            stride_vsf_p=s["v_sf"][0], stride_vsf_s=s["v_sf"][1], stride_vsf_h=s["v_sf"][2],
+            stride_kt_b=s["k_table"][0], stride_kt_p=s["k_table"][1],
+            stride_vt_b=s["v_table"][0], stride_vt_p=s["v_table"][1],
+            stride_mask_b=s["mask"][0], stride_mask_r=s["mask"][1], stride_lse_t=s["lse"],
+            num_items=num_items, num_rows=plan.rows_total, num_splits=splits, num_pages=plan.num_pages,
+            alibi_n=1 << (plan.num_heads.bit_length() - 1),  # largest power of 2 <= Hq (ALiBi slopes)
+        ),
         constexprs=dict(
             HEAD_DIM=plan.head_dim, PAGE_SIZE=plan.page_size, NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group,
             Q_LEN=plan.q_len, BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, M_BLOCKS=plan.m_blocks,
@@ -290,13 +339,16 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
 
 
 def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
-    """The combine kernel's launch: every argument but the pointers and the float ``out_factor``."""
+    """The combine kernel's launch, every argument by its parameter's name."""
     s, has = plan.strides, plan.has
     return fast_launch.Launch(
         decode_combine_kernel, (plan.rows_total, plan.num_heads),
-        slots=plan.combine_slots,
-        head=(*s["out"], s["lse"], plan.rows_total, splits),
-        num_floats=1,
+        layout=plan.layout,
+        per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", sinks_ptr=_given(plan, "sinks"),
+                      out_scale_ptr=_given(plan, "out_scale"), out_ptr="out", lse_ptr=_given(plan, "lse"),
+                      out_factor="out_factor"),
+        fixed=dict(stride_o_t=s["out"][0], stride_o_h=s["out"][1], stride_lse_t=s["lse"], num_rows=plan.rows_total,
+                   num_splits=splits),
         constexprs=dict(
             NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim,
             BLOCK_S=min(next_power_of_2(splits), max(1, 8192 // plan.head_dim)), HAS_SINKS=has["sinks"],
@@ -315,7 +367,7 @@ def tma_readable(*, paged: bool, compiled: bool, kv_format: str, aligned16: bool
 
     Only in CUDA-graph capture: Triton encodes a descriptor on the host at every launch, which
     took an eager RoPE single decode from 48 to 79 us of host time a call on an H100 host, more
-    than the ~2.5 us of GPU time it saves there (benchmarks/NOTES.md, session l); a replay pays
+    than the ~2.5 us of GPU time it saves there (benchmarks/NOTES.md, Host path); a replay pays
     no host time, so captured calls take the faster kernel and eager ones the raw-pointer launch.
     """
     return (
@@ -341,14 +393,15 @@ _KV_SLOTS = (_ALWAYS.index("k"), _ALWAYS.index("v"))  # K and V's places among a
 
 
 def _descriptors(k: torch.Tensor, v: torch.Tensor, split: fast_launch.Launch, plan: _Plan) -> dict:
-    """K and V's descriptors for ``split``, by their slots, for ``fast_launch.with_descriptors``."""
+    """K and V's descriptors for ``split``, by their places among the call's tensors, for
+    ``fast_launch.with_descriptors``."""
     return dict(zip(_KV_SLOTS, tma_descriptors(k, v, split.constexprs["BLOCK_N"], plan.rope_query)))
 
 
-_PLANS: dict[tuple, _Plan] = {}
+_PLANS: dict[DecodeFacts, _Plan] = {}
 
 
-def _plan(facts: tuple) -> _Plan:
+def _plan(facts: DecodeFacts) -> _Plan:
     return cached_plan(_PLANS, facts, _Plan, bool(decode_configs._override))
 
 
@@ -385,8 +438,8 @@ def launch_decode(
 ) -> None:
     """Launch decode attention into ``out``, with the query's GPU current: Triton launches on the
     current device, and a multi-GPU caller's tensors may live on another one."""
-    device = query.get_device()  # -1 on the CPU
-    with device_guard(device):
+    device_index = query.get_device()  # -1 on the CPU
+    with device_guard(device_index):
         if seq_lens is not None:
             seq_lens = int32_lengths(seq_lens)
         if mask is not None:
@@ -403,39 +456,52 @@ def launch_decode(
             k_table = v_table = seq_lens = None
             same_table = True
         optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse)
+        # Every host fact the plan reads, each in a local of its DecodeFacts field's name.
+        device = query.device
+        interpreter = _env.triton_interpret()
+        q_shape, q_stride = query.shape, query.stride()
+        k_shape, k_stride, v_stride, kv_dtype = k.shape if paged else k.shape[1], k.stride(), v.stride(), k.dtype
+        out_shape, out_stride, out_dtype = out.shape, out.stride(), out.dtype
         present = tuple(map(operator.is_not, optional, _NONES))
+        ksf_stride = k_sf.stride() if k_sf is not None else None
+        vsf_stride = v_sf.stride() if v_sf is not None else None
+        kt_stride = k_table.stride() if k_table is not None else None
+        vt_stride = v_table.stride() if v_table is not None else None
+        mask_stride = mask.stride() if mask is not None else None
+        lse_stride = lse.stride() if lse is not None else None
+        ws_numel = workspace.numel() if workspace is not None else None
         has_window = window_left >= 0
-        # Every host fact the plan reads (see _Plan.__init__ for the names, in this order).
-        facts = (
-            query.device, _env.triton_interpret(), query.shape, query.stride(), k.shape if paged else k.shape[1],
-            k.stride(), v.stride(), k.dtype, out.shape, out.stride(), out.dtype, present,
-            k_sf.stride() if k_sf is not None else None, v_sf.stride() if v_sf is not None else None,
-            k_table.stride() if k_table is not None else None, v_table.stride() if v_table is not None else None,
-            same_table, mask.stride() if mask is not None else None, lse.stride() if lse is not None else None,
-            workspace.numel() if workspace is not None else None,
-            paged, q_len, has_window, rope is not None, alibi, soft_cap > 0, use_tensor_cores, max_programs, enable_pdl,
-            words_aligned(k, v, k_sf, v_sf), _env.fused_merge(),
-            not paged and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0,
-            rope is not None and not paged and capturing(query.device),  # (TMA: tma_readable)
-        )
+        has_rope = rope is not None
+        has_soft_cap = soft_cap > 0
+        kv_aligned4 = words_aligned(k, v, k_sf, v_sf)
+        fused_merge = _env.fused_merge()
+        kv_aligned16 = not paged and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0
+        graph_capture = has_rope and not paged and capturing(device)  # (TMA: tma_readable)
+        facts = DecodeFacts._make((
+            device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
+            out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
+            ws_numel, paged, q_len, has_window, has_rope, alibi, has_soft_cap, use_tensor_cores, max_programs,
+            enable_pdl, kv_aligned4, fused_merge, kv_aligned16, graph_capture,
+        ))
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len
         split, combine, numel_o, numel_lse, merged = plan.launches(span)
         part_o, part_lse = split_partials(combine is not None or merged, workspace, numel_o, numel_lse, out)
-        counters = launch_counters(workspace, query.device, plan.items) if merged else out
-        call = fast_launch.call_args((query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
-                                     (fixed_len, window_left), device)
+        counters = launch_counters(workspace, device, plan.items) if merged else out
         rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
-        floats = (logit_factor, out_factor, soft_cap, rope_theta, rope_scale)
+        call = fast_launch.call_args(  # in plan.layout's order: _ALWAYS, the given _OPTIONAL, _INTS, _FLOATS
+            (query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
+            (fixed_len, window_left), (logit_factor, out_factor, soft_cap, rope_theta, rope_scale), device_index,
+        )
         if split.constexprs["KV_TMA"]:
             call = fast_launch.with_descriptors(call, _descriptors(k, v, split, plan))
         elif plan.tma_twin and split not in plan.warmed:
             # An eager call whose capture would read by TMA (another kernel): compile and load that
             # kernel now, so that capturing the same call after eager warm-up loads no module.
             plan.warmed.add(split)
-            twin = _plan(facts[:-1] + (True,)).launches(span)[0]  # the same facts, captured
+            twin = _plan(facts._replace(graph_capture=True)).launches(span)[0]  # the same facts, captured
             if twin.constexprs["KV_TMA"]:
-                twin.warmup(fast_launch.with_descriptors(call, _descriptors(k, v, twin, plan)), floats)
-        split(call, floats)
+                twin.warmup(fast_launch.with_descriptors(call, _descriptors(k, v, twin, plan)))
+        split(call)
         if combine is not None:
-            combine(call, (out_factor,))
+            combine(call)

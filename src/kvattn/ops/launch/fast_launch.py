@@ -6,9 +6,12 @@ looks the compiled kernel up, checks the kernel's globals and builds launch meta
 decode that is longer than the kernels themselves. Here:
 
 1. a :class:`Launch` binds everything of one launch that a caller can fix ahead (grid,
-   constexprs, options, the scalar arguments that follow from shapes), once;
-2. :func:`call_args` reads a call's tensors once (data pointer, dtype, 16-byte alignment) and its
-   per-call ints, for every launch of the call (a decode call's split and combine launches);
+   constexprs, options, the scalar arguments that follow from shapes), once, each argument by
+   the kernel parameter's name; the names are resolved to positions there, once (Triton's
+   ``JITFunction.params``), so a call only picks its values into place;
+2. :func:`call_args` reads a call's tensors once (data pointer, dtype, 16-byte alignment), its
+   per-call ints and floats, for every launch of the call (a decode call's split and combine
+   launches); a :class:`CallLayout` names those values, in the order the caller passes them;
 3. a launch looks the compiled kernel up under a key of the facts Triton specialises on (below)
    and calls its launcher with raw pointers, as ``CompiledKernel.__getitem__`` does.
 
@@ -43,11 +46,12 @@ callers pass tensors they validated to be on the current CUDA device.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import operator
 import sys
 from itertools import repeat
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import triton
@@ -130,22 +134,47 @@ def fast_path_enabled() -> bool:
 # ---------------------------------------------------------------------------------------------
 # the per-call arguments
 # ---------------------------------------------------------------------------------------------
+class CallLayout(NamedTuple):
+    """The names of a call's per-call values, in the order the caller hands them to
+    :func:`call_args`: its tensors, ints and floats. A :class:`Launch` maps kernel parameters to
+    these names."""
+
+    tensors: tuple
+    ints: tuple = ()
+    floats: tuple = ()
+
+    def positions(self) -> dict[str, int]:
+        """Each name's index into ``tensors + ints + floats``."""
+        names = self.tensors + self.ints + self.floats
+        if len(set(names)) != len(names):
+            raise ValueError(f"CallLayout: names must be unique, got {names}")
+        return {name: i for i, name in enumerate(names)}
+
+
 class CallArgs:
-    """The tensors and per-call ints of one call, read once for every launch of the call.
+    """The tensors, per-call ints and floats of one call, read once for every launch of the call.
 
     ``key`` is None when the fast path is off; otherwise an int standing for :func:`call_key` of
     the call (equal facts, equal ints), and ``ptrs``/``stream`` are what the launcher takes.
+    ``values``: ``ptrs + ints + floats``, what a fast launch picks its per-call arguments from.
     """
 
-    __slots__ = ("tensors", "ints", "ptrs", "key", "stream")
+    __slots__ = ("tensors", "ints", "floats", "ptrs", "key", "stream", "values")
 
-    def __init__(self, tensors: tuple, ints: tuple, ptrs: tuple | None = None, key: int | None = None,
-                 stream: int = 0):
+    def __init__(self, tensors: tuple, ints: tuple = (), floats: tuple = (), ptrs: tuple | None = None,
+                 key: int | None = None, stream: int = 0):
         self.tensors = tensors
         self.ints = ints
+        self.floats = floats
         self.ptrs = ptrs
         self.key = key
         self.stream = stream
+        self.values = None if ptrs is None else ptrs + ints + floats
+
+    def triton_values(self) -> tuple:
+        """``tensors + ints + floats`` for Triton's own path (floats through ``float()``: Triton
+        specialises an int otherwise; the compiled launcher reads them as C doubles)."""
+        return self.tensors + self.ints + tuple(map(float, self.floats))
 
 
 def call_key(device: int, dtypes: tuple, ptrs: tuple, ints: tuple) -> tuple:
@@ -196,15 +225,16 @@ def _on_gpu(t) -> bool:
     return t.is_cuda
 
 
-def call_args(tensors: tuple, ints: tuple = (), device: int | None = None) -> CallArgs:
-    """Read a call's tensor arguments and per-call int arguments (see :class:`CallArgs`).
+def call_args(tensors: tuple, ints: tuple = (), floats: tuple = (), device: int | None = None) -> CallArgs:
+    """Read a call's tensor arguments and per-call int and float arguments (see :class:`CallArgs`),
+    in the order of the launches' :class:`CallLayout`.
 
     ``device``: the current device's index where the caller knows it (saves asking the driver).
     """
     if not (tensors and _on_gpu(tensors[0])) or not fast_path_enabled():
         # Raw pointers skip the launcher's pointer checks: host tensors (a direct torch.ops call)
         # take Triton's path, which rejects them.
-        return CallArgs(tensors, ints)
+        return CallArgs(tensors, ints, floats)
     ptrs = tuple(map(_data_ptr, tensors))
     active = driver.active
     if device is None:
@@ -212,13 +242,13 @@ def call_args(tensors: tuple, ints: tuple = (), device: int | None = None) -> Ca
     try:
         facts = call_key(device, tuple(map(_dtype, tensors)), ptrs, ints)
     except Unspecializable:
-        return CallArgs(tensors, ints)
+        return CallArgs(tensors, ints, floats)
     key = _KEY_IDS.get(facts)
     if key is None:
         if len(_KEY_IDS) >= _MAX_KEY_IDS:
             _KEY_IDS.clear()
         key = _KEY_IDS[facts] = next(_NEXT_KEY_ID)
-    return CallArgs(tensors, ints, ptrs, key, active.get_current_stream(device))
+    return CallArgs(tensors, ints, floats, ptrs, key, active.get_current_stream(device))
 
 
 def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
@@ -236,7 +266,8 @@ def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
         tensors[i] = desc
         if ptrs is not None:
             ptrs[i] = desc
-    return CallArgs(tuple(tensors), call.ints, None if ptrs is None else tuple(ptrs), call.key, call.stream)
+    return CallArgs(tuple(tensors), call.ints, call.floats, None if ptrs is None else tuple(ptrs), call.key,
+                    call.stream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +313,52 @@ def _launcher(compiled) -> tuple[Callable, tuple]:
     return run, (compiled.function, compiled.packed_metadata, None, None, None)
 
 
+def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict) -> tuple[tuple, tuple]:
+    """``(bound, indices)``: the fixed values and constexprs in the kernel's parameter order
+    (``bound``), and for each parameter its index into ``call values + bound``. Raises TypeError
+    naming the parameters nobody gave, given twice or unknown to the kernel."""
+    name = getattr(getattr(kernel, "fn", None), "__name__", None) or getattr(kernel, "__name__", "kernel")
+    params = _parameters(kernel)
+    runtime = {n for n, is_constexpr in params if not is_constexpr}
+    constant = {n for n, is_constexpr in params if is_constexpr}
+    given = set(per_call) | set(fixed)
+    problems = []
+    if set(per_call) & set(fixed):
+        problems.append(f"given twice: {sorted(set(per_call) & set(fixed))}")
+    if runtime - given:
+        problems.append(f"no value for {sorted(runtime - given)}")
+    if given - runtime:
+        problems.append(f"not arguments of the kernel: {sorted(given - runtime)}")
+    if set(constexprs) != constant:
+        problems.append(f"constexprs: expected {sorted(constant)}, got {sorted(constexprs)}")
+    positions = layout.positions()
+    unknown = sorted(v for v in per_call.values() if v not in positions)
+    if unknown:
+        problems.append(f"per-call values not in the call layout: {unknown}")
+    if problems:
+        raise TypeError(f"{name}: " + "; ".join(problems))
+    base = len(positions)
+    bound, indices = [], []
+    for n, is_constexpr in params:
+        if n in per_call:
+            indices.append(positions[per_call[n]])
+        else:
+            indices.append(base + len(bound))
+            bound.append(constexprs[n] if is_constexpr else fixed[n])
+    return tuple(bound), tuple(indices)
+
+
+def _parameters(kernel) -> list[tuple[str, bool]]:
+    """``(name, is_constexpr)`` of each parameter of ``kernel``, in order: a ``JITFunction``'s
+    ``params``, or (the interpreter's ``InterpretedFunction``) its function's signature, where a
+    constexpr is annotated ``tl.constexpr``."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return [(p.name, bool(p.is_constexpr)) for p in params]
+    signature = inspect.signature(kernel.fn)
+    return [(p.name, "constexpr" in str(p.annotation)) for p in signature.parameters.values()]
+
+
 # (id(kernel), static key) -> (kernel, {key: (CompiledKernel, launch, fixed)}): launches with equal
 # bound parts share their entries. Keyed by id because a JITFunction hashes by its source.
 _SHARED: dict = {}
@@ -296,31 +373,31 @@ def _shared_cache(kernel, static: tuple) -> dict:
 
 
 class Launch:
-    """One launch of ``kernel`` with its grid, constexprs, options and fixed scalars bound.
+    """One launch of ``kernel`` with its grid, constexprs, options and fixed scalars bound, every
+    argument by its parameter's name.
 
-    The kernel's non-constexpr arguments are ``pointers + head + ints + floats + tail``: the
-    call's tensors ``call.tensors[i] for i in slots``, the fixed scalars ``head``, the call's ints
-    ``call.ints[i] for i in int_slots``, the per-launch floats (through ``float()`` for Triton, which
-    specialises an int otherwise; the compiled launcher reads them as C doubles), the
-    fixed scalars ``tail``; ``constexprs`` binds the constexpr parameters, which must all follow
-    the others. Calling it is ``kernel[grid](*args, **constexprs, **options)``, through the
-    compiled kernel's launcher whenever it can (see the module docstring).
+    Each non-constexpr parameter of the kernel is named once, in ``per_call`` (the call's value of
+    that name: a tensor, int or float of ``layout``) or in ``fixed`` (a scalar that follows from
+    the launch's shapes); ``constexprs`` names every constexpr parameter. The names are resolved to
+    positions here, once: a kernel parameter nobody names, or a name the kernel does not have, is a
+    TypeError now rather than a wrong argument later. Calling the launch is
+    ``kernel[grid](**arguments, **options)``, through the compiled kernel's launcher whenever it
+    can (see the module docstring).
 
     Parameters
     ----------
-    kernel : triton.runtime.jit.JITFunction (any other kernel object is launched by Triton)
+    kernel : triton.runtime.jit.JITFunction (any other kernel object with ``params`` is launched
+        by Triton)
     grid : tuple of 1 to 3 ints
-    slots : tuple of int
-        Index into ``call.tensors`` of each pointer argument.
-    head, tail : tuple
-        Fixed scalar arguments before and after the per-call ones.
-    int_slots : tuple of int
-        Index into ``call.ints`` of each per-call int argument.
-    num_floats : int
-        Count of the per-launch float arguments.
+    layout : CallLayout
+        The names of the call's tensors, ints and floats (:func:`call_args`' order).
+    per_call : dict
+        Kernel parameter -> the name of the call's value it takes.
+    fixed : dict
+        Kernel parameter -> its value for every call of this launch.
     constexprs, options : dict
-        Keyword arguments of the launch: the constexpr parameters, and launch options such as
-        ``num_warps``, ``num_stages`` or ``launch_pdl``.
+        The constexpr parameters, and launch options such as ``num_warps``, ``num_stages`` or
+        ``launch_pdl``.
     ptx_hints : bool
         The kernel marks its copies for :mod:`.ptx_hints`: every launch that goes through Triton
         (and may compile) runs inside :func:`.ptx_hints.applied`.
@@ -331,11 +408,9 @@ class Launch:
         kernel,
         grid: Sequence[int],
         *,
-        slots: Sequence[int],
-        head: tuple = (),
-        int_slots: Sequence[int] = (),
-        num_floats: int = 0,
-        tail: tuple = (),
+        layout: CallLayout,
+        per_call: dict,
+        fixed: dict,
         constexprs: dict,
         options: dict,
         ptx_hints: bool = False,
@@ -343,53 +418,47 @@ class Launch:
         self.kernel = kernel
         self._scope = ptx_hints_applied if ptx_hints else contextlib.nullcontext
         self.grid = tuple(grid)
+        self.layout = layout
+        self.per_call = dict(per_call)
+        self.fixed = dict(fixed)
         self.constexprs = dict(constexprs)
         self.options = dict(options)
         self._grid3 = _grid3(self.grid)
-        self._slots = tuple(slots)
-        self._pick = _picker(self._slots)
-        self._int_slots = tuple(int_slots)
-        self._pick_ints = _picker(self._int_slots)
-        self._head = tuple(head)
-        self._tail = tuple(tail)
-        self._num_floats = num_floats
+        self._bound, indices = _resolve(kernel, layout, self.per_call, self.fixed, self.constexprs)
+        # Every parameter in the kernel's order (constexprs in place: Triton's launcher and
+        # kernel[grid] both take them so), picked from the call's values followed by _bound.
+        self._pick = _picker(indices)
+        self._indices = indices
         self._globals = None  # what _globals_unchanged compares, once the kernel has compiled
         static = self.static_key()
         self.fast = static is not None
-        # The launcher takes every argument, constexprs too (in parameter order, after the others).
-        self._launch_tail = self._tail + tuple(self.constexprs[n] for n in self._constexpr_names()) if self.fast else ()
         self._compiled: dict = _shared_cache(kernel, static) if self.fast else {}
         self.last: Any = None  # the CompiledKernel of the latest call (for tests and tools)
 
-    def _constexpr_names(self) -> list[str]:
-        return [p.name for p in self.kernel.params if p.is_constexpr]
+    def argument(self, name: str, call: CallArgs):
+        """The value parameter ``name`` gets in a launch for ``call`` (Triton's path's view)."""
+        position = [n for n, _ in _parameters(self.kernel)].index(name)
+        return self._pick(call.triton_values() + self._bound)[position]
 
     def static_key(self) -> tuple | None:
         """The bound part of the key, or None when this launch is always left to Triton."""
         if not TRITON_SUPPORTED or type(self.kernel) is not JITFunction:
             return None
-        params = self.kernel.params
-        runtime = [p for p in params if not p.is_constexpr]
-        count = len(self._slots) + len(self._head) + len(self._int_slots) + self._num_floats + len(self._tail)
-        if (
-            params[: len(runtime)] != runtime
-            or len(runtime) != count
-            or {p.name for p in params if p.is_constexpr} != set(self.constexprs)
-        ):
-            return None  # constexprs not all trailing, or arguments missing: Triton binds them
+        runtime = [p for p in self.kernel.params if not p.is_constexpr]
         if any(p.do_not_specialize or p.do_not_specialize_on_alignment or p.annotation_type for p in runtime):
             return None  # specialised otherwise than arg_spec models
         try:
-            scalars = tuple(map(arg_spec, self._head + self._tail))
+            scalars = tuple((n, arg_spec(v)) for n, v in sorted(self.fixed.items()))
             constexprs = tuple((n, type(v), v) for n, v in sorted(self.constexprs.items()))
             options = tuple((n, type(v), v) for n, v in sorted(self.options.items()))
-            key = (self._slots, len(self._head), scalars, self._int_slots, self._num_floats, constexprs, options)
+            key = (self._indices, len(self.layout.tensors), len(self.layout.ints), len(self.layout.floats), scalars,
+                   constexprs, options)
             hash(key)
         except (Unspecializable, TypeError):
             return None
         return key
 
-    def __call__(self, call: CallArgs, floats: tuple = ()) -> None:
+    def __call__(self, call: CallArgs) -> None:
         key = None  # the per-call part of the key; None: this call is left to Triton
         if call.key is not None and self.fast:
             kernel = self.kernel
@@ -399,28 +468,22 @@ class Launch:
                 if hit is not None and self._globals_unchanged():
                     compiled, launch, fixed = hit
                     self.last = compiled
-                    launch(*self._grid3, call.stream, *fixed, *self._pick(call.ptrs), *self._head,
-                           *self._pick_ints(call.ints), *floats, *self._launch_tail)
+                    launch(*self._grid3, call.stream, *fixed, *self._pick(call.values + self._bound))
                     return
         with self._scope():
-            compiled = self.kernel[self.grid](
-                *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
-                **self.constexprs, **self.options,
-            )
+            compiled = self.kernel[self.grid](*self._pick(call.triton_values() + self._bound), **self.options)
         self.last = compiled
         if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
             self._compiled[key] = (compiled, *_launcher(compiled))
             self._remember_globals()
 
-    def warmup(self, call: CallArgs, floats: tuple = ()) -> None:
+    def warmup(self, call: CallArgs) -> None:
         """Compile this launch's kernel for ``call`` and load it onto the GPU, without launching:
         so that a later first launch (in a CUDA-graph capture, where loading a module needs a
         driver of CUDA 12.3+) finds it ready."""
         with self._scope():
-            compiled = self.kernel.warmup(
-                *self._pick(call.tensors), *self._head, *self._pick_ints(call.ints), *map(float, floats), *self._tail,
-                grid=self.grid, **self.constexprs, **self.options,
-            )
+            compiled = self.kernel.warmup(*self._pick(call.triton_values() + self._bound), grid=self.grid,
+                                          **self.options)
         if isinstance(compiled, CompiledKernel):
             compiled._init_handles()
 

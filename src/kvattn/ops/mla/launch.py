@@ -4,10 +4,12 @@ Host-side facts only (shapes, strides, dtypes, the SM count, the bound ``max_seq
 waits for the device, and with a large enough workspace nothing is allocated, so a call can be
 captured in a CUDA graph and replayed with new lengths and tables. What a call derives from its
 facts is a :class:`_Plan`, cached under them; the split count is memoised per ``max_seq_len``.
-The partials are merged by the decode family's :func:`~.decode_kernels.decode_combine_kernel`.
+The partials are merged by the decode family's :func:`~..decode.kernels.decode_combine_kernel`.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -34,37 +36,65 @@ CKV_DIM = 512
 KPE_DIM = 64
 _MAX_SPANS = 4096
 
-# Order of the call's tensors (fast_launch.call_args); an absent scale tensor is replaced by the
+# The call's values by name (fast_launch.CallLayout); an absent scale tensor's parameter takes the
 # query, which the kernels never read for it.
-_Q, _KV, _TABLE, _LENS, _OUT, _PART_O, _PART_LSE, _LOGIT, _OUT_SCALE = range(9)
+_LAYOUT = fast_launch.CallLayout(
+    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale"), (),
+    ("logit_factor", "out_factor"),
+)
+
+
+class MLAFacts(NamedTuple):
+    """Every host fact an MLA plan reads: the key of the plan cache (built positionally from locals
+    of the fields' names in :func:`launch_mla`, as :class:`..decode.launch.DecodeFacts`)."""
+
+    device: torch.device
+    interpreter: bool
+    q_shape: tuple  # [B, Hq, 576]
+    q_stride: tuple
+    q_dtype: torch.dtype
+    kv_shape: tuple  # [P, page, 576] or [P, page, 1, 576]
+    kv_stride: tuple
+    kv_dtype: torch.dtype
+    table_stride: tuple
+    out_stride: tuple
+    ws_numel: int | None
+    has_logit: bool  # a logit scale tensor
+    has_out_scale: bool  # an output scale tensor
+    aligned4: bool  # an fp8 cache 4-byte aligned (its words path)
+    aligned16: bool  # the cache 16-byte aligned (the Gluon kernel's TMA)
+    gluon_on: bool  # KVATTN_GLUON
 
 
 class _Plan:
-    """Everything a call derives from its host facts (see :func:`launch_mla` for the tuple)."""
+    """Everything a call derives from its host facts (:class:`MLAFacts`)."""
 
-    def __init__(self, facts: tuple):
-        (device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride, out_stride,
-         ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on) = facts
-        self.batch, self.num_heads = q_shape[0], q_shape[1]
-        self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
-        self.kv_format = BY_DTYPE[kv_dtype].name
-        self.cfg = cfg = mla_configs.config(arch(device, interpreter), self.kv_format, self.num_heads,
-                                            q_dtype == FP8_DTYPE)
+    def __init__(self, facts: MLAFacts):
+        f = facts
+        self.batch, self.num_heads = f.q_shape[0], f.q_shape[1]
+        self.num_pages, self.page_size = f.kv_shape[0], f.kv_shape[1]
+        self.kv_format = BY_DTYPE[f.kv_dtype].name
+        self.cfg = cfg = mla_configs.config(arch(f.device, f.interpreter), self.kv_format, self.num_heads,
+                                            f.q_dtype == FP8_DTYPE)
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
-        words_ok = words_allowed(device, interpreter, aligned4)
+        words_ok = words_allowed(f.device, f.interpreter, f.aligned4)
         self.kv_code = BY_NAME["fp8"].kernel_code if cfg.qk_fp8 else kv_format_code(
-            self.kv_format, words_ok, (kv_stride[0], kv_stride[1]), CKV_DIM + KPE_DIM)
+            self.kv_format, words_ok, (f.kv_stride[0], f.kv_stride[1]), CKV_DIM + KPE_DIM)
         self.h_blocks = -(-self.num_heads // cfg.block_h)
         self.items = self.batch * self.h_blocks
-        self.sm_count = _device.sm_count(device)
+        self.sm_count = _device.sm_count(f.device)
         per_split = self.batch * self.num_heads * (CKV_DIM + 1)
-        self.fit = partials_fit(ws_numel, per_split, cfg.max_splits)
-        self.head = (q_stride[0], q_stride[1], out_stride[0], out_stride[1], kv_stride[0], kv_stride[1],
-                     table_stride[0], table_stride[1], self.batch, self.num_heads)
-        self.has_logit, self.has_out_scale = has_logit, has_out_scale
-        self.row_stride = kv_stride[1]
-        self.gluon = (gluon_on and mla_gluon_kernel is not None and arch(device, interpreter) == "sm90"
-                      and _gluon_fits(cfg, self.kv_format, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16))
+        self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
+        self.strides = dict(  # the kernels' stride parameters, by name
+            stride_q_b=f.q_stride[0], stride_q_h=f.q_stride[1], stride_o_b=f.out_stride[0],
+            stride_o_h=f.out_stride[1], stride_kv_p=f.kv_stride[0], stride_kv_s=f.kv_stride[1],
+            stride_t_b=f.table_stride[0], stride_t_p=f.table_stride[1],
+        )
+        self.has_logit, self.has_out_scale = f.has_logit, f.has_out_scale
+        self.row_stride = f.kv_stride[1]
+        self.gluon = (f.gluon_on and mla_gluon_kernel is not None and arch(f.device, f.interpreter) == "sm90"
+                      and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
+                                      f.aligned16))
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
@@ -91,9 +121,14 @@ class _Plan:
             return _GluonSplit(self, splits)
         return fast_launch.Launch(
             mla_split_kernel, (self.items * splits,),
-            slots=(_Q, _KV, _TABLE, _LENS, _LOGIT if self.has_logit else _Q,
-                   _OUT_SCALE if self.has_out_scale else _Q, _OUT, _PART_O, _PART_LSE),
-            head=(*self.head, splits, self.num_pages), num_floats=2,
+            layout=_LAYOUT,
+            per_call=dict(q_ptr="query", kv_ptr="kv", table_ptr="table", seq_lens_ptr="seq_lens",
+                          logit_scale_ptr="logit" if self.has_logit else "query",
+                          out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
+                          part_o_ptr="part_o", part_lse_ptr="part_lse", logit_factor="logit_factor",
+                          out_factor="out_factor"),
+            fixed=dict(self.strides, batch=self.batch, num_heads=self.num_heads, num_splits=splits,
+                       num_pages=self.num_pages),
             constexprs=dict(
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
@@ -103,12 +138,15 @@ class _Plan:
         )
 
     def _combine(self, splits: int) -> fast_launch.Launch:
-        # decode_combine_kernel's pointers: part_o, part_lse, sinks, out_scale, out, lse (the query
-        # stands in for the absent sinks and LSE).
+        # The decode family's combine kernel; the query stands in for the absent sinks and LSE.
         return fast_launch.Launch(
             decode_combine_kernel, (self.batch, self.num_heads),
-            slots=(_PART_O, _PART_LSE, _Q, _OUT_SCALE if self.has_out_scale else _Q, _OUT, _Q),
-            head=(self.head[2], self.head[3], 0, self.batch, splits), num_floats=1,
+            layout=_LAYOUT,
+            per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", sinks_ptr="query",
+                          out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
+                          lse_ptr="query", out_factor="out_factor"),
+            fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"], stride_lse_t=0,
+                       num_rows=self.batch, num_splits=splits),
             constexprs=dict(
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(next_power_of_2(splits), 8192 // CKV_DIM),
                 HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=False, USE_PDL=False,
@@ -119,7 +157,7 @@ class _Plan:
 
 def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
                 aligned16: bool) -> bool:
-    """Whether :mod:`.mla_gluon` runs a launch: 16-bit cache and query of one dtype, 64 heads a
+    """Whether :mod:`.gluon` runs a launch: 16-bit cache and query of one dtype, 64 heads a
     program, 64-key tiles inside pages of a multiple of 64 tokens, and rows TMA can address as one
     ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
@@ -130,7 +168,7 @@ def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, k
 
 
 class _GluonSplit:
-    """The split launch of :func:`~.mla_gluon.mla_gluon_kernel` (through the Gluon JIT: its TMA
+    """The split launch of :func:`~.gluon.mla_gluon_kernel` (through the Gluon JIT: its TMA
     descriptor of the cache is built for each call from the cache's pointer)."""
 
     BLOCK_N = 64
@@ -146,22 +184,25 @@ class _GluonSplit:
         plan = self.plan
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
-        h = plan.head  # (q_b, q_h, o_b, o_h, kv_p, kv_s, t_b, t_p, batch, heads)
+        st = plan.strides
         mla_gluon_kernel[self.grid](
-            query, desc, table, seq_lens, logit_tensor if logit_tensor is not None else query,
-            out_tensor if out_tensor is not None else query, out, part_o, part_lse,
-            h[0], h[1], h[2], h[3], h[6], h[7], h[8], h[9], self.splits, plan.num_pages,
-            logit_factor, out_factor,
+            q_ptr=query, kv_desc=desc, table_ptr=table, seq_lens_ptr=seq_lens,
+            logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
+            out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, part_o_ptr=part_o,
+            part_lse_ptr=part_lse, stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"],
+            stride_o_b=st["stride_o_b"], stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"],
+            stride_t_p=st["stride_t_p"], batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits,
+            num_pages=plan.num_pages, logit_factor=logit_factor, out_factor=out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
             num_warps=8,
         )
 
 
-_PLANS: dict[tuple, _Plan] = {}
+_PLANS: dict[MLAFacts, _Plan] = {}
 
 
-def _plan(facts: tuple) -> _Plan:
+def _plan(facts: MLAFacts) -> _Plan:
     return cached_plan(_PLANS, facts, _Plan, bool(mla_configs._override))
 
 
@@ -180,27 +221,35 @@ def launch_mla(
     workspace=None,  # None: the split partials are allocated
 ) -> None:
     """Launch MLA decode into ``out``, with the query's GPU current."""
-    device = query.get_device()  # -1 on the CPU
-    with device_guard(device):
+    device_index = query.get_device()  # -1 on the CPU
+    with device_guard(device_index):
         seq_lens = int32_lengths(seq_lens)
-        facts = (
-            query.device, _env.triton_interpret(), query.shape, query.stride(), query.dtype, kv.shape, kv.stride(), kv.dtype,
-            table.stride(), out.stride(), workspace.numel() if workspace is not None else None,
-            logit_tensor is not None, out_tensor is not None,
-            kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0, kv.data_ptr() % 16 == 0, _env.gluon(),
-        )
+        # Every host fact the plan reads, each in a local of its MLAFacts field's name.
+        device, interpreter = query.device, _env.triton_interpret()
+        q_shape, q_stride, q_dtype = query.shape, query.stride(), query.dtype
+        kv_shape, kv_stride, kv_dtype = kv.shape, kv.stride(), kv.dtype
+        table_stride, out_stride = table.stride(), out.stride()
+        ws_numel = workspace.numel() if workspace is not None else None
+        has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
+        aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
+        aligned16 = kv.data_ptr() % 16 == 0
+        gluon_on = _env.gluon()
+        facts = MLAFacts._make((
+            device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,
+            out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on,
+        ))
         plan = _plan(facts)
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
         part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
-        call = fast_launch.call_args(
+        call = fast_launch.call_args(  # in _LAYOUT's order
             (query, kv, table, seq_lens, out, part_o, part_lse,
              logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
-            (), device,
+            (), (logit_factor, out_factor), device_index,
         )
         if plan.gluon:
             split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
                       out_factor)
         else:
-            split(call, (logit_factor, out_factor))
+            split(call)
         if combine is not None:
-            combine(call, (out_factor,))
+            combine(call)

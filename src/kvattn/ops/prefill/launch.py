@@ -118,13 +118,13 @@ def launch_context(
         vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
         # fp8 / NVFP4 caches read as 32-bit words where every word is aligned, as decode reads them;
         # not with fp8 scores (QK_FP8), whose K tile goes to the tensor cores as the copied bytes
-        # (on words, Triton 3.6 compiles that product as float16: sm_90a SASS, benchmarks/NOTES.md).
+        # (on words, Triton 3.6 compiles that product as float16: sm_90a SASS, benchmarks/NOTES.md, Prefill).
         kv_format = BY_DTYPE[k.dtype].name
         words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
         kv_code = kv_format_code(kv_format, words_ok, (*k.stride()[:3], *v.stride()[:3]), head_dim, (*ksf_s, *vsf_s))
         # K/V tiles by TMA where the table has a tile for the kind (16-bit caches, fp8 with fp8
         # scores) and the pages allow it: no per-token address math, no registers for it, so one
-        # warpgroup a program and two programs an SM (benchmarks/NOTES.md).
+        # warpgroup a program and two programs an SM (benchmarks/NOTES.md, Prefill).
         k_src, v_src, head_rows, head_cols = k, v, 0, 0
         tma = None
         if not interpreter and _device.has_tma(query.device):
@@ -134,16 +134,23 @@ def launch_context(
                 cfg = tma_cfg
                 k_src, v_src, head_rows, head_cols = tma
         grid = (num_heads, batch, cdiv(max_q_len, cfg.block_m))
-        context_kernel[grid](
-            query, k_src, v_src, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
-            seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
-            logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
-            out, sf_flat,
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-            *k.stride()[:3], *v.stride()[:3], *ksf_s, *vsf_s,
-            k_table.stride(0), k_table.stride(1), v_table.stride(0), v_table.stride(1),
-            sum_q, k.shape[0], k_table.shape[1] * k.shape[1], window_left, sf_cols, sf_start, head_rows, head_cols,
-            float(logit_factor), float(out_factor), 1.0 / float(o_sf_scale), float(skip_factor),
+        ks, vs = k.stride(), v.stride()
+        context_kernel[grid](  # every argument by its parameter's name (absent tensors: the query or K/V, unread)
+            q_ptr=query, k_ptr=k_src, v_ptr=v_src, k_sf_ptr=k_sf if k_sf is not None else k,
+            v_sf_ptr=v_sf if v_sf is not None else v, k_table_ptr=k_table, v_table_ptr=v_table,
+            seq_lens_ptr=seq_lens, cum_q_ptr=cum_seq_lens_q, sinks_ptr=sinks if sinks is not None else query,
+            logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
+            out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, out_sf_ptr=sf_flat,
+            stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+            stride_k_p=ks[0], stride_k_s=ks[1], stride_k_h=ks[2], stride_v_p=vs[0], stride_v_s=vs[1], stride_v_h=vs[2],
+            stride_ksf_p=ksf_s[0], stride_ksf_s=ksf_s[1], stride_ksf_h=ksf_s[2],
+            stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
+            stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
+            stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
+            num_rows=sum_q, num_pages=k.shape[0], capacity=k_table.shape[1] * k.shape[1], window_left=window_left,
+            sf_cols=sf_cols, sf_row0=sf_start, head_rows=head_rows, head_cols=head_cols,
+            logit_factor=float(logit_factor), out_factor=float(out_factor), sf_div=1.0 / float(o_sf_scale),
+            skip_factor=float(skip_factor),
             HEAD_DIM=head_dim, PAGE_SIZE=k.shape[1], GROUP=num_heads // num_kv_heads,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=kv_code,
             QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
