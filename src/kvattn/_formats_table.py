@@ -46,8 +46,10 @@ class KVFormat:
     element_bits : int
         Stored bits of one logical element (a cache row holds ``head_dim * element_bits / 8`` bytes).
     scale_block : int
-        Logical elements that share one e4m3 block scale (a separate ``kv_cache_sf`` tensor); 0: no
+        Logical elements that share one block scale (a separate ``kv_cache_sf`` tensor); 0: no
         block scales.
+    scale_dtype : torch.dtype or None
+        The block scales' dtype (NVFP4: float8_e4m3fn).
     kernel_code : int
         The kernels' ``KV_FORMAT`` when they read the cache element by element
         (``ops/common/kv_formats.py`` names the codes; ``ops/common/dequant.py`` reads each).
@@ -69,6 +71,7 @@ class KVFormat:
     dtype: torch.dtype
     element_bits: int
     scale_block: int
+    scale_dtype: Optional[torch.dtype]
     kernel_code: int
     words_code: Optional[int]
     config_key: str
@@ -107,14 +110,18 @@ class KVFormat:
         return self.kernel_code
 
 
+_HALF = dict(element_bits=16, scale_block=0, scale_dtype=None, kernel_code=0, words_code=None, config_key="half",
+             dequantize=_as_float32)
 FORMATS: tuple[KVFormat, ...] = (
-    KVFormat("float16", torch.float16, 16, 0, 0, None, "half", _to(torch.float16), _as_float32),
-    KVFormat("bfloat16", torch.bfloat16, 16, 0, 0, None, "half", _to(torch.bfloat16), _as_float32),
+    KVFormat("float16", torch.float16, quantize=_to(torch.float16), **_HALF),
+    KVFormat("bfloat16", torch.bfloat16, quantize=_to(torch.bfloat16), **_HALF),
     # float8_e4m3fn values; the words path converts two a 32-bit half in one instruction (sm_89+).
-    KVFormat("fp8", FP8_DTYPE, 8, 0, 1, 3, "fp8", _fp8, _as_float32),
+    KVFormat("fp8", FP8_DTYPE, element_bits=8, scale_block=0, scale_dtype=None, kernel_code=1, words_code=3,
+             config_key="fp8", quantize=_fp8, dequantize=_as_float32),
     # Two e2m1 codes a byte (element 2i in the low nibble) and an e4m3 scale a 16 elements
     # (kvattn.formats); the words path reads eight codes and four scales a load.
-    KVFormat("nvfp4", torch.uint8, 4, NVFP4_BLOCK, 2, 4, "nvfp4", quantize_nvfp4, dequantize_nvfp4),
+    KVFormat("nvfp4", torch.uint8, element_bits=4, scale_block=NVFP4_BLOCK, scale_dtype=FP8_DTYPE, kernel_code=2,
+             words_code=4, config_key="nvfp4", quantize=quantize_nvfp4, dequantize=dequantize_nvfp4),
 )
 
 BY_NAME: dict[str, KVFormat] = {f.name: f for f in FORMATS}

@@ -23,7 +23,6 @@ import torch
 
 from . import _env
 from ._formats_table import BY_DTYPE, DTYPES, FORMATS
-from .formats import FP8_DTYPE
 
 T = TypeVar("T")
 
@@ -402,7 +401,7 @@ def paged_kv_from_cache(
                              f"got None")
         k_sf, v_sf = _split_kv(kv_sf, sf_name, layout)
         for t in (k_sf, v_sf):
-            check_tensor(t, sf_name, dtypes=(FP8_DTYPE,), device=device, contiguous_last=True)
+            check_tensor(t, sf_name, dtypes=(fmt.scale_dtype,), device=device, contiguous_last=True)
         want = (*shape[:3], head_dim // fmt.scale_block)
         for t in (k_sf, v_sf):
             if tuple(t.shape) != want:

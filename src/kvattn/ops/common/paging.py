@@ -11,7 +11,7 @@ try:  # threads of the program, for the inline-asm prefetch (CUDA builds of Trit
 except ImportError:  # pragma: no cover
     num_threads = None
 
-from .kv_formats import is_nvfp4
+from .kv_formats import has_block_scales
 
 
 @triton.jit
@@ -56,11 +56,11 @@ def token_offsets(page, slot, head, stride_page, stride_slot, stride_head):
 @triton.jit
 def kv_token_offsets(page, slot, head, stride_page, stride_slot, stride_head, stride_sf_page, stride_sf_slot,
                      stride_sf_head, KV_FORMAT: tl.constexpr):
-    """``(tok_off, sf_off)``: :func:`token_offsets` of each token's vector in the cache and, for an
-    NVFP4 cache, of its row of block scales (others: ``tok_off`` again, unused)."""
+    """``(tok_off, sf_off)``: :func:`token_offsets` of each token's vector in the cache and, for a
+    block-scaled cache (NVFP4), of its row of block scales (others: ``tok_off`` again, unused)."""
     tok_off = token_offsets(page, slot, head, stride_page, stride_slot, stride_head)
     sf_off = tok_off
-    if is_nvfp4(KV_FORMAT):
+    if has_block_scales(KV_FORMAT):
         sf_off = token_offsets(page, slot, head, stride_sf_page, stride_sf_slot, stride_sf_head)
     return tok_off, sf_off
 
@@ -77,7 +77,7 @@ def prefetch_rows_l2(row0_ptr, stride_row_bytes, num_rows, ROWS: tl.constexpr, R
 
     Each thread derives its line from its thread index inside the asm, so the hint holds a few
     scalar registers, not a tensor of addresses (callers: mind what the arguments keep live, see
-    decode_kernels).
+    decode/kernels.py).
     """
     NUM_THREADS: tl.constexpr = num_threads()
     LINES: tl.constexpr = (ROW_BYTES + 127) // 128

@@ -20,8 +20,8 @@ from ..common import (
     KV_HALF,
     LOG2E,
     alibi_slopes,
+    element_bits,
     float16_operand,
-    is_nvfp4,
     kv_token_offsets,
     load_kv_tile,
     load_page_ids,
@@ -38,6 +38,7 @@ from ..common import (
     softmax_finalize,
     spec_draft_allowed,
     split_bounds,
+    storage_bytes,
     store_scaled,
     tma_kv_tile,
     tile_diagonal,
@@ -127,8 +128,8 @@ def _decode_item(
     if PREFETCH > 0:
         # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
         # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
-        ELEM: tl.constexpr = 2 if KV_FORMAT == KV_HALF else 1
-        ROW_BYTES: tl.constexpr = HEAD_DIM * ELEM // (2 if is_nvfp4(KV_FORMAT) else 1)
+        ELEM: tl.constexpr = storage_bytes(KV_FORMAT)
+        ROW_BYTES: tl.constexpr = HEAD_DIM * element_bits(KV_FORMAT) // 8
         pf_rows = kv_len - start  # (not end: ptxas then kept the RoPE kernel at 156 registers)
         pf_head = kvh.to(tl.int64)
         prefetch_rows_l2(k_ptr + (pf_head * stride_k_h + start.to(tl.int64) * stride_k_s), stride_k_s * ELEM, pf_rows,
@@ -384,7 +385,7 @@ def decode_split_kernel(
         gdc_wait()
     # Two call sites on purpose: wrapping the one-item path in the persistent loop as well (one
     # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
-    # per SM and 20-25 % of its time on an H100 (benchmarks/NOTES.md).
+    # per SM and 20-25 % of its time on an H100 (benchmarks/NOTES.md, Single decode).
     pid = tl.program_id(0)
     if PERSISTENT:
         # A capped grid (xqa's sm_count): each program walks the work items.
@@ -420,7 +421,7 @@ def decode_split_kernel(
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
-        # the split launches ~2 us slower on an H100 (benchmarks/NOTES.md).
+        # the split launches ~2 us slower on an H100 (benchmarks/NOTES.md, Decode).
         gdc_launch_dependents()
 
 
