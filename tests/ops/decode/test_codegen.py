@@ -3,7 +3,7 @@
 The kernels are compiled (not run) for an sm_90a target, so these tests need no GPU: a subprocess
 without ``TRITON_INTERPRET`` compiles them through Triton's own pipeline and reports the TTGIR /
 PTX facts checked here. They pin two Triton 3.6 behaviours the decode tables are built on
-(``benchmarks/NOTES.md``, session d): the fp8 V tile behind ``common.opaque`` gives its P.V product
+(``benchmarks/NOTES.md``, Decode): the fp8 V tile behind ``common.opaque`` gives its P.V product
 kWidth 2, and an ``evict_first`` hint survives only on loads Triton does not software-pipeline.
 """
 
@@ -91,7 +91,7 @@ def test_contig_one_row_tiles_fit_four_programs_an_sm():
 
 def test_rope_stream_tiles_copy_by_tma_with_a_policy_ptxas_writes():
     """RoPE's streaming tiles (the one-row kernel, K and V by TMA, KV_EVICT_FIRST): every TMA copy
-    carries the L2 policy created once at the entry (ops/ptx_hints.py), no copy is a plain
+    carries the L2 policy created once at the entry (ops/launch/ptx_hints.py), no copy is a plain
     cp.async (which ptxas 12.8 miscompiles with a policy: an LDGSTS reading a descriptor register
     nothing writes), and in the SASS every UTMALDG's descriptor register pair is written before
     it. Registers stay at 4 programs an SM."""

@@ -1,6 +1,6 @@
 """MLA decode for Hopper in Gluon: 16-bit latent pages read by TMA, copies issued as buffers free.
 
-Why a second kernel. The Triton kernel (:mod:`.mla_kernels`) leaves the row copies to Triton
+Why a second kernel. The Triton kernel (:mod:`.kernels`) leaves the row copies to Triton
 3.6's software pipeliner. The ``[64, 576]`` query and two ``[64, 576]`` row tiles fill 216-224 KB,
 so there is room for two buffers only, and the pipeliner issues the copy of tile ``j + 1`` at the
 end of iteration ``j`` (after the page-id load it depends on) and waits for it first thing in
@@ -11,14 +11,14 @@ reader of its buffer) has retired, before the score product of tile ``j``, so it
 tile of work. And the score layout is chosen rather than inferred: each warpgroup computes the
 whole ``[64, 64]`` score tile (``m64n64`` wgmmas; the two warpgroups do the same products), so
 each holds all of P in the rows it owns in the P.V product and no reduction or P exchange crosses
-the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; benchmarks/NOTES.md, session
-i): 64x4096 278 -> 224 us, 128x8192 1052 -> 845, 32x16384 560 -> 423 against the Triton kernel.
+the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; benchmarks/NOTES.md,
+MLA): 64x4096 278 -> 224 us, 128x8192 1052 -> 845, 32x16384 560 -> 423 against the Triton kernel.
 (The Triton kernel's split score tile, half the keys a warpgroup with the softmax reductions and P
 crossing through shared memory, measured 244 / 926 / 415 here.)
 
 Scope: 16-bit caches with a query of the same dtype, ``BLOCK_H = 64`` query heads a program
 (Hq >= 64; rows past Hq padded), 64-key tiles, pages of a multiple of 64 tokens whose rows TMA
-can address as one ``[pages * page, 576]`` view. Every other launch takes :mod:`.mla_kernels`
+can address as one ``[pages * page, 576]`` view. Every other launch takes :mod:`.kernels`
 (the ``KVATTN_GLUON=0`` switch too).
 
 Per tile ``j`` (8 warps; the accumulator ``[64, 512]`` split by columns between the warpgroups):

@@ -6,9 +6,9 @@ packs ``BLOCK_H`` heads into the M dim of its tensor-core products and streams i
 q_rope kpe^T``, the online softmax, then ``acc += P ckv`` with the ckv tile already loaded for S
 (the values are the keys' first 512 columns: one read of each row serves both products). Like
 the decode kernel it writes the final rows when the launch has one split, else a normalised
-partial ``(o, lse)`` per split that :func:`~.decode_kernels.decode_combine_kernel` merges.
+partial ``(o, lse)`` per split that :func:`~..decode.kernels.decode_combine_kernel` merges.
 
-Cost model (local sm_90a compiles and the H100 runs recorded in mla_configs). BLOCK_H 64
+Cost model (local sm_90a compiles and the H100 runs recorded in mla/configs.py). BLOCK_H 64
 (Hq >= 64) runs on wgmma with 8 warps, which the ``[64, 512]`` float32 accumulator needs (128
 registers a thread). Left to itself, Triton 3.6 gives a product whose result reaches another
 product (a "chained dot") all 8 warps along its 64 rows, so both warpgroups would compute the whole
@@ -19,7 +19,7 @@ tile's keys (36 wgmmas a tile in all), the softmax reductions cross the warpgrou
 memory, and P reaches the P.V product (one ``m64n256k16`` a warpgroup and k-step) through shared
 memory. H100: bf16 Hq 128 0.30 -> 0.40-0.42 of the matmul rate with 64-key tiles.
 
-On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.mla_gluon` instead
+On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.gluon` instead
 (the same work division, with the copies and the score layout written out in Gluon: 224 against
 278 us at Hq 128, 64x4096, on an H100); this kernel serves every other launch and the CPU tier.
 
