@@ -91,8 +91,8 @@ def test_split_count_fills_whole_waves():
     assert dc.num_splits(long, items=8, span=32768, **{**kw, "max_programs": 40}) == 5
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("block_m", [16, 32, 64])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("block_m", [16, 32, 64], ids=lambda m: f"M{m}")
 def test_nvfp4_never_takes_16_key_tiles_on_sm90(head_dim, block_m):
     """On an H100 (Triton 3.6) every NVFP4 case on the byte path (the one unaligned caches take)
     computed wrong results with 16-key tiles, with 1, 2 or 4 warps, while 32-key and longer tiles

@@ -206,7 +206,7 @@ def test_names_resolve_to_the_kernels_parameter_order():
     assert launch.argument("n", call) == 48 and launch.argument("FLAG", call) is True
     inter = fast_launch.Launch(JITFunction(_toy_interleaved), (1,), layout=TOY_LAYOUT, per_call=dict(x_ptr="y"),
                                fixed=dict(n=7), constexprs=dict(BLOCK=16), options={})
-    assert inter.static_key() is not None
+    assert (inter.static_key() is not None) == fast_launch.TRITON_SUPPORTED  # the fast path takes it too
     assert [inter.argument(n, call) for n in ("BLOCK", "n")] == [16, 7]
     assert inter.argument("x_ptr", call) is call.tensors[1]
 
@@ -680,7 +680,7 @@ def test_launch_hooks_send_launches_back_to_triton(triton_backend, monkeypatch):
 
 
 @GPU_ONLY
-@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("q_len", [1, 3], ids=lambda n: f"Q{n}")
 def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backend, monkeypatch):
     device = torch.device("cuda")
     lens, width = [700, 40, 2500, 0], 200
