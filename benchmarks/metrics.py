@@ -1,4 +1,4 @@
-"""The work each shape must do (``BENCHMARKS.md``, "Metrics"), and fractions of the ceilings.
+"""The work each shape must do (``docs/benchmarking.md``, "Metrics"), and fractions of the ceilings.
 
 Decode (memory-bound): bytes = K and V actually read (``sum(seq_lens) x Hkv x D x bytes/elem x 2``,
 plus the e4m3 block scales for NVFP4) + q + output. Prefill (compute-bound): FLOPs =

@@ -1,6 +1,6 @@
 """Host time of eager kvattn calls: wall microseconds per call and a cProfile of where it goes.
 
-The BENCHMARKS.md target is <= 20 us of host time per eager call at batch-1 decode (Python and
+The target (docs/benchmarking.md) is <= 20 us of host time per eager call at batch-1 decode (Python and
 launch, no GPU wait). ``host`` is the median of single calls each made with the GPU idle (a
 synchronise before each call, outside the timed part): what a call costs the host. ``queued`` is
 the best of 10 rounds of calls queued back to back and synchronised once: once the GPU work of a

@@ -82,7 +82,7 @@ VARIANTS = {
 }
 # Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use. Each variant's output is
 # compared with the table's (flagged when off), but before a table takes one the GPU tests must
-# pass with it (NVFP4 with 16-key tiles ran fast and computed wrong results, NOTES.md, Formats).
+# pass with it (NVFP4 with 16-key tiles ran fast and computed wrong results, NOTES.md "Formats: NVFP4 in decode").
 _TILES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 4, 3),
           (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4), (32, 4, 3), (32, 4, 5), (16, 4, 4),
           (16, 4, 6), (32, 8, 4), (32, 2, 4), (16, 2, 4), (32, 2, 6), (16, 1, 4), (16, 1, 6), (16, 2, 3), (16, 2, 6),
@@ -162,7 +162,7 @@ VARIANTS.update({
     "long_w2": {"block_n": 128, "num_warps": 8, "num_stages": 3, "waves": 2},
 })
 # Many short unpipelined programs without the hint (the fastest bare per-head read of single decode
-# 32768's bytes: 64 splits a head of 32-key, 4-warp programs; NOTES.md, Single decode).
+# 32768's bytes: 64 splits a head of 32-key, 4-warp programs; NOTES.md "Method: read floors").
 VARIANTS.update({f"stream{bn}nohint_w{w}": {"block_n": bn, "num_warps": 4, "num_stages": 1, "evict_first": False,
                                             "waves": w} for bn in (16, 32, 64) for w in (1, 2, 4)})
 VARIANTS.update({

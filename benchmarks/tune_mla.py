@@ -49,7 +49,9 @@ VARIANTS = {
     "fp8hn16n32": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
                    "num_stages": 3},
     "fp8hn16n32s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
-                     "num_stages": 4},  # tried with a split/join P.V conversion (since reverted): NOTES, MLA
+                     # tried with a split/join P.V conversion (since reverted):
+                     # NOTES.md "MLA: heads in N for few heads"
+                     "num_stages": 4},
     # score products unchained (layout fences, mla/kernels.py _mla_tile_scores): each warpgroup computes
     # half of the score tile's N instead of all of it. Local sm_90a compiles (regs, shared memory):
     # bf16 (32, 8, 3) 255 / 184 KB, (32, 8, 2) 255 / 148 KB, (64, 8, 2) 255 + 8 B stack / 224 KB;

@@ -6,7 +6,7 @@ paths rest on facts of one Triton version and are gated on it, each with a porta
 computes the same result:
 
 * ``fast_launch``: launch compiled kernels without ``JITFunction.run`` (host time of eager
-  calls), from Triton 3.6's specialisation and launcher rules; elsewhere every launch is a plain
+  calls), from the specialisation and launcher rules of Triton 3.6 and 3.7; elsewhere every launch is a plain
   ``kernel[grid](...)``.
 * ``ptx_hints``: an L2 evict-first policy on the TMA copies of marked kernels, through Triton's
   stages hook (3.6 and 3.7 protocols); elsewhere those copies run unhinted.
@@ -47,8 +47,8 @@ def fast_paths() -> dict[str, str]:
     from .ops.launch import fast_launch, ptx_hints
 
     out = {}
-    out["fast_launch"] = ("on (Triton 3.6 launcher rules)" if fast_launch.TRITON_SUPPORTED
-                          else f"off (verified on Triton 3.6; {version} launches through kernel[grid])")
+    out["fast_launch"] = (f"on (Triton {version}: compiled launchers called directly)" if fast_launch.TRITON_SUPPORTED
+                          else f"off (verified on Triton 3.6 / 3.7; {version} launches through kernel[grid])")
     out["ptx_hints"] = ("on (stages hook set only around kvattn's marked launches)" if ptx_hints.HOOK_SUPPORTED
                         else f"off (hook protocol verified on Triton 3.6 / 3.7; {version} copies run unhinted)")
     try:

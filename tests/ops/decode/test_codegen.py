@@ -3,7 +3,7 @@
 The kernels are compiled (not run) for an sm_90a target, so these tests need no GPU: a subprocess
 without ``TRITON_INTERPRET`` compiles them through Triton's own pipeline and reports the TTGIR /
 PTX facts checked here. They pin two Triton 3.6 behaviours the decode tables are built on
-(``benchmarks/NOTES.md``, Decode): the fp8 V tile behind ``common.opaque`` gives its P.V product
+(``benchmarks/NOTES.md`` "Formats: fp8 KV in decode"): the fp8 V tile behind ``common.opaque`` gives its P.V product
 kWidth 2, and an ``evict_first`` hint survives only on loads Triton does not software-pipeline.
 """
 

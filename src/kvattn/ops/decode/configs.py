@@ -33,7 +33,7 @@ class DecodeConfig:
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
-# Measured on an H100 (benchmarks/NOTES.md, Decode): ("half", 128) and ("fp8", 128). The other rows keep
+# Measured on an H100 (NOTES.md "Decode: tiles, stages and warps"): ("half", 128) and ("fp8", 128). The other rows keep
 # the bytes per tile of those two and are not tuned yet.
 _SM90 = {
     ("half", 64): (128, 4, 3),
@@ -43,17 +43,17 @@ _SM90 = {
     ("fp8", 128): (128, 4, 3),
     ("fp8", 256): (64, 4, 3),
     # NVFP4 (codes and scales read as words, KV_NVFP4_WORDS), measured on an H100
-    # (benchmarks/NOTES.md, Formats): one-warp programs where each gets a long split,
+    # (benchmarks/NOTES.md "Formats: NVFP4 in decode"): one-warp programs where each gets a long split,
     # 64x8192 D64 / D128 321 -> 212 / 498 -> 402 us against (128, 4, 3); D256 (32, 2, 3) 629 -> 585
     # against (64, 4, 3). Never under 32 keys a tile: on an H100 (Triton 3.6) 16-key tiles computed
     # wrong results with 1, 2 or 4 warps on the byte path (unaligned caches; the words path
-    # computes them right but no faster: NOTES, Formats); tests/ops/decode/test_configs.py guards it.
+    # computes them right but no faster: NOTES.md "Formats: NVFP4 in decode"); tests/ops/decode/test_configs.py guards it.
     ("nvfp4", 64): (32, 1, 3),
     ("nvfp4", 128): (32, 1, 3),
     ("nvfp4", 256): (32, 2, 3),
 }
 # Launches of at most one work item an SM (small batches): every item is split, and one-warp
-# programs get short splits. NVFP4 D128, measured on an H100 (benchmarks/NOTES.md, Formats):
+# programs get short splits. NVFP4 D128, measured on an H100 (NOTES.md "Formats: NVFP4 in decode"):
 # 16x4096 88.6 -> 74.9 us, 1x32768 44.7 -> 43.8 with (64, 2, 3) instead of the main table's
 # (32, 1, 3); at 32x8192 (256 items) the main table's wins (214 vs 252). D64's and D256's main
 # entries win on those shapes as they are.
@@ -98,7 +98,7 @@ STREAM_MAX_L2 = 4
 # unpipelined programs without the hint (4 an SM, 16 splits a head at 32 heads) instead of one
 # long pipelined program an SM: the block scheduler keeps every SM busy to the end. Found from
 # bare reads of single decode 32768's bytes (the fastest per-head read: many 32-64-key, 4-warp,
-# unpipelined programs), measured on an H100 (benchmarks/NOTES.md, Single decode): single decode 32768
+# unpipelined programs), measured on an H100 (NOTES.md "Single decode: balancing the programs of 32768"): single decode 32768
 # 192.2-192.4 -> 189.0-189.1 us (0.92 -> 0.94 of copy bandwidth), 131072 710.0-710.7 -> 703.6-703.9;
 # with the hint, or 16- / 32-key tiles, or 8 warps, slower. Paged caches do not gain (16x4096 and
 # 8x8192 within 1 %, 64x8192 p64 0.99 -> 0.76: too many items for it), so they keep the long tiles.
@@ -109,7 +109,7 @@ _SM90_CONTIG = {
 # within the streaming spans. RoPE's tiles stay pipelined (its per-key query rotation needs the
 # copies in flight), read by TMA with the L2 evict_first hint that the streaming tiles get from
 # register loads (ops/launch/ptx_hints.py puts it on the TMA copies; Triton cannot). Measured on an H100
-# (benchmarks/NOTES.md, Single decode): single decode RoPE 4096 38.4 -> 36.3 us (NONE 34.2); TMA
+# (NOTES.md "Single decode: the L2 hint on pipelined copies"): single decode RoPE 4096 38.4 -> 36.3 us (NONE 34.2); TMA
 # without the hint 39.9, 64-key tiles 37.1; past the streaming spans the hint loses (32768 191.5
 # -> 201.4). The entry is RoPE's own tile before config() halves it: 32 keys, 4 warps, 3 stages.
 _SM90_ROPE_STREAM = {
@@ -178,9 +178,10 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     Enough programs for ``cfg.waves`` whole waves of resident programs (``occupancy`` per SM),
     rounded down: the programs of a decode are equally long, so a last wave that is only partly
     full costs nearly a whole program's time with most of the GPU idle (measured on an H100:
-    rounding ``4 programs per SM`` up instead cost up to 12 %, see benchmarks/NOTES.md, Decode). No split
-    shorter than ``min_chunk`` keys, no more partials than the workspace holds (``fit``), and at
-    most ``max_programs`` programs (xqa's ``sm_count``).
+    rounding ``4 programs per SM`` up instead cost up to 12 %, see NOTES.md "Decode: split counts
+    in whole waves of resident programs"). No split shorter than ``min_chunk`` keys, no more
+    partials than the workspace holds (``fit``), and at most ``max_programs`` programs (xqa's
+    ``sm_count``).
     """
     items = max(items, 1)
     per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
@@ -281,7 +282,7 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     if block_m * head_dim >= 64 * 128:
         warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
     sm90 = arch == "sm90"
-    # RoPE on sm90, measured on an H100 (benchmarks/NOTES.md, Single decode):
+    # RoPE on sm90, measured on an H100 (NOTES.md "Single decode: RoPE split count and programs an SM"):
     # - at most 3 pipeline stages, and a split count planned for two programs an SM although four
     #   fit (half as many programs, each twice as long): single decode 4096 / 32768 / 131072 42.9 /
     #   202.1 / 744.6 us with 4 stages and four an SM, 39.4 / 193.1 / 713.1 with 3 and two;

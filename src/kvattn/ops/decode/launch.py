@@ -272,7 +272,7 @@ class _Plan:
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
 # critical path (~1 us on an H100): past two rounds the combine launch (~2 us after the last split
-# program) is the faster merge (benchmarks/NOTES.md, Decode).
+# program) is the faster merge (benchmarks/NOTES.md "Decode: merging the split partials").
 MAX_MERGE_ROUNDS = 2
 
 
@@ -367,7 +367,7 @@ def tma_readable(*, paged: bool, compiled: bool, kv_format: str, aligned16: bool
 
     Only in CUDA-graph capture: Triton encodes a descriptor on the host at every launch, which
     took an eager RoPE single decode from 48 to 79 us of host time a call on an H100 host, more
-    than the ~2.5 us of GPU time it saves there (benchmarks/NOTES.md, Host path); a replay pays
+    than the ~2.5 us of GPU time it saves there (NOTES.md "Host path: TMA descriptors in eager calls"); a replay pays
     no host time, so captured calls take the faster kernel and eager ones the raw-pointer launch.
     """
     return (

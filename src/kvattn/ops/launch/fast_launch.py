@@ -1,4 +1,4 @@
-"""Launch compiled Triton 3.6 kernels without ``JITFunction.run`` on every call.
+"""Launch compiled Triton kernels (3.6, 3.7) without ``JITFunction.run`` on every call.
 
 ``kernel[grid](*args, **kwargs)`` costs tens of microseconds of host time in Triton 3.6: it binds
 every argument through a generated function, specialises each one natively, builds a string key,
@@ -35,7 +35,7 @@ compared with their types, so ``True`` and ``1`` differ where Triton's own looku
 A parameter marked ``do_not_specialize``/``do_not_specialize_on_alignment`` or annotated with a
 type is specialised otherwise; :class:`Launch` leaves such kernels to Triton.
 
-The fast path runs only on Triton 3.6 (the version whose rules these are), for compiled
+The fast path runs only on Triton 3.6 and 3.7 (the versions whose rules these are), for compiled
 ``JITFunction`` kernels outside the interpreter, with no launch hooks and no pre-run hooks set,
 and unless ``KVATTN_FAST_LAUNCH=0``; otherwise every launch is a plain ``kernel[grid](...)``.
 
@@ -59,11 +59,17 @@ import triton
 from ... import _device, _env
 from .ptx_hints import applied as ptx_hints_applied
 
-TRITON_SUPPORTED = triton.__version__.startswith("3.6")
+# The Triton versions whose specialisation rules and launcher this module was verified against
+# (tests/ops/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
+# 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher has
+# no C entry point of 3.6's format, so launches go through ``run`` (see :func:`_launcher`).
+FAST_LAUNCH_VERSIONS = ("3.6", "3.7")
+TRITON_SUPPORTED = triton.__version__.startswith(FAST_LAUNCH_VERSIONS)
 
-if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 spells them
+from triton.compiler.compiler import CompiledKernel  # noqa: E402  (every version kvattn runs on)
+
+if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 and 3.7 spell them
     from triton import knobs
-    from triton.compiler.compiler import CompiledKernel
     from triton.knobs import HookChain
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
@@ -121,7 +127,7 @@ def arg_spec(value: Any) -> tuple:
 
 
 def fast_path_enabled() -> bool:
-    """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6, compiled, no launch hooks)."""
+    """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6 / 3.7, compiled, no launch hooks)."""
     if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
         return False
     runtime = knobs.runtime

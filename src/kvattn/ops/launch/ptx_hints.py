@@ -1,11 +1,10 @@
 """An L2 ``evict_first`` hint on a kernel's TMA copies, which Triton cannot say.
 
-Why: a K/V tile is read once, so marking its lines evict-first keeps the rest of L2 (dirty lines
-of earlier kernels, the query, the partials) from being evicted and written back while the cache
-streams through (single decode 4096 on an H100: 34.0 us with the hint on register loads, 38.8
-without, ``benchmarks/NOTES.md``, Single decode). Triton 3.6 passes ``eviction_policy="evict_first"`` to
-register loads only: a software-pipelined ``cp.async`` copy drops it, and tensor-descriptor (TMA)
-loads take no such argument.
+Why: a K/V tile is read once, so marking its lines evict-first keeps the rest of L2 (dirty lines of earlier
+kernels, the query, the partials) from being evicted and written back while the cache streams through (single
+decode 4096 on an H100: 34.0 us with the hint on register loads, 38.8 without, ``benchmarks/NOTES.md`` "Single
+decode: the L2 hint on pipelined copies"). Triton 3.6 passes ``eviction_policy="evict_first"`` to register loads
+only: a software-pipelined ``cp.async`` copy drops it, and tensor-descriptor (TMA) loads take no such argument.
 
 Why TMA only: ``cp.async`` copies with a cache policy are miscompiled by the ptxas Triton 3.6
 ships (12.8: the ``LDGSTS`` reads its descriptor from a uniform register nothing writes; an

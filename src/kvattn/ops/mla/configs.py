@@ -76,7 +76,8 @@ class MLAConfig:
 #            with the P.V tile loaded a second time as words (no LDS.U8, 182 regs, 179 KB at 2
 #            stages): 147 / 528 / 274, slower. 16-bit caches with heads in N ((64, 4|8, 2)): 162-173
 #            / 446-559 / 304-325, slower than mma.sync at BLOCK_H 16: not taken.
-# Split score products ("split": SPLIT_SCORES, layout fences; benchmarks/NOTES.md, MLA; H100 graph us,
+# Split score products ("split": SPLIT_SCORES, layout fences; benchmarks/NOTES.md "MLA: the score tile split between the
+# warpgroups (Triton)"; H100 graph us,
 # 64x4096 / 128x8192 / 32x16384, Hq 128 unless stated; local compiles in benchmarks/tune_mla.py):
 #   half 64: (32, 8, 3) 362-369 / 1429 / 717 -> split (32, 8, 3) 350 / 1328, (32, 8, 4) 344 / 1329,
 #            (32, 8, 2) 416 / 1584, **(64, 8, 2) 277-279 / 1047 / 559** (255 regs + 8 B stack, 224 KB;
@@ -86,9 +87,9 @@ class MLAConfig:
 #            203 / 768, (64, 8, 2) 233-237 / 869, (32, 8, 3) 269 / 1032; 16 warps 264-349. Taken.
 #   fp8qk 16 heads in N (Hq 16): 107 / 370 / 200 -> split **87.5 / 294 / 156**. Taken.
 # On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla/gluon.py's kernel instead
-# (mla/launch.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100
-# graph us 224 / 845 / 423 against 278 / 1052 / 560, benchmarks/NOTES.md, MLA). Overrides of BLOCK_N or the
-# warps (tuning variants, tests) keep the Triton kernel.
+# (mla/launch.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
+# 224 / 845 / 423 against 278 / 1052 / 560, benchmarks/NOTES.md "MLA: Gluon kernel with TMA row tiles").
+# Overrides of BLOCK_N or the warps (tuning variants, tests) keep the Triton kernel.
 _SM90 = {
     ("half", 64): (64, 8, 2, 1, "split"),
     ("half", 32): (64, 8, 3, 1),

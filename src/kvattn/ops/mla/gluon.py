@@ -11,8 +11,9 @@ reader of its buffer) has retired, before the score product of tile ``j``, so it
 tile of work. And the score layout is chosen rather than inferred: each warpgroup computes the
 whole ``[64, 64]`` score tile (``m64n64`` wgmmas; the two warpgroups do the same products), so
 each holds all of P in the rows it owns in the P.V product and no reduction or P exchange crosses
-the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; benchmarks/NOTES.md,
-MLA): 64x4096 278 -> 224 us, 128x8192 1052 -> 845, 32x16384 560 -> 423 against the Triton kernel.
+the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; benchmarks/NOTES.md
+"MLA: Gluon kernel with TMA row tiles"): 64x4096 278 -> 224 us, 128x8192 1052 -> 845, 32x16384
+560 -> 423 against the Triton kernel.
 (The Triton kernel's split score tile, half the keys a warpgroup with the softmax reductions and P
 crossing through shared memory, measured 244 / 926 / 415 here.)
 

@@ -39,8 +39,8 @@ class PrefillConfig:
 #        none; page 128: 16 B outside the loops. H100 A/B at 1x8192x8192 (before the FMA logits):
 #        128x128 s2 390 TFLOP/s > 128x128 s3 368 = 64x64 w4 s4 367 > 128x64 s3 327.
 #   half D256 128x32  w8 s2: 254 regs, none, 128 KB
-#   fp8 / nvfp4 (16-bit query, words path; H100 at 1x8192x8192 p64 HND, graph us, benchmarks/NOTES.md,
-#        Prefill): D128 128x128 w8 s2 fp8 1623 / NVFP4 1710 (128x64 w8 s3, the old entry:
+#   fp8 / nvfp4 (16-bit query, words path; H100 at 1x8192x8192 p64 HND, graph us, benchmarks/NOTES.md
+#        "Formats: fp8 and NVFP4 caches in prefill"): D128 128x128 w8 s2 fp8 1623 / NVFP4 1710 (128x64 w8 s3, the old entry:
 #        1967 / 2237; s3 1644 / 1732), 239 / 255 regs, no spill in the plain kernel; with window,
 #        sinks, split tables and an NVFP4 output at page 16, 24-64 B spilled (fp8: 4 spill ops in
 #        the loops). D64: fp8 128x64 w8 s3 865 (128x128 s2 1041), NVFP4 128x128 w8 s2 1168 (128x64
@@ -66,7 +66,7 @@ _SM90 = {
 # Caches read by TMA (the launcher's choice where the pages allow it: a tile inside one page, 16-byte
 # aligned rows; see prefill_launch.tma_views), (kind, head_dim) -> config; absent: the gathers of _SM90.
 # 16-bit caches ("half"):
-# H100 (graph us, benchmarks/NOTES.md, Prefill; gathers -> TMA): D128 128x64 w4 s2 (one warpgroup
+# H100 (graph us, NOTES.md "Prefill: K/V tiles by TMA"; gathers -> TMA): D128 128x64 w4 s2 (one warpgroup
 # holds all 128 rows; 255 regs, ~100 B spilled outside the hot path, 96 KB: two programs an SM)
 # 1x8192x8192 1368 -> 1113, 4x2048 451 -> 359, 16x512x4096 1432 -> 1151, 8x1024x8192 2680 -> 2269
 # (s3 1174 / 384 / 1147 / 2324; 64x64 w4 s3 1297 / 412 / 1500 / 2891); D64 64x64 w4 s3 981 -> 656
@@ -76,16 +76,16 @@ _SM90_TMA = {
     ("half", 128): PrefillConfig(128, 64, 4, 2),
     ("half", 256): PrefillConfig(128, 64, 8, 2),
     # fp8 query and fp8 pages ("fp8qk": fp8 scores straight from the TMA tile, V converted to float16
-    # once). H100 (graph us at 1x8192x8192, benchmarks/NOTES.md, Prefill; gathers -> TMA): D128 128x64
+    # once). H100 (graph us at 1x8192x8192, NOTES.md "Prefill: fp8 query over fp8 pages by TMA"; gathers -> TMA): D128 128x64
     # w4 s2 1161 -> 998 (s3 1007, 128x128 w8 s2 1153, 64x64 w4 s3 1401); D64 64x64 w4 s2 807 -> 661
     # (s3 671, 128x64 w4 s2 700); D256 (Hq 16) 64x64 w4 s2 1067 -> 1004 (128x64 w8 s2 1135).
     ("fp8qk", 64): PrefillConfig(64, 64, 4, 2),
     ("fp8qk", 128): PrefillConfig(128, 64, 4, 2),
     ("fp8qk", 256): PrefillConfig(64, 64, 4, 2),
-    # fp8 pages with a 16-bit query ("fp8") gather: TMA tiles converted to the query's type
-    # (Triton's e4m3 -> bf16, K and V) were no faster (H100, NOTES Prefill: 1x8192x8192 D128 best
-    # 128x128 w8 s2 1612 vs gathered words 1651 us, D64 847 vs 856, D256 1722 vs 1723), nor with
-    # float16 operands (q in registers: D128 1598 vs 1596; D64 812 vs 840, D256 1580 vs 1730).
+    # fp8 pages with a 16-bit query ("fp8") gather: TMA tiles converted to the query's type (Triton's e4m3 ->
+    # bf16, K and V) were no faster (H100, NOTES.md "Prefill: fp8 query over fp8 pages by TMA": 1x8192x8192 D128
+    # best 128x128 w8 s2 1612 vs gathered words 1651 us, D64 847 vs 856, D256 1722 vs 1723), nor with float16
+    # operands (q in registers: D128 1598 vs 1596; D64 812 vs 840, D256 1580 vs 1730).
 }
 
 # head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;

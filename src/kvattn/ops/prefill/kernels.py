@@ -9,7 +9,7 @@ state in registers. K/V tiles come one of two ways, both software-pipelined by T
 * ``TMA`` (16-bit caches, and fp8 caches under fp8 scores, whose pages hold whole tiles, Hopper):
   a tensor descriptor over the pages (see :func:`_tma_tile`), one page's slice a tile; no
   per-token addresses, so a 128-row program fits one warpgroup and two programs share an SM
-  (``benchmarks/NOTES.md``, Prefill); an fp8 K tile feeds the fp8 score product as it lands,
+  (``benchmarks/NOTES.md`` "Prefill: K/V tiles by TMA"); an fp8 K tile feeds the fp8 score product as it lands,
   the V tile converts once to float16;
 * gathered otherwise (one table entry a page: a scalar page id when a tile lies inside one page,
   one per page selected per token when it holds up to 4 whole pages, per-token ids otherwise),

@@ -116,15 +116,15 @@ def launch_context(
         sf_cols = out_sf.shape[1] if nvfp4_out else 4
         ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)
         vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
-        # fp8 / NVFP4 caches read as 32-bit words where every word is aligned, as decode reads them;
-        # not with fp8 scores (QK_FP8), whose K tile goes to the tensor cores as the copied bytes
-        # (on words, Triton 3.6 compiles that product as float16: sm_90a SASS, benchmarks/NOTES.md, Prefill).
+        # fp8 / NVFP4 caches read as 32-bit words where every word is aligned, as decode reads them; not with
+        # fp8 scores (QK_FP8), whose K tile goes to the tensor cores as the copied bytes (on words, Triton 3.6
+        # compiles that product as float16: sm_90a SASS, NOTES.md "Formats: fp8 and NVFP4 caches in prefill").
         kv_format = BY_DTYPE[k.dtype].name
         words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
         kv_code = kv_format_code(kv_format, words_ok, (*k.stride()[:3], *v.stride()[:3]), head_dim, (*ksf_s, *vsf_s))
         # K/V tiles by TMA where the table has a tile for the kind (16-bit caches, fp8 with fp8
         # scores) and the pages allow it: no per-token address math, no registers for it, so one
-        # warpgroup a program and two programs an SM (benchmarks/NOTES.md, Prefill).
+        # warpgroup a program and two programs an SM (benchmarks/NOTES.md "Prefill: K/V tiles by TMA").
         k_src, v_src, head_rows, head_cols = k, v, 0, 0
         tma = None
         if not interpreter and _device.has_tma(query.device):
