@@ -3,8 +3,9 @@
 Compiled (not run) for an sm_90a target, so no GPU is needed (``tests/ops/sm90.py``). Pins the
 Triton 3.6 behaviour the ``"split"`` table entries rest on (``ops/mla/kernels.py``
 ``_mla_tile_scores``, ``benchmarks/NOTES.md`` "MLA: the score tile split between the warpgroups"):
-a score product whose result reaches the P.V product gets all 8 warps along its 64 rows, so both warpgroups compute the whole score tile; behind the layout
-fences each warpgroup computes half of it, and the row loads stay software-pipelined.
+a score product whose result reaches the P.V product gets all 8 warps along its 64 rows, so both
+warpgroups compute the whole score tile; behind the layout fences each warpgroup computes half of
+it, and the row loads stay software-pipelined.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from ... import _device, _env
 from .ptx_hints import applied as ptx_hints_applied
 
 # The Triton versions whose specialisation rules and launcher this module was verified against
-# (tests/ops/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
+# (tests/ops/launch/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
 # 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher has
 # no C entry point of 3.6's format, so launches go through ``run`` (see :func:`_launcher`).
 FAST_LAUNCH_VERSIONS = ("3.6", "3.7")
