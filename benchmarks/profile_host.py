@@ -110,8 +110,24 @@ def queued_us(fn, calls: int) -> float:
 
 def fake_launcher(kernel):
     """A ``CudaLauncher`` (Triton 3.6's, so the fast path calls its C entry point ``launch``
-    directly, as on a GPU) whose ``launch`` checks its argument count and does nothing."""
+    directly, as on a GPU) whose ``launch`` checks its argument count and does nothing. Triton
+    3.7's launcher has no such entry point (the fast path calls ``CompiledKernel.run``): there the
+    fake is a ``run`` that checks its argument count and does nothing."""
+    from triton.backends.nvidia import driver as nvidia_driver
     from triton.backends.nvidia.driver import CudaLauncher
+
+    if not hasattr(nvidia_driver, "_BASE_ARGS_FORMAT"):
+        # run(grid x/y/z, stream, function, metadata, launch metadata, enter/exit hooks, *params)
+        expected_run = 9 + len(kernel.params)
+
+        class FakeRun:
+            global_scratch_size = profile_scratch_size = 0
+
+            def __call__(self, *args):
+                if len(args) != expected_run:
+                    raise TypeError(f"{kernel.__name__} run: expected {expected_run} arguments, got {len(args)}")
+
+        return FakeRun()
 
     expected = 13 + len(kernel.params)  # _BASE_ARGS_FORMAT's 13, then every kernel parameter
 

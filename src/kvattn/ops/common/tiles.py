@@ -44,5 +44,7 @@ def tile_pv(p, v, USE_DOT: tl.constexpr):
 @triton.jit
 def soft_cap(s, cap):
     """``cap * tanh(s / cap)``, written with exp2 so large |s| saturate to +-cap without NaN."""
-    t = tl.exp2((2.0 * LOG2E / cap) * s)  # exp(2 s / cap)
+    # The tensor on the left: Triton 3.7's interpreter cannot multiply a constexpr expression by a
+    # tensor from the constexpr's side (same arithmetic compiled).
+    t = tl.exp2(s * (2.0 * LOG2E / cap))  # exp(2 s / cap)
     return cap * (1.0 - 2.0 / (t + 1.0))
