@@ -9,7 +9,8 @@ a topic:
 - :mod:`.dequant`: a cache tile into registers, whatever its format (fp8 / NVFP4 dequantised);
 - :mod:`.positions`: RoPE and ALiBi;
 - :mod:`.quantize`: fp8 rounding and NVFP4 encoding of outputs;
-- :mod:`.tiles`: the tile products and the logit soft cap.
+- :mod:`.tiles`: the tile products and the logit soft cap;
+- :mod:`.predicates`: a scalar condition widened into a mask that every Triton's loads and stores take.
 
 The package re-exports every piece, so a kernel module imports the shared vocabulary as
 ``from ..common import name`` whichever topic holds it.
@@ -17,6 +18,7 @@ The package re-exports every piece, so a kernel module imports the shared vocabu
 
 from __future__ import annotations
 
+from .predicates import as_mask  # noqa: F401
 from .softmax_merge import LOG2E, online_softmax_step, softmax_finalize, merge_partials, split_bounds  # noqa: F401
 from .masks import window_causal_allowed, spec_draft_allowed, sink_logits2  # noqa: F401
 from .kv_formats import (  # noqa: F401

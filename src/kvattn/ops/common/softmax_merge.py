@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .predicates import as_mask
+
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -80,8 +82,8 @@ def merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, split_stride, num_sp
         if UNROLL:
             m_new = m
             for j in tl.static_range(BLOCK_S):
-                lse_j = tl.load(part_lse_ptr + p_row + stride64 * (s0 + j), mask=(s0 + j < num_splits) & row_ok,
-                                other=float("-inf"), cache_modifier=".cg")
+                lse_j = tl.load(part_lse_ptr + p_row + stride64 * (s0 + j),
+                                mask=as_mask((s0 + j < num_splits) & row_ok), other=float("-inf"), cache_modifier=".cg")
                 m_new = tl.maximum(m_new, lse_j)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
@@ -89,7 +91,7 @@ def merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, split_stride, num_sp
             acc = acc * alpha[:, None]
             for j in tl.static_range(BLOCK_S):
                 row_j = p_row + stride64 * (s0 + j)
-                ok_j = (s0 + j < num_splits) & row_ok
+                ok_j = as_mask((s0 + j < num_splits) & row_ok)
                 lse_j = tl.load(part_lse_ptr + row_j, mask=ok_j, other=float("-inf"), cache_modifier=".cg")
                 o_j = tl.load(part_o_ptr + row_j[:, None] * HEAD_DIM + offs_d[None, :], mask=ok_j[:, None], other=0.0,
                               cache_modifier=".cg")

@@ -19,6 +19,7 @@ import triton.language as tl
 from ..common import (
     KV_HALF,
     LOG2E,
+    as_mask,
     alibi_slopes,
     element_bits,
     float16_operand,
@@ -308,16 +309,16 @@ def _decode_item(
     if OUT_PTR:
         out_mult = out_mult * tl.load(out_scale_ptr)
     o_off = q_rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
-    store_scaled(out_ptr + o_off, o * out_mult, row_ok[:, None] & final, OUT_FP8)
+    store_scaled(out_ptr + o_off, o * out_mult, as_mask(row_ok[:, None] & final), OUT_FP8)
     if STORE_LSE:
-        tl.store(lse_ptr + q_rows * stride_lse_t + heads, lse2, mask=row_ok & final)
+        tl.store(lse_ptr + q_rows * stride_lse_t + heads, lse2, mask=as_mask(row_ok & final))
 
     # Partials leave out the sinks (the combine adds them once) and the output scale.
     partial = num_splits > 1
     o_part, _ = softmax_finalize(acc, m_i, l_i, sink2, False)
     p_row = (split.to(tl.int64) * num_rows + q_rows) * NUM_HEADS + heads
-    tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=row_ok[:, None] & partial)
-    tl.store(part_lse_ptr + p_row, lse2, mask=row_ok & partial)
+    tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=as_mask(row_ok[:, None] & partial))
+    tl.store(part_lse_ptr + p_row, lse2, mask=as_mask(row_ok & partial))
 
     if MERGE:
         # The item's last split to finish merges all of them (no combine launch): each split

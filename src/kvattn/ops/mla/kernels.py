@@ -45,6 +45,7 @@ import triton.language as tl
 from ..common import (
     KV_HALF,
     LOG2E,
+    as_mask,
     float16_operand,
     load_kv_tile,
     load_page_ids,
@@ -189,11 +190,11 @@ def mla_split_kernel(
     if OUT_PTR:
         out_mult = out_mult * tl.load(out_scale_ptr)
     o_off = b.to(tl.int64) * stride_o_b + heads[:, None].to(tl.int64) * stride_o_h + offs_c[None, :]
-    tl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    tl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=as_mask(head_ok[:, None] & final))
     partial = num_splits > 1
     p_row = (split.to(tl.int64) * batch + b) * num_heads + heads
-    tl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
-    tl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+    tl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=as_mask(head_ok[:, None] & partial))
+    tl.store(part_lse_ptr + p_row, lse2, mask=as_mask(head_ok & partial))
 
 
 __all__ = ["mla_split_kernel"]

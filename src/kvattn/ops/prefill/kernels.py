@@ -45,6 +45,7 @@ import triton.language as tl
 from ..common import (
     KV_HALF,
     LOG2E,
+    as_mask,
     float16_operand,
     kv_token_offsets,
     load_kv_tile,
@@ -72,7 +73,7 @@ def _tile_pages(table_row_ptr, stride_table_p, n0, offs_n, hi, num_pages, MASKED
     """
     if PAGE_SIZE % BLOCK_N == 0:
         pid = tl.load(table_row_ptr + (n0 // PAGE_SIZE) * stride_table_p)
-        ok = tl.broadcast_to((pid >= 0) & (pid < num_pages), offs_n.shape)
+        ok = as_mask(tl.broadcast_to((pid >= 0) & (pid < num_pages), offs_n.shape))
         if MASKED:
             ok = ok & (offs_n < hi)
         page = tl.maximum(pid, 0).to(tl.int64)
