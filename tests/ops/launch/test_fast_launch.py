@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import gc
 import math
+import types
 
 import pytest
 import torch
+import triton
 import triton.language as tl
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
@@ -35,6 +37,12 @@ from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()
 GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="the fast path launches compiled kernels: GPU only")
+# The fast path models one Triton's specialisation and launcher, so it is gated to the versions it
+# was verified with; elsewhere every launch is Triton's own (test_unverified_tritons_take_tritons_path).
+FAST_PATH_TRITON = pytest.mark.skipif(
+    not fast_launch.TRITON_SUPPORTED,
+    reason=f"the fast path is gated to Triton {' / '.join(fast_launch.FAST_LAUNCH_VERSIONS)} (verified there); "
+           f"{triton.__version__} launches through kernel[grid]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +99,7 @@ def _key(tensors=None, ints=(5,), device=0):
 _BUF = torch.zeros(256, dtype=torch.float16)
 
 
+@FAST_PATH_TRITON
 def test_equal_calls_give_equal_keys():
     assert _key() == _key()
     assert _key((_BUF[8:40],)) == _key((_BUF[16:20],))  # both 16-byte aligned, one dtype
@@ -109,10 +118,12 @@ def test_equal_calls_give_equal_keys():
     pytest.param(lambda: _key(ints=(5, 5)), id="one-more-int"),
     pytest.param(lambda: _key(device=1), id="device"),
 ])
+@FAST_PATH_TRITON
 def test_each_fact_changes_the_key(change):
     assert change() != _key()
 
 
+@FAST_PATH_TRITON
 def test_compile_knobs_change_the_key(monkeypatch):
     base = _key()
     monkeypatch.setattr(fast_launch.knobs.runtime, "debug", not fast_launch.knobs.runtime.debug)
@@ -150,6 +161,7 @@ def _static(**kw):
     return _launch(**kw).static_key()
 
 
+@FAST_PATH_TRITON
 def test_equal_launches_give_equal_static_keys():
     assert _static() is not None
     assert _static() == _static()
@@ -170,6 +182,7 @@ def test_equal_launches_give_equal_static_keys():
     pytest.param(dict(options=dict(num_warps=4, num_stages=2, launch_pdl=True)), id="launch-pdl"),
     pytest.param(dict(per_call=dict(x_ptr="x", y_ptr="x", scale="scale")), id="pointer-sources"),
 ])
+@FAST_PATH_TRITON
 def test_each_bound_fact_changes_the_static_key(change):
     assert _static(**change) != _static()
 
@@ -181,6 +194,18 @@ def test_each_bound_fact_changes_the_static_key(change):
 ])
 def test_launches_outside_the_rules_are_left_to_triton(kw):
     assert _static(**kw) is None
+
+
+def test_unverified_tritons_take_tritons_path(monkeypatch):
+    """On a Triton the fast path was not verified with, no launch takes it: no static key, the
+    path is off, a call gets no key, and a launch runs through ``kernel[grid]``."""
+    monkeypatch.setattr(fast_launch, "TRITON_SUPPORTED", False)
+    monkeypatch.setattr(fast_launch, "_on_gpu", lambda t: True)
+    monkeypatch.setattr(fast_launch, "_device", types.SimpleNamespace(is_interpreter=lambda: False))
+    launch = _launch()
+    assert launch.static_key() is None and not launch.fast
+    assert not fast_launch.fast_path_enabled()
+    assert fast_launch.call_args((_BUF,), (3,)).key is None
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -498,8 +523,6 @@ class FakeGPU:
     one fake compiled kernel per Triton cache key, and every launcher call is recorded."""
 
     def __init__(self, monkeypatch):
-        import types
-
         import triton.runtime.jit as jit
         from triton.backends.compiler import GPUTarget
         from triton.compiler.compiler import CompiledKernel
@@ -513,6 +536,7 @@ class FakeGPU:
         def do_compile(kernel, key, signature, device, constexprs, options, attrs, warmup):
             compiled = object.__new__(CompiledKernel)
             compiled.hash, compiled.name, compiled.src, compiled.module = key, kernel.__name__, None, 1
+            compiled._module_pid = None  # Triton 3.9's __del__ unloads a module this process loaded: none here
             compiled.function, compiled.packed_metadata = 100 + len(self.compiled), (4, 1, 0)
             compiled._run = lambda *args: self.calls.append((compiled, args))
             kernel.device_caches[device][0][key] = compiled
@@ -525,7 +549,7 @@ class FakeGPU:
 
         monkeypatch.setattr(jit, "driver", fake_driver)
         monkeypatch.setattr(jit.JITFunction, "_do_compile", do_compile)
-        monkeypatch.setattr(fast_launch, "driver", fake_driver)
+        monkeypatch.setattr(fast_launch, "driver", fake_driver, raising=False)
         monkeypatch.setattr(fast_launch, "_on_gpu", lambda t: True)  # CPU tensors stand in for GPU ones
         monkeypatch.setattr(fast_launch, "_device", types.SimpleNamespace(is_interpreter=lambda: False))
         for name in ("decode_split_kernel", "decode_combine_kernel"):
@@ -546,6 +570,7 @@ class FakeGPU:
         return out
 
 
+@FAST_PATH_TRITON
 @pytest.mark.parametrize("build", VARIANTS)
 def test_fast_path_passes_tritons_kernel_and_arguments(build, monkeypatch):
     """Over a faked GPU, every launch of a call's second run goes through the fast path and then,
@@ -578,6 +603,7 @@ def test_fast_path_passes_tritons_kernel_and_arguments(build, monkeypatch):
     assert pairs
 
 
+@FAST_PATH_TRITON
 def test_fast_path_takes_each_calls_pointers(monkeypatch):
     """Nothing keeps a data pointer across calls: a new query and output at new addresses, and new
     memory under the same query object, reach the launcher; and they take the fast path."""
@@ -640,6 +666,7 @@ class Spy:
         self.kernels = []
 
 
+@FAST_PATH_TRITON
 @GPU_ONLY
 @pytest.mark.parametrize("build", VARIANTS)
 def test_fast_path_launches_tritons_kernel_with_the_same_bits(build, triton_backend, monkeypatch):
@@ -659,6 +686,7 @@ def test_fast_path_launches_tritons_kernel_with_the_same_bits(build, triton_back
     assert torch.equal(got, expected)
 
 
+@FAST_PATH_TRITON
 @GPU_ONLY
 def test_launch_hooks_send_launches_back_to_triton(triton_backend, monkeypatch):
     import triton
@@ -679,6 +707,7 @@ def test_launch_hooks_send_launches_back_to_triton(triton_backend, monkeypatch):
     assert spy.runs == 0
 
 
+@FAST_PATH_TRITON
 @GPU_ONLY
 @pytest.mark.parametrize("q_len", [1, 3], ids=lambda n: f"Q{n}")
 def test_cuda_graph_capture_and_replay_through_the_fast_path(q_len, triton_backend, monkeypatch):
