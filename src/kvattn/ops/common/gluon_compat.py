@@ -1,4 +1,4 @@
-"""Names of Gluon's API that moved between the Triton versions kvattn supports (3.6 and 3.7).
+"""Names of Gluon's API that moved between the Triton versions kvattn compiles Gluon with.
 
 Gluon is Triton's explicit-layout language and is still experimental, so its spelling changes
 between releases. Each name here is the one the installed Triton has, found by feature (what the
@@ -9,7 +9,13 @@ kernels import these names instead of the moving ones (``benchmarks/NOTES.md``, 
 from __future__ import annotations
 
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
 
 # A barrier of the CTA's threads (orders their shared-memory accesses): ``gl.thread_barrier()`` in
 # 3.6, ``gl.barrier()`` (with an optional cluster scope) from 3.7.
 cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+# A TMA copy of a tensor descriptor's box into shared memory, counted on an mbarrier:
+# ``tma.async_copy_global_to_shared(desc, coord, barrier, result, pred)`` in 3.6 and 3.7,
+# ``tma.async_load`` (same leading arguments) from 3.9, where the old name only raises.
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared

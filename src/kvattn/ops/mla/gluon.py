@@ -42,14 +42,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
-from ..common.gluon_compat import cta_barrier
+from ..common.gluon_compat import cta_barrier, tma_load
 from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 
 
@@ -66,8 +65,8 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
     row = gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows)
     mbarrier.expect(bar, BLOCK_N * (CKV_DIM + KPE_DIM) * 2, pred=pred)
     for c in gl.static_range(CKV_DIM // 64):
-        tma.async_copy_global_to_shared(kv_desc, [row, c * 64], bar, ckv_buf.slice(c * 64, 64, dim=1), pred=pred)
-    tma.async_copy_global_to_shared(kv_desc, [row, CKV_DIM], bar, kpe_buf, pred=pred)
+        tma_load(kv_desc, [row, c * 64], bar, ckv_buf.slice(c * 64, 64, dim=1), pred=pred)
+    tma_load(kv_desc, [row, CKV_DIM], bar, kpe_buf, pred=pred)
     return ok
 
 
