@@ -14,6 +14,9 @@ import subprocess
 import sys
 
 import pytest
+import triton
+
+from kvattn import _versions
 
 _SCRIPT = r"""
 import contextlib, importlib, json, os, re, subprocess, sys, tempfile
@@ -63,6 +66,17 @@ if os.path.exists(tool):
             usage["sass"] = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
 print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"], "shared": ck.metadata.shared, **usage}))
 """
+
+
+def gpu_verified_fact(elsewhere: str):
+    """Mark a test that pins a compiler fact kvattn's GPU tables rest on: a fact of the Tritons
+    verified on the GPU (``kvattn._versions.GPU_VERIFIED``), skipped on the others, which the CPU
+    tier runs in the interpreter only. ``elsewhere``: what a newer Triton was seen to do instead
+    (a table built on the fact needs measuring again before that Triton is supported on the GPU)."""
+    verified = triton.__version__.startswith(_versions.GPU_VERIFIED)
+    return pytest.mark.skipif(not verified, reason=(
+        f"a compiler fact of the GPU-verified Tritons ({' / '.join(_versions.GPU_VERIFIED)}); "
+        f"Triton {triton.__version__} is interpreter-tested only ({elsewhere})"))
 
 
 def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",
