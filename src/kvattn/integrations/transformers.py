@@ -267,6 +267,32 @@ def _scale(module, scaling, head_dim: int) -> float:
     return float(scaling) if scaling is not None else 1.0 / math.sqrt(head_dim)
 
 
+# Every layer of a group sees the same step tensors (the same objects within one forward): their
+# page tables and token positions are computed once a forward. The memo lives for one forward: a
+# layer index not above the last one seen (layers run in order) or a new cu_seq_lens_q object
+# clears it, since a buffer may be refilled in place between forwards. Entries hold their key
+# tensors, so an id cannot be reused while it is cached.
+_plan_memo: dict = {"cu_q": None, "layer": -1, "items": {}}
+
+
+def _step_plan(layer: int, cu_q, cu_k, seq_lens, index, max_k: int, page_size: int, rows: int, positions: bool):
+    """``(tables, batch_indices, positions)`` of a full-attention group for this forward (the last
+    two None unless ``positions``)."""
+    if _plan_memo["cu_q"] is not cu_q or layer <= _plan_memo["layer"]:
+        _plan_memo["cu_q"], _plan_memo["items"] = cu_q, {}
+    _plan_memo["layer"] = layer
+    key = (id(cu_k), id(index), max_k, page_size, rows, positions)
+    hit = _plan_memo["items"].get(key)
+    if hit is not None and hit[0] is cu_k and hit[1] is index:
+        return hit[2]
+    tables = tables_from_indices(index, cu_k, max_k, page_size)
+    b = pos = None
+    if positions:
+        b, pos = batch_indices_positions(cu_q, seq_lens, rows)
+    _plan_memo["items"][key] = (cu_k, index, (tables, b, pos))
+    return tables, b, pos
+
+
 def _paged_forward(module, query, key, value, cache, scale, window_left, sinks, kwargs):
     rows = query.shape[2]
     q = query[0].transpose(0, 1)  # [T, Hq, D], a view
@@ -282,9 +308,8 @@ def _paged_forward(module, query, key, value, cache, scale, window_left, sinks, 
         # in the read index; without any past in the batch, the write index lists the same tokens.
         read = kwargs["read_index"][lc.group]
         index = read if read.numel() else kwargs["write_index"][lc.group]
-        tables = tables_from_indices(index, cu_k, max_k, lc.page_size)
+        tables, b, pos = _step_plan(module.layer_idx, cu_q, cu_k, seq_lens, index, max_k, lc.page_size, rows, not lc.written)
         if not lc.written:
-            b, pos = batch_indices_positions(cu_q, seq_lens, rows)
             append_paged_kv_cache(key[0].transpose(0, 1), value[0].transpose(0, 1), (lc.k_pages, lc.v_pages),
                                   tables, b, pos)
         k_pages, v_pages = lc.k_pages, lc.v_pages
