@@ -12,13 +12,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common import KV_FP8, KV_NVFP4, quantize_nvfp4_rows, store_scaled
+from ..common import KV_FP8, KV_NVFP4, quantize_nvfp4_rows, round_to_e4m3
 
 
 @triton.jit
 def _write_rows(
     src_ptr,  # [N, H, D] new rows (this token's, any strides; last dim contiguous)
-    dst_ptr,  # [P, PAGE, H, D_STORED] pages (NHD view); D_STORED = D / 2 for NVFP4
+    dst_ptr,  # [P, PAGE, H, D_STORED] pages (NHD view; uint8 for fp8 and NVFP4); D_STORED = D / 2 for NVFP4
     sf_ptr,  # [P, PAGE, H, D / 16] e4m3 block scales viewed as uint8 (NVFP4; else unused)
     scale_ptr,  # [1] float32 device factor of the dequant scale (HAS_SCALE_TENSOR; else unused)
     scale_factor,
@@ -49,7 +49,13 @@ def _write_rows(
         tl.store(sf_row + offs_b[None, :], sf.to(tl.float8e4nv).to(tl.uint8, bitcast=True),
                  mask=row_ok[:, None] & (offs_b < HEAD_DIM // 16)[None, :])
     elif KV_FORMAT == KV_FP8:
-        store_scaled(dst_row + offs_d[None, :], tl.math.div_rn(x, scale), row_ok[:, None] & d_ok[None, :], True)
+        # The pages come as uint8 (the launcher's view): the e4m3 bits are stored directly, with the
+        # sign of a negative value too small for the grid put back (a float8 cast, as torch's
+        # quantize_fp8 does, keeps it as -0; the rounding trick and some casts give +0).
+        y = round_to_e4m3(tl.math.div_rn(x, scale))
+        bits = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        bits = tl.where((x < 0) & (y == 0), bits | 0x80, bits)
+        tl.store(dst_row + offs_d[None, :], bits, mask=row_ok[:, None] & d_ok[None, :])
     else:
         tl.store(dst_row + offs_d[None, :], x.to(dst_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 

@@ -60,6 +60,9 @@ def launch_append(
     vsf_s = tuple(v_sf.stride()[:3]) if (nvfp4 and has_v) else (0, 0, 0)
     v_src = value if has_v else key
     v_dst = v if has_v else k
+    kv_format = kv_format_code(k.dtype)
+    if k.dtype == FP8_DTYPE:  # the kernel stores e4m3 bits (see kernels._write_rows)
+        k, v_dst = k.view(torch.uint8), v_dst.view(torch.uint8)
     if not batch_indices.is_contiguous():
         batch_indices = batch_indices.contiguous()
     if not positions.is_contiguous():
@@ -74,7 +77,7 @@ def launch_append(
             table.stride(0), table.stride(1),
             table.shape[0], table.shape[1], k.shape[0],
             NUM_HEADS=heads, HEAD_DIM=head_dim, PAGE_SIZE=k.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
-            KV_FORMAT=kv_format_code(k.dtype), HAS_V=has_v,
+            KV_FORMAT=kv_format, HAS_V=has_v,
             K_SCALE_TENSOR=k_tensor is not None, V_SCALE_TENSOR=v_tensor is not None,
             num_warps=4,
         )
