@@ -248,3 +248,15 @@ def test_soft_cap_is_refused():
     q = torch.randn(1, 2, 3, 64)
     with pytest.raises(NotImplementedError, match="soft-capping"):
         kvattn_tf.kvattn_attention_forward(Layer(), q, q, q, None, softcap=30.0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_generate_batch_with_cuda_graphs(kind):
+    """Continuous batching with CUDA graphs (padded steps, captured and replayed kvattn calls)
+    gives the tokens of the run without graphs."""
+    model = make_model(kind)
+    batch = prompts(model=model)
+    plain = generate(model, kvattn_tf.NAME, batch, cb_config(use_cuda_graph=False))
+    graphs = generate(model, kvattn_tf.NAME, batch, cb_config(use_cuda_graph=True))
+    assert_same_generation(plain, graphs)
