@@ -120,7 +120,8 @@ def test_triton_matches_reference(monkeypatch, src_dtype, kv_format, layout, for
     batch, width, num_pages, n = 3, 3, 12, 11
     cache, sf = random_cache(num_pages, page, heads, head_dim, kv_format, layout, form, src_dtype, gen)
     key = (torch.randn(n, heads, head_dim, generator=gen) * 3).to(src_dtype).to(DEV)
-    key[0, 0, :4] = torch.tensor([-1e-4, 1e-4, -0.0, 0.0])  # tiny values: signed zeros in fp8
+    # In every row: values too small for e4m3 (signed zeros), a subnormal, and values past its range.
+    key[:, 0, :6] = torch.tensor([-1e-4, 1e-4, -0.0, -3e-3, 1e4, -1e4]).to(src_dtype)
     value = None if form == "shared" else (torch.randn(n, heads, head_dim, generator=gen) * 3).to(src_dtype).to(DEV)
     tables, b, p = random_tokens(batch, width, page, num_pages, n, gen)
     k_scale, v_scale = (0.75, 1.5)

@@ -12,7 +12,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common import KV_FP8, KV_NVFP4, quantize_nvfp4_rows, round_to_e4m3
+from ..common import FP8_MAX, KV_FP8, KV_NVFP4, quantize_nvfp4_rows, round_to_e4m3
+
+
+@triton.jit
+def e4m3_bits(t):
+    """float8_e4m3fn bits (int32, 0..255) of float32 ``t``, as torch's cast after a clamp to +-448
+    (``formats.quantize_fp8``): nearest even, saturating, the sign kept (a negative value under
+    half the smallest subnormal, or -0, gives -0), NaN -> 0x7F with its sign. Integer ops on the
+    float32 bits of the rounded value, so the interpreter and every GPU agree bit for bit (no
+    float8 conversion instruction, whose treatment of -0 differs between targets)."""
+    sign = (t.to(tl.int32, bitcast=True) >> 31) & 1
+    r = round_to_e4m3(tl.minimum(tl.maximum(t, -FP8_MAX), FP8_MAX))  # on the e4m3 grid, in float32
+    rb = r.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e32 = rb >> 23
+    normal = ((e32 - 120) << 3) | ((rb >> 20) & 7)  # exponent bias 7 (float32: 127), 3 mantissa bits
+    subnormal = (tl.abs(r) * 512.0).to(tl.int32)  # multiples of 2^-9 below 2^-6
+    code = tl.where(e32 >= 121, normal, subnormal)
+    code = tl.where(t != t, 0x7F, code)
+    return code | (sign << 7)
 
 
 @triton.jit
@@ -49,13 +67,9 @@ def _write_rows(
         tl.store(sf_row + offs_b[None, :], sf.to(tl.float8e4nv).to(tl.uint8, bitcast=True),
                  mask=row_ok[:, None] & (offs_b < HEAD_DIM // 16)[None, :])
     elif KV_FORMAT == KV_FP8:
-        # The pages come as uint8 (the launcher's view): the e4m3 bits are stored directly, with the
-        # sign of a negative value too small for the grid put back (a float8 cast, as torch's
-        # quantize_fp8 does, keeps it as -0; the rounding trick and some casts give +0).
-        y = round_to_e4m3(tl.math.div_rn(x, scale))
-        bits = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        bits = tl.where((x < 0) & (y == 0), bits | 0x80, bits)
-        tl.store(dst_row + offs_d[None, :], bits, mask=row_ok[:, None] & d_ok[None, :])
+        # The pages come as uint8 (the launcher's view): the e4m3 bits are built with integer ops.
+        bits = e4m3_bits(tl.math.div_rn(x, scale))
+        tl.store(dst_row + offs_d[None, :], bits.to(tl.uint8), mask=row_ok[:, None] & d_ok[None, :])
     else:
         tl.store(dst_row + offs_d[None, :], x.to(dst_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
