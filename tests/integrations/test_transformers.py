@@ -23,6 +23,9 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 17):
+    pytest.skip(f"the integration targets transformers >= 5.17, found {transformers.__version__}",
+                allow_module_level=True)
 
 from transformers import GenerationConfig  # noqa: E402
 
