@@ -15,49 +15,11 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import _backend, reference
-from ._inputs import (
-    Scale,
-    _split_kv,
-    check_int,
-    check_layout,
-    check_shape,
-    check_tensor,
-    to_scale,
-)
-from .formats import FP8_DTYPE, NVFP4_BLOCK
+from ._formats_table import QUANTISED_DTYPES
+from ._inputs import check_int, check_shape, check_tensor, paged_kv_from_cache, to_scale
 
 APPEND_SRC_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def ops_append():
-    """:mod:`kvattn.ops.append`, imported on first use (it imports Triton)."""
-    from .ops import append
-
-    return append
-
-
-def _pages(kv_cache, name: str, layout: str, num_heads: int, head_dim: int, src_dtype, device, has_value: bool):
-    """``(k, v)`` NHD page views of the cache (``v`` None for a K-only cache), checked against the rows."""
-    shared = isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 5 and kv_cache.shape[1] == 1
-    k, v = _split_kv(kv_cache, name, layout)
-    dtypes = (src_dtype, FP8_DTYPE, torch.uint8) if src_dtype != torch.float32 else (torch.float32, FP8_DTYPE,
-                                                                                     torch.uint8)
-    for t in (k, v) if isinstance(kv_cache, (tuple, list)) else (k,):
-        check_tensor(t, name, dtypes=dtypes, device=device, contiguous_last=True)
-    if k.dtype != v.dtype:
-        raise TypeError(f"{name}: expected K and V of one dtype, got {k.dtype} and {v.dtype}")
-    if k.shape != v.shape:
-        raise ValueError(f"{name}: expected K and V pages of one shape, got {list(k.shape)} and {list(v.shape)} (as NHD)")
-    stored = head_dim // 2 if k.dtype == torch.uint8 else head_dim
-    if k.shape[2] != num_heads or k.shape[3] != stored:
-        what = f"[*, page_size, {num_heads}, {stored}]" + (" (NVFP4 packs two values a byte)" if stored != head_dim else "")
-        raise ValueError(f"{name}: expected pages {what} as NHD (the rows' heads and head_dim), got {list(k.shape)}")
-    if shared and has_value:
-        raise ValueError(f"value: a cache with one plane (K = V, shape [P, 1, ...]) takes value=None, got a tensor")
-    if not shared and not has_value:
-        raise ValueError(f"value: expected the new values for a cache with K and V, got None")
-    return k, (None if shared else v)
 
 
 def append_paged_kv_cache(
@@ -133,36 +95,27 @@ def append_paged_kv_cache(
     if value is not None:
         check_tensor(value, "value", dtypes=(key.dtype,), ndim=3, device=device, contiguous_last=True)
         check_shape(value, "value", tuple(key.shape))
-    layout = check_layout(kv_layout)
-    k, v = _pages(kv_cache, "kv_cache", layout, num_heads, head_dim, key.dtype, device, value is not None)
-    check_tensor(block_tables, "block_tables", dtypes=(torch.int32,), ndim=2, device=device)
+    # The cache takes the rows' dtype as it is, or a quantised format of the table.
+    kv = paged_kv_from_cache(kv_cache, block_tables, kv_layout, head_dim, device, kv_sf=kv_cache_sf,
+                             allowed_dtypes=(key.dtype, *QUANTISED_DTYPES))
+    if kv.num_kv_heads != num_heads:
+        raise ValueError(f"kv_cache: expected pages of {num_heads} heads (the key's), got {list(kv.k.shape)} as NHD")
+    one_plane = isinstance(kv_cache, torch.Tensor) and kv_cache.shape[1] == 1
+    if one_plane and value is not None:
+        raise ValueError("value: a cache with one plane (K = V, shape [P, 1, ...]) takes value=None, got a tensor")
+    if not one_plane and value is None:
+        raise ValueError("value: expected the new values for a cache with K and V, got None")
     for t, n in ((batch_indices, "batch_indices"), (positions, "positions")):
         check_tensor(t, n, dtypes=_INDEX_DTYPES, ndim=1, device=device)
         check_shape(t, n, (num_tokens,))
     k_scale = to_scale(k_scale, "k_scale", device)
     v_scale = to_scale(v_scale, "v_scale", device)
-    k_sf = v_sf = None
-    if k.dtype == torch.uint8:
-        if head_dim % NVFP4_BLOCK:
-            raise ValueError(f"key: an NVFP4 cache needs head_dim a multiple of 16, got {head_dim}")
-        if kv_cache_sf is None:
-            raise ValueError("kv_cache_sf: expected NVFP4 block scales with a uint8 (NVFP4) cache, got None")
-        k_sf, v_sf = _split_kv(kv_cache_sf, "kv_cache_sf", layout)
-        want = (*k.shape[:3], head_dim // NVFP4_BLOCK)
-        for t in (k_sf, v_sf):
-            check_tensor(t, "kv_cache_sf", dtypes=(FP8_DTYPE,), device=device, contiguous_last=True)
-            if tuple(t.shape) != want:
-                raise ValueError(f"kv_cache_sf: expected block scales of shape {list(want)} (as NHD), got {list(t.shape)}")
-        if v is None:
-            v_sf = None
-    elif kv_cache_sf is not None:
-        raise ValueError(f"kv_cache_sf: block scales are only for NVFP4 (uint8) caches, got a {k.dtype} cache")
 
-    if _backend.use_triton("append_paged_kv", device):
-        ops_append().append(key, value, k, v, k_sf, v_sf, block_tables, batch_indices, positions, k_scale, v_scale)
+    ops = _backend.triton_entry("append_paged_kv", device)
+    if ops is not None:
+        ops.append_paged_kv(key, value, kv, batch_indices, positions, k_scale=k_scale, v_scale=v_scale)
     else:
-        reference.append_paged_kv(key, value, k, v, k_sf, v_sf, block_tables, batch_indices, positions,
-                                  k_scale=k_scale, v_scale=v_scale)
+        reference.append_paged_kv(key, value, kv, batch_indices, positions, k_scale=k_scale, v_scale=v_scale)
 
 
 def batch_indices_positions(

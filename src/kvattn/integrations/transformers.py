@@ -53,7 +53,7 @@ from typing import Optional
 import torch
 
 from .. import reference
-from .._inputs import PagedKV, Scale
+from .._inputs import HALF_DTYPES, PagedKV, Scale
 from ..cache import append_paged_kv_cache, batch_indices_positions
 from ..decode import xqa_batch_decode_with_kv_cache
 from ..prefill import trtllm_batch_context_with_kv_cache
@@ -62,7 +62,6 @@ NAME = "kvattn"
 PAGED_NAME = "paged|kvattn"
 NAMES = (NAME, PAGED_NAME)
 CACHE_KWARG = "kvattn_paged_cache"  # attention kwarg through which the wrapped cache update passes itself
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 WORKSPACE_BYTES = 128 << 20  # split-KV partials of decode; zeroed once per device
 
 _workspaces: dict = {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._inputs import Scale
-from ..formats import FP8_DTYPE, quantize_fp8, quantize_nvfp4
+from .._inputs import PagedKV, Scale
+from .._formats_table import BY_DTYPE
 from .core import _scalar
 
 
@@ -30,38 +30,37 @@ def token_slots(table: torch.Tensor, batch_indices: torch.Tensor, positions: tor
 
 
 def _write(rows: torch.Tensor, pages: torch.Tensor, sf: torch.Tensor | None, page, slot, scale: Scale) -> None:
-    """Quantise ``rows [n, H, D]`` to the pages' format and store them at ``(page, slot)``."""
-    if pages.dtype == torch.uint8:
-        codes, block_scales = quantize_nvfp4(rows, _scalar(scale, rows.device))
-        pages[page, slot] = codes
-        sf[page, slot] = block_scales
-    elif pages.dtype == FP8_DTYPE:
-        pages[page, slot] = quantize_fp8(rows, _scalar(scale, rows.device))
-    else:
+    """Store ``rows [n, H, D]`` at ``(page, slot)`` in the pages' format: as they are for a 16-bit
+    (or float32) cache, ``rows / scale`` through the format table's ``quantize`` for a quantised one
+    (its block scales, if any, into ``sf``)."""
+    fmt = BY_DTYPE.get(pages.dtype)
+    if fmt is None or fmt.element_bits >= 16:
         pages[page, slot] = rows.to(pages.dtype)
+        return
+    data, block_scales = fmt.quantize(rows.to(torch.float32) / _scalar(scale, rows.device))
+    pages[page, slot] = data
+    if block_scales is not None:
+        sf[page, slot] = block_scales
 
 
 def append_paged_kv(
     key: torch.Tensor,
     value: torch.Tensor | None,
-    k: torch.Tensor,
-    v: torch.Tensor | None,
-    k_sf: torch.Tensor | None,
-    v_sf: torch.Tensor | None,
-    table: torch.Tensor,
+    kv: PagedKV,
     batch_indices: torch.Tensor,
     positions: torch.Tensor,
     *,
     k_scale: Scale,
     v_scale: Scale,
 ) -> None:
-    """Write ``key``/``value [N, H, D]`` into the NHD page views ``k``/``v [P, page, H, Ds]``.
+    """Write ``key``/``value [N, H, D]`` into the NHD page views ``kv.k``/``kv.v [P, page, H, Ds]``
+    (``value`` None: a cache of one plane, K only).
 
     fp8 pages get ``e4m3(x / scale)``; NVFP4 pages the codes of ``x / scale`` and their block
     scales (:func:`kvattn.formats.quantize_nvfp4`). Dropped tokens (see :func:`token_slots`) write
     nothing.
     """
-    keep, page, slot = token_slots(table, batch_indices, positions, k.shape[1], k.shape[0])
-    _write(key[keep], k, k_sf, page, slot, k_scale)
+    keep, page, slot = token_slots(kv.k_table, batch_indices, positions, kv.page_size, kv.num_pages)
+    _write(key[keep], kv.k, kv.k_sf, page, slot, k_scale)
     if value is not None:
-        _write(value[keep], v, v_sf, page, slot, v_scale)
+        _write(value[keep], kv.v, kv.v_sf, page, slot, v_scale)

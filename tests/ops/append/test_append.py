@@ -18,20 +18,22 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import formats
+from kvattn._formats_table import BY_NAME
 from kvattn._inputs import _split_kv
 from kvattn.formats import FP8_DTYPE
 from kvattn.reference.core import gather_tokens
 
-ON_GPU = torch.cuda.is_available()
+from ..oracle import ON_GPU, run_both
+
 DEV = "cuda" if ON_GPU else "cpu"
 SRC_DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if ON_GPU else [])
 
 
 def random_cache(num_pages, page, heads, head_dim, kv_format, layout, form, src_dtype, gen):
     """A cache of random bytes (and its NVFP4 scales) in the requested form, on DEV."""
-    stored = head_dim // 2 if kv_format == "nvfp4" else head_dim
-    dtype = {"half": src_dtype, "fp8": FP8_DTYPE, "nvfp4": torch.uint8}[kv_format]
+    fmt = BY_NAME.get(kv_format)  # "half": the rows' dtype
+    stored = fmt.stored_dim(head_dim) if fmt else head_dim
+    dtype = fmt.dtype if fmt else src_dtype
     page_shape = (page, heads, stored) if layout == "NHD" else (heads, page, stored)
     planes = 1 if form == "shared" else 2
 
@@ -46,9 +48,9 @@ def random_cache(num_pages, page, heads, head_dim, kv_format, layout, form, src_
 
     data = raw((num_pages, planes, *page_shape), dtype)
     sf = None
-    if kv_format == "nvfp4":
-        sf_shape = page_shape[:-1] + (head_dim // 16,)
-        sf = raw((num_pages, planes, *sf_shape), FP8_DTYPE)
+    if fmt and fmt.scale_block:
+        sf_shape = page_shape[:-1] + (head_dim // fmt.scale_block,)
+        sf = raw((num_pages, planes, *sf_shape), fmt.scale_dtype)
     if form == "tuple":
         data = (data[:, 0].clone(), data[:, 1].clone())
         sf = (sf[:, 0].clone(), sf[:, 1].clone()) if sf is not None else None
@@ -85,15 +87,15 @@ def random_tokens(batch, width, page, num_pages, n, gen, bad=True):
     return tables.to(DEV), b.to(DEV), p.to(DEV)
 
 
-def run_both(monkeypatch, key, value, cache, sf, tables, b, p, layout, k_scale, v_scale):
-    outs = []
-    for backend in ("reference", "triton"):
-        monkeypatch.setenv("KVATTN_BACKEND", backend)
+def append_both(monkeypatch, key, value, cache, sf, tables, b, p, layout, k_scale, v_scale):
+    """``((cache, sf) written by Triton, (cache, sf) written by the reference)``, each into a copy."""
+    def call():
         c, s = clone_cache(cache), clone_cache(sf)
         kvattn.append_paged_kv_cache(key, value, c, tables, b, p, kv_layout=layout, k_scale=k_scale,
                                      v_scale=v_scale, kv_cache_sf=s)
-        outs.append((c, s))
-    return outs
+        return c, s
+
+    return run_both(call, monkeypatch)
 
 
 CASES = [
@@ -128,8 +130,8 @@ def test_triton_matches_reference(monkeypatch, src_dtype, kv_format, layout, for
     if tensor_scale:
         k_scale = torch.tensor([0.75], device=DEV)
         v_scale = torch.tensor([2.5], device=DEV)
-    (ref_c, ref_s), (tri_c, tri_s) = run_both(monkeypatch, key, value, cache, sf, tables, b, p, layout,
-                                              k_scale, v_scale)
+    (tri_c, tri_s), (ref_c, ref_s) = append_both(monkeypatch, key, value, cache, sf, tables, b, p, layout,
+                                                 k_scale, v_scale)
     assert torch.equal(as_bytes(tri_c), as_bytes(ref_c))
     if sf is not None:
         assert torch.equal(as_bytes(tri_s), as_bytes(ref_s))
@@ -216,6 +218,9 @@ def _base_args():
     (dict(kv_cache=torch.zeros(4, 2, 16, 2, 32, dtype=torch.uint8)), ValueError, "^kv_cache_sf:"),
     (dict(kv_cache=torch.zeros(4, 2, 16, 2, 32, dtype=torch.uint8),
           kv_cache_sf=torch.zeros(4, 2, 16, 2, 2, dtype=FP8_DTYPE)), ValueError, "^kv_cache_sf:"),
+    (dict(key=torch.randn(3, 2, 40, dtype=torch.float16), value=torch.randn(3, 2, 40, dtype=torch.float16),
+          kv_cache=torch.zeros(4, 2, 16, 2, 20, dtype=torch.uint8),
+          kv_cache_sf=torch.zeros(4, 2, 16, 2, 2, dtype=FP8_DTYPE)), ValueError, "^kv_cache: NVFP4 needs head_dim"),
     (dict(k_scale="x"), TypeError, "^k_scale:"),
     (dict(v_scale=torch.ones(2)), ValueError, "^v_scale:"),
 ])
@@ -293,7 +298,7 @@ def test_compiles_for_sm90_without_spills(kv_format, cache_ptr, head_dim, heads)
     from kvattn.ops.append import launch
     from kvattn.ops.common import KV_FP8, KV_HALF, KV_NVFP4
 
-    from .sm90 import compile_sm90
+    from ..sm90 import compile_sm90
 
     block_d = head_dim
     block_h = max(1, min(heads, launch.TILE_ELEMENTS // block_d))
