@@ -105,6 +105,19 @@ def test_tma_views_of_each_page_form():
     assert prefill_ws.tma_view(k, 128) is None  # not this page size
 
 
+def test_launch_names_every_kernel_parameter():
+    """The launch passes every kernel parameter by its name (and nothing else but the options)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(prefill_ws.launch))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+             and getattr(n.func.value, "id", "") == "prefill_ws_kernel"]
+    assert len(calls) == 1 and not calls[0].args
+    names = {k.arg for k in calls[0].keywords} - {"num_warps", "maxnreg"}
+    assert names == set(prefill_ws.prefill_ws_kernel.arg_names)
+
+
 def test_plan_is_none_off_the_gpu():
     q = torch.zeros(4, 8, 128, dtype=torch.bfloat16)
     kv = torch.zeros(3, 64, 2, 128, dtype=torch.bfloat16)
