@@ -68,15 +68,27 @@ print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"], "shared": ck.m
 """
 
 
+# Whether the installed Triton is one kvattn is verified with on the GPU (kvattn._versions.GPU_VERIFIED).
+GPU_VERIFIED_TRITON = triton.__version__.startswith(_versions.GPU_VERIFIED)
+
+
+def _unverified(elsewhere: str) -> str:
+    return (f"a compiler fact of the GPU-verified Tritons ({' / '.join(_versions.GPU_VERIFIED)}); "
+            f"Triton {triton.__version__} is interpreter-tested only ({elsewhere})")
+
+
 def gpu_verified_fact(elsewhere: str):
-    """Mark a test that pins a compiler fact kvattn's GPU tables rest on: a fact of the Tritons
-    verified on the GPU (``kvattn._versions.GPU_VERIFIED``), skipped on the others, which the CPU
-    tier runs in the interpreter only. ``elsewhere``: what a newer Triton was seen to do instead
-    (a table built on the fact needs measuring again before that Triton is supported on the GPU)."""
-    verified = triton.__version__.startswith(_versions.GPU_VERIFIED)
-    return pytest.mark.skipif(not verified, reason=(
-        f"a compiler fact of the GPU-verified Tritons ({' / '.join(_versions.GPU_VERIFIED)}); "
-        f"Triton {triton.__version__} is interpreter-tested only ({elsewhere})"))
+    """Mark a test that pins a compiler fact kvattn's GPU tables or schedules rest on: a fact of
+    the Tritons verified on the GPU, skipped on the others, which the CPU tier runs in the
+    interpreter only. ``elsewhere``: what a newer Triton was seen to do instead (what rests on the
+    fact needs measuring again before that Triton is supported on the GPU)."""
+    return pytest.mark.skipif(not GPU_VERIFIED_TRITON, reason=_unverified(elsewhere))
+
+
+def skip_unless_gpu_verified(elsewhere: str) -> None:
+    """:func:`gpu_verified_fact` for the rest of a test (after its version-independent checks)."""
+    if not GPU_VERIFIED_TRITON:
+        pytest.skip(_unverified(elsewhere))
 
 
 def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",

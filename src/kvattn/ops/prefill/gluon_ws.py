@@ -52,12 +52,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from ..common.gluon_compat import cta_barrier
+from ..common.gluon_compat import cta_barrier, tma_load
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 BLOCK_M: gl.constexpr = gl.constexpr(128)  # query rows a tile: 64 a consumer warpgroup
@@ -137,8 +136,7 @@ def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, p
             row = gl.where(ok, pid * page_rows + kvh * head_rows + tok % PAGE_SIZE, total_rows)
             part = buf.slice(c * SUB, SUB, dim=0)
             for d in gl.static_range(HEAD_DIM // COLS):
-                tma.async_copy_global_to_shared(desc, [row, kvh * head_cols + d * COLS], bar,
-                                                part.slice(d * COLS, COLS, dim=1))
+                tma_load(desc, [row, kvh * head_cols + d * COLS], bar, part.slice(d * COLS, COLS, dim=1))
 
 
 @gluon.jit
