@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common import FP8_MAX, KV_FP8, KV_NVFP4, quantize_nvfp4_rows, round_to_e4m3
+from ..common import FP8_MAX, KV_FP8, KV_NVFP4, as_mask, quantize_nvfp4_rows, round_to_e4m3
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _write_rows(
 ):
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    row_ok = h_ok & ok
+    row_ok = as_mask(h_ok & ok)  # ok: a scalar condition (common.predicates)
     src = src_ptr + token * stride_src_n + offs_h[:, None] * stride_src_h + offs_d[None, :]
     x = tl.load(src, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     dst_row = dst_ptr + page * stride_p + slot * stride_s + offs_h[:, None] * stride_h  # [BLOCK_H, 1]
