@@ -261,7 +261,7 @@ def test_info_on_cpu(capsys, monkeypatch):
     rc, out, err = run_cli(capsys, "info", "--device", "cpu")
     assert rc == 0 and err == ""
     assert out.startswith(f"kvattn {kvattn.__version__} (")
-    assert f"torch {torch.__version__}" in out and f"triton {triton.__version__}" in out
+    assert f"torch {torch.__version__}" in out and f"triton {triton.__version__} ({_versions.support()})" in out
     assert "device: cpu" in out
     for name in ("KVATTN_BACKEND", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE", "KVATTN_GLUON",
                  "TRITON_INTERPRET"):
@@ -279,6 +279,17 @@ def test_info_interpreted_kernels(capsys, monkeypatch):
     rc, out, _ = run_cli(capsys, "info", "--device", "cpu")
     assert rc == 0
     assert out.count("in Triton's interpreter") == 5
+
+
+@pytest.mark.parametrize("version,expected", [
+    ("3.6.0", "verified on the GPU"), ("3.7.1", "verified on the GPU"),
+    ("3.9.0", "tested in the CPU interpreter only, not on a GPU"), ("3.8.0", "untested"), ("3.10.0", "untested"),
+    ("not installed", "not installed"),
+])
+def test_triton_support_levels(version, expected):
+    from kvattn import _versions
+
+    assert _versions.support(version) == expected
 
 
 def test_info_without_fast_paths_report(capsys, monkeypatch):

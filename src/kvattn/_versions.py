@@ -1,17 +1,19 @@
 """Which Triton is installed and which of kvattn's version-specific paths it gets.
 
 kvattn supports the Triton that each supported torch pins: 3.6 (torch 2.11) and 3.7 (3.7.1, torch
-2.13), verified on an H100 with both; the CPU interpreter tier also runs the newest release. Some
-paths rest on facts of one Triton version and are gated on it, each with a portable fallback that
-computes the same result:
+2.13), verified on an H100 with both; the CPU interpreter tier also runs the newest release (3.9.0),
+where only the interpreter and sm_90a compiles are tested. Some paths rest on facts of one Triton
+version and are gated on it, each with a portable fallback that computes the same result (under
+3.9 ``fast_launch`` and ``ptx_hints`` are off, Gluon is on):
 
 * ``fast_launch``: launch compiled kernels without ``JITFunction.run`` (host time of eager
   calls), from the specialisation and launcher rules of Triton 3.6 and 3.7; elsewhere every launch is a plain
   ``kernel[grid](...)``.
 * ``ptx_hints``: an L2 evict-first policy on the TMA copies of marked kernels, through Triton's
   stages hook (3.6 and 3.7 protocols); elsewhere those copies run unhinted.
-* ``gluon``: kernels written in Gluon (MLA decode on Hopper), through the names of
-  :mod:`kvattn.ops.common.gluon_compat`; where Gluon does not import, the Triton kernels serve.
+* ``gluon``: kernels written in Gluon (MLA decode and paged prefill on Hopper), through the names
+  of :mod:`kvattn.ops.common.gluon_compat` (found by feature: 3.6's, 3.7's and 3.9's spellings);
+  where Gluon does not import, the Triton kernels serve.
 
 :func:`fast_paths` says which are active (``kvattn info`` prints it).
 """
@@ -20,8 +22,10 @@ from __future__ import annotations
 
 import re
 
-# Versions verified on the GPU, and the interpreter tier's newest; pyproject's range covers these.
+# Versions verified on the GPU; pyproject's range covers these and the interpreter tier's newest
+# (INTERPRETER_TESTED: the CPU suite only, no GPU run).
 GPU_VERIFIED = ("3.6", "3.7")
+INTERPRETER_TESTED = ("3.9",)
 
 
 def parse(version: str) -> tuple[int, int, int]:
@@ -36,6 +40,18 @@ def triton_version() -> str:
     except ImportError:
         return "not installed"
     return triton.__version__
+
+
+def support(version: str | None = None) -> str:
+    """How far kvattn is tested with Triton ``version`` (default: the installed one)."""
+    version = triton_version() if version is None else version
+    if version == "not installed":
+        return "not installed"
+    if version.startswith(GPU_VERIFIED):
+        return "verified on the GPU"
+    if version.startswith(INTERPRETER_TESTED):
+        return "tested in the CPU interpreter only, not on a GPU"
+    return "untested"
 
 
 def fast_paths() -> dict[str, str]:

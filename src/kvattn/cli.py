@@ -513,9 +513,12 @@ def info(device: torch.device) -> int:
     try:
         import triton
 
+        from ._versions import support
+
         triton_version = triton.__version__
+        triton_line = f"{triton_version} ({support(triton_version)})"
     except ImportError:
-        triton_version = "not installed (every function runs the reference)"
+        triton_version = triton_line = "not installed (every function runs the reference)"
     try:
         import numpy
 
@@ -528,7 +531,7 @@ def info(device: torch.device) -> int:
 
     print(f"kvattn {__version__} ({os.path.dirname(kvattn.__file__)})")
     print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
-          f"triton {triton_version}, numpy {numpy_version}")
+          f"triton {triton_line}, numpy {numpy_version}")
     print(f"device: {describe_device(device)}")
     print("switches:")
     for name, meaning in _SWITCHES:
