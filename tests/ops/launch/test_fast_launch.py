@@ -565,6 +565,10 @@ class FakeGPU:
         from triton.backends.compiler import GPUTarget
         from triton.compiler.compiler import CompiledKernel
 
+        class FakeCompiled(CompiledKernel):
+            def __del__(self):  # nothing was loaded, so nothing to unload (Triton's reads attributes a fake lacks)
+                pass
+
         self.calls: list[tuple] = []  # (compiled kernel, launcher arguments)
         self.compiled: list = []
         active = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 7,
@@ -572,9 +576,8 @@ class FakeGPU:
         fake_driver = types.SimpleNamespace(active=active)
 
         def do_compile(kernel, key, signature, device, constexprs, options, attrs, warmup):
-            compiled = object.__new__(CompiledKernel)
+            compiled = object.__new__(FakeCompiled)
             compiled.hash, compiled.name, compiled.src, compiled.module = key, kernel.__name__, None, 1
-            compiled._module_pid = None  # Triton 3.9's __del__ unloads a module this process loaded: none here
             compiled.function, compiled.packed_metadata = 100 + len(self.compiled), (4, 1, 0)
             compiled._run = lambda *args: self.calls.append((compiled, args))
             kernel.device_caches[device][0][key] = compiled
