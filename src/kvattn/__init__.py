@@ -4,19 +4,23 @@ The five public functions keep FlashInfer's signatures; their semantics are kvat
 
 >>> import kvattn
 >>> sorted(n for n in kvattn.__all__ if not n[0].isupper())[:3]
-['decode', 'formats', 'mla']
+['decode', 'distributed', 'formats']
 """
 
-from . import decode, formats, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from . import decode, formats, merge, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from . import distributed
 from .decode import single_decode_with_kv_cache, xqa_batch_decode_with_kv_cache
 from .formats import FP4Tensor
+from .merge import merge_state, merge_states
 from .mla import xqa_batch_decode_with_kv_cache_mla
 from .prefill import trtllm_batch_context_with_kv_cache
 from ._version import __version__
 
 __all__ = [
     "decode",
+    "distributed",
     "formats",
+    "merge",
     "mla",
     "prefill",
     "xqa",
@@ -24,5 +28,7 @@ __all__ = [
     "single_decode_with_kv_cache",
     "xqa_batch_decode_with_kv_cache_mla",
     "trtllm_batch_context_with_kv_cache",
+    "merge_state",
+    "merge_states",
     "FP4Tensor",
 ]

@@ -16,9 +16,9 @@ import pytest
 from .sm90 import compile_sm90
 
 PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
-        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"}
 BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, KV_FORMAT=0,
-            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False)
+            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False, STORE_LSE=False)
 
 
 def _compile(split: bool, **constexprs) -> dict:
@@ -45,7 +45,7 @@ def test_score_products_split_between_warpgroups(split):
 # ---------------------------------------------------------------------------------------------
 GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
 GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
-                  OUT_PTR=False)
+                  OUT_PTR=False, STORE_LSE=False)
 ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
             "fp4_padded=False, cga_layout=[])")
 

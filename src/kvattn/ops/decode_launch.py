@@ -41,9 +41,10 @@ MIN_BLOCK_M = 16  # tl.dot's smallest M
 # _OPTIONAL ones that are given; each kernel picks its pointers from them by name. An absent
 # optional tensor is replaced by the query, which the kernel never reads for it.
 _ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse", "counters")
-_OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
-_SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit",
-                   "out_scale", "out", "lse", "part_o", "part_lse", "counters")
+_OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse",
+             "kv_start")
+_SPLIT_POINTERS = ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "kv_start", "mask", "sinks",
+                   "logit", "out_scale", "out", "lse", "part_o", "part_lse", "counters")
 _COMBINE_POINTERS = ("part_o", "part_lse", "sinks", "out_scale", "out", "lse")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
 
@@ -276,7 +277,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             PREFETCH=0 if plan.paged or tma else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first, KV_TMA=tma,
             MERGE=plan.merges(cfg, splits), MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
-            USE_PDL=plan.gdc,
+            USE_PDL=plan.gdc, HAS_KV_START=has["kv_start"],
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -379,6 +380,7 @@ def launch_decode(
     use_tensor_cores: bool | None = None,
     max_programs=None,
     enable_pdl: bool = False,
+    kv_start=None,  # [B] first key each request may see (paged)
 ) -> None:
     """Launch decode attention into ``out``, with the query's GPU current: Triton launches on the
     current device, and a multi-GPU caller's tensors may live on another one."""
@@ -396,10 +398,12 @@ def launch_decode(
             same_table = k_table is v_table or (
                 k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
             )
+            if kv_start is not None:
+                kv_start = int32_lengths(kv_start)
         else:  # no page tables; the lengths are fixed_len
-            k_table = v_table = seq_lens = None
+            k_table = v_table = seq_lens = kv_start = None
             same_table = True
-        optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse)
+        optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse, kv_start)
         present = tuple(map(operator.is_not, optional, _NONES))
         has_window = window_left >= 0
         # Every host fact the plan reads (see _Plan.__init__ for the names, in this order).

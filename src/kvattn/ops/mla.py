@@ -23,15 +23,17 @@ def mla_decode(
     max_seq_len: int,
     logit_scale: Scale,
     out_scale: Scale,
+    lse=None,
 ) -> None:
     """``out [B, Hq, 512] = out_scale * softmax(logit_scale * q.kv) ckv`` over each request's pages.
 
     ``query [B, Hq, 576]``; ``kv.k`` the ``[P, page, 1, 576]`` latent rows (``kv.v`` is the same
-    view); split-KV partials use ``workspace``. Nothing waits for the device.
+    view); split-KV partials use ``workspace``; the base-2 LSE goes to ``lse [B, Hq]`` when given.
+    Nothing waits for the device.
     """
     _library.entry(_library.mla_decode, _library.mla_decode_impl)(
         query, kv.k, kv.k_table, seq_lens, logit_scale.factor, logit_scale.tensor, out_scale.factor,
-        out_scale.tensor, out, workspace, max_seq_len,
+        out_scale.tensor, out, workspace, max_seq_len, lse,
     )
 
 

@@ -81,11 +81,13 @@ def mla_gluon_kernel(
     out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
     part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
+    lse_ptr,  # [B, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
-    batch, num_heads, num_splits, num_pages,
+    batch, num_heads, num_splits, num_pages, stride_lse_b,
     logit_factor, out_factor,
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
+    STORE_LSE: gl.constexpr = False,
 ):
     ROW_DIM: gl.constexpr = CKV_DIM + KPE_DIM
     dt: gl.constexpr = q_ptr.dtype.element_ty
@@ -208,6 +210,8 @@ def mla_gluon_kernel(
         out_mult = out_mult * gl.load(out_scale_ptr)
     o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
     gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    if STORE_LSE:
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lse_b + heads, lse2, mask=head_ok & final)
     partial = num_splits > 1
     p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
     gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)

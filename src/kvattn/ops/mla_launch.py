@@ -36,7 +36,7 @@ _MAX_SPANS = 4096
 
 # Order of the call's tensors (fast_launch.call_args); an absent scale tensor is replaced by the
 # query, which the kernels never read for it.
-_Q, _KV, _TABLE, _LENS, _OUT, _PART_O, _PART_LSE, _LOGIT, _OUT_SCALE = range(9)
+_Q, _KV, _TABLE, _LENS, _OUT, _PART_O, _PART_LSE, _LOGIT, _OUT_SCALE, _LSE = range(10)
 
 
 class _Plan:
@@ -44,7 +44,7 @@ class _Plan:
 
     def __init__(self, facts: tuple):
         (device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride, out_stride,
-         ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on) = facts
+         ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, lse_stride) = facts
         self.batch, self.num_heads = q_shape[0], q_shape[1]
         self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
         self.kv_format = KV_FORMATS[kv_dtype]
@@ -62,6 +62,7 @@ class _Plan:
         self.head = (q_stride[0], q_stride[1], out_stride[0], out_stride[1], kv_stride[0], kv_stride[1],
                      table_stride[0], table_stride[1], self.batch, self.num_heads)
         self.has_logit, self.has_out_scale = has_logit, has_out_scale
+        self.has_lse, self.lse_stride = lse_stride is not None, lse_stride or 0
         self.row_stride = kv_stride[1]
         self.gluon = (gluon_on and mla_gluon_kernel is not None and arch(device, interpreter) == "sm90"
                       and _gluon_fits(cfg, self.kv_format, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16))
@@ -92,12 +93,13 @@ class _Plan:
         return fast_launch.Launch(
             mla_split_kernel, (self.items * splits,),
             slots=(_Q, _KV, _TABLE, _LENS, _LOGIT if self.has_logit else _Q,
-                   _OUT_SCALE if self.has_out_scale else _Q, _OUT, _PART_O, _PART_LSE),
-            head=(*self.head, splits, self.num_pages), num_floats=2,
+                   _OUT_SCALE if self.has_out_scale else _Q, _OUT, _PART_O, _PART_LSE, _LSE if self.has_lse else _Q),
+            head=(*self.head, splits, self.num_pages, self.lse_stride), num_floats=2,
             constexprs=dict(
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
+                STORE_LSE=self.has_lse,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
@@ -107,11 +109,11 @@ class _Plan:
         # stands in for the absent sinks and LSE).
         return fast_launch.Launch(
             decode_combine_kernel, (self.batch, self.num_heads),
-            slots=(_PART_O, _PART_LSE, _Q, _OUT_SCALE if self.has_out_scale else _Q, _OUT, _Q),
-            head=(self.head[2], self.head[3], 0, self.batch, splits), num_floats=1,
+            slots=(_PART_O, _PART_LSE, _Q, _OUT_SCALE if self.has_out_scale else _Q, _OUT, _LSE if self.has_lse else _Q),
+            head=(self.head[2], self.head[3], self.lse_stride, self.batch, splits), num_floats=1,
             constexprs=dict(
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(next_power_of_2(splits), 8192 // CKV_DIM),
-                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=False, USE_PDL=False,
+                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=self.has_lse, USE_PDL=False,
             ),
             options=dict(num_warps=4, num_stages=2),
         )
@@ -142,7 +144,7 @@ class _GluonSplit:
         self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     def run(self, query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-            out_factor):
+            out_factor, lse=None):
         plan = self.plan
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
@@ -150,11 +152,12 @@ class _GluonSplit:
         mla_gluon_kernel[self.grid](
             query, desc, table, seq_lens, logit_tensor if logit_tensor is not None else query,
             out_tensor if out_tensor is not None else query, out, part_o, part_lse,
-            h[0], h[1], h[2], h[3], h[6], h[7], h[8], h[9], self.splits, plan.num_pages,
+            lse if lse is not None else part_lse,
+            h[0], h[1], h[2], h[3], h[6], h[7], h[8], h[9], self.splits, plan.num_pages, plan.lse_stride,
             logit_factor, out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            num_warps=8,
+            STORE_LSE=plan.has_lse, num_warps=8,
         )
 
 
@@ -178,6 +181,7 @@ def launch_mla(
     out_factor: float = 1.0,
     out_tensor=None,
     workspace=None,  # None: the split partials are allocated
+    lse=None,  # [B, Hq] float32 base-2 LSE (head stride 1)
 ) -> None:
     """Launch MLA decode into ``out``, with the query's GPU current."""
     device = query.get_device()  # -1 on the CPU
@@ -188,18 +192,20 @@ def launch_mla(
             table.stride(), out.stride(), workspace.numel() if workspace is not None else None,
             logit_tensor is not None, out_tensor is not None,
             kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0, kv.data_ptr() % 16 == 0, _env.gluon(),
+            lse.stride(0) if lse is not None else None,
         )
         plan = _plan(facts)
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
         part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
         call = fast_launch.call_args(
             (query, kv, table, seq_lens, out, part_o, part_lse,
-             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
+             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
+             lse if lse is not None else query),
             (), device,
         )
         if plan.gluon:
             split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-                      out_factor)
+                      out_factor, lse)
         else:
             split(call, (logit_factor, out_factor))
         if combine is not None:

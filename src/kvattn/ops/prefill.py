@@ -31,10 +31,12 @@ def context(
     window_left: int,
     sinks,
     skip_softmax_threshold_scale_factor,
+    lse=None,
 ) -> None:
     """``out [sum_q, Hq, D] = out_scale * softmax(logit_scale * q.k) v`` over each request's pages
     (causal, the queries being each request's last tokens); an :class:`FP4Tensor` ``out`` gets the
-    NVFP4 codes and swizzled block scales. No workspace is needed (one pass, no split partials).
+    NVFP4 codes and swizzled block scales; ``lse [sum_q, Hq]`` (optional) the rows' base-2 LSE.
+    No workspace is needed (one pass, no split partials).
     """
     if isinstance(out, FP4Tensor):
         data, sf, sf_start = out.data, out.scale, int(out.scale_start_index)
@@ -44,7 +46,7 @@ def context(
         query, kv.k, kv.v, kv.k_table, kv.v_table, kv.k_sf, kv.v_sf, seq_lens, cum_seq_lens_q, sinks,
         logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor, data, sf, workspace,
         max_q_len, max_kv_len, window_left, float(1.0 if o_sf_scale is None else o_sf_scale), sf_start,
-        float(skip_softmax_threshold_scale_factor or 0.0),
+        float(skip_softmax_threshold_scale_factor or 0.0), lse,
     )
 
 

@@ -90,6 +90,7 @@ def launch_context(
     o_sf_scale: float = 1.0,
     sf_start: int = 0,
     skip_factor: float = 0.0,
+    lse=None,  # [sum_q, Hq] float32 base-2 LSE (head stride 1), or None
 ) -> None:
     """Launch paged causal context attention into ``out``, with the query's GPU current."""
     batch = seq_lens.shape[0]
@@ -137,8 +138,8 @@ def launch_context(
             query, k_src, v_src, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
             seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
-            out, sf_flat,
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            out, sf_flat, lse if lse is not None else out,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
             *k.stride()[:3], *v.stride()[:3], *ksf_s, *vsf_s,
             k_table.stride(0), k_table.stride(1), v_table.stride(0), v_table.stride(1),
             sum_q, k.shape[0], k_table.shape[1] * k.shape[1], window_left, sf_cols, sf_start, head_rows, head_cols,
@@ -148,6 +149,6 @@ def launch_context(
             QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
             OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, TMA=tma is not None,
-            Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1),
+            Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1), STORE_LSE=lse is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
