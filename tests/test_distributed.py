@@ -51,6 +51,15 @@ def test_four_gloo_ranks_reproduce_one_process():
     _spawn(4, "gloo", "bfloat16", quick=True)
 
 
+@pytest.mark.skipif(GPUS > 0, reason="the CPU tier's run of the kernels (a GPU machine runs them over NCCL)")
+def test_two_gloo_ranks_on_the_interpreted_kernels():
+    """The Triton path (local-length kernel, the decode kernel's per-request first key, the merge
+    kernel) across 2 gloo ranks, interpreted, float16: a windowed batch decode with sinks and a
+    single decode with an empty rank."""
+    _spawn(2, "gloo", "float16", quick=["decode-rr-sinks-window", "single-uneven"],
+           env={"KVATTN_BACKEND": "triton", "TRITON_INTERPRET": "1"})
+
+
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
 def test_nccl_two_gpus_reproduce_one_gpu():
     """The same cases over NCCL on 2 GPUs, Triton kernels, NVLink multicast off."""
@@ -89,6 +98,29 @@ def test_local_lengths_positions_and_bounds(sh):
             assert sh.local_max_seq_len(m, rank) <= m
         out = torch.full((lens.numel(),), -7, dtype=torch.int32)
         assert sh.local_seq_lens(lens, rank, out=out) is out and out.tolist() == local.tolist()
+
+
+@pytest.mark.parametrize("sh", SHARDINGS, ids=lambda s: f"{s.scheme}-R{s.world_size}-P{s.page_size}")
+def test_local_lengths_kernel_matches_the_torch_form(sh, monkeypatch):
+    """The one-launch Triton form of the local lengths and window starts (GPU path) against
+    PageSharding's torch form."""
+    device = torch.device("cuda" if GPUS else "cpu")
+    lens = torch.tensor([0, 1, 3, 4, 5, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 129, 300], dtype=torch.int32,
+                        device=device)
+    for window in (-1, 0, 7, 40):
+        for rank in range(sh.world_size):
+            got = []
+            for backend in ("triton", "reference"):
+                monkeypatch.setenv("KVATTN_BACKEND", backend)
+                lens_out = torch.full_like(lens, -5)
+                start_out = torch.full_like(lens, -5) if window >= 0 else None
+                kd._local_lengths(sh, lens, rank, lens_out, start_out, window)
+                got.append((lens_out.cpu(), None if start_out is None else start_out.cpu()))
+            assert torch.equal(got[0][0], got[1][0]), (window, rank)
+            if window >= 0:
+                assert torch.equal(got[0][1], got[1][1]), (window, rank)
+                first = (lens.cpu().long() - 1 - window).clamp(min=0)
+                assert got[1][1].tolist() == [len(_owners(sh, int(t), rank)) for t in first]
 
 
 def test_sharding_rejects_bad_arguments():

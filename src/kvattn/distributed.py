@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from . import _backend, decode, mla
-from ._inputs import Scale, cached_aliases, check_int, check_sinks, check_tensor, check_window, check_workspace
+from ._inputs import cached_aliases, check_int, check_sinks, check_tensor, check_window, check_workspace
 from .merge import merge_states
 
 SCHEMES = ("round_robin", "contiguous")
@@ -345,6 +345,27 @@ def _merge(bufs: _Buffers, group, world: int, rank: int, sinks, out, lse, scatte
     return (out, lse_out) if return_lse else out
 
 
+def _local_lengths(sharding: PageSharding, lens: torch.Tensor, rank: int, lens_out: torch.Tensor, start_out,
+                   window_left: int):
+    """``(local lengths, window starts or None)`` of int32 global ``lens [B]``, into the buffers: the
+    local index of a request's first key at global position ``>= L - 1 - window_left`` is the count
+    of its tokens before that position this rank holds. One Triton launch on a GPU."""
+    if _backend.use_triton("merge", lens.device):
+        from .ops.merge import launch
+
+        world = sharding.world_size
+        launch.launch_local_lengths(
+            lens.contiguous(), lens_out, start_out, window_left=window_left, page=sharding.page_size, world=world,
+            rank=rank, span_tokens=(sharding.span_pages or 0) * sharding.page_size,
+            round_robin=sharding.scheme == "round_robin", last=rank == world - 1)
+        return lens_out, start_out
+    sharding.local_seq_lens(lens, rank, out=lens_out)
+    if start_out is not None:
+        first = (lens.to(torch.int64) - 1 - window_left).clamp(min=0)  # global position of the first key seen
+        sharding.local_seq_lens(first, rank, out=start_out)
+    return lens_out, start_out
+
+
 # ---------------------------------------------------------------------------------------------
 # batch decode
 # ---------------------------------------------------------------------------------------------
@@ -479,11 +500,8 @@ def batch_decode(
     lens = seq_lens.reshape(batch)
     if lens.dtype == torch.uint32:
         lens = lens.view(torch.int32)
-    local_lens = sharding.local_seq_lens(lens, rank, out=lens_buf.view(torch.int32))
-    kv_start = None
-    if window_left >= 0:
-        first = (lens.to(torch.int64) - 1 - window_left).clamp(min=0)  # global position of the first key seen
-        kv_start = sharding.local_seq_lens(first, rank, out=start_buf.view(torch.int32))
+    local_lens, kv_start = _local_lengths(sharding, lens, rank, lens_buf.view(torch.int32),
+                                          start_buf.view(torch.int32) if window_left >= 0 else None, window_left)
     local_mask = None
     if q_len > 1:
         if mask is not None:
@@ -554,7 +572,7 @@ def mla_decode(
     lens = seq_lens.reshape(batch)
     if lens.dtype == torch.uint32:
         lens = lens.view(torch.int32)
-    local_lens = sharding.local_seq_lens(lens, rank, out=bufs.extra[0].view(torch.int32))
+    local_lens, _ = _local_lengths(sharding, lens, rank, bufs.extra[0].view(torch.int32), None, -1)
     mla.xqa_batch_decode_with_kv_cache_mla(
         query, kv_cache, bufs.rest, mla.QK_NOPE_HEAD_DIM, dim, mla.QK_ROPE_HEAD_DIM, block_tables, local_lens,
         sharding.local_max_seq_len(max_seq_len, rank), out=bufs.part_o, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,

@@ -8,7 +8,7 @@ import contextlib
 
 import torch
 
-from .kernels import merge_states_kernel
+from .kernels import local_lengths_kernel, merge_states_kernel
 
 # Elements of the [BLOCK_R, BLOCK_D] tile a program folds per state: small, so that even a few
 # hundred rows (a decode batch's heads) spread over many programs.
@@ -53,4 +53,21 @@ def launch_merge(
             rows, num_states, sinks.shape[0] if sinks is not None else 1, dim,
             BLOCK_R=block_r, BLOCK_D=block_d, PAIR=pair, HAS_SINKS=sinks is not None,
             STORE_LSE=out_lse is not None, num_warps=4,
+        )
+
+
+def launch_local_lengths(seq_lens: torch.Tensor, lens_out: torch.Tensor, start_out, *, window_left: int, page: int,
+                         world: int, rank: int, span_tokens: int, round_robin: bool, last: bool) -> None:
+    """Rank ``rank``'s local lengths of ``seq_lens [B]`` (int32, contiguous) into ``lens_out``, and
+    with ``start_out`` the local index of each request's first key inside ``window_left``."""
+    batch = seq_lens.shape[0]
+    if batch == 0:
+        return
+    device = seq_lens.get_device()
+    guard = torch.cuda.device(device) if device >= 0 and device != torch.cuda.current_device() else _NO_GUARD
+    with guard:
+        local_lengths_kernel[(-(-batch // 256),)](
+            seq_lens, lens_out, start_out if start_out is not None else lens_out,
+            batch, window_left, page, world, rank, span_tokens,
+            ROUND_ROBIN=round_robin, LAST=last, HAS_WINDOW=start_out is not None, BLOCK=256, num_warps=4,
         )
