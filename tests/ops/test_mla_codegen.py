@@ -67,3 +67,16 @@ def test_gluon_kernel_compiles_to_its_schedule(page):
     assert got["shared"] <= 227 * 1024
     if "stack" in got:
         assert got["stack"] == 0 and got["reg"] <= 255
+
+
+def test_gluon_kernel_stores_the_lse_without_spilling():
+    """``return_lse`` (STORE_LSE): the final rows' LSE stored from the kernel's epilogue, still no
+    register spill and the same loop."""
+    got = compile_sm90("kvattn.ops.mla_gluon.mla_gluon_kernel", dict(GLUON_BASE, STORE_LSE=True), ptrs=GLUON_PTRS,
+                       floats=("logit_factor", "out_factor"), warps=8, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 36
+    assert len(re.findall(r"st\.global[.a-z0-9]*\.b32", ptx)) > 0
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
