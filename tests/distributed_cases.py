@@ -236,9 +236,13 @@ def cases(world: int, quick: bool):
         # one rank with no key at all, one holding everything
         ("single-uneven", single_decode_case, dict(length=64, shares=[(0, 0)] + [(0, 64)] + [(64, 64)] * (world - 2))),
     ]
-    if quick:  # one case of each function and scheme
-        keep = ("decode-rr-sinks-window", "decode-contig-sinks-window", "decode-rr-spec-mask", "mla-rr",
-                "single-window-hnd", "single-uneven")
+    keep = ("decode-rr-sinks-window", "decode-contig-sinks-window", "decode-rr-spec-mask", "mla-rr",
+            "single-window-hnd", "single-uneven")
+    if quick == "gpu":  # 2 GPUs: the quick cases, scattered heads, ALiBi, and MLA on Hopper's Gluon kernel
+        out = [c for c in out if c[0] in keep + ("decode-rr-scatter-heads", "single-alibi-window")]
+        out.append(("mla-rr-gluon", mla_case, dict(lens=[0, 500, 1200, 64], hq=64, page=64)))
+        out.append(("decode-long", batch_decode_case, dict(lens=[5000, 1, 20000, 777], d=128, hkv=8, sinks=True)))
+    elif quick:  # one case of each function and scheme
         out = [c for c in out if c[0] in keep]
     return out
 
@@ -259,7 +263,7 @@ def run_rank(rank: int, world: int, port: int, backend: str, dtype_name: str, qu
         if isinstance(quick, (list, tuple)):
             chosen = [c for c in chosen if c[0] in quick]
         elif quick:
-            chosen = cases(world, True)
+            chosen = cases(world, quick)
         for name, fn, kw in chosen:
             try:
                 fn(rank, world, device, dtype, **kw)

@@ -151,8 +151,8 @@ def test_xqa_lse(backend, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # MLA
 # ---------------------------------------------------------------------------------------------
-def _mla_inputs(device, lens, hq, seed, kv_format):
-    case = make_paged_kv(lens, num_kv_heads=1, head_dim=576, page_size=16, kv_format=kv_format, form="shared",
+def _mla_inputs(device, lens, hq, seed, kv_format, page=16):
+    case = make_paged_kv(lens, num_kv_heads=1, head_dim=576, page_size=page, kv_format=kv_format, form="shared",
                          device=device, seed=seed)
     cache = case.kv_cache[:, 0, :, 0]
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[kv_format]
@@ -173,17 +173,20 @@ def test_mla_lse_reference():
 
 
 @pytest.mark.parametrize("split", ["one", "splits"])
-def test_mla_lse_kernel(split):
-    """The Triton MLA kernel's LSE, one split (the split kernel stores it) and several (the combine
-    launch does); float16 through the ops entry on the CPU tier, the public function on a GPU."""
+@pytest.mark.parametrize("hq,page", [(16, 16), pytest.param(64, 64, marks=pytest.mark.skipif(
+    not ON_GPU, reason="Hopper's Gluon kernel (Hq 64, 64-token pages)"))], ids=["triton-kernel", "gluon-kernel"])
+def test_mla_lse_kernel(split, hq, page):
+    """The MLA kernels' LSE, one split (the split kernel stores it) and several (the combine launch
+    does); float16 through the ops entry on the CPU tier, the public function on a GPU (Hq 64 with
+    64-token pages: the Gluon kernel on Hopper)."""
     device = torch.device("cuda" if ON_GPU else "cpu")
     fmt = "bfloat16" if ON_GPU else "float16"
     lens = [0, 1, 70, 33] if not ON_GPU else [0, 1, 700, 3300]
-    cache, tables, seq_lens, q = _mla_inputs(device, lens, 16, 5, fmt)
+    cache, tables, seq_lens, q = _mla_inputs(device, lens, hq, 5, fmt, page)
     fields = dict(min_chunk=1 << 20) if split == "one" else dict(min_chunk=16, waves=64)
     if not ON_GPU:
         fields["block_n"] = 16
-    lse = poison_(torch.empty(len(lens), 16, device=device))
+    lse = poison_(torch.empty(len(lens), hq, device=device))
     with mla_configs.override(**fields):
         if ON_GPU:
             kvattn.xqa_batch_decode_with_kv_cache_mla(q, cache, torch.zeros(1 << 22, dtype=torch.uint8, device=device),
@@ -192,7 +195,7 @@ def test_mla_lse_kernel(split):
         else:
             pages = cache.unsqueeze(2)
             kv = PagedKV(pages, pages, tables, tables, 576, 512)
-            out = torch.empty(len(lens), 16, 512, dtype=torch.float16)
+            out = torch.empty(len(lens), hq, 512, dtype=torch.float16)
             kvattn.ops.mla.mla_decode(q[:, 0], kv, seq_lens, out, torch.zeros(1 << 22, dtype=torch.uint8),
                                       max_seq_len=max(lens), logit_scale=Scale(0.07), out_scale=Scale(1.0), lse=lse)
     _, exact_lse = dense.mla(q.cpu(), cache.cpu(), tables.cpu(), seq_lens.cpu(), bmm1_scale=0.07, return_lse=True)
