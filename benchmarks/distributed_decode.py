@@ -49,8 +49,11 @@ class Clock:
         self.cuda = device.type == "cuda"
         self.flush = torch.empty(256 << 20, dtype=torch.uint8, device=device) if self.cuda else None
         self.tick = torch.zeros(1, device=device)
+        self.eager_fallbacks: list = []
 
     def capture(self, fn):
+        """A CUDA graph's replay of one call of ``fn`` (after two warm-up calls); ``fn`` itself, timed
+        eagerly and recorded as such, if the capture fails."""
         if not self.cuda:
             return fn
         side = torch.cuda.Stream()
@@ -60,8 +63,14 @@ class Clock:
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        except Exception as exc:  # noqa: BLE001 (recorded, then timed eagerly)
+            print(f"capture failed, timing eager calls: {type(exc).__name__}: {exc}", flush=True)
+            self.eager_fallbacks.append(f"{type(exc).__name__}: {exc}"[:300])
+            torch.cuda.synchronize()
+            return fn
         torch.cuda.synchronize()
         return graph.replay
 
@@ -141,6 +150,7 @@ def single_decode_problem(rank, world, device, dtype, clock, length, heads, dim,
             kvattn.single_decode_with_kv_cache(q, k, v)
 
         result["one_gpu_us"] = clock.time_us(clock.capture(one), aligned=False)
+        print(f"{result['problem']}: one_gpu_us {result['one_gpu_us']:.1f}", flush=True)
         ref = kvattn.single_decode_with_kv_cache(q, k, v)
         out1.copy_(ref)
         del k, v
@@ -200,6 +210,7 @@ def batch_decode_problem(rank, world, device, dtype, clock, batch, length, hq, h
             kvattn.xqa_batch_decode_with_kv_cache(q, pool, ws1, table, lens, length, bmm1_scale=dim**-0.5)
 
         result["one_gpu_us"] = clock.time_us(clock.capture(one), aligned=False)
+        print(f"{result['problem']}: one_gpu_us {result['one_gpu_us']:.1f}", flush=True)
         ref = kvattn.xqa_batch_decode_with_kv_cache(q, pool, ws1, table, lens, length, bmm1_scale=dim**-0.5)
         del pool
         torch.cuda.empty_cache() if clock.cuda else None
@@ -256,12 +267,12 @@ def _exchange_parts(world, rows, heads, dim, device, clock):
 
 def _time_parts(clock, full, local, parts) -> dict:
     gather, merge = parts
-    timings = {
-        "two_gpu_us": clock.time_us(clock.capture(full), aligned=True),
-        "local_us": clock.time_us(clock.capture(local), aligned=True),
-        "all_gather_us": clock.time_us(clock.capture(gather), aligned=True),
-        "merge_us": clock.time_us(clock.capture(merge), aligned=True),
-    }
+    timings = {}
+    for name, fn in (("two_gpu_us", full), ("local_us", local), ("all_gather_us", gather), ("merge_us", merge)):
+        timings[name] = clock.time_us(clock.capture(fn), aligned=True)
+        if dist.get_rank() == 0:
+            print(f"  {name} {timings[name]:.1f}", flush=True)
+    timings["eager_fallbacks"] = list(clock.eager_fallbacks)
     return timings
 
 
@@ -289,6 +300,8 @@ def worker(rank, world, port, args):
     report = []
     dtype = torch.bfloat16
     ceil = ceilings(device)
+    if rank == 0:
+        print(f"ceilings rank 0: {ceil}", flush=True)
     if args.smoke:
         single_decode_problem(rank, world, device, dtype, clock, 3000, 4, 64, report)
         batch_decode_problem(rank, world, device, dtype, clock, 2, 1024, 8, 2, 64, 16, report)

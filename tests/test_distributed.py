@@ -125,6 +125,16 @@ def test_local_lengths_kernel_matches_the_torch_form(sh, monkeypatch):
                 assert got[1][1].tolist() == [len(_owners(sh, int(t), rank)) for t in first]
 
 
+def test_local_block_tables_are_the_owned_columns():
+    tables = torch.arange(3 * 7, dtype=torch.int32).view(3, 7)
+    rr, spans = kd.PageSharding(3, 16), kd.PageSharding(2, 16, "contiguous", 3)
+    assert rr.local_block_tables(tables, 1).tolist() == tables[:, [1, 4]].tolist()
+    assert spans.local_block_tables(tables, 0).tolist() == tables[:, :3].tolist()
+    assert spans.local_block_tables(tables, 1).tolist() == tables[:, 3:].tolist()  # the last rank: the rest
+    view = rr.local_block_tables(tables, 2)
+    assert view.data_ptr() == tables[:, 2:].data_ptr()  # a view
+
+
 def test_sharding_rejects_bad_arguments():
     with pytest.raises(ValueError, match="^scheme:"):
         kd.PageSharding(2, 16, "striped")

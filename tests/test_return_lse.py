@@ -10,13 +10,12 @@ holds the unrounded result.
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
 import kvattn
-from kvattn import dense, reference
+from kvattn import dense
 from kvattn._inputs import PagedKV, Scale
 from kvattn.ops import decode_configs, decode_launch, mla_configs
 from kvattn.testing import make_paged_kv, poison_
