@@ -238,8 +238,8 @@ def cases(world: int, quick: bool):
     ]
     keep = ("decode-rr-sinks-window", "decode-contig-sinks-window", "decode-rr-spec-mask", "mla-rr",
             "single-window-hnd", "single-uneven")
-    if quick == "gpu":  # 2 GPUs: the quick cases, scattered heads, ALiBi, and MLA on Hopper's Gluon kernel
-        out = [c for c in out if c[0] in keep + ("decode-rr-scatter-heads", "single-alibi-window")]
+    if quick == "gpu":  # 2 GPUs: the quick cases, scattered heads, MLA on Hopper's Gluon kernel, long requests
+        out = [c for c in out if c[0] in keep + ("decode-rr-scatter-heads",)]
         out.append(("mla-rr-gluon", mla_case, dict(lens=[0, 500, 1200, 64], hq=64, page=64)))
         out.append(("decode-long", batch_decode_case, dict(lens=[5000, 1, 20000, 777], d=128, hkv=8, sinks=True)))
     elif quick:  # one case of each function and scheme

@@ -63,8 +63,8 @@ def test_two_gloo_ranks_on_the_interpreted_kernels():
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
 def test_nccl_two_gpus_reproduce_one_gpu():
     """The cases over NCCL on 2 GPUs, Triton kernels, NVLink multicast off: one of each function
-    and scheme, scattered heads, ALiBi, MLA on the Gluon kernel (Hq 64, 64-token pages) and long
-    requests (the local decodes split)."""
+    and scheme, scattered heads, MLA on the Gluon kernel (Hq 64, 64-token pages) and long requests
+    (the local decodes split)."""
     _spawn(2, "nccl", "bfloat16", quick="gpu", env={"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                                                     "NVSHMEM_DISABLE_NVLS": "1"})
 
