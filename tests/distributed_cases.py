@@ -269,6 +269,8 @@ def run_rank(rank: int, world: int, port: int, backend: str, dtype_name: str, qu
                 fn(rank, world, device, dtype, **kw)
             except Exception as exc:
                 raise AssertionError(f"rank {rank}/{world}, case {name}: {exc}\n{traceback.format_exc()}") from exc
+            if rank == 0 and backend == "nccl":  # (progress, for a run cut short by a time limit)
+                print(f"case {name}: ok", flush=True)
         dist.barrier()
     finally:
         dist.destroy_process_group()
