@@ -4,7 +4,7 @@ The target (docs/benchmarking.md) is <= 20 us of host time per eager call at bat
 launch, no GPU wait). ``host`` is the median of single calls each made with the GPU idle (a
 synchronise before each call, outside the timed part): what a call costs the host. ``queued`` is
 the best of 10 rounds of calls queued back to back and synchronised once: once the GPU work of a
-call is longer than its host time (NOTES.md: a CUDA-graph replay of 1x32768 takes 66 us on an
+call is longer than its host time (NOTES.md, Host path: a CUDA-graph replay of 1x32768 takes 66 us on an
 H100), the launch queue fills and ``queued`` measures the GPU, not the host.
 
 ``--breakdown`` also replays each call's kernel launches alone (the same launch objects and
@@ -151,10 +151,10 @@ def fake_gpu() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import CompiledKernel
 
-    from kvattn.ops import decode_launch
+    from kvattn.ops.decode import launch as decode_launch
 
     try:
-        from kvattn.ops import fast_launch
+        from kvattn.ops.launch import fast_launch
     except ImportError:  # a kvattn from before the fast path (to compare with)
         fast_launch = None
     if not isinstance(decode_launch.decode_split_kernel, jit.JITFunction):
@@ -209,14 +209,14 @@ def triton_runs():
 
 
 def launches_of(fn) -> list:
-    """The fast-path launches one call of ``fn`` makes, as ``(launch, call, floats)`` to replay."""
-    from kvattn.ops import fast_launch
+    """The fast-path launches one call of ``fn`` makes, as ``(launch, call)`` to replay."""
+    from kvattn.ops.launch import fast_launch
 
     seen, call_launch = [], fast_launch.Launch.__call__
 
-    def recording(self, call, floats=()):
-        seen.append((self, call, floats))
-        return call_launch(self, call, floats)
+    def recording(self, call):
+        seen.append((self, call))
+        return call_launch(self, call)
 
     fast_launch.Launch.__call__ = recording
     try:
@@ -232,8 +232,8 @@ def breakdown(fn, calls: int) -> str:
     launches = launches_of(fn)
 
     def replay():
-        for launch, call, floats in launches:
-            launch(call, floats)
+        for launch, call in launches:
+            launch(call)
 
     whole, bare = queued_us(fn, calls), queued_us(replay, calls)
     return (f"   breakdown: {len(launches)} launches {bare:5.1f} us, the rest of the call "

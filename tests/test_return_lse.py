@@ -17,7 +17,10 @@ import torch
 import kvattn
 from kvattn import dense
 from kvattn._inputs import PagedKV, Scale
-from kvattn.ops import decode_configs, decode_launch, mla_configs
+from kvattn.ops.decode import configs as decode_configs
+from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.mla import configs as mla_configs
+from kvattn.ops.mla import op as mla_op
 from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()
@@ -195,7 +198,7 @@ def test_mla_lse_kernel(split, hq, page):
             pages = cache.unsqueeze(2)
             kv = PagedKV(pages, pages, tables, tables, 576, 512)
             out = torch.empty(len(lens), hq, 512, dtype=torch.float16)
-            kvattn.ops.mla.mla_decode(q[:, 0], kv, seq_lens, out, torch.zeros(1 << 22, dtype=torch.uint8),
+            mla_op.mla_decode(q[:, 0], kv, seq_lens, out, torch.zeros(1 << 22, dtype=torch.uint8),
                                       max_seq_len=max(lens), logit_scale=Scale(0.07), out_scale=Scale(1.0), lse=lse)
     _, exact_lse = dense.mla(q.cpu(), cache.cpu(), tables.cpu(), seq_lens.cpu(), bmm1_scale=0.07, return_lse=True)
     assert_lse(lse, exact_lse)

@@ -11,7 +11,7 @@ computes the same result:
 * ``ptx_hints``: an L2 evict-first policy on the TMA copies of marked kernels, through Triton's
   stages hook (3.6 and 3.7 protocols); elsewhere those copies run unhinted.
 * ``gluon``: kernels written in Gluon (MLA decode on Hopper), through the names of
-  :mod:`kvattn.ops.gluon_compat`; where Gluon does not import, the Triton kernels serve.
+  :mod:`kvattn.ops.common.gluon_compat`; where Gluon does not import, the Triton kernels serve.
 
 :func:`fast_paths` says which are active (``kvattn info`` prints it).
 """
@@ -44,7 +44,7 @@ def fast_paths() -> dict[str, str]:
     if version == "not installed":
         return {name: "off (no Triton: the reference backend serves every call)"
                 for name in ("fast_launch", "ptx_hints", "gluon")}
-    from .ops import fast_launch, ptx_hints
+    from .ops.launch import fast_launch, ptx_hints
 
     out = {}
     out["fast_launch"] = (f"on (Triton {version}: compiled launchers called directly)" if fast_launch.TRITON_SUPPORTED
@@ -52,7 +52,7 @@ def fast_paths() -> dict[str, str]:
     out["ptx_hints"] = ("on (stages hook set only around kvattn's marked launches)" if ptx_hints.HOOK_SUPPORTED
                         else f"off (hook protocol verified on Triton 3.6 / 3.7; {version} copies run unhinted)")
     try:
-        from .ops import gluon_compat  # noqa: F401
+        from .ops.common import gluon_compat  # noqa: F401
         out["gluon"] = f"on (Gluon kernels on Hopper; Triton {version})"
     except ImportError as exc:
         out["gluon"] = f"off (Gluon unavailable: {exc})"

@@ -45,7 +45,9 @@ import torch
 import torch.distributed as dist
 
 from . import _backend, decode, mla
-from ._inputs import cached_aliases, check_int, check_sinks, check_tensor, check_window, check_workspace
+from ._inputs import (
+    cached_aliases, check_int, check_lse_out, check_sinks, check_tensor, check_window, check_workspace,
+)
 from .merge import merge_states
 
 SCHEMES = ("round_robin", "contiguous")
@@ -350,11 +352,10 @@ def _local_lengths(sharding: PageSharding, lens: torch.Tensor, rank: int, lens_o
     """``(local lengths, window starts or None)`` of int32 global ``lens [B]``, into the buffers: the
     local index of a request's first key at global position ``>= L - 1 - window_left`` is the count
     of its tokens before that position this rank holds. One Triton launch on a GPU."""
-    if _backend.use_triton("merge", lens.device):
-        from .ops.merge import launch
-
+    ops = _backend.triton_entry("local_lengths", lens.device)
+    if ops is not None:
         world = sharding.world_size
-        launch.launch_local_lengths(
+        ops.local_lengths(
             lens.contiguous(), lens_out, start_out, window_left=window_left, page=sharding.page_size, world=world,
             rank=rank, span_tokens=(sharding.span_pages or 0) * sharding.page_size,
             round_robin=sharding.scheme == "round_robin", last=rank == world - 1)
@@ -492,7 +493,7 @@ def batch_decode(
     batch = seq_lens.numel()
     out_heads = heads // world if scatter_heads else heads
     out = _check_out(out, (rows, out_heads, dim), query.dtype, device)
-    lse = decode.check_lse_out(lse, return_lse, rows, out_heads, device)
+    lse = check_lse_out(lse, return_lse, rows, out_heads, device)
     words = 2 * ((q_len + 31) // 32)
     bufs = _Buffers(workspace_buffer, device, world, rows, heads, dim, scatter_heads,
                     (4 * batch, 4 * batch, 2 * batch * q_len * words))
@@ -567,7 +568,7 @@ def mla_decode(
     dim = mla.KV_LORA_RANK
     out_heads = heads // world if scatter_heads else heads
     out = _check_out(out, (batch, out_heads, dim), torch.bfloat16, device)
-    lse = decode.check_lse_out(lse, return_lse, batch, out_heads, device)
+    lse = check_lse_out(lse, return_lse, batch, out_heads, device)
     bufs = _Buffers(workspace_buffer, device, world, batch, heads, dim, scatter_heads, (4 * batch,))
     lens = seq_lens.reshape(batch)
     if lens.dtype == torch.uint32:
@@ -677,7 +678,7 @@ def single_decode(
         check_workspace(workspace_buffer, "workspace_buffer", device)
     out_heads = heads // world if scatter_heads else heads
     out = _check_out(out, (out_heads, dim), q.dtype, device)
-    lse = decode.check_lse_out(lse, return_lse, 1, out_heads, device, shape=(out_heads,))
+    lse = check_lse_out(lse, return_lse, 1, out_heads, device, shape=(out_heads,))
     bufs = _Buffers(workspace_buffer, device, world, 1, heads, dim, scatter_heads)
     lo = max(0, total_len - 1 - window_left - kv_offset) if window_left >= 0 else 0
     if lo >= length:  # no key of this rank is seen: an empty state

@@ -145,10 +145,9 @@ def merge_state(
     out, out_lse, rows_out, rows_lse = _outputs(out, out_lse, o_a.shape, dtype, device)
     a, b = _rows(o_a, 0), _rows(o_b, 0)
     la, lb = lse_a.reshape(-1), lse_b.reshape(-1)
-    if _backend.use_triton("merge", device):
-        from .ops.merge import op
-
-        op.merge_states(a, la, b, lb, sinks, rows_out, rows_lse)
+    ops = _backend.triton_entry("merge_states", device)
+    if ops is not None:
+        ops.merge_states(a, la, b, lb, sinks, rows_out, rows_lse)
     else:
         reference.merge_states(torch.stack((a.float(), b.float())), torch.stack((la, lb)), sinks, rows_out, rows_lse)
     return out, out_lse
@@ -207,10 +206,9 @@ def merge_states(
     states = o.shape[0]
     o3 = _rows(o, 1)
     lse2 = lse.reshape(states, o3.shape[1])
-    if _backend.use_triton("merge", device):
-        from .ops.merge import op
-
-        op.merge_states(o3, lse2, None, None, sinks, rows_out, rows_lse)
+    ops = _backend.triton_entry("merge_states", device)
+    if ops is not None:
+        ops.merge_states(o3, lse2, None, None, sinks, rows_out, rows_lse)
     else:
         reference.merge_states(o3, lse2, sinks, rows_out, rows_lse)
     return out, out_lse

@@ -12,6 +12,8 @@ from ._inputs import (
     check_int,
     check_last_dim_contiguous,
     check_max_seq_len,
+    check_lse_out,
+    check_out,
     check_seq_lens,
     check_shape,
     check_tensor,
@@ -19,7 +21,6 @@ from ._inputs import (
     debug_check_pages,
     to_scale,
 )
-from .decode import check_lse_out, check_out
 from .formats import FP8_DTYPE
 
 MLA_DTYPES = (torch.bfloat16, FP8_DTYPE)
@@ -131,11 +132,10 @@ def xqa_batch_decode_with_kv_cache_mla(
     lse = check_lse_out(lse, return_lse, batch, num_heads, device)
     debug_check_pages(kv, seq_lens)
     q3 = query[:, 0]
-    if _backend.use_triton("mla_decode", device):
-        from .ops import mla as ops_mla
-
-        ops_mla.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len,
-                           logit_scale=logit, out_scale=out_scale, lse=lse)
+    ops = _backend.triton_entry("mla_decode", device)
+    if ops is not None:
+        ops.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, logit_scale=logit,
+                       out_scale=out_scale, lse=lse)
     else:
         reference.mla_decode(q3, kv, seq_lens, out, logit_scale=logit, out_scale=out_scale, lse=lse)
     return (out, lse) if return_lse else out

@@ -12,6 +12,9 @@ from ._inputs import (
     HALF_DTYPES,
     check_int,
     check_last_dim_contiguous,
+    check_lse_out,
+    check_out,
+    check_query_heads,
     check_seq_lens,
     check_shape,
     check_sinks,
@@ -22,8 +25,8 @@ from ._inputs import (
     paged_kv_from_cache,
     to_scale,
 )
-from .decode import check_lse_out, check_out, check_query_heads
-from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, round_up
+from ._formats_table import QUANTISED_DTYPES
+from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, quantize_nvfp4_output, round_up
 from .reference.core import store_output
 
 PREFILL_HEAD_DIMS = (64, 128, 256)
@@ -157,7 +160,7 @@ def trtllm_batch_context_with_kv_cache(
         raise ValueError(f"query: expected head_dim in {PREFILL_HEAD_DIMS}, got {head_dim}")
     if not isinstance(uses_shared_paged_kv_idx, bool):
         raise TypeError(f"uses_shared_paged_kv_idx: expected a bool, got {type(uses_shared_paged_kv_idx).__name__}")
-    kv_dtypes = (FP8_DTYPE, torch.uint8) if query.dtype == FP8_DTYPE else (query.dtype, FP8_DTYPE, torch.uint8)
+    kv_dtypes = QUANTISED_DTYPES if query.dtype == FP8_DTYPE else (query.dtype, *QUANTISED_DTYPES)
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_block_scales, sf_name="kv_block_scales", split_tables=not uses_shared_paged_kv_idx,
@@ -221,18 +224,15 @@ def trtllm_batch_context_with_kv_cache(
 
     args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
                 skip_softmax_threshold_scale_factor=f or None)
-    if _backend.use_triton("context", device):
-        from .ops import prefill as ops_prefill
-
+    ops = _backend.triton_entry("context", device)
+    if ops is not None:
         if lse is not None:
             lse.fill_(float("-inf"))  # rows the kernel's query tiles never reach (past cum_seq_lens_q[B])
-        ops_prefill.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
-                            max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, lse=lse, **args)
+        ops.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
+                    max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, lse=lse, **args)
         return (out, lse) if return_lse else out
     o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, lse=lse, **args)
     if isinstance(out, FP4Tensor):
-        from .formats import quantize_nvfp4_output
-
         out = quantize_nvfp4_output(o_real, 1.0 if o_sf_scale is None else float(o_sf_scale), out)
     else:
         out = store_output(o_real, out)

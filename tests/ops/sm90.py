@@ -42,7 +42,7 @@ if case["gluon"]:
 src = ASTSource(fn, signature=sig, attrs=attrs,
                 constexprs={(fn.arg_names.index(k),): v for k, v in case["constexprs"].items()})
 if case["ptx_hints"]:
-    from kvattn.ops.ptx_hints import applied as scope
+    from kvattn.ops.launch.ptx_hints import applied as scope
 else:
     scope = contextlib.nullcontext
 with scope():
@@ -73,7 +73,7 @@ def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (
     ``default_ptr``), tensor descriptors by ``descs`` (signature strings), ``floats`` fp32
     scalars, other scalars i32; with ``sass``, also ``"sass"`` (cuobjdump's disassembly).
     ``reg`` / ``stack`` / ``sass`` are absent where Triton has no cuobjdump. With ``ptx_hints``
-    the compile runs inside :func:`kvattn.ops.ptx_hints.applied`, as kvattn launches marked kernels."""
+    the compile runs inside :func:`kvattn.ops.launch.ptx_hints.applied`, as kvattn launches marked kernels."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),
                            default_ptr=default_ptr, warps=warps, stages=stages, gluon=gluon, descs=descs or {},
