@@ -4,11 +4,12 @@ The five public functions keep FlashInfer's signatures; their semantics are kvat
 
 >>> import kvattn
 >>> sorted(n for n in kvattn.__all__ if not n[0].isupper())[:3]
-['decode', 'distributed', 'formats']
+['append_paged_kv_cache', 'cache', 'decode']
 """
 
-from . import decode, formats, merge, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from . import cache, decode, formats, merge, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
 from . import distributed
+from .cache import append_paged_kv_cache
 from .decode import single_decode_with_kv_cache, xqa_batch_decode_with_kv_cache
 from .formats import FP4Tensor
 from .merge import merge_state, merge_states
@@ -17,6 +18,7 @@ from .prefill import trtllm_batch_context_with_kv_cache
 from ._version import __version__
 
 __all__ = [
+    "cache",
     "decode",
     "distributed",
     "formats",
@@ -31,4 +33,5 @@ __all__ = [
     "merge_state",
     "merge_states",
     "FP4Tensor",
+    "append_paged_kv_cache",
 ]

@@ -25,6 +25,7 @@ TRITON_OPS: dict[str, str] = {
     "single_decode": "kvattn.ops.decode.op",
     "context": "kvattn.ops.prefill.op",
     "mla_decode": "kvattn.ops.mla.op",
+    "append_paged_kv": "kvattn.ops.append.op",
     "merge_states": "kvattn.ops.merge.op",
     "local_lengths": "kvattn.ops.merge.op",
 }

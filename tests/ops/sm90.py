@@ -47,7 +47,7 @@ else:
     scope = contextlib.nullcontext
 with scope():
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 128),
-                        options={"num_warps": case["warps"], "num_stages": case["stages"]})
+                        options={"num_warps": case["warps"], "num_stages": case["stages"], **case["options"]})
 usage = {}
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 if os.path.exists(tool):
@@ -67,17 +67,18 @@ print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"], "shared": ck.m
 
 def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",
                  warps: int = 4, stages: int = 3, gluon: bool = False, descs: dict | None = None,
-                 sass: bool = False, ptx_hints: bool = False) -> dict:
+                 sass: bool = False, ptx_hints: bool = False, options: dict | None = None) -> dict:
     """``{"ttgir", "ptx", "shared", "reg", "stack"}`` of ``kernel`` (``"module.name"``; a Gluon
     kernel with ``gluon``) compiled for sm_90a: pointer arguments typed by ``ptrs`` (else
     ``default_ptr``), tensor descriptors by ``descs`` (signature strings), ``floats`` fp32
     scalars, other scalars i32; with ``sass``, also ``"sass"`` (cuobjdump's disassembly).
     ``reg`` / ``stack`` / ``sass`` are absent where Triton has no cuobjdump. With ``ptx_hints``
-    the compile runs inside :func:`kvattn.ops.launch.ptx_hints.applied`, as kvattn launches marked kernels."""
+    the compile runs inside :func:`kvattn.ops.launch.ptx_hints.applied`, as kvattn launches marked kernels.
+    ``options``: more compile options (``maxnreg``)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),
                            default_ptr=default_ptr, warps=warps, stages=stages, gluon=gluon, descs=descs or {},
-                           sass=sass, ptx_hints=ptx_hints))
+                           sass=sass, ptx_hints=ptx_hints, options=options or {}))
     res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         pytest.fail(f"sm_90a compile of {kernel} failed:\n{res.stderr[-3000:]}")

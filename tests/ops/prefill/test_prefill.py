@@ -344,7 +344,9 @@ def test_quantised_caches_read_as_words_where_aligned(qdt, fmt, off_by_one, expe
 @pytest.mark.skipif(not ON_GPU, reason="TMA on compiled kernels only")
 def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, triton_backend, monkeypatch):
     """Pages holding whole 64-token tiles are read by TMA, smaller ones gathered: the launcher's
-    choice, seen as it is made (the output still checked)."""
+    choice, seen as it is made (the output still checked). The Triton kernel's choice: the Gluon
+    kernel (test_gluon_ws) is switched off."""
+    monkeypatch.setenv("KVATTN_GLUON", "0")
     chosen = returns_of(monkeypatch, prefill_launch, "tma_views")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], d=128, qdt=torch.bfloat16,
                  layout=layout, form=form, page=page, seed=4)

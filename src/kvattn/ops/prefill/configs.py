@@ -88,6 +88,31 @@ _SM90_TMA = {
     # operands (q in registers: D128 1598 vs 1596; D64 812 vs 840, D256 1580 vs 1730).
 }
 
+
+@dataclass(frozen=True)
+class WSConfig:
+    """Tiles of the warp-specialised Gluon kernel (:mod:`.gluon_ws`; 128 query rows a program)."""
+
+    block_n: int  # keys per tile
+    stages: int  # K and V buffers a ring
+    pingpong: bool  # the two consumer warpgroups take turns issuing their products
+
+
+# Gluon warp-specialised kernel (16-bit caches, pages of a multiple of 64, Hopper), head_dim -> config.
+# sm_90a (Triton 3.6 and 3.7.1, page 64 HND): 168 registers at entry (producer warpgroup 24, consumer
+# warpgroups 240 each), no spill in the loops; shared memory: query 2 x [64, D], K and V rings of
+# stages x [block_n, D]: D64 144 KB, D128 160 KB, D256 192 KB. H200 (graph us, benchmarks/NOTES.md
+# "Prefill: warp-specialised Gluon kernel"): ping-pong off was faster on 3 of the 4 bf16 shapes
+# (1x8192x8192 967 vs 997 us, 4x2048 306 vs 314, 8x1024x8192 1793 vs 1826); 3 buffers within 1 %,
+# 64-key tiles 10-20 % slower.
+_SM90_WS = {64: WSConfig(128, 4, False), 128: WSConfig(128, 2, False), 256: WSConfig(64, 2, False)}
+
+
+def ws_config(head_dim: int) -> WSConfig | None:
+    """The Gluon kernel's tiles for ``head_dim`` (None: that head_dim stays on the Triton kernel)."""
+    return _SM90_WS.get(head_dim)
+
+
 # head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;
 # D256 255 regs, 880 B spilled and unpipelined (a 128 x 256 float32 accumulator alone is 128
 # registers a thread at 8 warps; 16 warps cap registers at 128 and spill more): correct, slow.

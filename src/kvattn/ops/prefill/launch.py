@@ -21,6 +21,10 @@ try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: the gathers only
     TensorDescriptor = None
+try:  # Gluon (Triton >= 3.6): the warp-specialised Hopper kernel for 16-bit caches
+    from . import gluon_ws
+except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
+    gluon_ws = None
 
 
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
@@ -113,6 +117,16 @@ def launch_context(
             k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
         )
         nvfp4_out = out_sf is not None
+        # 16-bit pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0: off);
+        # it stores no LSE, so a call that asks for one (return_lse) keeps the Triton kernel.
+        views = gluon_ws.plan(query, k, v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter) \
+            if gluon_ws is not None and lse is None else None
+        if views is not None and prefill_configs.ws_config(head_dim) is not None:
+            gluon_ws.launch(
+                prefill_configs.ws_config(head_dim), query, k, v, *views, k_table, v_table, seq_lens, cum_seq_lens_q,
+                sinks, out, max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,
+                logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left)
+            return
         sf_flat = out_sf.view(torch.uint8).view(-1) if nvfp4_out else out
         sf_cols = out_sf.shape[1] if nvfp4_out else 4
         ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)

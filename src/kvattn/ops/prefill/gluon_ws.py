@@ -1,0 +1,567 @@
+"""Paged causal prefill for Hopper in Gluon, warp-specialised (the FlashAttention-3 schedule).
+
+Why a second prefill kernel. The Triton kernel (:mod:`.kernels`) cannot overlap one key tile's
+softmax with the next tile's matrix products: Triton 3.6 waits for a wgmma at its first use in the
+same iteration, its software pipeliner keeps every warp of a program in step, and its automatic
+warp specialisation crashed or did nothing on these loops (``benchmarks/NOTES.md`` "Prefill:
+overlapping the softmax with the matrix products"). On an H100 it stops at ~0.73 of the bf16
+matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
+
+* **Roles** (``gl.warp_specialize``, 12 warps a program, registers moved by ``setmaxnreg``): one
+  producer warp (24 registers) issues every K/V copy; two consumer warpgroups (240 registers each)
+  own 64 query rows each of one 128-row query tile of one head, and share the K/V tiles.
+* **Copies**: TMA boxes of ``[SUB, 64]`` (``SUB`` = min(page, BLOCK_N) tokens, 64 columns = one
+  128-byte swizzle span) from the cache viewed as ``[rows, cols]`` (see :func:`tma_view`); page
+  ids read by the producer, one a box; an id outside the cache becomes the row past the view's
+  end, which TMA reads as zeros. K and V have rings of ``STAGES`` buffers each, an mbarrier
+  ``ready`` (bytes landed) and ``empty`` (both warpgroups done) a buffer.
+* **Consumer loop** (per key tile ``j``): ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` issued
+  back to back, then ``S_j`` waited for alone, so the softmax of tile ``j`` runs under
+  ``P_{j-1} V_{j-1}`` (FA3's intra-warpgroup overlap); ``O`` is rescaled after that product
+  retires. With ``PINGPONG`` the two warpgroups take turns issuing their products (two mbarriers
+  passed back and forth), so one's softmax runs under the other's products (off in the table:
+  slower on an H200, ``benchmarks/NOTES.md`` "Prefill: warp-specialised Gluon kernel").
+* **Masks**: the tiles of a query tile split into the window's edge, the fully visible run and the
+  causal diagonal, as in the Triton kernel; one tile-uniform branch applies the mask only to the
+  edge and diagonal tiles. Full tiles keep the logits unscaled and fold scale and max shift into
+  one FMA before ``exp2``. A negative logit scale is folded into q as it is staged (q goes through
+  registers into shared memory anyway).
+* **Slots past the request**: a page's slots past ``seq_lens[b]`` may hold anything, NaN too; the
+  scores there are masked, but ``0 * NaN`` is NaN in ``P V``, so each warpgroup zeroes those rows
+  of the last V tile in shared memory before its product (both write the same zeros).
+* **Scheduler**: persistent, one program an SM; tiles numbered longest first (the last query tile
+  of every request and head first, heads fastest so a KV head's query heads run side by side)
+  and dealt round robin, so the long diagonal-heavy tiles start in the first round and short
+  ones fill the tail.
+
+Scope (host-checked in :func:`eligible`): fp16/bf16 query and cache of one dtype, head_dim 64 /
+128 / 256, pages of a multiple of 64 tokens whose rows TMA can address, HND or NHD, shared or
+split page tables, window, sinks, float or device-tensor scales, fp16/bf16 outputs. Everything
+else (fp8 / NVFP4 caches or outputs, skip-softmax, smaller pages, ``KVATTN_GLUON=0``) takes the
+Triton kernel.
+
+``MODE`` (timing floors only, never launched by the library): 1 = softmax off (P = S cast), 2 =
+copies off (the producer signals buffers without filling them).
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..common.gluon_compat import cta_barrier
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+BLOCK_M: gl.constexpr = gl.constexpr(128)  # query rows a tile: 64 a consumer warpgroup
+WG_ROWS: gl.constexpr = gl.constexpr(64)
+COLS: gl.constexpr = gl.constexpr(64)  # columns a TMA box: one 128-byte swizzle span of 16-bit values
+
+
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+
+
+@triton.constexpr_function
+def _row_threads(head_dim):
+    """``threads_per_warp`` of a ``[rows, head_dim]`` load of 16-byte vectors: a row's vectors
+    across neighbouring lanes (coalesced), the rest of the warp on further rows."""
+    head_dim = getattr(head_dim, "value", head_dim)  # Triton 3.6 passes the constexpr itself
+    along = min(head_dim // 8, 32)
+    return [32 // along, along]
+
+
+@gluon.jit
+def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left,
+             BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr):
+    """Work tile ``t`` (heads fastest, then requests, query tiles from the last): its head,
+    request, query-tile index, rows and key runs. Every partition derives the same values.
+
+    Returns ``(h, b, mt, live, q_start, q_end, p0, kv_len, start, n_tiles, full_lo, full_hi)``:
+    ``live`` whether the tile holds rows; keys ``[start, start + n_tiles * BLOCK_N)`` in tiles,
+    those in ``[full_lo, full_hi)`` seen whole by every row (no mask)."""
+    h = t % num_heads
+    rest = t // num_heads
+    b = rest % batch
+    mt = m_tiles - 1 - rest // batch
+    q_start = gl.load(cum_q_ptr + b).to(gl.int32)
+    q_next = gl.load(cum_q_ptr + b + 1).to(gl.int32)
+    q_len = q_next - q_start
+    q_end = gl.minimum(q_next, num_rows)  # never write past `out`
+    # (a length past the table's capacity would read past the request's row of the table)
+    kv_len = gl.minimum(gl.load(seq_lens_ptr + b), capacity)
+    live = mt * BLOCK_M < q_len
+    # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.
+    p0 = kv_len - q_len + mt * BLOCK_M
+    p1 = gl.minimum(kv_len - q_len + (q_end - q_start), p0 + BLOCK_M) - 1
+    hi = gl.maximum(gl.minimum(p1 + 1, kv_len), 0)
+    lo = p0 * 0
+    if HAS_WINDOW:
+        lo = gl.maximum(p0 - window_left, 0)
+    start = (lo // BLOCK_N) * BLOCK_N
+    full_lo = start
+    if HAS_WINDOW:  # tiles from here on are inside every row's window
+        full_lo = gl.maximum(gl.cdiv(gl.maximum(p1 - window_left, 0), BLOCK_N) * BLOCK_N, start)
+    full_hi = gl.maximum(((p0 + 1) // BLOCK_N) * BLOCK_N, full_lo)  # tiles every row sees up to its end
+    n_tiles = gl.maximum(gl.cdiv(hi - start, BLOCK_N), 0)
+    return h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi
+
+
+# ---------------------------------------------------------------------------------------------
+# producer: one warp
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, page_rows, total_rows,
+                head_rows, head_cols, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                MODE: gl.constexpr):
+    """Start the copy of the key tile ``[n0, n0 + BLOCK_N)`` into ``buf [BLOCK_N, HEAD_DIM]``;
+    ``bar`` counts its bytes. One box of ``SUB`` tokens x 64 columns at a time; a box's page id
+    is read only where its first token is below ``hi`` (table entries past a request's last page
+    are never read); other boxes, and ids outside ``[0, num_pages)``, read the row past the view's
+    end: zeros."""
+    SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
+    if MODE == 2:
+        mbarrier.arrive(bar)
+    else:
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        for c in gl.static_range(BLOCK_N // SUB):
+            tok = n0 + c * SUB
+            pid = gl.load(table_row + (tok // PAGE_SIZE) * stride_t_p, mask=tok < hi, other=-1)
+            ok = (pid >= 0) & (pid < num_pages)
+            row = gl.where(ok, pid * page_rows + kvh * head_rows + tok % PAGE_SIZE, total_rows)
+            part = buf.slice(c * SUB, SUB, dim=0)
+            for d in gl.static_range(HEAD_DIM // COLS):
+                tma.async_copy_global_to_shared(desc, [row, kvh * head_cols + d * COLS], bar,
+                                                part.slice(d * COLS, COLS, dim=1))
+
+
+@gluon.jit
+def _producer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+              ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+              GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
+              HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
+              MODE: gl.constexpr):
+    (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
+     num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+     k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
+    c = 0  # tiles through the rings so far (buffer c % STAGES, its use number c // STAGES)
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
+            t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
+            HAS_WINDOW)
+        if live:
+            kvh = h // GROUP
+            kt_row = k_table_ptr + b.to(gl.int64) * stride_kt_b
+            vt_row = v_table_ptr + b.to(gl.int64) * stride_vt_b
+            for j in range(n_tiles):
+                n0 = start + j * BLOCK_N
+                slot = c % STAGES
+                phase = (c // STAGES) & 1
+                # A fresh barrier passes a wait on parity 1: the first round finds every buffer free.
+                mbarrier.wait(k_empty.index(slot), phase ^ 1)
+                _issue_tile(k_desc, k_bufs.index(slot), k_ready.index(slot), kt_row, stride_kt_p, n0, hi, kvh,
+                            num_pages, k_page_rows, k_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
+                            HEAD_DIM, MODE)
+                mbarrier.wait(v_empty.index(slot), phase ^ 1)
+                _issue_tile(v_desc, v_bufs.index(slot), v_ready.index(slot), vt_row, stride_vt_p, n0, hi, kvh,
+                            num_pages, v_page_rows, v_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
+                            HEAD_DIM, MODE)
+                c += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# consumers: two warpgroups
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _turn_wait(turn, pp, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Wait for this warpgroup's turn to issue its products (its ``pp``-th turn). Warpgroup 0
+    goes first: its wait ``k`` needs warpgroup 1's turn ``k - 1`` issued (a fresh barrier passes
+    parity 1); warpgroup 1's wait ``k`` needs warpgroup 0's turn ``k``."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (pp & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG))
+
+
+@gluon.jit
+def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW: gl.constexpr,
+                    MODE: gl.constexpr):
+    """Online-softmax step of a masked score tile (window edge, diagonal): ``s [64, BLOCK_N]``
+    unscaled ``q.k`` of keys from ``n0``. Returns ``(m_i, l_i, p, alpha)`` in base-2 units; a row
+    without a visible key so far keeps m = -inf, p = 0, alpha = 0."""
+    offs_n = n0 + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+    dist = row_pos[:, None] - offs_n[None, :]
+    ok = dist >= 0
+    if HAS_WINDOW:
+        ok = ok & (dist <= window_left)
+    s = gl.where(ok, s * qk_scale, float("-inf"))
+    if MODE == 1:  # floor: no softmax
+        return m_i, l_i, s, gl.full(m_i.shape, 1.0, gl.float32, layout=m_i.type.layout)
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return m_new, l_i, p, alpha
+
+
+@gluon.jit
+def _softmax_full(s, m_i, l_i, qk_scale, MODE: gl.constexpr):
+    """The same for a tile every row sees whole: logits stay unscaled until the exponent's FMA
+    (``qk_scale >= 0`` commutes with the max), and the new max is finite."""
+    if MODE == 1:
+        return m_i, l_i, s, gl.full(m_i.shape, 1.0, gl.float32, layout=m_i.type.layout)
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return m_new, l_i, p, alpha
+
+
+@gluon.jit
+def _zero_rows_past(buf, n0, kv_len, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Zero the rows of the V tile ``buf`` (keys from ``n0``) at or past ``kv_len``, 64 columns at
+    a time, visible to this warpgroup's next wgmma (fence + warpgroup barrier)."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+    for d in gl.static_range(HEAD_DIM // COLS):
+        part = buf.slice(d * COLS, COLS, dim=1)
+        x = part.load(ld)
+        part.store(gl.where((rows < kv_len)[:, None], x, 0.0))
+    fence_async_shared()
+    cta_barrier()
+
+
+@gluon.jit
+def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+              ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+              GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
+              HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
+              MODE: gl.constexpr, WG: gl.constexpr):
+    (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
+     num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+     k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
+    dt: gl.constexpr = q_ptr.dtype.element_ty
+    # One warpgroup: S [64, BLOCK_N] and O [64, D] as m64 wgmma accumulators, P from registers.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], _row_threads(HEAD_DIM), [4, 1], [1, 0])
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    my_q = q_smem.index(WG)
+
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * gl.load(logit_scale_ptr)
+    qk_scale = gl.abs(logit) * LOG2E
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * gl.load(out_scale_ptr)
+    s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    offs_qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_ld))
+    offs_od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+
+    c = 0  # tiles through the rings (as the producer counts them)
+    pp = 0  # turns taken (PINGPONG)
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
+            t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
+            HAS_WINDOW)
+        if live:
+            row0 = mt * BLOCK_M + WG * WG_ROWS  # this warpgroup's first row within the request
+            # Stage q (rows past the request read as 0), the logit's sign folded in (exact).
+            q_rows = q_start + row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, q_ld))
+            q_off = q_rows.to(gl.int64)[:, None] * stride_q_t + h * stride_q_h + offs_qd[None, :]
+            q = gl.load(q_ptr + q_off, mask=(q_rows < q_end)[:, None], other=0.0)
+            q = gl.where(logit < 0, -q, q)
+            my_q.store(q)
+            fence_async_shared()
+            cta_barrier()
+
+            row_pos = p0 + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=s_rows)
+            m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)
+            l_i = gl.zeros([WG_ROWS], gl.float32, layout=s_rows)
+            acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+            if n_tiles > 0:
+                # Tile 0: scores only.
+                slot = c % STAGES
+                mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
+                _turn_wait(turn, pp, WG, PINGPONG)
+                s_tok = warpgroup_mma(my_q, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                _turn_pass(turn, WG, PINGPONG)
+                pp += 1
+                s = warpgroup_mma_wait(0, deps=[s_tok])
+                mbarrier.arrive(k_empty.index(slot))
+                if (start < full_lo) | (start >= full_hi):
+                    m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, start, row_pos, qk_scale, window_left,
+                                                         HAS_WINDOW, MODE)
+                else:
+                    m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
+                p_op = gl.convert_layout(p.to(dt), p_layout)
+                prev = slot
+                prev_phase = (c // STAGES) & 1
+                prev_n0 = start
+                c += 1
+                for j in range(1, n_tiles):
+                    n0 = start + j * BLOCK_N
+                    slot = c % STAGES
+                    mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(prev), prev_phase)
+                    if prev_n0 + BLOCK_N > kv_len:
+                        _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, BLOCK_N, HEAD_DIM)
+                    _turn_wait(turn, pp, WG, PINGPONG)
+                    s_tok = warpgroup_mma(my_q, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                          is_async=True)
+                    o_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
+                    _turn_pass(turn, WG, PINGPONG)
+                    pp += 1
+                    # The softmax of tile j runs while P_{j-1} V_{j-1} is in flight.
+                    s = warpgroup_mma_wait(1, deps=[s_tok])
+                    mbarrier.arrive(k_empty.index(slot))
+                    # The whole softmax sits inside the branch: ptxas schedules within a basic block
+                    # and would otherwise hoist the wait below above it (benchmarks/NOTES.md
+                    # "Prefill: warp-specialised Gluon kernel").
+                    if (n0 < full_lo) | (n0 >= full_hi):
+                        m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left,
+                                                             HAS_WINDOW, MODE)
+                    else:
+                        m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
+                    acc = warpgroup_mma_wait(0, deps=[o_tok])
+                    mbarrier.arrive(v_empty.index(prev))
+                    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                    # P packed only now: the in-flight product still reads the registers of the
+                    # previous P, which the new one reuses.
+                    p_op = gl.convert_layout(p.to(dt), p_layout)
+                    prev = slot
+                    prev_phase = (c // STAGES) & 1
+                    prev_n0 = n0
+                    c += 1
+                # The last tile's values.
+                mbarrier.wait(v_ready.index(prev), prev_phase)
+                if prev_n0 + BLOCK_N > kv_len:
+                    _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, BLOCK_N, HEAD_DIM)
+                _turn_wait(turn, pp, WG, PINGPONG)
+                o_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
+                _turn_pass(turn, WG, PINGPONG)
+                pp += 1
+                acc = warpgroup_mma_wait(0, deps=[o_tok])
+                mbarrier.arrive(v_empty.index(prev))
+
+            # o = acc / (l + sink term); rows without a visible key give 0.
+            m_o = gl.convert_layout(m_i, o_rows)
+            denom = gl.convert_layout(l_i, o_rows)
+            if HAS_SINKS:
+                sink2 = gl.load(sinks_ptr + h).to(gl.float32) * LOG2E
+                denom = denom + gl.exp2(sink2 - gl.where(m_o == float("-inf"), 0.0, m_o))
+            o = acc * (out_mult / gl.where(denom > 0, denom, 1.0))[:, None]
+            o_rows_idx = q_start + row0 + gl.arange(0, WG_ROWS, layout=o_rows)
+            o_off = o_rows_idx.to(gl.int64)[:, None] * stride_o_t + h * stride_o_h + offs_od[None, :]
+            gl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=(o_rows_idx < q_end)[:, None])
+
+
+@gluon.jit
+def _consumer0(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+               ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
+               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
+               MODE: gl.constexpr):
+    _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+              ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS,
+              LOGIT_PTR, OUT_PTR, PINGPONG, MODE, 0)
+
+
+@gluon.jit
+def _consumer1(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+               ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
+               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
+               MODE: gl.constexpr):
+    _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+              ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS,
+              LOGIT_PTR, OUT_PTR, PINGPONG, MODE, 1)
+
+
+@gluon.jit
+def prefill_ws_kernel(
+    q_ptr,  # [sum_q, Hq, D] fp16/bf16 query rows (last dim contiguous)
+    out_ptr,  # [sum_q, Hq, D] fp16/bf16 output (last dim contiguous)
+    k_desc,  # TMA descriptor of the K pages as [rows, cols] (see tma_view), box [min(page, BLOCK_N), 64]
+    v_desc,  # same for V
+    k_table_ptr,  # [B, pages_per_seq] int32 page ids of K
+    v_table_ptr,  # [B, pages_per_seq] int32 page ids of V
+    seq_lens_ptr,  # [B] int32 KV lengths
+    cum_q_ptr,  # [B + 1] int32 / int64 query row offsets
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
+    num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+    k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols,
+    logit_factor, out_factor,
+    HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr,
+    OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr, MODE: gl.constexpr,
+):
+    dt: gl.constexpr = q_ptr.dtype.element_ty
+    row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_smem = gl.allocate_shared_memory(dt, [2, WG_ROWS, HEAD_DIM], row_smem)
+    k_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, HEAD_DIM], row_smem)
+    v_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, HEAD_DIM], row_smem)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival a consumer warpgroup
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+
+    ints = (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
+            num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+            k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols)
+    # (the partitions' arguments written out in the call: constexprs bound to a variable first would
+    # become runtime values)
+    gl.warp_specialize([
+        (_consumer0, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+                      logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                      turn, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES,
+                      HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, MODE)),
+        (_consumer1, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+                      logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                      turn, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES,
+                      HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, MODE)),
+        (_producer, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+                     logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                     turn, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES,
+                     HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, MODE)),
+    ], [4, 1], [240, 24])  # registers: 12 warps at maxnreg 168; the producer's warpgroup keeps 24
+
+
+
+# ---------------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------------
+MAXNREG = 168  # 12 warps: 3 warpgroups x 128 threads x 168 = 64512 of the 65536 registers
+HEAD_DIMS = (64, 128, 256)
+
+
+def tma_view(t, page: int):
+    """``(rows_per_page, total_rows, head_rows, head_cols, cols, row_stride)`` of a 16-bit cache
+    ``t [P, page, Hkv, D]`` (an NHD view of any layout) as the 2-D ``[total_rows, cols]`` view the
+    kernel's TMA boxes read, or None where TMA cannot address it.
+
+    HND pages (each head's slots consecutive rows of D): row stride D, a page ``rows_per_page =
+    stride_page / D`` rows apart, head ``h`` at row ``h * page`` of its page (``head_rows`` =
+    page). NHD pages (heads side by side in a row): row stride Hkv * D, head ``h`` at column
+    ``h * D`` (``head_cols`` = D). The view ends with the last page's last row, so a box at row
+    ``total_rows`` reads zeros. TMA's rules: 16-byte aligned base and strides; coordinates int32.
+    """
+    pages, page_, heads, dim = t.shape
+    sp, ss, sh, sd = t.stride()
+    esize = t.element_size()
+    if sd != 1 or page_ != page or t.data_ptr() % 16 or pages == 0:
+        return None
+    if ss == dim and sh == page * dim:  # HND
+        row_stride, cols, head_rows, head_cols, last = dim, dim, page, 0, heads * page
+    elif sh == dim and ss == heads * dim:  # NHD
+        row_stride, cols, head_rows, head_cols, last = heads * dim, heads * dim, 0, dim, page
+    else:
+        return None
+    if sp % row_stride or (row_stride * esize) % 16:
+        return None
+    rows_per_page = sp // row_stride
+    total_rows = (pages - 1) * rows_per_page + last
+    if rows_per_page < last or total_rows >= 2**31 - 1:
+        return None
+    return rows_per_page, total_rows, head_rows, head_cols, cols, row_stride
+
+
+def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head_dim: int, page: int,
+             skip: bool, nvfp4_out: bool) -> bool:
+    """Whether a launch may take this kernel (the views must be TMA-addressable too, see
+    :func:`tma_view`): host-known facts only. Every other launch takes the Triton kernel."""
+    import torch
+
+    half = (torch.float16, torch.bfloat16)
+    return (hopper and gluon_on and TRITON_VERSION >= (3, 6) and q_dtype in half and kv_dtype == q_dtype
+            and out_dtype in half and not nvfp4_out and not skip and head_dim in HEAD_DIMS
+            and page % 64 == 0)
+
+
+def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
+    """``(k_view, v_view)`` (see :func:`tma_view`) where this kernel takes the launch, else None."""
+    from ... import _device, _env
+
+    if interpreter or query.device.type != "cuda":
+        return None
+    if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_env.gluon(), q_dtype=query.dtype,
+                    kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1], skip=skip,
+                    nvfp4_out=nvfp4_out) or v.dtype != k.dtype:
+        return None
+    k_view, v_view = tma_view(k, k.shape[1]), tma_view(v, v.shape[1])
+    if k_view is None or v_view is None or k_view[2:4] != v_view[2:4]:  # K and V in one form
+        return None
+    return k_view, v_view
+
+
+def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q, sinks, out, *,
+           max_q_len: int, sm_count: int, logit_factor: float, logit_tensor, out_factor: float, out_tensor,
+           window_left: int, mode: int = 0) -> None:
+    """Launch :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
+    :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    sum_q, num_heads, head_dim = query.shape
+    batch = seq_lens.shape[0]
+    page = k.shape[1]
+    sub = min(page, cfg.block_n)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], [sub, 64], layout)
+             for t, view in ((k, k_view), (v, v_view))]
+    m_tiles = -(-max_q_len // 128)
+    num_tiles = num_heads * batch * m_tiles
+    grid = (max(1, min(num_tiles, sm_count)),)
+    prefill_ws_kernel[grid](  # every argument by its parameter's name (absent tensors: the query, unread)
+        q_ptr=query, out_ptr=out, k_desc=descs[0], v_desc=descs[1], k_table_ptr=k_table, v_table_ptr=v_table,
+        seq_lens_ptr=seq_lens, cum_q_ptr=cum_seq_lens_q, sinks_ptr=sinks if sinks is not None else query,
+        logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
+        out_scale_ptr=out_tensor if out_tensor is not None else query,
+        stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+        stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
+        stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
+        num_rows=sum_q, num_heads=num_heads, batch=batch, m_tiles=m_tiles, num_tiles=num_tiles,
+        num_pages=k.shape[0], capacity=k_table.shape[1] * page, window_left=window_left,
+        k_page_rows=k_view[0], v_page_rows=v_view[0], k_total_rows=k_view[1], v_total_rows=v_view[1],
+        head_rows=k_view[2], head_cols=k_view[3], logit_factor=float(logit_factor), out_factor=float(out_factor),
+        HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+        HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, LOGIT_PTR=logit_tensor is not None,
+        OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong, MODE=mode,
+        num_warps=4, maxnreg=MAXNREG,
+    )
+
+
+__all__ = ["HEAD_DIMS", "eligible", "launch", "plan", "prefill_ws_kernel", "tma_view"]

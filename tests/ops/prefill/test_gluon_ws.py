@@ -1,0 +1,398 @@
+"""The warp-specialised Gluon prefill kernel (``kvattn.ops.prefill.gluon_ws``).
+
+CPU tier: which launches the host hands to it (every other one keeps the Triton kernel), the
+TMA views of each page form, and what the kernel compiles to for sm_90a under the Triton in use
+(run this file under both venvs): three partitions with their registers moved by ``setmaxnreg``,
+the wgmma counts, the score product of tile j + 1 waited for alone before the softmax of tile j
+(the overlap, checked in the SASS: ptxas keeps the wait for ``P V`` after the exponentials),
+the shared-memory budget and no spill in the loops.
+
+GPU tier: the public function against the oracles of ``test_prefill`` (fresh random inputs, NaN
+in every unused cache slot, permuted pages, wild table entries past each request's pages,
+poisoned outputs), with a spy proving the Gluon kernel ran: lengths off the tile and the page,
+empty requests, chunked prefill (queries fewer than keys), windows at tile edges, sinks, scales as
+floats or device tensors, negative logit scales, HND / NHD, every cache form, split tables, pages
+of 64 / 128 / 256, head dims 64 / 128 / 256, GQA groups 1 to 32; the persistent loop with many
+tiles a program; CUDA-graph replay with new lengths, tables and scales.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import kvattn
+from kvattn import dense
+from kvattn.formats import FP8_DTYPE
+from kvattn.ops.prefill import configs as prefill_configs
+from kvattn.ops.prefill import gluon_ws as prefill_ws
+from kvattn.testing import make_paged_kv, poison_, relative_error
+
+from ..sm90 import compile_sm90
+from .test_prefill import cum, prefill_case
+
+ON_GPU = torch.cuda.is_available()
+GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on a Hopper GPU only")
+
+
+def calls_of(monkeypatch, module, name: str) -> list:
+    """The calls ``module.name`` gets from now on (each one still runs)."""
+    calls, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------
+# host decisions (CPU)
+# ---------------------------------------------------------------------------------------------
+BASE_FACTS = dict(hopper=True, gluon_on=True, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                  out_dtype=torch.bfloat16, head_dim=128, page=64, skip=False, nvfp4_out=False)
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({}, True),
+    ({"q_dtype": torch.float16, "kv_dtype": torch.float16, "out_dtype": torch.float16}, True),
+    ({"q_dtype": torch.float16, "kv_dtype": torch.float16}, True),  # bf16 output of an fp16 query
+    ({"page": 128}, True), ({"page": 256}, True), ({"head_dim": 64}, True), ({"head_dim": 256}, True),
+    ({"hopper": False}, False),  # sm_100 / sm_80: no wgmma
+    ({"gluon_on": False}, False),  # KVATTN_GLUON=0
+    ({"page": 16}, False), ({"page": 32}, False), ({"page": 96}, False),
+    ({"kv_dtype": FP8_DTYPE}, False), ({"kv_dtype": torch.uint8}, False),
+    ({"q_dtype": FP8_DTYPE, "kv_dtype": FP8_DTYPE}, False),
+    ({"kv_dtype": torch.float16}, False),  # a cache of another 16-bit type
+    ({"out_dtype": FP8_DTYPE}, False), ({"nvfp4_out": True}, False),
+    ({"skip": True}, False), ({"head_dim": 96}, False),
+], ids=lambda x: str(x) if not isinstance(x, dict) else "-".join(f"{k}={v}" for k, v in x.items()) or "base")
+def test_eligible_launches(change, expected):
+    """16-bit query and cache of one dtype, 16-bit output, pages of a multiple of 64, Hopper, no
+    skip-softmax: the Gluon kernel; anything else stays on the Triton kernel."""
+    assert prefill_ws.eligible(**dict(BASE_FACTS, **change)) is expected
+
+
+def test_a_config_for_every_head_dim_within_shared_memory():
+    """Every head_dim the kernel takes has tiles, and they fit the 227 KB an H100 program gets
+    (query 2 x [64, D] + K and V rings, 16-bit)."""
+    for d in prefill_ws.HEAD_DIMS:
+        cfg = prefill_configs.ws_config(d)
+        assert cfg is not None and cfg.block_n % 64 == 0 and cfg.stages >= 2, d
+        assert 2 * (2 * 64 * d + 2 * cfg.stages * cfg.block_n * d) <= 227 * 1024, d
+    assert prefill_configs.ws_config(96) is None
+
+
+def test_tma_views_of_each_page_form():
+    """The 2-D ``[rows, cols]`` view TMA reads for each cache form: HND rows are a head's slots,
+    pages ``rows_per_page`` rows apart; NHD rows hold every head side by side. Misaligned or
+    non-dense pages get none."""
+    P, S, H, D = 6, 64, 2, 128
+    hnd = torch.zeros(P, 2, H, S, D, dtype=torch.bfloat16)  # stacked HND; the launcher's NHD views:
+    k, v = hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2)
+    for t in (k, v):
+        assert prefill_ws.tma_view(t, S) == (2 * H * S, (P - 1) * 2 * H * S + H * S, S, 0, D, D)
+    nhd = torch.zeros(P, 1, S, H, D, dtype=torch.float16)[:, 0]  # shared NHD
+    assert prefill_ws.tma_view(nhd, S) == (S, (P - 1) * S + S, 0, D, H * D, H * D)
+    nhd2 = torch.zeros(P, 2, S, H, D, dtype=torch.float16)[:, 1]  # stacked NHD, V
+    assert prefill_ws.tma_view(nhd2, S) == (2 * S, (P - 1) * 2 * S + S, 0, D, H * D, H * D)
+    flat = torch.zeros(P * S * H * D + 8, dtype=torch.bfloat16)
+    assert prefill_ws.tma_view(flat[1:1 + P * S * H * D].view(P, S, H, D), S) is None  # 2 bytes off
+    assert prefill_ws.tma_view(torch.zeros(P, S, H, D + 8)[..., :D], S) is None  # rows of D + 8
+    assert prefill_ws.tma_view(k, 128) is None  # not this page size
+
+
+def test_launch_names_every_kernel_parameter():
+    """The launch passes every kernel parameter by its name (and nothing else but the options)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(prefill_ws.launch))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+             and getattr(n.func.value, "id", "") == "prefill_ws_kernel"]
+    assert len(calls) == 1 and not calls[0].args
+    names = {k.arg for k in calls[0].keywords} - {"num_warps", "maxnreg"}
+    assert names == set(prefill_ws.prefill_ws_kernel.arg_names)
+
+
+def test_plan_is_none_off_the_gpu():
+    q = torch.zeros(4, 8, 128, dtype=torch.bfloat16)
+    kv = torch.zeros(3, 64, 2, 128, dtype=torch.bfloat16)
+    assert prefill_ws.plan(q, kv, kv, q, skip=False, nvfp4_out=False, interpreter=False) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# sm_90a compile (CPU; run under each Triton version)
+# ---------------------------------------------------------------------------------------------
+ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
+            "fp4_padded=False, cga_layout=[])")
+WS_PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "cum_q_ptr": "*i32",
+           "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32"}
+WS_BASE = dict(HEAD_DIM=128, PAGE_SIZE=64, GROUP=4, BLOCK_N=128, STAGES=2, HAS_WINDOW=False, HAS_SINKS=False,
+               LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, MODE=0)
+
+
+def compile_ws(dtype: str = "bf16", **constexprs) -> dict:
+    cfg = dict(WS_BASE, **constexprs)
+    sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
+    desc = f"tensordesc<{dtype}[{sub}, 64],{ROW_SMEM}>"
+    return compile_sm90("kvattn.ops.prefill.gluon_ws.prefill_ws_kernel", cfg, ptrs=dict(WS_PTRS, q_ptr=f"*{dtype}",
+                        out_ptr=f"*{dtype}"), floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                        descs={"k_desc": desc, "v_desc": desc}, sass=True, options={"maxnreg": prefill_ws.MAXNREG})
+
+
+def loop_overlaps(sass: str) -> int:
+    """How many times the SASS waits for one wgmma group (``DEPBAR.LE gsb0, 0x1``: the score
+    product retired, ``P V`` still running) and then runs at least 32 exponentials before waiting
+    for the last group: the consumer loops whose softmax overlaps ``P V``."""
+    events = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([01])|MUFU\.EX2", sass)
+    count, run = 0, None
+    for e in events:
+        if e == "1":
+            run = 0
+        elif e == "0":
+            if run is not None and run >= 32:
+                count += 1
+            run = None
+        elif run is not None:
+            run += 1
+    return count
+
+
+def bounds_fixed_before_the_loop(ttgir: str) -> list[str]:
+    """Upper bounds of nested ``scf.for`` loops defined before the loop that encloses them. The
+    tile loop's key loops must take a bound computed in (or carried through) the tile loop:
+    Triton's loop-aware CSE (3.6, 3.7) replaces a carried value used only as an inner bound by its
+    first iteration's value, so every later tile would run the first tile's key count (and the
+    producer and consumers would disagree: a hang)."""
+    lines = ttgir.splitlines()
+    fors = []
+    for i, line in enumerate(lines):
+        m = re.search(r"= scf\.for %\S+ = %\S+ to (%[\w.]+) step", line)
+        if m:
+            fors.append((i, len(line) - len(line.lstrip()), m.group(1)))
+    bad = []
+    for i, indent, bound in fors:
+        enclosing = [j for j, j_indent, _ in fors if j < i and j_indent < indent]
+        if not enclosing:
+            continue
+        defs = [k for k in range(i) if re.search(rf"{re.escape(bound)}(:\d+)? = ", lines[k])]
+        if defs and max(defs) < max(enclosing):
+            bad.append(bound)
+    return bad
+
+
+def test_bound_check_catches_a_bound_from_before_the_loop():
+    ok = """    %n = arith.maxsi %a, %b : i32
+    %r:2 = scf.for %t = %c0 to %num step %c1 iter_args(%x = %n) -> (i32) {
+      %m = arith.addi %x, %c1 : i32
+      %s = scf.for %j = %c0 to %m step %c1 iter_args(%y = %c0) -> (i32) {"""
+    assert bounds_fixed_before_the_loop(ok) == []
+    assert bounds_fixed_before_the_loop(ok.replace("to %m step", "to %n step")) == ["%n"]
+    assert bounds_fixed_before_the_loop(ok.replace("to %m step", "to %x step")) == []  # carried
+
+
+@pytest.mark.parametrize("kw,n_by_shape", [
+    ({}, {"m64n128k16": 2 * (8 + 8 + 8 + 8)}),
+    ({"HEAD_DIM": 64, "STAGES": 4}, {"m64n128k16": 2 * (4 + 4), "m64n64k16": 2 * (8 + 8)}),
+    ({"HEAD_DIM": 256, "BLOCK_N": 64}, {"m64n64k16": 2 * (16 + 16), "m64n256k16": 2 * (4 + 4)}),
+    ({"PINGPONG": True}, {"m64n128k16": 64}),
+    ({"PAGE_SIZE": 128}, {"m64n128k16": 64}),
+    ({"PAGE_SIZE": 256, "HAS_WINDOW": True, "HAS_SINKS": True, "LOGIT_PTR": True, "OUT_PTR": True},
+     {"m64n128k16": 64}),
+    ({"dtype": "fp16"}, {"m64n128k16": 64}),
+], ids=["D128-p64", "D64-p64", "D256-p64", "D128-pingpong", "D128-p128",
+        "D128-p256-window-sinks-device-scales", "fp16"])
+def test_kernel_compiles_to_its_schedule(kw, n_by_shape):
+    kw = dict(kw)
+    dtype = kw.pop("dtype", "bf16")
+    got = compile_ws(dtype, **kw)
+    ptx, sass = got["ptx"], got.get("sass", "")
+    cfg = dict(WS_BASE, **kw)
+    ptx_type = {"bf16": "bf16", "fp16": "f16"}[dtype]
+    # Two consumer warpgroups: each one S product before its loop, S and P.V in it, a last P.V.
+    for shape, n in n_by_shape.items():
+        assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.{shape}\.f32\.{ptx_type}", ptx)) == n, shape
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # S of tile j retired alone
+    assert bounds_fixed_before_the_loop(got["ttgir"]) == []
+    # Registers handed from the producer's warpgroup to the consumers'.
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    # TMA, all in the one producer: (BLOCK_N / box rows) x (D / 64) boxes a key tile, for K and V.
+    sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
+    copies = 2 * (cfg["BLOCK_N"] // sub) * (cfg["HEAD_DIM"] // 64)
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
+    smem = 2 * (2 * 64 * cfg["HEAD_DIM"] + 2 * cfg["STAGES"] * cfg["BLOCK_N"] * cfg["HEAD_DIM"])
+    assert smem <= got["shared"] <= 227 * 1024
+    if "reg" in got:
+        assert got["reg"] <= prefill_ws.MAXNREG
+        # A few scalars pass through local memory at entry and at tile boundaries (the partitions'
+        # arguments; 24 bytes in the full-featured case), never between a key tile's products.
+        assert got["stack"] <= 32
+        assert spills_in_key_loops(sass) == 0
+        assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
+
+
+def spills_in_key_loops(sass: str) -> int:
+    """Local-memory loads / stores between a consumer's wait for S (``DEPBAR.LE gsb0, 0x1``) and
+    its wait for P.V (``DEPBAR.LE gsb0, 0x0``): the softmax under the products."""
+    count, inside = 0, False
+    for line in sass.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            inside = True
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
+            inside = False
+        elif inside and re.search(r"\b(LDL|STL)\b", line):
+            count += 1
+    return count
+
+
+def test_overlap_check_catches_a_hoisted_wait():
+    """``loop_overlaps`` counts what it claims: a wait for both groups before the exponentials
+    (what ptxas does when the softmax and the wait share a basic block) is not an overlap."""
+    wait1, wait0, exp = "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;", "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;", "MUFU.EX2 R1, R1 ;"
+    assert loop_overlaps(wait1 + exp * 40 + wait0) == 1
+    assert loop_overlaps(wait1 + wait0 + exp * 40) == 0
+    assert loop_overlaps(wait1 + exp * 8 + wait0 + exp * 32) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: against the oracles
+# ---------------------------------------------------------------------------------------------
+def ws_param(id, **kw):
+    return pytest.param(kw, id=id, marks=GPU_ONLY)
+
+
+# Lq = 1, chunked (Lq < L, off the tile and page), an empty request, a request without queries.
+LENS, LQ = [1, 300, 0, 777, 1029, 64], [1, 300, 0, 129, 700, 0]
+
+WS_CASES = [
+    *[ws_param(f"bf16-{layout}-{form}-p{page}", lens=LENS, lq=LQ, layout=layout, form=form, page=page, d=128,
+               qdt=torch.bfloat16, seed=page)
+      for layout in ("HND", "NHD") for form, page in (("stacked", 64), ("tuple", 128), ("shared", 256))],
+    *[ws_param(f"bf16-D{d}-G{g}-{layout}", lens=[1, 77, 513, 700], lq=[1, 77, 300, 700], d=d, group=g,
+               hkv=max(1, 8 // g), layout=layout, page=64, qdt=torch.bfloat16, seed=d + g)
+      for d in (64, 128, 256) for g in (1, 4, 8) for layout in ("HND", "NHD")],
+    ws_param("bf16-G32-Hkv1", lens=[1200, 100], lq=[1200, 5], hkv=1, group=32, d=128, page=64, qdt=torch.bfloat16),
+    ws_param("fp16-D128-p64", lens=LENS, lq=LQ, d=128, page=64, qdt=torch.float16),
+    ws_param("fp16-q-bf16-out", lens=LENS, lq=LQ, d=128, page=64, qdt=torch.float16, out_kind=torch.bfloat16),
+    *[ws_param(f"bf16-window{w}", lens=[1, 16, 17, 64, 65, 200, 1100], lq=[1, 16, 10, 64, 1, 200, 900], window=w,
+               page=64, d=128, qdt=torch.bfloat16, sinks=w % 2 == 1, seed=w)
+      for w in (0, 1, 63, 64, 127, 128, 129, 255, 1000, 5000)],
+    ws_param("bf16-sinks-device-scales-uint32-int64-cum", lens=LENS, lq=LQ, page=64, d=128, qdt=torch.bfloat16,
+             sinks=True, tensor_scales=True, uint32=True, cum_dtype=torch.int64),
+    ws_param("bf16-negative-bmm1", lens=LENS, lq=LQ, page=64, d=128, qdt=torch.bfloat16, bmm1=-0.15, sinks=True),
+    ws_param("bf16-negative-device-bmm1", lens=LENS, lq=LQ, page=64, d=128, qdt=torch.bfloat16, bmm1=-0.15,
+             tensor_scales=True),
+    ws_param("bf16-zero-bmm1", lens=LENS, lq=LQ, page=64, d=128, qdt=torch.bfloat16, bmm1=0.0),
+    *[ws_param(f"bf16-split-tables-{form}-{layout}-p{page}", lens=LENS, lq=LQ, split=True, form=form, layout=layout,
+               page=page, d=128, qdt=torch.bfloat16, window=500, sinks=True)
+      for form in ("stacked", "tuple") for layout in ("NHD", "HND") for page in (64, 128)],
+    ws_param("bf16-max_q_len-above-lengths", lens=[300, 30], lq=[50, 30], max_q_len=250, page=64, d=128,
+             qdt=torch.bfloat16),
+    ws_param("bf16-Hq32-Hkv8-long", lens=[2100, 700, 64], lq=[1100, 700, 3], hkv=8, group=4, d=128, page=64,
+             qdt=torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("kw", WS_CASES)
+def test_matches_oracles(kw, triton_backend, monkeypatch):
+    launches = calls_of(monkeypatch, prefill_ws, "launch")
+    prefill_case(torch.device("cuda"), monkeypatch, **kw)
+    assert len(launches) == 1, "the Gluon kernel did not take the launch"
+
+
+@pytest.mark.parametrize("sms,variant", [
+    (1, None), (3, None), (7, prefill_configs.WSConfig(128, 3, False)),
+    (5, prefill_configs.WSConfig(64, 4, False)), (2, prefill_configs.WSConfig(128, 2, True)),
+], ids=["1-program", "3-programs", "7-programs-3-stages", "5-programs-64-key-tiles-4-stages", "2-programs-pingpong"])
+@GPU_ONLY
+def test_persistent_programs_walk_many_tiles(sms, variant, triton_backend, monkeypatch):
+    """A grid of a few programs, each taking dozens of tiles in turn: the rings' buffers and phases
+    and the warpgroups' turns carry over from tile to tile (and over tiles without rows); other
+    ring depths and tiles too."""
+    monkeypatch.setattr(kvattn._device, "sm_count", lambda device: sms)
+    if variant is not None:
+        monkeypatch.setitem(prefill_configs._SM90_WS, 128, variant)
+    launches = calls_of(monkeypatch, prefill_ws, "launch")
+    prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 0, 777, 1029, 64, 500], lq=[1, 300, 0, 129, 700, 0, 250],
+                 d=128, page=64, qdt=torch.bfloat16, window=300 if sms == 3 else -1, sinks=sms == 3, seed=sms)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize("case", ["gluon-off", "page16", "page32", "fp8-out", "skip", "fp8-cache"])
+@GPU_ONLY
+def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch):
+    """KVATTN_GLUON=0, pages under 64 tokens, fp8 outputs, skip-softmax, quantised caches: the
+    Triton kernel (still correct)."""
+    launches = calls_of(monkeypatch, prefill_ws, "launch")
+    kw = dict(lens=[1, 300, 77], lq=[1, 200, 77], d=128, page=64, qdt=torch.bfloat16, seed=4)
+    if case == "gluon-off":
+        monkeypatch.setenv("KVATTN_GLUON", "0")
+    elif case.startswith("page"):
+        kw["page"] = int(case[4:])
+    elif case == "fp8-out":
+        kw["out_kind"] = FP8_DTYPE
+    elif case == "skip":
+        kw.update(skip=4.0, q_shared=8.0, lens=[700, 1300], lq=[700, 1000])
+    else:
+        kw["fmt"] = "fp8"
+    prefill_case(torch.device("cuda"), monkeypatch, **kw)
+    assert launches == []
+
+
+@pytest.mark.parametrize("tensor_scale", [True, False], ids=["device-scale", "float-scale"])
+@GPU_ONLY
+def test_cuda_graph_replay_follows_new_lengths_and_tables(tensor_scale, triton_backend, monkeypatch):
+    """Capture one call; write new lengths, query offsets, tables, cache and scale in place;
+    replay: the output follows (and rows no request owns stay as they were)."""
+    launches = calls_of(monkeypatch, prefill_ws, "launch")
+    device = torch.device("cuda")
+    hkv, group, d, page, width, pool = 2, 4, 128, 64, 80, 300
+    lens, lq = [700, 40, 2500, 0], [700, 1, 300, 0]
+
+    def make(lens, seed):
+        used = sum((n + page - 1) // page for n in lens)
+        return make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.bfloat16,
+                             layout="HND", device=device, seed=seed, pages_per_seq=width, extra_pages=pool - used)
+
+    case = make(lens, 1)
+    rows = 1200
+    q = torch.randn(rows, hkv * group, d, device=device, dtype=torch.bfloat16)
+    seq_lens, tables = case.seq_lens.clone(), case.block_tables.clone()
+    cq = cum(lq).to(device)
+    ckv = cum(lens).to(device)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+    sinks = torch.randn(hkv * group, device=device)
+    out = torch.empty_like(q)
+    bmm1 = torch.tensor([0.1], device=device) if tensor_scale else 0.09
+
+    def call():
+        kvattn.prefill.trtllm_batch_context_with_kv_cache(
+            q, case.kv_cache, ws, tables, seq_lens, 1000, width * page, bmm1, 1.0, 4, cq, ckv, out=out, sinks=sinks)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    new_lens, new_lq = [1200, 0, 2400, 33], [1000, 0, 100, 33]
+    new = make(new_lens, 2)
+    case.kv_cache.copy_(new.kv_cache)
+    seq_lens.copy_(new.seq_lens)
+    tables.copy_(new.block_tables)
+    cq.copy_(cum(new_lq))
+    if tensor_scale:
+        bmm1.fill_(0.09)
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    n = sum(new_lq)
+    exact = dense.context(q[:n].cpu(), case.kv_cache.cpu(), tables.cpu(), seq_lens.cpu(), cq.cpu(), 0.09, 1.0,
+                          sinks=sinks.cpu())
+    assert relative_error(out[:n].cpu(), exact) <= 1e-2
+    assert torch.isnan(out[n:].float()).all()  # rows past the batch: untouched
+    assert len(launches) >= 2  # the warm-up call and the captured one
