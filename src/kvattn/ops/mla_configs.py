@@ -98,6 +98,10 @@ _SM90 = {
     ("fp8", 16): (64, 8, 3, 1),
 }
 _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
+# Entries whose mla_gluon launches run the warp-specialised kernel of mla_ws instead (a copy warp
+# and two warpgroups splitting the score products of two tiles, benchmarks/NOTES.md "MLA seesaw");
+# the environment switch KVATTN_GLUON_WS=0 keeps mla_gluon's kernel.
+WARP_SPECIALIZED = {"sm90": frozenset({("half", 64)})}
 # fp8 scores exist at BLOCK_H 16 (heads in N) and 64 (heads in M, wgmma): Hq 17-32 takes 64 (rows
 # past Hq padded and masked), so an fp8 query with an fp8 cache takes fp8 scores at any Hq. H100,
 # Hq 16 fp8 (graph us, 64x4096 / 128x8192 / 32x16384): float16-operand path at BLOCK_H 16 154 / 567
@@ -149,6 +153,11 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
     if _override:
         cfg = replace(cfg, **_override)
     return cfg
+
+
+def warp_specialized(arch: str, kv_format: str, block_h: int, q_fp8: bool = False) -> bool:
+    """Whether a launch the Gluon kernel serves takes the warp-specialised one (``WARP_SPECIALIZED``)."""
+    return (_fmt(kv_format, q_fp8), block_h) in WARP_SPECIALIZED.get(arch, ())
 
 
 def num_splits(cfg: MLAConfig, *, items: int, span: int, sm_count: int, fit: int) -> int:

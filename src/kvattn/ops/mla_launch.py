@@ -27,8 +27,9 @@ try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
     from .mla_gluon import mla_gluon_kernel
+    from .mla_ws import MAXNREG as _WS_MAXNREG, NUM_WARPS as _WS_WARPS, mla_ws_kernel
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
-    mla_gluon_kernel = None
+    mla_gluon_kernel = mla_ws_kernel = None
 
 CKV_DIM = 512
 KPE_DIM = 64
@@ -44,7 +45,7 @@ class _Plan:
 
     def __init__(self, facts: tuple):
         (device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride, out_stride,
-         ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on) = facts
+         ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, gluon_ws_on) = facts
         self.batch, self.num_heads = q_shape[0], q_shape[1]
         self.num_pages, self.page_size = kv_shape[0], kv_shape[1]
         self.kv_format = KV_FORMATS[kv_dtype]
@@ -65,6 +66,8 @@ class _Plan:
         self.row_stride = kv_stride[1]
         self.gluon = (gluon_on and mla_gluon_kernel is not None and arch(device, interpreter) == "sm90"
                       and _gluon_fits(cfg, self.kv_format, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16))
+        self.ws = (self.gluon and gluon_ws_on and mla_ws_kernel is not None
+                   and mla_configs.warp_specialized(arch(device, interpreter), self.kv_format, cfg.block_h))
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
@@ -87,6 +90,8 @@ class _Plan:
 
     def _split(self, splits: int):
         cfg = self.cfg
+        if self.ws:
+            return _WarpSpecializedSplit(self, splits)
         if self.gluon:
             return _GluonSplit(self, splits)
         return fast_launch.Launch(
@@ -134,6 +139,11 @@ class _GluonSplit:
     descriptor of the cache is built for each call from the cache's pointer)."""
 
     BLOCK_N = 64
+    OPTIONS = dict(num_warps=8)
+
+    @staticmethod
+    def kernel():
+        return mla_gluon_kernel
 
     def __init__(self, plan: _Plan, splits: int):
         self.grid = (plan.items * splits,)
@@ -147,15 +157,26 @@ class _GluonSplit:
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
         h = plan.head  # (q_b, q_h, o_b, o_h, kv_p, kv_s, t_b, t_p, batch, heads)
-        mla_gluon_kernel[self.grid](
+        self.kernel()[self.grid](
             query, desc, table, seq_lens, logit_tensor if logit_tensor is not None else query,
             out_tensor if out_tensor is not None else query, out, part_o, part_lse,
             h[0], h[1], h[2], h[3], h[6], h[7], h[8], h[9], self.splits, plan.num_pages,
             logit_factor, out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            num_warps=8,
+            **self.OPTIONS,
         )
+
+
+class _WarpSpecializedSplit(_GluonSplit):
+    """The same launch on :func:`~.mla_ws.mla_ws_kernel` (its arguments are the Gluon kernel's;
+    4 warps a partition and the register split its ``warp_specialize`` asks for)."""
+
+    OPTIONS = dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value) if mla_ws_kernel is not None else {}
+
+    @staticmethod
+    def kernel():
+        return mla_ws_kernel
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -188,6 +209,7 @@ def launch_mla(
             table.stride(), out.stride(), workspace.numel() if workspace is not None else None,
             logit_tensor is not None, out_tensor is not None,
             kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0, kv.data_ptr() % 16 == 0, _env.gluon(),
+            _env.gluon_ws(),
         )
         plan = _plan(facts)
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)

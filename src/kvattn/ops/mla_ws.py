@@ -1,0 +1,494 @@
+"""MLA decode for Hopper in Gluon, warp-specialised: a copy warp and two warpgroups on a seesaw.
+
+Why another kernel. :mod:`.mla_gluon` runs both warpgroups in lock step on one 64-key tile at a
+time: each computes the whole ``[64, 64]`` score tile (the two do the same work, 2 x 576 + 512
+multiply-adds a (head, key) instead of 576 + 512), and the tensor cores idle while the softmax
+runs between the score product and the P.V product. Here the work of two consecutive tiles ``A``
+and ``B`` is divided so that neither happens (benchmarks/NOTES.md, topic "MLA seesaw"):
+
+* warpgroup 0 ("left") owns output columns ``[0, 256)`` and computes the scores of ``A``;
+* warpgroup 1 ("right") owns columns ``[256, 512)`` and computes the scores of ``B``;
+* each multiplies both tiles' probabilities with its half of both tiles' values, the other
+  warpgroup's P arriving through shared memory.
+
+The score products of the pair run together; then the left softmax (the row max of ``A``), the
+right softmax (the max of ``A`` and ``B``: a chain, so the running max stays one value), and the
+four half-width P.V products, while the next pair's score products queue behind them. Each
+warpgroup's tensor work a pair is one score tile and two half P.V tiles, the same as the other's.
+A fifth partition, one warp, issues the TMA copies of the latent rows.
+
+Shared memory (227 KB a program): the query (72 KB), two row buffers of 64 rows x 576 (144 KB,
+one a tile of the pair), one ``[64, 64]`` P buffer (8 KB) used in turn by both warpgroups, and
+the rows' maxima and sums. Two buffers are all that fit, so the next pair's copies start as parts
+of a buffer fall free: each buffer has three parts with their own ``full`` / ``empty`` barriers,
+the rope columns (read by one score product), the left and the right 256 columns (read by a score
+product and one warpgroup's P.V). A score product takes its parts in the order they arrive.
+
+Per pair ``i`` (``m``: the running row max in base-2 logits, the same in both warpgroups):
+
+left                                            right
+S_A = q k_A^T (rope, left, right parts)        S_B = q k_B^T (rope, right, left parts)
+m_A = max(m, rowmax S_A), P_A, l_0              .
+publish m_A                          ------>    m_B = max(m_A, rowmax S_B), P_B, l_1
+O_L = O_L 2^(m - m_A) + P_A V_A[:, :256]        publish m_B and P_B (the P buffer)
+g = 2^(m_A - m_B); P_B from the buffer  <----   O_R = O_R 2^(m - m_B) + P_B V_B[:, 256:]
+publish P_A g (the P buffer)         ------>    O_R += (P_A g) V_A[:, 256:]
+O_L = O_L g + P_B V_B[:, :256]; l_0 *= g
+
+A pair past the split's end for ``B`` (an odd tile count) loads rows of page "-1" (zeros) and
+masks them, so every pair has two tiles. At the end the sums ``l_0 + l_1`` are exchanged; each
+warpgroup writes its half of the rows (the final rows, or a normalised split partial and, left,
+the LSE, merged by the decode family's combine kernel as for the other MLA kernels).
+
+Rows of a request's last tile past its end may hold anything (NaN too; ``0 * NaN`` is NaN in a
+product), so each warpgroup zeroes its own value columns of those rows before its P.V product
+(after every score product that reads them). A page id outside the cache becomes a row past the
+TMA view's end, read as zeros, and its keys are masked.
+
+Scope: 16-bit caches with a query of the same dtype, 64 query heads a program (Hq >= 64; rows
+past Hq padded), pages of a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA
+view, as :mod:`.mla_gluon`. ``FLOOR`` (timing only, never launched by the library): 1 drops the
+softmax arithmetic (P = S), 2 drops the copies (the producer signals empty buffers as full).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from .common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
+
+# A barrier of the calling partition's threads: ``gl.thread_barrier()`` in Triton 3.6,
+# ``gl.barrier()`` from 3.7 (found by feature, as ``gluon_compat.cta_barrier``, which this becomes
+# once that module is on this branch).
+cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+# Barrier slots (one [N_BARS, 1] allocation). full / empty come per buffer (0: tile A, 1: tile B)
+# and per part: K = the rope columns, L / R = value columns [0, 256) / [256, 512).
+BAR_Q = gl.constexpr(0)  # the query is in shared memory (left -> right)
+FULL_K = gl.constexpr(1)
+FULL_L = gl.constexpr(3)
+FULL_R = gl.constexpr(5)
+EMPTY_K = gl.constexpr(7)
+EMPTY_L = gl.constexpr(9)
+EMPTY_R = gl.constexpr(11)
+BAR_MA = gl.constexpr(13)  # m_A and P_A published (left -> right)
+BAR_PB = gl.constexpr(14)  # m_B and P_B published (right -> left)
+BAR_L = gl.constexpr(15)  # the row sums exchanged at the end (both)
+N_BARS = gl.constexpr(16)
+# Row vectors in shared memory: m_A, m_B, l_0, l_1.
+X_MA = gl.constexpr(0)
+X_MB = gl.constexpr(1)
+X_L0 = gl.constexpr(2)
+X_L1 = gl.constexpr(3)
+
+# Registers: the kernel is compiled for 168 a thread (3 warpgroups: 168 x 384 <= 65536); the copy
+# warp's warpgroup gives back all but 24, which the two warpgroups on the tensor cores take (240
+# each: the [64, 256] float32 accumulator half, a [64, 64] score tile, P in two forms).
+MAXNREG = gl.constexpr(168)
+RIGHT_REGS = gl.constexpr(240)
+COPY_REGS = gl.constexpr(24)
+NUM_WARPS = gl.constexpr(4)
+
+
+@gluon.jit
+def _tile_row(table_row, stride_t_p, n0, end, num_pages, total_rows, PAGE_SIZE: gl.constexpr):
+    """``(row, ok)``: the first row of the tile of tokens ``[n0, n0 + 64)`` (inside one page) in
+    the ``[pages * page, 576]`` view, and whether its page lies inside the cache. A token past
+    ``end`` or an id outside ``[0, num_pages)`` gives the row ``total_rows``, past the view's end,
+    which TMA reads as zeros."""
+    pid = load_page_ids(table_row, stride_t_p, n0, n0 < end, num_pages, PAGE_SIZE, True)
+    ok = pid >= 0
+    return gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows), ok
+
+
+@gluon.jit
+def _copy_part(kv_desc, dst, bar_full, bar_empty, ph, row, COL0: gl.constexpr, COLS: gl.constexpr,
+               BLOCK_N: gl.constexpr, NO_COPIES: gl.constexpr):
+    """Wait until the part ``dst [BLOCK_N, COLS]`` of a buffer is free (``bar_empty``, parity
+    ``ph ^ 1``: a fresh barrier passes), then copy columns ``[COL0, COL0 + COLS)`` of rows
+    ``row ..`` into it in 64-column boxes, ``bar_full`` counting the bytes."""
+    mbarrier.wait(bar_empty, ph ^ 1)
+    if NO_COPIES:
+        mbarrier.arrive(bar_full, count=1)
+    else:
+        mbarrier.expect(bar_full, BLOCK_N * COLS * 2)
+        for c in gl.static_range(COLS // 64):
+            tma.async_copy_global_to_shared(kv_desc, [row, COL0 + c * 64], bar_full, dst.slice(c * 64, 64, dim=1))
+
+
+@gluon.jit
+def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs, num_pages,
+                    total_rows, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NO_COPIES: gl.constexpr):
+    """The copy warp: per pair, the parts of tiles A (buffer 0) and B (buffer 1) in the order the
+    warpgroups free them (rope parts after the score products, then A's left values, B's right,
+    B's left, A's right, see the module docstring); page ids one pair ahead."""
+    HALF: gl.constexpr = CKV_DIM // 2
+    row_a, ok_a = _tile_row(table_row, stride_t_p, start, end, num_pages, total_rows, PAGE_SIZE)
+    row_b, ok_b = _tile_row(table_row, stride_t_p, start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
+    for i in range(num_pairs):
+        ph = i & 1
+        n_next = start + (2 * i + 2) * BLOCK_N
+        next_a, ok_a = _tile_row(table_row, stride_t_p, n_next, end, num_pages, total_rows, PAGE_SIZE)
+        next_b, ok_b = _tile_row(table_row, stride_t_p, n_next + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
+        ckv_a = ckv_smem.index(0)
+        ckv_b = ckv_smem.index(1)
+        _copy_part(kv_desc, kpe_smem.index(0), bars.index(FULL_K), bars.index(EMPTY_K), ph, row_a, CKV_DIM, 64,
+                   BLOCK_N, NO_COPIES)
+        _copy_part(kv_desc, kpe_smem.index(1), bars.index(FULL_K + 1), bars.index(EMPTY_K + 1), ph, row_b, CKV_DIM,
+                   64, BLOCK_N, NO_COPIES)
+        _copy_part(kv_desc, ckv_a.slice(0, HALF, dim=1), bars.index(FULL_L), bars.index(EMPTY_L), ph, row_a, 0,
+                   HALF, BLOCK_N, NO_COPIES)
+        _copy_part(kv_desc, ckv_a.slice(HALF, HALF, dim=1), bars.index(FULL_R), bars.index(EMPTY_R), ph, row_a,
+                   HALF, HALF, BLOCK_N, NO_COPIES)
+        _copy_part(kv_desc, ckv_b.slice(0, HALF, dim=1), bars.index(FULL_L + 1), bars.index(EMPTY_L + 1), ph,
+                   row_b, 0, HALF, BLOCK_N, NO_COPIES)
+        _copy_part(kv_desc, ckv_b.slice(HALF, HALF, dim=1), bars.index(FULL_R + 1), bars.index(EMPTY_R + 1), ph,
+                   row_b, HALF, HALF, BLOCK_N, NO_COPIES)
+        row_a = next_a
+        row_b = next_b
+
+
+@gluon.jit
+def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, release_pred,
+            HALF: gl.constexpr, s_layout: gl.constexpr):
+    """``(s, o)``: the raw score tile ``q k^T`` of buffer ``buf`` (rope part, left values, right
+    values, each product issued as its copy lands), and this warpgroup's accumulator ``o_acc``
+    retired: its last P.V product (register operand ``o_op``, if any), issued before these, is
+    waited for once the first two score products are queued, and its buffer part released to the
+    copy warp (``release``, if ``release_pred``). That part must not be one these wait for."""
+    qn_smem = qn3.index(z)
+    qr_smem = qr3.index(z)
+    mbarrier.wait(bars.index(FULL_K + buf), ph)
+    s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout), use_acc=False,
+                      is_async=True)
+    mbarrier.wait(bars.index(FULL_L + buf), ph)
+    s = warpgroup_mma(qn_smem.slice(0, HALF, dim=1), ckv_buf.slice(0, HALF, dim=1).permute((1, 0)), s,
+                      is_async=True)
+    o, _ = warpgroup_mma_wait(2, deps=[o_acc, o_op])
+    mbarrier.arrive(release, count=1, pred=release_pred)
+    mbarrier.wait(bars.index(FULL_R + buf), ph)
+    s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,
+                      is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s])
+    # The rope part is read by this product only.
+    mbarrier.arrive(bars.index(EMPTY_K + buf), count=1)
+    return s, o
+
+
+@gluon.jit
+def _masked_logits(s, table_row, stride_t_p, n0, end, num_pages, qk_scale, PAGE_SIZE: gl.constexpr,
+                   s_layout: gl.constexpr, NO_SOFTMAX: gl.constexpr):
+    """Base-2 logits of the tile of tokens ``[n0, n0 + 64)``: -inf past ``end`` and on a page
+    outside the cache (its rows were read as zeros). ``NO_SOFTMAX``: 0 there instead."""
+    pid = load_page_ids(table_row, stride_t_p, n0, n0 < end, num_pages, PAGE_SIZE, True)
+    offs = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
+    valid = (offs < end) & (pid >= 0)
+    if NO_SOFTMAX:
+        return gl.where(valid[None, :], s, 0.0)
+    return gl.where(valid[None, :], s * qk_scale, float("-inf"))
+
+
+@gluon.jit
+def _zero_tail(ckv_buf, n0, end, COL0: gl.constexpr, HALF: gl.constexpr, ld_layout: gl.constexpr):
+    """Zero the value columns ``[COL0, COL0 + HALF)`` of the rows past ``end`` of a request's last
+    tile (partial: ``n0 < end < n0 + 64``), before this warpgroup's P.V product reads them."""
+    if (n0 < end) & (n0 + 64 > end):
+        offs_r = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_layout))
+        for c in gl.static_range(HALF // 64):
+            part = ckv_buf.slice(COL0 + c * 64, 64, dim=1)
+            rows = part.load(ld_layout)
+            part.store(gl.where((offs_r < end)[:, None], rows, 0.0))
+        fence_async_shared()
+        cta_barrier()
+
+
+@gluon.jit
+def _store_rows(o_acc, m_i, l_mine, l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, COL0: gl.constexpr,
+                HALF: gl.constexpr, CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, OUT_PTR: gl.constexpr,
+                STORE_LSE: gl.constexpr, o_layout: gl.constexpr):
+    """Write this warpgroup's columns of the rows: the final output (one split) or the normalised
+    split partial, and (``STORE_LSE``) the partial's base-2 LSE."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_mine + l_other, o_rows),
+                               0.0, False)
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    head_ok = heads < num_heads
+    offs_c = COL0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    final = num_splits == 1
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * gl.load(out_scale_ptr)
+    o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
+    gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    partial = num_splits > 1
+    p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
+    gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
+    if STORE_LSE:
+        gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+
+
+@gluon.jit
+def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
+                    logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end,
+                    num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
+                    stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr,
+                    PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
+                    OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr):
+    """Warpgroup 0 (the default partition): stages the query, then per pair the scores of tile A
+    and the output columns ``[0, 256)``."""
+    HALF: gl.constexpr = CKV_DIM // 2
+    dt: gl.constexpr = q_ptr.dtype.element_ty
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    x_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    # The query rows to shared memory (rows past Hq read as 0), then released to the other warpgroup.
+    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
+    for c in gl.static_range((CKV_DIM + KPE_DIM) // 64):
+        offs_qd = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
+        q_off = b.to(gl.int64) * stride_q_b + offs_qh[:, None].to(gl.int64) * stride_q_h + offs_qd[None, :]
+        q_c = gl.load(q_ptr + q_off, mask=(offs_qh < num_heads)[:, None], other=0.0)
+        if c * 64 < CKV_DIM:
+            qn_smem.index(0).slice(c * 64, 64, dim=1).store(q_c)
+        else:
+            qr_smem.index(0).store(q_c)
+    fence_async_shared()
+    cta_barrier()
+    mbarrier.arrive(bars.index(BAR_Q), count=1)
+
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * gl.load(logit_scale_ptr)
+    qk_scale = logit * LOG2E
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
+    o_acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout))
+    p_op = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
+    for i in range(num_pairs):
+        ph = i & 1
+        z = i & (num_pages >> 31)
+        ckv_a = ckv_smem.index(z)
+        ckv_b = ckv_smem.index(1 + z)
+        n_a = start + 2 * i * BLOCK_N
+        n_b = n_a + BLOCK_N
+        # S_A; the previous pair's P_B V_B[:, :256] retires meanwhile, freeing B's left values (and
+        # the P buffer it read).
+        s, o = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, o_acc, p_op,
+                       bars.index(EMPTY_L + 1), i > 0, HALF, s_layout)
+        s = _masked_logits(s, table_row, stride_t_p, n_a, end, num_pages, qk_scale, PAGE_SIZE, s_layout,
+                           NO_SOFTMAX)
+        if NO_SOFTMAX:
+            m_a = m_i
+            p_a = s
+            alpha = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            m_a, l_i, p_a, alpha = online_softmax_step(m_i, l_i, s)
+        # m_A and P_A (relative to m_A) to the other warpgroup.
+        p_al = p_a.to(dt)
+        x_smem.slice(X_MA * BLOCK_H, BLOCK_H).store(m_a)
+        p_smem.store(p_al)
+        fence_async_shared()
+        cta_barrier()
+        mbarrier.arrive(bars.index(BAR_MA), count=1)
+        _zero_tail(ckv_a, n_a, end, 0, HALF, ld_layout)
+        p_op = gl.convert_layout(p_al, p_layout)
+        o = o * gl.convert_layout(alpha, o_rows)[:, None]
+        o_acc = warpgroup_mma(p_op, ckv_a.slice(0, HALF, dim=1), o, is_async=True)
+        # m_B and P_B (relative to m_B, in the P buffer) from the other warpgroup.
+        mbarrier.wait(bars.index(BAR_PB), ph)
+        m_b = x_smem.slice(X_MB * BLOCK_H, BLOCK_H).load(x_layout)
+        if NO_SOFTMAX:
+            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            g = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))
+        l_i = l_i * g
+        m_i = m_b
+        # P_A V_A[:, :256] retires (A's left values are free); then P_B V_B[:, :256].
+        o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
+        mbarrier.arrive(bars.index(EMPTY_L), count=1)
+        _zero_tail(ckv_b, n_b, end, 0, HALF, ld_layout)
+        o = o * gl.convert_layout(g, o_rows)[:, None]
+        o_acc = warpgroup_mma(p_smem, ckv_b.slice(0, HALF, dim=1), o, is_async=True)
+    o = warpgroup_mma_wait(0, deps=[o_acc])
+
+    # The row sums: l_0 + l_1 (the other warpgroup's sums arrive through shared memory).
+    x_smem.slice(X_L0 * BLOCK_H, BLOCK_H).store(l_i)
+    cta_barrier()
+    mbarrier.arrive(bars.index(BAR_L), count=1)
+    mbarrier.wait(bars.index(BAR_L), 0)
+    l_other = x_smem.slice(X_L1 * BLOCK_H, BLOCK_H).load(x_layout)
+    _store_rows(o, m_i, l_i, l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR, True,
+                o_layout)
+
+
+@gluon.jit
+def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
+                     logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end,
+                     num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
+                     out_factor, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
+                     BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
+                     NO_SOFTMAX: gl.constexpr):
+    """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``."""
+    HALF: gl.constexpr = CKV_DIM // 2
+    dt: gl.constexpr = ckv_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    x_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * gl.load(logit_scale_ptr)
+    qk_scale = logit * LOG2E
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
+    o_acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout))
+    p_op = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
+    mbarrier.wait(bars.index(BAR_Q), 0)
+    for i in range(num_pairs):
+        ph = i & 1
+        z = i & (num_pages >> 31)
+        ckv_a = ckv_smem.index(z)
+        ckv_b = ckv_smem.index(1 + z)
+        n_a = start + 2 * i * BLOCK_N
+        n_b = n_a + BLOCK_N
+        # S_B; the previous pair's P_B V_B[:, 256:] retires meanwhile, freeing B's right values. (B's
+        # left values are read first: the right ones are free only once that product retires.)
+        s, o = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, o_acc, p_op,
+                       bars.index(EMPTY_R + 1), i > 0, HALF, s_layout)
+        s = _masked_logits(s, table_row, stride_t_p, n_b, end, num_pages, qk_scale, PAGE_SIZE, s_layout,
+                           NO_SOFTMAX)
+        # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:] (P_A read in place),
+        # while this warpgroup's softmax runs.
+        mbarrier.wait(bars.index(BAR_MA), ph)
+        m_a = x_smem.slice(X_MA * BLOCK_H, BLOCK_H).load(x_layout)
+        if NO_SOFTMAX:
+            beta = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            beta = gl.exp2(m_i - gl.where(m_a == float("-inf"), 0.0, m_a))
+        _zero_tail(ckv_a, n_a, end, HALF, HALF, ld_layout)
+        o = o * gl.convert_layout(beta, o_rows)[:, None]
+        o_acc = warpgroup_mma(p_smem, ckv_a.slice(HALF, HALF, dim=1), o, is_async=True)
+        if NO_SOFTMAX:
+            m_b = m_a
+            p_b = s
+            l_new = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
+            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            # From m_A with an empty sum: (m_B, rowsum P_B, P_B, 2^(m_A - m_B)).
+            m_b, l_new, p_b, g = online_softmax_step(m_a, gl.zeros([BLOCK_H], gl.float32, layout=x_layout), s)
+        l_i = l_i * beta * g + l_new
+        m_i = m_b
+        p_bl = p_b.to(dt)
+        # P_A V_A[:, 256:] retires (A's right values and the P buffer are free); m_B and P_B go out.
+        o = warpgroup_mma_wait(0, deps=[o_acc])
+        mbarrier.arrive(bars.index(EMPTY_R), count=1)
+        x_smem.slice(X_MB * BLOCK_H, BLOCK_H).store(m_b)
+        p_smem.store(p_bl)
+        fence_async_shared()
+        cta_barrier()
+        mbarrier.arrive(bars.index(BAR_PB), count=1)
+        _zero_tail(ckv_b, n_b, end, HALF, HALF, ld_layout)
+        p_op = gl.convert_layout(p_bl, p_layout)
+        o = o * gl.convert_layout(g, o_rows)[:, None]
+        o_acc = warpgroup_mma(p_op, ckv_b.slice(HALF, HALF, dim=1), o, is_async=True)
+    o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
+
+    x_smem.slice(X_L1 * BLOCK_H, BLOCK_H).store(l_i)
+    cta_barrier()
+    mbarrier.arrive(bars.index(BAR_L), count=1)
+    mbarrier.wait(bars.index(BAR_L), 0)
+    l_other = x_smem.slice(X_L0 * BLOCK_H, BLOCK_H).load(x_layout)
+    _store_rows(o, m_i, l_i, l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, HALF, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
+                False, o_layout)
+
+
+@gluon.jit
+def mla_ws_kernel(
+    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
+    kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [64, 64]
+    table_ptr,  # [B, pages_per_seq] int32 page ids
+    seq_lens_ptr,  # [B] int32
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
+    part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
+    stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
+    batch, num_heads, num_splits, num_pages,
+    logit_factor, out_factor,
+    CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
+    FLOOR: gl.constexpr = 0,
+):
+    gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
+    dt: gl.constexpr = q_ptr.dtype.element_ty
+    row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    # Head blocks vary fastest: the two programs reading one request's split run side by side,
+    # so the second finds the rows in L2.
+    pid = gl.program_id(0)
+    hb = pid % H_BLOCKS
+    rest = pid // H_BLOCKS
+    split = rest % num_splits
+    b = rest // num_splits
+
+    kv_len = gl.load(seq_lens_ptr + b)
+    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N)
+    start = split * chunk
+    end = gl.minimum(start + chunk, kv_len)
+    num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    num_pairs = (num_tiles + 1) // 2
+    total_rows = num_pages * PAGE_SIZE
+    table_row = table_ptr + b.to(gl.int64) * stride_t_b
+
+    qn_smem = gl.allocate_shared_memory(dt, [1, BLOCK_H, CKV_DIM], row_smem)
+    qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_H, KPE_DIM], row_smem)
+    ckv_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, CKV_DIM], row_smem)
+    kpe_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, KPE_DIM], row_smem)
+    p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], row_smem)
+    x_smem = gl.allocate_shared_memory(gl.float32, [4 * BLOCK_H], x_smem_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [N_BARS, 1], mbarrier.MBarrierLayout())
+    for k in gl.static_range(N_BARS - 1):
+        mbarrier.init(bars.index(k), count=1)
+    mbarrier.init(bars.index(BAR_L), count=2)  # (the last slot) both warpgroups arrive
+
+    gl.warp_specialize([
+        (_left_partition, (q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
+                           logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
+                           end, num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h,
+                           stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, PAGE_SIZE, BLOCK_H,
+                           BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1)),
+        (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
+                            logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
+                            end, num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h,
+                            logit_factor, out_factor, CKV_DIM, PAGE_SIZE, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR,
+                            FLOOR == 1)),
+        (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
+                           num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
+    ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
