@@ -139,7 +139,6 @@ class _GluonSplit:
     descriptor of the cache is built for each call from the cache's pointer)."""
 
     BLOCK_N = 64
-    OPTIONS = dict(num_warps=8)
 
     @staticmethod
     def kernel():
@@ -164,19 +163,28 @@ class _GluonSplit:
             logit_factor, out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            **self.OPTIONS,
+            **self.launch_kwargs(),
         )
+
+    def launch_kwargs(self) -> dict:
+        return dict(num_warps=8)
 
 
 class _WarpSpecializedSplit(_GluonSplit):
     """The same launch on :func:`~.mla_ws.mla_ws_kernel` (its arguments are the Gluon kernel's;
     4 warps a partition and the register split its ``warp_specialize`` asks for)."""
 
-    OPTIONS = dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value) if mla_ws_kernel is not None else {}
+    FLOOR = 0  # the kernel's FLOOR (timing only: benchmarks/tune_mla.py's floor variants)
 
     @staticmethod
     def kernel():
         return mla_ws_kernel
+
+    def launch_kwargs(self) -> dict:
+        kwargs = dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
+        if self.FLOOR:
+            kwargs["FLOOR"] = self.FLOOR
+        return kwargs
 
 
 _PLANS: dict[tuple, _Plan] = {}

@@ -1,0 +1,204 @@
+"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla_ws``).
+
+GPU (Hopper): the public function against the oracles on the launches the kernel takes (16-bit
+cache, Hq 33-128, pages of a multiple of 64 tokens), with a spy on the launcher proving the
+kernel ran: fresh random inputs, poisoned outputs, NaN in every unused cache slot, permuted pages,
+lengths 0 / 1 / off-tile / odd and even tile counts, a request longer than one split, scales as
+floats and as device tensors, CUDA-graph replay with new lengths, tables and scales.
+
+CPU: the launch selection, and what the kernel compiles to for sm_90a (no GPU needed): its
+partitions' register split, both products on wgmma, the copies as TMA, shared memory within the
+227 KB a program gets, and no spill.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import kvattn
+from kvattn.ops import mla_configs, mla_launch
+from kvattn.testing import poison_, relative_error
+
+from .sm90 import compile_sm90
+from .test_mla import BMM1, DIM, GPU_LENS, V_DIM, _fits, exact_mla, make_cache, mla_case
+
+ON_GPU = torch.cuda.is_available()
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+GPU_ONLY = pytest.mark.skipif(not HOPPER, reason="the warp-specialised kernel runs on Hopper (sm_90)")
+
+
+@pytest.fixture
+def ws_spy(monkeypatch):
+    """Counts the launches of the warp-specialised kernel (the launcher's split runs)."""
+    calls = []
+    run = mla_launch._WarpSpecializedSplit.run
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.splits)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(mla_launch._WarpSpecializedSplit, "run", spy)
+    mla_launch._PLANS.clear()
+    yield calls
+    mla_launch._PLANS.clear()
+
+
+ODD_EVEN = [64, 65, 128, 129, 191, 192, 193, 320, 0, 1, 63]  # 1 / 2 / 3 / 4 / 5 tiles, whole and partial
+WS_CASES = [
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=300 + hq + page), id=f"Hq{hq}-p{page}")
+      for hq in (64, 128) for page in (64, 128, 256)],
+    pytest.param(dict(lens=GPU_LENS, hq=96, seed=396), id="Hq96-padded-heads"),
+    pytest.param(dict(lens=GPU_LENS, hq=40, seed=340), id="Hq40-padded-heads"),
+    pytest.param(dict(lens=ODD_EVEN, hq=128, seed=311), id="Hq128-odd-even-tiles"),
+    pytest.param(dict(lens=ODD_EVEN, hq=64, page=128, seed=312), id="Hq64-p128-odd-even-tiles"),
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, tensor_scales=True, seed=320 + hq), id=f"Hq{hq}-tensor-scales")
+      for hq in (64, 128)],
+    pytest.param(dict(lens=[16384, 5, 9000], hq=128, seed=330), id="Hq128-long-split"),
+    pytest.param(dict(lens=[30000], hq=64, seed=331), id="Hq64-long-split-B1"),
+    pytest.param(dict(lens=GPU_LENS, hq=128, four_d=True, give_out=False, seed=332), id="Hq128-4d-out-allocated"),
+    pytest.param(dict(lens=[100, 30, 0], hq=128, max_seq_len="capacity", seed=333), id="Hq128-max_seq_len-capacity"),
+    pytest.param(dict(lens=[0, 0, 0], hq=128, max_seq_len="capacity", seed=334), id="Hq128-all-empty"),
+]
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("kw", WS_CASES)
+def test_ws_kernel_matches_oracles(kw, ws_spy, triton_backend, monkeypatch):
+    mla_case(torch.device("cuda"), monkeypatch, **kw)
+    assert ws_spy, "the warp-specialised kernel did not run"
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
+def test_ws_kernel_many_splits(hq, ws_spy, triton_backend, monkeypatch):
+    """Short splits: many partials a request (some empty, some of one or a few tiles, odd and even
+    counts), merged by the combine kernel."""
+    with mla_configs.override(min_chunk=64, waves=16):
+        mla_case(torch.device("cuda"), monkeypatch, lens=[1500, 3, 0, 970, 64, 2049, 129], hq=hq, seed=340 + hq)
+    assert ws_spy and max(ws_spy) > 1
+
+
+@GPU_ONLY
+def test_ws_switch_keeps_the_previous_gluon_kernel(ws_spy, triton_backend, monkeypatch):
+    monkeypatch.setenv("KVATTN_GLUON_WS", "0")
+    mla_case(torch.device("cuda"), monkeypatch, lens=GPU_LENS, hq=128, seed=350)
+    assert not ws_spy
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
+def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, triton_backend):
+    device = torch.device("cuda")
+    page, width, pool = 64, 100, 400
+
+    def case(lens, seed):
+        used = sum((n + page - 1) // page for n in lens)
+        return make_cache(lens, page=page, kv_format="bfloat16", device=device, seed=seed, pages_per_seq=width,
+                          extra_pages=pool - used)
+
+    cache, tables, seq_lens = case([700, 40, 2500, 0, 6000], seed=1)
+    q = torch.randn(5, 1, hq, DIM, device=device, dtype=torch.bfloat16)
+    out = torch.empty(5, hq, V_DIM, device=device, dtype=torch.bfloat16)
+    ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
+    scale = torch.tensor([BMM1], device=device)
+
+    def call():
+        kvattn.mla.xqa_batch_decode_with_kv_cache_mla(q, cache, ws, 128, V_DIM, 64, tables, seq_lens,
+                                                      width * page, out=out, bmm1_scale=scale, bmm2_scale=1.1)
+
+    call()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for seed, lens, factor in ((2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)):
+        new_cache, new_tables, new_lens = case(lens, seed=seed)
+        cache.copy_(new_cache)
+        tables.copy_(new_tables)
+        seq_lens.copy_(new_lens)
+        q.normal_()
+        scale.fill_(BMM1 * factor)
+        poison_(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        exact = exact_mla(q, cache, tables, seq_lens, BMM1 * factor, 1.1)
+        assert relative_error(out.cpu(), exact) <= 1e-2
+        for b, n in enumerate(lens):
+            if n == 0:
+                assert (out[b].float() == 0).all()
+    assert ws_spy
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: launch selection and the sm_90a compile
+# ---------------------------------------------------------------------------------------------
+def test_ws_kernel_takes_the_gluon_kernels_launches():
+    """sm90, 16-bit cache, 64 heads a program: the launches mla_gluon serves (test_mla's _fits)
+    take the warp-specialised kernel; no other entry does, and no other GPU family."""
+    assert _fits(hq=128) and mla_configs.warp_specialized("sm90", "bfloat16", 64)
+    assert mla_configs.warp_specialized("sm90", "float16", 64)
+    assert not mla_configs.warp_specialized("sm90", "bfloat16", 32)
+    assert not mla_configs.warp_specialized("sm90", "fp8", 64)
+    assert not mla_configs.warp_specialized("sm90", "fp8", 64, True)
+    assert not mla_configs.warp_specialized("default", "bfloat16", 64)
+    assert not mla_configs.warp_specialized("interpreter", "bfloat16", 64)
+    for hq in (33, 64, 96, 128):
+        cfg = mla_configs.config("sm90", "bfloat16", hq)
+        assert mla_configs.warp_specialized("sm90", "bfloat16", cfg.block_h)
+
+
+PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "q_ptr": "*bf16"}
+BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False, OUT_PTR=False)
+ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
+            "fp4_padded=False, cga_layout=[])")
+
+
+@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+def test_ws_kernel_compiles_to_its_schedule(page):
+    """Per pair of 64-key tiles: each warpgroup's score tile as m64n64 wgmmas (36 k-steps of
+    64 + 512 columns, two warpgroups), its two half P.V products as m64n256 ones (4 k-steps each),
+    18 TMA boxes from the copy warp (rope 2 x 1, values 4 x 4); registers 240 / 240 / 24 for the
+    two warpgroups and the copy warp; shared memory within 227 KB; no spill."""
+    got = compile_sm90("kvattn.ops.mla_ws.mla_ws_kernel", dict(BASE, PAGE_SIZE=page), ptrs=PTRS,
+                       floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert {"240", "24"} <= regs
+    assert 216 * 1024 < got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+
+
+def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16):
+    """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576], a
+    [100, page, 576] cache of ``dtype``."""
+    from kvattn import _device
+    monkeypatch.setattr(_device, "is_hopper", lambda device: True)
+    facts = (torch.device("cpu"), False, (4, hq, 576), (hq * 576, 576, 1), dtype, (100, page, 576),
+             (page * 576, 576, 1), dtype, (10, 1), (hq * 512, 512, 1), 64 << 20, False, False, False, True, gluon,
+             gluon_ws)
+    return mla_launch._Plan(facts)
+
+
+def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
+    """The plan of a Hopper launch the Gluon kernel serves runs the warp-specialised split (4 warps a
+    partition, 168 registers a thread before the partitions' split); ``KVATTN_GLUON_WS=0`` (the
+    ``gluon_ws`` fact) keeps mla_gluon's launch, ``KVATTN_GLUON=0`` the Triton kernel's."""
+    split = _plan(monkeypatch).launches(4096)[0]
+    assert type(split) is mla_launch._WarpSpecializedSplit
+    assert split.kernel() is mla_launch.mla_ws_kernel
+    assert split.launch_kwargs() == dict(num_warps=4, maxnreg=168)
+    assert type(_plan(monkeypatch, hq=64, page=128).launches(100)[0]) is mla_launch._WarpSpecializedSplit
+    old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0]
+    assert type(old) is mla_launch._GluonSplit and old.launch_kwargs() == dict(num_warps=8)
+    assert not isinstance(_plan(monkeypatch, gluon=False).launches(4096)[0], mla_launch._GluonSplit)
+    assert not isinstance(_plan(monkeypatch, hq=16).launches(4096)[0], mla_launch._GluonSplit)
+    assert not isinstance(_plan(monkeypatch, page=32).launches(4096)[0], mla_launch._GluonSplit)
