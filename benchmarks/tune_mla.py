@@ -76,11 +76,15 @@ VARIANTS = {
                   "num_stages": 4},
     # the table's config on the Triton kernel where the Gluon one would run (KVATTN_GLUON=0)
     "triton": {"_env": {"KVATTN_GLUON": "0"}},
-    # the Gluon kernel of mla_gluon where the warp-specialised one (mla_ws) would run, and the
-    # warp-specialised kernel's floors (timing only, wrong results): no softmax arithmetic, no copies
+    # the Gluon kernel of mla_gluon where the warp-specialised one (mla_ws) would run; the
+    # warp-specialised kernel's schedule switches (mla_ws_kernel's STAGGER / PA_REGS) and floors
+    # (FLOOR, timing only, wrong results: 1 no softmax arithmetic, 2 no copies)
     "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},
-    "ws_nosoftmax": {"_ws_floor": 1},
-    "ws_nocopies": {"_ws_floor": 2},
+    "ws_nostagger": {"_ws": {"STAGGER": False}},
+    "ws_psmem": {"_ws": {"PA_REGS": False}},
+    "ws_first": {"_ws": {"STAGGER": False, "PA_REGS": False}},
+    "ws_nosoftmax": {"_ws": {"FLOOR": 1}},
+    "ws_nocopies": {"_ws": {"FLOOR": 2}},
 }
 
 
@@ -93,10 +97,10 @@ def main(argv=None) -> int:
         def context(fields=VARIANTS[name]):
             fields = dict(fields)
             mla_launch._PLANS.clear()  # plans hold their configs (and the environment switches)
-            floor = fields.pop("_ws_floor", 0)
+            ws = fields.pop("_ws", {})
             try:
                 with mock.patch.dict(os.environ, fields.pop("_env", {})), mla_configs.override(**fields), \
-                        mock.patch.object(mla_launch._WarpSpecializedSplit, "FLOOR", floor):
+                        mock.patch.object(mla_launch._WarpSpecializedSplit, "CONSTEXPRS", ws):
                     yield
             finally:
                 mla_launch._PLANS.clear()

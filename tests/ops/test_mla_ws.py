@@ -152,7 +152,8 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
 
 PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "q_ptr": "*bf16"}
-BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False, OUT_PTR=False)
+BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False, OUT_PTR=False,
+            FLOOR=0, STAGGER=True, PA_REGS=True)  # (every constexpr: one left out would compile as an i32)
 ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
             "fp4_padded=False, cga_layout=[])")
 

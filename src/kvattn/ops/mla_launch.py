@@ -174,17 +174,16 @@ class _WarpSpecializedSplit(_GluonSplit):
     """The same launch on :func:`~.mla_ws.mla_ws_kernel` (its arguments are the Gluon kernel's;
     4 warps a partition and the register split its ``warp_specialize`` asks for)."""
 
-    FLOOR = 0  # the kernel's FLOOR (timing only: benchmarks/tune_mla.py's floor variants)
+    # Schedule switches of the kernel replacing its defaults (tuning and timing floors:
+    # benchmarks/tune_mla.py's ws_* variants); empty in the library.
+    CONSTEXPRS: dict = {}
 
     @staticmethod
     def kernel():
         return mla_ws_kernel
 
     def launch_kwargs(self) -> dict:
-        kwargs = dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
-        if self.FLOOR:
-            kwargs["FLOOR"] = self.FLOOR
-        return kwargs
+        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value, **self.CONSTEXPRS)
 
 
 _PLANS: dict[tuple, _Plan] = {}

@@ -82,8 +82,9 @@ EMPTY_L = gl.constexpr(9)
 EMPTY_R = gl.constexpr(11)
 BAR_MA = gl.constexpr(13)  # m_A and P_A published (left -> right)
 BAR_PB = gl.constexpr(14)  # m_B and P_B published (right -> left)
-BAR_L = gl.constexpr(15)  # the row sums exchanged at the end (both)
-N_BARS = gl.constexpr(16)
+BAR_SA = gl.constexpr(15)  # S_A issued (left -> right; STAGGER)
+BAR_L = gl.constexpr(16)  # the row sums exchanged at the end (both)
+N_BARS = gl.constexpr(17)
 # Row vectors in shared memory: m_A, m_B, l_0, l_1.
 X_MA = gl.constexpr(0)
 X_MB = gl.constexpr(1)
@@ -159,15 +160,21 @@ def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, st
 
 
 @gluon.jit
-def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, release_pred,
-            HALF: gl.constexpr, s_layout: gl.constexpr):
+def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, release_pred, bar_issued,
+            WAIT_ISSUED: gl.constexpr, SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr):
     """``(s, o)``: the raw score tile ``q k^T`` of buffer ``buf`` (rope part, left values, right
     values, each product issued as its copy lands), and this warpgroup's accumulator ``o_acc``
-    retired: its last P.V product (register operand ``o_op``, if any), issued before these, is
-    waited for once the first two score products are queued, and its buffer part released to the
-    copy warp (``release``, if ``release_pred``). That part must not be one these wait for."""
+    retired: its last P.V product (register operand ``o_op``), issued before these, is waited for
+    once the first two score products are queued, and its buffer part released to the copy warp
+    (``release``, if ``release_pred``; that part must not be one these wait for).
+
+    ``WAIT_ISSUED``: issue nothing before ``bar_issued`` (parity ``ph``) completes;
+    ``SIGNAL_ISSUED``: arrive on it once the last product is issued (the stagger, see
+    :func:`_right_partition`)."""
     qn_smem = qn3.index(z)
     qr_smem = qr3.index(z)
+    if WAIT_ISSUED:
+        mbarrier.wait(bar_issued, ph)
     mbarrier.wait(bars.index(FULL_K + buf), ph)
     s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout), use_acc=False,
                       is_async=True)
@@ -179,6 +186,8 @@ def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, 
     mbarrier.wait(bars.index(FULL_R + buf), ph)
     s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,
                       is_async=True)
+    if SIGNAL_ISSUED:
+        mbarrier.arrive(bar_issued, count=1)
     s = warpgroup_mma_wait(0, deps=[s])
     # The rope part is read by this product only.
     mbarrier.arrive(bars.index(EMPTY_K + buf), count=1)
@@ -186,13 +195,18 @@ def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, 
 
 
 @gluon.jit
-def _masked_logits(s, table_row, stride_t_p, n0, end, num_pages, qk_scale, PAGE_SIZE: gl.constexpr,
-                   s_layout: gl.constexpr, NO_SOFTMAX: gl.constexpr):
+def _page_ok(table_row, stride_t_p, n0, end, num_pages, PAGE_SIZE: gl.constexpr):
+    """Whether the tile of tokens ``[n0, n0 + 64)`` starts inside ``end`` on a page inside the
+    cache (loaded a pair ahead: the load's latency stays off the softmax's path)."""
+    return load_page_ids(table_row, stride_t_p, n0, n0 < end, num_pages, PAGE_SIZE, True) >= 0
+
+
+@gluon.jit
+def _masked_logits(s, ok, n0, end, qk_scale, s_layout: gl.constexpr, NO_SOFTMAX: gl.constexpr):
     """Base-2 logits of the tile of tokens ``[n0, n0 + 64)``: -inf past ``end`` and on a page
-    outside the cache (its rows were read as zeros). ``NO_SOFTMAX``: 0 there instead."""
-    pid = load_page_ids(table_row, stride_t_p, n0, n0 < end, num_pages, PAGE_SIZE, True)
+    outside the cache (``not ok``: its rows were read as zeros). ``NO_SOFTMAX``: 0 there instead."""
     offs = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
-    valid = (offs < end) & (pid >= 0)
+    valid = (offs < end) & ok
     if NO_SOFTMAX:
         return gl.where(valid[None, :], s, 0.0)
     return gl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -244,7 +258,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
                     num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
                     stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr,
                     PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
-                    OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr):
+                    OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr):
     """Warpgroup 0 (the default partition): stages the query, then per pair the scores of tile A
     and the output columns ``[0, 256)``."""
     HALF: gl.constexpr = CKV_DIM // 2
@@ -281,19 +295,23 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
     o_acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout))
     p_op = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
+    ok_a = _page_ok(table_row, stride_t_p, start, end, num_pages, PAGE_SIZE)
     for i in range(num_pairs):
         ph = i & 1
+        # (z is 0, but the compiler cannot know it: the shared-memory descriptors derived from it
+        # are computed in the loop instead of being hoisted out of it, where ~70 of them spilled.)
         z = i & (num_pages >> 31)
         ckv_a = ckv_smem.index(z)
         ckv_b = ckv_smem.index(1 + z)
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
+        ok_next = _page_ok(table_row, stride_t_p, n_a + 2 * BLOCK_N, end, num_pages, PAGE_SIZE)
         # S_A; the previous pair's P_B V_B[:, :256] retires meanwhile, freeing B's left values (and
-        # the P buffer it read).
+        # the P buffer it read). STAGGER: the other warpgroup's S_B is issued after this one.
         s, o = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, o_acc, p_op,
-                       bars.index(EMPTY_L + 1), i > 0, HALF, s_layout)
-        s = _masked_logits(s, table_row, stride_t_p, n_a, end, num_pages, qk_scale, PAGE_SIZE, s_layout,
-                           NO_SOFTMAX)
+                       bars.index(EMPTY_L + 1), i > 0, bars.index(BAR_SA), False, STAGGER, HALF, s_layout)
+        s = _masked_logits(s, ok_a, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
+        ok_a = ok_next
         if NO_SOFTMAX:
             m_a = m_i
             p_a = s
@@ -345,8 +363,14 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
                      num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
                      out_factor, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
                      BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-                     NO_SOFTMAX: gl.constexpr):
-    """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``."""
+                     NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr):
+    """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``.
+
+    ``STAGGER``: S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
+    overlaps S_B, and B's parts, freed last in the previous pair, have S_A's time to arrive); the
+    previous pair's P_B V_B[:, 256:] is retired before (freeing B's right values early).
+    ``PA_REGS``: P_A is read from the P buffer into registers, so P_B may overwrite it without
+    waiting for P_A V_A[:, 256:] to retire."""
     HALF: gl.constexpr = CKV_DIM // 2
     dt: gl.constexpr = ckv_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -367,22 +391,30 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
     o_acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout))
     p_op = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
+    p_a = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
     mbarrier.wait(bars.index(BAR_Q), 0)
+    ok_b = _page_ok(table_row, stride_t_p, start + BLOCK_N, end, num_pages, PAGE_SIZE)
     for i in range(num_pairs):
         ph = i & 1
-        z = i & (num_pages >> 31)
+        z = i & (num_pages >> 31)  # 0 (see _left_partition)
         ckv_a = ckv_smem.index(z)
         ckv_b = ckv_smem.index(1 + z)
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
-        # S_B; the previous pair's P_B V_B[:, 256:] retires meanwhile, freeing B's right values. (B's
-        # left values are read first: the right ones are free only once that product retires.)
+        ok_next = _page_ok(table_row, stride_t_p, n_b + 2 * BLOCK_N, end, num_pages, PAGE_SIZE)
+        if STAGGER:
+            # The previous pair's P_B V_B[:, 256:] retires: B's right values are free.
+            o_acc, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
+            mbarrier.arrive(bars.index(EMPTY_R + 1), count=1, pred=i > 0)
+        # S_B; without STAGGER the previous P_B V_B[:, 256:] retires meanwhile, freeing B's right
+        # values (B's left values are read first: the right ones are free only once it retires).
         s, o = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, o_acc, p_op,
-                       bars.index(EMPTY_R + 1), i > 0, HALF, s_layout)
-        s = _masked_logits(s, table_row, stride_t_p, n_b, end, num_pages, qk_scale, PAGE_SIZE, s_layout,
-                           NO_SOFTMAX)
-        # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:] (P_A read in place),
-        # while this warpgroup's softmax runs.
+                       bars.index(EMPTY_R + 1), (i > 0) & (not STAGGER), bars.index(BAR_SA), STAGGER, False, HALF,
+                       s_layout)
+        s = _masked_logits(s, ok_b, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
+        ok_b = ok_next
+        # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:], while this
+        # warpgroup's softmax runs.
         mbarrier.wait(bars.index(BAR_MA), ph)
         m_a = x_smem.slice(X_MA * BLOCK_H, BLOCK_H).load(x_layout)
         if NO_SOFTMAX:
@@ -391,7 +423,11 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
             beta = gl.exp2(m_i - gl.where(m_a == float("-inf"), 0.0, m_a))
         _zero_tail(ckv_a, n_a, end, HALF, HALF, ld_layout)
         o = o * gl.convert_layout(beta, o_rows)[:, None]
-        o_acc = warpgroup_mma(p_smem, ckv_a.slice(HALF, HALF, dim=1), o, is_async=True)
+        if PA_REGS:
+            p_a = p_smem.load(p_layout)
+            o_acc = warpgroup_mma(p_a, ckv_a.slice(HALF, HALF, dim=1), o, is_async=True)
+        else:
+            o_acc = warpgroup_mma(p_smem, ckv_a.slice(HALF, HALF, dim=1), o, is_async=True)
         if NO_SOFTMAX:
             m_b = m_a
             p_b = s
@@ -403,14 +439,25 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         l_i = l_i * beta * g + l_new
         m_i = m_b
         p_bl = p_b.to(dt)
-        # P_A V_A[:, 256:] retires (A's right values and the P buffer are free); m_B and P_B go out.
-        o = warpgroup_mma_wait(0, deps=[o_acc])
-        mbarrier.arrive(bars.index(EMPTY_R), count=1)
-        x_smem.slice(X_MB * BLOCK_H, BLOCK_H).store(m_b)
-        p_smem.store(p_bl)
-        fence_async_shared()
-        cta_barrier()
-        mbarrier.arrive(bars.index(BAR_PB), count=1)
+        if PA_REGS:
+            # m_B and P_B go out (P_A is in registers), then P_A V_A[:, 256:] retires: A's right
+            # values are free.
+            x_smem.slice(X_MB * BLOCK_H, BLOCK_H).store(m_b)
+            p_smem.store(p_bl)
+            fence_async_shared()
+            cta_barrier()
+            mbarrier.arrive(bars.index(BAR_PB), count=1)
+            o, p_a = warpgroup_mma_wait(0, deps=[o_acc, p_a])
+            mbarrier.arrive(bars.index(EMPTY_R), count=1)
+        else:
+            # P_A V_A[:, 256:] retires (A's right values and the P buffer are free); m_B and P_B go out.
+            o = warpgroup_mma_wait(0, deps=[o_acc])
+            mbarrier.arrive(bars.index(EMPTY_R), count=1)
+            x_smem.slice(X_MB * BLOCK_H, BLOCK_H).store(m_b)
+            p_smem.store(p_bl)
+            fence_async_shared()
+            cta_barrier()
+            mbarrier.arrive(bars.index(BAR_PB), count=1)
         _zero_tail(ckv_b, n_b, end, HALF, HALF, ld_layout)
         p_op = gl.convert_layout(p_bl, p_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
@@ -443,7 +490,7 @@ def mla_ws_kernel(
     logit_factor, out_factor,
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-    FLOOR: gl.constexpr = 0,
+    FLOOR: gl.constexpr = 0, STAGGER: gl.constexpr = True, PA_REGS: gl.constexpr = True,
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
     dt: gl.constexpr = q_ptr.dtype.element_ty
@@ -483,12 +530,12 @@ def mla_ws_kernel(
                            logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
                            end, num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h,
                            stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, PAGE_SIZE, BLOCK_H,
-                           BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1)),
+                           BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER)),
         (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
                             logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
                             end, num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h,
                             logit_factor, out_factor, CKV_DIM, PAGE_SIZE, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR,
-                            FLOOR == 1)),
+                            FLOOR == 1, STAGGER, PA_REGS)),
         (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
                            num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
     ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
