@@ -78,13 +78,16 @@ VARIANTS = {
     "triton": {"_env": {"KVATTN_GLUON": "0"}},
     # the Gluon kernel of mla_gluon where the warp-specialised one (mla_ws) would run; the
     # warp-specialised kernel's schedule switches (mla_ws_kernel's STAGGER / PA_REGS) and floors
-    # (FLOOR, timing only, wrong results: 1 no softmax arithmetic, 2 no copies)
+    # (FLOOR, timing only, wrong results: 1 no softmax arithmetic, 2 no copies, 3 no P.V products,
+    # 4 no score products)
     "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},
     "ws_nostagger": {"_ws": {"STAGGER": False}},
     "ws_psmem": {"_ws": {"PA_REGS": False}},
     "ws_first": {"_ws": {"STAGGER": False, "PA_REGS": False}},
     "ws_nosoftmax": {"_ws": {"FLOOR": 1}},
     "ws_nocopies": {"_ws": {"FLOOR": 2}},
+    "ws_nopv": {"_ws": {"FLOOR": 3}},
+    "ws_noscores": {"_ws": {"FLOOR": 4}},
 }
 
 

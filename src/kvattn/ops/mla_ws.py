@@ -48,7 +48,8 @@ TMA view's end, read as zeros, and its keys are masked.
 Scope: 16-bit caches with a query of the same dtype, 64 query heads a program (Hq >= 64; rows
 past Hq padded), pages of a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA
 view, as :mod:`.mla_gluon`. ``FLOOR`` (timing only, never launched by the library): 1 drops the
-softmax arithmetic (P = S), 2 drops the copies (the producer signals empty buffers as full).
+softmax arithmetic (P = S), 2 the copies (the copy warp signals empty buffers as full), 3 the P.V
+products, 4 the score products.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, st
 
 @gluon.jit
 def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, release_pred, bar_issued,
-            WAIT_ISSUED: gl.constexpr, SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr):
+            WAIT_ISSUED: gl.constexpr, SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr,
+            NO_S: gl.constexpr):
     """``(s, o)``: the raw score tile ``q k^T`` of buffer ``buf`` (rope part, left values, right
     values, each product issued as its copy lands), and this warpgroup's accumulator ``o_acc``
     retired: its last P.V product (register operand ``o_op``), issued before these, is waited for
@@ -170,28 +172,43 @@ def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, 
 
     ``WAIT_ISSUED``: issue nothing before ``bar_issued`` (parity ``ph``) completes;
     ``SIGNAL_ISSUED``: arrive on it once the last product is issued (the stagger, see
-    :func:`_right_partition`)."""
+    :func:`_right_partition`). ``NO_S`` (the FLOOR 4 timing variant): no products, zeros."""
     qn_smem = qn3.index(z)
     qr_smem = qr3.index(z)
     if WAIT_ISSUED:
         mbarrier.wait(bar_issued, ph)
     mbarrier.wait(bars.index(FULL_K + buf), ph)
-    s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout), use_acc=False,
-                      is_async=True)
+    if NO_S:
+        s = warpgroup_mma_init(gl.zeros([64, 64], gl.float32, s_layout))
+    else:
+        s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
     mbarrier.wait(bars.index(FULL_L + buf), ph)
-    s = warpgroup_mma(qn_smem.slice(0, HALF, dim=1), ckv_buf.slice(0, HALF, dim=1).permute((1, 0)), s,
-                      is_async=True)
+    if not NO_S:
+        s = warpgroup_mma(qn_smem.slice(0, HALF, dim=1), ckv_buf.slice(0, HALF, dim=1).permute((1, 0)), s,
+                          is_async=True)
     o, _ = warpgroup_mma_wait(2, deps=[o_acc, o_op])
     mbarrier.arrive(release, count=1, pred=release_pred)
     mbarrier.wait(bars.index(FULL_R + buf), ph)
-    s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,
-                      is_async=True)
+    if not NO_S:
+        s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,
+                          is_async=True)
     if SIGNAL_ISSUED:
         mbarrier.arrive(bar_issued, count=1)
     s = warpgroup_mma_wait(0, deps=[s])
     # The rope part is read by this product only.
     mbarrier.arrive(bars.index(EMPTY_K + buf), count=1)
     return s, o
+
+
+@gluon.jit
+def _pv(p, v, o, SKIP: gl.constexpr):
+    """``o + p v`` issued asynchronously (``SKIP``, the FLOOR 3 timing variant: ``o`` as it is)."""
+    if SKIP:
+        acc = warpgroup_mma_init(o)
+    else:
+        acc = warpgroup_mma(p, v, o, is_async=True)
+    return acc
 
 
 @gluon.jit
@@ -258,7 +275,8 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
                     num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
                     stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr,
                     PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
-                    OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr):
+                    OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, NO_S: gl.constexpr,
+                    NO_PV: gl.constexpr):
     """Warpgroup 0 (the default partition): stages the query, then per pair the scores of tile A
     and the output columns ``[0, 256)``."""
     HALF: gl.constexpr = CKV_DIM // 2
@@ -309,7 +327,8 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         # S_A; the previous pair's P_B V_B[:, :256] retires meanwhile, freeing B's left values (and
         # the P buffer it read). STAGGER: the other warpgroup's S_B is issued after this one.
         s, o = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, o_acc, p_op,
-                       bars.index(EMPTY_L + 1), i > 0, bars.index(BAR_SA), False, STAGGER, HALF, s_layout)
+                       bars.index(EMPTY_L + 1), i > 0, bars.index(BAR_SA), False, STAGGER, HALF, s_layout,
+                       NO_S)
         s = _masked_logits(s, ok_a, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
         ok_a = ok_next
         if NO_SOFTMAX:
@@ -328,7 +347,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         _zero_tail(ckv_a, n_a, end, 0, HALF, ld_layout)
         p_op = gl.convert_layout(p_al, p_layout)
         o = o * gl.convert_layout(alpha, o_rows)[:, None]
-        o_acc = warpgroup_mma(p_op, ckv_a.slice(0, HALF, dim=1), o, is_async=True)
+        o_acc = _pv(p_op, ckv_a.slice(0, HALF, dim=1), o, NO_PV)
         # m_B and P_B (relative to m_B, in the P buffer) from the other warpgroup.
         mbarrier.wait(bars.index(BAR_PB), ph)
         m_b = x_smem.slice(X_MB * BLOCK_H, BLOCK_H).load(x_layout)
@@ -343,7 +362,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         mbarrier.arrive(bars.index(EMPTY_L), count=1)
         _zero_tail(ckv_b, n_b, end, 0, HALF, ld_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
-        o_acc = warpgroup_mma(p_smem, ckv_b.slice(0, HALF, dim=1), o, is_async=True)
+        o_acc = _pv(p_smem, ckv_b.slice(0, HALF, dim=1), o, NO_PV)
     o = warpgroup_mma_wait(0, deps=[o_acc])
 
     # The row sums: l_0 + l_1 (the other warpgroup's sums arrive through shared memory).
@@ -363,7 +382,8 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
                      num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
                      out_factor, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
                      BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-                     NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr):
+                     NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr, NO_S: gl.constexpr,
+                     NO_PV: gl.constexpr):
     """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``.
 
     ``STAGGER``: S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
@@ -410,7 +430,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         # values (B's left values are read first: the right ones are free only once it retires).
         s, o = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, o_acc, p_op,
                        bars.index(EMPTY_R + 1), (i > 0) & (not STAGGER), bars.index(BAR_SA), STAGGER, False, HALF,
-                       s_layout)
+                       s_layout, NO_S)
         s = _masked_logits(s, ok_b, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
         ok_b = ok_next
         # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:], while this
@@ -425,9 +445,9 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         o = o * gl.convert_layout(beta, o_rows)[:, None]
         if PA_REGS:
             p_a = p_smem.load(p_layout)
-            o_acc = warpgroup_mma(p_a, ckv_a.slice(HALF, HALF, dim=1), o, is_async=True)
+            o_acc = _pv(p_a, ckv_a.slice(HALF, HALF, dim=1), o, NO_PV)
         else:
-            o_acc = warpgroup_mma(p_smem, ckv_a.slice(HALF, HALF, dim=1), o, is_async=True)
+            o_acc = _pv(p_smem, ckv_a.slice(HALF, HALF, dim=1), o, NO_PV)
         if NO_SOFTMAX:
             m_b = m_a
             p_b = s
@@ -461,7 +481,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         _zero_tail(ckv_b, n_b, end, HALF, HALF, ld_layout)
         p_op = gl.convert_layout(p_bl, p_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
-        o_acc = warpgroup_mma(p_op, ckv_b.slice(HALF, HALF, dim=1), o, is_async=True)
+        o_acc = _pv(p_op, ckv_b.slice(HALF, HALF, dim=1), o, NO_PV)
     o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
 
     x_smem.slice(X_L1 * BLOCK_H, BLOCK_H).store(l_i)
@@ -530,12 +550,12 @@ def mla_ws_kernel(
                            logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
                            end, num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h,
                            stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, PAGE_SIZE, BLOCK_H,
-                           BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER)),
+                           BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER, FLOOR == 4, FLOOR == 3)),
         (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
                             logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
                             end, num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h,
                             logit_factor, out_factor, CKV_DIM, PAGE_SIZE, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR,
-                            FLOOR == 1, STAGGER, PA_REGS)),
+                            FLOOR == 1, STAGGER, PA_REGS, FLOOR == 4, FLOOR == 3)),
         (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
                            num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
     ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
