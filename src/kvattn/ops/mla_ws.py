@@ -11,11 +11,11 @@ and ``B`` is divided so that neither happens (benchmarks/NOTES.md, topic "MLA se
 * each multiplies both tiles' probabilities with its half of both tiles' values, the other
   warpgroup's P arriving through shared memory.
 
-The score products of the pair run together; then the left softmax (the row max of ``A``), the
-right softmax (the max of ``A`` and ``B``: a chain, so the running max stays one value), and the
-four half-width P.V products, while the next pair's score products queue behind them. Each
-warpgroup's tensor work a pair is one score tile and two half P.V tiles, the same as the other's.
-A fifth partition, one warp, issues the TMA copies of the latent rows.
+With ``STAGGER`` (the default) the right warpgroup issues S_B once S_A is issued, so the tensor
+cores run S_A, then S_B while the left softmax runs, then the four half-width P.V products while
+the right softmax runs, and the next pair's S_A queues behind them. Each warpgroup's tensor work a
+pair is one score tile and two half P.V tiles, the same as the other's. A fifth partition, one
+warp, issues the TMA copies of the latent rows.
 
 Shared memory (227 KB a program): the query (72 KB), two row buffers of 64 rows x 576 (144 KB,
 one a tile of the pair), one ``[64, 64]`` P buffer (8 KB) used in turn by both warpgroups, and
@@ -24,16 +24,20 @@ of a buffer fall free: each buffer has three parts with their own ``full`` / ``e
 the rope columns (read by one score product), the left and the right 256 columns (read by a score
 product and one warpgroup's P.V). A score product takes its parts in the order they arrive.
 
-Per pair ``i`` (``m``: the running row max in base-2 logits, the same in both warpgroups):
+Per pair (``m``: the running row max in base-2 logits, the same in both warpgroups; ``l_0``,
+``l_1``: the row sums of the left's and the right's P, relative to ``m``):
 
 left                                            right
-S_A = q k_A^T (rope, left, right parts)        S_B = q k_B^T (rope, right, left parts)
-m_A = max(m, rowmax S_A), P_A, l_0              .
-publish m_A                          ------>    m_B = max(m_A, rowmax S_B), P_B, l_1
-O_L = O_L 2^(m - m_A) + P_A V_A[:, :256]        publish m_B and P_B (the P buffer)
-g = 2^(m_A - m_B); P_B from the buffer  <----   O_R = O_R 2^(m - m_B) + P_B V_B[:, 256:]
-publish P_A g (the P buffer)         ------>    O_R += (P_A g) V_A[:, 256:]
-O_L = O_L g + P_B V_B[:, :256]; l_0 *= g
+S_A = q k_A^T                                   S_B = q k_B^T (STAGGER: issued after S_A)
+m_A = max(m, rowmax S_A), P_A = 2^(S_A - m_A)
+publish m_A and P_A (the P buffer)   ------>    O_R = O_R 2^(m - m_A) + P_A V_A[:, 256:]
+O_L = O_L 2^(m - m_A) + P_A V_A[:, :256]        m_B = max(m_A, rowmax S_B), P_B = 2^(S_B - m_B)
+                                     <------    publish m_B and P_B (the P buffer)
+g = 2^(m_A - m_B): O_L = O_L g + P_B V_B[:, :256]   O_R = O_R g + P_B V_B[:, 256:]
+
+(``PA_REGS``: the right warpgroup reads P_A into registers first, so P_B may overwrite it at once.)
+Every P.V product retires before the loop's back edge: one in flight across it made ptxas
+serialise all the kernel's wgmmas.
 
 A pair past the split's end for ``B`` (an odd tile count) loads rows of page "-1" (zeros) and
 masks them, so every pair has two tiles. At the end the sums ``l_0 + l_1`` are exchanged; each
@@ -132,8 +136,8 @@ def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, st
                     total_rows, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
                     NO_COPIES: gl.constexpr):
     """The copy warp: per pair, the parts of tiles A (buffer 0) and B (buffer 1) in the order the
-    warpgroups free them (rope parts after the score products, then A's left values, B's right,
-    B's left, A's right, see the module docstring); page ids one pair ahead."""
+    warpgroups free them (the rope parts after the score products, A's values mid-pair, B's at
+    the pair's end, see the module docstring); page ids one pair ahead."""
     HALF: gl.constexpr = CKV_DIM // 2
     row_a, ok_a = _tile_row(table_row, stride_t_p, start, end, num_pages, total_rows, PAGE_SIZE)
     row_b, ok_b = _tile_row(table_row, stride_t_p, start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
@@ -161,14 +165,10 @@ def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, st
 
 
 @gluon.jit
-def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, release_pred, bar_issued,
-            WAIT_ISSUED: gl.constexpr, SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr,
-            NO_S: gl.constexpr):
-    """``(s, o)``: the raw score tile ``q k^T`` of buffer ``buf`` (rope part, left values, right
-    values, each product issued as its copy lands), and this warpgroup's accumulator ``o_acc``
-    retired: its last P.V product (register operand ``o_op``), issued before these, is waited for
-    once the first two score products are queued, and its buffer part released to the copy warp
-    (``release``, if ``release_pred``; that part must not be one these wait for).
+def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED: gl.constexpr,
+            SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr, NO_S: gl.constexpr):
+    """The raw score tile ``q k^T`` of buffer ``buf``: the rope part, the left values, the right
+    values, each product issued as its copy lands.
 
     ``WAIT_ISSUED``: issue nothing before ``bar_issued`` (parity ``ph``) completes;
     ``SIGNAL_ISSUED``: arrive on it once the last product is issued (the stagger, see
@@ -187,8 +187,6 @@ def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, 
     if not NO_S:
         s = warpgroup_mma(qn_smem.slice(0, HALF, dim=1), ckv_buf.slice(0, HALF, dim=1).permute((1, 0)), s,
                           is_async=True)
-    o, _ = warpgroup_mma_wait(2, deps=[o_acc, o_op])
-    mbarrier.arrive(release, count=1, pred=release_pred)
     mbarrier.wait(bars.index(FULL_R + buf), ph)
     if not NO_S:
         s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,
@@ -198,7 +196,7 @@ def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, o_acc, o_op, release, 
     s = warpgroup_mma_wait(0, deps=[s])
     # The rope part is read by this product only.
     mbarrier.arrive(bars.index(EMPTY_K + buf), count=1)
-    return s, o
+    return s
 
 
 @gluon.jit
@@ -311,8 +309,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
-    o_acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout))
-    p_op = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
+    o = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     ok_a = _page_ok(table_row, stride_t_p, start, end, num_pages, PAGE_SIZE)
     for i in range(num_pairs):
         ph = i & 1
@@ -324,11 +321,9 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
         ok_next = _page_ok(table_row, stride_t_p, n_a + 2 * BLOCK_N, end, num_pages, PAGE_SIZE)
-        # S_A; the previous pair's P_B V_B[:, :256] retires meanwhile, freeing B's left values (and
-        # the P buffer it read). STAGGER: the other warpgroup's S_B is issued after this one.
-        s, o = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, o_acc, p_op,
-                       bars.index(EMPTY_L + 1), i > 0, bars.index(BAR_SA), False, STAGGER, HALF, s_layout,
-                       NO_S)
+        # S_A (STAGGER: the other warpgroup's S_B is issued after this one).
+        s = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, bars.index(BAR_SA), False, STAGGER,
+                    HALF, s_layout, NO_S)
         s = _masked_logits(s, ok_a, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
         ok_a = ok_next
         if NO_SOFTMAX:
@@ -363,7 +358,11 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         _zero_tail(ckv_b, n_b, end, 0, HALF, ld_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
         o_acc = _pv(p_smem, ckv_b.slice(0, HALF, dim=1), o, NO_PV)
-    o = warpgroup_mma_wait(0, deps=[o_acc])
+        # It retires before the loop's back edge (B's left values and the P buffer are free): with
+        # a product in flight across the back edge or the loop's exit, ptxas serialises every
+        # wgmma of the kernel (C7514 / C7515, benchmarks/NOTES.md "MLA seesaw").
+        o = warpgroup_mma_wait(0, deps=[o_acc])
+        mbarrier.arrive(bars.index(EMPTY_L + 1), count=1)
 
     # The row sums: l_0 + l_1 (the other warpgroup's sums arrive through shared memory).
     x_smem.slice(X_L0 * BLOCK_H, BLOCK_H).store(l_i)
@@ -387,8 +386,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
     """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``.
 
     ``STAGGER``: S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
-    overlaps S_B, and B's parts, freed last in the previous pair, have S_A's time to arrive); the
-    previous pair's P_B V_B[:, 256:] is retired before (freeing B's right values early).
+    overlaps S_B, and B's parts, freed last in the previous pair, have S_A's time to arrive).
     ``PA_REGS``: P_A is read from the P buffer into registers, so P_B may overwrite it without
     waiting for P_A V_A[:, 256:] to retire."""
     HALF: gl.constexpr = CKV_DIM // 2
@@ -409,9 +407,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
-    o_acc = warpgroup_mma_init(gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout))
-    p_op = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
-    p_a = gl.zeros([BLOCK_H, BLOCK_N], dt, layout=p_layout)
+    o = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     mbarrier.wait(bars.index(BAR_Q), 0)
     ok_b = _page_ok(table_row, stride_t_p, start + BLOCK_N, end, num_pages, PAGE_SIZE)
     for i in range(num_pairs):
@@ -422,15 +418,8 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
         ok_next = _page_ok(table_row, stride_t_p, n_b + 2 * BLOCK_N, end, num_pages, PAGE_SIZE)
-        if STAGGER:
-            # The previous pair's P_B V_B[:, 256:] retires: B's right values are free.
-            o_acc, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
-            mbarrier.arrive(bars.index(EMPTY_R + 1), count=1, pred=i > 0)
-        # S_B; without STAGGER the previous P_B V_B[:, 256:] retires meanwhile, freeing B's right
-        # values (B's left values are read first: the right ones are free only once it retires).
-        s, o = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, o_acc, p_op,
-                       bars.index(EMPTY_R + 1), (i > 0) & (not STAGGER), bars.index(BAR_SA), STAGGER, False, HALF,
-                       s_layout, NO_S)
+        s = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, bars.index(BAR_SA), STAGGER,
+                    False, HALF, s_layout, NO_S)
         s = _masked_logits(s, ok_b, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
         ok_b = ok_next
         # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:], while this
@@ -482,7 +471,9 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         p_op = gl.convert_layout(p_bl, p_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
         o_acc = _pv(p_op, ckv_b.slice(HALF, HALF, dim=1), o, NO_PV)
-    o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
+        # It retires before the back edge (see _left_partition): B's right values are free.
+        o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
+        mbarrier.arrive(bars.index(EMPTY_R + 1), count=1)
 
     x_smem.slice(X_L1 * BLOCK_H, BLOCK_H).store(l_i)
     cta_barrier()
