@@ -1,4 +1,4 @@
-"""The two ceilings, measured in every run (``BENCHMARKS.md``, "Ceilings").
+"""The two ceilings, measured in every run (``docs/benchmarking.md``, "Ceilings").
 
 - Copy bandwidth: a ~4 GiB device-to-device copy, bytes read + bytes written over the median time.
 - Matrix rate: an 8192^3 bf16 matmul on random data after a 500 ms warm-up (clocks settle: a cold

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kvattn._formats_table import BY_NAME
+
 FP8 = torch.float8_e4m3fn
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8, "nvfp4": torch.uint8}
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return _DTYPES[name]
+    """The torch dtype of a format name (kvattn's format table)."""
+    return BY_NAME[name].dtype
 
 
 def generator(device: torch.device, seed: int) -> torch.Generator:

@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sass", action="append", default=[], help="regex counted in the SASS")
     args = ap.parse_args(argv)
 
-    from kvattn.ops import decode_configs
-    from kvattn.ops.decode_kernels import decode_split_kernel
+    from kvattn.ops.decode import configs as decode_configs
+    from kvattn.ops.decode.kernels import decode_split_kernel
 
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size

@@ -1,4 +1,4 @@
-"""The work each shape must do (``BENCHMARKS.md``, "Metrics"), and fractions of the ceilings.
+"""The work each shape must do (``docs/benchmarking.md``, "Metrics"), and fractions of the ceilings.
 
 Decode (memory-bound): bytes = K and V actually read (``sum(seq_lens) x Hkv x D x bytes/elem x 2``,
 plus the e4m3 block scales for NVFP4) + q + output. Prefill (compute-bound): FLOPs =
@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvattn.formats import kv_row_bytes
+from kvattn._formats_table import BY_NAME
 
 from .shapes import Shape
 
 MLA_QK_DIM = 576
 MLA_V_DIM = 512
-_ELEM_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "nvfp4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,8 @@ def _allowed_pairs(lens: list[int], q_len: int) -> int:
 
 def work(shape: Shape) -> Work:
     lens = shape.seq_lens()
-    kv_b = _ELEM_BYTES[shape.kv_dtype]
-    q_b = _ELEM_BYTES[shape.q_dtype]
+    kv_b = BY_NAME[shape.kv_dtype].element_bits / 8
+    q_b = BY_NAME[shape.q_dtype].element_bits / 8
     hq, hkv, d = shape.num_qo_heads, shape.num_kv_heads, shape.head_dim
     matmul = "matmul_fp8" if shape.q_dtype == "fp8" else "matmul_bf16"
     if shape.suite == "mla":
@@ -50,7 +49,7 @@ def work(shape: Shape) -> Work:
         nbytes = tokens * MLA_QK_DIM * kv_b + shape.batch * hq * (MLA_QK_DIM * q_b + MLA_V_DIM * 2)
         flops = 2.0 * hq * tokens * (MLA_QK_DIM + MLA_V_DIM)
         return Work(nbytes, flops, "auto", matmul)
-    kv_bytes = sum(lens) * hkv * kv_row_bytes(shape.kv_dtype, d) * 2
+    kv_bytes = sum(lens) * hkv * BY_NAME[shape.kv_dtype].row_bytes(d) * 2
     rows = shape.batch * shape.q_len
     io_bytes = rows * hq * d * q_b + rows * hq * d * 2  # query in, bf16 output out
     flops = 4.0 * d * hq * _allowed_pairs(lens, shape.q_len)

@@ -4,7 +4,7 @@
 
 One horizontal group of bars per shape: kvattn, the best SDPA backend on pre-gathered K/V, the best
 SDPA backend including the gather, and FlexAttention (paged, or gathered where paged flex failed).
-Without matplotlib it prints a message and exits 0.
+Without matplotlib it prints a message and exits 1 (no plot is written).
 """
 
 from __future__ import annotations
@@ -80,8 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="PNG path (default: next to the JSON)")
     args = p.parse_args(argv)
     doc = json.loads(Path(args.results).read_text())
-    plot(doc, args.out or str(Path(args.results).with_suffix(".png")))
-    return 0
+    return 0 if plot(doc, args.out or str(Path(args.results).with_suffix(".png"))) else 1
 
 
 if __name__ == "__main__":

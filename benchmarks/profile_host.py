@@ -1,10 +1,10 @@
 """Host time of eager kvattn calls: wall microseconds per call and a cProfile of where it goes.
 
-The BENCHMARKS.md target is <= 20 us of host time per eager call at batch-1 decode (Python and
+The target (docs/benchmarking.md) is <= 20 us of host time per eager call at batch-1 decode (Python and
 launch, no GPU wait). ``host`` is the median of single calls each made with the GPU idle (a
 synchronise before each call, outside the timed part): what a call costs the host. ``queued`` is
 the best of 10 rounds of calls queued back to back and synchronised once: once the GPU work of a
-call is longer than its host time (NOTES.md: a CUDA-graph replay of 1x32768 takes 66 us on an
+call is longer than its host time (NOTES.md, Host path: a CUDA-graph replay of 1x32768 takes 66 us on an
 H100), the launch queue fills and ``queued`` measures the GPU, not the host.
 
 ``--breakdown`` also replays each call's kernel launches alone (the same launch objects and
@@ -110,8 +110,24 @@ def queued_us(fn, calls: int) -> float:
 
 def fake_launcher(kernel):
     """A ``CudaLauncher`` (Triton 3.6's, so the fast path calls its C entry point ``launch``
-    directly, as on a GPU) whose ``launch`` checks its argument count and does nothing."""
+    directly, as on a GPU) whose ``launch`` checks its argument count and does nothing. Triton
+    3.7's launcher has no such entry point (the fast path calls ``CompiledKernel.run``): there the
+    fake is a ``run`` that checks its argument count and does nothing."""
+    from triton.backends.nvidia import driver as nvidia_driver
     from triton.backends.nvidia.driver import CudaLauncher
+
+    if not hasattr(nvidia_driver, "_BASE_ARGS_FORMAT"):
+        # run(grid x/y/z, stream, function, metadata, launch metadata, enter/exit hooks, *params)
+        expected_run = 9 + len(kernel.params)
+
+        class FakeRun:
+            global_scratch_size = profile_scratch_size = 0
+
+            def __call__(self, *args):
+                if len(args) != expected_run:
+                    raise TypeError(f"{kernel.__name__} run: expected {expected_run} arguments, got {len(args)}")
+
+        return FakeRun()
 
     expected = 13 + len(kernel.params)  # _BASE_ARGS_FORMAT's 13, then every kernel parameter
 
@@ -135,10 +151,10 @@ def fake_gpu() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import CompiledKernel
 
-    from kvattn.ops import decode_launch
+    from kvattn.ops.decode import launch as decode_launch
 
     try:
-        from kvattn.ops import fast_launch
+        from kvattn.ops.launch import fast_launch
     except ImportError:  # a kvattn from before the fast path (to compare with)
         fast_launch = None
     if not isinstance(decode_launch.decode_split_kernel, jit.JITFunction):
@@ -193,14 +209,14 @@ def triton_runs():
 
 
 def launches_of(fn) -> list:
-    """The fast-path launches one call of ``fn`` makes, as ``(launch, call, floats)`` to replay."""
-    from kvattn.ops import fast_launch
+    """The fast-path launches one call of ``fn`` makes, as ``(launch, call)`` to replay."""
+    from kvattn.ops.launch import fast_launch
 
     seen, call_launch = [], fast_launch.Launch.__call__
 
-    def recording(self, call, floats=()):
-        seen.append((self, call, floats))
-        return call_launch(self, call, floats)
+    def recording(self, call):
+        seen.append((self, call))
+        return call_launch(self, call)
 
     fast_launch.Launch.__call__ = recording
     try:
@@ -216,8 +232,8 @@ def breakdown(fn, calls: int) -> str:
     launches = launches_of(fn)
 
     def replay():
-        for launch, call, floats in launches:
-            launch(call, floats)
+        for launch, call in launches:
+            launch(call)
 
     whole, bare = queued_us(fn, calls), queued_us(replay, calls)
     return (f"   breakdown: {len(launches)} launches {bare:5.1f} us, the rest of the call "

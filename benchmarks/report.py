@@ -80,6 +80,31 @@ def _peer_cell(recs: list[dict]) -> str:
     return "; ".join(parts) if parts else "-"
 
 
+def _kvattn_backends(doc: dict) -> str:
+    """What ran for kvattn, from its records' ``backend``: Triton kernels, the reference, or both."""
+    seen = sorted({r.get("backend") for r in doc["records"] if r["impl"] == "kvattn" and r.get("backend")})
+    if seen == ["triton"]:
+        return "kvattn ran its Triton kernels"
+    if seen == ["reference"]:
+        return "kvattn ran its plain-PyTorch reference (no Triton kernel was timed)"
+    if seen:
+        ref = sorted({r["shape"].split()[0] for r in doc["records"]
+                      if r["impl"] == "kvattn" and r.get("backend") == "reference"})
+        return f"kvattn ran its Triton kernels, and the reference for {', '.join(ref)}"
+    return "kvattn did not run"
+
+
+def method(doc: dict) -> str:
+    """How the numbers were measured, as the run did it: a CPU run has no L2 flush and no graphs."""
+    if doc["env"].get("device") == "cpu":
+        return (f"CPU run, a check of the harness and not a measurement: us = median of host-timed eager calls "
+                f"(no L2 flush, no CUDA graphs); {_kvattn_backends(doc)}. Fraction: of the CPU's own copy and "
+                "matmul figures above. Peers: fraction (us), best first.")
+    return ("us = `do_bench` median, L2 flushed; graph = CUDA-graph replay of one call. Fraction: of copy bandwidth "
+            "(decode), of the matrix rate (prefill), of the binding one (MLA), from the graph time. "
+            f"{_kvattn_backends(doc)}. Peers: fraction (graph us), best first.")
+
+
 def markdown(doc: dict) -> str:
     """A block for the top of ``benchmarks/RESULTS.md``: header, then one row per shape."""
     env = doc["env"]
@@ -89,9 +114,7 @@ def markdown(doc: dict) -> str:
         "",
         header_line(doc),
         "",
-        f"Command: `{env.get('command', '')}`. us = `do_bench` median, L2 flushed; graph = CUDA-graph replay "
-        "of one call. Fraction: of copy bandwidth (decode), of the matrix rate (prefill), of the binding one (MLA), "
-        "from the graph time. Peers: fraction (graph us), best first.",
+        f"Command: `{env.get('command', '')}`. {method(doc)}",
         "",
         "| shape | kvattn us (eager / graph) | GB/s or TFLOP/s | fraction | check | peers |",
         "|---|---|---|---|---|---|",

@@ -70,11 +70,20 @@ def environment(device: torch.device, command: str) -> dict:
         p = torch.cuda.get_device_properties(device)
         env.update(sm_count=p.multi_processor_count, l2_bytes=getattr(p, "L2_cache_size", None),
                    memory_bytes=p.total_memory)
-    from kvattn import _backend
+    from benchmarks.runner import kvattn_backend
 
-    _backend._load_ops()
-    env["triton_ops"] = sorted(_backend.TRITON_OPS)
+    # The ops whose Triton kernels run on this device: none on a CPU (the reference serves there)
+    # unless KVATTN_BACKEND=triton runs them in Triton's interpreter.
+    env["triton_ops"] = [op for op in ("batch_decode", "context", "mla_decode", "single_decode")
+                         if _runs_triton(kvattn_backend, op, device)]
     return env
+
+
+def _runs_triton(backend_of, op: str, device: torch.device) -> bool:
+    try:
+        return backend_of(op, device) == "triton"
+    except RuntimeError:  # KVATTN_BACKEND=triton on CPU tensors without the interpreter: nothing runs
+        return False
 
 
 def _save(doc: dict, path: str | None) -> None:
@@ -149,7 +158,10 @@ def run(
     opt.l2_bytes = env.get("l2_bytes") or (1 << 20)  # CPU: a nominal 1 MiB, so rotation is exercised
     opt.peers_deadline = t_start + time_budget_s
     opt.kvattn_deadline = t_start + time_budget_s + 60
-    _log(f"{len(selected)} shapes on {env['device']} (Triton ops: {env['triton_ops'] or 'none'})")
+    ops = env["triton_ops"]
+    _log(f"{len(selected)} shapes on {env['device']} (kvattn: "
+         + (f"Triton kernels for {', '.join(ops)}; the reference for any other op)" if ops
+            else "its plain-PyTorch reference; no Triton kernel is timed)"))
     for i, shape in enumerate(selected):
         if shape.id in doc["done"]:
             continue

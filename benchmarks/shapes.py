@@ -1,4 +1,4 @@
-"""The benchmark shape registry: every shape of ``BENCHMARKS.md``'s grid, as data.
+"""The benchmark shape registry: every shape of the grid (``docs/benchmarking.md``), as data.
 
 One :class:`Shape` per timed configuration. ``GRID`` is the GPU grid, ``SMOKE`` a handful of tiny
 shapes for checking the harness on a CPU. ``select`` filters either by suite, ``--quick`` flag and a
@@ -111,8 +111,8 @@ def _decode_grid() -> list[Shape]:
                             ragged=True, peers=peers))
     for b, n in ((64, 8192), (256, 1024)):
         shapes.append(Shape("decode", b, n, kv_dtype="fp8", quick=(b == 64)))
-    # NVFP4 KV (not a BENCHMARKS.md shape; no peer reads it: SDPA on the uint8 pools crashed the
-    # process): bytes include the block scales.
+    # NVFP4 KV (not in the first grid, a target since; docs/benchmarking.md. No peer reads it: SDPA on
+    # the uint8 pools crashed the process): bytes include the block scales.
     shapes.append(Shape("decode", 64, 8192, kv_dtype="nvfp4", peers=False))
     # Llama-3-70B heads per GPU (tensor parallel 8): 8 query heads, 1 KV head.
     shapes.append(Shape("decode", 64, 8192, num_qo_heads=8, num_kv_heads=1))
@@ -139,8 +139,9 @@ def _prefill_grid() -> list[Shape]:
         for b, lq, lk in ((1, 8192, 8192), (4, 2048, 2048), (16, 512, 4096), (8, 1024, 8192))
     ]
     shapes.append(Shape("prefill", 1, 8192, q_len=8192, page_size=64, layout="HND", kv_dtype="fp8", q_dtype="fp8"))
-    # A bfloat16 query over a quantised cache (chunked prefill on an fp8 / NVFP4 cache; not
-    # BENCHMARKS.md shapes, no peer reads these caches): the tiles convert to float16 operands.
+    # A bfloat16 query over a quantised cache (chunked prefill on an fp8 / NVFP4 cache; not in the
+    # first grid, a target since, docs/benchmarking.md; no peer reads these caches): the tiles
+    # convert to float16 operands.
     for kv in ("fp8", "nvfp4"):
         shapes.append(Shape("prefill", 1, 8192, q_len=8192, page_size=64, layout="HND", kv_dtype=kv, peers=False))
     return shapes

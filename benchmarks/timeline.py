@@ -32,7 +32,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parent.parent
 REGION = 1 << 20  # int64 slots: split programs [0, R), combine programs [R, 2R), merges [2R, 3R), marker at 3R
 
-# (old, new) text patches of ops/decode_kernels.py: timestamps at entry, after gdc_wait, at the end.
+# (old, new) text patches of ops/decode/kernels.py: timestamps at entry, after gdc_wait, at the end.
 _HELPERS = '''import os
 from benchmarks.timeline import _now as _gtime, _smid
 TRACE_ADDR = tl.constexpr(int(os.environ.get("KVATTN_TRACE_ADDR", "0")))
@@ -129,11 +129,11 @@ def instrumented_copy(dest: Path) -> Path:
     """Copy ``src/kvattn`` under ``dest`` with the timeline patches applied; returns the path to
     put first on ``sys.path``."""
     shutil.copytree(ROOT / "src" / "kvattn", dest / "kvattn", ignore=shutil.ignore_patterns("__pycache__"))
-    path = dest / "kvattn" / "ops" / "decode_kernels.py"
+    path = dest / "kvattn" / "ops" / "decode" / "kernels.py"
     text = path.read_text()
     for old, new in PATCHES:
         if text.count(old) != 1:
-            raise RuntimeError(f"timeline patch no longer applies to decode_kernels.py: {old[:60]!r}")
+            raise RuntimeError(f"timeline patch no longer applies to decode/kernels.py: {old[:60]!r}")
         text = text.replace(old, new)
     path.write_text(text)
     return dest

@@ -1,6 +1,6 @@
 """Tune the MLA decode kernel: time launch-config variants on the MLA benchmark shapes.
 
-Each variant replaces fields of :class:`kvattn.ops.mla_configs.MLAConfig` (``block_h`` included)
+Each variant replaces fields of :class:`kvattn.ops.mla.configs.MLAConfig` (``block_h`` included)
 for every call; shapes and inputs come from the benchmark registry. Times are medians of
 CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/ops/mla_configs.py``.
 
@@ -49,8 +49,10 @@ VARIANTS = {
     "fp8hn16n32": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
                    "num_stages": 3},
     "fp8hn16n32s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
-                     "num_stages": 4},  # tried with a split/join P.V conversion (since reverted): NOTES, session c
-    # score products unchained (layout fences, mla_kernels._mla_tile_scores): each warpgroup computes
+                     # tried with a split/join P.V conversion (since reverted):
+                     # NOTES.md "MLA: heads in N for few heads"
+                     "num_stages": 4},
+    # score products unchained (layout fences, mla/kernels.py _mla_tile_scores): each warpgroup computes
     # half of the score tile's N instead of all of it. Local sm_90a compiles (regs, shared memory):
     # bf16 (32, 8, 3) 255 / 184 KB, (32, 8, 2) 255 / 148 KB, (64, 8, 2) 255 + 8 B stack / 224 KB;
     # heads in N (64, 8, 2) 255 + 32 B / 224 KB; fp8 scores (64, 8, 3) 254 / 184 KB, (64, 8, 2) 253 /
@@ -93,7 +95,8 @@ VARIANTS = {
 
 def main(argv=None) -> int:
     args = tuning.parse_args(__doc__, argv)
-    from kvattn.ops import mla_configs, mla_launch
+    from kvattn.ops.mla import configs as mla_configs
+    from kvattn.ops.mla import launch as mla_launch
 
     def context_for(shape, name):
         @contextlib.contextmanager

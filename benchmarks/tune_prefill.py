@@ -27,7 +27,7 @@ _VARIANT = re.compile(r"(tma)?(\d+)x(\d+)w(\d+)s(\d+)")
 
 @contextlib.contextmanager
 def _forced(key: tuple, name: str):
-    from kvattn.ops import prefill_configs
+    from kvattn.ops.prefill import configs as prefill_configs
 
     table, tma = prefill_configs.TABLES["sm90"], prefill_configs.TMA_TABLES["sm90"]
     old, old_tma = table[key], tma.get(key)
@@ -53,16 +53,18 @@ def _forced(key: tuple, name: str):
 
 def _table_key(shape) -> tuple:
     """The sm90 table entry a shape's calls use: (operand kind, head_dim)."""
+    from kvattn._formats_table import BY_NAME
+
     if shape.q_dtype == "fp8" and shape.kv_dtype == "fp8":
-        kind = "fp8"
+        kind = "fp8qk"
     else:
-        kind = {"fp8": "fp8kv", "nvfp4": "nvfp4kv"}.get(shape.kv_dtype, "half")
+        kind = BY_NAME[shape.kv_dtype].config_key
     return kind, shape.head_dim
 
 
 def _grid(head_dim: int | None) -> list:
     """The prefill shapes, at ``head_dim`` if given (D256 with 16 query heads and 4 KV heads, as the
-    session-g tuning ran it: the same bytes a token as D128)."""
+    recorded tuning ran it, benchmarks/NOTES.md, Prefill: the same bytes a token as D128)."""
     grid = shapes._prefill_grid()
     if head_dim is None:
         return grid

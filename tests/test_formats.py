@@ -156,9 +156,3 @@ def test_fp4tensor_output_round_trip_by_hand():
     assert back[1, 0, :2].tolist() == [3.0, -0.75]
     # 0.4 / 0.0703125 = 5.69 -> 6 (code 7) -> 6 * 0.0703125 / 4
     assert back[0, 0, 16].item() == 6 * 0.0703125 / 4
-
-
-@pytest.mark.parametrize("fmt,expected", [("bfloat16", 256), ("float16", 256), ("fp8", 128), ("nvfp4", 72)])
-def test_kv_row_bytes_count_nvfp4_codes_and_scales(fmt, expected):
-    """One token's D-128 vector for one head: NVFP4 is 64 bytes of codes and 8 of e4m3 scales."""
-    assert formats.kv_row_bytes(fmt, 128) == expected

@@ -9,9 +9,9 @@ import torch
 
 from kvattn import _env, _inputs
 from kvattn._inputs import check_tensor
-from kvattn.decode import check_out
+from kvattn._inputs import check_out
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops import fast_launch
+from kvattn.ops.launch import fast_launch
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,7 @@ from .decode import single_decode_with_kv_cache, xqa_batch_decode_with_kv_cache
 from .formats import FP4Tensor
 from .mla import xqa_batch_decode_with_kv_cache_mla
 from .prefill import trtllm_batch_context_with_kv_cache
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "decode",

@@ -9,16 +9,16 @@
     within the page table's capacity). They synchronise with the host, so they are off by default.
 ``KVATTN_FAST_LAUNCH``
     ``0`` launches every kernel through ``kernel[grid](...)`` instead of the compiled kernel's
-    launcher (see :mod:`kvattn.ops.fast_launch`); on by default.
+    launcher (see :mod:`kvattn.ops.launch.fast_launch`); on by default.
 ``KVATTN_FUSED_MERGE``
     ``0`` merges decode's split-KV partials in a second launch (the combine kernel) instead of in
     the split kernel, whose last program of each item merges them; on by default.
 ``KVATTN_GLUON``
     ``0`` keeps the Triton kernel where a Gluon kernel exists for the launch (MLA decode with 16-bit
-    caches on Hopper, :mod:`kvattn.ops.mla_gluon`); on by default.
+    caches on Hopper, :mod:`kvattn.ops.mla.gluon`); on by default.
 ``KVATTN_GLUON_WS``
-    ``0`` keeps the Gluon MLA kernel of :mod:`kvattn.ops.mla_gluon` where the warp-specialised one
-    (:mod:`kvattn.ops.mla_ws`) would run; on by default (``KVATTN_GLUON=0`` turns both off).
+    ``0`` keeps the Gluon MLA kernel of :mod:`kvattn.ops.mla.gluon` where the warp-specialised one
+    (:mod:`kvattn.ops.mla.gluon_ws`) would run; on by default (``KVATTN_GLUON=0`` turns both off).
 ``TRITON_INTERPRET``
     Triton's own switch; kvattn only reads it to know that kernels run on the CPU.
 

@@ -22,14 +22,13 @@ from typing import Callable, NamedTuple, TypeVar
 import torch
 
 from . import _env
-from .formats import FP8_DTYPE, NVFP4_BLOCK
+from ._formats_table import BY_DTYPE, DTYPES, FORMATS
 
 T = TypeVar("T")
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-KV_DTYPES = (torch.float16, torch.bfloat16, FP8_DTYPE, torch.uint8)
 LAYOUTS = ("NHD", "HND")
-KV_FORMATS = {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8", torch.uint8: "nvfp4"}
+DECODE_HEAD_DIMS = (64, 128, 256)  # head dims of the decode kernels (batch, xqa and single decode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,6 +114,25 @@ def check_sinks(sinks, name: str, num_heads: int, device) -> torch.Tensor | None
     if sinks.numel() != num_heads:
         raise ValueError(f"{name}: expected {num_heads} values (one per query head), got shape {list(sinks.shape)}")
     return sinks if sinks.dim() == 1 else sinks.reshape(num_heads)
+
+
+def check_query_heads(hq: int, name: str, num_kv_heads: int) -> int:
+    """``hq`` (the query's head count) divisible by ``num_kv_heads``: the group size."""
+    if hq % num_kv_heads:
+        raise ValueError(f"{name}: expected a number of heads divisible by num_kv_heads={num_kv_heads}, got {hq}")
+    return hq // num_kv_heads
+
+
+def check_head_dim(head_dim: int, name: str, allowed=DECODE_HEAD_DIMS) -> int:
+    if head_dim not in allowed:
+        raise ValueError(f"{name}: expected head_dim in {allowed}, got {head_dim}")
+    return head_dim
+
+
+def check_out(out, name: str, shape: tuple, dtypes, device) -> torch.Tensor:
+    check_tensor(out, name, dtypes=dtypes, device=device, contiguous_last=True)
+    check_shape(out, name, shape)
+    return out
 
 
 _LENGTH_DTYPES = (torch.int32, torch.uint32)
@@ -270,8 +288,9 @@ class PagedKV:
 
     @property
     def kv_format(self) -> str:
-        """``"float16"``, ``"bfloat16"``, ``"fp8"`` or ``"nvfp4"``: the cache's dtype."""
-        return KV_FORMATS[self.k.dtype]
+        """The cache format's name (``"float16"``, ``"bfloat16"``, ``"fp8"``, ``"nvfp4"``: the format
+        table, :mod:`kvattn._formats_table`)."""
+        return BY_DTYPE[self.k.dtype].name
 
     @property
     def page_size(self) -> int:
@@ -338,7 +357,7 @@ def paged_kv_from_cache(
     table_name: str = "block_tables",
     sf_name: str = "kv_cache_sf",
     split_tables: bool = False,
-    allowed_dtypes=KV_DTYPES,
+    allowed_dtypes=DTYPES,
 ) -> PagedKV:
     """Normalise the decode/prefill cache forms (tuple or 5-D, NHD or HND) into a :class:`PagedKV`."""
     layout = check_layout(kv_layout)
@@ -351,10 +370,12 @@ def paged_kv_from_cache(
         raise TypeError(f"{name}: expected K and V of one dtype, got {dtype} and {v.dtype}")
     if shape != v.shape:
         raise ValueError(f"{name}: expected K and V pages of one shape, got {list(shape)} and {list(v.shape)} (as NHD)")
-    nvfp4 = dtype == torch.uint8
-    stored = head_dim // 2 if nvfp4 else head_dim
+    fmt = BY_DTYPE[dtype]
+    stored = fmt.stored_dim(head_dim)
     if shape[3] != stored:
-        what = f"head_dim / 2 = {stored} (NVFP4 packs two values a byte)" if nvfp4 else f"head_dim = {head_dim}"
+        per = head_dim // max(stored, 1)
+        what = f"head_dim = {head_dim}" if per == 1 else (
+            f"head_dim / {per} = {stored} ({fmt.name.upper()} packs {per} values a byte)")
         raise ValueError(f"{name}: expected a last dim of {what}, got {shape[3]}")
 
     check_tensor(block_tables, table_name, dtypes=(torch.int32,), device=device)
@@ -371,20 +392,23 @@ def paged_kv_from_cache(
         k_table = v_table = block_tables
 
     k_sf = v_sf = None
-    if nvfp4:
-        if head_dim % NVFP4_BLOCK:
-            raise ValueError(f"{name}: NVFP4 needs head_dim a multiple of 16, got {head_dim}")
+    if fmt.scale_block:
+        label = f"{fmt.name.upper()}"
+        if head_dim % fmt.scale_block:
+            raise ValueError(f"{name}: {label} needs head_dim a multiple of {fmt.scale_block}, got {head_dim}")
         if kv_sf is None:
-            raise ValueError(f"{sf_name}: expected NVFP4 block scales with a uint8 (NVFP4) cache, got None")
+            raise ValueError(f"{sf_name}: expected {label} block scales with a {_dtype_names((dtype,))} ({label}) cache, "
+                             f"got None")
         k_sf, v_sf = _split_kv(kv_sf, sf_name, layout)
         for t in (k_sf, v_sf):
-            check_tensor(t, sf_name, dtypes=(FP8_DTYPE,), device=device, contiguous_last=True)
-        want = (*shape[:3], head_dim // NVFP4_BLOCK)
+            check_tensor(t, sf_name, dtypes=(fmt.scale_dtype,), device=device, contiguous_last=True)
+        want = (*shape[:3], head_dim // fmt.scale_block)
         for t in (k_sf, v_sf):
             if tuple(t.shape) != want:
                 raise ValueError(f"{sf_name}: expected block scales of shape {list(want)} (as NHD), got {list(t.shape)}")
     elif kv_sf is not None:
-        raise ValueError(f"{sf_name}: block scales are only for NVFP4 (uint8) caches, got a {dtype} cache")
+        scaled = ", ".join(f"{f.name.upper()} ({_dtype_names((f.dtype,))})" for f in FORMATS if f.scale_block)
+        raise ValueError(f"{sf_name}: block scales are only for {scaled} caches, got a {dtype} cache")
     return PagedKV(k, v, k_table, v_table, head_dim, head_dim, k_sf, v_sf)
 
 

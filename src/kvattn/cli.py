@@ -1,30 +1,112 @@
-"""The ``kvattn`` command.
+"""The ``kvattn`` command (also ``python -m kvattn``).
 
-``kvattn check``  runs every public function on representative shapes on the machine's default
-                  device (CUDA if present, else the CPU), compares each result with the independent
-                  float64 dense formulation (:mod:`kvattn.dense`) and prints a table of correctness,
-                  time and achieved GB/s or TFLOP/s. Exit status 1 if any check fails.
-``kvattn info``   device, backend per op, versions.
+``kvattn check``    runs each public function on a few shapes and compares every result with an
+                    independent float64 formulation (:mod:`kvattn.dense`): a table of errors against
+                    their tolerances, times and rates. On a GPU it checks the Triton kernels; on a
+                    CPU the plain-PyTorch reference, or with ``--interpret`` the kernels in Triton's
+                    interpreter. Exit status 1 if any check fails.
+``kvattn info``     versions, the device, the environment switches, what serves each function and
+                    which version-gated fast paths are on.
+``kvattn bench``    times the five functions beside the attention torch provides (SDPA backends,
+                    FlexAttention) on this machine's GPU (:mod:`kvattn.bench`).
 
-Performance claims come from ``benchmarks/run.py`` on a GPU, not from this command.
+A mistake on the command line (a device this machine lacks, a bad number, a bad switch value) ends
+in one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from . import _backend, _device, _env, dense
-from .formats import dequantize_nvfp4_output, kv_row_bytes
+from ._console import (  # noqa: F401  (re-exported: the command's names live in kvattn.cli too)
+    FUNCTION_KEYS,
+    FUNCTIONS,
+    Progress,
+    UsageError,
+    format_rate,
+    format_time,
+    function_list,
+    positive_int,
+    print_grouped,
+    print_table,
+    writable,
+    write_json,
+)
+from ._version import __version__
+from .formats import NVFP4_BLOCK, dequantize_nvfp4_output
 from .testing import make_paged_kv, randn, relative_error, seeded
 
+TOL_16BIT = 2e-2  # bf16/fp16 outputs: rounding of the output plus fp32 accumulation order
+TOL_NVFP4 = 0.15  # NVFP4 output: e2m1 values keep one mantissa bit
 
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage dump) and reach :func:`main` as UsageError."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def resolve_device(text: str | None) -> torch.device:
+    """``--device``: cuda, cuda:N or cpu; default CUDA when present. Raises UsageError."""
+    if text is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {text!r}: not a device name (expected cuda, cuda:N or cpu)") from None
+    if device.type not in ("cuda", "cpu"):
+        raise UsageError(f"--device {text}: kvattn runs on cuda or cpu, not {device.type}")
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise UsageError(f"--device {text}: CUDA is not available on this machine ({why}); try --device cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UsageError(f"--device {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
+def check_switches() -> None:
+    """Parse every ``KVATTN_*`` switch now, so a bad value is one line and not a traceback later."""
+    try:
+        _env.backend_override()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "not installed"
+    return triton.__version__
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type != "cuda":
+        visible = "no CUDA device" if not torch.cuda.is_available() else "a CUDA device is present but not chosen"
+        return f"cpu ({visible})"
+    p = torch.cuda.get_device_properties(device)
+    return (f"{device} ({p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+            f"{p.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda})")
+
+
+# ---------------------------------------------------------------------------------------------
+# kvattn check
+# ---------------------------------------------------------------------------------------------
 def _cpu(x):
     """The dense formulation runs in float64 on the CPU: move tensors (and tuples of them) there."""
     if isinstance(x, torch.Tensor):
@@ -40,19 +122,188 @@ def _dense(fn, *args, **kwargs):
 
 @dataclass
 class Case:
-    name: str
-    op: str  # backend op name
+    function: str  # short name, FUNCTIONS[i][0]
+    variant: str  # what this case varies: formats, layout, features
+    shape: str  # the problem's size in words
+    op: str  # backend op name (_backend)
     run: Callable[[], object]  # the kvattn call
     expected: Callable[[], torch.Tensor]  # float64 dense result
     actual: Callable[[object], torch.Tensor]  # float view of run()'s output
     tolerance: float
-    work: float  # bytes (metric "GB/s") or flops ("TFLOP/s")
-    metric: str
+    work: float  # bytes moved (unit "B") or FLOPs (unit "FLOP") of one call
+    unit: str
+    skip: str = ""  # why this case cannot run in this mode (shown, counted as skipped)
+
+
+def _row_bytes(kv_format: str, head_dim: int) -> float:
+    """Cache bytes of one token's vector for one head (NVFP4: codes and their e4m3 block scales)."""
+    return head_dim * {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 0.5 + 1 / NVFP4_BLOCK}[kv_format]
+
+
+def _lens_text(lens: list[int]) -> str:
+    if len(set(lens)) == 1:
+        return f"{len(lens)} x {lens[0]} tokens"
+    return f"{len(lens)} requests of {min(lens)}-{max(lens)} tokens"
+
+
+def _half_name(dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def _decode_cases(device, big: bool, half) -> list[Case]:
+    from .decode import xqa_batch_decode_with_kv_cache
+
+    cases = []
+    hq, hkv, d = 32, 8, 128
+    lens = [4096] * 16 if big else [1, 70, 300, 513]
+    ws = torch.zeros(64 << 20 if big else 1 << 20, dtype=torch.uint8, device=device)
+    half_fmt = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[half]
+    for i, (fmt, layout, page, q_len) in enumerate((
+        (half_fmt, "NHD", 16, 1), (half_fmt, "HND", 64, 1), ("fp8", "NHD", 16, 1), ("nvfp4", "HND", 32, 1),
+        (half_fmt, "NHD", 16, 4),
+    )):
+        c = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=fmt, layout=layout,
+                          device=device, seed=i)
+        q = randn(len(lens) * q_len, hq, d, dtype=half, device=device, generator=seeded(99))
+        out = torch.empty_like(q)
+        kw = dict(bmm1_scale=d ** -0.5, bmm2_scale=1.0, kv_layout=layout, q_len_per_req=q_len,
+                  kv_cache_sf=c.kv_cache_sf)
+
+        def run(c=c, q=q, kw=kw, out=out):
+            return xqa_batch_decode_with_kv_cache(q, c.kv_cache, ws, c.block_tables, c.seq_lens, c.max_seq_len,
+                                                  out=out, **kw)
+
+        def expected(c=c, q=q, kw=kw):
+            return _dense(dense.batch_decode, q, c.kv_cache, c.block_tables, c.seq_lens, **kw)
+
+        kv_name = {"fp8": "fp8-e4m3", "nvfp4": "NVFP4"}.get(fmt, _half_name(half))
+        variant = f"{kv_name} KV, {layout} pages of {page}"
+        if q_len > 1:
+            variant += f", {q_len} query tokens a request (speculative)"
+        work = sum(lens) * hkv * _row_bytes(fmt, d) * 2 + 2 * q.numel() * q.element_size()
+        shape = f"{_lens_text(lens)}, {hq}/{hkv} heads, D {d}"
+        cases.append(Case("batch decode", variant, shape, "batch_decode", run, expected, lambda o: o.float(),
+                          TOL_16BIT, work, "B"))
+
+    return cases
+
+
+def _xqa_cases(device, big: bool, half) -> list[Case]:
+    """xqa over the seed's flat pools of head vectors (row ``(page * page_size + slot) * Hkv + head``)."""
+    from .xqa import xqa
+
+    hq, hkv, d, page = 32, 8, 128, 16
+    lens = [4096] * 16 if big else [1, 70, 300, 513]
+    ws = torch.zeros(64 << 20 if big else 1 << 20, dtype=torch.uint8, device=device)
+    c = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=half, form="tuple", device=device,
+                      seed=7)
+    k_pool, v_pool = (x.contiguous().view(-1, d) for x in c.kv_cache)
+    q = randn(len(lens), 1, hq, d, dtype=half, device=device, generator=seeded(98))
+    out = torch.empty_like(q)
+    lens_u32 = c.seq_lens.view(-1, 1).to(torch.uint32)
+    sem = torch.zeros(64, dtype=torch.uint32, device=device)
+
+    def run_xqa():
+        xqa(q, k_pool, v_pool, c.block_tables, lens_u32, out, ws, sem, num_kv_heads=hkv, page_size=page)
+        return out
+
+    def expected_xqa():
+        return _dense(dense.xqa, q, k_pool, v_pool, c.block_tables, lens_u32.to(torch.int32), num_kv_heads=hkv,
+                      page_size=page)
+
+    work = sum(lens) * hkv * d * q.element_size() * 2 + 2 * q.numel() * q.element_size()
+    return [Case("xqa", f"{_half_name(half)} KV, flat pools of head vectors, pages of {page}",
+                 f"{_lens_text(lens)}, {hq}/{hkv} heads, D {d}", "batch_decode", run_xqa, expected_xqa,
+                 lambda o: o.float(), TOL_16BIT, work, "B")]
+
+
+def _single_cases(device, big: bool, half) -> list[Case]:
+    from .decode import single_decode_with_kv_cache
+
+    cases = []
+    length = 32768 if big else 777
+    h, d = 32, 128
+    g = seeded(7)
+    q = randn(h, d, dtype=half, device=device, generator=g)
+    k = randn(length, h, d, dtype=half, device=device, generator=g)
+    v = randn(length, h, d, dtype=half, device=device, generator=g)
+    for mode, extra, label in (("NONE", {}, "no position encoding"), ("ROPE_LLAMA", {}, "fused RoPE (Llama)"),
+                               ("ALIBI", {"logits_soft_cap": 30.0}, "ALiBi + soft cap 30")):
+        def run(mode=mode, extra=extra):
+            return single_decode_with_kv_cache(q, k, v, pos_encoding_mode=mode, **extra)
+
+        def expected(mode=mode, extra=extra):
+            return _dense(dense.single_decode, q, k, v, pos_encoding_mode=mode, **extra)[0]
+
+        cases.append(Case("single decode", f"{_half_name(half)} K/V, {label}", f"{length} tokens, {h} heads, D {d}",
+                          "single_decode", run, expected, lambda o: o.float(), TOL_16BIT,
+                          2 * length * h * d * q.element_size(), "B"))
+    return cases
+
+
+def _mla_cases(device, big: bool, half, interpret: bool) -> list[Case]:
+    from .mla import xqa_batch_decode_with_kv_cache_mla
+
+    lens = [4096] * 8 if big else [1, 100, 257]
+    hq = 128 if big else 16
+    variant, shape = "bf16 latent cache [ckv 512 | kpe 64], pages of 64", f"{_lens_text(lens)}, {hq} heads"
+    if interpret:  # the public function takes bf16 / fp8, and the interpreter has no bf16 arithmetic
+        return [Case("MLA decode", variant, shape, "mla_decode", None, None, None, TOL_16BIT, 0.0, "FLOP",
+                     skip="bf16 only; Triton's interpreter has no bf16 (the tests run this kernel in fp16)")]
+    c_kv = make_paged_kv(lens, num_kv_heads=1, head_dim=576, page_size=64, dtype=torch.bfloat16,
+                         device=device, seed=3, form="shared")
+    cache = c_kv.kv_cache[:, 0, :, 0]  # [P, page, 576]
+    q = randn(len(lens), 1, hq, 576, dtype=torch.bfloat16, device=device, generator=seeded(5))
+    ws = torch.zeros(64 << 20 if big else 1 << 20, dtype=torch.uint8, device=device)
+    scale = 192 ** -0.5
+
+    def run():
+        return xqa_batch_decode_with_kv_cache_mla(q, cache, ws, 128, 512, 64, c_kv.block_tables, c_kv.seq_lens,
+                                                  c_kv.max_seq_len, bmm1_scale=scale)
+
+    def expected():
+        return _dense(dense.mla, q, cache, c_kv.block_tables, c_kv.seq_lens, bmm1_scale=scale)
+
+    flops = 2 * hq * sum(lens) * (576 + 512)
+    return [Case("MLA decode", variant, shape, "mla_decode", run, expected, lambda o: o.float(), TOL_16BIT,
+                 flops, "FLOP")]
+
+
+def _context_cases(device, big: bool, half) -> list[Case]:
+    from .prefill import trtllm_batch_context_with_kv_cache
+
+    cases = []
+    hq, hkv, d = 32, 8, 128
+    kv_lens, q_lens = ([2048, 2048], [2048, 1024]) if big else ([64, 200], [64, 37])
+    c = make_paged_kv(kv_lens, num_kv_heads=hkv, head_dim=d, page_size=64, dtype=half,
+                      layout="HND", device=device, seed=11)
+    q = randn(sum(q_lens), hq, d, dtype=half, device=device, generator=seeded(12))
+    cum_q = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
+    cum_kv = torch.tensor([0, kv_lens[0], sum(kv_lens)], dtype=torch.int32, device=device)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+    pairs = sum(lq * (lk - lq) + lq * (lq + 1) // 2 for lq, lk in zip(q_lens, kv_lens))
+    shape = (f"2 requests: {q_lens[0]} + {q_lens[1]} new tokens over {kv_lens[0]} + {kv_lens[1]}, "
+             f"{hq}/{hkv} heads, D {d}")
+    for out_dtype in (None, "nvfp4"):
+        def run(out_dtype=out_dtype):
+            return trtllm_batch_context_with_kv_cache(
+                q, c.kv_cache, ws, c.block_tables, c.seq_lens, max(q_lens), max(kv_lens), d ** -0.5, 1.0,
+                len(kv_lens), cum_q, cum_kv, out_dtype=out_dtype)
+
+        def expected():
+            return _dense(dense.context, q, c.kv_cache, c.block_tables, c.seq_lens, cum_q, bmm1_scale=d ** -0.5,
+                          bmm2_scale=1.0, kv_layout="HND")
+
+        actual = (lambda o: o.float()) if out_dtype is None else dequantize_nvfp4_output
+        out_name = "NVFP4 output" if out_dtype else f"{_half_name(half)} output"
+        cases.append(Case("prefill", f"{_half_name(half)} KV, HND pages of 64, causal, {out_name}", shape,
+                          "context", run, expected, actual, TOL_NVFP4 if out_dtype else TOL_16BIT,
+                          4 * d * hq * pairs, "FLOP"))
+    return cases
 
 
 def _time(fn, device: torch.device, reps: int) -> float:
-    """Median seconds of ``reps`` calls after one warm-up."""
-    fn()
+    """Median seconds of ``reps`` calls (the caller has warmed ``fn`` up)."""
     samples = []
     for _ in range(reps):
         if device.type == "cuda":
@@ -69,168 +320,315 @@ def _time(fn, device: torch.device, reps: int) -> float:
     return statistics.median(samples)
 
 
-def _decode_cases(device, big: bool) -> list[Case]:
-    cases = []
-    hq, hkv, d = 32, 8, 128
-    lens = [4096] * 16 if big else [1, 70, 300, 513]
-    ws = torch.zeros(64 << 20 if big else 1 << 20, dtype=torch.uint8, device=device)
-    for fmt, layout, page, q_len in (("bfloat16", "NHD", 16, 1), ("bfloat16", "HND", 64, 1),
-                                     ("fp8", "NHD", 16, 1), ("nvfp4", "HND", 32, 1), ("bfloat16", "NHD", 16, 4)):
-        c = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=fmt, layout=layout,
-                          device=device, seed=len(cases))
-        q = randn(len(lens) * q_len, hq, d, dtype=torch.bfloat16, device=device, generator=seeded(99))
-        out = torch.empty_like(q)
-        scale = d ** -0.5
-        kw = dict(bmm1_scale=scale, bmm2_scale=1.0, kv_layout=layout, q_len_per_req=q_len,
-                  kv_cache_sf=c.kv_cache_sf, out=out)
+def check_interpreter_numpy() -> None:
+    """Triton 3.6's interpreter fails on numpy >= 2.4 (it converts 1-element arrays to scalars, which
+    numpy 2.4 refuses); 3.7 works with it. Say so up front instead of failing every case."""
+    from ._versions import parse
 
-        def run(c=c, q=q, kw=kw):
-            from .decode import xqa_batch_decode_with_kv_cache
-
-            return xqa_batch_decode_with_kv_cache(q, c.kv_cache, ws, c.block_tables, c.seq_lens, c.max_seq_len, **kw)
-
-        def expected(c=c, q=q, kw=kw):
-            kw = {k: v for k, v in kw.items() if k != "out"}
-            return _dense(dense.batch_decode, q, c.kv_cache, c.block_tables, c.seq_lens, **kw)
-
-        work = sum(lens) * hkv * kv_row_bytes(fmt, d) * 2 + 2 * q.numel() * 2
-        name = f"batch_decode {fmt} {layout} page{page} q_len{q_len} B{len(lens)} L<={max(lens)}"
-        cases.append(Case(name, "batch_decode", run, expected, lambda o: o.float(), 2e-2, work, "GB/s"))
-    return cases
+    # Versions from the installed metadata: importing triton now would define its own jit functions
+    # compiled-mode, before the interpreter is switched on.
+    triton_version, numpy_version = _installed("triton"), _installed("numpy")
+    if triton_version and numpy_version and parse(triton_version) < (3, 7, 0) and parse(numpy_version) >= (2, 4, 0):
+        raise UsageError(f"--interpret: Triton {triton_version}'s interpreter needs numpy < 2.4, this is numpy "
+                         f"{numpy_version} (pip install \"numpy<2.4\")")
 
 
-def _single_cases(device, big: bool) -> list[Case]:
-    cases = []
-    length = 32768 if big else 777
-    h, d = 32, 128
-    g = seeded(7)
-    q = randn(h, d, dtype=torch.float16, device=device, generator=g)
-    k = randn(length, h, d, dtype=torch.float16, device=device, generator=g)
-    v = randn(length, h, d, dtype=torch.float16, device=device, generator=g)
-    for mode, extra in (("NONE", {}), ("ROPE_LLAMA", {}), ("ALIBI", {"logits_soft_cap": 30.0})):
-        def run(mode=mode, extra=extra):
-            from .decode import single_decode_with_kv_cache
+def _installed(name: str) -> str | None:
+    module = sys.modules.get(name)
+    if module is not None:
+        return module.__version__
+    from importlib import metadata
 
-            return single_decode_with_kv_cache(q, k, v, pos_encoding_mode=mode, **extra)
-
-        def expected(mode=mode, extra=extra):
-            return _dense(dense.single_decode, q, k, v, pos_encoding_mode=mode, **extra)[0]
-
-        work = 2 * length * h * d * 2
-        cases.append(Case(f"single_decode {mode} H{h} L{length}", "single_decode", run, expected,
-                          lambda o: o.float(), 2e-2, work, "GB/s"))
-    return cases
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
-def _mla_cases(device, big: bool) -> list[Case]:
-    lens = [4096] * 8 if big else [1, 100, 257]
-    hq = 128 if big else 16
-    c_kv = make_paged_kv(lens, num_kv_heads=1, head_dim=576, page_size=64, dtype=torch.bfloat16,
-                         device=device, seed=3, form="shared")
-    cache = c_kv.kv_cache[:, 0, :, 0]  # [P, page, 576]
-    q = randn(len(lens), 1, hq, 576, dtype=torch.bfloat16, device=device, generator=seeded(5))
-    ws = torch.zeros(64 << 20 if big else 1 << 20, dtype=torch.uint8, device=device)
-    scale = 192 ** -0.5
-
-    def run():
-        from .mla import xqa_batch_decode_with_kv_cache_mla
-
-        return xqa_batch_decode_with_kv_cache_mla(q, cache, ws, 128, 512, 64, c_kv.block_tables, c_kv.seq_lens,
-                                                  c_kv.max_seq_len, bmm1_scale=scale)
-
-    def expected():
-        return _dense(dense.mla, q, cache, c_kv.block_tables, c_kv.seq_lens, bmm1_scale=scale)
-
-    flops = 2 * hq * sum(lens) * (576 + 512)
-    return [Case(f"mla_decode bf16 Hq{hq} B{len(lens)} L<={max(lens)}", "mla_decode", run, expected,
-                 lambda o: o.float(), 2e-2, flops, "TFLOP/s")]
+@contextmanager
+def _interpreter():
+    """Triton's interpreter for this command: kvattn's kernels on CPU tensors. It must be on before
+    any jit function is defined (Triton's own included, when triton is imported), so it cannot be
+    switched on in a process that has already imported Triton without it."""
+    if not _env.triton_interpret() and ("triton" in sys.modules or "kvattn.ops" in sys.modules):
+        raise UsageError("--interpret: this process has already imported Triton without its interpreter; "
+                         "run the command in a fresh process")
+    saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "KVATTN_BACKEND")}
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["KVATTN_BACKEND"] = "triton"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def _context_cases(device, big: bool) -> list[Case]:
-    cases = []
-    hq, hkv, d = 32, 8, 128
-    kv_lens, q_lens = ([2048, 2048], [2048, 1024]) if big else ([64, 200], [64, 37])
-    c = make_paged_kv(kv_lens, num_kv_heads=hkv, head_dim=d, page_size=64, dtype=torch.bfloat16,
-                      layout="HND", device=device, seed=11)
-    q = randn(sum(q_lens), hq, d, dtype=torch.bfloat16, device=device, generator=seeded(12))
-    cum_q = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device)
-    cum_kv = torch.tensor([0, kv_lens[0], sum(kv_lens)], dtype=torch.int32, device=device)
-    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
-    pairs = sum(lq * (lk - lq) + lq * (lq + 1) // 2 for lq, lk in zip(q_lens, kv_lens))
-    for out_dtype in (None, "nvfp4"):
-        def run(out_dtype=out_dtype):
-            from .prefill import trtllm_batch_context_with_kv_cache
-
-            return trtllm_batch_context_with_kv_cache(
-                q, c.kv_cache, ws, c.block_tables, c.seq_lens, max(q_lens), max(kv_lens), d ** -0.5, 1.0,
-                len(kv_lens), cum_q, cum_kv, out_dtype=out_dtype)
-
-        def expected():
-            return _dense(dense.context, q, c.kv_cache, c.block_tables, c.seq_lens, cum_q, bmm1_scale=d ** -0.5,
-                          bmm2_scale=1.0, kv_layout="HND")
-
-        actual = (lambda o: o.float()) if out_dtype is None else (lambda o: dequantize_nvfp4_output(o))
-        tol = 2e-2 if out_dtype is None else 0.15  # NVFP4 keeps ~3 bits of mantissa
-        cases.append(Case(f"context bf16 HND page64 out={out_dtype or 'bf16'} q{q_lens} kv{kv_lens}", "context",
-                          run, expected, actual, tol, 4 * d * hq * pairs, "TFLOP/s"))
-    return cases
+def _mode_lines(device: torch.device, interpret: bool, reps: int) -> list[str]:
+    if device.type == "cuda":
+        return [
+            "mode:   kvattn's Triton kernels (what CUDA tensors run) against an independent float64 formulation "
+            "(on the CPU)",
+            f"times:  median of {reps} eager calls after one warm-up, CUDA events, L2 not flushed: a sanity check "
+            "(`kvattn bench` compares with torch's attention)",
+        ]
+    if interpret:
+        return [
+            "mode:   kvattn's Triton kernels run by Triton's interpreter on the CPU, in fp16 (the interpreter has "
+            "no bf16), against an independent float64 formulation",
+            ("times:  the checked call itself, interpreted" if not reps else f"times:  median of {reps} interpreted "
+             "call(s)") + ": nothing to do with GPU speed, so no rates",
+        ]
+    return [
+        "mode:   the plain-PyTorch reference (what CPU tensors run) against an independent float64 formulation;",
+        "        the Triton kernels are not checked on a CPU unless asked: --interpret runs them in Triton's "
+        "interpreter (minutes)",
+        f"times:  median of {reps} host-timed calls of the reference on this CPU (not a measure of the GPU kernels)",
+    ]
 
 
-def check(device: torch.device, big: bool, reps: int) -> int:
-    cases = _decode_cases(device, big) + _single_cases(device, big) + _mla_cases(device, big) + _context_cases(device, big)
-    rows, failed = [], 0
-    for case in cases:
-        backend = "triton" if _backend.use_triton(case.op, device) else "reference"
-        try:
-            result = case.run()
-            err = relative_error(case.actual(result).double().cpu(), case.expected().double())
-            ok = err <= case.tolerance
-            seconds = _time(case.run, device, reps)
-            rate = case.work / seconds / (1e9 if case.metric == "GB/s" else 1e12)
-            rows.append((case.name, backend, "ok" if ok else "FAIL", f"{err:.2e}", f"{seconds * 1e3:.3f}",
-                         f"{rate:.2f} {case.metric}"))
-        except Exception as exc:  # report and go on: one broken case must not hide the others
-            ok = False
-            rows.append((case.name, backend, "ERROR", type(exc).__name__, "-", str(exc)[:60]))
-        failed += not ok
-    header = ("case", "backend", "result", "rel err", "ms", "rate")
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    for r in [header] + rows:
-        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
-    print(f"{len(rows) - failed} passed, {failed} failed")
+def check(device: torch.device, big: bool, reps: int, interpret: bool = False, json_path: str | None = None,
+          only=FUNCTION_KEYS) -> int:
+    """Print the correctness table; 0 when every case that ran is within its tolerance.
+
+    ``reps`` timed calls a case after the checked one; 0 (the interpreter's default): the time of
+    the checked call itself."""
+    half = torch.float16 if interpret else torch.bfloat16
+    mode = "Triton interpreter" if interpret else ("Triton kernels" if device.type == "cuda" else "reference")
+    print(f"kvattn {__version__} check, torch {torch.__version__}, triton {_triton_version()}")
+    print(f"device: {describe_device(device)}")
+    for line in _mode_lines(device, interpret, reps):
+        print(line)
+    print()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a reference fallback shows in the backend column
+        builders = {"batch_decode": _decode_cases, "xqa": _xqa_cases, "single_decode": _single_cases,
+                    "mla": lambda *a: _mla_cases(*a, interpret), "prefill": _context_cases}
+        cases = [c for key in only for c in builders[key](device, big, half)]
+        rows, records, notes = [], [], []
+        failed = skipped = 0
+        progress = Progress(len(cases), "check")
+        for case in cases:
+            progress.step(f"{case.function}: {case.variant}")
+            title = f"{case.function}: {case.shape}"
+            rec = {"function": case.function, "variant": case.variant, "shape": case.shape,
+                   "tolerance": case.tolerance}
+            if case.skip:
+                skipped += 1
+                rec.update(result="skipped", note=case.skip)
+                rows.append((title, case.variant, "-", "skipped", "-", f"{case.tolerance:.2g}", "-", "-"))
+                notes.append(f"{case.function} ({case.variant}): skipped: {case.skip}")
+                records.append(rec)
+                continue
+            backend = "triton" if _backend.use_triton(case.op, device) else "reference"
+            try:
+                t0 = time.perf_counter()
+                result = case.run()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                seconds = time.perf_counter() - t0
+                err = relative_error(case.actual(result).double().cpu(), case.expected().double())
+                ok = err <= case.tolerance
+                if reps:  # the checked call was the warm-up (compilation included)
+                    seconds = _time(case.run, device, reps)
+                rate = "-" if interpret else format_rate(case.work / seconds, case.unit)
+                rows.append((title, case.variant, backend, "ok" if ok else "FAIL", f"{err:.1e}",
+                             f"{case.tolerance:.2g}", format_time(seconds), rate))
+                rec.update(backend=backend, result="ok" if ok else "FAIL", rel_err=err, seconds=seconds)
+            except Exception as exc:  # report and go on: one broken case must not hide the others
+                ok = False
+                message = (str(exc).strip().splitlines() or [""])[0]
+                rows.append((title, case.variant, backend, "ERROR", "-", f"{case.tolerance:.2g}", "-", "-"))
+                notes.append(f"{case.function} ({case.variant}): {type(exc).__name__}: {message}")
+                rec.update(backend=backend, result="ERROR", error=f"{type(exc).__name__}: {message}")
+            records.append(rec)
+            failed += not ok
+        progress.done()
+    print_grouped(rows, ("case", "backend", "result", "rel err", "tol", "time", "rate"))
+    print()
+    for note in notes:
+        print(note)
+    print(f"rel err = ||out - exact|| / ||exact||; tol = the most a case may have: {TOL_16BIT:.2g} for 16-bit "
+          f"outputs, {TOL_NVFP4:.2g} for NVFP4 outputs (4-bit values, one mantissa bit)")
+    if json_path:
+        write_json(json_path, {"command": "check", "kvattn": __version__, "device": describe_device(device),
+                                "mode": mode, "cases": records})
+    passed = len(records) - failed - skipped
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return 1 if failed else 0
 
 
-def info(device: torch.device) -> int:
-    import triton
+# ---------------------------------------------------------------------------------------------
+# kvattn info
+# ---------------------------------------------------------------------------------------------
+_SWITCHES = (
+    ("KVATTN_BACKEND", lambda: _env.backend_override() or "unset: Triton for CUDA tensors, reference for CPU tensors"),
+    ("KVATTN_DEBUG", lambda: "on (device-value checks; they synchronise)" if _env.debug_checks() else "off"),
+    ("KVATTN_FAST_LAUNCH", lambda: "on" if _env.fast_launch() else "off"),
+    ("KVATTN_FUSED_MERGE", lambda: "on" if _env.fused_merge() else "off (a second launch merges the splits)"),
+    ("KVATTN_GLUON", lambda: "on" if _env.gluon() else "off (Triton kernels where a Gluon one exists)"),
+    ("TRITON_INTERPRET", lambda: "on (Triton's interpreter runs the kernels)" if _env.triton_interpret() else "off"),
+)
 
-    print(f"kvattn device: {device}" + (f" ({torch.cuda.get_device_name(device)}, {_device.sm_count(device)} SMs)"
-                                        if device.type == "cuda" else ""))
-    print(f"torch {torch.__version__}, triton {triton.__version__}, interpreter={_env.triton_interpret()}, "
-          f"KVATTN_BACKEND={_env.backend_override()}, KVATTN_DEBUG={_env.debug_checks()}")
-    for op in ("batch_decode", "single_decode", "mla_decode", "context"):
-        print(f"  {op:14s} {'triton' if _backend.use_triton(op, device) else 'reference'}")
+_KERNELS = {
+    "batch_decode": "Triton: split-KV paged decode",
+    "single_decode": "Triton: split-KV decode over contiguous K/V",
+    "mla_decode": "Triton: split-KV latent decode",
+    "context": "Triton: causal prefill (pages of 64+ tokens by TMA on Hopper)",
+}
+
+
+def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str:
+    try:
+        triton_runs = _backend.use_triton(op, device)
+    except RuntimeError as exc:
+        return f"error: {exc}"
+    if not triton_runs:
+        return "reference (plain PyTorch)"
+    text = _KERNELS[op]
+    if device.type != "cuda":
+        return text + ", in Triton's interpreter"
+    if op == "mla_decode" and _device.is_hopper(device) and _env.gluon() and fast_paths.get("gluon", "").startswith("on"):
+        text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
+    return text
+
+
+def _fast_paths() -> dict[str, str]:
+    try:
+        from . import _versions
+    except ImportError:
+        return {}
+    fn = getattr(_versions, "fast_paths", None)
+    if fn is None:
+        return {}
+    try:
+        return dict(fn())
+    except Exception as exc:  # noqa: BLE001 - info reports, it does not fail
+        return {"(error)": f"{type(exc).__name__}: {exc}"}
+
+
+def info(device: torch.device) -> int:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed (every function runs the reference)"
+    try:
+        import numpy
+
+        numpy_version = numpy.__version__
+    except ImportError:
+        numpy_version = "not installed"
+    import platform
+
+    import kvattn
+
+    print(f"kvattn {__version__} ({os.path.dirname(kvattn.__file__)})")
+    print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
+          f"triton {triton_version}, numpy {numpy_version}")
+    print(f"device: {describe_device(device)}")
+    print("switches:")
+    for name, meaning in _SWITCHES:
+        raw = os.environ.get(name)
+        print(f"  {name:<19s} {'unset' if raw is None else repr(raw):<10s} {meaning()}")
+    paths = _fast_paths()
+    print(f"functions on {device}:")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for short, public, op in FUNCTIONS:
+            print(f"  {public:<51s} {_served_by(op, device, paths)}")
+    print(f"fast paths (Triton {triton_version}):" + ("" if paths else " not reported by this kvattn"))
+    for name, state in paths.items():
+        print(f"  {name:<12s} {state}")
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="kvattn", description=__doc__.split("\n\n")[1] if __doc__ else None)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_check = sub.add_parser("check", help="run every function, compare with float64, print a table")
-    p_check.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p_check.add_argument("--small", action="store_true", help="small shapes even on a GPU")
-    p_check.add_argument("--reps", type=int, default=None, help="timed repetitions per case")
-    p_info = sub.add_parser("info", help="device, backends and versions")
-    p_info.add_argument("--device", default=None)
-    args = parser.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.command == "info":
-        return info(device)
-    big = device.type == "cuda" and not args.small
-    import warnings
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvattn", description="Attention kernels for LLM inference: check, info, bench.",
+                     epilog="Functions: " + "; ".join(f"{s} = {p}" for s, p, _ in FUNCTIONS))
+    parser.add_argument("--version", action="version", version=f"kvattn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,info,bench}")
 
-    warnings.simplefilter("ignore")  # the reference-fallback notice is shown in the table's backend column
-    return check(device, big, args.reps or (20 if device.type == "cuda" else 3))
+    p = sub.add_parser("check", help="run every function, compare with float64, print a table",
+                       description="Run each public function on a few shapes and compare with an independent "
+                                   "float64 formulation. Exit status 1 if any result is out of tolerance.")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
+    p.add_argument("--small", action="store_true", help="small shapes even on a GPU")
+    p.add_argument("--only", type=function_list, default=FUNCTION_KEYS, metavar="LIST",
+                   help=f"comma-separated subset of {','.join(FUNCTION_KEYS)}")
+    p.add_argument("--reps", type=positive_int, default=None,
+                   help="timed calls per case after the checked one (default 20 on a GPU, 3 on a CPU; with "
+                        "--interpret the checked call alone is timed)")
+    p.add_argument("--interpret", action="store_true",
+                   help="on a CPU: run the Triton kernels in Triton's interpreter (minutes) instead of the reference")
+    p.add_argument("--json", metavar="FILE", default=None, help="also write the results as JSON")
+
+    p = sub.add_parser("info", help="versions, device, switches, kernels, fast paths",
+                       description="Versions, the device, the environment switches, what serves each function "
+                                   "and which version-gated fast paths are on.")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
+
+    from .bench import add_arguments
+
+    p = sub.add_parser("bench", help="time the five functions beside torch's SDPA and FlexAttention",
+                       description="Time the five functions on this machine's GPU beside the attention torch "
+                                   "provides (scaled_dot_product_attention backends, FlexAttention).")
+    add_arguments(p)
+    return parser
+
+
+def _run(args) -> int:
+    check_switches()
+    if args.command == "info":
+        return info(resolve_device(args.device))
+    if args.command == "check":
+        device = resolve_device(args.device)
+        writable(args.json, "--json")
+        if args.interpret and device.type != "cpu":
+            raise UsageError("--interpret runs the kernels in Triton's interpreter on the CPU: use it with --device cpu")
+        if device.type == "cpu" and not args.interpret and _env.backend_override() == "triton" \
+                and not _env.triton_interpret():
+            raise UsageError("KVATTN_BACKEND=triton on a CPU needs Triton's interpreter: add --interpret")
+        big = device.type == "cuda" and not args.small
+        reps = args.reps or (20 if device.type == "cuda" else 0 if args.interpret else 3)
+        if args.interpret:
+            check_interpreter_numpy()
+            with _interpreter():
+                return check(device, big, reps, interpret=True, json_path=args.json, only=args.only)
+        return check(device, big, reps, json_path=args.json, only=args.only)
+    if args.command == "bench":
+        from . import bench
+
+        device = resolve_device(args.device)
+        writable(args.json, "--json")
+        writable(args.plot, "--plot")
+        if device.type == "cpu" and _env.backend_override() == "triton":
+            raise UsageError("KVATTN_BACKEND=triton: kvattn bench times compiled kernels on a GPU; on a CPU it times "
+                             "the reference (unset KVATTN_BACKEND)")
+        return bench.main(args, device)
+    raise AssertionError(args.command)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        return _run(args)
+    except UsageError as exc:
+        print(f"kvattn: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvattn: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,6 @@ Both functions keep FlashInfer's signatures exactly; their semantics are kvattn'
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Literal, Optional, Tuple, Union, overload
 
@@ -15,9 +14,12 @@ from . import _backend, reference
 from ._inputs import (
     HALF_DTYPES,
     Scale,
+    check_head_dim,
     check_int,
     check_layout,
     check_max_seq_len,
+    check_out,
+    check_query_heads,
     check_seq_lens,
     check_shape,
     check_sinks,
@@ -28,37 +30,10 @@ from ._inputs import (
     paged_kv_from_cache,
     to_scale,
 )
+from ._formats_table import QUANTISED_DTYPES
 from .formats import FP8_DTYPE
 
-DECODE_HEAD_DIMS = (64, 128, 256)
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
-
-
-@functools.lru_cache(maxsize=None)
-def ops_decode():
-    """:mod:`kvattn.ops.decode`, imported on first use (it imports Triton)."""
-    from .ops import decode
-
-    return decode
-
-
-def check_query_heads(hq: int, name: str, num_kv_heads: int) -> int:
-    """``hq`` (the query's head count) divisible by ``num_kv_heads``: the group size."""
-    if hq % num_kv_heads:
-        raise ValueError(f"{name}: expected a number of heads divisible by num_kv_heads={num_kv_heads}, got {hq}")
-    return hq // num_kv_heads
-
-
-def check_head_dim(head_dim: int, name: str, allowed=DECODE_HEAD_DIMS) -> int:
-    if head_dim not in allowed:
-        raise ValueError(f"{name}: expected head_dim in {allowed}, got {head_dim}")
-    return head_dim
-
-
-def check_out(out, name: str, shape: tuple, dtypes, device) -> torch.Tensor:
-    check_tensor(out, name, dtypes=dtypes, device=device, contiguous_last=True)
-    check_shape(out, name, shape)
-    return out
 
 
 def xqa_batch_decode_with_kv_cache(
@@ -155,7 +130,7 @@ def xqa_batch_decode_with_kv_cache(
     batch = shape[0] // q_len
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
-        kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, FP8_DTYPE, torch.uint8),
+        kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, *QUANTISED_DTYPES),
     )
     check_query_heads(shape[1], "query", kv.num_kv_heads)
     if block_tables.shape[0] != batch:
@@ -191,8 +166,9 @@ def xqa_batch_decode_with_kv_cache(
     out_scale = bmm2 if out_fp8 else bmm2.times(o_scale)
     debug_check_pages(kv, seq_lens)
 
-    if _backend.use_triton("batch_decode", device):
-        ops_decode().batch_decode(
+    ops = _backend.triton_entry("batch_decode", device)
+    if ops is not None:
+        ops.batch_decode(
             query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit,
             out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=bool(enable_pdl),
         )
@@ -334,8 +310,9 @@ def single_decode_with_kv_cache(
         logit_scale=logit, out_scale=out_scale, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
         logits_soft_cap=soft_cap or None, rope_scale=rope_scale, rope_theta=rope_theta,
     )
-    if _backend.use_triton("single_decode", device):
-        out, lse = ops_decode().single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, **args)
+    ops = _backend.triton_entry("single_decode", device)
+    if ops is not None:
+        out, lse = ops.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, **args)
     else:
         o, lse = reference.single_decode(q, k_nhd, v_nhd, **args)
         out = o.to(q.dtype)

@@ -144,12 +144,6 @@ def dequantize_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, global_sca
     return out.reshape(*vals.shape) * _as_float(global_scale, vals)
 
 
-def kv_row_bytes(kv_format: str, head_dim: int) -> float:
-    """Cache bytes of one token's ``head_dim`` vector for one head: NVFP4 counts its codes (half a
-    byte an element) and its e4m3 block scales (one a 16 elements)."""
-    return head_dim * {"float16": 2, "bfloat16": 2, "fp8": 1, "nvfp4": 0.5 + 1 / NVFP4_BLOCK}[kv_format]
-
-
 # ---------------------------------------------------------------------------------------------
 # NVFP4 output tensors (context attention's ``out_dtype="nvfp4"``)
 # ---------------------------------------------------------------------------------------------

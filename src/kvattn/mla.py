@@ -12,6 +12,7 @@ from ._inputs import (
     check_int,
     check_last_dim_contiguous,
     check_max_seq_len,
+    check_out,
     check_seq_lens,
     check_shape,
     check_tensor,
@@ -19,7 +20,6 @@ from ._inputs import (
     debug_check_pages,
     to_scale,
 )
-from .decode import check_out
 from .formats import FP8_DTYPE
 
 MLA_DTYPES = (torch.bfloat16, FP8_DTYPE)
@@ -121,11 +121,10 @@ def xqa_batch_decode_with_kv_cache_mla(
         check_out(out, "out", (batch, num_heads, KV_LORA_RANK), (torch.bfloat16,), device)
     debug_check_pages(kv, seq_lens)
     q3 = query[:, 0]
-    if _backend.use_triton("mla_decode", device):
-        from .ops import mla as ops_mla
-
-        ops_mla.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len,
-                           logit_scale=logit, out_scale=out_scale)
+    ops = _backend.triton_entry("mla_decode", device)
+    if ops is not None:
+        ops.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, logit_scale=logit,
+                       out_scale=out_scale)
     else:
         reference.mla_decode(q3, kv, seq_lens, out, logit_scale=logit, out_scale=out_scale)
     return out

@@ -12,6 +12,8 @@ from ._inputs import (
     HALF_DTYPES,
     check_int,
     check_last_dim_contiguous,
+    check_out,
+    check_query_heads,
     check_seq_lens,
     check_shape,
     check_sinks,
@@ -22,8 +24,8 @@ from ._inputs import (
     paged_kv_from_cache,
     to_scale,
 )
-from .decode import check_out, check_query_heads
-from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, round_up
+from ._formats_table import QUANTISED_DTYPES
+from .formats import FP8_DTYPE, NVFP4_BLOCK, FP4Tensor, quantize_nvfp4_output, round_up
 from .reference.core import store_output
 
 PREFILL_HEAD_DIMS = (64, 128, 256)
@@ -148,7 +150,7 @@ def trtllm_batch_context_with_kv_cache(
         raise ValueError(f"query: expected head_dim in {PREFILL_HEAD_DIMS}, got {head_dim}")
     if not isinstance(uses_shared_paged_kv_idx, bool):
         raise TypeError(f"uses_shared_paged_kv_idx: expected a bool, got {type(uses_shared_paged_kv_idx).__name__}")
-    kv_dtypes = (FP8_DTYPE, torch.uint8) if query.dtype == FP8_DTYPE else (query.dtype, FP8_DTYPE, torch.uint8)
+    kv_dtypes = QUANTISED_DTYPES if query.dtype == FP8_DTYPE else (query.dtype, *QUANTISED_DTYPES)
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_block_scales, sf_name="kv_block_scales", split_tables=not uses_shared_paged_kv_idx,
@@ -211,15 +213,12 @@ def trtllm_batch_context_with_kv_cache(
 
     args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
                 skip_softmax_threshold_scale_factor=f or None)
-    if _backend.use_triton("context", device):
-        from .ops import prefill as ops_prefill
-
-        ops_prefill.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
-                            max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, **args)
+    ops = _backend.triton_entry("context", device)
+    if ops is not None:
+        ops.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
+                    max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, **args)
         return out
     o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, **args)
     if isinstance(out, FP4Tensor):
-        from .formats import quantize_nvfp4_output
-
         return quantize_nvfp4_output(o_real, 1.0 if o_sf_scale is None else float(o_sf_scale), out)
     return store_output(o_real, out)

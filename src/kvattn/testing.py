@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .formats import FP8_DTYPE, dequantize_nvfp4, quantize_fp8, quantize_nvfp4
-
-KV_FORMATS = ("float16", "bfloat16", "fp8", "nvfp4")
+from ._formats_table import BY_NAME, NAMES
+from .formats import FP8_DTYPE
 
 
 def seeded(seed: int, device="cpu") -> torch.Generator:
@@ -34,10 +33,6 @@ def randn(*shape, dtype=torch.float32, device="cpu", generator=None, scale: floa
     """Normal values drawn on the CPU (reproducible across devices), then moved."""
     x = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
     return x.to(device=device, dtype=dtype)
-
-
-def _kv_dtype(kv_format: str):
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "fp8": FP8_DTYPE, "nvfp4": torch.uint8}[kv_format]
 
 
 @dataclass
@@ -97,8 +92,8 @@ def make_paged_kv(
     scale : standard deviation of the values
     """
     kv_format = kv_format or {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
-    if kv_format not in KV_FORMATS:
-        raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
+    if kv_format not in NAMES:
+        raise ValueError(f"kv_format: expected one of {NAMES}, got {kv_format!r}")
     g = seeded(seed)
     lens = [int(x) for x in seq_lens]
     batch = len(lens)
@@ -126,21 +121,15 @@ def make_paged_kv(
             tab = tables[b, which]
             for t in range(lens[b]):
                 used[int(tab[t // page_size]), plane, t % page_size] = True
-    sf = None
-    if kv_format == "nvfp4":
-        data, sf = quantize_nvfp4(vals)
-        vals = dequantize_nvfp4(data, sf)
+    fmt = BY_NAME[kv_format]
+    data, sf = fmt.quantize(vals)
+    vals = fmt.dequantize(data, sf)
+    if sf is not None:  # block scales (e4m3): a NaN scale poisons its whole block
         if nan_fill:
             sf = sf.view(torch.uint8).clone()
             sf[~used] = 0x7F  # e4m3fn NaN
             sf = sf.view(FP8_DTYPE)
     else:
-        if kv_format == "fp8":
-            data = quantize_fp8(vals)
-            vals = data.to(torch.float32)
-        else:
-            data = vals.to(_kv_dtype(kv_format))
-            vals = data.to(torch.float32)
         if nan_fill:
             bits = data.view(torch.uint8 if data.element_size() == 1 else torch.int16).clone()
             nan = data.new_full((), float("nan")).view(bits.dtype)

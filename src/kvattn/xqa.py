@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import types
 from typing import Optional
 
 import torch
@@ -13,15 +15,17 @@ from ._inputs import (
     PagedKV,
     Scale,
     cached_aliases,
+    check_head_dim,
     check_int,
     check_layout,
+    check_out,
+    check_query_heads,
     check_sinks,
     check_tensor,
     check_workspace,
     debug_check_pages,
     to_scale,
 )
-from .decode import check_head_dim, check_out, check_query_heads, ops_decode
 from .formats import FP8_DTYPE
 
 XQA_PAGE_SIZES = (16, 32, 64, 128)
@@ -163,9 +167,10 @@ def xqa(
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
     debug_check_pages(kv, seq_lens, "page_table")
     window_left = win - 1 if win > 0 else -1
-    if _backend.use_triton("batch_decode", device):
+    ops = _backend.triton_entry("batch_decode", device)
+    if ops is not None:
         # The launcher takes [B, 1, Hq, D] queries/outputs and [B, 1] lengths as they are.
-        ops_decode().batch_decode(
+        ops.batch_decode(
             q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=kv.capacity,
             logit_scale=logit, out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None,
             max_programs=sm_count,
@@ -175,11 +180,11 @@ def xqa(
                                out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None)
 
 
-class _CallableModule(__import__("types").ModuleType):
+class _CallableModule(types.ModuleType):
     """Lets ``kvattn.xqa(...)`` call the function while ``kvattn.xqa.xqa`` stays the seed's path."""
 
     def __call__(self, *args, **kwargs):
         return xqa(*args, **kwargs)
 
 
-__import__("sys").modules[__name__].__class__ = _CallableModule
+sys.modules[__name__].__class__ = _CallableModule

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 _SCRIPT = r"""
-import importlib, json, os, re, subprocess, sys, tempfile
+import contextlib, importlib, json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -41,8 +41,13 @@ if case["gluon"]:
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 src = ASTSource(fn, signature=sig, attrs=attrs,
                 constexprs={(fn.arg_names.index(k),): v for k, v in case["constexprs"].items()})
-ck = triton.compile(src, target=GPUTarget("cuda", 90, 128),
-                    options={"num_warps": case["warps"], "num_stages": case["stages"]})
+if case["ptx_hints"]:
+    from kvattn.ops.launch.ptx_hints import applied as scope
+else:
+    scope = contextlib.nullcontext
+with scope():
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 128),
+                        options={"num_warps": case["warps"], "num_stages": case["stages"]})
 usage = {}
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 if os.path.exists(tool):
@@ -62,16 +67,17 @@ print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"], "shared": ck.m
 
 def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",
                  warps: int = 4, stages: int = 3, gluon: bool = False, descs: dict | None = None,
-                 sass: bool = False) -> dict:
+                 sass: bool = False, ptx_hints: bool = False) -> dict:
     """``{"ttgir", "ptx", "shared", "reg", "stack"}`` of ``kernel`` (``"module.name"``; a Gluon
     kernel with ``gluon``) compiled for sm_90a: pointer arguments typed by ``ptrs`` (else
     ``default_ptr``), tensor descriptors by ``descs`` (signature strings), ``floats`` fp32
     scalars, other scalars i32; with ``sass``, also ``"sass"`` (cuobjdump's disassembly).
-    ``reg`` / ``stack`` / ``sass`` are absent where Triton has no cuobjdump."""
+    ``reg`` / ``stack`` / ``sass`` are absent where Triton has no cuobjdump. With ``ptx_hints``
+    the compile runs inside :func:`kvattn.ops.launch.ptx_hints.applied`, as kvattn launches marked kernels."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),
                            default_ptr=default_ptr, warps=warps, stages=stages, gluon=gluon, descs=descs or {},
-                           sass=sass))
+                           sass=sass, ptx_hints=ptx_hints))
     res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         pytest.fail(f"sm_90a compile of {kernel} failed:\n{res.stderr[-3000:]}")

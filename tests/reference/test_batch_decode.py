@@ -182,7 +182,7 @@ def test_spec_decode_second_mask_word():
     assert_close(out, ref)
 
 
-@pytest.mark.parametrize("q_len", [2, 4])
+@pytest.mark.parametrize("q_len", [2, 4], ids=lambda n: f"Q{n}")
 def test_spec_decode_with_window(q_len):
     case = paged_case([40, 33], seed=33)
     q = randq(2 * q_len, 4, 64, seed=33)

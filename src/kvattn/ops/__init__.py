@@ -1,5 +1,6 @@
-"""Triton kernel families. Importing this package registers their torch ops."""
+"""Triton kernel families, one package each (decode/, prefill/, mla/), their shared ``@triton.jit``
+pieces (common/) and launch machinery (launch/).
 
-from . import decode  # noqa: F401  (batch_decode, single_decode)
-from . import prefill  # noqa: F401  (context)
-from . import mla  # noqa: F401  (mla_decode)
+Importing this package imports no family: :data:`kvattn._backend.TRITON_OPS` names the module of
+each op's entry point, imported on first use.
+"""

@@ -7,7 +7,8 @@ import math
 import torch
 
 from .._inputs import PagedKV, Scale
-from ..formats import FP8_DTYPE, dequantize_nvfp4, quantize_fp8
+from .._formats_table import BY_DTYPE
+from ..formats import FP8_DTYPE, quantize_fp8
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -27,9 +28,8 @@ def gather_tokens(pages: torch.Tensor, sf: torch.Tensor | None, table_row: torch
     t = torch.arange(length, device=pages.device)
     page_ids = table_row.to(torch.int64)[t // page_size]
     rows = pages[page_ids, t % page_size]  # [length, heads, stored_dim]
-    if pages.dtype == torch.uint8:
-        return dequantize_nvfp4(rows, sf[page_ids, t % page_size])
-    return rows.to(torch.float32)
+    fmt = BY_DTYPE[pages.dtype]
+    return fmt.dequantize(rows, sf[page_ids, t % page_size] if fmt.scale_block else None)
 
 
 def paged_request_kv(kv: PagedKV, b: int, length: int):

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The wheel as a user gets it: built from this checkout (`pip wheel --no-deps`), installed into a
+# fresh venv with --no-deps, imported and run from outside the checkout; prints the wheel's size.
+# torch, triton and numpy are not installed again: the new venv sees the packages of the Python that
+# runs this script through a path entry. (A .pth *line* adds that folder to sys.path without running
+# the .pth files inside it, so an editable install of kvattn there cannot shadow the wheel.)
+# Usage: bash .ci/wheel_check.sh            (PYTHON=... to pick the interpreter; default python)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$py" -m pip wheel --no-deps --wheel-dir "$tmp/dist" . >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
+whl=$(ls "$tmp"/dist/kvattn-*.whl)
+"$py" -m zipfile -l "$whl" | grep -q "kvattn/py.typed" || { echo "wheel_check: py.typed missing from $whl"; exit 1; }
+
+"$py" -m venv "$tmp/venv"
+outer=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+inner=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$outer" >"$inner/_wheel_check_outer.pth"
+"$tmp/venv/bin/python" -m pip install --no-deps --no-index --quiet "$whl"
+
+cd "$tmp"
+"$tmp/venv/bin/python" - "$tmp/venv" <<'PY'
+import sys
+import kvattn
+assert kvattn.__file__.startswith(sys.argv[1]), f"kvattn imported from {kvattn.__file__}, not from the wheel"
+print(f"wheel_check: import kvattn {kvattn.__version__} from {kvattn.__file__}")
+PY
+"$tmp/venv/bin/kvattn" --version
+"$tmp/venv/bin/kvattn" check --help >/dev/null
+"$tmp/venv/bin/kvattn" info --device cpu >/dev/null
+echo "wheel_check: $(basename "$whl") $(stat -c %s "$whl") bytes ($(( $(stat -c %s "$whl") / 1024 )) KiB)"

@@ -1,0 +1,1 @@
+"""Decode kernel family: split-KV paged and single-request decode (kernels, launch, configs, op)."""

@@ -1,0 +1,299 @@
+"""Launch configurations of the decode kernels, one table per GPU family.
+
+Decode has no runtime autotuning: a tuning pass would stall the first real calls of a serving
+engine and cannot run inside CUDA-graph capture. The tables were measured with
+``benchmarks/tune_decode.py`` (see ``benchmarks/NOTES.md``, Decode and Single decode); a GPU without its own table uses
+``"default"``, the interpreter uses small tiles so CI exercises multi-tile and multi-page loops.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from ..._formats_table import BY_NAME
+from ..launch.plans import config_override
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the K/V loads
+    waves: int = 1  # the split count fills this many whole waves of resident programs (num_splits)
+    min_chunk: int = 256  # fewest keys worth a split of their own
+    max_splits: int = 64
+    dot_single_row: bool = False  # tensor cores even when a program has one query row
+    pdl: bool = False  # programmatic dependent launch between the split and combine kernels
+    page_ahead: bool = True  # page ids loaded a tile ahead (see decode/kernels.py); False: pipeliner-staged
+    prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
+    evict_first: bool = False  # K/V marked evict_first in L2 (Triton keeps it on unpipelined loads; TMA: ptx_hints)
+    max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
+    tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by ops/launch/ptx_hints.py)
+
+
+# (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
+# Measured on an H100 (NOTES.md "Decode: tiles, stages and warps"): ("half", 128) and ("fp8", 128). The other rows keep
+# the bytes per tile of those two and are not tuned yet.
+_SM90 = {
+    ("half", 64): (128, 4, 3),
+    ("half", 128): (64, 4, 4),
+    ("half", 256): (32, 4, 3),
+    ("fp8", 64): (128, 4, 3),
+    ("fp8", 128): (128, 4, 3),
+    ("fp8", 256): (64, 4, 3),
+    # NVFP4 (codes and scales read as words, KV_NVFP4_WORDS), measured on an H100
+    # (benchmarks/NOTES.md "Formats: NVFP4 in decode"): one-warp programs where each gets a long split,
+    # 64x8192 D64 / D128 321 -> 212 / 498 -> 402 us against (128, 4, 3); D256 (32, 2, 3) 629 -> 585
+    # against (64, 4, 3). Never under 32 keys a tile: on an H100 (Triton 3.6) 16-key tiles computed
+    # wrong results with 1, 2 or 4 warps on the byte path (unaligned caches; the words path
+    # computes them right but no faster: NOTES.md "Formats: NVFP4 in decode"); tests/ops/decode/test_configs.py guards it.
+    ("nvfp4", 64): (32, 1, 3),
+    ("nvfp4", 128): (32, 1, 3),
+    ("nvfp4", 256): (32, 2, 3),
+}
+# Launches of at most one work item an SM (small batches): every item is split, and one-warp
+# programs get short splits. NVFP4 D128, measured on an H100 (NOTES.md "Formats: NVFP4 in decode"):
+# 16x4096 88.6 -> 74.9 us, 1x32768 44.7 -> 43.8 with (64, 2, 3) instead of the main table's
+# (32, 1, 3); at 32x8192 (256 items) the main table's wins (214 vs 252). D64's and D256's main
+# entries win on those shapes as they are.
+_SM90_FEW = {
+    ("nvfp4", 128): (64, 2, 3),
+}
+# Long tiles: for launches whose work items all fit one wave of long-tile programs (small
+# batches, single decode: the sequence is split to fill that wave) and for pages of 64+ tokens
+# (a tile spans two whole pages). Measured on an H100 (benchmarks/NOTES.md, Decode): 16x4096 0.79 ->
+# 0.82, 1x32768 0.65 -> 0.67, single decode 32768 0.90 -> 0.92, 64x8192 page 64 0.98 -> 0.99;
+# with more items on 16-token pages they lose (128x2048 0.95 -> 0.92, 32x4096 0.905 -> 0.895:
+# one 8-warp program per SM balances worse).
+_SM90_LONG = {
+    ("half", 128): (128, 8, 3),
+}
+# Short requests (every request at most SHORT_SPAN keys): more, shorter programs an SM, so each
+# short program's setup (query, page ids) hides behind the others' copies. 16-bit caches: three
+# 4-warp programs instead of one long-tile program, on pages of 64+ tokens (smaller pages already
+# run 64-key tiles); fp8: four instead of two, on any page size. Measured on an H100
+# (benchmarks/NOTES.md, Decode): 256x1024 page 64 0.948 -> 0.963, fp8 256x1024 page 16 0.828 -> 0.853; at
+# 2048 keys the long tiles still win (128x2048 page 64 0.957 vs 0.949).
+_SM90_SHORT = {
+    ("half", 128): (64, 4, 3),
+    ("fp8", 128): (64, 4, 3),
+}
+_SHORT_MIN_PAGE = {"half": 64, "fp8": 1}
+SHORT_SPAN = 1024
+# Streaming tiles: launches that split every work item (few items: small batches, single decode)
+# and read at most STREAM_MAX_L2 times the L2 size of K/V. Their K/V loads are not software
+# pipelined (num_stages 1), so Triton keeps an evict_first hint on them: the streamed K/V, read
+# once, leaves L2 first, and the dirty lines other kernels left there (in the benchmark, the L2
+# flush's) are not written back during the call. Latency is hidden by more programs an SM
+# instead. Measured on an H100 (benchmarks/NOTES.md, Decode): 1x32768 0.672 -> 0.729, single decode 4096
+# 0.559 -> 0.639; past ~4 L2 sizes the hint costs more than it saves (single decode 32768 0.925
+# -> 0.891), and launches that do not split lose (16x4096 0.825 -> 0.819).
+_SM90_STREAM = {
+    ("half", 128): (128, 8, 1),
+}
+STREAM_MAX_L2 = 4
+# One-row tiles past the streaming spans: a launch of one query row an item over a contiguous
+# cache (single decode, MHA) whose span is too long for the streaming tiles' hint. Many short
+# unpipelined programs without the hint (4 an SM, 16 splits a head at 32 heads) instead of one
+# long pipelined program an SM: the block scheduler keeps every SM busy to the end. Found from
+# bare reads of single decode 32768's bytes (the fastest per-head read: many 32-64-key, 4-warp,
+# unpipelined programs), measured on an H100 (NOTES.md "Single decode: balancing the programs of 32768"): single decode 32768
+# 192.2-192.4 -> 189.0-189.1 us (0.92 -> 0.94 of copy bandwidth), 131072 710.0-710.7 -> 703.6-703.9;
+# with the hint, or 16- / 32-key tiles, or 8 warps, slower. Paged caches do not gain (16x4096 and
+# 8x8192 within 1 %, 64x8192 p64 0.99 -> 0.76: too many items for it), so they keep the long tiles.
+_SM90_CONTIG = {
+    ("half", 128): (64, 4, 1),
+}
+# RoPE's streaming tiles: one query row an item (MHA single decode) over a contiguous 16-bit cache,
+# within the streaming spans. RoPE's tiles stay pipelined (its per-key query rotation needs the
+# copies in flight), read by TMA with the L2 evict_first hint that the streaming tiles get from
+# register loads (ops/launch/ptx_hints.py puts it on the TMA copies; Triton cannot). Measured on an H100
+# (NOTES.md "Single decode: the L2 hint on pipelined copies"): single decode RoPE 4096 38.4 -> 36.3 us (NONE 34.2); TMA
+# without the hint 39.9, 64-key tiles 37.1; past the streaming spans the hint loses (32768 191.5
+# -> 201.4). The entry is RoPE's own tile before config() halves it: 32 keys, 4 warps, 3 stages.
+_SM90_ROPE_STREAM = {
+    ("half", 128): (64, 4, 3),
+}
+_DEFAULT = {key: (bn, w, 2) for key, (bn, w, _) in _SM90.items()}
+_INTERPRETER = {key: (32 if key[1] <= 128 else 16, 4, 1) for key in _SM90}
+
+TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
+LONG_TABLES = {"sm90": _SM90_LONG}
+FEW_TABLES = {"sm90": _SM90_FEW}
+SHORT_TABLES = {"sm90": _SM90_SHORT}
+STREAM_TABLES = {"sm90": _SM90_STREAM}
+CONTIG_TABLES = {"sm90": _SM90_CONTIG}
+ROPE_STREAM_TABLES = {"sm90": _SM90_ROPE_STREAM}
+# config(..., kind): the main table, or one of the measured special-purpose tables above.
+KINDS = {"main": TABLES, "long": LONG_TABLES, "few": FEW_TABLES, "short": SHORT_TABLES, "stream": STREAM_TABLES,
+         "contig": CONTIG_TABLES, "rope_stream": ROPE_STREAM_TABLES}
+
+_override: dict = {}
+
+
+# ``with override(**fields):`` replaces config fields for the block (the tuning script's hook).
+override = config_override(_override, lambda: config.cache_clear())
+
+
+# Per-SM resources of the GPUs the tables target (sm90): shared memory a multiprocessor can give
+# its programs (less 1 KB reserved per program), 32-bit registers, resident warps.
+_SMEM_PER_SM = 228 * 1024
+_REGS_PER_SM = 65536
+_WARPS_PER_SM = 64
+
+
+def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool) -> int:
+    """Programs of the split kernel that fit on one multiprocessor at once (an estimate).
+
+    Shared memory: ``num_stages - 1`` K/V tile buffers (what Triton 3.6 allocates for the
+    pipelined copies) and 4-6 KB of operand / reduction scratch, as the compiled kernels show; fp8
+    caches add the float16 tile their words are converted into. Registers: what ptxas gave the
+    tuned kernels (``benchmarks/inspect_kernels.py``, or ptxas on a local sm_90a compile): ~150 a
+    thread for fp8 at 128-key tiles, at most 128 otherwise; NVFP4 grows with the elements a thread
+    converts a tile (``block_n * D / threads``): 96-110 at 32, 128-146 at 64, 168-213 at 128
+    (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. An
+    estimate above the truth leaves slots idle; one below plans a second, partial wave.
+    """
+    fmt = BY_NAME[kv_format]
+    # bytes a staged element: the stored width, at least one byte (NVFP4's half-byte codes come
+    # with their scales and conversion scratch; the estimate keeps the byte it was measured with)
+    elem = max(1, fmt.element_bits // 8)
+    smem = (cfg.num_stages - 1) * cfg.block_n * head_dim * elem * 2 + (4 if rope_query else 6) * 1024
+    regs = 128
+    if fmt.config_key == "fp8":  # read as words (KV_FP8_WORDS): a float16 tile staged for the MMA
+        smem += cfg.block_n * head_dim * 2
+        regs = 160 if cfg.block_n >= 128 else 128
+    elif fmt.config_key == "nvfp4":
+        regs = min(255, 96 + cfg.block_n * head_dim // (32 * cfg.num_warps))
+    fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
+              _WARPS_PER_SM // cfg.num_warps)
+    return max(1, fit)
+
+
+def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: int, max_programs,
+               kv_format: str, head_dim: int, rope_query: bool) -> int:
+    """KV splits per work item (request x KV head x row block).
+
+    Enough programs for ``cfg.waves`` whole waves of resident programs (``occupancy`` per SM),
+    rounded down: the programs of a decode are equally long, so a last wave that is only partly
+    full costs nearly a whole program's time with most of the GPU idle (measured on an H100:
+    rounding ``4 programs per SM`` up instead cost up to 12 %, see NOTES.md "Decode: split counts
+    in whole waves of resident programs"). No split shorter than ``min_chunk`` keys, no more
+    partials than the workspace holds (``fit``), and at most ``max_programs`` programs (xqa's
+    ``sm_count``).
+    """
+    items = max(items, 1)
+    per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
+    if cfg.max_per_sm:
+        per_sm = min(per_sm, cfg.max_per_sm)
+    slots = sm_count * per_sm
+    want = max(1, cfg.waves * slots // items)
+    useful = max(1, -(-span // cfg.min_chunk))  # ceil
+    splits = min(want, useful, cfg.max_splits, fit)
+    if max_programs is not None:
+        splits = min(splits, max(1, max_programs // items))
+    return max(1, splits)
+
+
+def _fmt(kv_format: str) -> str:
+    """The tables' key of a cache format (the format table's ``config_key``)."""
+    return BY_NAME[kv_format].config_key
+
+
+# The special-purpose table measured with RoPE; the others were measured without it.
+_ROPE_KINDS = ("rope_stream",)
+
+
+def _measured(kind: str, arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool) -> bool:
+    """Whether the ``kind`` table has an entry for this launch. The special-purpose tables were
+    measured for one 16-row block only, RoPE's with RoPE and the others without it."""
+    return (rope == (kind in _ROPE_KINDS) and block_m == 16
+            and (_fmt(kv_format), head_dim) in KINDS[kind].get(arch, {}))
+
+
+def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
+                     page_size: int, items: int, sm_count: int) -> bool:
+    """Whether a launch takes the long-tile table (``config(..., "long")``): pages of 64+ tokens,
+    or work items that all fit one wave of long-tile programs."""
+    if not _measured("long", arch, kv_format, head_dim, block_m, rope):
+        return False
+    if page_size >= 64:
+        return True
+    long = config(arch, kv_format, head_dim, block_m, rope, "long")
+    return items <= sm_count * occupancy(long, kv_format, head_dim, False)
+
+
+def wants_few_item_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, items: int,
+                         sm_count: int) -> bool:
+    """Whether a launch takes the few-items table (``config(..., "few")``): at most one work item
+    an SM."""
+    return _measured("few", arch, kv_format, head_dim, block_m, rope) and items <= sm_count
+
+
+def has_short_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
+                    page_size: int) -> bool:
+    """Whether a launch takes the short-request table (``config(..., "short")``) for key spans of
+    at most ``SHORT_SPAN``: for 16-bit caches only on pages of 64+ tokens (where the long tiles
+    are the rule otherwise)."""
+    if not _measured("short", arch, kv_format, head_dim, block_m, rope):
+        return False
+    return page_size >= _SHORT_MIN_PAGE[_fmt(kv_format)]
+
+
+def wants_stream_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, items: int,
+                       sm_count: int) -> bool:
+    """Whether a launch may take the streaming table (``config(..., "stream")``), for spans whose
+    K/V bytes are at most ``STREAM_MAX_L2`` L2 sizes: a long-tile launch would split every one of
+    its ``items`` (at most half a wave of them)."""
+    if not _measured("stream", arch, kv_format, head_dim, block_m, rope):
+        return False
+    long = config(arch, kv_format, head_dim, block_m, rope, "long")
+    return 2 * items <= sm_count * occupancy(long, kv_format, head_dim, False)
+
+
+def wants_one_row_tiles(kind: str, arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *,
+                        paged: bool, rows: int) -> bool:
+    """Whether a launch takes the ``kind`` table of one-row launches over a contiguous cache
+    (single decode with one query head a KV head), as measured: ``"contig"`` for spans past the
+    streaming tiles, ``"rope_stream"`` for RoPE's spans within ``stream_span`` (the launcher reads
+    by TMA only where TMA's alignment rules hold; elsewhere the same tiles run without the hint)."""
+    return _measured(kind, arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
+
+
+def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:
+    """Longest key span a streaming launch takes: K and V of ``batch x num_kv_heads`` rows of
+    ``row_bytes`` a token, at most ``STREAM_MAX_L2`` times ``l2_bytes`` in all."""
+    return int(STREAM_MAX_L2 * l2_bytes // max(1, batch * num_kv_heads * 2 * row_bytes))
+
+
+@functools.lru_cache(maxsize=None)
+def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, kind: str = "main") -> DecodeConfig:
+    """The launch config from the ``kind`` table (``KINDS``; GPUs without a main table of their own
+    use ``"default"``), adjusted for RoPE and the accumulator's size."""
+    fmt = _fmt(kv_format)
+    tables = KINDS[kind]
+    table = tables.get(arch, _DEFAULT) if kind == "main" else tables[arch]
+    block_n, warps, stages = table[(fmt, head_dim)]
+    if rope:
+        # RoPE keeps two float32 [BLOCK_N, D/2] cos/sin tables live (and one-row programs a square
+        # [BLOCK_N, BLOCK_N] score tile): halve the tile. Measured on an H100: 64 was slower.
+        block_n = max(16, block_n // 2)
+    if block_m * head_dim >= 64 * 128:
+        warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
+    sm90 = arch == "sm90"
+    # RoPE on sm90, measured on an H100 (NOTES.md "Single decode: RoPE split count and programs an SM"):
+    # - at most 3 pipeline stages, and a split count planned for two programs an SM although four
+    #   fit (half as many programs, each twice as long): single decode 4096 / 32768 / 131072 42.9 /
+    #   202.1 / 744.6 us with 4 stages and four an SM, 39.4 / 193.1 / 713.1 with 3 and two;
+    # - an L2 prefetch of the first tile, which only RoPE's setup is long enough to hide (4096
+    #   44.0 -> 43.0 us; NONE and deeper prefetches equal or slower).
+    sm90_rope = sm90 and rope
+    if sm90_rope:
+        stages = min(stages, 3)
+    cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
+                       prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
+                       evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
+    if _override:
+        cfg = replace(cfg, **_override)
+    return cfg

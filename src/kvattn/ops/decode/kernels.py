@@ -1,0 +1,467 @@
+"""Decode attention kernels: one program per (request, KV head, KV split, query-row block).
+
+A program packs every query row that reads one KV head -- the ``GROUP`` query heads of the KV
+group times the ``Q_LEN`` draft tokens of the request -- into one ``BLOCK_M`` tile, so the KV of a
+request and head is read once whatever ``Q_LEN`` is. It streams its split's keys in ``BLOCK_N``
+tiles (gathering page ids per token, so a tile may span several pages), keeps the softmax state
+in registers and either writes the final rows (the launch has a single split) or a normalised
+partial ``(o, lse)`` to the workspace, which :func:`decode_combine_kernel` merges.
+
+Single-request decode is the same kernel with ``PAGED=False`` (contiguous ``[L, Hkv, D]`` K/V)
+and the ROPE / ALIBI / SOFT_CAP / STORE_LSE switches it needs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..common import (
+    KV_HALF,
+    LOG2E,
+    alibi_slopes,
+    element_bits,
+    float16_operand,
+    kv_token_offsets,
+    load_kv_tile,
+    load_page_ids,
+    merge_partials,
+    online_softmax_step,
+    prefetch_rows_l2,
+    rope_angle,
+    rope_freqs,
+    rope_query_per_key,
+    rope_rotate,
+    rope_table,
+    sink_logits2,
+    soft_cap,
+    softmax_finalize,
+    spec_draft_allowed,
+    split_bounds,
+    storage_bytes,
+    store_scaled,
+    tma_kv_tile,
+    tile_diagonal,
+    tile_pv,
+    tile_scores,
+    token_pages,
+    window_causal_allowed,
+)
+from ..launch.ptx_hints import mark_copies_evict_first
+
+# KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies: their launches compile
+# inside ptx_hints.applied() (fast_launch.Launch with ptx_hints=True).
+
+try:  # grid dependency control (programmatic dependent launch); absent in old Triton builds
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN: tl.constexpr,
+                      PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """``(kv_len, kv_lo)``: the request's length and its first key any of its rows can see."""
+    if PAGED:
+        kv_len = tl.load(seq_lens_ptr + b)
+    else:
+        kv_len = fixed_len
+    kv_lo = kv_len * 0
+    if HAS_WINDOW:
+        # The first draft row (position L - Q) has the earliest window start.
+        kv_lo = tl.maximum(kv_len - Q_LEN - window_left, 0)
+    return kv_len, kv_lo
+
+
+@triton.jit
+def _tile_rows(offs_m, b, kvh, GROUP: tl.constexpr, Q_LEN: tl.constexpr):
+    """``(row_ok, row_idx, heads, q_rows)`` of tile rows ``offs_m`` of request ``b`` and KV head
+    ``kvh``: row m is draft row ``m // GROUP`` of query head ``kvh * GROUP + m % GROUP``."""
+    row_ok = offs_m < Q_LEN * GROUP
+    row_idx = offs_m // GROUP
+    heads = kvh * GROUP + offs_m % GROUP
+    q_rows = (b * Q_LEN + row_idx).to(tl.int64)
+    return row_ok, row_idx, heads, q_rows
+
+
+@triton.jit
+def _decode_item(
+    item,
+    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr, sinks_ptr,
+    logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+    num_rows, num_splits, num_pages, fixed_len, window_left,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
+    KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
+    OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr,
+):
+    NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
+    HALF: tl.constexpr = HEAD_DIM // 2
+    # RoPE with one query row on tensor cores (MHA single decode): rotate the query once per key
+    # instead of each key (see the loop), so K goes from its pipelined shared-memory copy straight
+    # into the product, as without RoPE. Several rows keep the key rotation (one per key, shared).
+    ROPE_Q: tl.constexpr = ROPE and USE_DOT and GROUP * Q_LEN == 1
+    # Operand type of the products. Quantised caches (fp8, NVFP4) convert exactly to float16, and
+    # the fp8 -> float16 conversion is one instruction per pair (bfloat16 needs a second step).
+    cdt = q_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16
+
+    mb = item % M_BLOCKS
+    rest = item // M_BLOCKS
+    split = rest % num_splits
+    bh = rest // num_splits
+    b = bh // NUM_KV_HEADS
+    kvh = bh % NUM_KV_HEADS
+
+    kv_len, kv_lo = _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN, PAGED, HAS_WINDOW)
+    chunk = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
+    start = kv_lo + split * chunk
+    end = tl.minimum(start + chunk, kv_len)
+    if PREFETCH > 0:
+        # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
+        # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
+        ELEM: tl.constexpr = storage_bytes(KV_FORMAT)
+        ROW_BYTES: tl.constexpr = HEAD_DIM * element_bits(KV_FORMAT) // 8
+        pf_rows = kv_len - start  # (not end: ptxas then kept the RoPE kernel at 156 registers)
+        pf_head = kvh.to(tl.int64)
+        prefetch_rows_l2(k_ptr + (pf_head * stride_k_h + start.to(tl.int64) * stride_k_s), stride_k_s * ELEM, pf_rows,
+                         PREFETCH * BLOCK_N, ROW_BYTES)
+        prefetch_rows_l2(v_ptr + (pf_head * stride_v_h + start.to(tl.int64) * stride_v_s), stride_v_s * ELEM, pf_rows,
+                         PREFETCH * BLOCK_N, ROW_BYTES)
+
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok, row_idx, heads, q_rows = _tile_rows(offs_m, b, kvh, GROUP, Q_LEN)
+    row_pos = kv_len - Q_LEN + row_idx
+    draft_start = kv_len - Q_LEN
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * tl.load(logit_scale_ptr)
+    # Without a bias or cap the whole logit multiplier folds into one base-2 factor.
+    qk_scale = logit * LOG2E
+
+    q_off = q_rows[:, None] * stride_q_t + heads[:, None] * stride_q_h
+    if ROPE_Q:
+        # u = R(p - j0) q for the tile at j0 (p = kv_len - 1): set at the split's start, then
+        # turned by R(-BLOCK_N) each tile. (p - j0) is reduced once, in float64; the product of
+        # rotations drifts by ~1e-7 rad a tile, far under the operands' bfloat16 rounding.
+        q0 = b.to(tl.int64) * Q_LEN * stride_q_t + kvh * GROUP * stride_q_h
+        offs_h = tl.arange(0, HALF)
+        q1 = tl.load(q_ptr + q0 + offs_h).to(tl.float32)
+        q2 = tl.load(q_ptr + q0 + HALF + offs_h).to(tl.float32)
+        freqs = rope_freqs(rope_theta, rope_scale, HALF)
+        ang = rope_angle(kv_len - 1 - start, freqs)
+        u1, u2 = rope_rotate(q1, q2, tl.cos(ang), tl.sin(ang))
+        # [1, HALF]: carried in the layout of their use (a 1-D carry costs two conversions a tile)
+        u1 = u1[None, :]
+        u2 = u2[None, :]
+        step_ang = rope_angle(tl.full([1], BLOCK_N, tl.int32), freqs)[None, :]
+        step_cos = tl.cos(step_ang)
+        step_sin = tl.sin(step_ang)
+        t_cos, t_sin = rope_table(BLOCK_N, freqs)
+        first_row = tl.arange(0, BLOCK_M) == 0
+    elif ROPE:
+        offs_h = tl.arange(0, HALF)
+        q1 = tl.load(q_ptr + q_off + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q2 = tl.load(q_ptr + q_off + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        freqs = rope_freqs(rope_theta, rope_scale, HALF)
+        ang = rope_angle(row_pos[:, None], freqs[None, :])
+        q1, q2 = rope_rotate(q1, q2, tl.cos(ang), tl.sin(ang))
+        if USE_DOT:  # the CUDA-core path keeps the rotated values in float32
+            q1 = q1.to(cdt)
+            q2 = q2.to(cdt)
+        # cos/sin of key j = j0 + t from those of j0 and of t < BLOCK_N (angle addition): two
+        # sincos per frequency per tile instead of one per key and frequency.
+        t_cos, t_sin = rope_table(BLOCK_N, freqs)
+    else:
+        q = tl.load(q_ptr + q_off + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        if KV_FORMAT != KV_HALF:
+            q = float16_operand(q)
+    if ALIBI:
+        slopes = alibi_slopes(heads, alibi_n)
+    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
+
+    kt_row = k_table_ptr + b.to(tl.int64) * stride_kt_b
+    vt_row = v_table_ptr + b.to(tl.int64) * stride_vt_b
+    mask_row = mask_ptr + b.to(tl.int64) * stride_mask_b
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # PAGE_AHEAD: page ids are loaded one tile ahead and carried through the loop, so the K/V
+    # loads of a tile depend on no load of their own iteration and the pipeliner double-buffers
+    # them with fewer stages; otherwise the pipeliner stages the (table -> K/V) chain itself.
+    offs_n = start + tl.arange(0, BLOCK_N)
+    k_ids = load_page_ids(kt_row, stride_kt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
+    v_ids = k_ids
+    if not SAME_TABLE:
+        v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        tok_ok = offs_n < end
+        if not PAGE_AHEAD:
+            k_ids = load_page_ids(kt_row, stride_kt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+            v_ids = k_ids
+            if not SAME_TABLE:
+                v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+        k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
+        v_page, v_slot, v_ok = k_page, k_slot, k_ok
+        if not SAME_TABLE:
+            v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
+        k_off, ksf_off = kv_token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h,
+                                          stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
+
+        if ROPE_Q:
+            # S[t, t'] = <R(p - j0 - t) q, k_t'>: its diagonal holds the tile's logits. The square
+            # product is ~BLOCK_N / 16 times the padded one row, still well under the tile's
+            # memory time, and the query rows depend on no load, so they overlap the copies.
+            if KV_TMA:
+                k1 = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HALF)
+                k2 = tma_kv_tile(k_ptr, kvh, start_n, HALF, BLOCK_N, HALF)
+            else:
+                k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
+                                  EVICT_FIRST=KV_EVICT_FIRST)
+                k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
+                                  EVICT_FIRST=KV_EVICT_FIRST)
+            qt1, qt2 = rope_query_per_key(u1, u2, t_cos, t_sin)
+            sq = tl.dot(qt1.to(cdt), tl.trans(k1))
+            sq = tl.dot(qt2.to(cdt), tl.trans(k2), sq)
+            qk = tl.where(first_row[:, None], tile_diagonal(sq)[None, :], 0.0)
+            u1, u2 = rope_rotate(u1, u2, step_cos, -step_sin)
+        elif ROPE:
+            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32,
+                              EVICT_FIRST=KV_EVICT_FIRST)
+            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32,
+                              EVICT_FIRST=KV_EVICT_FIRST)
+            b_ang = rope_angle(start_n, freqs)
+            b_cos = tl.cos(b_ang)[None, :]
+            b_sin = tl.sin(b_ang)[None, :]
+            cos = b_cos * t_cos - b_sin * t_sin
+            sin = b_sin * t_cos + b_cos * t_sin
+            k1, k2 = rope_rotate(k1, k2, cos, sin)
+            if USE_DOT:
+                k1 = k1.to(cdt)
+                k2 = k2.to(cdt)
+            qk = tile_scores(q1, k1, USE_DOT) + tile_scores(q2, k2, USE_DOT)
+        else:
+            if KV_TMA:
+                k = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
+            else:
+                k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
+                                 EVICT_FIRST=KV_EVICT_FIRST)
+            qk = tile_scores(q, k, USE_DOT)
+
+        if ALIBI or SOFT_CAP:
+            s = qk * logit
+            if ALIBI:
+                s = s + slopes[:, None] * offs_n[None, :].to(tl.float32)
+            if SOFT_CAP:
+                s = soft_cap(s, soft_cap_value)
+            s = s * LOG2E
+        else:
+            s = qk * qk_scale
+
+        allowed = (k_ok & v_ok)[None, :]
+        if Q_LEN > 1:
+            c = offs_n[None, :] - draft_start
+            prefix = c < 0
+            if HAS_WINDOW:
+                prefix = prefix & (row_pos[:, None] - offs_n[None, :] <= window_left)
+            draft = spec_draft_allowed(row_idx, row_ok, c, mask_row, stride_mask_r, Q_LEN, HAS_MASK)
+            allowed = allowed & (prefix | draft)
+        elif HAS_WINDOW:
+            allowed = allowed & window_causal_allowed(row_pos, offs_n, window_left, True)
+        s = tl.where(allowed, s, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+
+        v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
+                                          stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
+        if KV_TMA:
+            v = tma_kv_tile(v_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
+        else:
+            v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
+                             EVICT_FIRST=KV_EVICT_FIRST)
+        acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
+
+        if PAGE_AHEAD:
+            offs_next = offs_n + BLOCK_N
+            k_ids = load_page_ids(kt_row, stride_kt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
+            v_ids = k_ids
+            if not SAME_TABLE:
+                v_ids = load_page_ids(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
+
+    # A launch with one split writes the final rows; with several, every split writes a partial
+    # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
+    # all num_splits of them without reading the request's length again.
+    final = num_splits == 1
+    o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    o_off = q_rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
+    store_scaled(out_ptr + o_off, o * out_mult, row_ok[:, None] & final, OUT_FP8)
+    if STORE_LSE:
+        tl.store(lse_ptr + q_rows * stride_lse_t + heads, lse2, mask=row_ok & final)
+
+    # Partials leave out the sinks (the combine adds them once) and the output scale.
+    partial = num_splits > 1
+    o_part, _ = softmax_finalize(acc, m_i, l_i, sink2, False)
+    p_row = (split.to(tl.int64) * num_rows + q_rows) * NUM_HEADS + heads
+    tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=row_ok[:, None] & partial)
+    tl.store(part_lse_ptr + p_row, lse2, mask=row_ok & partial)
+
+    if MERGE:
+        # The item's last split to finish merges all of them (no combine launch): each split
+        # counts its arrival after its partial is written (the barrier orders every thread's
+        # stores before the one thread's release), and the last resets the count for the next
+        # launch. Every split of an item runs, so the count always reaches num_splits.
+        tl.debug_barrier()
+        count_ptr = counter_ptr + (bh * M_BLOCKS + mb)
+        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+            # MERGE_ROWS: the tile's rows that can hold query rows (1 for one row, which the
+            # tensor-core tile pads to 16), so the merge loads more splits at once instead.
+            mg_ok, mg_idx, mg_heads, mg_rows = _tile_rows(mb * BLOCK_M + tl.arange(0, MERGE_ROWS), b, kvh, GROUP, Q_LEN)
+            split_stride = num_rows * NUM_HEADS
+            mg_m, mg_den, mg_acc = merge_partials(part_o_ptr, part_lse_ptr, mg_rows * NUM_HEADS + mg_heads, mg_ok,
+                                                  split_stride, num_splits, HEAD_DIM, MERGE_BLOCK_S, True)
+            mg_sink2 = sink_logits2(sinks_ptr, mg_heads, mg_ok, HAS_SINKS)
+            mg_o, mg_lse2 = softmax_finalize(mg_acc, mg_m, mg_den, mg_sink2, HAS_SINKS)
+            mg_off = mg_rows[:, None] * stride_o_t + mg_heads[:, None] * stride_o_h + offs_d[None, :]
+            store_scaled(out_ptr + mg_off, mg_o * out_mult, mg_ok[:, None], OUT_FP8)
+            if STORE_LSE:
+                tl.store(lse_ptr + mg_rows * stride_lse_t + mg_heads, mg_lse2, mask=mg_ok)
+
+
+@triton.jit
+def decode_split_kernel(
+    q_ptr,  # [B * Q_LEN, Hq, D] query rows, request-major (last dim contiguous)
+    k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D_STORED] pages (PAGED) or [L, Hkv, D_STORED]; D_STORED = D/2 for NVFP4;
+    #         KV_TMA: a tensor descriptor of the contiguous 16-bit cache as [Hkv, L, D] (common.tma_kv_tile)
+    v_ptr,  # same shape as k_ptr
+    k_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of K (NVFP4)
+    v_sf_ptr,  # [num_pages, PAGE_SIZE, Hkv, D / 16] e4m3 block scales of V (NVFP4)
+    k_table_ptr,  # [B, pages_per_seq] int32 page ids of K
+    v_table_ptr,  # [B, pages_per_seq] int32 page ids of V
+    seq_lens_ptr,  # [B] int32 (PAGED)
+    mask_ptr,  # [B, Q_LEN, words] int16 spec-decode mask bits (HAS_MASK)
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8 (last dim contiguous)
+    lse_ptr,  # [B * Q_LEN, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
+    part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs
+    counter_ptr,  # [B * Hkv * M_BLOCKS] int32 arrivals per item (MERGE; zero between launches)
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+    num_items, num_rows, num_splits, num_pages, fixed_len, window_left,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
+    KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
+    OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
+    KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr,
+    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    if KV_EVICT_FIRST and KV_TMA:
+        mark_copies_evict_first()
+    if USE_PDL:
+        gdc_wait()
+    # Two call sites on purpose: wrapping the one-item path in the persistent loop as well (one
+    # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
+    # per SM and 20-25 % of its time on an H100 (benchmarks/NOTES.md, Single decode).
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        # A capped grid (xqa's sm_count): each program walks the work items.
+        for item in range(pid, num_items, tl.num_programs(0)):
+            _decode_item(
+                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+                stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+                stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+                num_rows, num_splits, num_pages, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+                HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
+                KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S,
+            )
+    else:
+        _decode_item(
+            pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+            sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+            stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+            stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+            stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+            stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+            num_rows, num_splits, num_pages, fixed_len, window_left,
+            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+            HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
+            KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S,
+        )
+    if USE_PDL:
+        # At the end, not the start: combine programs launched early and parked in gdc_wait made
+        # the split launches ~2 us slower on an H100 (benchmarks/NOTES.md, Decode).
+        gdc_launch_dependents()
+
+
+@triton.jit
+def decode_combine_kernel(
+    part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs (base 2; -inf: empty split)
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8
+    lse_ptr,  # [B * Q_LEN, Hq] float32 (STORE_LSE; head stride 1)
+    stride_o_t, stride_o_h, stride_lse_t,
+    num_rows, num_splits, out_factor,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
+    OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Merge one (query row, head)'s split partials exactly through their LSEs.
+
+    One pass, rescaling as it goes: with ``num_splits <= BLOCK_S`` (the launcher's usual choice)
+    every load is issued at once, so the kernel costs one round trip to L2 after the split kernel.
+    """
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    if USE_PDL:
+        gdc_wait()
+    # One row, as a [1] tensor: the same merge the split kernel's last program does for its rows.
+    heads = h + tl.zeros([1], dtype=tl.int32)
+    row_ok = heads < NUM_HEADS
+    m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, t.to(tl.int64) * NUM_HEADS + heads, row_ok,
+                                 num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S, False)
+    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
+    o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    offs_d = tl.arange(0, HEAD_DIM)
+    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
+                 o * out_mult, row_ok[:, None], OUT_FP8)
+    if STORE_LSE:
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
+
+
+__all__ = ["decode_split_kernel", "decode_combine_kernel"]

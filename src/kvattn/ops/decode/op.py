@@ -1,0 +1,156 @@
+"""Decode's entry points and torch operators: paged batch decode and single-request decode.
+
+The public functions in :mod:`kvattn.decode` and :mod:`kvattn.xqa` validate and normalise their
+arguments, then call :func:`batch_decode` or :func:`single_decode`, which unpack
+:class:`~kvattn._inputs.PagedKV` and :class:`~kvattn._inputs.Scale` into the flat operators
+``torch.ops.kvattn.batch_decode`` / ``single_decode``. Each operator is a ``torch.library.custom_op``
+with a fake implementation and exact ``mutates_args``, so ``torch.compile`` traces through the
+public functions (the kernels stay opaque calls); eager calls run the same launcher without the
+dispatcher (:func:`kvattn.ops.launch.common.entry`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..._inputs import PagedKV, Scale
+from ..launch.common import entry
+from .launch import launch_decode
+
+
+def batch_decode(
+    query: torch.Tensor,
+    kv: PagedKV,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    workspace: torch.Tensor,
+    *,
+    q_len: int,
+    max_seq_len: int,
+    logit_scale: Scale,
+    out_scale: Scale,
+    window_left: int,
+    sinks,
+    mask,
+    enable_pdl: bool = False,
+    max_programs=None,
+) -> None:
+    """``out [B * q_len, Hq, D] = out_scale * softmax(logit_scale * q.k) v`` over each request's pages.
+
+    Split-KV partials use ``workspace``; nothing is allocated and nothing waits for the device.
+    """
+    entry(batch_decode_op, batch_decode_impl)(
+        query, kv.k, kv.v, kv.k_table, kv.v_table, kv.k_sf, kv.v_sf, seq_lens, mask, sinks,
+        logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor, out, workspace,
+        q_len, max_seq_len, window_left, max_programs, bool(enable_pdl),
+    )
+
+
+def single_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    use_tensor_cores: bool,
+    logit_scale: Scale,
+    out_scale: Scale,
+    pos_encoding_mode: str,
+    window_left: int,
+    logits_soft_cap,
+    rope_scale: float,
+    rope_theta: float,
+):
+    """One query token over contiguous ``k, v [L, Hkv, D]`` (NHD views, any strides but the last).
+
+    Returns ``out [Hq, D]`` in q's dtype (times ``out_scale``) and the base-2 ``lse`` float32 ``[Hq]``.
+    """
+    return entry(single_decode_op, single_decode_impl)(
+        q, k, v, logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor,
+        pos_encoding_mode, window_left, float(logits_soft_cap or 0.0), float(rope_scale), float(rope_theta),
+        bool(use_tensor_cores),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the torch.library op (traced by torch.compile) and the plain call (eager) it wraps
+# ---------------------------------------------------------------------------------------------
+def batch_decode_impl(
+    query: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_table: torch.Tensor,
+    v_table: torch.Tensor,
+    k_sf: Optional[torch.Tensor],
+    v_sf: Optional[torch.Tensor],
+    seq_lens: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    sinks: Optional[torch.Tensor],
+    logit_factor: float,
+    logit_tensor: Optional[torch.Tensor],
+    out_factor: float,
+    out_tensor: Optional[torch.Tensor],
+    out: torch.Tensor,
+    workspace: torch.Tensor,
+    q_len: int,
+    max_seq_len: int,
+    window_left: int,
+    max_programs: Optional[int],
+    enable_pdl: bool,
+) -> None:
+    """Paged decode into ``out``; split-KV partials live in ``workspace`` (see ops.decode)."""
+    launch_decode(
+        query, k, v, out, paged=True, k_sf=k_sf, v_sf=v_sf, k_table=k_table, v_table=v_table,
+        seq_lens=seq_lens, max_seq_len=max_seq_len, q_len=q_len, mask=mask, sinks=sinks,
+        logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor,
+        window_left=window_left, workspace=workspace, max_programs=max_programs, enable_pdl=enable_pdl,
+    )
+
+
+batch_decode_op = torch.library.custom_op("kvattn::batch_decode", batch_decode_impl, mutates_args=("out", "workspace"))
+
+
+@batch_decode_op.register_fake
+def _batch_decode_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, mask, sinks, logit_factor,
+                       logit_tensor, out_factor, out_tensor, out, workspace, q_len, max_seq_len, window_left,
+                       max_programs, enable_pdl) -> None:
+    return None
+
+
+def single_decode_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    logit_factor: float,
+    logit_tensor: Optional[torch.Tensor],
+    out_factor: float,
+    out_tensor: Optional[torch.Tensor],
+    pos_encoding_mode: str,
+    window_left: int,
+    soft_cap: float,
+    rope_scale: float,
+    rope_theta: float,
+    use_tensor_cores: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query token over contiguous ``k, v [L, Hkv, D]``: ``(out [Hq, D], lse float32 [Hq])``."""
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[0], dtype=torch.float32, device=q.device)
+    length = k.shape[0]
+    launch_decode(  # [Hq, D] tensors are one row of the launcher's [rows, Hq, D]
+        q, k, v, out, paged=False, fixed_len=length, max_seq_len=length,
+        logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor,
+        lse=lse, window_left=window_left,
+        rope=(rope_scale, rope_theta) if pos_encoding_mode == "ROPE_LLAMA" else None,
+        alibi=pos_encoding_mode == "ALIBI", soft_cap=soft_cap, use_tensor_cores=use_tensor_cores,
+    )
+    return out, lse
+
+
+single_decode_op = torch.library.custom_op("kvattn::single_decode", single_decode_impl, mutates_args=())
+
+
+@single_decode_op.register_fake
+def _single_decode_fake(q, k, v, logit_factor, logit_tensor, out_factor, out_tensor, pos_encoding_mode,
+                        window_left, soft_cap, rope_scale, rope_theta, use_tensor_cores):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[0], dtype=torch.float32)

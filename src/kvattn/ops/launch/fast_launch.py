@@ -1,0 +1,523 @@
+"""Launch compiled Triton kernels (3.6, 3.7) without ``JITFunction.run`` on every call.
+
+``kernel[grid](*args, **kwargs)`` costs tens of microseconds of host time in Triton 3.6: it binds
+every argument through a generated function, specialises each one natively, builds a string key,
+looks the compiled kernel up, checks the kernel's globals and builds launch metadata. At batch-1
+decode that is longer than the kernels themselves. Here:
+
+1. a :class:`Launch` binds everything of one launch that a caller can fix ahead (grid,
+   constexprs, options, the scalar arguments that follow from shapes), once, each argument by
+   the kernel parameter's name; the names are resolved to positions there, once (Triton's
+   ``JITFunction.params``), so a call only picks its values into place;
+2. :func:`call_args` reads a call's tensors once (data pointer, dtype, 16-byte alignment), its
+   per-call ints and floats, for every launch of the call (a decode call's split and combine
+   launches); a :class:`CallLayout` names those values, in the order the caller passes them;
+3. a launch looks the compiled kernel up under a key of the facts Triton specialises on (below)
+   and calls its launcher with raw pointers, as ``CompiledKernel.__getitem__`` does.
+
+The first call of each key goes through ``kernel[grid](...)``, which compiles (or finds) the
+kernel Triton itself picks; its return value is cached under the key.
+
+The key. Triton 3.6 picks a compiled kernel by the current device, the options and the
+specialisation of every argument (``native_specialize_impl`` with specialisation and alignment
+on, the defaults of unannotated parameters):
+
+* tensor: its dtype and whether ``data_ptr() % 16 == 0``;
+* int: ``== 1`` (passed as a constexpr); otherwise whether it is divisible by 16, and its type:
+  i32 in [-2^31, 2^31), else i64 below 2^63, else u64 below 2^64 (beyond: an OverflowError);
+* float: fp32 whatever the value; bool: u1; None: a constexpr;
+* constexpr parameters: their values;
+
+plus the options (``num_warps``, ``num_stages``, ``launch_pdl``, ...), the kernel's ``debug``
+flag and the ``debug``/``instrumentation_mode`` knobs. The key holds each of these facts, or finer
+ones (a finer key only costs one more trip through ``kernel[grid]``): constexprs and options are
+compared with their types, so ``True`` and ``1`` differ where Triton's own lookup conflates them.
+A parameter marked ``do_not_specialize``/``do_not_specialize_on_alignment`` or annotated with a
+type is specialised otherwise; :class:`Launch` leaves such kernels to Triton.
+
+The fast path runs only on Triton 3.6 and 3.7 (the versions whose rules these are), for compiled
+``JITFunction`` kernels outside the interpreter, with no launch hooks and no pre-run hooks set,
+and unless ``KVATTN_FAST_LAUNCH=0``; otherwise every launch is a plain ``kernel[grid](...)``.
+
+Raw pointers skip the launcher's ``cuPointerGetAttribute`` check that a tensor is device memory:
+callers pass tensors they validated to be on the current CUDA device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import operator
+import sys
+from itertools import repeat
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+import triton
+
+from ... import _device, _env
+from .ptx_hints import applied as ptx_hints_applied
+
+# The Triton versions whose specialisation rules and launcher this module was verified against
+# (tests/ops/launch/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
+# 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher has
+# no C entry point of 3.6's format, so launches go through ``run`` (see :func:`_launcher`).
+FAST_LAUNCH_VERSIONS = ("3.6", "3.7")
+TRITON_SUPPORTED = triton.__version__.startswith(FAST_LAUNCH_VERSIONS)
+
+from triton.compiler.compiler import CompiledKernel  # noqa: E402  (every version kvattn runs on)
+
+if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 and 3.7 spell them
+    from triton import knobs
+    from triton.knobs import HookChain
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+_INT32 = 1 << 31
+_INT64 = 1 << 63
+_UINT64 = 1 << 64
+_ONE = ("constexpr", 1)
+_U1 = ("u1",)
+_FP32 = ("fp32",)
+_NONE = ("constexpr", None)
+_MISSING = object()
+_NO_GLOBALS = ((), (), (), (), ())  # what _remember_globals keeps for a kernel that reads no globals
+
+_data_ptr = torch.Tensor.data_ptr
+_dtype = operator.attrgetter("dtype")
+_low_bits = (15).__and__  # x & 15: a pointer's (or an int's) offset from a multiple of 16
+
+
+class Unspecializable(TypeError):
+    """An argument whose specialisation this module does not model: Triton launches it."""
+
+
+def int_spec(value: int) -> tuple:
+    """Triton 3.6's specialisation of an int argument: ``("constexpr", 1)`` or ``(type, % 16 == 0)``."""
+    if type(value) is not int:
+        raise Unspecializable(f"expected an int, got {type(value).__name__}")
+    if value == 1:
+        return _ONE
+    if -_INT32 <= value < _INT32:
+        kind = "i32"
+    elif -_INT64 <= value < _INT64:
+        kind = "i64"
+    elif _INT64 <= value < _UINT64:
+        kind = "u64"
+    else:
+        raise Unspecializable(f"integer {value} does not fit 64 bits")
+    return kind, value & 15 == 0
+
+
+def arg_spec(value: Any) -> tuple:
+    """Triton 3.6's specialisation of one non-constexpr argument (see the module docstring)."""
+    kind = type(value)
+    if kind is int:
+        return int_spec(value)
+    if kind is bool:
+        return _U1
+    if kind is float:
+        return _FP32
+    if value is None:
+        return _NONE
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() & 15 == 0
+    raise Unspecializable(f"no specialisation rule for {kind.__name__}")
+
+
+def fast_path_enabled() -> bool:
+    """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6 / 3.7, compiled, no launch hooks)."""
+    if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
+        return False
+    runtime = knobs.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook  # None, or a HookChain of hooks
+    return (enter is None or (type(enter) is HookChain and not enter.calls)) and (
+        exit_ is None or (type(exit_) is HookChain and not exit_.calls)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-call arguments
+# ---------------------------------------------------------------------------------------------
+class CallLayout(NamedTuple):
+    """The names of a call's per-call values, in the order the caller hands them to
+    :func:`call_args`: its tensors, ints and floats. A :class:`Launch` maps kernel parameters to
+    these names."""
+
+    tensors: tuple
+    ints: tuple = ()
+    floats: tuple = ()
+
+    def positions(self) -> dict[str, int]:
+        """Each name's index into ``tensors + ints + floats``."""
+        names = self.tensors + self.ints + self.floats
+        if len(set(names)) != len(names):
+            raise ValueError(f"CallLayout: names must be unique, got {names}")
+        return {name: i for i, name in enumerate(names)}
+
+
+class CallArgs:
+    """The tensors, per-call ints and floats of one call, read once for every launch of the call.
+
+    ``key`` is None when the fast path is off; otherwise an int standing for :func:`call_key` of
+    the call (equal facts, equal ints), and ``ptrs``/``stream`` are what the launcher takes.
+    ``values``: ``ptrs + ints + floats``, what a fast launch picks its per-call arguments from.
+    """
+
+    __slots__ = ("tensors", "ints", "floats", "ptrs", "key", "stream", "values")
+
+    def __init__(self, tensors: tuple, ints: tuple = (), floats: tuple = (), ptrs: tuple | None = None,
+                 key: int | None = None, stream: int = 0):
+        self.tensors = tensors
+        self.ints = ints
+        self.floats = floats
+        self.ptrs = ptrs
+        self.key = key
+        self.stream = stream
+        self.values = None if ptrs is None else ptrs + ints + floats
+
+    def triton_values(self) -> tuple:
+        """``tensors + ints + floats`` for Triton's own path (floats through ``float()``: Triton
+        specialises an int otherwise; the compiled launcher reads them as C doubles)."""
+        return self.tensors + self.ints + tuple(map(float, self.floats))
+
+
+def call_key(device: int, dtypes: tuple, ptrs: tuple, ints: tuple) -> tuple:
+    """What a call's tensors and ints, the device and Triton's compile knobs add to a launch key.
+
+    Raises :class:`Unspecializable` for an int Triton would not specialise as :func:`int_spec` says.
+    """
+    return (
+        device,
+        dtypes,
+        tuple(map(_low_bits, ptrs)),  # offsets from 16-byte alignment (finer than aligned or not)
+        _int_specs(ints),
+        knobs.runtime.debug,
+        knobs.compilation.instrumentation_mode,
+    )
+
+
+# ints -> tuple(map(int_spec, ints)), for tuples of ints only (True == 1 and 5.0 == 5 as keys: a hit
+# counts only when every value is an int).
+_INT_SPECS: dict[tuple, tuple] = {}
+_MAX_INT_SPECS = 4096
+
+
+def _int_specs(ints: tuple) -> tuple:
+    specs = _INT_SPECS.get(ints)
+    if specs is not None:
+        for value in ints:
+            if type(value) is not int:
+                break
+        else:
+            return specs
+    specs = tuple(map(int_spec, ints))  # ints only, past here
+    if len(_INT_SPECS) >= _MAX_INT_SPECS:
+        _INT_SPECS.clear()
+    _INT_SPECS[ints] = specs
+    return specs
+
+
+# call_key facts -> int. One int stands for them in the key of every launch of a call (hashing
+# them again for each launch costs more). Ids are never reused, so a launch cache may hold stale
+# ids but never ones that now mean other facts.
+_KEY_IDS: dict[tuple, int] = {}
+_NEXT_KEY_ID = itertools.count()
+_MAX_KEY_IDS = 4096
+
+
+def _on_gpu(t) -> bool:
+    return t.is_cuda
+
+
+def call_args(tensors: tuple, ints: tuple = (), floats: tuple = (), device: int | None = None) -> CallArgs:
+    """Read a call's tensor arguments and per-call int and float arguments (see :class:`CallArgs`),
+    in the order of the launches' :class:`CallLayout`.
+
+    ``device``: the current device's index where the caller knows it (saves asking the driver).
+    """
+    if not (tensors and _on_gpu(tensors[0])) or not fast_path_enabled():
+        # Raw pointers skip the launcher's pointer checks: host tensors (a direct torch.ops call)
+        # take Triton's path, which rejects them.
+        return CallArgs(tensors, ints, floats)
+    ptrs = tuple(map(_data_ptr, tensors))
+    active = driver.active
+    if device is None:
+        device = active.get_current_device()
+    try:
+        facts = call_key(device, tuple(map(_dtype, tensors)), ptrs, ints)
+    except Unspecializable:
+        return CallArgs(tensors, ints, floats)
+    key = _KEY_IDS.get(facts)
+    if key is None:
+        if len(_KEY_IDS) >= _MAX_KEY_IDS:
+            _KEY_IDS.clear()
+        key = _KEY_IDS[facts] = next(_NEXT_KEY_ID)
+    return CallArgs(tensors, ints, floats, ptrs, key, active.get_current_stream(device))
+
+
+def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
+    """``call`` with the tensors at the given positions replaced by Triton tensor descriptors
+    (``{position: TensorDescriptor}``) for every launch of the call.
+
+    The key stays the tensors' own: a descriptor's specialisation (its dtype and block shape) is
+    the tensor's dtype and a block shape the launch fixes, so equal keys still mean the same
+    compiled kernel. The fast path hands the descriptors to Triton's launcher, which encodes
+    them (``wrap_handle_tensordesc``); Triton's own path takes them as arguments.
+    """
+    tensors = list(call.tensors)
+    ptrs = None if call.ptrs is None else list(call.ptrs)
+    for i, desc in descriptors.items():
+        tensors[i] = desc
+        if ptrs is not None:
+            ptrs[i] = desc
+    return CallArgs(tuple(tensors), call.ints, call.floats, None if ptrs is None else tuple(ptrs), call.key,
+                    call.stream)
+
+
+# ---------------------------------------------------------------------------------------------
+# launches
+# ---------------------------------------------------------------------------------------------
+def _picker(indices: Sequence[int]) -> Callable[[tuple], tuple]:
+    """``f(t) = tuple(t[i] for i in indices)``, at C speed for two or more indices."""
+    if len(indices) >= 2:
+        return operator.itemgetter(*indices)
+    if len(indices) == 1:
+        index = indices[0]
+        return lambda t: (t[index],)
+    return lambda t: ()
+
+
+def _grid3(grid: Sequence[int]) -> tuple[int, int, int]:
+    if not 1 <= len(grid) <= 3:
+        raise ValueError(f"grid: expected 1 to 3 dims, got {tuple(grid)}")
+    g = tuple(int(x) for x in grid)
+    return g + (1,) * (3 - len(g))
+
+
+def _launcher(compiled) -> tuple[Callable, tuple]:
+    """``(launch, fixed)``: ``launch(gx, gy, gz, stream, *fixed, *args)`` runs ``compiled``.
+
+    That is ``compiled.run`` with the kernel's handle and metadata and no launch hooks, as
+    ``CompiledKernel.__getitem__`` calls it; for Triton 3.6's CUDA launcher of a kernel that needs
+    no scratch memory, straight its C entry point (the Python ``__call__`` in between only
+    allocates scratch), whose leading arguments are checked against the format it parses.
+    """
+    run = compiled.run
+    module = sys.modules.get(type(run).__module__)
+    if (
+        type(run).__name__ == "CudaLauncher"
+        and getattr(module, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO"
+        and run.global_scratch_size == 0
+        and run.profile_scratch_size == 0
+    ):
+        # grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, kernel metadata,
+        # launch metadata, enter/exit hooks
+        return run.launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                            compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict) -> tuple[tuple, tuple]:
+    """``(bound, indices)``: the fixed values and constexprs in the kernel's parameter order
+    (``bound``), and for each parameter its index into ``call values + bound``. Raises TypeError
+    naming the parameters nobody gave, given twice or unknown to the kernel."""
+    name = getattr(getattr(kernel, "fn", None), "__name__", None) or getattr(kernel, "__name__", "kernel")
+    params = _parameters(kernel)
+    runtime = {n for n, is_constexpr in params if not is_constexpr}
+    constant = {n for n, is_constexpr in params if is_constexpr}
+    given = set(per_call) | set(fixed)
+    problems = []
+    if set(per_call) & set(fixed):
+        problems.append(f"given twice: {sorted(set(per_call) & set(fixed))}")
+    if runtime - given:
+        problems.append(f"no value for {sorted(runtime - given)}")
+    if given - runtime:
+        problems.append(f"not arguments of the kernel: {sorted(given - runtime)}")
+    if set(constexprs) != constant:
+        problems.append(f"constexprs: expected {sorted(constant)}, got {sorted(constexprs)}")
+    positions = layout.positions()
+    unknown = sorted(v for v in per_call.values() if v not in positions)
+    if unknown:
+        problems.append(f"per-call values not in the call layout: {unknown}")
+    if problems:
+        raise TypeError(f"{name}: " + "; ".join(problems))
+    base = len(positions)
+    bound, indices = [], []
+    for n, is_constexpr in params:
+        if n in per_call:
+            indices.append(positions[per_call[n]])
+        else:
+            indices.append(base + len(bound))
+            bound.append(constexprs[n] if is_constexpr else fixed[n])
+    return tuple(bound), tuple(indices)
+
+
+def _parameters(kernel) -> list[tuple[str, bool]]:
+    """``(name, is_constexpr)`` of each parameter of ``kernel``, in order: a ``JITFunction``'s
+    ``params``, or (the interpreter's ``InterpretedFunction``) its function's signature, where a
+    constexpr is annotated ``tl.constexpr``."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return [(p.name, bool(p.is_constexpr)) for p in params]
+    signature = inspect.signature(kernel.fn)
+    return [(p.name, "constexpr" in str(p.annotation)) for p in signature.parameters.values()]
+
+
+# (id(kernel), static key) -> (kernel, {key: (CompiledKernel, launch, fixed)}): launches with equal
+# bound parts share their entries. Keyed by id because a JITFunction hashes by its source.
+_SHARED: dict = {}
+
+
+def _shared_cache(kernel, static: tuple) -> dict:
+    owner, cache = _SHARED.setdefault((id(kernel), static), (kernel, {}))
+    if owner is not kernel:  # an id reused after a kernel object was freed: start afresh
+        cache = {}
+        _SHARED[(id(kernel), static)] = (kernel, cache)
+    return cache
+
+
+class Launch:
+    """One launch of ``kernel`` with its grid, constexprs, options and fixed scalars bound, every
+    argument by its parameter's name.
+
+    Each non-constexpr parameter of the kernel is named once, in ``per_call`` (the call's value of
+    that name: a tensor, int or float of ``layout``) or in ``fixed`` (a scalar that follows from
+    the launch's shapes); ``constexprs`` names every constexpr parameter. The names are resolved to
+    positions here, once: a kernel parameter nobody names, or a name the kernel does not have, is a
+    TypeError now rather than a wrong argument later. Calling the launch is
+    ``kernel[grid](**arguments, **options)``, through the compiled kernel's launcher whenever it
+    can (see the module docstring).
+
+    Parameters
+    ----------
+    kernel : triton.runtime.jit.JITFunction (any other kernel object with ``params`` is launched
+        by Triton)
+    grid : tuple of 1 to 3 ints
+    layout : CallLayout
+        The names of the call's tensors, ints and floats (:func:`call_args`' order).
+    per_call : dict
+        Kernel parameter -> the name of the call's value it takes.
+    fixed : dict
+        Kernel parameter -> its value for every call of this launch.
+    constexprs, options : dict
+        The constexpr parameters, and launch options such as ``num_warps``, ``num_stages`` or
+        ``launch_pdl``.
+    ptx_hints : bool
+        The kernel marks its copies for :mod:`.ptx_hints`: every launch that goes through Triton
+        (and may compile) runs inside :func:`.ptx_hints.applied`.
+    """
+
+    def __init__(
+        self,
+        kernel,
+        grid: Sequence[int],
+        *,
+        layout: CallLayout,
+        per_call: dict,
+        fixed: dict,
+        constexprs: dict,
+        options: dict,
+        ptx_hints: bool = False,
+    ):
+        self.kernel = kernel
+        self._scope = ptx_hints_applied if ptx_hints else contextlib.nullcontext
+        self.grid = tuple(grid)
+        self.layout = layout
+        self.per_call = dict(per_call)
+        self.fixed = dict(fixed)
+        self.constexprs = dict(constexprs)
+        self.options = dict(options)
+        self._grid3 = _grid3(self.grid)
+        self._bound, indices = _resolve(kernel, layout, self.per_call, self.fixed, self.constexprs)
+        # Every parameter in the kernel's order (constexprs in place: Triton's launcher and
+        # kernel[grid] both take them so), picked from the call's values followed by _bound.
+        self._pick = _picker(indices)
+        self._indices = indices
+        self._globals = None  # what _globals_unchanged compares, once the kernel has compiled
+        static = self.static_key()
+        self.fast = static is not None
+        self._compiled: dict = _shared_cache(kernel, static) if self.fast else {}
+        self.last: Any = None  # the CompiledKernel of the latest call (for tests and tools)
+
+    def argument(self, name: str, call: CallArgs):
+        """The value parameter ``name`` gets in a launch for ``call`` (Triton's path's view)."""
+        position = [n for n, _ in _parameters(self.kernel)].index(name)
+        return self._pick(call.triton_values() + self._bound)[position]
+
+    def static_key(self) -> tuple | None:
+        """The bound part of the key, or None when this launch is always left to Triton."""
+        if not TRITON_SUPPORTED or type(self.kernel) is not JITFunction:
+            return None
+        runtime = [p for p in self.kernel.params if not p.is_constexpr]
+        if any(p.do_not_specialize or p.do_not_specialize_on_alignment or p.annotation_type for p in runtime):
+            return None  # specialised otherwise than arg_spec models
+        try:
+            scalars = tuple((n, arg_spec(v)) for n, v in sorted(self.fixed.items()))
+            constexprs = tuple((n, type(v), v) for n, v in sorted(self.constexprs.items()))
+            options = tuple((n, type(v), v) for n, v in sorted(self.options.items()))
+            key = (self._indices, len(self.layout.tensors), len(self.layout.ints), len(self.layout.floats), scalars,
+                   constexprs, options)
+            hash(key)
+        except (Unspecializable, TypeError):
+            return None
+        return key
+
+    def __call__(self, call: CallArgs) -> None:
+        key = None  # the per-call part of the key; None: this call is left to Triton
+        if call.key is not None and self.fast:
+            kernel = self.kernel
+            if not kernel.pre_run_hooks:
+                key = call.key, kernel.debug
+                hit = self._compiled.get(key)
+                if hit is not None and self._globals_unchanged():
+                    compiled, launch, fixed = hit
+                    self.last = compiled
+                    launch(*self._grid3, call.stream, *fixed, *self._pick(call.values + self._bound))
+                    return
+        with self._scope():
+            compiled = self.kernel[self.grid](*self._pick(call.triton_values() + self._bound), **self.options)
+        self.last = compiled
+        if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
+            self._compiled[key] = (compiled, *_launcher(compiled))
+            self._remember_globals()
+
+    def warmup(self, call: CallArgs) -> None:
+        """Compile this launch's kernel for ``call`` and load it onto the GPU, without launching:
+        so that a later first launch (in a CUDA-graph capture, where loading a module needs a
+        driver of CUDA 12.3+) finds it ready."""
+        with self._scope():
+            compiled = self.kernel.warmup(*self._pick(call.triton_values() + self._bound), grid=self.grid,
+                                          **self.options)
+        if isinstance(compiled, CompiledKernel):
+            compiled._init_handles()
+
+    def _remember_globals(self) -> None:
+        """Triton refuses a launch once a global the kernel read at compile time has changed
+        value; keep what it compares (known once the kernel has compiled)."""
+        items = list(self.kernel.used_global_vals.items())
+        if not items:
+            self._globals = _NO_GLOBALS
+            return
+        dicts = tuple(g for _, (_, g) in items)
+        names = tuple(name for (name, _), _ in items)
+        missing = tuple(repeat(_MISSING, len(items)))
+        values = tuple(v for _, (v, _) in items)  # Triton's copies, compared by value
+        self._globals = (dicts, names, missing, values, tuple(map(dict.get, dicts, names, missing)))
+
+    def _globals_unchanged(self) -> bool:
+        if self._globals is None:
+            return False
+        if self._globals is _NO_GLOBALS:
+            return True
+        dicts, names, missing, values, seen = self._globals
+        now = tuple(map(dict.get, dicts, names, missing))
+        # Tuple equality skips __eq__ for identical items: the globals as last seen are the cheap
+        # test; Triton's value comparison settles the rest.
+        if now == seen:
+            return True
+        if now == values:
+            self._globals = (dicts, names, missing, values, now)
+            return True
+        return False

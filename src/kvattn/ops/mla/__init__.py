@@ -1,0 +1,1 @@
+"""MLA kernel family: latent-cache decode (Triton and Gluon kernels, launch, configs, op)."""

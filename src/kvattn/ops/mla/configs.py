@@ -1,0 +1,180 @@
+"""Launch configurations of the MLA decode kernel, one table per GPU family.
+
+No runtime autotuning (a tuning pass would stall a serving engine's first calls and cannot run
+inside CUDA-graph capture). The sm90 entries come from local sm_90a compiles (registers, spills,
+shared memory, wgmma vs mma.sync: the comments at the table) and, where marked, from H100 runs of
+``benchmarks/tune_mla.py`` (CUDA-graph replay, L2 flushed); ``override`` is the hook for a tuning
+pass.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from ..._formats_table import BY_NAME
+from ..launch.common import next_power_of_2
+from ..launch.plans import config_override
+
+MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
+MIN_BLOCK_H = 16  # tl.dot's smallest M
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    block_h: int  # query heads per program (the M dim of both products)
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the row loads
+    programs_per_sm: int  # resident programs an SM holds (shared memory / registers of the compile)
+    waves: int = 1  # the split count fills this many whole waves of resident programs
+    min_chunk: int = 256  # fewest keys worth a split of their own
+    max_splits: int = 64
+    qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, on wgmma)
+    heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
+    split_scores: bool = False  # score products unchained (layout fences): each warpgroup computes half of N
+
+
+# (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
+# "fp8" = fp8 cache (float16 operands), "fp8qk" = fp8 query and fp8 cache (fp8 scores on wgmma).
+# Local sm_90a compiles (Triton 3.6, registers / shared memory / spills):
+#   half 64: (32, 8, 3) 249 regs, 180 KB, wgmma, no spill. H100 (graph us, 64x4096 / 128x8192 /
+#            32x16384): (32, 8, 2) 433 / 1660 / 867 = 0.26 of the matmul rate; (32, 8, 3) 365 /
+#            1403 / 716 = 0.31 (best measured); (16, 8, 3|4) 586 / 2305 / 1147. BLOCK_N 64 spills
+#            (255 + 24 B stack). Two warpgroups each compute the whole [64, N] score tile
+#            (Triton gives a chained dot's M = 64 to all 8 warps) and every wgmma is waited for
+#            before the next, which is what keeps it far from 0.75: see mla/kernels.py.
+#   half 32: (64, 8, 3) 182 regs, 184 KB, mma.sync (M < 64: no wgmma), no spill.
+#   half 16: (64, 8, 3) 144 regs, 164 KB, mma.sync, no spill; 4 warps hold the query operand in
+#            every warp (255 regs + spills), so 8 warps split the 512 output columns finer.
+#            H100: 124 / 416 / 223 us = 0.81 / 0.96 / 0.89 of copy bandwidth (best of the variants).
+#   fp8qk 64: (32, 8, 3) 242 regs, 128 KB (the epilogue's [64, 512] float32 layout change; the
+#            loop's buffers are smaller), no spill: 36 m64n16k32 e4m3 score wgmmas + 2 m64n256k16
+#            float16 P.V wgmmas a tile, the byte tile cp.async double-buffered, converted once
+#            (40 F2FP a thread a tile, no LDS.U8); 680 SASS instructions a 32-key tile vs 920 for
+#            half 64. (32, 8, 4) 242 regs, 3 buffers; (64, 8, 3) 255 regs, 176 KB, no spill;
+#            (64, 8, 2) spills 8 B; (16, 8, 4) 243 regs but 525 instructions a 16-key tile.
+#            H100 (graph us, 64x4096 / 128x8192 / 32x16384): (32, 8, 3) 281 / 1089 / 596;
+#            (32, 8, 4) 279 / 1068 / 596; (64, 8, 3) 220 / 842 / 409 = 332-357 TFLOP/s (taken);
+#            the float16-operand path at BLOCK_H 32 724 / 2883 / 1446.
+#   fp8 32 / 16 (bf16 query, or Hq <= 32): (64, 8, 3) 182 / 166 regs, no spill, mma.sync. The
+#            words are cp.async-pipelined, but Triton converts each tile twice (once straight
+#            into the transposed score operand through 80 LDS.64 + ~290 register moves, once into
+#            a float16 shared tile for P.V): 136 F2FP and 1047 SASS instructions a 64-key tile
+#            against 888 for half 16 with half the bytes, so with one program an SM the fp8 tile
+#            is latency-bound (H100 Hq 16: 157 / 559 / 291 us, slower than bf16). Forcing one
+#            conversion (an opaque identity after it) halves the F2FP but adds as many moves and
+#            218+ KB of shared memory; the byte path (KV_FP8) is not pipelined (3 LDGSTS, 128
+#            LDS.U8 a tile); fp8 mma.sync operands are upcast to float16 by Triton on sm_90.
+#   fp8 64:  (32, 8, 2) spills ~330 B (the conversion on top of the accumulator): reachable by an
+#            override only; the cap keeps fp8 (float16 operands) at BLOCK_H 32.
+#   fp8qk 16, heads in N (S^T = K Q^T: the keys fill wgmma's M, no padded heads): (64, 8, 3) 176
+#            regs, 87 KB, no spill: 36 m64n8k32 e4m3 score + 16 m64n16k16 float16 P.V wgmmas a tile,
+#            but the transposed P.V operand is gathered byte by byte (128 LDS.U8 a thread a tile).
+#            H100 Hq 16 (graph us, 64x4096 / 128x8192 / 32x16384): 107 / 370 / 199 against 115 / 431
+#            / 214 at BLOCK_H 64; (64, 8, 4) 107 / 372 / 195; (64, 8, 2) 132 / 439 / 246. The same
+#            with the P.V tile loaded a second time as words (no LDS.U8, 182 regs, 179 KB at 2
+#            stages): 147 / 528 / 274, slower. 16-bit caches with heads in N ((64, 4|8, 2)): 162-173
+#            / 446-559 / 304-325, slower than mma.sync at BLOCK_H 16: not taken.
+# Split score products ("split": SPLIT_SCORES, layout fences; benchmarks/NOTES.md "MLA: the score tile split between the
+# warpgroups (Triton)"; H100 graph us,
+# 64x4096 / 128x8192 / 32x16384, Hq 128 unless stated; local compiles in benchmarks/tune_mla.py):
+#   half 64: (32, 8, 3) 362-369 / 1429 / 717 -> split (32, 8, 3) 350 / 1328, (32, 8, 4) 344 / 1329,
+#            (32, 8, 2) 416 / 1584, **(64, 8, 2) 277-279 / 1047 / 559** (255 regs + 8 B stack, 224 KB;
+#            the unsplit 64-key tile spilled); heads in N split (64, 8, 2) 285 / 1085; 16 warps
+#            (64, 16, 2) 406 / - / 698, (32, 16, 3) 414 / - / 825. Taken: (64, 8, 2) split.
+#   fp8qk 64: (64, 8, 3) 220-221 / 851 / 415 -> split (64, 8, 3) **201-203 / 764 / 397**, (64, 8, 4)
+#            203 / 768, (64, 8, 2) 233-237 / 869, (32, 8, 3) 269 / 1032; 16 warps 264-349. Taken.
+#   fp8qk 16 heads in N (Hq 16): 107 / 370 / 200 -> split **87.5 / 294 / 156**. Taken.
+# On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla/gluon.py's kernel instead
+# (mla/launch.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
+# 224 / 845 / 423 against 278 / 1052 / 560, benchmarks/NOTES.md "MLA: Gluon kernel with TMA row tiles").
+# Overrides of BLOCK_N or the warps (tuning variants, tests) keep the Triton kernel.
+_SM90 = {
+    ("half", 64): (64, 8, 2, 1, "split"),
+    ("half", 32): (64, 8, 3, 1),
+    ("half", 16): (64, 8, 3, 1),
+    ("fp8qk", 64): (64, 8, 3, 1, "split"),
+    ("fp8qk", 16): (64, 8, 3, 1, "heads_as_n", "split"),
+    ("fp8", 64): (32, 8, 2, 1),
+    ("fp8", 32): (64, 8, 3, 1),
+    ("fp8", 16): (64, 8, 3, 1),
+}
+_BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
+# Entries whose mla_gluon launches run the warp-specialised kernel of mla_ws instead (a copy warp
+# and two warpgroups splitting the score products of two tiles, benchmarks/NOTES.md "MLA seesaw";
+# same split counts); the environment switch KVATTN_GLUON_WS=0 keeps mla_gluon's kernel. H200
+# (matmul 669 TFLOP/s in the run), bf16 Hq 128, graph us 64x4096 / 128x8192 / 32x16384: mla_gluon
+# 229.8 / 918.7 / 412.2 -> mla_ws 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
+WARP_SPECIALIZED = {"sm90": frozenset({("half", 64)})}
+# fp8 scores exist at BLOCK_H 16 (heads in N) and 64 (heads in M, wgmma): Hq 17-32 takes 64 (rows
+# past Hq padded and masked), so an fp8 query with an fp8 cache takes fp8 scores at any Hq. H100,
+# Hq 16 fp8 (graph us, 64x4096 / 128x8192 / 32x16384): float16-operand path at BLOCK_H 16 154 / 567
+# / 293; fp8 scores at BLOCK_H 64 (64, 8, 3) 116 / 431 / 211; (32, 8, 3) 162 / 553 / 311.
+# Other GPUs: no fp8 scores (fp8qk falls back to fp8), two stages.
+_DEFAULT = {key: (entry[0], entry[1], 2, 1) for key, entry in _SM90.items() if key[0] != "fp8qk"}
+# Small tiles in the interpreter, so CI runs multi-tile loops over several pages.
+_INTERPRETER = {(fmt, bh): (16, 4, 1, 1) for fmt in ("half", "fp8") for bh in (16, 32, 64)}
+TABLES = {"sm90": _SM90, "default": _DEFAULT, "interpreter": _INTERPRETER}
+
+_override: dict = {}
+
+
+# ``with override(**fields):`` replaces config fields (``block_h`` too) for the block (tuning, tests).
+override = config_override(_override, lambda: config.cache_clear())
+
+
+def _fmt(kv_format: str, q_fp8: bool = False) -> str:
+    """The tables' key: the cache format's ``config_key`` (:mod:`kvattn._formats_table`), or
+    ``"fp8qk"`` for an fp8 query over an fp8 cache (fp8 scores)."""
+    key = BY_NAME[kv_format].config_key
+    return "fp8qk" if key == "fp8" and q_fp8 else key
+
+
+@functools.lru_cache(maxsize=None)
+def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig:
+    """The config of a launch: ``BLOCK_H`` = the head count rounded up to a power of 2 in
+    ``[16, cap]`` (cap 64, or the table's own), or the table's next larger ``BLOCK_H`` for the
+    format where it has no entry for that one; then the table's entry for it.
+
+    An fp8 query with an fp8 cache takes the fp8-score entry (``qk_fp8``) where the table has one
+    (sm90: BLOCK_H 16 with heads in N, 64 with heads in M); otherwise the float16-operand fp8 entry.
+    """
+    fmt = _fmt(kv_format, q_fp8)
+    table = TABLES.get(arch, _DEFAULT)
+    caps = _BLOCK_H_CAP.get(arch, {})
+
+    def pick(fmt):
+        want = min(max(MIN_BLOCK_H, next_power_of_2(num_heads)), caps.get(fmt, MAX_BLOCK_H))
+        block_h = min((bh for f, bh in table if f == fmt and bh >= want), default=want)
+        return _override.get("block_h", block_h)
+
+    block_h = pick(fmt)
+    if fmt == "fp8qk" and (fmt, block_h) not in table:
+        fmt = "fp8"
+        block_h = pick(fmt)
+    block_n, warps, stages, per_sm, *flags = table[(fmt, block_h)]
+    cfg = MLAConfig(block_h, block_n, warps, stages, per_sm, qk_fp8=fmt == "fp8qk", heads_as_n="heads_as_n" in flags,
+                    split_scores="split" in flags)
+    if _override:
+        cfg = replace(cfg, **_override)
+    return cfg
+
+
+def warp_specialized(arch: str, kv_format: str, block_h: int, q_fp8: bool = False) -> bool:
+    """Whether a launch the Gluon kernel serves takes the warp-specialised one (``WARP_SPECIALIZED``)."""
+    return (_fmt(kv_format, q_fp8), block_h) in WARP_SPECIALIZED.get(arch, ())
+
+
+def num_splits(cfg: MLAConfig, *, items: int, span: int, sm_count: int, fit: int) -> int:
+    """KV splits per work item (request x head block).
+
+    Enough programs for ``cfg.waves`` whole waves of resident programs, rounded down (the programs
+    are equally long: a partly filled last wave costs nearly a whole program's time, see
+    decode_configs.num_splits); no split shorter than ``min_chunk`` keys and no more partials than
+    the workspace holds (``fit``).
+    """
+    items = max(items, 1)
+    want = max(1, cfg.waves * sm_count * cfg.programs_per_sm // items)
+    useful = max(1, -(-span // cfg.min_chunk))
+    return max(1, min(want, useful, cfg.max_splits, fit))

@@ -1,0 +1,255 @@
+"""Launcher of the MLA decode kernel: pick the config, size the grid and the KV split, launch.
+
+Host-side facts only (shapes, strides, dtypes, the SM count, the bound ``max_seq_len``): nothing
+waits for the device, and with a large enough workspace nothing is allocated, so a call can be
+captured in a CUDA graph and replayed with new lengths and tables. What a call derives from its
+facts is a :class:`_Plan`, cached under them; the split count is memoised per ``max_seq_len``.
+The partials are merged by the decode family's :func:`~..decode.kernels.decode_combine_kernel`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ... import _device, _env
+from ..._formats_table import BY_DTYPE, BY_NAME
+from ...formats import FP8_DTYPE
+from . import configs as mla_configs
+from ..launch import fast_launch
+from ..decode.kernels import decode_combine_kernel
+from ..launch.common import arch, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_allowed
+from ..launch.plans import cached_plan
+from ..launch.workspace import partials_fit, split_partials
+from .kernels import mla_split_kernel
+
+try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+
+    from .gluon import mla_gluon_kernel
+except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
+    mla_gluon_kernel = None
+
+CKV_DIM = 512
+KPE_DIM = 64
+_MAX_SPANS = 4096
+
+# The call's values by name (fast_launch.CallLayout); an absent scale tensor's parameter takes the
+# query, which the kernels never read for it.
+_LAYOUT = fast_launch.CallLayout(
+    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale"), (),
+    ("logit_factor", "out_factor"),
+)
+
+
+class MLAFacts(NamedTuple):
+    """Every host fact an MLA plan reads: the key of the plan cache (built positionally from locals
+    of the fields' names in :func:`launch_mla`, as :class:`..decode.launch.DecodeFacts`)."""
+
+    device: torch.device
+    interpreter: bool
+    q_shape: tuple  # [B, Hq, 576]
+    q_stride: tuple
+    q_dtype: torch.dtype
+    kv_shape: tuple  # [P, page, 576] or [P, page, 1, 576]
+    kv_stride: tuple
+    kv_dtype: torch.dtype
+    table_stride: tuple
+    out_stride: tuple
+    ws_numel: int | None
+    has_logit: bool  # a logit scale tensor
+    has_out_scale: bool  # an output scale tensor
+    aligned4: bool  # an fp8 cache 4-byte aligned (its words path)
+    aligned16: bool  # the cache 16-byte aligned (the Gluon kernel's TMA)
+    gluon_on: bool  # KVATTN_GLUON
+
+
+class _Plan:
+    """Everything a call derives from its host facts (:class:`MLAFacts`)."""
+
+    def __init__(self, facts: MLAFacts):
+        f = facts
+        self.batch, self.num_heads = f.q_shape[0], f.q_shape[1]
+        self.num_pages, self.page_size = f.kv_shape[0], f.kv_shape[1]
+        self.kv_format = BY_DTYPE[f.kv_dtype].name
+        self.cfg = cfg = mla_configs.config(arch(f.device, f.interpreter), self.kv_format, self.num_heads,
+                                            f.q_dtype == FP8_DTYPE)
+        # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
+        words_ok = words_allowed(f.device, f.interpreter, f.aligned4)
+        self.kv_code = BY_NAME["fp8"].kernel_code if cfg.qk_fp8 else kv_format_code(
+            self.kv_format, words_ok, (f.kv_stride[0], f.kv_stride[1]), CKV_DIM + KPE_DIM)
+        self.h_blocks = -(-self.num_heads // cfg.block_h)
+        self.items = self.batch * self.h_blocks
+        self.sm_count = _device.sm_count(f.device)
+        per_split = self.batch * self.num_heads * (CKV_DIM + 1)
+        self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
+        self.strides = dict(  # the kernels' stride parameters, by name
+            stride_q_b=f.q_stride[0], stride_q_h=f.q_stride[1], stride_o_b=f.out_stride[0],
+            stride_o_h=f.out_stride[1], stride_kv_p=f.kv_stride[0], stride_kv_s=f.kv_stride[1],
+            stride_t_b=f.table_stride[0], stride_t_p=f.table_stride[1],
+        )
+        self.has_logit, self.has_out_scale = f.has_logit, f.has_out_scale
+        self.row_stride = f.kv_stride[1]
+        self.gluon = (f.gluon_on and mla_gluon_kernel is not None and arch(f.device, f.interpreter) == "sm90"
+                      and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
+                                      f.aligned16))
+        self._by_span: dict[int, tuple] = {}
+        self._by_splits: dict[int, tuple] = {}
+
+    def launches(self, span: int) -> tuple:
+        """``(split launch, combine launch or None, numel_o, numel_lse)`` for ``max_seq_len = span``."""
+        hit = self._by_span.get(span)
+        if hit is not None:
+            return hit
+        splits = mla_configs.num_splits(self.cfg, items=self.items, span=span, sm_count=self.sm_count,
+                                        fit=self.fit)
+        hit = self._by_splits.get(splits)
+        if hit is None:
+            rows = self.batch * self.num_heads
+            combine = self._combine(splits) if splits > 1 else None
+            hit = self._by_splits[splits] = (self._split(splits), combine, splits * rows * CKV_DIM, splits * rows)
+        if len(self._by_span) >= _MAX_SPANS:
+            self._by_span.clear()
+        self._by_span[span] = hit
+        return hit
+
+    def _split(self, splits: int):
+        cfg = self.cfg
+        if self.gluon:
+            return _GluonSplit(self, splits)
+        return fast_launch.Launch(
+            mla_split_kernel, (self.items * splits,),
+            layout=_LAYOUT,
+            per_call=dict(q_ptr="query", kv_ptr="kv", table_ptr="table", seq_lens_ptr="seq_lens",
+                          logit_scale_ptr="logit" if self.has_logit else "query",
+                          out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
+                          part_o_ptr="part_o", part_lse_ptr="part_lse", logit_factor="logit_factor",
+                          out_factor="out_factor"),
+            fixed=dict(self.strides, batch=self.batch, num_heads=self.num_heads, num_splits=splits,
+                       num_pages=self.num_pages),
+            constexprs=dict(
+                CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
+                BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
+                OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
+            ),
+            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        )
+
+    def _combine(self, splits: int) -> fast_launch.Launch:
+        # The decode family's combine kernel; the query stands in for the absent sinks and LSE.
+        return fast_launch.Launch(
+            decode_combine_kernel, (self.batch, self.num_heads),
+            layout=_LAYOUT,
+            per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", sinks_ptr="query",
+                          out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
+                          lse_ptr="query", out_factor="out_factor"),
+            fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"], stride_lse_t=0,
+                       num_rows=self.batch, num_splits=splits),
+            constexprs=dict(
+                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(next_power_of_2(splits), 8192 // CKV_DIM),
+                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=False, USE_PDL=False,
+            ),
+            options=dict(num_warps=4, num_stages=2),
+        )
+
+
+def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
+                aligned16: bool) -> bool:
+    """Whether :mod:`.gluon` runs a launch: 16-bit cache and query of one dtype, 64 heads a
+    program, 64-key tiles inside pages of a multiple of 64 tokens, and rows TMA can address as one
+    ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
+    pages, page = kv_shape[0], kv_shape[1]
+    return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
+            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
+            and page % 64 == 0 and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0
+            and kv_stride[0] == page * kv_stride[1] and pages * page < 2**31)
+
+
+class _GluonSplit:
+    """The split launch of :func:`~.gluon.mla_gluon_kernel` (through the Gluon JIT: its TMA
+    descriptor of the cache is built for each call from the cache's pointer)."""
+
+    BLOCK_N = 64
+
+    def __init__(self, plan: _Plan, splits: int):
+        self.grid = (plan.items * splits,)
+        self.splits = splits
+        self.plan = plan
+        self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    def run(self, query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
+            out_factor):
+        plan = self.plan
+        desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
+                                [self.BLOCK_N, 64], self.layout)
+        st = plan.strides
+        mla_gluon_kernel[self.grid](
+            q_ptr=query, kv_desc=desc, table_ptr=table, seq_lens_ptr=seq_lens,
+            logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
+            out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, part_o_ptr=part_o,
+            part_lse_ptr=part_lse, stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"],
+            stride_o_b=st["stride_o_b"], stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"],
+            stride_t_p=st["stride_t_p"], batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits,
+            num_pages=plan.num_pages, logit_factor=logit_factor, out_factor=out_factor,
+            CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
+            BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
+            num_warps=8,
+        )
+
+
+_PLANS: dict[MLAFacts, _Plan] = {}
+
+
+def _plan(facts: MLAFacts) -> _Plan:
+    return cached_plan(_PLANS, facts, _Plan, bool(mla_configs._override))
+
+
+def launch_mla(
+    query: torch.Tensor,  # [B, Hq, 576]
+    kv: torch.Tensor,  # [P, page, 576] or [P, page, 1, 576] latent rows
+    table: torch.Tensor,  # [B, pages_per_seq] int32
+    seq_lens: torch.Tensor,  # [B] int32 / uint32
+    out: torch.Tensor,  # [B, Hq, 512]
+    *,
+    max_seq_len: int,
+    logit_factor: float = 1.0,
+    logit_tensor=None,
+    out_factor: float = 1.0,
+    out_tensor=None,
+    workspace=None,  # None: the split partials are allocated
+) -> None:
+    """Launch MLA decode into ``out``, with the query's GPU current."""
+    device_index = query.get_device()  # -1 on the CPU
+    with device_guard(device_index):
+        seq_lens = int32_lengths(seq_lens)
+        # Every host fact the plan reads, each in a local of its MLAFacts field's name.
+        device, interpreter = query.device, _env.triton_interpret()
+        q_shape, q_stride, q_dtype = query.shape, query.stride(), query.dtype
+        kv_shape, kv_stride, kv_dtype = kv.shape, kv.stride(), kv.dtype
+        table_stride, out_stride = table.stride(), out.stride()
+        ws_numel = workspace.numel() if workspace is not None else None
+        has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
+        aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
+        aligned16 = kv.data_ptr() % 16 == 0
+        gluon_on = _env.gluon()
+        facts = MLAFacts._make((
+            device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,
+            out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on,
+        ))
+        plan = _plan(facts)
+        split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
+        part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
+        call = fast_launch.call_args(  # in _LAYOUT's order
+            (query, kv, table, seq_lens, out, part_o, part_lse,
+             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
+            (), (logit_factor, out_factor), device_index,
+        )
+        if plan.gluon:
+            split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
+                      out_factor)
+        else:
+            split(call)
+        if combine is not None:
+            combine(call)

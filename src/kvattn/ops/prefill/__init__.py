@@ -1,0 +1,1 @@
+"""Prefill kernel family: paged causal context attention (kernels, launch, configs, op)."""

@@ -1,0 +1,244 @@
+"""The decode config tables and the rules that pick among them (host code only, no kernels)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvattn.ops.decode import configs as dc
+
+SMS = 132  # an H100 SXM
+
+
+def long_tiles(items, page_size=16, *, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False):
+    return dc.wants_long_tiles(arch, fmt, head_dim, block_m, rope, page_size=page_size, items=items, sm_count=SMS)
+
+
+@pytest.mark.parametrize(
+    "items,page_size,expected",
+    [
+        (8, 16, True),  # 1 x 32768, Hkv 8: the sequence is split to fill one wave
+        (128, 16, True),  # 16 x 4096
+        (132, 16, True),  # exactly one wave of long programs
+        (133, 16, False),
+        (256, 16, False),  # 32 x 4096: long tiles would run ~2 waves of 8-warp programs
+        (1024, 16, False),
+        (8, 64, True),
+        (1024, 64, True),  # a tile spans two whole pages
+        (2048, 128, True),
+        (1024, 32, False),
+    ],
+    ids=lambda v: str(v),
+)
+def test_long_tiles_sm90_bf16_d128(items, page_size, expected):
+    assert long_tiles(items, page_size) is expected
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(rope=True), dict(block_m=32), dict(fmt="fp8"), dict(head_dim=64), dict(arch="default"),
+     dict(arch="interpreter")],
+    ids=["rope", "block_m32", "fp8", "D64", "non-hopper", "interpreter"],
+)
+@pytest.mark.parametrize("items,page_size", [(8, 16), (1024, 64)], ids=["few-items", "p64"])
+def test_long_tiles_only_where_measured(overrides, items, page_size):
+    assert long_tiles(items, page_size, **overrides) is False
+
+
+def test_configs_come_from_their_tables():
+    main = dc.config("sm90", "bfloat16", 128, 16, False)
+    assert (main.block_n, main.num_warps, main.num_stages) == (64, 4, 4)
+    long = dc.config("sm90", "float16", 128, 16, False, "long")
+    assert (long.block_n, long.num_warps, long.num_stages) == (128, 8, 3)
+    # GPUs without their own table fall back to the default one
+    assert dc.config("sm80", "bfloat16", 128, 16, False).num_stages == 2
+
+
+@pytest.mark.parametrize(
+    "page_size,overrides,expected",
+    [(64, {}, True), (128, {}, True), (16, {}, False), (32, {}, False), (64, dict(rope=True), False),
+     (64, dict(block_m=32), False), (64, dict(fmt="fp8"), True), (16, dict(fmt="fp8"), True),
+     (16, dict(fmt="nvfp4"), False), (64, dict(head_dim=64), False), (64, dict(arch="default"), False),
+     (64, dict(arch="interpreter"), False)],
+    ids=["p64", "p128", "p16", "p32", "p64-rope", "p64-block_m32", "p64-fp8", "p16-fp8", "p16-nvfp4", "p64-D64",
+         "p64-non-hopper", "p64-interpreter"],
+)
+def test_short_tiles_where_measured(page_size, overrides, expected):
+    """16-bit caches on pages of 64+ tokens and fp8 on any page (H100 measurements)."""
+    kw = dict(arch="sm90", kv_format="bfloat16", head_dim=128, block_m=16, rope=False)
+    kw.update({("kv_format" if k == "fmt" else k): v for k, v in overrides.items()})
+    assert dc.has_short_tiles(kw.pop("arch"), *kw.values(), page_size=page_size) is expected
+
+
+def test_short_configs_put_more_programs_on_an_sm():
+    short = dc.config("sm90", "bfloat16", 128, 16, False, "short")
+    assert (short.block_n, short.num_warps, short.num_stages) == (64, 4, 3)
+    assert dc.occupancy(short, "bfloat16", 128, False) == 3
+    fp8 = dc.config("sm90", "fp8", 128, 16, False, "short")
+    assert dc.occupancy(fp8, "fp8", 128, False) == 4 > dc.occupancy(dc.config("sm90", "fp8", 128, 16, False), "fp8",
+                                                                     128, False)
+    assert dc.SHORT_SPAN == 1024
+
+
+def test_split_count_fills_whole_waves():
+    long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
+    assert dc.occupancy(long, "bfloat16", 128, False) == 1
+    kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, fit=64, max_programs=None)
+    assert dc.num_splits(long, items=8, span=32768, **kw) == 16  # 128 programs on 132 SMs
+    assert dc.num_splits(long, items=128, span=4096, **kw) == 1
+    # short spans never split below min_chunk keys; the workspace and xqa's sm_count cap the count
+    assert dc.num_splits(long, items=8, span=600, **kw) == 3
+    assert dc.num_splits(long, items=8, span=32768, **{**kw, "fit": 5}) == 5
+    assert dc.num_splits(long, items=8, span=32768, **{**kw, "max_programs": 40}) == 5
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("block_m", [16, 32, 64], ids=lambda m: f"M{m}")
+def test_nvfp4_never_takes_16_key_tiles_on_sm90(head_dim, block_m):
+    """On an H100 (Triton 3.6) every NVFP4 case on the byte path (the one unaligned caches take)
+    computed wrong results with 16-key tiles, with 1, 2 or 4 warps, while 32-key and longer tiles
+    pass and the interpreter passes with 16 (benchmarks/NOTES.md "Formats: NVFP4 in decode"). No table
+    entry may lead there."""
+    for kind, tables in dc.KINDS.items():
+        if ("nvfp4", head_dim) in tables.get("sm90", {}):
+            assert dc.config("sm90", "nvfp4", head_dim, block_m, False, kind).block_n >= 32
+
+
+@pytest.mark.parametrize("items,kind", [(8, "few"), (128, "few"), (SMS, "few"), (SMS + 1, "main"), (512, "main")],
+                         ids=["1x32768", "16x4096", "one-an-SM", "past-one-an-SM", "64x8192"])
+def test_nvfp4_d128_few_items_take_two_warp_tiles(items, kind):
+    """Measured on an H100: NVFP4 D128 one-warp tiles win where every program gets a long split
+    (64x8192 402 vs 488 us against (64, 2, 3)) and lose where items are few and splits short
+    (16x4096 89 vs 75)."""
+    few = dc.wants_few_item_tiles("sm90", "nvfp4", 128, 16, False, items=items, sm_count=SMS)
+    assert few == (kind == "few")
+    cfg = dc.config("sm90", "nvfp4", 128, 16, False, kind)
+    assert (cfg.block_n, cfg.num_warps, cfg.num_stages) == ((64, 2, 3) if few else (32, 1, 3))
+    # only NVFP4 D128 has the table; RoPE and other formats keep their rules
+    assert not dc.wants_few_item_tiles("sm90", "bfloat16", 128, 16, False, items=8, sm_count=SMS)
+    assert not dc.wants_few_item_tiles("sm90", "nvfp4", 64, 16, False, items=8, sm_count=SMS)
+    assert not dc.wants_few_item_tiles("default", "nvfp4", 128, 16, False, items=8, sm_count=SMS)
+
+
+@pytest.mark.parametrize("tile,head_dim,ptxas_regs,smem", [
+    ((32, 1, 3), 64, 140, 10752), ((32, 2, 3), 64, 110, 11776), ((32, 1, 3), 128, 168, 21504),
+    ((32, 2, 3), 128, 128, 22528), ((64, 2, 3), 128, 188, 40960), ((128, 4, 3), 128, 185, 77824),
+    ((32, 2, 3), 256, 213, 44032),
+], ids=["D64-t32w1", "D64-t32w2", "D128-t32w1", "D128-t32w2", "D128-t64w2", "D128-t128w4", "D256-t32w2"])
+def test_nvfp4_occupancy_never_above_what_fits(tile, head_dim, ptxas_regs, smem):
+    """The split count plans for ``occupancy`` programs an SM; NVFP4 kernels' registers and shared
+    memory from ptxas (Triton 3.6, sm_90a, the words formats): the estimate may leave a slot idle
+    but never plans more programs than fit (a second, partial wave)."""
+    cfg = dc.DecodeConfig(*tile)
+    regs = -(-ptxas_regs // 8) * 8  # allocated per thread in units of 8
+    fits = min(228 * 1024 // (smem + 1024), 65536 // (regs * 32 * cfg.num_warps), 64 // cfg.num_warps)
+    assert 1 <= dc.occupancy(cfg, "nvfp4", head_dim, False) <= fits
+
+
+def test_rope_split_count_plans_two_programs_an_sm():
+    """Measured on an H100: RoPE single decode (32 heads) ran 4-8 % faster with 3 stages and the
+    split count of two programs an SM (8 splits) than with 4 stages and four (16 splits)."""
+    rope = dc.config("sm90", "bfloat16", 128, 16, True)
+    assert (rope.block_n, rope.num_warps, rope.num_stages, rope.max_per_sm) == (32, 4, 3, 2)
+    assert dc.occupancy(rope, "bfloat16", 128, True) >= 4  # four fit; the cap, not shared memory, decides
+    kw = dict(kv_format="bfloat16", head_dim=128, rope_query=True, sm_count=SMS, fit=64, max_programs=None)
+    assert dc.num_splits(rope, items=32, span=32768, **kw) == 2 * SMS // 32
+    assert dc.config("sm90", "bfloat16", 128, 16, False).max_per_sm == 0
+    assert dc.config("default", "bfloat16", 128, 16, True).max_per_sm == 0
+
+
+@pytest.mark.parametrize("arch,rope,expected", [("sm90", True, 1), ("sm90", False, 0), ("default", True, 0),
+                                                ("interpreter", True, 0)],
+                         ids=["sm90-rope", "sm90-none", "non-hopper-rope", "interpreter-rope"])
+def test_l2_prefetch_only_for_rope_on_sm90(arch, rope, expected):
+    """Measured on an H100: one prefetched tile helps RoPE single decode (its setup hides the
+    fetch); NONE gained nothing. The interpreter cannot run the inline PTX at all."""
+    assert dc.config(arch, "bfloat16", 128, 16, rope).prefetch == expected
+
+
+def stream_tiles(items, *, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False):
+    return dc.wants_stream_tiles(arch, fmt, head_dim, block_m, rope, items=items, sm_count=SMS)
+
+
+@pytest.mark.parametrize("items,expected", [(8, True), (32, True), (66, True), (67, False), (128, False)],
+                         ids=["1x32768", "single-h32", "half-wave", "over-half-wave", "16x4096"])
+def test_stream_tiles_for_launches_that_split_every_item(items, expected):
+    assert stream_tiles(items) is expected
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(rope=True), dict(block_m=32), dict(fmt="fp8"), dict(head_dim=64), dict(arch="default"),
+     dict(arch="interpreter")],
+    ids=["rope", "block_m32", "fp8", "D64", "non-hopper", "interpreter"],
+)
+def test_stream_tiles_only_where_measured(overrides):
+    assert stream_tiles(8, **overrides) is False
+
+
+def test_stream_config_is_unpipelined_and_carries_the_hint():
+    """Triton 3.6 keeps an L2 eviction hint only on loads it does not software-pipeline."""
+    stream = dc.config("sm90", "bfloat16", 128, 16, False, "stream")
+    assert stream.num_stages == 1 and stream.evict_first
+    for kind in ("main", "long", "short"):
+        assert not dc.config("sm90", "bfloat16", 128, 16, False, kind).evict_first
+
+
+def contig_tiles(*, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=False, paged=False, rows=1):
+    return dc.wants_one_row_tiles("contig", arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [({}, True), (dict(rope=True), False), (dict(paged=True), False), (dict(rows=4), False), (dict(fmt="fp8"), False),
+     (dict(head_dim=64), False), (dict(arch="default"), False), (dict(arch="interpreter"), False)],
+    ids=["single-mha", "rope", "paged", "gqa-rows", "fp8", "D64", "non-hopper", "interpreter"],
+)
+def test_contig_tiles_only_where_measured(overrides, expected):
+    """Measured on an H100 for single decode with one query head a KV head (16-bit, D 128)."""
+    assert contig_tiles(**overrides) is expected
+
+
+def test_contig_config_is_short_unpipelined_and_unhinted():
+    contig = dc.config("sm90", "bfloat16", 128, 16, False, "contig")
+    assert (contig.block_n, contig.num_warps, contig.num_stages, contig.evict_first) == (64, 4, 1, False)
+
+
+@pytest.mark.parametrize(
+    "batch,hkv,span,expected",
+    [(1, 8, 32768, True), (4, 8, 8192, True), (8, 8, 8192, False), (1, 32, 4096, True), (1, 32, 32768, False)],
+    ids=["1x32768", "4x8192", "8x8192", "single-4096", "single-32768"],
+)
+def test_stream_span_is_four_l2_sizes_of_kv(batch, hkv, span, expected):
+    """H100: 50 MB of L2; bf16 D 128 rows are 256 bytes."""
+    limit = dc.stream_span(batch=batch, num_kv_heads=hkv, row_bytes=256, l2_bytes=50 * 2**20)
+    assert (span <= limit) is expected
+
+
+def rope_stream_tiles(*, arch="sm90", fmt="bfloat16", head_dim=128, block_m=16, rope=True, paged=False, rows=1):
+    return dc.wants_one_row_tiles("rope_stream", arch, fmt, head_dim, block_m, rope, paged=paged, rows=rows)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [({}, True), (dict(fmt="float16"), True), (dict(rope=False), False), (dict(paged=True), False),
+     (dict(rows=4), False), (dict(block_m=32), False), (dict(fmt="fp8"), False), (dict(head_dim=64), False),
+     (dict(arch="default"), False), (dict(arch="interpreter"), False)],
+    ids=["single-mha-rope", "fp16", "no-rope", "paged", "gqa-rows", "block_m32", "fp8", "D64", "non-hopper",
+         "interpreter"],
+)
+def test_rope_stream_tiles_only_where_measured(overrides, expected):
+    """Measured on an H100 for single decode with RoPE and one query head a KV head (16-bit, D 128)."""
+    assert rope_stream_tiles(**overrides) is expected
+
+
+def test_rope_stream_config_is_ropes_tiles_read_by_tma_with_the_hint():
+    """RoPE's own tiles (32 keys, 4 warps, 3 stages, the first tile prefetched, two programs an SM
+    planned), pipelined, their copies by TMA with the L2 hint; no other table asks for TMA."""
+    rope = dc.config("sm90", "bfloat16", 128, 16, True)
+    stream = dc.config("sm90", "bfloat16", 128, 16, True, "rope_stream")
+    assert (stream.block_n, stream.num_warps, stream.num_stages) == (rope.block_n, rope.num_warps, rope.num_stages)
+    assert (stream.block_n, stream.num_warps, stream.num_stages) == (32, 4, 3)
+    assert (stream.prefetch, stream.max_per_sm) == (rope.prefetch, rope.max_per_sm) == (1, 2)
+    assert stream.tma and stream.evict_first and not rope.tma and not rope.evict_first
+    for kind in ("main", "long", "short", "stream", "contig"):
+        assert not dc.config("sm90", "bfloat16", 128, 16, False, kind).tma

@@ -1,0 +1,70 @@
+"""What the MLA decode kernel compiles to for Hopper (sm_90a): the split score products.
+
+Compiled (not run) for an sm_90a target, so no GPU is needed (``tests/ops/sm90.py``). Pins the
+Triton 3.6 behaviour the ``"split"`` table entries rest on (``ops/mla/kernels.py``
+``_mla_tile_scores``, ``benchmarks/NOTES.md`` "MLA: the score tile split between the warpgroups"):
+a score product whose result reaches the P.V product gets all 8 warps along its 64 rows, so both
+warpgroups compute the whole score tile; behind the layout fences each warpgroup computes half of
+it, and the row loads stay software-pipelined.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ..sm90 import compile_sm90
+
+PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
+BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, KV_FORMAT=0,
+            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False)
+
+
+def _compile(split: bool, **constexprs) -> dict:
+    got = compile_sm90("kvattn.ops.mla.kernels.mla_split_kernel", dict(BASE, SPLIT_SCORES=split, **constexprs),
+                       ptrs=PTRS, floats=("logit_factor", "out_factor"), warps=8, stages=2)
+    return {"score_wgmmas": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16", got["ptx"])),
+            "warps": sorted(set(re.findall(r"warpsPerCTA = \[(\d+), (\d+)\], instrShape = \[16, 32, 16\]",
+                                           got["ttgir"]))),
+            "cp_async": len(re.findall(r"cp\.async\.c[ag]", got["ptx"]))}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["chained", "split"])
+def test_score_products_split_between_warpgroups(split):
+    """bf16, 64 heads x 64 keys, 8 warps: 36 k-steps (512 + 64 columns / 16) of m64n32k16 a
+    warpgroup when each computes half of the keys, twice that when both compute all of them."""
+    got = _compile(split)
+    assert got["warps"] == ([("4", "2")] if split else [("8", "1")])
+    assert got["score_wgmmas"] == (36 if split else 72)
+    assert got["cp_async"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The Gluon kernel (16-bit caches on Hopper, kvattn.ops.mla.gluon)
+# ---------------------------------------------------------------------------------------------
+GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
+GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
+                  OUT_PTR=False)
+ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
+            "fp4_padded=False, cga_layout=[])")
+
+
+@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+def test_gluon_kernel_compiles_to_its_schedule(page):
+    """The Gluon MLA kernel still compiles with this Triton (its language is experimental), and to
+    what its docstring promises: whole-tile m64n64 score wgmmas in each warpgroup (36 k-steps of
+    512 + 64 columns) and m64n256 P.V ones, nine + nine TMA copies before the loop and nine in it,
+    the query and two row buffers in shared memory (216 KB of the 227 an H100 gives a program), and
+    no register spill."""
+    got = compile_sm90("kvattn.ops.mla.gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
+                       floats=("logit_factor", "out_factor"), warps=8, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 36
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16", ptx)) == 4
+    assert len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) == 27
+    assert got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255

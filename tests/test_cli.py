@@ -1,0 +1,397 @@
+"""The ``kvattn`` command: check, info, bench, --version, ``python -m kvattn``, and every user
+error as one line on stderr with exit status 2 (CPU; a GPU machine runs the same with --device cpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvattn
+from kvattn import bench, cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(capsys, *argv):
+    rc = cli.main(list(argv))
+    got = capsys.readouterr()
+    return rc, got.out, got.err
+
+
+def assert_usage_error(rc, out, err, *words):
+    assert rc == 2, (rc, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvattn: error: "), err
+    assert "Traceback" not in err and out == "", (out, err)
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def _python_m(*argv, env=None, timeout=300):
+    e = dict(os.environ if env is None else env)
+    e["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "kvattn", *argv], capture_output=True, text=True, env=e,
+                          cwd=ROOT, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+# ---------------------------------------------------------------------------------------------
+def test_python_m_version_and_help():
+    got = _python_m("--version")
+    assert got.returncode == 0 and got.stdout.strip() == f"kvattn {kvattn.__version__}", got
+    got = _python_m("check", "--help")
+    assert got.returncode == 0 and "--interpret" in got.stdout and "--device" in got.stdout, got
+
+
+def test_python_m_usage_error_is_one_line_without_traceback():
+    got = _python_m("check", "--reps", "-3")
+    assert got.returncode == 2, got
+    assert got.stderr.strip().count("\n") == 0 and "Traceback" not in got.stderr, got.stderr
+    assert "--reps" in got.stderr
+
+
+def test_version_matches_package_and_pyproject():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" in meta["project"]["dynamic"]
+    assert meta["tool"]["setuptools"]["dynamic"]["version"]["attr"] == "kvattn._version.__version__"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", kvattn.__version__)
+    module, func = meta["project"]["scripts"]["kvattn"].split(":")
+    assert module == "kvattn.cli" and callable(getattr(cli, func))
+    assert (ROOT / "src" / "kvattn" / "py.typed").exists()
+    assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["kvattn"]
+
+
+def test_no_command_prints_help(capsys):
+    rc, out, err = run_cli(capsys)
+    assert rc == 0 and "check" in out and "info" in out and "bench" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# user errors: one line, exit 2
+# ---------------------------------------------------------------------------------------------
+def _missing_cuda() -> str:
+    """A CUDA device this machine does not have."""
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+@pytest.mark.parametrize("command", ["check", "info", "bench"])
+def test_device_errors(capsys, command):
+    rc, out, err = run_cli(capsys, command, "--device", _missing_cuda())
+    assert_usage_error(rc, out, err, "--device", "cuda")
+    rc, out, err = run_cli(capsys, command, "--device", "gpu0")
+    assert_usage_error(rc, out, err, "not a device name")
+    rc, out, err = run_cli(capsys, command, "--device", "meta")
+    assert_usage_error(rc, out, err, "cuda or cpu")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("check", "--reps", "-3"), ("--reps", "-3")),
+    (("check", "--reps", "0"), ("--reps",)),
+    (("check", "--reps", "many"), ("--reps", "many")),
+    (("bench", "--rep-ms", "-1"), ("--rep-ms",)),
+    (("check", "--only", "decode"), ("--only", "batch_decode")),
+    (("bench", "--only", "xqa,nope"), ("--only",)),
+    (("check", "--json", "/nonexistent-folder/x.json"), ("--json", "does not exist")),
+    (("bench", "--json", "/nonexistent-folder/x.json"), ("--json",)),
+    (("frobnicate",), ("invalid choice",)),
+    (("check", "--no-such-flag"), ("--no-such-flag",)),
+])
+def test_argument_errors(capsys, argv, words):
+    rc, out, err = run_cli(capsys, *argv)
+    assert_usage_error(rc, out, err, *words)
+
+
+@pytest.mark.parametrize("command", ["check", "info", "bench"])
+def test_bad_backend_switch(capsys, monkeypatch, command):
+    monkeypatch.setenv("KVATTN_BACKEND", "tritonn")
+    rc, out, err = run_cli(capsys, command, "--device", "cpu")
+    assert_usage_error(rc, out, err, "KVATTN_BACKEND", "tritonn")
+
+
+def test_triton_backend_on_cpu_without_interpreter(capsys, monkeypatch):
+    monkeypatch.setenv("KVATTN_BACKEND", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu")
+    assert_usage_error(rc, out, err, "KVATTN_BACKEND=triton", "--interpret")
+    rc, out, err = run_cli(capsys, "bench", "--device", "cpu")
+    assert_usage_error(rc, out, err, "KVATTN_BACKEND=triton")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to be a valid --device")
+def test_interpret_needs_cpu(capsys):
+    rc, out, err = run_cli(capsys, "check", "--device", "cuda", "--interpret")
+    assert_usage_error(rc, out, err, "--interpret", "cpu")
+
+
+def test_interpret_after_compiled_kernels_loaded(capsys, monkeypatch):
+    import kvattn.ops  # noqa: F401  (loaded as this process loads it)
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--interpret")
+    assert_usage_error(rc, out, err, "--interpret", "fresh process")
+
+
+def test_interpret_with_numpy_the_interpreter_cannot_use(capsys, monkeypatch):
+    import numpy
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--interpret")
+    assert_usage_error(rc, out, err, "numpy < 2.4", "2.4.1")
+    monkeypatch.setattr(triton, "__version__", "3.7.1")  # 3.7's interpreter works with numpy 2.4
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(cli, "check", lambda *a, **k: 0)
+    assert cli.main(["check", "--device", "cpu", "--interpret"]) == 0
+
+
+def test_plot_without_matplotlib_fails_before_running(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    ran = []
+    monkeypatch.setattr(bench, "run", lambda *a, **k: ran.append(1))
+    rc, out, err = run_cli(capsys, "bench", "--device", "cpu", "--plot", str(tmp_path / "b.png"))
+    assert_usage_error(rc, out, err, "--plot", "matplotlib")
+    assert not ran and not (tmp_path / "b.png").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# kvattn check
+# ---------------------------------------------------------------------------------------------
+def test_check_on_cpu_reference(capsys, tmp_path):
+    path = tmp_path / "check.json"
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--reps", "1", "--json", str(path))
+    assert rc == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"kvattn {kvattn.__version__} check, torch {torch.__version__}")
+    assert lines[1].startswith("device: cpu")
+    assert any(line.startswith("mode:") and "reference" in line for line in lines)
+    assert "--interpret" in out  # the CPU run says how to check the kernels
+    header = next(line for line in lines if line.strip().startswith("case"))
+    assert "tol" in header and "rel err" in header
+    for short, _, _ in cli.FUNCTIONS:  # a title line naming the shape, per function
+        assert any(line.startswith(f"{short}: ") and "tokens" in line for line in lines), short
+    assert not re.search(r"(^|\s)0\.0+ ", out) and "TFLOP/s" not in out  # CPU rates in units that show a value
+    assert re.search(r"\d (k|M|G)B/s", out) and re.search(r"\d (k|M|G)FLOP/s", out)
+    doc = json.loads(path.read_text())
+    assert doc["mode"] == "reference" and len(doc["cases"]) == 12
+    for case in doc["cases"]:
+        assert case["result"] == "ok" and case["backend"] == "reference", case
+        assert 0 < case["rel_err"] <= case["tolerance"], case
+    assert {c["tolerance"] for c in doc["cases"]} == {cli.TOL_16BIT, cli.TOL_NVFP4}
+    assert lines[-1] == "12 passed, 0 failed"
+    assert "check [" in err  # progress on stderr
+
+
+def test_check_fails_out_of_tolerance(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "TOL_16BIT", 1e-9)
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--only", "single_decode", "--reps", "1")
+    assert rc == 1
+    assert out.count(" FAIL ") == 3 and "1e-09" in out
+    assert out.splitlines()[-1] == "0 passed, 3 failed"
+
+
+def test_check_reports_an_error_and_goes_on(capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("seq_lens: broken on purpose")
+
+    monkeypatch.setattr(kvattn.xqa, "xqa", broken)
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--only", "xqa,single_decode", "--reps", "1")
+    assert rc == 1
+    assert " ERROR " in out and "ValueError: seq_lens: broken on purpose" in out
+    assert out.splitlines()[-1] == "3 passed, 1 failed"
+
+
+def test_interpret_sets_and_restores_the_switches(capsys, monkeypatch):
+    seen = {}
+
+    def fake_check(device, big, reps, interpret=False, json_path=None, only=()):
+        seen.update(TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET"), KVATTN_BACKEND=os.environ.get("KVATTN_BACKEND"),
+                    interpret=interpret, reps=reps, device=device)
+        return 0
+
+    monkeypatch.setattr(cli, "check", fake_check)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("KVATTN_BACKEND", raising=False)
+    rc, _, _ = run_cli(capsys, "check", "--device", "cpu", "--interpret")
+    assert rc == 0
+    assert seen == {"TRITON_INTERPRET": "1", "KVATTN_BACKEND": "triton", "interpret": True, "reps": 0,
+                    "device": torch.device("cpu")}
+    assert "KVATTN_BACKEND" not in os.environ
+
+
+def test_check_interpret_runs_the_kernels():
+    """In a fresh process without TRITON_INTERPRET: --interpret switches the interpreter on itself."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KVATTN_BACKEND")}
+    got = _python_m("check", "--device", "cpu", "--interpret", "--only", "xqa", env=env, timeout=600)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "Triton's interpreter" in got.stdout and "fp16" in got.stdout
+    row = next(line for line in got.stdout.splitlines() if "flat pools" in line)
+    assert " triton " in row and " ok " in row, row
+    assert got.stdout.splitlines()[-1] == "1 passed, 0 failed"
+
+
+def test_mla_is_skipped_in_the_interpreter_with_a_reason(capsys, monkeypatch):
+    cases = cli._mla_cases(torch.device("cpu"), False, torch.float16, interpret=True)
+    assert len(cases) == 1 and "bf16" in cases[0].skip and cases[0].run is None
+
+
+# ---------------------------------------------------------------------------------------------
+# kvattn info
+# ---------------------------------------------------------------------------------------------
+def test_info_on_cpu(capsys, monkeypatch):
+    import triton
+
+    from kvattn import _versions
+
+    monkeypatch.delenv("KVATTN_BACKEND", raising=False)
+    monkeypatch.setenv("KVATTN_GLUON", "0")
+    rc, out, err = run_cli(capsys, "info", "--device", "cpu")
+    assert rc == 0 and err == ""
+    assert out.startswith(f"kvattn {kvattn.__version__} (")
+    assert f"torch {torch.__version__}" in out and f"triton {triton.__version__}" in out
+    assert "device: cpu" in out
+    for name in ("KVATTN_BACKEND", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE", "KVATTN_GLUON",
+                 "TRITON_INTERPRET"):
+        assert re.search(rf"^  {name} ", out, re.M), name
+    assert re.search(r"^  KVATTN_GLUON\s+'0'\s+off", out, re.M)
+    for _, public, _ in cli.FUNCTIONS:
+        assert re.search(rf"^  {re.escape(public)}\s+reference", out, re.M), public
+    for name, state in _versions.fast_paths().items():
+        assert f"  {name:<12s} {state}" in out
+
+
+def test_info_interpreted_kernels(capsys, monkeypatch):
+    monkeypatch.setenv("KVATTN_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    rc, out, _ = run_cli(capsys, "info", "--device", "cpu")
+    assert rc == 0
+    assert out.count("in Triton's interpreter") == 5
+
+
+def test_info_without_fast_paths_report(capsys, monkeypatch):
+    from kvattn import _versions
+
+    monkeypatch.delattr(_versions, "fast_paths")
+    rc, out, _ = run_cli(capsys, "info", "--device", "cpu")
+    assert rc == 0 and "not reported by this kvattn" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# kvattn bench
+# ---------------------------------------------------------------------------------------------
+def test_bench_on_cpu(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    rc, out, err = run_cli(capsys, "bench", "--device", "cpu", "--rep-ms", "1", "--json", str(path))
+    assert rc == 0, out + err
+    assert "kvattn bench [" in err  # progress on stderr
+    assert "CPU" in out and "only show that the command works" in out and "L2 flushed" not in out
+    doc = json.loads(path.read_text())
+    assert doc["env"]["device"] == "cpu" and doc["env"]["kvattn"] == kvattn.__version__
+    recs = doc["records"]
+    functions = [r["function"] for r in recs if r["impl"] == "kvattn"]
+    assert functions == ["batch decode", "xqa", "single decode", "MLA decode", "prefill"]
+    for r in recs:
+        if r["impl"] == "kvattn":
+            assert r["status"] == "ok" and r["eager_us"] > 0 and r["graph_us"] is None, r
+            assert r["backend"] == "reference" and r["rate"] > 0
+        elif r["impl"] == "sdpa-flash" and r["function"] != "MLA decode":  # torch's CPU flash kernel
+            assert r["status"] == "ok" and r["rel_err"] < 2e-2, r
+        elif r["impl"] == "flex":
+            assert r["status"] == "skipped", r
+    mla_flash = next(r for r in recs if r["function"] == "MLA decode" and r["impl"] == "sdpa-flash")
+    assert mla_flash["status"] == "n/a" and "last dimension" in mla_flash["note"]
+    assert not any(r["function"] == "xqa" and r["impl"] != "kvattn" for r in recs)
+    header = next(line for line in out.splitlines() if line.startswith("function"))
+    for col in ("impl", "us graph", "us eager", "rate", "time / kvattn's", "err vs kvattn"):
+        assert col in header
+    assert f"wrote {path}" in out
+
+
+def test_bench_kvattn_failure_exits_1(capsys, monkeypatch):
+    real = bench.build
+
+    def build(key, device):
+        prob = real(key, device)
+
+        def boom():
+            raise RuntimeError("kernel failed on purpose")
+
+        prob.run = boom
+        return prob
+
+    monkeypatch.setattr(bench, "build", build)
+    rc, out, _ = run_cli(capsys, "bench", "--device", "cpu", "--only", "single_decode", "--no-peers", "--rep-ms", "1")
+    assert rc == 1 and "error: RuntimeError: kernel failed on purpose" in out
+
+
+def test_bench_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "b.png"
+    rc, out, _ = run_cli(capsys, "bench", "--device", "cpu", "--only", "prefill", "--rep-ms", "1", "--plot", str(png))
+    assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times the Triton kernels and torch's GPU peers")
+def test_bench_on_gpu(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    rc, out, err = run_cli(capsys, "bench", "--only", "single_decode,xqa", "--rep-ms", "20", "--json", str(path))
+    assert rc == 0, out + err
+    assert "L2 flushed" in out
+    recs = json.loads(path.read_text())["records"]
+    for r in (r for r in recs if r["impl"] == "kvattn"):
+        assert r["status"] == "ok" and r["backend"] == "triton" and r["graph_us"] > 0 and r["eager_us"] > 0, r
+    peers = [r for r in recs if r["impl"].startswith("sdpa-") and r["status"] == "ok"]
+    assert peers and all(r["rel_err"] < 2e-2 and r["graph_us"] > 0 for r in peers), peers
+    flex = next(r for r in recs if r["impl"] == "flex")
+    assert flex["status"] in ("ok", "error"), flex  # timed, or its failure recorded without ending the run
+
+
+def test_progress_bar_redraws_on_a_terminal():
+    class Tty:
+        def __init__(self):
+            self.text = ""
+
+        def isatty(self):
+            return True
+
+        def write(self, s):
+            self.text += s
+
+        def flush(self):
+            pass
+
+    t = Tty()
+    p = bench.Progress(2, "x", stream=t)
+    p.step("one")
+    p.step("two")
+    p.done()
+    assert t.text.count("\r") >= 3 and "\n" not in t.text and "2/2" in t.text
+
+
+# ---------------------------------------------------------------------------------------------
+# units
+# ---------------------------------------------------------------------------------------------
+def test_units():
+    assert cli.format_rate(2.5e12, "FLOP") == "2.5 TFLOP/s"
+    assert cli.format_rate(3.35e12, "B") == "3350 GB/s"
+    assert cli.format_rate(7.1e6, "B") == "7.1 MB/s"
+    assert cli.format_rate(4.2e7, "FLOP") == "42 MFLOP/s"
+    assert cli.format_time(3.2e-5) == "32.0 us" and cli.format_time(0.25) == "250.00 ms"
+    for k in range(2, 15):  # never a rate that reads as zero
+        for unit in ("B", "FLOP"):
+            text = cli.format_rate(10.0 ** k * 1.7, unit)
+            assert float(text.split()[0]) >= 1, text

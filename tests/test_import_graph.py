@@ -1,0 +1,157 @@
+"""The package's import graph, read from the source (every import statement, function-level ones
+included): no circle among kvattn's modules, and nothing under ``kvattn.ops`` climbs back up into
+a public module.
+
+Rules:
+
+- ``kvattn.ops.*`` may import ``kvattn.ops.*``, kvattn's private modules (``kvattn._*``) and
+  ``kvattn.formats`` (a leaf: the quantised formats' definitions, importing no kvattn module);
+  never a public module (``kvattn`` itself, ``decode``, ``xqa``, ``mla``, ``prefill``, ``cli``,
+  ``testing``, ``dense``, ``reference``, ``integrations`` ...).
+- No cycle: parent packages' ``__init__`` modules, which Python runs implicitly before a
+  submodule, are not edges; only import statements are.
+- The op registry (``_backend.TRITON_OPS``) names real entry points, imported lazily.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+
+import pytest
+
+import kvattn
+from kvattn import _backend
+
+SRC = pathlib.Path(kvattn.__file__).resolve().parent
+PACKAGE = "kvattn"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """The kvattn modules ``module`` imports: ``import a.b``, ``from a import b`` (``a.b`` where
+    that is a module, else ``a``), relative forms, at any depth of the source."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            # the longest known module the name starts with (``import kvattn.ops.x.y`` -> that module)
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target.startswith(PACKAGE) and target != module:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: imports_of(name, path, known) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _allowed_from_ops(target: str) -> bool:
+    last = target.split(".")[1] if target.count(".") else ""
+    return target.startswith(f"{PACKAGE}.ops") or last.startswith("_") or target == f"{PACKAGE}.formats"
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_ops_never_import_a_public_module():
+    bad = [(m, t) for m, targets in import_graph().items() if m.startswith(f"{PACKAGE}.ops")
+           for t in targets if not _allowed_from_ops(t)]
+    assert not bad, "\n".join(f"{m} imports {t}" for m, t in bad)
+
+
+def test_formats_is_a_leaf():
+    """``kvattn.formats`` may be read from ``ops/`` because it imports no kvattn module."""
+    assert import_graph()[f"{PACKAGE}.formats"] == set()
+
+
+def test_the_checks_see_what_they_must():
+    """The parser finds relative, absolute and function-level imports, and the two rules fire."""
+    known = {"kvattn", "kvattn.decode", "kvattn.ops", "kvattn.ops.x", "kvattn.ops.x.launch", "kvattn._env"}
+    src = ("from ... import decode\nfrom .launch import f\n"
+           "def g():\n    from ..._env import h\n    import kvattn.ops.x.launch\n")
+    path = pathlib.Path(__file__).parent / "_import_graph_probe.py"
+    try:
+        path.write_text(src)
+        got = imports_of("kvattn.ops.x.op", path, known)
+    finally:
+        path.unlink()
+    assert got == {"kvattn.decode", "kvattn.ops.x.launch", "kvattn._env"}
+    assert not _allowed_from_ops("kvattn.decode") and not _allowed_from_ops("kvattn.testing")
+    assert not _allowed_from_ops("kvattn")
+    assert _allowed_from_ops("kvattn._inputs") and _allowed_from_ops("kvattn.ops.common")
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_importing_ops_imports_no_family():
+    """The op registry is a static table: importing ``kvattn.ops`` registers nothing and imports
+    no kernel family (each entry module is imported on first use)."""
+    ops_init = import_graph()[f"{PACKAGE}.ops"]
+    assert ops_init == set()
+
+
+@pytest.mark.parametrize("op", sorted(_backend.TRITON_OPS))
+def test_registry_names_real_entry_points(op):
+    module = importlib.import_module(_backend.TRITON_OPS[op])
+    assert module.__name__.startswith(f"{PACKAGE}.ops.") and callable(getattr(module, op))
