@@ -1,10 +1,11 @@
 """MLA decode for Hopper in Gluon, warp-specialised: a copy warp and two warpgroups on a seesaw.
 
-Why another kernel. :mod:`.mla_gluon` runs both warpgroups in lock step on one 64-key tile at a
+Why another kernel. :mod:`.gluon` runs both warpgroups in lock step on one 64-key tile at a
 time: each computes the whole ``[64, 64]`` score tile (the two do the same work, 2 x 576 + 512
 multiply-adds a (head, key) instead of 576 + 512), and the tensor cores idle while the softmax
 runs between the score product and the P.V product. Here the work of two consecutive tiles ``A``
-and ``B`` is divided so that neither happens (benchmarks/NOTES.md, topic "MLA seesaw"):
+and ``B`` is divided so that neither happens (benchmarks/NOTES.md, "MLA: seesaw (warp-specialised
+Gluon kernel)"):
 
 * warpgroup 0 ("left") owns output columns ``[0, 256)`` and computes the scores of ``A``;
 * warpgroup 1 ("right") owns columns ``[256, 512)`` and computes the scores of ``B``;
@@ -51,7 +52,7 @@ TMA view's end, read as zeros, and its keys are masked.
 
 Scope: 16-bit caches with a query of the same dtype, 64 query heads a program (Hq >= 64; rows
 past Hq padded), pages of a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA
-view, as :mod:`.mla_gluon`. ``FLOOR`` (timing only, never launched by the library): 1 drops the
+view, as :mod:`.gluon`. ``FLOOR`` (timing only, never launched by the library): 1 drops the
 softmax arithmetic (P = S), 2 the copies (the copy warp signals empty buffers as full), 3 the P.V
 products, 4 the score products.
 """
@@ -69,12 +70,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
-
-# A barrier of the calling partition's threads: ``gl.thread_barrier()`` in Triton 3.6,
-# ``gl.barrier()`` from 3.7 (found by feature, as ``gluon_compat.cta_barrier``, which this becomes
-# once that module is on this branch).
-cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+from ..common.gluon_compat import cta_barrier
+from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 
 # Barrier slots (one [N_BARS, 1] allocation). full / empty come per buffer (0: tile A, 1: tile B)
 # and per part: K = the rope columns, L / R = value columns [0, 256) / [256, 512).
@@ -360,7 +357,8 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         o_acc = _pv(p_smem, ckv_b.slice(0, HALF, dim=1), o, NO_PV)
         # It retires before the loop's back edge (B's left values and the P buffer are free): with
         # a product in flight across the back edge or the loop's exit, ptxas serialises every
-        # wgmma of the kernel (C7514 / C7515, benchmarks/NOTES.md "MLA seesaw").
+        # wgmma of the kernel (C7514 / C7515, benchmarks/NOTES.md "MLA: seesaw (warp-specialised
+        # Gluon kernel)").
         o = warpgroup_mma_wait(0, deps=[o_acc])
         mbarrier.arrive(bars.index(EMPTY_L + 1), count=1)
 
@@ -486,7 +484,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
 
 
 @gluon.jit
-def mla_ws_kernel(
+def mla_gluon_ws_kernel(
     q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
     kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [64, 64]
     table_ptr,  # [B, pages_per_seq] int32 page ids
