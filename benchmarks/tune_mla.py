@@ -2,7 +2,7 @@
 
 Each variant replaces fields of :class:`kvattn.ops.mla.configs.MLAConfig` (``block_h`` included)
 for every call; shapes and inputs come from the benchmark registry. Times are medians of
-CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/ops/mla_configs.py``.
+CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/ops/mla/configs.py``.
 
 Usage (on the device, from the repository root)::
 
@@ -78,10 +78,10 @@ VARIANTS = {
                   "num_stages": 4},
     # the table's config on the Triton kernel where the Gluon one would run (KVATTN_GLUON=0)
     "triton": {"_env": {"KVATTN_GLUON": "0"}},
-    # the Gluon kernel of mla_gluon where the warp-specialised one (mla_ws) would run; the
-    # warp-specialised kernel's schedule switches (mla_ws_kernel's STAGGER / PA_REGS) and floors
-    # (FLOOR, timing only, wrong results: 1 no softmax arithmetic, 2 no copies, 3 no P.V products,
-    # 4 no score products)
+    # mla/gluon.py's kernel where the warp-specialised one (mla/gluon_ws.py) would run
+    # (KVATTN_GLUON_WS=0); the warp-specialised kernel's schedule switches (STAGGER / PA_REGS of
+    # mla_gluon_ws_kernel) and floors (FLOOR, timing only, wrong results: 1 no softmax arithmetic,
+    # 2 no copies, 3 no P.V products, 4 no score products)
     "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},
     "ws_nostagger": {"_ws": {"STAGGER": False}},
     "ws_psmem": {"_ws": {"PA_REGS": False}},

@@ -114,8 +114,9 @@ GPU_CASES = [
     param("bf16-max_seq_len-capacity", lens=[100, 30, 0], hq=32, max_seq_len="capacity"),
     param("bf16-all-empty", lens=[0, 0, 0], hq=16, max_seq_len="capacity"),
     param("bf16-page128", lens=[1, 129, 1000], hq=16, page=128),
-    # Hq >= 64 with 16-bit caches on Hopper take the Gluon kernel on pages of 64+ tokens (tiles at
-    # offsets 0 / 64 / ... of a page); the Triton kernel for the same launches:
+    # Hq >= 64 with 16-bit caches on Hopper take the warp-specialised Gluon kernel on pages of 64+
+    # tokens (tiles at offsets 0 / 64 / ... of a page; test_gluon_ws.py has its own grid, and the
+    # other Gluon kernel under KVATTN_GLUON_WS=0); the Triton kernel for the same launches:
     *[param(f"bf16-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, seed=page) for page in (128, 256)],
     param("bf16-Hq96-padded-heads", lens=GPU_LENS, hq=96, seed=96),
     *[param(f"bf16-Hq{hq}-triton-kernel", lens=GPU_LENS, hq=hq, gluon=False, seed=hq + 1) for hq in (64, 128)],
@@ -278,7 +279,7 @@ def _fits(hq=128, page=64, kv_dtype=torch.bfloat16, q_dtype=None, *, pages=100, 
 
 
 def test_mla_gluon_kernel_takes_only_the_launches_it_serves():
-    """The Gluon kernel (sm90) runs 16-bit caches with a query of the same dtype, 64 heads a
+    """The Gluon kernels (sm90) run 16-bit caches with a query of the same dtype, 64 heads a
     program, 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address; every
     other launch keeps the Triton kernel (which the GPU cases then run too)."""
     assert _fits() and _fits(hq=64) and _fits(hq=96) and _fits(page=128) and _fits(page=256)

@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla_ws``).
+"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla.gluon_ws``).
 
 GPU (Hopper): the public function against the oracles on the launches the kernel takes (16-bit
 cache, Hq 33-128, pages of a multiple of 64 tokens), with a spy on the launcher proving the
@@ -6,23 +6,23 @@ kernel ran: fresh random inputs, poisoned outputs, NaN in every unused cache slo
 lengths 0 / 1 / off-tile / odd and even tile counts, a request longer than one split, scales as
 floats and as device tensors, CUDA-graph replay with new lengths, tables and scales.
 
-CPU: the launch selection, and what the kernel compiles to for sm_90a (no GPU needed): its
-partitions' register split, both products on wgmma, the copies as TMA, shared memory within the
-227 KB a program gets, and no spill.
+CPU: the launch selection (a Hopper device faked), and the tuning variants of
+``benchmarks/tune_mla.py`` reaching the launch. What the kernel compiles to for sm_90a is pinned
+in ``test_codegen.py``.
 """
 
 from __future__ import annotations
 
-import re
+from pathlib import Path
 
 import pytest
 import torch
 
 import kvattn
-from kvattn.ops import mla_configs, mla_launch
+from kvattn.ops.mla import configs as mla_configs
+from kvattn.ops.mla import launch as mla_launch
 from kvattn.testing import poison_, relative_error
 
-from .sm90 import compile_sm90
 from .test_mla import BMM1, DIM, GPU_LENS, V_DIM, _fits, exact_mla, make_cache, mla_case
 
 ON_GPU = torch.cuda.is_available()
@@ -133,10 +133,10 @@ def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, 
 
 
 # ---------------------------------------------------------------------------------------------
-# CPU: launch selection and the sm_90a compile
+# CPU: launch selection
 # ---------------------------------------------------------------------------------------------
 def test_ws_kernel_takes_the_gluon_kernels_launches():
-    """sm90, 16-bit cache, 64 heads a program: the launches mla_gluon serves (test_mla's _fits)
+    """sm90, 16-bit cache, 64 heads a program: the launches mla/gluon.py serves (test_mla's _fits)
     take the warp-specialised kernel; no other entry does, and no other GPU family."""
     assert _fits(hq=128) and mla_configs.warp_specialized("sm90", "bfloat16", 64)
     assert mla_configs.warp_specialized("sm90", "float16", 64)
@@ -150,62 +150,84 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
         assert mla_configs.warp_specialized("sm90", "bfloat16", cfg.block_h)
 
 
-PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
-        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "q_ptr": "*bf16"}
-BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False, OUT_PTR=False,
-            FLOOR=0, STAGGER=True, PA_REGS=True)  # (every constexpr: one left out would compile as an i32)
-ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
-            "fp4_padded=False, cga_layout=[])")
-
-
-@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
-def test_ws_kernel_compiles_to_its_schedule(page):
-    """Per pair of 64-key tiles: each warpgroup's score tile as m64n64 wgmmas (36 k-steps of
-    64 + 512 columns, two warpgroups), its two half P.V products as m64n256 ones (4 k-steps each),
-    18 TMA boxes from the copy warp (rope 2 x 1, values 4 x 4); registers 240 / 240 / 24 for the
-    two warpgroups and the copy warp; shared memory within 227 KB; no spill; and the wgmmas left
-    asynchronous by ptxas: a handful of waits (one a product), not one after every wgmma, which is
-    what ptxas emits when it serialises them (C7514 / C7515: a P.V product in flight across the
-    loop's back edge did it, benchmarks/NOTES.md "MLA seesaw")."""
-    got = compile_sm90("kvattn.ops.mla_ws.mla_ws_kernel", dict(BASE, PAGE_SIZE=page), ptrs=PTRS,
-                       floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"}, sass=True)
-    ptx = got["ptx"]
-    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
-    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
-    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
-    assert {"240", "24"} <= regs
-    assert 216 * 1024 < got["shared"] <= 227 * 1024
-    if "stack" in got:
-        assert got["stack"] == 0 and got["reg"] <= 255
-    if "sass" in got:
-        assert len(re.findall(r"\bHGMMA\.", got["sass"])) == 88
-        assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8
-
-
 def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16):
     """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576], a
     [100, page, 576] cache of ``dtype``."""
     from kvattn import _device
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
-    facts = (torch.device("cpu"), False, (4, hq, 576), (hq * 576, 576, 1), dtype, (100, page, 576),
-             (page * 576, 576, 1), dtype, (10, 1), (hq * 512, 512, 1), 64 << 20, False, False, False, True, gluon,
-             gluon_ws)
+    facts = mla_launch.MLAFacts(
+        device=torch.device("cpu"), interpreter=False, q_shape=(4, hq, 576), q_stride=(hq * 576, 576, 1),
+        q_dtype=dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
+        table_stride=(10, 1), out_stride=(hq * 512, 512, 1), ws_numel=64 << 20, has_logit=False,
+        has_out_scale=False, aligned4=False, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
+    )
     return mla_launch._Plan(facts)
 
 
 def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
     """The plan of a Hopper launch the Gluon kernel serves runs the warp-specialised split (4 warps a
     partition, 168 registers a thread before the partitions' split); ``KVATTN_GLUON_WS=0`` (the
-    ``gluon_ws`` fact) keeps mla_gluon's launch, ``KVATTN_GLUON=0`` the Triton kernel's."""
+    ``gluon_ws_on`` fact) keeps mla/gluon.py's launch, ``KVATTN_GLUON=0`` the Triton kernel's."""
     split = _plan(monkeypatch).launches(4096)[0]
     assert type(split) is mla_launch._WarpSpecializedSplit
-    assert split.kernel() is mla_launch.mla_ws_kernel
-    assert split.launch_kwargs() == dict(num_warps=4, maxnreg=168)
+    assert split.kernel() is mla_launch.mla_gluon_ws_kernel
+    assert split.options() == dict(num_warps=4, maxnreg=168)
     assert type(_plan(monkeypatch, hq=64, page=128).launches(100)[0]) is mla_launch._WarpSpecializedSplit
     old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0]
-    assert type(old) is mla_launch._GluonSplit and old.launch_kwargs() == dict(num_warps=8)
+    assert type(old) is mla_launch._GluonSplit and old.kernel() is mla_launch.mla_gluon_kernel
+    assert old.options() == dict(num_warps=8)
     assert not isinstance(_plan(monkeypatch, gluon=False).launches(4096)[0], mla_launch._GluonSplit)
     assert not isinstance(_plan(monkeypatch, hq=16).launches(4096)[0], mla_launch._GluonSplit)
     assert not isinstance(_plan(monkeypatch, page=32).launches(4096)[0], mla_launch._GluonSplit)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("raw,want", [(None, True), ("1", True), ("0", False)], ids=["unset", "on", "off"])
+def test_ws_switch_reaches_the_plan_facts(raw, want, monkeypatch):
+    """``KVATTN_GLUON_WS`` is read on every call into the plan's ``gluon_ws_on`` fact (plans are
+    cached under their facts, so switching it picks another plan)."""
+    if raw is None:
+        monkeypatch.delenv("KVATTN_GLUON_WS", raising=False)
+    else:
+        monkeypatch.setenv("KVATTN_GLUON_WS", raw)
+    seen = []
+
+    def record(facts):
+        seen.append(facts)
+        raise _Stop
+
+    monkeypatch.setattr(mla_launch, "_plan", record)
+    q = torch.zeros(2, 64, 576, dtype=torch.float16)
+    kv = torch.zeros(4, 64, 576, dtype=torch.float16)
+    with pytest.raises(_Stop):
+        mla_launch.launch_mla(q, kv, torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                              torch.empty(2, 64, 512, dtype=torch.float16), max_seq_len=128)
+    assert seen[0].gluon_ws_on is want
+
+
+def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
+    """``benchmarks/tune_mla.py``'s ``ws_*`` variants replace the warp-specialised launch's
+    schedule constexprs (and only inside the variant), and ``gluon`` switches the kernel off."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    from benchmarks import tune_mla, tuning
+
+    contexts = {}
+
+    def collect(grid, args, context_for, *, workspace_mib):
+        shape = next(iter(grid))
+        contexts.update((name, context_for(shape, name)) for name in tune_mla.VARIANTS)
+
+    monkeypatch.setattr(tuning, "time_variants", collect)
+    assert tune_mla.main([]) == 0
+    base = dict(num_warps=4, maxnreg=168)
+    for name, want in (("default", {}), ("ws_first", dict(STAGGER=False, PA_REGS=False)),
+                       ("ws_nocopies", dict(FLOOR=2)), ("ws_noscores", dict(FLOOR=4))):
+        with contexts[name]():
+            assert _plan(monkeypatch).launches(4096)[0].options() == dict(base, **want), name
+    assert _plan(monkeypatch).launches(4096)[0].options() == base
+    with contexts["gluon"]():
+        from kvattn import _env
+        assert not _env.gluon_ws()
