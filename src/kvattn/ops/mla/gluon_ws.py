@@ -71,7 +71,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import cta_barrier
-from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
+from ..common import load_page_ids, online_softmax_step
+from .gluon import logit_scale2, split_work, stage_query, store_rows
 
 # Barrier slots (one [N_BARS, 1] allocation). full / empty come per buffer (0: tile A, 1: tile B)
 # and per part: K = the rope columns, L / R = value columns [0, 256) / [256, 512).
@@ -100,6 +101,14 @@ MAXNREG = gl.constexpr(168)
 RIGHT_REGS = gl.constexpr(240)
 COPY_REGS = gl.constexpr(24)
 NUM_WARPS = gl.constexpr(4)
+# Registers of a [64, 64k] shared-memory tile in one partition's 4 warps (query staging, tail zeroing).
+LD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS.value, 1], [1, 0]))
+
+
+@gluon.constexpr_function
+def _acc_layout(cols):
+    """The layout of one warpgroup's wgmma accumulator ``[64, cols]`` (m64n``cols``)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS.value, 1], instr_shape=[16, cols, 16])
 
 
 @gluon.jit
@@ -239,29 +248,20 @@ def _zero_tail(ckv_buf, n0, end, COL0: gl.constexpr, HALF: gl.constexpr, ld_layo
 
 
 @gluon.jit
-def _store_rows(o_acc, m_i, l_mine, l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
-                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, COL0: gl.constexpr,
-                HALF: gl.constexpr, CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, OUT_PTR: gl.constexpr,
-                STORE_LSE: gl.constexpr, o_layout: gl.constexpr):
-    """Write this warpgroup's columns of the rows: the final output (one split) or the normalised
-    split partial, and (``STORE_LSE``) the partial's base-2 LSE."""
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_mine + l_other, o_rows),
-                               0.0, False)
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
-    head_ok = heads < num_heads
-    offs_c = COL0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    final = num_splits == 1
-    out_mult = out_factor
-    if OUT_PTR:
-        out_mult = out_mult * gl.load(out_scale_ptr)
-    o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
-    gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
-    partial = num_splits > 1
-    p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
-    gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
-    if STORE_LSE:
-        gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MINE: gl.constexpr, X_OTHER: gl.constexpr,
+            COL0: gl.constexpr, HALF: gl.constexpr, CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
+            OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr, x_layout: gl.constexpr, o_layout: gl.constexpr):
+    """A warpgroup's end: its row sums out (slot ``X_MINE``), the other's in (``X_OTHER``), then
+    its columns ``[COL0, COL0 + HALF)`` of the rows written with the sum of both (``l_0 + l_1``)."""
+    x_smem.slice(X_MINE * BLOCK_H, BLOCK_H).store(l_i)
+    cta_barrier()
+    mbarrier.arrive(bars.index(BAR_L), count=1)
+    mbarrier.wait(bars.index(BAR_L), 0)
+    l_other = x_smem.slice(X_OTHER * BLOCK_H, BLOCK_H).load(x_layout)
+    store_rows(o, m_i, l_i + l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+               num_heads, num_splits, stride_o_b, stride_o_h, out_factor, COL0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
+               STORE_LSE, o_layout)
 
 
 @gluon.jit
@@ -276,33 +276,19 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
     and the output columns ``[0, 256)``."""
     HALF: gl.constexpr = CKV_DIM // 2
     dt: gl.constexpr = q_ptr.dtype.element_ty
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(HALF)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    ld_layout: gl.constexpr = LD_LAYOUT
     x_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     # The query rows to shared memory (rows past Hq read as 0), then released to the other warpgroup.
-    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
-    for c in gl.static_range((CKV_DIM + KPE_DIM) // 64):
-        offs_qd = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
-        q_off = b.to(gl.int64) * stride_q_b + offs_qh[:, None].to(gl.int64) * stride_q_h + offs_qd[None, :]
-        q_c = gl.load(q_ptr + q_off, mask=(offs_qh < num_heads)[:, None], other=0.0)
-        if c * 64 < CKV_DIM:
-            qn_smem.index(0).slice(c * 64, 64, dim=1).store(q_c)
-        else:
-            qr_smem.index(0).store(q_c)
-    fence_async_shared()
-    cta_barrier()
+    stage_query(q_ptr, qn_smem.index(0), qr_smem.index(0), b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM,
+                KPE_DIM, BLOCK_H, ld_layout)
     mbarrier.arrive(bars.index(BAR_Q), count=1)
 
-    logit = logit_factor
-    if LOGIT_PTR:
-        logit = logit * gl.load(logit_scale_ptr)
-    qk_scale = logit * LOG2E
+    qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
@@ -362,15 +348,9 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         o = warpgroup_mma_wait(0, deps=[o_acc])
         mbarrier.arrive(bars.index(EMPTY_L + 1), count=1)
 
-    # The row sums: l_0 + l_1 (the other warpgroup's sums arrive through shared memory).
-    x_smem.slice(X_L0 * BLOCK_H, BLOCK_H).store(l_i)
-    cta_barrier()
-    mbarrier.arrive(bars.index(BAR_L), count=1)
-    mbarrier.wait(bars.index(BAR_L), 0)
-    l_other = x_smem.slice(X_L1 * BLOCK_H, BLOCK_H).load(x_layout)
-    _store_rows(o, m_i, l_i, l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
-                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR, True,
-                o_layout)
+    _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_L0, X_L1, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
+            True, x_layout, o_layout)
 
 
 @gluon.jit
@@ -389,19 +369,14 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
     waiting for P_A V_A[:, 256:] to retire."""
     HALF: gl.constexpr = CKV_DIM // 2
     dt: gl.constexpr = ckv_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(HALF)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    ld_layout: gl.constexpr = LD_LAYOUT
     x_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    logit = logit_factor
-    if LOGIT_PTR:
-        logit = logit * gl.load(logit_scale_ptr)
-    qk_scale = logit * LOG2E
+    qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
@@ -473,14 +448,9 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
         mbarrier.arrive(bars.index(EMPTY_R + 1), count=1)
 
-    x_smem.slice(X_L1 * BLOCK_H, BLOCK_H).store(l_i)
-    cta_barrier()
-    mbarrier.arrive(bars.index(BAR_L), count=1)
-    mbarrier.wait(bars.index(BAR_L), 0)
-    l_other = x_smem.slice(X_L0 * BLOCK_H, BLOCK_H).load(x_layout)
-    _store_rows(o, m_i, l_i, l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
-                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, HALF, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-                False, o_layout)
+    _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_L1, X_L0, HALF, HALF, CKV_DIM, BLOCK_H,
+            OUT_PTR, False, x_layout, o_layout)
 
 
 @gluon.jit
@@ -506,19 +476,7 @@ def mla_gluon_ws_kernel(
     row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    # Head blocks vary fastest: the two programs reading one request's split run side by side,
-    # so the second finds the rows in L2.
-    pid = gl.program_id(0)
-    hb = pid % H_BLOCKS
-    rest = pid // H_BLOCKS
-    split = rest % num_splits
-    b = rest // num_splits
-
-    kv_len = gl.load(seq_lens_ptr + b)
-    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N)
-    start = split * chunk
-    end = gl.minimum(start + chunk, kv_len)
-    num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, num_splits, H_BLOCKS, BLOCK_N)
     num_pairs = (num_tiles + 1) // 2
     total_rows = num_pages * PAGE_SIZE
     table_row = table_ptr + b.to(gl.int64) * stride_t_b
