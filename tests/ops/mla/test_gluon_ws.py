@@ -18,12 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import kvattn
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import launch as mla_launch
-from kvattn.testing import poison_, relative_error
 
-from .test_mla import BMM1, DIM, GPU_LENS, V_DIM, _fits, exact_mla, make_cache, mla_case
+from .test_mla import GPU_LENS, _fits, graph_replay_case, mla_case
 
 ON_GPU = torch.cuda.is_available()
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
@@ -91,44 +89,8 @@ def test_ws_switch_keeps_the_previous_gluon_kernel(ws_spy, triton_backend, monke
 @GPU_ONLY
 @pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
 def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, triton_backend):
-    device = torch.device("cuda")
-    page, width, pool = 64, 100, 400
-
-    def case(lens, seed):
-        used = sum((n + page - 1) // page for n in lens)
-        return make_cache(lens, page=page, kv_format="bfloat16", device=device, seed=seed, pages_per_seq=width,
-                          extra_pages=pool - used)
-
-    cache, tables, seq_lens = case([700, 40, 2500, 0, 6000], seed=1)
-    q = torch.randn(5, 1, hq, DIM, device=device, dtype=torch.bfloat16)
-    out = torch.empty(5, hq, V_DIM, device=device, dtype=torch.bfloat16)
-    ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
-    scale = torch.tensor([BMM1], device=device)
-
-    def call():
-        kvattn.mla.xqa_batch_decode_with_kv_cache_mla(q, cache, ws, 128, V_DIM, 64, tables, seq_lens,
-                                                      width * page, out=out, bmm1_scale=scale, bmm2_scale=1.1)
-
-    call()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    for seed, lens, factor in ((2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)):
-        new_cache, new_tables, new_lens = case(lens, seed=seed)
-        cache.copy_(new_cache)
-        tables.copy_(new_tables)
-        seq_lens.copy_(new_lens)
-        q.normal_()
-        scale.fill_(BMM1 * factor)
-        poison_(out)
-        graph.replay()
-        torch.cuda.synchronize()
-        exact = exact_mla(q, cache, tables, seq_lens, BMM1 * factor, 1.1)
-        assert relative_error(out.cpu(), exact) <= 1e-2
-        for b, n in enumerate(lens):
-            if n == 0:
-                assert (out[b].float() == 0).all()
+    graph_replay_case(hq, [700, 40, 2500, 0, 6000],
+                      [(2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)], pool=400)
     assert ws_spy
 
 
