@@ -163,9 +163,10 @@ class _Plan:
 
 def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
                 aligned16: bool) -> bool:
-    """Whether :mod:`.gluon` runs a launch: 16-bit cache and query of one dtype, 64 heads a
-    program, 64-key tiles inside pages of a multiple of 64 tokens, and rows TMA can address as one
-    ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
+    """Whether a Gluon kernel (:mod:`.gluon`, or :mod:`.gluon_ws` where it takes the entry) runs
+    a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles inside pages of
+    a multiple of 64 tokens, and rows TMA can address as one ``[pages * page, 576]`` view (16-byte
+    aligned base and row stride, pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
     return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
             and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
