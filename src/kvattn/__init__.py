@@ -4,10 +4,11 @@ The five public functions keep FlashInfer's signatures; their semantics are kvat
 
 >>> import kvattn
 >>> sorted(n for n in kvattn.__all__ if not n[0].isupper())[:3]
-['decode', 'formats', 'mla']
+['append_paged_kv_cache', 'cache', 'decode']
 """
 
-from . import decode, formats, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from . import cache, decode, formats, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from .cache import append_paged_kv_cache
 from .decode import single_decode_with_kv_cache, xqa_batch_decode_with_kv_cache
 from .formats import FP4Tensor
 from .mla import xqa_batch_decode_with_kv_cache_mla
@@ -15,6 +16,7 @@ from .prefill import trtllm_batch_context_with_kv_cache
 from ._version import __version__
 
 __all__ = [
+    "cache",
     "decode",
     "formats",
     "mla",
@@ -25,4 +27,5 @@ __all__ = [
     "xqa_batch_decode_with_kv_cache_mla",
     "trtllm_batch_context_with_kv_cache",
     "FP4Tensor",
+    "append_paged_kv_cache",
 ]

@@ -25,6 +25,7 @@ TRITON_OPS: dict[str, str] = {
     "single_decode": "kvattn.ops.decode.op",
     "context": "kvattn.ops.prefill.op",
     "mla_decode": "kvattn.ops.mla.op",
+    "append_paged_kv": "kvattn.ops.append.op",
 }
 _MISSING = object()
 _ENTRIES: dict[str, object] = {}  # op -> its imported entry module, or None (Triton unavailable)

@@ -359,7 +359,11 @@ def paged_kv_from_cache(
     split_tables: bool = False,
     allowed_dtypes=DTYPES,
 ) -> PagedKV:
-    """Normalise the decode/prefill cache forms (tuple or 5-D, NHD or HND) into a :class:`PagedKV`."""
+    """Normalise the decode/prefill cache forms (tuple or 5-D, NHD or HND) into a :class:`PagedKV`.
+
+    ``allowed_dtypes``: the cache dtypes accepted, the format table's by default. A dtype outside
+    the table (the append's float32 caches, :mod:`kvattn.cache`) is stored as it is: last dim
+    ``head_dim``, no block scales."""
     layout = check_layout(kv_layout)
     k, v = _split_kv(kv_cache, name, layout)  # as NHD: the checks below read no layout-dependent dim
     # Planes of one 5-D tensor share its dtype, device and last dim: checking K checks V.
@@ -370,8 +374,8 @@ def paged_kv_from_cache(
         raise TypeError(f"{name}: expected K and V of one dtype, got {dtype} and {v.dtype}")
     if shape != v.shape:
         raise ValueError(f"{name}: expected K and V pages of one shape, got {list(shape)} and {list(v.shape)} (as NHD)")
-    fmt = BY_DTYPE[dtype]
-    stored = fmt.stored_dim(head_dim)
+    fmt = BY_DTYPE.get(dtype)
+    stored = fmt.stored_dim(head_dim) if fmt is not None else head_dim
     if shape[3] != stored:
         per = head_dim // max(stored, 1)
         what = f"head_dim = {head_dim}" if per == 1 else (
@@ -392,7 +396,7 @@ def paged_kv_from_cache(
         k_table = v_table = block_tables
 
     k_sf = v_sf = None
-    if fmt.scale_block:
+    if fmt is not None and fmt.scale_block:
         label = f"{fmt.name.upper()}"
         if head_dim % fmt.scale_block:
             raise ValueError(f"{name}: {label} needs head_dim a multiple of {fmt.scale_block}, got {head_dim}")

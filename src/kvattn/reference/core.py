@@ -28,7 +28,9 @@ def gather_tokens(pages: torch.Tensor, sf: torch.Tensor | None, table_row: torch
     t = torch.arange(length, device=pages.device)
     page_ids = table_row.to(torch.int64)[t // page_size]
     rows = pages[page_ids, t % page_size]  # [length, heads, stored_dim]
-    fmt = BY_DTYPE[pages.dtype]
+    fmt = BY_DTYPE.get(pages.dtype)
+    if fmt is None:  # float32 pages (kvattn.integrations.transformers' float32 models): no format to undo
+        return rows.to(torch.float32)
     return fmt.dequantize(rows, sf[page_ids, t % page_size] if fmt.scale_block else None)
 
 

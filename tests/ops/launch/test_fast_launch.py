@@ -26,6 +26,7 @@ import kvattn
 from kvattn import _env, _inputs
 from kvattn._formats_table import BY_NAME
 from kvattn.formats import FP8_DTYPE
+from kvattn.ops.append import launch as append_launch
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import launch as decode_launch
 from kvattn.ops.launch import fast_launch
@@ -441,6 +442,38 @@ def single_variant(*, length, dtype=torch.float16, layout="NHD", kv_fp8=False, h
     return build
 
 
+def append_variant(*, fmt=None, dtype=torch.bfloat16, layout="NHD", form="stacked", tensor_scales=False,
+                   key_of=None, index_dtype=torch.int32):
+    """A builder ``device -> call`` of one append_paged_kv_cache call (into a fresh copy of the cache)."""
+
+    def build(device):
+        case = make_paged_kv([40, 7, 100], num_kv_heads=2, head_dim=128, page_size=16, dtype=dtype, kv_format=fmt,
+                             layout=layout, form=form, device=device, nan_fill=False)
+        g = torch.Generator().manual_seed(5)
+        key = torch.randn(9, 2, 128, generator=g).to(device, dtype)
+        key = key_of(key) if key_of else key
+        value = None if form == "shared" else torch.randn(9, 2, 128, generator=g).to(device, dtype)
+        b = torch.tensor([0, 0, 1, 2, 2, 2, 1, 0, 3], dtype=index_dtype, device=device)  # (3: past the batch)
+        p = torch.tensor([38, 39, 6, 97, 98, 99, 5, 37, 0], dtype=index_dtype, device=device)
+        k_scale, v_scale = 0.5, 2.0
+        if tensor_scales:
+            k_scale, v_scale = (torch.tensor([x], dtype=torch.float32, device=device) for x in (k_scale, v_scale))
+
+        def copy(c):
+            return None if c is None else tuple(t.clone() for t in c) if isinstance(c, tuple) else c.clone()
+
+        def call():
+            cache, sf = copy(case.kv_cache), copy(case.kv_cache_sf)
+            kvattn.append_paged_kv_cache(key, value, cache, case.block_tables, b, p, kv_layout=layout,
+                                         k_scale=k_scale, v_scale=v_scale, kv_cache_sf=sf)
+            written = [t for c in (cache, sf) if c is not None for t in (c if isinstance(c, tuple) else (c,))]
+            return torch.cat([bits(t) for t in written])
+
+        return call
+
+    return build
+
+
 def _strided_query(q):
     return torch.cat([q, q], dim=1)[:, : q.shape[1]]
 
@@ -486,6 +519,11 @@ VARIANTS = [
     *[pytest.param(single_variant(length=n, hkv=32, dtype=dt, layout=lay, pos_encoding_mode="ROPE_LLAMA"),
                    id=f"single-rope-mha-{lay}-L{n}") for n, dt, lay in
       ((4096, torch.bfloat16, "NHD"), (999, torch.float16, "HND"))],
+    # KV-cache append: formats, layouts, forms (a K-only cache), scale tensors, strided rows, int64 indices
+    pytest.param(append_variant(), id="append-bf16-NHD"),
+    pytest.param(append_variant(fmt="fp8", layout="HND", form="tuple", tensor_scales=True), id="append-fp8-HND"),
+    pytest.param(append_variant(fmt="nvfp4", index_dtype=torch.int64), id="append-nvfp4-int64"),
+    pytest.param(append_variant(dtype=torch.float16, form="shared", key_of=_strided_query), id="append-shared-strided"),
 ]
 
 
@@ -493,7 +531,7 @@ VARIANTS = [
 # any machine: the fast path against Triton's, with the GPU side faked
 # ---------------------------------------------------------------------------------------------
 class FakeGPU:
-    """The decode kernels as compiled-mode ``JITFunction`` s over a faked GPU: Triton's own
+    """The decode and append kernels as compiled-mode ``JITFunction`` s over a faked GPU: Triton's own
     ``JITFunction.run`` binds, specialises and keys every launch for real, ``_do_compile`` makes
     one fake compiled kernel per Triton cache key, and every launcher call is recorded."""
 
@@ -530,7 +568,9 @@ class FakeGPU:
         monkeypatch.setattr(fast_launch, "_device", types.SimpleNamespace(is_interpreter=lambda: False))
         for name in ("decode_split_kernel", "decode_combine_kernel"):
             monkeypatch.setattr(decode_launch, name, JITFunction(getattr(decode_launch, name).fn))
+        monkeypatch.setattr(append_launch, "append_kv_kernel", JITFunction(append_launch.append_kv_kernel.fn))
         monkeypatch.setattr(decode_launch, "_PLANS", {})  # no plan of these kernels outlives the test
+        monkeypatch.setattr(append_launch, "_PLANS", {})
         monkeypatch.setattr(fast_launch, "_SHARED", {})
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # kvattn: CPU tensors may take the Triton backend
         monkeypatch.setenv("KVATTN_BACKEND", "triton")

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import kvattn
+from kvattn.ops.append import launch as append_launch
 from kvattn.ops.decode import launch as decode_launch
 from kvattn.ops.launch import fast_launch
 from kvattn.ops.mla import launch as mla_launch
 from kvattn.testing import make_paged_kv
 
 
-@pytest.mark.parametrize("module,record", [(decode_launch, "DecodeFacts"), (mla_launch, "MLAFacts")],
-                         ids=["decode", "mla"])
+@pytest.mark.parametrize("module,record", [(decode_launch, "DecodeFacts"), (mla_launch, "MLAFacts"),
+                                           (append_launch, "AppendFacts")], ids=["decode", "mla", "append"])
 def test_facts_are_built_from_locals_named_as_their_fields(module, record):
     """The record is built positionally (keyword construction costs host time), so its order is
     checked here: every element of ``Record._make((...))`` is a local named as its field."""
