@@ -1,4 +1,5 @@
-"""What the MLA decode kernel compiles to for Hopper (sm_90a): the split score products.
+"""What the MLA decode kernels compile to for Hopper (sm_90a): the split score products, and the
+schedules of the two Gluon kernels (``ops/mla/gluon.py``, ``ops/mla/gluon_ws.py``).
 
 Compiled (not run) for an sm_90a target, so no GPU is needed (``tests/ops/sm90.py``). Pins the
 Triton 3.6 behaviour the ``"split"`` table entries rest on (``ops/mla/kernels.py``
@@ -81,3 +82,37 @@ def test_gluon_kernel_stores_the_lse_without_spilling():
     assert len(re.findall(r"st\.global[.a-z0-9]*\.b32", ptx)) > 0
     if "stack" in got:
         assert got["stack"] == 0 and got["reg"] <= 255
+
+
+# ---------------------------------------------------------------------------------------------
+# The warp-specialised Gluon kernel (the Gluon kernel's launches on sm90, kvattn.ops.mla.gluon_ws)
+# ---------------------------------------------------------------------------------------------
+# Every constexpr, its schedule switches too: one left out would compile as an i32 argument.
+# (STORE_LSE is the Gluon kernel's only: a launch asking for an LSE keeps that kernel.)
+WS_BASE = dict({k: v for k, v in GLUON_BASE.items() if k != "STORE_LSE"}, FLOOR=0, STAGGER=True, PA_REGS=True)
+
+
+@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+def test_ws_kernel_compiles_to_its_schedule(page):
+    """Per pair of 64-key tiles: each warpgroup's score tile as m64n64 wgmmas (36 k-steps of
+    64 + 512 columns, two warpgroups), its two half P.V products as m64n256 ones (4 k-steps each),
+    18 TMA boxes from the copy warp (rope 2 x 1, values 4 x 4); registers 240 / 240 / 24 for the
+    two warpgroups and the copy warp; shared memory within 227 KB; no spill; and the wgmmas left
+    asynchronous by ptxas: a handful of waits (one a product), not one after every wgmma, which is
+    what ptxas emits when it serialises them (C7514 / C7515: a P.V product in flight across the
+    loop's back edge did it, benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    got = compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=page),
+                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"}, sass=True)
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert {"240", "24"} <= regs
+    assert 216 * 1024 < got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+    if "sass" in got:
+        assert len(re.findall(r"\bHGMMA\.", got["sass"])) == 88
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8

@@ -29,8 +29,9 @@ try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
     from .gluon import mla_gluon_kernel
+    from .gluon_ws import MAXNREG as _WS_MAXNREG, NUM_WARPS as _WS_WARPS, mla_gluon_ws_kernel
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
-    mla_gluon_kernel = None
+    mla_gluon_kernel = mla_gluon_ws_kernel = None
 
 CKV_DIM = 512
 KPE_DIM = 64
@@ -64,6 +65,7 @@ class MLAFacts(NamedTuple):
     aligned4: bool  # an fp8 cache 4-byte aligned (its words path)
     aligned16: bool  # the cache 16-byte aligned (the Gluon kernel's TMA)
     gluon_on: bool  # KVATTN_GLUON
+    gluon_ws_on: bool  # KVATTN_GLUON_WS
     lse_stride: int | None  # the LSE's row stride (return_lse), None without one
 
 
@@ -97,6 +99,10 @@ class _Plan:
         self.gluon = (f.gluon_on and mla_gluon_kernel is not None and arch(f.device, f.interpreter) == "sm90"
                       and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
                                       f.aligned16))
+        # The warp-specialised kernel stores no final LSE: a call asking for one (return_lse) keeps
+        # the Gluon kernel.
+        self.ws = (self.gluon and f.gluon_ws_on and mla_gluon_ws_kernel is not None and not self.has_lse
+                   and mla_configs.warp_specialized(arch(f.device, f.interpreter), self.kv_format, cfg.block_h))
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
@@ -119,6 +125,8 @@ class _Plan:
 
     def _split(self, splits: int):
         cfg = self.cfg
+        if self.ws:
+            return _WarpSpecializedSplit(self, splits)
         if self.gluon:
             return _GluonSplit(self, splits)
         return fast_launch.Launch(
@@ -160,9 +168,10 @@ class _Plan:
 
 def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
                 aligned16: bool) -> bool:
-    """Whether :mod:`.gluon` runs a launch: 16-bit cache and query of one dtype, 64 heads a
-    program, 64-key tiles inside pages of a multiple of 64 tokens, and rows TMA can address as one
-    ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
+    """Whether a Gluon kernel (:mod:`.gluon`, or :mod:`.gluon_ws` where it takes the entry) runs
+    a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles inside pages of
+    a multiple of 64 tokens, and rows TMA can address as one ``[pages * page, 576]`` view (16-byte
+    aligned base and row stride, pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
     return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
             and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
@@ -176,6 +185,20 @@ class _GluonSplit:
 
     BLOCK_N = 64
 
+    @staticmethod
+    def kernel():
+        return mla_gluon_kernel
+
+    def options(self) -> dict:
+        """The launch's options (and, in a subclass, schedule constexprs), by name."""
+        return dict(num_warps=8)
+
+    def lse_args(self, lse, stand_in) -> dict:
+        """The final LSE's arguments (``return_lse``; ``stand_in``, never read, without one)."""
+        plan = self.plan
+        return dict(lse_ptr=lse if lse is not None else stand_in, stride_lse_b=plan.lse_stride,
+                    STORE_LSE=plan.has_lse)
+
     def __init__(self, plan: _Plan, splits: int):
         self.grid = (plan.items * splits,)
         self.splits = splits
@@ -188,19 +211,38 @@ class _GluonSplit:
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
         st = plan.strides
-        mla_gluon_kernel[self.grid](
+        self.kernel()[self.grid](
             q_ptr=query, kv_desc=desc, table_ptr=table, seq_lens_ptr=seq_lens,
             logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
             out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, part_o_ptr=part_o,
-            part_lse_ptr=part_lse, lse_ptr=lse if lse is not None else part_lse,
-            stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"],
+            part_lse_ptr=part_lse, stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"],
             stride_o_b=st["stride_o_b"], stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"],
             stride_t_p=st["stride_t_p"], batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits,
-            num_pages=plan.num_pages, stride_lse_b=plan.lse_stride, logit_factor=logit_factor, out_factor=out_factor,
+            num_pages=plan.num_pages, logit_factor=logit_factor, out_factor=out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            STORE_LSE=plan.has_lse, num_warps=8,
+            **self.lse_args(lse, part_lse), **self.options(),
         )
+
+
+class _WarpSpecializedSplit(_GluonSplit):
+    """The same launch on :func:`~.gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
+    kernel's, plus schedule constexprs with defaults): 4 warps a partition, and the registers a
+    thread its ``warp_specialize`` redistributes (``MAXNREG``)."""
+
+    # Schedule constexprs replacing the kernel's defaults (tuning and timing floors:
+    # benchmarks/tune_mla.py's ws_* variants); empty in the library.
+    CONSTEXPRS: dict = {}
+
+    @staticmethod
+    def kernel():
+        return mla_gluon_ws_kernel
+
+    def options(self) -> dict:
+        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value, **self.CONSTEXPRS)
+
+    def lse_args(self, lse, stand_in) -> dict:
+        return {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
 
 
 _PLANS: dict[MLAFacts, _Plan] = {}
@@ -238,11 +280,11 @@ def launch_mla(
         has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
         aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
         aligned16 = kv.data_ptr() % 16 == 0
-        gluon_on = _env.gluon()
+        gluon_on, gluon_ws_on = _env.gluon(), _env.gluon_ws()
         lse_stride = lse.stride(0) if lse is not None else None
         facts = MLAFacts._make((
             device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,
-            out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, lse_stride,
+            out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, gluon_ws_on, lse_stride,
         ))
         plan = _plan(facts)
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
