@@ -112,7 +112,7 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
         assert mla_configs.warp_specialized("sm90", "bfloat16", cfg.block_h)
 
 
-def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16):
+def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, lse_stride=None):
     """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576], a
     [100, page, 576] cache of ``dtype``."""
     from kvattn import _device
@@ -122,8 +122,20 @@ def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torc
         q_dtype=dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
         table_stride=(10, 1), out_stride=(hq * 512, 512, 1), ws_numel=64 << 20, has_logit=False,
         has_out_scale=False, aligned4=False, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
+        lse_stride=lse_stride,
     )
     return mla_launch._Plan(facts)
+
+
+def test_a_launch_asking_for_the_lse_keeps_the_gluon_kernel(monkeypatch):
+    """``return_lse``: the warp-specialised kernel stores no final LSE, so the launch takes
+    mla/gluon.py's kernel, which gets the LSE's pointer, row stride and switch."""
+    split = _plan(monkeypatch, lse_stride=128).launches(4096)[0]
+    assert type(split) is mla_launch._GluonSplit and split.kernel() is mla_launch.mla_gluon_kernel
+    lse, stand_in = torch.empty(4, 128), torch.empty(1)
+    assert split.lse_args(lse, stand_in) == dict(lse_ptr=lse, stride_lse_b=128, STORE_LSE=True)
+    ws = _plan(monkeypatch).launches(4096)[0]
+    assert ws.lse_args(None, stand_in) == {}
 
 
 def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):

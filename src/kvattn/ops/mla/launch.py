@@ -66,7 +66,7 @@ class MLAFacts(NamedTuple):
     aligned16: bool  # the cache 16-byte aligned (the Gluon kernel's TMA)
     gluon_on: bool  # KVATTN_GLUON
     gluon_ws_on: bool  # KVATTN_GLUON_WS
-    lse_stride: int | None  # the LSE's row stride (return_lse), None without one
+    lse_stride: int | None = None  # the LSE's row stride (return_lse), None without one
 
 
 class _Plan:
