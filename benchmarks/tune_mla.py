@@ -2,7 +2,7 @@
 
 Each variant replaces fields of :class:`kvattn.ops.mla.configs.MLAConfig` (``block_h`` included)
 for every call; shapes and inputs come from the benchmark registry. Times are medians of
-CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/ops/mla_configs.py``.
+CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/ops/mla/configs.py``.
 
 Usage (on the device, from the repository root)::
 
@@ -78,6 +78,18 @@ VARIANTS = {
                   "num_stages": 4},
     # the table's config on the Triton kernel where the Gluon one would run (KVATTN_GLUON=0)
     "triton": {"_env": {"KVATTN_GLUON": "0"}},
+    # mla/gluon.py's kernel where the warp-specialised one (mla/gluon_ws.py) would run
+    # (KVATTN_GLUON_WS=0); the warp-specialised kernel's schedule switches (STAGGER / PA_REGS of
+    # mla_gluon_ws_kernel) and floors (FLOOR, timing only, wrong results: 1 no softmax arithmetic,
+    # 2 no copies, 3 no P.V products, 4 no score products)
+    "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},
+    "ws_nostagger": {"_ws": {"STAGGER": False}},
+    "ws_psmem": {"_ws": {"PA_REGS": False}},
+    "ws_first": {"_ws": {"STAGGER": False, "PA_REGS": False}},
+    "ws_nosoftmax": {"_ws": {"FLOOR": 1}},
+    "ws_nocopies": {"_ws": {"FLOOR": 2}},
+    "ws_nopv": {"_ws": {"FLOOR": 3}},
+    "ws_noscores": {"_ws": {"FLOOR": 4}},
 }
 
 
@@ -91,8 +103,10 @@ def main(argv=None) -> int:
         def context(fields=VARIANTS[name]):
             fields = dict(fields)
             mla_launch._PLANS.clear()  # plans hold their configs (and the environment switches)
+            ws = fields.pop("_ws", {})
             try:
-                with mock.patch.dict(os.environ, fields.pop("_env", {})), mla_configs.override(**fields):
+                with mock.patch.dict(os.environ, fields.pop("_env", {})), mla_configs.override(**fields), \
+                        mock.patch.object(mla_launch._WarpSpecializedSplit, "CONSTEXPRS", ws):
                     yield
             finally:
                 mla_launch._PLANS.clear()

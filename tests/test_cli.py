@@ -258,15 +258,17 @@ def test_info_on_cpu(capsys, monkeypatch):
 
     monkeypatch.delenv("KVATTN_BACKEND", raising=False)
     monkeypatch.setenv("KVATTN_GLUON", "0")
+    monkeypatch.setenv("KVATTN_GLUON_WS", "0")
     rc, out, err = run_cli(capsys, "info", "--device", "cpu")
     assert rc == 0 and err == ""
     assert out.startswith(f"kvattn {kvattn.__version__} (")
     assert f"torch {torch.__version__}" in out and f"triton {triton.__version__} ({_versions.support()})" in out
     assert "device: cpu" in out
     for name in ("KVATTN_BACKEND", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE", "KVATTN_GLUON",
-                 "TRITON_INTERPRET"):
+                 "KVATTN_GLUON_WS", "TRITON_INTERPRET"):
         assert re.search(rf"^  {name} ", out, re.M), name
     assert re.search(r"^  KVATTN_GLUON\s+'0'\s+off", out, re.M)
+    assert re.search(r"^  KVATTN_GLUON_WS\s+'0'\s+off", out, re.M)
     for _, public, _ in cli.FUNCTIONS:
         assert re.search(rf"^  {re.escape(public)}\s+reference", out, re.M), public
     for name, state in _versions.fast_paths().items():
@@ -290,6 +292,22 @@ def test_triton_support_levels(version, expected):
     from kvattn import _versions
 
     assert _versions.support(version) == expected
+
+
+@pytest.mark.parametrize("gluon,ws,want", [("1", "1", "Gluon kernel for 16-bit caches with 64+ heads and pages "
+                                                     "of 64+ tokens (warp-specialised)"),
+                                          ("1", "0", "pages of 64+ tokens"), ("0", "1", "latent decode")],
+                         ids=["ws", "gluon", "triton"])
+def test_info_names_mla_kernels_on_hopper(gluon, ws, want, monkeypatch):
+    """On a Hopper GPU (faked) MLA's line says which Gluon kernel serves it, as the switches say."""
+    from kvattn import _backend, _device
+
+    monkeypatch.setattr(_backend, "use_triton", lambda op, device: True)
+    monkeypatch.setattr(_device, "is_hopper", lambda device: True)
+    monkeypatch.setenv("KVATTN_GLUON", gluon)
+    monkeypatch.setenv("KVATTN_GLUON_WS", ws)
+    text = cli._served_by("mla_decode", torch.device("cuda"), {"gluon": "on (Gluon kernels on Hopper)"})
+    assert text.endswith(want), text
 
 
 def test_info_without_fast_paths_report(capsys, monkeypatch):

@@ -76,7 +76,7 @@ CASES = [
     case("mask-shape", set_args(mask=torch.zeros(2, 1, 1, dtype=torch.int32).to(torch.uint16)), ValueError, "mask"),
     case("mask-device", set_args(mask=meta(torch.zeros(2, 1, 2, dtype=torch.int32).to(torch.uint16))), ValueError,
          "mask"),
-    case("out-dtype", set_args(out=torch.empty(2, 8, 64)), TypeError, "out"),
+    case("out-dtype", set_args(out=torch.empty(2, 8, 64, dtype=torch.float16)), TypeError, "out"),
     case("out-shape", set_args(out=torch.empty(2, 8, 32, dtype=BF16)), ValueError, "out"),
     case("out-device", set_args(out=meta(torch.empty(2, 8, 64, dtype=BF16))), ValueError, "out"),
     case("out-fp8-with-bf16-cache", set_args(out=torch.empty(2, 8, 64, dtype=FP8)), TypeError, "out"),

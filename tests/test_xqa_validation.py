@@ -40,7 +40,7 @@ CASES = [
     case("page_table-device", set_args(page_table=lambda kw: meta(kw["page_table"])), ValueError, "page_table"),
     case("seq_lens-dtype", set_args(seq_lens=lambda kw: kw["seq_lens"].to(torch.int64)), TypeError, "seq_lens"),
     case("seq_lens-count", set_args(seq_lens=torch.tensor([[20]], dtype=torch.uint32)), ValueError, "seq_lens"),
-    case("output-dtype", set_args(output=torch.empty(2, 1, 8, 64)), TypeError, "output"),
+    case("output-dtype", set_args(output=torch.empty(2, 1, 8, 64, dtype=torch.float16)), TypeError, "output"),
     case("output-shape", set_args(output=torch.empty(2, 8, 64, dtype=BF16)), ValueError, "output"),
     case("output-fp8-with-bf16-cache", set_args(output=torch.empty(2, 1, 8, 64, dtype=FP8)), TypeError, "output"),
     case("workspace-dtype", set_args(workspace_buffer=torch.zeros(8, dtype=torch.int32)), TypeError, "workspace_buffer"),

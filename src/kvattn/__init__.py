@@ -7,10 +7,12 @@ The five public functions keep FlashInfer's signatures; their semantics are kvat
 ['append_paged_kv_cache', 'cache', 'decode']
 """
 
-from . import cache, decode, formats, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from . import cache, decode, formats, merge, mla, prefill, xqa  # xqa is callable: kvattn.xqa(...) == kvattn.xqa.xqa(...)
+from . import distributed
 from .cache import append_paged_kv_cache
 from .decode import single_decode_with_kv_cache, xqa_batch_decode_with_kv_cache
 from .formats import FP4Tensor
+from .merge import merge_state, merge_states
 from .mla import xqa_batch_decode_with_kv_cache_mla
 from .prefill import trtllm_batch_context_with_kv_cache
 from ._version import __version__
@@ -18,7 +20,9 @@ from ._version import __version__
 __all__ = [
     "cache",
     "decode",
+    "distributed",
     "formats",
+    "merge",
     "mla",
     "prefill",
     "xqa",
@@ -26,6 +30,8 @@ __all__ = [
     "single_decode_with_kv_cache",
     "xqa_batch_decode_with_kv_cache_mla",
     "trtllm_batch_context_with_kv_cache",
+    "merge_state",
+    "merge_states",
     "FP4Tensor",
     "append_paged_kv_cache",
 ]

@@ -26,6 +26,8 @@ TRITON_OPS: dict[str, str] = {
     "context": "kvattn.ops.prefill.op",
     "mla_decode": "kvattn.ops.mla.op",
     "append_paged_kv": "kvattn.ops.append.op",
+    "merge_states": "kvattn.ops.merge.op",
+    "local_lengths": "kvattn.ops.merge.op",
 }
 _MISSING = object()
 _ENTRIES: dict[str, object] = {}  # op -> its imported entry module, or None (Triton unavailable)

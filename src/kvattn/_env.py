@@ -16,6 +16,9 @@
 ``KVATTN_GLUON``
     ``0`` keeps the Triton kernel where a Gluon kernel exists for the launch (MLA decode with 16-bit
     caches on Hopper, :mod:`kvattn.ops.mla.gluon`); on by default.
+``KVATTN_GLUON_WS``
+    ``0`` keeps the Gluon MLA kernel of :mod:`kvattn.ops.mla.gluon` where the warp-specialised one
+    (:mod:`kvattn.ops.mla.gluon_ws`) would run; on by default (``KVATTN_GLUON=0`` turns both off).
 ``TRITON_INTERPRET``
     Triton's own switch; kvattn only reads it to know that kernels run on the CPU.
 
@@ -105,5 +108,7 @@ fused_merge = _switch("KVATTN_FUSED_MERGE", lambda raw: _parse_flag(raw, True), 
                       "Whether decode's last split program merges the partials (``KVATTN_FUSED_MERGE``, default on).")
 gluon = _switch("KVATTN_GLUON", lambda raw: _parse_flag(raw, True), "gluon",
                 "Whether launches may take a Gluon kernel where one exists (``KVATTN_GLUON``, default on).")
+gluon_ws = _switch("KVATTN_GLUON_WS", lambda raw: _parse_flag(raw, True), "gluon_ws",
+                   "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
 triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",
                            "Whether Triton runs its interpreter (``TRITON_INTERPRET=1``).")

@@ -135,6 +135,21 @@ def check_out(out, name: str, shape: tuple, dtypes, device) -> torch.Tensor:
     return out
 
 
+def check_lse_out(lse, return_lse, rows: int, num_heads: int, device, name: str = "lse", shape=None):
+    """``lse`` (float32 ``[rows, num_heads]``, or ``shape``, last dim contiguous) checked, or
+    allocated when ``return_lse`` and None; ``return_lse`` must be a bool and ``lse`` needs it."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    shape = shape if shape is not None else (rows, num_heads)
+    if lse is None:
+        return torch.empty(shape, dtype=torch.float32, device=device) if return_lse else None
+    if not return_lse:
+        raise ValueError(f"{name}: given without return_lse=True")
+    check_tensor(lse, name, dtypes=(torch.float32,), device=device, contiguous_last=True)
+    check_shape(lse, name, shape)
+    return lse
+
+
 _LENGTH_DTYPES = (torch.int32, torch.uint32)
 
 

@@ -469,6 +469,7 @@ _SWITCHES = (
     ("KVATTN_FAST_LAUNCH", lambda: "on" if _env.fast_launch() else "off"),
     ("KVATTN_FUSED_MERGE", lambda: "on" if _env.fused_merge() else "off (a second launch merges the splits)"),
     ("KVATTN_GLUON", lambda: "on" if _env.gluon() else "off (Triton kernels where a Gluon one exists)"),
+    ("KVATTN_GLUON_WS", lambda: "on" if _env.gluon_ws() else "off (MLA's Gluon kernel without warp specialisation)"),
     ("TRITON_INTERPRET", lambda: "on (Triton's interpreter runs the kernels)" if _env.triton_interpret() else "off"),
 )
 
@@ -492,6 +493,8 @@ def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str
         return text + ", in Triton's interpreter"
     if op == "mla_decode" and _device.is_hopper(device) and _env.gluon() and fast_paths.get("gluon", "").startswith("on"):
         text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
+        if _env.gluon_ws():
+            text += " (warp-specialised)"
     return text
 
 

@@ -18,6 +18,7 @@ from ._inputs import (
     check_int,
     check_layout,
     check_max_seq_len,
+    check_lse_out,
     check_out,
     check_query_heads,
     check_seq_lens,
@@ -54,7 +55,10 @@ def xqa_batch_decode_with_kv_cache(
     o_scale: Optional[float] = 1.0,
     mask: Optional[torch.Tensor] = None,
     kv_cache_sf: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
-) -> torch.Tensor:
+    *,
+    return_lse: bool = False,
+    lse: Optional[torch.Tensor] = None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Paged batch decode: each request's ``q_len_per_req`` query tokens over its paged KV cache.
 
     Parameters
@@ -81,7 +85,8 @@ def xqa_batch_decode_with_kv_cache(
     window_left : int
         ``w >= 0``: a query at position ``p`` sees keys ``p - w .. p``; -1: no window.
     out : torch.Tensor, optional ``[B * q_len_per_req, Hq, D]``
-        The query's dtype, or float8_e4m3fn (needs an fp8 cache).
+        The query's dtype, float8_e4m3fn (needs an fp8 cache), or float32 (unrounded partial
+        results, e.g. to merge with :func:`kvattn.merge_states`).
     sinks : torch.Tensor float32 ``[Hq]``, optional
     kv_layout : {"NHD", "HND"}
     enable_pdl : bool, optional
@@ -101,10 +106,18 @@ def xqa_batch_decode_with_kv_cache(
         conversion (sm_89+), caches whose code and scale rows start on 4-byte boundaries (any
         contiguous cache with D a multiple of 64) are read as 32-bit words, about twice as fast
         as the byte path other layouts take.
+    return_lse : bool, keyword-only
+        Also return each row's base-2 log-sum-exp of its scaled logits over its visible keys,
+        float32 ``[B * q_len_per_req, Hq]``: ``-inf`` for a row that sees no key (an empty
+        request), and sinks never included (SPEC), so ``(out, lse)`` of a call without sinks is an
+        attention state :func:`kvattn.merge_states` merges exactly (see :mod:`kvattn.merge` for
+        applying sinks once after a merge).
+    lse : torch.Tensor float32 ``[B * q_len_per_req, Hq]``, keyword-only, optional
+        Where to write the LSE (with ``return_lse``; its last dim contiguous); allocated if None.
 
     Returns
     -------
-    torch.Tensor ``[B * q_len_per_req, Hq, D]``
+    torch.Tensor ``[B * q_len_per_req, Hq, D]``, and with ``return_lse`` the LSE
 
     Examples
     --------
@@ -118,7 +131,26 @@ def xqa_batch_decode_with_kv_cache(
     >>> o = kvattn.decode.xqa_batch_decode_with_kv_cache(q, kv, ws, tables, lens, 64, bmm1_scale=D ** -0.5)
     >>> o.shape
     torch.Size([2, 8, 128])
+    >>> o, lse = kvattn.decode.xqa_batch_decode_with_kv_cache(q, kv, ws, tables, lens, 64, bmm1_scale=D ** -0.5,
+    ...                                                       return_lse=True)
+    >>> lse.shape, lse.dtype
+    (torch.Size([2, 8]), torch.float32)
     """
+    return _batch_decode(
+        query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
+        window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf,
+        return_lse=return_lse, lse=lse,
+    )
+
+
+def _batch_decode(
+    query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale=1.0, bmm2_scale=1.0,
+    window_left=-1, out=None, sinks=None, kv_layout="NHD", enable_pdl=None, q_len_per_req=1, o_scale=1.0,
+    mask=None, kv_cache_sf=None, *, return_lse=False, lse=None, kv_start=None,
+):
+    """:func:`xqa_batch_decode_with_kv_cache`, and ``kv_start`` (int32 ``[B]``, on the query's
+    device, optional): request ``b`` attends to no key before ``kv_start[b]``, which keeps a
+    request's keys a window cuts off out of a local slice (:mod:`kvattn.distributed`)."""
     check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3, contiguous_last=True)
     device, shape = query.device, query.shape
     head_dim = check_head_dim(shape[2], "query")
@@ -158,12 +190,16 @@ def xqa_batch_decode_with_kv_cache(
         out = torch.empty_like(query)
         out_fp8 = False
     else:
-        check_out(out, "out", shape, (query.dtype, FP8_DTYPE), device)
+        check_out(out, "out", shape, (query.dtype, FP8_DTYPE, torch.float32), device)
         out_fp8 = out.dtype == FP8_DTYPE
         if out_fp8 and kv.kv_format != "fp8":
             raise TypeError(f"out: a float8_e4m3fn output needs an fp8 cache, got a {kv.kv_format} cache")
     # Stored value: o_real / o_scale for an fp8 output, o_real otherwise (o_real = bmm2 * o_scale * o).
     out_scale = bmm2 if out_fp8 else bmm2.times(o_scale)
+    lse = check_lse_out(lse, return_lse, shape[0], shape[1], device)
+    if kv_start is not None:
+        check_tensor(kv_start, "kv_start", dtypes=(torch.int32,), device=device)
+        check_shape(kv_start, "kv_start", (batch,))
     debug_check_pages(kv, seq_lens)
 
     ops = _backend.triton_entry("batch_decode", device)
@@ -171,11 +207,12 @@ def xqa_batch_decode_with_kv_cache(
         ops.batch_decode(
             query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit,
             out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=bool(enable_pdl),
+            lse=lse, kv_start=kv_start,
         )
     else:
         reference.batch_decode(query, kv, seq_lens, out, q_len=q_len, logit_scale=logit, out_scale=out_scale,
-                               window_left=window_left, sinks=sinks, mask=mask)
-    return out
+                               window_left=window_left, sinks=sinks, mask=mask, lse=lse, kv_start=kv_start)
+    return (out, lse) if return_lse else out
 
 
 @overload
@@ -184,7 +221,7 @@ def single_decode_with_kv_cache(
     use_tensor_cores: bool = ..., q_scale: Optional[float] = ..., k_scale: Optional[float] = ...,
     v_scale: Optional[float] = ..., window_left: int = ..., logits_soft_cap: Optional[float] = ...,
     sm_scale: Optional[float] = ..., rope_scale: Optional[float] = ..., rope_theta: Optional[float] = ...,
-    return_lse: Literal[False] = ...,
+    return_lse: Literal[False] = ..., *, out: Optional[torch.Tensor] = ..., lse: Optional[torch.Tensor] = ...,
 ) -> torch.Tensor: ...
 
 
@@ -194,7 +231,7 @@ def single_decode_with_kv_cache(
     use_tensor_cores: bool = ..., q_scale: Optional[float] = ..., k_scale: Optional[float] = ...,
     v_scale: Optional[float] = ..., window_left: int = ..., logits_soft_cap: Optional[float] = ...,
     sm_scale: Optional[float] = ..., rope_scale: Optional[float] = ..., rope_theta: Optional[float] = ...,
-    return_lse: Literal[True] = ...,
+    return_lse: Literal[True] = ..., *, out: Optional[torch.Tensor] = ..., lse: Optional[torch.Tensor] = ...,
 ) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -226,6 +263,9 @@ def single_decode_with_kv_cache(
     rope_scale: Optional[float] = None,
     rope_theta: Optional[float] = None,
     return_lse: bool = False,
+    *,
+    out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Decode one query token of one request over contiguous K/V.
 
@@ -251,11 +291,17 @@ def single_decode_with_kv_cache(
     rope_scale, rope_theta : float, optional
         Defaults 1 and 1e4: ``freq_i = theta^(-2i/D) / rope_scale``.
     return_lse : bool
-        Also return the base-2 log-sum-exp of the logits, float32 ``[Hq]``.
+        Also return the base-2 log-sum-exp of the logits, float32 ``[Hq]`` (``-inf`` for
+        ``L == 0``): with the output, an attention state :func:`kvattn.merge_states` merges exactly.
+    out : torch.Tensor ``[Hq, D]``, keyword-only, optional
+        Where to write the output: q's dtype, or float32 (unrounded, e.g. a partial result to
+        merge). Allocated if None.
+    lse : torch.Tensor float32 ``[Hq]``, keyword-only, optional
+        Where to write the LSE (needs ``return_lse``).
 
     Returns
     -------
-    torch.Tensor ``[Hq, D]`` in q's dtype, and with ``return_lse`` a float32 ``[Hq]`` LSE.
+    torch.Tensor ``[Hq, D]`` in q's dtype (``out``'s), and with ``return_lse`` a float32 ``[Hq]`` LSE.
 
     Notes
     -----
@@ -303,8 +349,9 @@ def single_decode_with_kv_cache(
     out_scale = Scale(_optional_float(v_scale, "v_scale", 1.0))
     rope_scale = _optional_float(rope_scale, "rope_scale", 1.0, positive=True)
     rope_theta = _optional_float(rope_theta, "rope_theta", 1e4, positive=True)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    lse = check_lse_out(lse, return_lse, 1, q.shape[0], device, shape=(q.shape[0],))
+    if out is not None:
+        check_out(out, "out", tuple(q.shape), (q.dtype, torch.float32), device)
 
     args = dict(
         logit_scale=logit, out_scale=out_scale, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
@@ -312,8 +359,9 @@ def single_decode_with_kv_cache(
     )
     ops = _backend.triton_entry("single_decode", device)
     if ops is not None:
-        out, lse = ops.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, **args)
+        out, lse = ops.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, out=out, lse=lse, **args)
     else:
-        o, lse = reference.single_decode(q, k_nhd, v_nhd, **args)
-        out = o.to(q.dtype)
+        o, ref_lse = reference.single_decode(q, k_nhd, v_nhd, **args)
+        out = o.to(q.dtype) if out is None else out.copy_(o)
+        lse = ref_lse if lse is None else lse.copy_(ref_lse)
     return (out, lse) if return_lse else out

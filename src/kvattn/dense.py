@@ -240,9 +240,11 @@ def batch_decode(
     o_scale: float | None = 1.0,
     mask: torch.Tensor | None = None,
     kv_cache_sf=None,
+    return_lse: bool = False,
     **_launch_args,
 ) -> torch.Tensor:
-    """Dense ``xqa_batch_decode_with_kv_cache``: float64 ``o_real [B * Q, Hq, D]``.
+    """Dense ``xqa_batch_decode_with_kv_cache``: float64 ``o_real [B * Q, Hq, D]`` (with
+    ``return_lse``, also the base-2 LSE ``[B * Q, Hq]``, sinks excluded).
 
     Parameters
     ----------
@@ -277,9 +279,10 @@ def batch_decode(
     in_drafts = (c >= 0) & (c < nq)
     draft_ok = torch.gather(bits, 2, c.clamp(0, max(nq - 1, 0)).expand(bsz, nq, lmax)) & in_drafts
     visible = (before | draft_ok) & (j < lens.view(-1, 1, 1))
-    o, _ = _softmax_attention(q, k, v, visible, _num(bmm1_scale), sinks=sinks)
+    o, lse = _softmax_attention(q, k, v, visible, _num(bmm1_scale), sinks=sinks)
     mult = _num(bmm2_scale) * _num(o_scale)
-    return (o * mult).reshape(bsz * nq, hq, d)
+    o = (o * mult).reshape(bsz * nq, hq, d)
+    return (o, lse.reshape(bsz * nq, hq)) if return_lse else o
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,9 +313,11 @@ def xqa(
     kv_scale=None,
     sliding_win_size: int = 0,
     kv_layout: str = "NHD",
+    return_lse: bool = False,
     **_launch_args,
 ) -> torch.Tensor:
-    """Dense ``xqa``: float64 ``[B, 1, Hq, D]``, the value ``output`` should hold.
+    """Dense ``xqa``: float64 ``[B, 1, Hq, D]``, the value ``output`` should hold (with
+    ``return_lse``, also the base-2 LSE ``[B, 1, Hq]``).
 
     Parameters
     ----------
@@ -336,8 +341,9 @@ def xqa(
     if sliding_win_size > 0:
         visible = visible & (j >= lens.view(-1, 1, 1) - sliding_win_size)
     scale = _num(q_scale) * kv_eff / math.sqrt(d)
-    o, _ = _softmax_attention(q.to(F64), k, v, visible, scale, sinks=None if sinks is None else sinks.reshape(-1))
-    return (o * kv_eff).reshape(bsz, 1, hq, d)
+    o, lse = _softmax_attention(q.to(F64), k, v, visible, scale, sinks=None if sinks is None else sinks.reshape(-1))
+    o = (o * kv_eff).reshape(bsz, 1, hq, d)
+    return (o, lse.reshape(bsz, 1, hq)) if return_lse else o
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,9 +406,11 @@ def mla(
     bmm1_scale=1.0,
     bmm2_scale=1.0,
     kv_lora_rank: int = 512,
+    return_lse: bool = False,
     **_launch_args,
 ) -> torch.Tensor:
-    """Dense MLA decode: float64 ``[B, Hq, kv_lora_rank]``.
+    """Dense MLA decode: float64 ``[B, Hq, kv_lora_rank]`` (with ``return_lse``, also the base-2
+    LSE ``[B, Hq]``).
 
     ``query [B, 1, Hq, 576]``; ``kv_cache [P, page, 576]`` or ``[P, 1, page, 576]``; keys are the
     whole rows, values their first ``kv_lora_rank`` columns.
@@ -414,8 +422,9 @@ def mla(
     lmax = int(lens.max()) if bsz else 0
     rows = _gather(kv_cache.unsqueeze(2), None, block_tables, lens, lmax)  # [B, L, 1, 576]
     visible = torch.arange(lmax).view(1, 1, -1) < lens.view(-1, 1, 1)
-    o, _ = _softmax_attention(query.to(F64), rows, rows[..., :kv_lora_rank], visible, _num(bmm1_scale))
-    return o[:, 0] * _num(bmm2_scale)
+    o, lse = _softmax_attention(query.to(F64), rows, rows[..., :kv_lora_rank], visible, _num(bmm1_scale))
+    o = o[:, 0] * _num(bmm2_scale)
+    return (o, lse[:, 0]) if return_lse else o
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,6 +487,7 @@ def context(
     uses_shared_paged_kv_idx: bool = True,
     skip_softmax_threshold_scale_factor: float | None = None,
     skip_tile: tuple[int, int] = (128, 128),
+    return_lse: bool = False,
     **_launch_args,
 ) -> torch.Tensor:
     """Dense ``trtllm_batch_context_with_kv_cache``: float64 ``[sum_q, Hq, D]`` (``bmm2 * softmax V``).
@@ -534,7 +544,11 @@ def context(
             keep, _ = skip_softmax_kept_tiles(logits, visible[b, :n, :length], f / length, *skip_tile)
             vis4[b, :, :n, :length] = keep
         visible = vis4
-    o, _ = _softmax_attention(q, k, v, visible, scale, sinks=sinks)
+    o, lse = _softmax_attention(q, k, v, visible, scale, sinks=sinks)
     out = torch.zeros(sum_q, hq, v.shape[-1], dtype=F64)
     out[src[real_row]] = o[real_row]
-    return out * _num(bmm2_scale)
+    if not return_lse:
+        return out * _num(bmm2_scale)
+    lse_out = torch.full((sum_q, hq), -math.inf, dtype=F64)
+    lse_out[src[real_row]] = lse[real_row]
+    return out * _num(bmm2_scale), lse_out

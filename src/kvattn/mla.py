@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -12,6 +12,7 @@ from ._inputs import (
     check_int,
     check_last_dim_contiguous,
     check_max_seq_len,
+    check_lse_out,
     check_out,
     check_seq_lens,
     check_shape,
@@ -43,7 +44,10 @@ def xqa_batch_decode_with_kv_cache_mla(
     bmm2_scale: Union[float, torch.Tensor] = 1.0,
     sinks: Optional[List[torch.Tensor]] = None,
     enable_pdl: Optional[bool] = None,
-) -> torch.Tensor:
+    *,
+    return_lse: bool = False,
+    lse: Optional[torch.Tensor] = None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """MLA decode: each query row attends over the 576-wide latent rows of its request.
 
     Parameters
@@ -59,15 +63,21 @@ def xqa_batch_decode_with_kv_cache_mla(
     seq_lens : torch.Tensor int32 or uint32 ``[B]``
     max_seq_len : int
         Host-side bound of ``seq_lens``.
-    out : torch.Tensor ``[B, Hq, 512]`` bfloat16, optional
+    out : torch.Tensor ``[B, Hq, 512]`` bfloat16 (or float32: unrounded partial results to merge), optional
     bmm1_scale, bmm2_scale : float or one-element float32 tensor
         Logits ``bmm1 * q.kv``; output ``bmm2 * softmax(...) ckv``.
     sinks : must be None
     enable_pdl : bool, optional (accepted; unused by Triton launches)
+    return_lse : bool, keyword-only
+        Also return each row's base-2 log-sum-exp of its scaled logits, float32 ``[B, Hq]``
+        (``-inf`` for an empty request): with the output, an attention state
+        :func:`kvattn.merge_states` merges exactly.
+    lse : torch.Tensor float32 ``[B, Hq]``, keyword-only, optional
+        Where to write it (with ``return_lse``); allocated if None.
 
     Returns
     -------
-    torch.Tensor ``[B, Hq, 512]`` bfloat16
+    torch.Tensor ``[B, Hq, 512]`` bfloat16 (``out``'s dtype), and with ``return_lse`` the LSE
 
     Examples
     --------
@@ -118,13 +128,14 @@ def xqa_batch_decode_with_kv_cache_mla(
     if out is None:
         out = torch.empty(batch, num_heads, KV_LORA_RANK, dtype=torch.bfloat16, device=device)
     else:
-        check_out(out, "out", (batch, num_heads, KV_LORA_RANK), (torch.bfloat16,), device)
+        check_out(out, "out", (batch, num_heads, KV_LORA_RANK), (torch.bfloat16, torch.float32), device)
+    lse = check_lse_out(lse, return_lse, batch, num_heads, device)
     debug_check_pages(kv, seq_lens)
     q3 = query[:, 0]
     ops = _backend.triton_entry("mla_decode", device)
     if ops is not None:
         ops.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, logit_scale=logit,
-                       out_scale=out_scale)
+                       out_scale=out_scale, lse=lse)
     else:
-        reference.mla_decode(q3, kv, seq_lens, out, logit_scale=logit, out_scale=out_scale)
-    return out
+        reference.mla_decode(q3, kv, seq_lens, out, logit_scale=logit, out_scale=out_scale, lse=lse)
+    return (out, lse) if return_lse else out

@@ -12,6 +12,7 @@ from ._inputs import (
     HALF_DTYPES,
     check_int,
     check_last_dim_contiguous,
+    check_lse_out,
     check_out,
     check_query_heads,
     check_seq_lens,
@@ -81,7 +82,10 @@ def trtllm_batch_context_with_kv_cache(
     kv_block_scales: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
     skip_softmax_threshold_scale_factor: Optional[float] = None,
     uses_shared_paged_kv_idx: bool = True,
-) -> Union[torch.Tensor, FP4Tensor]:
+    *,
+    return_lse: bool = False,
+    lse: Optional[torch.Tensor] = None,
+) -> Union[torch.Tensor, FP4Tensor, Tuple[Union[torch.Tensor, FP4Tensor], torch.Tensor]]:
     """Causal attention of each request's new query tokens over its paged KV cache.
 
     Parameters
@@ -121,10 +125,16 @@ def trtllm_batch_context_with_kv_cache(
         ``running_max + ln(f / L)``; tiles are 128 query rows x 128 keys
         (``kvattn.reference.SKIP_SOFTMAX_TILE_M/N``). None or 0: exact.
     uses_shared_paged_kv_idx : bool
+    return_lse : bool, keyword-only
+        Also return each query row's base-2 log-sum-exp of its scaled logits over its visible keys,
+        float32 ``[sum_q, Hq]``: sinks excluded, ``-inf`` for a row that sees no key; with skip-softmax,
+        over the keys of the tiles kept.
+    lse : torch.Tensor float32 ``[sum_q, Hq]``, keyword-only, optional
+        Where to write it (with ``return_lse``); allocated if None.
 
     Returns
     -------
-    torch.Tensor ``[sum_q, Hq, D]`` or FP4Tensor
+    torch.Tensor ``[sum_q, Hq, D]`` or FP4Tensor, and with ``return_lse`` the LSE
 
     Examples
     --------
@@ -209,16 +219,21 @@ def trtllm_batch_context_with_kv_cache(
             out = torch.empty(sum_q, num_heads, head_dim, dtype=kind, device=device)
         else:
             check_out(out, "out", (sum_q, num_heads, head_dim), (kind,), device)
+    lse = check_lse_out(lse, return_lse, sum_q, num_heads, device)
     debug_check_pages(kv, seq_lens)
 
     args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
                 skip_softmax_threshold_scale_factor=f or None)
     ops = _backend.triton_entry("context", device)
     if ops is not None:
+        if lse is not None:
+            lse.fill_(float("-inf"))  # rows the kernel's query tiles never reach (past cum_seq_lens_q[B])
         ops.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
-                    max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, **args)
-        return out
-    o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, **args)
+                    max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, lse=lse, **args)
+        return (out, lse) if return_lse else out
+    o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, lse=lse, **args)
     if isinstance(out, FP4Tensor):
-        return quantize_nvfp4_output(o_real, 1.0 if o_sf_scale is None else float(o_sf_scale), out)
-    return store_output(o_real, out)
+        out = quantize_nvfp4_output(o_real, 1.0 if o_sf_scale is None else float(o_sf_scale), out)
+    else:
+        out = store_output(o_real, out)
+    return (out, lse) if return_lse else out

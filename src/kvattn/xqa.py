@@ -18,6 +18,7 @@ from ._inputs import (
     check_head_dim,
     check_int,
     check_layout,
+    check_lse_out,
     check_out,
     check_query_heads,
     check_sinks,
@@ -80,7 +81,9 @@ def xqa(
     sm_count: Optional[int] = None,
     *,
     kv_layout: str = "NHD",
-) -> None:
+    return_lse: bool = False,
+    lse: Optional[torch.Tensor] = None,
+) -> Optional[torch.Tensor]:
     """Paged decode writing ``output`` in place (one query token per request).
 
     Parameters
@@ -92,7 +95,8 @@ def xqa(
         too. The query's dtype or float8_e4m3fn.
     page_table : torch.Tensor int32 ``[B, pages_per_seq]`` (shared by K and V)
     seq_lens : torch.Tensor uint32 or int32 ``[B, 1]``
-    output : torch.Tensor ``[B, 1, Hq, D]``, the query's dtype (or float8_e4m3fn with an fp8 cache)
+    output : torch.Tensor ``[B, 1, Hq, D]``, the query's dtype (or float8_e4m3fn with an fp8 cache, or
+        float32 for unrounded partial results to merge)
     workspace_buffer : torch.Tensor uint8 (zeroed before first use)
     semaphores : torch.Tensor uint32 (checked; kvattn's split-KV merge keeps its counters in the workspace)
     num_kv_heads : int
@@ -107,6 +111,16 @@ def xqa(
         Caps the number of programs launched.
     kv_layout : {"NHD", "HND"}, keyword-only
         Layout of 4-D page tensors (the flat pool is always NHD).
+    return_lse : bool, keyword-only
+        Also write and return each row's base-2 log-sum-exp, float32 ``[B, 1, Hq]`` (as
+        :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`'s: sinks excluded, ``-inf`` for an
+        empty request).
+    lse : torch.Tensor float32 ``[B, 1, Hq]``, keyword-only, optional
+        Where to write it (with ``return_lse``); allocated if None.
+
+    Returns
+    -------
+    None, or with ``return_lse`` the LSE.
 
     Examples
     --------
@@ -142,7 +156,7 @@ def xqa(
     check_tensor(seq_lens, "seq_lens", dtypes=(torch.uint32, torch.int32), device=device)
     if seq_lens.numel() != batch:
         raise ValueError(f"seq_lens: expected shape [{batch}, 1], got {list(seq_lens.shape)}")
-    check_out(output, "output", shape, (q_dtype, FP8_DTYPE), device)
+    check_out(output, "output", shape, (q_dtype, FP8_DTYPE, torch.float32), device)
     if output.dtype == FP8_DTYPE and kv_dtype != FP8_DTYPE:
         raise TypeError(f"output: a float8_e4m3fn output needs an fp8 cache, got a {kv_dtype} cache")
     check_workspace(workspace_buffer, "workspace_buffer", device)
@@ -164,6 +178,9 @@ def xqa(
         kv_eff = Scale(1.0)
     logit = qs.times(kv_eff).times(1.0 / math.sqrt(head_dim))
 
+    lse = check_lse_out(lse, return_lse, batch, shape[2], device, shape=(batch, 1, shape[2]))
+    lse_rows = lse[:, 0] if lse is not None else None
+
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
     debug_check_pages(kv, seq_lens, "page_table")
     window_left = win - 1 if win > 0 else -1
@@ -173,11 +190,12 @@ def xqa(
         ops.batch_decode(
             q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=kv.capacity,
             logit_scale=logit, out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None,
-            max_programs=sm_count,
+            max_programs=sm_count, lse=lse_rows,
         )
     else:
         reference.batch_decode(q[:, 0], kv, seq_lens.reshape(batch), output[:, 0], q_len=1, logit_scale=logit,
-                               out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None)
+                               out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None, lse=lse_rows)
+    return lse
 
 
 class _CallableModule(types.ModuleType):

@@ -7,6 +7,7 @@ batch in Python and synchronises with the device freely: clarity, not speed.
 from .cache import append_paged_kv
 from .core import attend, gather_tokens, store_output
 from .decode import batch_decode, single_decode
+from .merge import merge_states
 from .mla import mla_decode
 from .prefill import SKIP_SOFTMAX_TILE_M, SKIP_SOFTMAX_TILE_N, context
 
@@ -18,6 +19,7 @@ __all__ = [
     "batch_decode",
     "single_decode",
     "mla_decode",
+    "merge_states",
     "context",
     "SKIP_SOFTMAX_TILE_M",
     "SKIP_SOFTMAX_TILE_N",

@@ -48,25 +48,36 @@ def batch_decode(
     window_left: int = -1,
     sinks: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    kv_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged decode of ``B`` requests with ``q_len`` query rows each (speculative decode).
 
     query ``[B * q_len, Hq, D]``; writes ``out [B * q_len, Hq, Dv]`` =
-    ``out_scale * softmax(logit_scale * q.k) v`` in ``out``'s dtype.
+    ``out_scale * softmax(logit_scale * q.k) v`` in ``out``'s dtype, and with ``lse`` (float32
+    ``[B * q_len, Hq]``) the rows' base-2 LSE (sinks excluded, -inf for a row that sees no key).
+    ``kv_start [B]`` (int32, optional): request ``b`` attends to no key before ``kv_start[b]``.
     """
     batch = query.shape[0] // q_len
     lens = seq_lens.to(torch.int64).tolist()
+    starts = kv_start.to(torch.int64).tolist() if kv_start is not None else [0] * batch
     out_mult = _scalar(out_scale, query.device)
     for b in range(batch):
         rows = slice(b * q_len, (b + 1) * q_len)
         length = lens[b]
         if length == 0:
             out[rows].zero_()
+            if lse is not None:
+                lse[rows] = float("-inf")
             continue
         k, v = paged_request_kv(kv, b, length)
         allowed = spec_decode_allowed(length, q_len, window_left, None if mask is None else mask[b], query.device)
-        o, _ = attend(query[rows], k, v, allowed, logit_scale, sinks=sinks)
+        if starts[b] > 0:
+            allowed = allowed & (torch.arange(length, device=query.device) >= starts[b])
+        o, row_lse = attend(query[rows], k, v, allowed, logit_scale, sinks=sinks)
         store_output(o * out_mult, out[rows])
+        if lse is not None:
+            lse[rows] = row_lse
     return out
 
 

@@ -8,6 +8,8 @@ the causal/window rule allows; one decision per (query tile, query head).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._inputs import PagedKV, Scale
@@ -29,7 +31,8 @@ def context_allowed(length: int, q_len: int, window_left: int, device) -> torch.
 
 def _attend_skip_softmax(q, k, v, allowed, logit_scale, sinks, threshold: float):
     """Tiled online softmax that skips a KV tile (after the first) when, for every row of the query
-    tile, ``exp(tile_max - running_max) < threshold``. q ``[M, Hq, D]``; returns o ``[M, Hq, Dv]``."""
+    tile, ``exp(tile_max - running_max) < threshold``. q ``[M, Hq, D]``; returns o ``[M, Hq, Dv]``
+    and the base-2 LSE ``[M, Hq]`` of the kept tiles' logits (sinks excluded)."""
     m_rows, hq = q.shape[0], q.shape[1]
     group = hq // k.shape[1]
     kk = k.float().repeat_interleave(group, dim=1)
@@ -37,6 +40,7 @@ def _attend_skip_softmax(q, k, v, allowed, logit_scale, sinks, threshold: float)
     s_all = torch.einsum("mhd,lhd->hml", q.float(), kk) * _scalar(logit_scale, q.device)
     s_all = s_all.masked_fill(~allowed.unsqueeze(0), float("-inf"))
     out = torch.zeros(hq, m_rows, vv.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.full((hq, m_rows), float("-inf"), dtype=torch.float32, device=q.device)
     tm, tn = SKIP_SOFTMAX_TILE_M, SKIP_SOFTMAX_TILE_N
     for r0 in range(0, m_rows, tm):
         rows = slice(r0, min(r0 + tm, m_rows))
@@ -67,11 +71,12 @@ def _attend_skip_softmax(q, k, v, allowed, logit_scale, sinks, threshold: float)
                 den = den * alpha + p.sum(dim=-1)
                 acc = acc * alpha.unsqueeze(1) + p @ vv[t * tn : (t + 1) * tn, h]
                 m = m_new
+            lse[h, rows] = torch.where(den > 0, (m + torch.log(den.clamp_min(1e-30))) / math.log(2.0), float("-inf"))
             if sinks is not None:
                 m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
                 den = den + torch.exp(sinks[h].float() - m_safe)
             out[h, rows] = torch.where(den.unsqueeze(1) > 0, acc / den.clamp_min(1e-30).unsqueeze(1), 0.0)
-    return out.transpose(0, 1)
+    return out.transpose(0, 1), lse.transpose(0, 1)
 
 
 def context(
@@ -85,16 +90,20 @@ def context(
     window_left: int = -1,
     sinks: torch.Tensor | None = None,
     skip_softmax_threshold_scale_factor: float | None = None,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """float32 ``[sum_q, Hq, Dv]`` = ``out_scale * softmax(logit_scale * q.k) v`` (the caller stores it).
 
     Request ``b`` owns query rows ``cum_seq_lens_q[b] : cum_seq_lens_q[b + 1]``, the last tokens of
-    its ``seq_lens[b]`` keys.
+    its ``seq_lens[b]`` keys. ``lse`` (float32 ``[sum_q, Hq]``, optional) receives each row's
+    base-2 LSE (sinks excluded; -inf for a row that sees no key).
     """
     lens = seq_lens.to(torch.int64).tolist()
     cum = cum_seq_lens_q.to(torch.int64).tolist()
     o_all = torch.zeros(query.shape[0], query.shape[1], kv.v_dim, dtype=torch.float32, device=query.device)
     f = skip_softmax_threshold_scale_factor
+    if lse is not None:
+        lse.fill_(float("-inf"))
     for b, length in enumerate(lens):
         lo, hi = cum[b], cum[b + 1]
         if hi == lo or length == 0:
@@ -102,8 +111,10 @@ def context(
         k, v = paged_request_kv(kv, b, length)
         allowed = context_allowed(length, hi - lo, window_left, query.device)
         if f:
-            o = _attend_skip_softmax(query[lo:hi], k, v, allowed, logit_scale, sinks, f / length)
+            o, row_lse = _attend_skip_softmax(query[lo:hi], k, v, allowed, logit_scale, sinks, f / length)
         else:
-            o, _ = attend(query[lo:hi], k, v, allowed, logit_scale, sinks=sinks)
+            o, row_lse = attend(query[lo:hi], k, v, allowed, logit_scale, sinks=sinks)
         o_all[lo:hi] = o
+        if lse is not None:
+            lse[lo:hi] = row_lse
     return o_all * _scalar(out_scale, query.device)

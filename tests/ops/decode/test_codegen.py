@@ -19,14 +19,14 @@ from kvattn.ops.launch import ptx_hints
 from ..sm90 import compile_sm90, gpu_verified_fact
 
 FLOATS = ("logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale")
-PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "mask_ptr": "*i16",
+PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "kv_start_ptr": "*i32", "mask_ptr": "*i16",
         "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32", "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32", "k_sf_ptr": "*u8", "v_sf_ptr": "*u8"}
 BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_M=16, BLOCK_N=128, M_BLOCKS=1,
             KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False, HAS_SINKS=False,
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False, MERGE=False,
-            MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True)
+            MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False)
 # Single decode with RoPE, 32 heads of 128 (the one-row kernel: the query rotated per key) on sm90's table
 ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=False, STORE_LSE=True, ROPE=True,
                     PREFETCH=1)

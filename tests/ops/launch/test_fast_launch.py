@@ -34,6 +34,7 @@ from kvattn.ops.decode import launch as decode_launch
 from kvattn.ops.launch import fast_launch
 from kvattn.ops.launch import common as launch_common
 from kvattn.ops.launch import workspace as launch_workspace
+from kvattn.ops.mla import launch as mla_launch
 from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()
@@ -394,8 +395,10 @@ def offset_copy(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
 
 def batch_variant(*, lens=(700, 40, 2500, 1), dtype=torch.bfloat16, fmt=None, layout="NHD", form="stacked",
                   page=16, q_len=1, mask=False, sinks=False, window=-1, tensor_scales=False, fp8_out=False,
-                  uint32=False, ws_bytes=64 << 20, max_len=None, q_of=None, out_of=None, kv_of=None, seed=0):
-    """A builder ``device -> call`` of one xqa_batch_decode_with_kv_cache call (fresh output)."""
+                  uint32=False, ws_bytes=64 << 20, max_len=None, q_of=None, out_of=None, kv_of=None, seed=0,
+                  lse=False, f32_out=False, kv_start=None):
+    """A builder ``device -> call`` of one xqa_batch_decode_with_kv_cache call (fresh output); with
+    ``lse`` also its LSE, ``kv_start`` (a per-request first key) through the private entry."""
 
     def build(device):
         case = make_paged_kv(list(lens), num_kv_heads=2, head_dim=128, page_size=page, dtype=dtype, kv_format=fmt,
@@ -415,14 +418,17 @@ def batch_variant(*, lens=(700, 40, 2500, 1), dtype=torch.bfloat16, fmt=None, la
         ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
         bound = case.block_tables.shape[1] * page if max_len is None else max_len
 
+        starts = torch.tensor(kv_start, dtype=torch.int32, device=device) if kv_start is not None else None
+
         def call():
-            out = poison_(torch.empty(q.shape, dtype=FP8_DTYPE if fp8_out else dtype, device=device))
+            out_dtype = FP8_DTYPE if fp8_out else (torch.float32 if f32_out else dtype)
+            out = poison_(torch.empty(q.shape, dtype=out_dtype, device=device))
             out = out_of(out) if out_of else out
-            kvattn.decode.xqa_batch_decode_with_kv_cache(
+            got = kvattn.decode._batch_decode(
                 q, kv, ws, case.block_tables, seq_lens, bound, bmm1_scale=bmm1, bmm2_scale=bmm2, window_left=window,
                 out=out, sinks=sinks_t, kv_layout=layout, q_len_per_req=q_len, mask=mask_t,
-                kv_cache_sf=case.kv_cache_sf)
-            return bits(out)
+                kv_cache_sf=case.kv_cache_sf, return_lse=lse, kv_start=starts)
+            return torch.cat([bits(out), bits(got[1])]) if lse else bits(out)
 
         return call
 
@@ -461,6 +467,27 @@ def single_variant(*, length, dtype=torch.float16, layout="NHD", kv_fp8=False, h
         def call():
             out, lse = kvattn.decode.single_decode_with_kv_cache(q, k, v, kv_layout=layout, return_lse=True, **kw)
             return torch.cat([bits(out), bits(lse)])
+
+        return call
+
+    return build
+
+
+def mla_variant(*, lens=(700, 40, 0, 2500), hq=16, lse=True):
+    """MLA decode (the Triton kernel) with its LSE (requests of up to 256 keys take one split)."""
+    def build(device):
+        case = make_paged_kv(list(lens), num_kv_heads=1, head_dim=576, page_size=16, dtype=torch.bfloat16,
+                             form="shared", device=device, nan_fill=False)
+        cache = case.kv_cache[:, 0, :, 0]
+        q = torch.randn(len(lens), 1, hq, 576, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
+        ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
+
+        def call():
+            out = poison_(torch.empty(len(lens), hq, 512, dtype=torch.float32, device=device))
+            got = kvattn.mla.xqa_batch_decode_with_kv_cache_mla(q, cache, ws, 128, 512, 64, case.block_tables,
+                                                               case.seq_lens, max(lens), out=out, bmm1_scale=0.07,
+                                                               return_lse=lse)
+            return torch.cat([bits(out), bits(got[1])]) if lse else bits(out)
 
         return call
 
@@ -528,6 +555,12 @@ VARIANTS = [
     pytest.param(batch_variant(q_len=3, mask=True, sinks=True), id="spec-q3-mask-sinks"),
     pytest.param(batch_variant(window=100, uint32=True), id="window-uint32"),
     pytest.param(batch_variant(lens=(33000,), max_len=33000), id="long"),
+    pytest.param(batch_variant(lse=True, f32_out=True, sinks=True), id="lse-f32-out"),
+    pytest.param(batch_variant(lse=True, lens=(30, 64, 1), max_len=64), id="lse-one-split"),
+    pytest.param(batch_variant(lse=True, kv_start=(100, 0, 2000, 1)), id="kv-start-lse"),
+    pytest.param(mla_variant(), id="mla-lse-splits"),
+    pytest.param(mla_variant(lens=(200, 3, 0)), id="mla-lse-one-split"),
+    pytest.param(mla_variant(lse=False), id="mla-splits"),
     pytest.param(xqa_variant(), id="xqa"),
     pytest.param(xqa_variant(sm_count=3), id="xqa-persistent"),
     pytest.param(xqa_variant(lens_of=_strided_lens), id="xqa-strided-lens"),
@@ -597,6 +630,9 @@ class FakeGPU:
             monkeypatch.setattr(decode_launch, name, JITFunction(getattr(decode_launch, name).fn))
         monkeypatch.setattr(append_launch, "append_kv_kernel", JITFunction(append_launch.append_kv_kernel.fn))
         monkeypatch.setattr(decode_launch, "_PLANS", {})  # no plan of these kernels outlives the test
+        for name in ("mla_split_kernel", "decode_combine_kernel"):  # MLA's launches (the Triton kernel)
+            monkeypatch.setattr(mla_launch, name, JITFunction(getattr(mla_launch, name).fn))
+        monkeypatch.setattr(mla_launch, "_PLANS", {})
         monkeypatch.setattr(append_launch, "_PLANS", {})
         monkeypatch.setattr(fast_launch, "_SHARED", {})
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # kvattn: CPU tensors may take the Triton backend

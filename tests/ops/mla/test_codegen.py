@@ -1,4 +1,5 @@
-"""What the MLA decode kernel compiles to for Hopper (sm_90a): the split score products.
+"""What the MLA decode kernels compile to for Hopper (sm_90a): the split score products, and the
+schedules of the two Gluon kernels (``ops/mla/gluon.py``, ``ops/mla/gluon_ws.py``).
 
 Compiled (not run) for an sm_90a target, so no GPU is needed (``tests/ops/sm90.py``). Pins the
 Triton 3.6 behaviour the ``"split"`` table entries rest on (``ops/mla/kernels.py``
@@ -17,9 +18,9 @@ import pytest
 from ..sm90 import compile_sm90
 
 PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
-        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
+        "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"}
 BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, KV_FORMAT=0,
-            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False)
+            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False, STORE_LSE=False)
 
 
 def _compile(split: bool, **constexprs) -> dict:
@@ -46,7 +47,7 @@ def test_score_products_split_between_warpgroups(split):
 # ---------------------------------------------------------------------------------------------
 GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
 GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
-                  OUT_PTR=False)
+                  OUT_PTR=False, STORE_LSE=False)
 ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
             "fp4_padded=False, cga_layout=[])")
 
@@ -68,3 +69,50 @@ def test_gluon_kernel_compiles_to_its_schedule(page):
     assert got["shared"] <= 227 * 1024
     if "stack" in got:
         assert got["stack"] == 0 and got["reg"] <= 255
+
+
+def test_gluon_kernel_stores_the_lse_without_spilling():
+    """``return_lse`` (STORE_LSE): the final rows' LSE stored from the kernel's epilogue, still no
+    register spill and the same loop."""
+    got = compile_sm90("kvattn.ops.mla.gluon.mla_gluon_kernel", dict(GLUON_BASE, STORE_LSE=True), ptrs=GLUON_PTRS,
+                       floats=("logit_factor", "out_factor"), warps=8, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 36
+    assert len(re.findall(r"st\.global[.a-z0-9]*\.b32", ptx)) > 0
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+
+
+# ---------------------------------------------------------------------------------------------
+# The warp-specialised Gluon kernel (the Gluon kernel's launches on sm90, kvattn.ops.mla.gluon_ws)
+# ---------------------------------------------------------------------------------------------
+# Every constexpr, its schedule switches too: one left out would compile as an i32 argument.
+# (STORE_LSE is the Gluon kernel's only: a launch asking for an LSE keeps that kernel.)
+WS_BASE = dict({k: v for k, v in GLUON_BASE.items() if k != "STORE_LSE"}, FLOOR=0, STAGGER=True, PA_REGS=True)
+
+
+@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+def test_ws_kernel_compiles_to_its_schedule(page):
+    """Per pair of 64-key tiles: each warpgroup's score tile as m64n64 wgmmas (36 k-steps of
+    64 + 512 columns, two warpgroups), its two half P.V products as m64n256 ones (4 k-steps each),
+    18 TMA boxes from the copy warp (rope 2 x 1, values 4 x 4); registers 240 / 240 / 24 for the
+    two warpgroups and the copy warp; shared memory within 227 KB; no spill; and the wgmmas left
+    asynchronous by ptxas: a handful of waits (one a product), not one after every wgmma, which is
+    what ptxas emits when it serialises them (C7514 / C7515: a P.V product in flight across the
+    loop's back edge did it, benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    got = compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=page),
+                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"}, sass=True)
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert {"240", "24"} <= regs
+    assert 216 * 1024 < got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+    if "sass" in got:
+        assert len(re.findall(r"\bHGMMA\.", got["sass"])) == 88
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8

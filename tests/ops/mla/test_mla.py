@@ -114,8 +114,9 @@ GPU_CASES = [
     param("bf16-max_seq_len-capacity", lens=[100, 30, 0], hq=32, max_seq_len="capacity"),
     param("bf16-all-empty", lens=[0, 0, 0], hq=16, max_seq_len="capacity"),
     param("bf16-page128", lens=[1, 129, 1000], hq=16, page=128),
-    # Hq >= 64 with 16-bit caches on Hopper take the Gluon kernel on pages of 64+ tokens (tiles at
-    # offsets 0 / 64 / ... of a page); the Triton kernel for the same launches:
+    # Hq >= 64 with 16-bit caches on Hopper take the warp-specialised Gluon kernel on pages of 64+
+    # tokens (tiles at offsets 0 / 64 / ... of a page; test_gluon_ws.py has its own grid, and the
+    # other Gluon kernel under KVATTN_GLUON_WS=0); the Triton kernel for the same launches:
     *[param(f"bf16-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, seed=page) for page in (128, 256)],
     param("bf16-Hq96-padded-heads", lens=GPU_LENS, hq=96, seed=96),
     *[param(f"bf16-Hq{hq}-triton-kernel", lens=GPU_LENS, hq=hq, gluon=False, seed=hq + 1) for hq in (64, 128)],
@@ -278,7 +279,7 @@ def _fits(hq=128, page=64, kv_dtype=torch.bfloat16, q_dtype=None, *, pages=100, 
 
 
 def test_mla_gluon_kernel_takes_only_the_launches_it_serves():
-    """The Gluon kernel (sm90) runs 16-bit caches with a query of the same dtype, 64 heads a
+    """The Gluon kernels (sm90) run 16-bit caches with a query of the same dtype, 64 heads a
     program, 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address; every
     other launch keeps the Triton kernel (which the GPU cases then run too)."""
     assert _fits() and _fits(hq=64) and _fits(hq=96) and _fits(page=128) and _fits(page=256)
@@ -335,20 +336,22 @@ def test_mla_launch_sizes_come_from_host_bounds():
 POOL_PAGES = 300
 
 
-@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("hq", [16, 128], ids=["Hq16", "Hq128"])
-def test_mla_cuda_graph_replay_follows_new_lengths_and_tables(hq, triton_backend):
+def graph_replay_case(hq, first_lens, replays, *, pool=POOL_PAGES):
+    """Capture one bf16 call (64-token pages, a logit scale tensor) on ``first_lens`` in a CUDA
+    graph, then for each ``(seed, lens, factor)`` of ``replays``: new cache rows, tables and
+    lengths (as many requests), a fresh query, the scale times ``factor``, a poisoned output;
+    replay and compare with the exact result (empty requests: zero rows)."""
     device = torch.device("cuda")
     page, width = 64, 100
 
     def case(lens, seed):
         used = sum((n + page - 1) // page for n in lens)
         return make_cache(lens, page=page, kv_format="bfloat16", device=device, seed=seed, pages_per_seq=width,
-                          extra_pages=POOL_PAGES - used)
+                          extra_pages=pool - used)
 
-    cache, tables, seq_lens = case([700, 40, 2500, 0], seed=1)
-    q = torch.randn(4, 1, hq, DIM, device=device, dtype=torch.bfloat16)
-    out = torch.empty(4, hq, V_DIM, device=device, dtype=torch.bfloat16)
+    cache, tables, seq_lens = case(first_lens, seed=1)
+    q = torch.randn(len(first_lens), 1, hq, DIM, device=device, dtype=torch.bfloat16)
+    out = torch.empty(len(first_lens), hq, V_DIM, device=device, dtype=torch.bfloat16)
     ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
     scale = torch.tensor([BMM1], device=device)
 
@@ -361,17 +364,25 @@ def test_mla_cuda_graph_replay_follows_new_lengths_and_tables(hq, triton_backend
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    new_cache, new_tables, new_lens = case([1200, 0, 6000, 33], seed=2)
-    cache.copy_(new_cache)
-    tables.copy_(new_tables)
-    seq_lens.copy_(new_lens)
-    scale.fill_(BMM1 * 0.5)
-    poison_(out)
-    graph.replay()
-    torch.cuda.synchronize()
-    exact = exact_mla(q, cache, tables, seq_lens, BMM1 * 0.5, 1.1)
-    assert relative_error(out.cpu(), exact) <= 1e-2
-    assert (out[1].float() == 0).all()
+    for seed, lens, factor in replays:
+        new_cache, new_tables, new_lens = case(lens, seed=seed)
+        cache.copy_(new_cache)
+        tables.copy_(new_tables)
+        seq_lens.copy_(new_lens)
+        q.normal_()
+        scale.fill_(BMM1 * factor)
+        poison_(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        exact = exact_mla(q, cache, tables, seq_lens, BMM1 * factor, 1.1)
+        assert relative_error(out.cpu(), exact) <= 1e-2
+        check_empty_rows(out, lens)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("hq", [16, 128], ids=["Hq16", "Hq128"])
+def test_mla_cuda_graph_replay_follows_new_lengths_and_tables(hq, triton_backend):
+    graph_replay_case(hq, [700, 40, 2500, 0], [(2, [1200, 0, 6000, 33], 0.5)])
 
 
 def test_mla_torch_compile_traces_the_public_function(kernel_device, triton_backend):

@@ -60,8 +60,8 @@ except ImportError:  # pragma: no cover
 
 
 @triton.jit
-def _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN: tl.constexpr,
-                      PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr):
+def _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_LEN: tl.constexpr,
+                      PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KV_START: tl.constexpr):
     """``(kv_len, kv_lo)``: the request's length and its first key any of its rows can see."""
     if PAGED:
         kv_len = tl.load(seq_lens_ptr + b)
@@ -71,6 +71,9 @@ def _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN: tl.constex
     if HAS_WINDOW:
         # The first draft row (position L - Q) has the earliest window start.
         kv_lo = tl.maximum(kv_len - Q_LEN - window_left, 0)
+    if HAS_KV_START:
+        # A per-request first key (a window cut into a compacted local slice: kvattn.distributed).
+        kv_lo = tl.maximum(kv_lo, tl.load(kv_start_ptr + b).to(tl.int32))
     return kv_len, kv_lo
 
 
@@ -88,7 +91,7 @@ def _tile_rows(offs_m, b, kvh, GROUP: tl.constexpr, Q_LEN: tl.constexpr):
 @triton.jit
 def _decode_item(
     item,
-    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr, sinks_ptr,
+    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr, mask_ptr, sinks_ptr,
     logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
@@ -103,7 +106,7 @@ def _decode_item(
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    MERGE_BLOCK_S: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -122,7 +125,8 @@ def _decode_item(
     b = bh // NUM_KV_HEADS
     kvh = bh % NUM_KV_HEADS
 
-    kv_len, kv_lo = _request_kv_range(seq_lens_ptr, b, fixed_len, window_left, Q_LEN, PAGED, HAS_WINDOW)
+    kv_len, kv_lo = _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_LEN, PAGED,
+                                      HAS_WINDOW, HAS_KV_START)
     chunk = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
@@ -355,6 +359,7 @@ def decode_split_kernel(
     k_table_ptr,  # [B, pages_per_seq] int32 page ids of K
     v_table_ptr,  # [B, pages_per_seq] int32 page ids of V
     seq_lens_ptr,  # [B] int32 (PAGED)
+    kv_start_ptr,  # [B] int32 first key each request may see (HAS_KV_START)
     mask_ptr,  # [B, Q_LEN, words] int16 spec-decode mask bits (HAS_MASK)
     sinks_ptr,  # [Hq] float32 (HAS_SINKS)
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
@@ -378,7 +383,7 @@ def decode_split_kernel(
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr,
-    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr,
+    PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
 ):
     if KV_EVICT_FIRST and KV_TMA:
         mark_copies_evict_first()
@@ -392,7 +397,8 @@ def decode_split_kernel(
         # A capped grid (xqa's sm_count): each program walks the work items.
         for item in range(pid, num_items, tl.num_programs(0)):
             _decode_item(
-                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
+                mask_ptr,
                 sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
                 stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                 stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
@@ -403,11 +409,12 @@ def decode_split_kernel(
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START,
             )
     else:
         _decode_item(
-            pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, mask_ptr,
+            pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
+            mask_ptr,
             sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
             stride_q_t, stride_q_h, stride_o_t, stride_o_h,
             stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
@@ -418,7 +425,7 @@ def decode_split_kernel(
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-            MERGE, MERGE_ROWS, MERGE_BLOCK_S,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made

@@ -46,7 +46,8 @@ MIN_BLOCK_M = 16  # tl.dot's smallest M
 # that are given, its ints and its floats; each launch names the value each kernel parameter takes
 # (an absent optional tensor's parameter takes the query, which the kernel never reads for it).
 _ALWAYS = ("query", "k", "v", "out", "part_o", "part_lse", "counters")
-_OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse")
+_OPTIONAL = ("k_sf", "v_sf", "k_table", "v_table", "seq_lens", "mask", "sinks", "logit", "out_scale", "lse",
+             "kv_start")
 _INTS = ("fixed_len", "window_left")
 _FLOATS = ("logit_factor", "out_factor", "soft_cap", "rope_theta", "rope_scale")
 _NONES = tuple(repeat(None, len(_OPTIONAL)))
@@ -300,7 +301,8 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
         per_call=dict(
             q_ptr="query", k_ptr="k", v_ptr="v", k_sf_ptr=_given(plan, "k_sf"), v_sf_ptr=_given(plan, "v_sf"),
             k_table_ptr=_given(plan, "k_table"), v_table_ptr=_given(plan, "v_table"),
-            seq_lens_ptr=_given(plan, "seq_lens"), mask_ptr=_given(plan, "mask"), sinks_ptr=_given(plan, "sinks"),
+            seq_lens_ptr=_given(plan, "seq_lens"), kv_start_ptr=_given(plan, "kv_start"), mask_ptr=_given(plan, "mask"),
+            sinks_ptr=_given(plan, "sinks"),
             logit_scale_ptr=_given(plan, "logit"), out_scale_ptr=_given(plan, "out_scale"), out_ptr="out",
             lse_ptr=_given(plan, "lse"), part_o_ptr="part_o", part_lse_ptr="part_lse", counter_ptr="counters",
             fixed_len="fixed_len", window_left="window_left", logit_factor="logit_factor", out_factor="out_factor",
@@ -328,7 +330,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             PREFETCH=0 if plan.paged or tma else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first, KV_TMA=tma,
             MERGE=plan.merges(cfg, splits), MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
-            USE_PDL=plan.gdc,
+            USE_PDL=plan.gdc, HAS_KV_START=has["kv_start"],
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -435,6 +437,7 @@ def launch_decode(
     use_tensor_cores: bool | None = None,
     max_programs=None,
     enable_pdl: bool = False,
+    kv_start=None,  # [B] first key each request may see (paged)
 ) -> None:
     """Launch decode attention into ``out``, with the query's GPU current: Triton launches on the
     current device, and a multi-GPU caller's tensors may live on another one."""
@@ -452,10 +455,12 @@ def launch_decode(
             same_table = k_table is v_table or (
                 k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
             )
+            if kv_start is not None:
+                kv_start = int32_lengths(kv_start)
         else:  # no page tables; the lengths are fixed_len
-            k_table = v_table = seq_lens = None
+            k_table = v_table = seq_lens = kv_start = None
             same_table = True
-        optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse)
+        optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse, kv_start)
         # Every host fact the plan reads, each in a local of its DecodeFacts field's name.
         device = query.device
         interpreter = _env.triton_interpret()

@@ -89,7 +89,8 @@ class MLAConfig:
 # On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla/gluon.py's kernel instead
 # (mla/launch.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
 # 224 / 845 / 423 against 278 / 1052 / 560, benchmarks/NOTES.md "MLA: Gluon kernel with TMA row tiles").
-# Overrides of BLOCK_N or the warps (tuning variants, tests) keep the Triton kernel.
+# Overrides of BLOCK_N or the warps (tuning variants, tests) keep the Triton kernel. Where
+# WARP_SPECIALIZED (below) names the entry, those launches run mla/gluon_ws.py's kernel.
 _SM90 = {
     ("half", 64): (64, 8, 2, 1, "split"),
     ("half", 32): (64, 8, 3, 1),
@@ -101,6 +102,13 @@ _SM90 = {
     ("fp8", 16): (64, 8, 3, 1),
 }
 _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
+# Entries whose launches of mla/gluon.py's kernel run the warp-specialised kernel of
+# mla/gluon_ws.py instead (a copy warp and two warpgroups splitting the score products of two
+# tiles, benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)"; same split counts);
+# the environment switch KVATTN_GLUON_WS=0 keeps mla/gluon.py's kernel. H200 (matmul 669 TFLOP/s
+# in the run), bf16 Hq 128, graph us 64x4096 / 128x8192 / 32x16384: gluon.py 229.8 / 918.7 /
+# 412.2 -> gluon_ws.py 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
+WARP_SPECIALIZED = {"sm90": frozenset({("half", 64)})}
 # fp8 scores exist at BLOCK_H 16 (heads in N) and 64 (heads in M, wgmma): Hq 17-32 takes 64 (rows
 # past Hq padded and masked), so an fp8 query with an fp8 cache takes fp8 scores at any Hq. H100,
 # Hq 16 fp8 (graph us, 64x4096 / 128x8192 / 32x16384): float16-operand path at BLOCK_H 16 154 / 567
@@ -153,6 +161,11 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
     if _override:
         cfg = replace(cfg, **_override)
     return cfg
+
+
+def warp_specialized(arch: str, kv_format: str, block_h: int, q_fp8: bool = False) -> bool:
+    """Whether a launch the Gluon kernel serves takes the warp-specialised one (``WARP_SPECIALIZED``)."""
+    return (_fmt(kv_format, q_fp8), block_h) in WARP_SPECIALIZED.get(arch, ())
 
 
 def num_splits(cfg: MLAConfig, *, items: int, span: int, sm_count: int, fit: int) -> int:

@@ -70,35 +70,13 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
     return ok
 
 
+# Pieces both Gluon MLA kernels run (this one and the warp-specialised one of gluon_ws.py).
 @gluon.jit
-def mla_gluon_kernel(
-    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
-    kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [BLOCK_N, 64]
-    table_ptr,  # [B, pages_per_seq] int32 page ids
-    seq_lens_ptr,  # [B] int32
-    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
-    out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
-    stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
-    batch, num_heads, num_splits, num_pages,
-    logit_factor, out_factor,
-    CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
-    BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-):
-    ROW_DIM: gl.constexpr = CKV_DIM + KPE_DIM
-    dt: gl.constexpr = q_ptr.dtype.element_ty
-    # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
-    # compute it); O [64, 512] split by columns ([4, 2]: m64n256 a warpgroup).
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, CKV_DIM // 2, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
-    row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
+def split_work(seq_lens_ptr, num_splits, H_BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``(b, hb, split, start, end, num_tiles)``: the program's request, head block and split, and
+    the split's keys ``[start, end)`` in ``num_tiles`` tiles of ``BLOCK_N``. Head blocks vary
+    fastest: the programs reading one request's split run side by side, so the second finds the
+    rows in L2."""
     pid = gl.program_id(0)
     hb = pid % H_BLOCKS
     rest = pid // H_BLOCKS
@@ -110,6 +88,109 @@ def mla_gluon_kernel(
     start = split * chunk
     end = gl.minimum(start + chunk, kv_len)
     num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    return b, hb, split, start, end, num_tiles
+
+
+@gluon.jit
+def stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM: gl.constexpr,
+                KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, ld_layout: gl.constexpr):
+    """The head block's query rows into shared memory, ``qn_smem [BLOCK_H, CKV_DIM]`` and
+    ``qr_smem [BLOCK_H, KPE_DIM]``, in 64-column pieces (rows past Hq read as 0), visible to the
+    calling threads' wgmmas when it returns."""
+    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
+    for c in gl.static_range((CKV_DIM + KPE_DIM) // 64):
+        offs_qd = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
+        q_off = b.to(gl.int64) * stride_q_b + offs_qh[:, None].to(gl.int64) * stride_q_h + offs_qd[None, :]
+        q_c = gl.load(q_ptr + q_off, mask=(offs_qh < num_heads)[:, None], other=0.0)
+        if c * 64 < CKV_DIM:
+            qn_smem.slice(c * 64, 64, dim=1).store(q_c)
+        else:
+            qr_smem.store(q_c)
+    fence_async_shared()
+    cta_barrier()
+
+
+@gluon.jit
+def logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR: gl.constexpr):
+    """The scores' factor to base-2 logits: ``logit_factor`` (times ``*logit_scale_ptr`` with
+    ``LOGIT_PTR``) times log2(e)."""
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * gl.load(logit_scale_ptr)
+    return logit * LOG2E
+
+
+@gluon.jit
+def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
+               num_splits, stride_o_b, stride_o_h, out_factor, COL0: gl.constexpr, COLS: gl.constexpr,
+               CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr,
+               o_layout: gl.constexpr):
+    """Write the output columns ``[COL0, COL0 + COLS)`` of the head block's rows from the
+    accumulator ``o_acc [BLOCK_H, COLS]`` (row max ``m_i``, row sum ``l_i``): the final output
+    (one split), or the normalised split partial and (``STORE_LSE``) its base-2 LSE, which the
+    decode family's combine kernel merges (an empty split: o = 0, lse = -inf)."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    head_ok = heads < num_heads
+    offs_c = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, o_layout))
+    final = num_splits == 1
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * gl.load(out_scale_ptr)
+    o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
+    gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    partial = num_splits > 1
+    p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
+    gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
+    if STORE_LSE:
+        gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+
+
+@gluon.jit
+def store_final_lse(m_i, l_i, lse_ptr, b, hb, num_heads, num_splits, stride_lse_b, BLOCK_H: gl.constexpr,
+                    o_layout: gl.constexpr):
+    """``return_lse``: the head block's base-2 LSE ``m + log2(l)`` into ``lse [B, Hq]`` when the
+    launch has one split (-inf for a row without keys); with several, the combine kernel stores it."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m = gl.convert_layout(m_i, o_rows)
+    den = gl.convert_layout(l_i, o_rows)
+    lse2 = gl.where(den > 0, m + gl.log2(gl.where(den > 0, den, 1.0)), float("-inf"))
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    gl.store(lse_ptr + b.to(gl.int64) * stride_lse_b + heads, lse2, mask=(heads < num_heads) & (num_splits == 1))
+
+
+@gluon.jit
+def mla_gluon_kernel(
+    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
+    kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [BLOCK_N, 64]
+    table_ptr,  # [B, pages_per_seq] int32 page ids
+    seq_lens_ptr,  # [B] int32
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
+    part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
+    lse_ptr,  # [B, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
+    stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
+    batch, num_heads, num_splits, num_pages, stride_lse_b,
+    logit_factor, out_factor,
+    CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
+    STORE_LSE: gl.constexpr = False,
+):
+    dt: gl.constexpr = q_ptr.dtype.element_ty
+    # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
+    # compute it); O [64, 512] split by columns ([4, 2]: m64n256 a warpgroup).
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, CKV_DIM // 2, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+    row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, num_splits, H_BLOCKS, BLOCK_N)
     total_rows = num_pages * PAGE_SIZE
 
     qn_smem = gl.allocate_shared_memory(dt, [BLOCK_H, CKV_DIM], row_smem)
@@ -129,23 +210,9 @@ def mla_gluon_kernel(
                       start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM,
                       num_tiles > 1)
 
-    # Query rows to shared memory (rows past Hq read as 0).
-    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
-    for c in gl.static_range(ROW_DIM // 64):
-        offs_qd = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
-        q_off = b.to(gl.int64) * stride_q_b + offs_qh[:, None].to(gl.int64) * stride_q_h + offs_qd[None, :]
-        q_c = gl.load(q_ptr + q_off, mask=(offs_qh < num_heads)[:, None], other=0.0)
-        if c * 64 < CKV_DIM:
-            qn_smem.slice(c * 64, 64, dim=1).store(q_c)
-        else:
-            qr_smem.store(q_c)
-    fence_async_shared()
-    cta_barrier()
-
-    logit = logit_factor
-    if LOGIT_PTR:
-        logit = logit * gl.load(logit_scale_ptr)
-    qk_scale = logit * LOG2E
+    stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM, KPE_DIM, BLOCK_H,
+                ld_layout)
+    qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -195,20 +262,9 @@ def mla_gluon_kernel(
     mbarrier.invalidate(bars.index(0))
     mbarrier.invalidate(bars.index(1))
 
-    # One split: the final rows. Several: every split writes a partial (an empty one: o = 0,
-    # lse = -inf), which the decode family's combine kernel merges.
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    o, lse2 = softmax_finalize(acc_t, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
-    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
-    head_ok = heads < num_heads
-    offs_c = gl.arange(0, CKV_DIM, layout=gl.SliceLayout(0, o_layout))
-    final = num_splits == 1
-    out_mult = out_factor
-    if OUT_PTR:
-        out_mult = out_mult * gl.load(out_scale_ptr)
-    o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
-    gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
-    partial = num_splits > 1
-    p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
-    gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
-    gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+    # One split: the final rows. Several: every split writes a partial, which the decode
+    # family's combine kernel merges.
+    store_rows(acc_t, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
+               num_splits, stride_o_b, stride_o_h, out_factor, 0, CKV_DIM, CKV_DIM, BLOCK_H, OUT_PTR, True, o_layout)
+    if STORE_LSE:
+        store_final_lse(m_i, l_i, lse_ptr, b, hb, num_heads, num_splits, stride_lse_b, BLOCK_H, o_layout)

@@ -109,15 +109,17 @@ def mla_split_kernel(
     seq_lens_ptr,  # [B] int32
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B, Hq, CKV_DIM] bfloat16 (or the query's 16-bit dtype; last dim contiguous)
+    out_ptr,  # [B, Hq, CKV_DIM] bfloat16 (or the query's 16-bit dtype, or float32; last dim contiguous)
     part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
+    lse_ptr,  # [B, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_kv_p, stride_kv_s, stride_t_b, stride_t_p,
-    batch, num_heads, num_splits, num_pages,
+    batch, num_heads, num_splits, num_pages, stride_lse_b,
     logit_factor, out_factor,
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
     OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr,
+    STORE_LSE: tl.constexpr = False,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -191,6 +193,8 @@ def mla_split_kernel(
         out_mult = out_mult * tl.load(out_scale_ptr)
     o_off = b.to(tl.int64) * stride_o_b + heads[:, None].to(tl.int64) * stride_o_h + offs_c[None, :]
     tl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=as_mask(head_ok[:, None] & final))
+    if STORE_LSE:
+        tl.store(lse_ptr + b.to(tl.int64) * stride_lse_b + heads, lse2, mask=as_mask(head_ok & final))
     partial = num_splits > 1
     p_row = (split.to(tl.int64) * batch + b) * num_heads + heads
     tl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=as_mask(head_ok[:, None] & partial))

@@ -29,8 +29,9 @@ try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
     from .gluon import mla_gluon_kernel
+    from .gluon_ws import MAXNREG as _WS_MAXNREG, NUM_WARPS as _WS_WARPS, mla_gluon_ws_kernel
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
-    mla_gluon_kernel = None
+    mla_gluon_kernel = mla_gluon_ws_kernel = None
 
 CKV_DIM = 512
 KPE_DIM = 64
@@ -39,7 +40,7 @@ _MAX_SPANS = 4096
 # The call's values by name (fast_launch.CallLayout); an absent scale tensor's parameter takes the
 # query, which the kernels never read for it.
 _LAYOUT = fast_launch.CallLayout(
-    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale"), (),
+    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), (),
     ("logit_factor", "out_factor"),
 )
 
@@ -64,6 +65,8 @@ class MLAFacts(NamedTuple):
     aligned4: bool  # an fp8 cache 4-byte aligned (its words path)
     aligned16: bool  # the cache 16-byte aligned (the Gluon kernel's TMA)
     gluon_on: bool  # KVATTN_GLUON
+    gluon_ws_on: bool  # KVATTN_GLUON_WS
+    lse_stride: int | None = None  # the LSE's row stride (return_lse), None without one
 
 
 class _Plan:
@@ -91,10 +94,15 @@ class _Plan:
             stride_t_b=f.table_stride[0], stride_t_p=f.table_stride[1],
         )
         self.has_logit, self.has_out_scale = f.has_logit, f.has_out_scale
+        self.has_lse, self.lse_stride = f.lse_stride is not None, f.lse_stride or 0
         self.row_stride = f.kv_stride[1]
         self.gluon = (f.gluon_on and mla_gluon_kernel is not None and arch(f.device, f.interpreter) == "sm90"
                       and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
                                       f.aligned16))
+        # The warp-specialised kernel stores no final LSE: a call asking for one (return_lse) keeps
+        # the Gluon kernel.
+        self.ws = (self.gluon and f.gluon_ws_on and mla_gluon_ws_kernel is not None and not self.has_lse
+                   and mla_configs.warp_specialized(arch(f.device, f.interpreter), self.kv_format, cfg.block_h))
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
@@ -117,6 +125,8 @@ class _Plan:
 
     def _split(self, splits: int):
         cfg = self.cfg
+        if self.ws:
+            return _WarpSpecializedSplit(self, splits)
         if self.gluon:
             return _GluonSplit(self, splits)
         return fast_launch.Launch(
@@ -125,31 +135,32 @@ class _Plan:
             per_call=dict(q_ptr="query", kv_ptr="kv", table_ptr="table", seq_lens_ptr="seq_lens",
                           logit_scale_ptr="logit" if self.has_logit else "query",
                           out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
-                          part_o_ptr="part_o", part_lse_ptr="part_lse", logit_factor="logit_factor",
-                          out_factor="out_factor"),
+                          part_o_ptr="part_o", part_lse_ptr="part_lse", lse_ptr="lse" if self.has_lse else "query",
+                          logit_factor="logit_factor", out_factor="out_factor"),
             fixed=dict(self.strides, batch=self.batch, num_heads=self.num_heads, num_splits=splits,
-                       num_pages=self.num_pages),
+                       num_pages=self.num_pages, stride_lse_b=self.lse_stride),
             constexprs=dict(
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
+                STORE_LSE=self.has_lse,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
 
     def _combine(self, splits: int) -> fast_launch.Launch:
-        # The decode family's combine kernel; the query stands in for the absent sinks and LSE.
+        # The decode family's combine kernel; the query stands in for the absent sinks (and LSE).
         return fast_launch.Launch(
             decode_combine_kernel, (self.batch, self.num_heads),
             layout=_LAYOUT,
             per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", sinks_ptr="query",
                           out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
-                          lse_ptr="query", out_factor="out_factor"),
-            fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"], stride_lse_t=0,
-                       num_rows=self.batch, num_splits=splits),
+                          lse_ptr="lse" if self.has_lse else "query", out_factor="out_factor"),
+            fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"],
+                       stride_lse_t=self.lse_stride, num_rows=self.batch, num_splits=splits),
             constexprs=dict(
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(next_power_of_2(splits), 8192 // CKV_DIM),
-                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=False, USE_PDL=False,
+                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=self.has_lse, USE_PDL=False,
             ),
             options=dict(num_warps=4, num_stages=2),
         )
@@ -157,9 +168,10 @@ class _Plan:
 
 def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
                 aligned16: bool) -> bool:
-    """Whether :mod:`.gluon` runs a launch: 16-bit cache and query of one dtype, 64 heads a
-    program, 64-key tiles inside pages of a multiple of 64 tokens, and rows TMA can address as one
-    ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
+    """Whether a Gluon kernel (:mod:`.gluon`, or :mod:`.gluon_ws` where it takes the entry) runs
+    a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles inside pages of
+    a multiple of 64 tokens, and rows TMA can address as one ``[pages * page, 576]`` view (16-byte
+    aligned base and row stride, pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
     return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
             and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
@@ -173,6 +185,20 @@ class _GluonSplit:
 
     BLOCK_N = 64
 
+    @staticmethod
+    def kernel():
+        return mla_gluon_kernel
+
+    def options(self) -> dict:
+        """The launch's options (and, in a subclass, schedule constexprs), by name."""
+        return dict(num_warps=8)
+
+    def lse_args(self, lse, stand_in) -> dict:
+        """The final LSE's arguments (``return_lse``; ``stand_in``, never read, without one)."""
+        plan = self.plan
+        return dict(lse_ptr=lse if lse is not None else stand_in, stride_lse_b=plan.lse_stride,
+                    STORE_LSE=plan.has_lse)
+
     def __init__(self, plan: _Plan, splits: int):
         self.grid = (plan.items * splits,)
         self.splits = splits
@@ -180,12 +206,12 @@ class _GluonSplit:
         self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     def run(self, query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-            out_factor):
+            out_factor, lse=None):
         plan = self.plan
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
         st = plan.strides
-        mla_gluon_kernel[self.grid](
+        self.kernel()[self.grid](
             q_ptr=query, kv_desc=desc, table_ptr=table, seq_lens_ptr=seq_lens,
             logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
             out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, part_o_ptr=part_o,
@@ -195,8 +221,28 @@ class _GluonSplit:
             num_pages=plan.num_pages, logit_factor=logit_factor, out_factor=out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            num_warps=8,
+            **self.lse_args(lse, part_lse), **self.options(),
         )
+
+
+class _WarpSpecializedSplit(_GluonSplit):
+    """The same launch on :func:`~.gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
+    kernel's, plus schedule constexprs with defaults): 4 warps a partition, and the registers a
+    thread its ``warp_specialize`` redistributes (``MAXNREG``)."""
+
+    # Schedule constexprs replacing the kernel's defaults (tuning and timing floors:
+    # benchmarks/tune_mla.py's ws_* variants); empty in the library.
+    CONSTEXPRS: dict = {}
+
+    @staticmethod
+    def kernel():
+        return mla_gluon_ws_kernel
+
+    def options(self) -> dict:
+        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value, **self.CONSTEXPRS)
+
+    def lse_args(self, lse, stand_in) -> dict:
+        return {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
 
 
 _PLANS: dict[MLAFacts, _Plan] = {}
@@ -219,6 +265,7 @@ def launch_mla(
     out_factor: float = 1.0,
     out_tensor=None,
     workspace=None,  # None: the split partials are allocated
+    lse=None,  # [B, Hq] float32 base-2 LSE (head stride 1)
 ) -> None:
     """Launch MLA decode into ``out``, with the query's GPU current."""
     device_index = query.get_device()  # -1 on the CPU
@@ -233,22 +280,24 @@ def launch_mla(
         has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
         aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
         aligned16 = kv.data_ptr() % 16 == 0
-        gluon_on = _env.gluon()
+        gluon_on, gluon_ws_on = _env.gluon(), _env.gluon_ws()
+        lse_stride = lse.stride(0) if lse is not None else None
         facts = MLAFacts._make((
             device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,
-            out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on,
+            out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, gluon_ws_on, lse_stride,
         ))
         plan = _plan(facts)
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
         part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
         call = fast_launch.call_args(  # in _LAYOUT's order
             (query, kv, table, seq_lens, out, part_o, part_lse,
-             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
+             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
+             lse if lse is not None else query),
             (), (logit_factor, out_factor), device_index,
         )
         if plan.gluon:
             split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-                      out_factor)
+                      out_factor, lse)
         else:
             split(call)
         if combine is not None:

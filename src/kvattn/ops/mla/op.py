@@ -28,15 +28,17 @@ def mla_decode(
     max_seq_len: int,
     logit_scale: Scale,
     out_scale: Scale,
+    lse=None,
 ) -> None:
     """``out [B, Hq, 512] = out_scale * softmax(logit_scale * q.kv) ckv`` over each request's pages.
 
     ``query [B, Hq, 576]``; ``kv.k`` the ``[P, page, 1, 576]`` latent rows (``kv.v`` is the same
-    view); split-KV partials use ``workspace``. Nothing waits for the device.
+    view); split-KV partials use ``workspace``; the base-2 LSE goes to ``lse [B, Hq]`` when given.
+    Nothing waits for the device.
     """
     entry(mla_decode_op, mla_decode_impl)(
         query, kv.k, kv.k_table, seq_lens, logit_scale.factor, logit_scale.tensor, out_scale.factor,
-        out_scale.tensor, out, workspace, max_seq_len,
+        out_scale.tensor, out, workspace, max_seq_len, lse,
     )
 
 
@@ -55,18 +57,21 @@ def mla_decode_impl(
     out: torch.Tensor,
     workspace: torch.Tensor,
     max_seq_len: int,
+    lse: Optional[torch.Tensor] = None,
 ) -> None:
-    """MLA decode into ``out [B, Hq, 512]`` over latent rows ``kv [P, page, 1, 576]`` (see ops.mla)."""
+    """MLA decode into ``out [B, Hq, 512]`` (and the base-2 LSE into ``lse [B, Hq]``) over latent
+    rows ``kv [P, page, 1, 576]`` (see ops.mla)."""
     launch_mla(
         query, kv, table, seq_lens, out, max_seq_len=max_seq_len, logit_factor=logit_factor,
-        logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, workspace=workspace,
+        logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, workspace=workspace, lse=lse,
     )
 
 
-mla_decode_op = torch.library.custom_op("kvattn::mla_decode", mla_decode_impl, mutates_args=("out", "workspace"))
+mla_decode_op = torch.library.custom_op("kvattn::mla_decode", mla_decode_impl,
+                                        mutates_args=("out", "workspace", "lse"))
 
 
 @mla_decode_op.register_fake
 def _mla_decode_fake(query, kv, table, seq_lens, logit_factor, logit_tensor, out_factor, out_tensor, out,
-                     workspace, max_seq_len) -> None:
+                     workspace, max_seq_len, lse=None) -> None:
     return None

@@ -252,7 +252,8 @@ def context_kernel(
     out_scale_ptr,  # [1] float32 (OUT_PTR)
     out_ptr,  # [sum_q, Hq, D] fp16/bf16/fp8, or NVFP4 packed codes uint8 [sum_q, Hq, D/2] (OUT_NVFP4)
     out_sf_ptr,  # [rows_sf * cols_sf] uint8 e4m3 block scales, 128x4 swizzled (OUT_NVFP4)
-    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    lse_ptr,  # [sum_q, Hq] float32 base-2 LSE of each row (STORE_LSE; head stride 1)
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_lse_t,
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
@@ -262,7 +263,7 @@ def context_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, QK_FP8: tl.constexpr,
     SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, SKIP: tl.constexpr,
     LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, OUT_NVFP4: tl.constexpr,
-    TMA: tl.constexpr, Q_SIGN: tl.constexpr,
+    TMA: tl.constexpr, Q_SIGN: tl.constexpr, STORE_LSE: tl.constexpr = False,
 ):
     h = tl.program_id(0)
     b = tl.program_id(1)
@@ -343,7 +344,9 @@ def context_kernel(
 
     heads = tl.full([BLOCK_M], 0, tl.int32) + h
     sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
-    o, _ = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
+    o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
+    if STORE_LSE:
+        tl.store(lse_ptr + rows64 * stride_lse_t + h, lse2, mask=row_ok)
     out_mult = out_factor
     if OUT_PTR:
         out_mult = out_mult * tl.load(out_scale_ptr)

@@ -95,6 +95,7 @@ def launch_context(
     o_sf_scale: float = 1.0,
     sf_start: int = 0,
     skip_factor: float = 0.0,
+    lse=None,  # [sum_q, Hq] float32 base-2 LSE (head stride 1), or None
 ) -> None:
     """Launch paged causal context attention into ``out``, with the query's GPU current."""
     batch = seq_lens.shape[0]
@@ -116,9 +117,10 @@ def launch_context(
             k_table.data_ptr() == v_table.data_ptr() and k_table.stride() == v_table.stride()
         )
         nvfp4_out = out_sf is not None
-        # 16-bit pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0: off).
+        # 16-bit pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0: off);
+        # it stores no LSE, so a call that asks for one (return_lse) keeps the Triton kernel.
         views = gluon_ws.plan(query, k, v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter) \
-            if gluon_ws is not None else None
+            if gluon_ws is not None and lse is None else None
         if views is not None and prefill_configs.ws_config(head_dim) is not None:
             gluon_ws.launch(
                 prefill_configs.ws_config(head_dim), query, k, v, *views, k_table, v_table, seq_lens, cum_seq_lens_q,
@@ -154,7 +156,9 @@ def launch_context(
             seq_lens_ptr=seq_lens, cum_q_ptr=cum_seq_lens_q, sinks_ptr=sinks if sinks is not None else query,
             logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
             out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, out_sf_ptr=sf_flat,
+            lse_ptr=lse if lse is not None else out,
             stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+            stride_lse_t=lse.stride(0) if lse is not None else 0,
             stride_k_p=ks[0], stride_k_s=ks[1], stride_k_h=ks[2], stride_v_p=vs[0], stride_v_s=vs[1], stride_v_h=vs[2],
             stride_ksf_p=ksf_s[0], stride_ksf_s=ksf_s[1], stride_ksf_h=ksf_s[2],
             stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
@@ -169,6 +173,6 @@ def launch_context(
             QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
             OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, TMA=tma is not None,
-            Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1),
+            Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1), STORE_LSE=lse is not None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )

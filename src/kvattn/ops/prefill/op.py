@@ -35,10 +35,12 @@ def context(
     window_left: int,
     sinks,
     skip_softmax_threshold_scale_factor,
+    lse=None,
 ) -> None:
     """``out [sum_q, Hq, D] = out_scale * softmax(logit_scale * q.k) v`` over each request's pages
     (causal, the queries being each request's last tokens); an :class:`FP4Tensor` ``out`` gets the
-    NVFP4 codes and swizzled block scales. No workspace is needed (one pass, no split partials).
+    NVFP4 codes and swizzled block scales; ``lse [sum_q, Hq]`` (optional) the rows' base-2 LSE.
+    No workspace is needed (one pass, no split partials).
     """
     if isinstance(out, FP4Tensor):
         data, sf, sf_start = out.data, out.scale, int(out.scale_start_index)
@@ -48,7 +50,7 @@ def context(
         query, kv.k, kv.v, kv.k_table, kv.v_table, kv.k_sf, kv.v_sf, seq_lens, cum_seq_lens_q, sinks,
         logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor, data, sf, workspace,
         max_q_len, max_kv_len, window_left, float(1.0 if o_sf_scale is None else o_sf_scale), sf_start,
-        float(skip_softmax_threshold_scale_factor or 0.0),
+        float(skip_softmax_threshold_scale_factor or 0.0), lse,
     )
 
 
@@ -79,22 +81,23 @@ def context_impl(
     o_sf_scale: float,
     sf_start: int,
     skip_factor: float,
+    lse: Optional[torch.Tensor] = None,
 ) -> None:
-    """Paged causal prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``);
-    see ops.prefill. The workspace is not used."""
+    """Paged causal prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``),
+    and the rows' base-2 LSE into ``lse``; see ops.prefill. The workspace is not used."""
     launch_context(
         query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, out, out_sf,
         max_q_len=max_q_len, logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor,
         out_tensor=out_tensor, window_left=window_left, o_sf_scale=o_sf_scale, sf_start=sf_start,
-        skip_factor=skip_factor,
+        skip_factor=skip_factor, lse=lse,
     )
 
 
-context_op = torch.library.custom_op("kvattn::context", context_impl, mutates_args=("out", "out_sf"))
+context_op = torch.library.custom_op("kvattn::context", context_impl, mutates_args=("out", "out_sf", "lse"))
 
 
 @context_op.register_fake
 def _context_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, logit_factor,
                   logit_tensor, out_factor, out_tensor, out, out_sf, workspace, max_q_len, max_kv_len, window_left,
-                  o_sf_scale, sf_start, skip_factor) -> None:
+                  o_sf_scale, sf_start, skip_factor, lse=None) -> None:
     return None

@@ -1,0 +1,1 @@
+"""The merge family: exact merges of attention states ``(o, lse)`` (``kvattn.merge``)."""

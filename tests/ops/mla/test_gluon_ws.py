@@ -1,0 +1,207 @@
+"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla.gluon_ws``).
+
+GPU (Hopper): the public function against the oracles on the launches the kernel takes (16-bit
+cache, Hq 33-128, pages of a multiple of 64 tokens), with a spy on the launcher proving the
+kernel ran: fresh random inputs, poisoned outputs, NaN in every unused cache slot, permuted pages,
+lengths 0 / 1 / off-tile / odd and even tile counts, a request longer than one split, scales as
+floats and as device tensors, CUDA-graph replay with new lengths, tables and scales.
+
+CPU: the launch selection (a Hopper device faked), and the tuning variants of
+``benchmarks/tune_mla.py`` reaching the launch. What the kernel compiles to for sm_90a is pinned
+in ``test_codegen.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvattn.ops.mla import configs as mla_configs
+from kvattn.ops.mla import launch as mla_launch
+
+from .test_mla import GPU_LENS, _fits, graph_replay_case, mla_case
+
+ON_GPU = torch.cuda.is_available()
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+GPU_ONLY = pytest.mark.skipif(not HOPPER, reason="the warp-specialised kernel runs on Hopper (sm_90)")
+
+
+@pytest.fixture
+def ws_spy(monkeypatch):
+    """Counts the launches of the warp-specialised kernel (the launcher's split runs)."""
+    calls = []
+    run = mla_launch._WarpSpecializedSplit.run
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.splits)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(mla_launch._WarpSpecializedSplit, "run", spy)
+    mla_launch._PLANS.clear()
+    yield calls
+    mla_launch._PLANS.clear()
+
+
+ODD_EVEN = [64, 65, 128, 129, 191, 192, 193, 320, 0, 1, 63]  # 1 / 2 / 3 / 4 / 5 tiles, whole and partial
+WS_CASES = [
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=300 + hq + page), id=f"Hq{hq}-p{page}")
+      for hq in (64, 128) for page in (64, 128, 256)],
+    pytest.param(dict(lens=GPU_LENS, hq=96, seed=396), id="Hq96-padded-heads"),
+    pytest.param(dict(lens=GPU_LENS, hq=40, seed=340), id="Hq40-padded-heads"),
+    pytest.param(dict(lens=ODD_EVEN, hq=128, seed=311), id="Hq128-odd-even-tiles"),
+    pytest.param(dict(lens=ODD_EVEN, hq=64, page=128, seed=312), id="Hq64-p128-odd-even-tiles"),
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, tensor_scales=True, seed=320 + hq), id=f"Hq{hq}-tensor-scales")
+      for hq in (64, 128)],
+    pytest.param(dict(lens=[16384, 5, 9000], hq=128, seed=330), id="Hq128-long-split"),
+    pytest.param(dict(lens=[30000], hq=64, seed=331), id="Hq64-long-split-B1"),
+    pytest.param(dict(lens=GPU_LENS, hq=128, four_d=True, give_out=False, seed=332), id="Hq128-4d-out-allocated"),
+    pytest.param(dict(lens=[100, 30, 0], hq=128, max_seq_len="capacity", seed=333), id="Hq128-max_seq_len-capacity"),
+    pytest.param(dict(lens=[0, 0, 0], hq=128, max_seq_len="capacity", seed=334), id="Hq128-all-empty"),
+]
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("kw", WS_CASES)
+def test_ws_kernel_matches_oracles(kw, ws_spy, triton_backend, monkeypatch):
+    mla_case(torch.device("cuda"), monkeypatch, **kw)
+    assert ws_spy, "the warp-specialised kernel did not run"
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
+def test_ws_kernel_many_splits(hq, ws_spy, triton_backend, monkeypatch):
+    """Short splits: many partials a request (some empty, some of one or a few tiles, odd and even
+    counts), merged by the combine kernel."""
+    with mla_configs.override(min_chunk=64, waves=16):
+        mla_case(torch.device("cuda"), monkeypatch, lens=[1500, 3, 0, 970, 64, 2049, 129], hq=hq, seed=340 + hq)
+    assert ws_spy and max(ws_spy) > 1
+
+
+@GPU_ONLY
+def test_ws_switch_keeps_the_previous_gluon_kernel(ws_spy, triton_backend, monkeypatch):
+    monkeypatch.setenv("KVATTN_GLUON_WS", "0")
+    mla_case(torch.device("cuda"), monkeypatch, lens=GPU_LENS, hq=128, seed=350)
+    assert not ws_spy
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
+def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, triton_backend):
+    graph_replay_case(hq, [700, 40, 2500, 0, 6000],
+                      [(2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)], pool=400)
+    assert ws_spy
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: launch selection
+# ---------------------------------------------------------------------------------------------
+def test_ws_kernel_takes_the_gluon_kernels_launches():
+    """sm90, 16-bit cache, 64 heads a program: the launches mla/gluon.py serves (test_mla's _fits)
+    take the warp-specialised kernel; no other entry does, and no other GPU family."""
+    assert _fits(hq=128) and mla_configs.warp_specialized("sm90", "bfloat16", 64)
+    assert mla_configs.warp_specialized("sm90", "float16", 64)
+    assert not mla_configs.warp_specialized("sm90", "bfloat16", 32)
+    assert not mla_configs.warp_specialized("sm90", "fp8", 64)
+    assert not mla_configs.warp_specialized("sm90", "fp8", 64, True)
+    assert not mla_configs.warp_specialized("default", "bfloat16", 64)
+    assert not mla_configs.warp_specialized("interpreter", "bfloat16", 64)
+    for hq in (33, 64, 96, 128):
+        cfg = mla_configs.config("sm90", "bfloat16", hq)
+        assert mla_configs.warp_specialized("sm90", "bfloat16", cfg.block_h)
+
+
+def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, lse_stride=None):
+    """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576], a
+    [100, page, 576] cache of ``dtype``."""
+    from kvattn import _device
+    monkeypatch.setattr(_device, "is_hopper", lambda device: True)
+    facts = mla_launch.MLAFacts(
+        device=torch.device("cpu"), interpreter=False, q_shape=(4, hq, 576), q_stride=(hq * 576, 576, 1),
+        q_dtype=dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
+        table_stride=(10, 1), out_stride=(hq * 512, 512, 1), ws_numel=64 << 20, has_logit=False,
+        has_out_scale=False, aligned4=False, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
+        lse_stride=lse_stride,
+    )
+    return mla_launch._Plan(facts)
+
+
+def test_a_launch_asking_for_the_lse_keeps_the_gluon_kernel(monkeypatch):
+    """``return_lse``: the warp-specialised kernel stores no final LSE, so the launch takes
+    mla/gluon.py's kernel, which gets the LSE's pointer, row stride and switch."""
+    split = _plan(monkeypatch, lse_stride=128).launches(4096)[0]
+    assert type(split) is mla_launch._GluonSplit and split.kernel() is mla_launch.mla_gluon_kernel
+    lse, stand_in = torch.empty(4, 128), torch.empty(1)
+    assert split.lse_args(lse, stand_in) == dict(lse_ptr=lse, stride_lse_b=128, STORE_LSE=True)
+    ws = _plan(monkeypatch).launches(4096)[0]
+    assert ws.lse_args(None, stand_in) == {}
+
+
+def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
+    """The plan of a Hopper launch the Gluon kernel serves runs the warp-specialised split (4 warps a
+    partition, 168 registers a thread before the partitions' split); ``KVATTN_GLUON_WS=0`` (the
+    ``gluon_ws_on`` fact) keeps mla/gluon.py's launch, ``KVATTN_GLUON=0`` the Triton kernel's."""
+    split = _plan(monkeypatch).launches(4096)[0]
+    assert type(split) is mla_launch._WarpSpecializedSplit
+    assert split.kernel() is mla_launch.mla_gluon_ws_kernel
+    assert split.options() == dict(num_warps=4, maxnreg=168)
+    assert type(_plan(monkeypatch, hq=64, page=128).launches(100)[0]) is mla_launch._WarpSpecializedSplit
+    old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0]
+    assert type(old) is mla_launch._GluonSplit and old.kernel() is mla_launch.mla_gluon_kernel
+    assert old.options() == dict(num_warps=8)
+    assert not isinstance(_plan(monkeypatch, gluon=False).launches(4096)[0], mla_launch._GluonSplit)
+    assert not isinstance(_plan(monkeypatch, hq=16).launches(4096)[0], mla_launch._GluonSplit)
+    assert not isinstance(_plan(monkeypatch, page=32).launches(4096)[0], mla_launch._GluonSplit)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("raw,want", [(None, True), ("1", True), ("0", False)], ids=["unset", "on", "off"])
+def test_ws_switch_reaches_the_plan_facts(raw, want, monkeypatch):
+    """``KVATTN_GLUON_WS`` is read on every call into the plan's ``gluon_ws_on`` fact (plans are
+    cached under their facts, so switching it picks another plan)."""
+    if raw is None:
+        monkeypatch.delenv("KVATTN_GLUON_WS", raising=False)
+    else:
+        monkeypatch.setenv("KVATTN_GLUON_WS", raw)
+    seen = []
+
+    def record(facts):
+        seen.append(facts)
+        raise _Stop
+
+    monkeypatch.setattr(mla_launch, "_plan", record)
+    q = torch.zeros(2, 64, 576, dtype=torch.float16)
+    kv = torch.zeros(4, 64, 576, dtype=torch.float16)
+    with pytest.raises(_Stop):
+        mla_launch.launch_mla(q, kv, torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                              torch.empty(2, 64, 512, dtype=torch.float16), max_seq_len=128)
+    assert seen[0].gluon_ws_on is want
+
+
+def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
+    """``benchmarks/tune_mla.py``'s ``ws_*`` variants replace the warp-specialised launch's
+    schedule constexprs (and only inside the variant), and ``gluon`` switches the kernel off."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    from benchmarks import tune_mla, tuning
+
+    contexts = {}
+
+    def collect(grid, args, context_for, *, workspace_mib):
+        shape = next(iter(grid))
+        contexts.update((name, context_for(shape, name)) for name in tune_mla.VARIANTS)
+
+    monkeypatch.setattr(tuning, "time_variants", collect)
+    assert tune_mla.main([]) == 0
+    base = dict(num_warps=4, maxnreg=168)
+    for name, want in (("default", {}), ("ws_first", dict(STAGGER=False, PA_REGS=False)),
+                       ("ws_nocopies", dict(FLOOR=2)), ("ws_noscores", dict(FLOOR=4))):
+        with contexts[name]():
+            assert _plan(monkeypatch).launches(4096)[0].options() == dict(base, **want), name
+    assert _plan(monkeypatch).launches(4096)[0].options() == base
+    with contexts["gluon"]():
+        from kvattn import _env
+        assert not _env.gluon_ws()
