@@ -441,6 +441,8 @@ def launch_decode(
 ) -> None:
     """Launch decode attention into ``out``, with the query's GPU current: Triton launches on the
     current device, and a multi-GPU caller's tensors may live on another one."""
+    if not query.numel():  # an empty batch (validation rejects zero heads): nothing to write or plan
+        return
     device_index = query.get_device()  # -1 on the CPU
     with device_guard(device_index):
         if seq_lens is not None:

@@ -268,6 +268,8 @@ def launch_mla(
     lse=None,  # [B, Hq] float32 base-2 LSE (head stride 1)
 ) -> None:
     """Launch MLA decode into ``out``, with the query's GPU current."""
+    if not query.numel():  # an empty batch (validation rejects zero heads): nothing to write or plan
+        return
     device_index = query.get_device()  # -1 on the CPU
     with device_guard(device_index):
         seq_lens = int32_lengths(seq_lens)
