@@ -29,7 +29,7 @@ CASES = [
     case("kv_layout", set_args(kv_layout="NDH"), ValueError, "kv_layout"),
     case("kv_layout-type", set_args(kv_layout=1), ValueError, "kv_layout"),
     case("kv_cache-dtype", set_args(kv_cache=lambda kw: kw["kv_cache"].float()), TypeError, "kv_cache"),
-    case("kv_cache-other-half", set_args(kv_cache=lambda kw: kw["kv_cache"].half()), TypeError, "kv_cache"),
+    case("kv_cache-other-half", set_args(kv_cache=lambda kw: kw["kv_cache"].half()), TypeError, "query"),
     case("kv_cache-plane-3", set_args(kv_cache=lambda kw: torch.cat([kw["kv_cache"], kw["kv_cache"][:, :1]], 1)),
          ValueError, "kv_cache"),
     case("kv_cache-rank", set_args(kv_cache=lambda kw: kw["kv_cache"][0]), ValueError, "kv_cache"),
@@ -87,6 +87,15 @@ CASES = [
          ValueError, "kv_cache_sf"),
     case("kv_cache_sf-dtype", lambda kw: (_nvfp4(kw), kw.update(kv_cache_sf=kw["kv_cache_sf"].float())),
          TypeError, "kv_cache_sf"),
+    case("query-zero-heads", set_args(query=torch.randn(2, 0, 64, dtype=BF16)), ValueError, "query"),
+    case("kv_cache-zero-heads", set_args(kv_cache=lambda kw: kw["kv_cache"][:, :, :, :0]), ValueError, "kv_cache"),
+    # A 16-bit cache of the other 16-bit dtype: the query is named, with both dtypes.
+    case("query-fp16-with-bf16-cache", set_args(query=lambda kw: kw["query"].half()), TypeError, "query"),
+    case("kv_cache-HND-read-as-NHD", set_args(kv_cache=lambda kw: paged(layout="HND").kv_cache), ValueError,
+         "kv_cache"),
+    case("kv_cache-NHD-read-as-HND", set_args(kv_layout="HND"), ValueError, "kv_cache"),
+    case("out-not-a-tensor", set_args(out=[0.0]), TypeError, "out"),
+    case("out-int32", set_args(out=torch.empty(2, 8, 64, dtype=torch.int32)), TypeError, "out"),
 ]
 
 
@@ -100,3 +109,20 @@ def test_error(mutate, exc, name):
     kw = valid()
     mutate(kw)
     expect(xqa_batch_decode_with_kv_cache, kw, exc, name)
+
+
+@pytest.mark.parametrize("given, meant", [("NHD", "HND"), ("HND", "NHD")])
+def test_layout_mixup_names_kv_layout(given, meant):
+    kw = valid()
+    kw["kv_cache"] = paged(layout=meant).kv_cache  # 2 KV heads, pages of 16: the other reading gives 16 heads
+    kw["kv_layout"] = given
+    with pytest.raises(ValueError, match=f"^kv_cache: shape .* read as {given} gives 16 KV heads, which does not "
+                                         f"divide the query's 8 heads.*kv_layout='{meant}' meant"):
+        xqa_batch_decode_with_kv_cache(**kw)
+
+
+def test_dtype_mixup_names_both_dtypes():
+    kw = valid()
+    kw["query"] = kw["query"].half()
+    with pytest.raises(TypeError, match=r"^query: expected the dtype of kv_cache \(bfloat16.*got float16"):
+        xqa_batch_decode_with_kv_cache(**kw)

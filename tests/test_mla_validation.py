@@ -41,6 +41,9 @@ CASES = [
     case("bmm2_scale-str", set_args(bmm2_scale="x"), TypeError, "bmm2_scale"),
     case("enable_pdl", set_args(enable_pdl=0), TypeError, "enable_pdl"),
     case("workspace-dtype", set_args(workspace_buffer=torch.zeros(8)), TypeError, "workspace_buffer"),
+    case("query-zero-heads", set_args(query=torch.randn(2, 1, 0, 576, dtype=BF16)), ValueError, "query"),
+    case("out-not-a-tensor", set_args(out=(1, 2)), TypeError, "out"),
+    case("out-int32", set_args(out=torch.empty(2, 16, 512, dtype=torch.int32)), TypeError, "out"),
 ]
 
 

@@ -23,6 +23,11 @@ def _nvfp4(kw):
     kw.update(kv_cache=c.kv_cache, block_tables=c.block_tables, kv_block_scales=c.kv_cache_sf)
 
 
+def _fp4_parts():
+    t = FP4Tensor.empty(15, 8, 64, "cpu")
+    return t.data, t.scale
+
+
 CASES = [
     case("query-dtype", set_args(query=lambda kw: kw["query"].float()), TypeError, "query"),
     case("query-rank", set_args(query=lambda kw: kw["query"][0]), ValueError, "query"),
@@ -30,7 +35,8 @@ CASES = [
     case("query-stride", set_args(query=lambda kw: strided_last(kw["query"])), ValueError, "query"),
     case("query-head-ratio", set_args(query=torch.randn(15, 3, 64, dtype=BF16)), ValueError, "query"),
     case("query-fp8-with-bf16-cache", set_args(query=lambda kw: kw["query"].to(FP8)), TypeError, "kv_cache"),
-    case("kv_cache-dtype", set_args(kv_cache=lambda kw: kw["kv_cache"].half()), TypeError, "kv_cache"),
+    case("kv_cache-other-16-bit-dtype", set_args(kv_cache=lambda kw: kw["kv_cache"].half()), TypeError, "query"),
+    case("kv_cache-dtype", set_args(kv_cache=lambda kw: kw["kv_cache"].float()), TypeError, "kv_cache"),
     case("kv_cache-device", set_args(kv_cache=lambda kw: meta(kw["kv_cache"])), ValueError, "kv_cache"),
     case("kv_cache-stride", set_args(kv_cache=lambda kw: strided_last(kw["kv_cache"])), ValueError, "kv_cache"),
     case("kv_layout", set_args(kv_layout="HDN"), ValueError, "kv_layout"),
@@ -78,6 +84,17 @@ CASES = [
          "kv_block_scales"),
     case("enable_pdl", set_args(enable_pdl="on"), TypeError, "enable_pdl"),
     case("bmm1_scale-none", set_args(bmm1_scale=None), TypeError, "bmm1_scale"),
+    case("query-zero-heads", set_args(query=torch.randn(15, 0, 64, dtype=BF16)), ValueError, "query"),
+    case("query-fp16-with-bf16-cache", set_args(query=lambda kw: kw["query"].half()), TypeError, "query"),
+    case("kv_cache-NHD-read-as-HND", set_args(kv_cache=lambda kw: paged(layout="NHD").kv_cache), ValueError,
+         "kv_cache"),
+    case("out-int32", set_args(out=torch.empty(15, 8, 64, dtype=torch.int32)), TypeError, "out"),
+    case("out-not-a-tensor", set_args(out=[0.0]), TypeError, "out"),
+    case("o_sf_scale-inf", set_args(out_dtype="nvfp4", o_sf_scale=float("inf")), ValueError, "o_sf_scale"),
+    case("o_sf_scale-nan", set_args(out_dtype="nvfp4", o_sf_scale=float("nan")), ValueError, "o_sf_scale"),
+    case("o_sf_scale-str", set_args(out_dtype="nvfp4", o_sf_scale="1"), TypeError, "o_sf_scale"),
+    case("out.scale_start_index-negative",
+         set_args(out=lambda kw: FP4Tensor(*_fp4_parts(), scale_start_index=-1)), ValueError, "out.scale_start_index"),
 ]
 
 

@@ -18,7 +18,16 @@ CASES = [
     case("q-head-dim", set_args(q=torch.randn(8, 80, dtype=BF16)), ValueError, "q"),
     case("q-stride", set_args(q=lambda kw: strided_last(kw["q"])), ValueError, "q"),
     case("q-head-ratio", set_args(q=torch.randn(3, 64, dtype=BF16)), ValueError, "q"),
-    case("k-dtype", set_args(k=lambda kw: kw["k"].half()), TypeError, "k"),
+    # A 16-bit k of the other 16-bit dtype: the query is named, with both dtypes.
+    case("k-other-16-bit-dtype", set_args(k=lambda kw: kw["k"].half(), v=lambda kw: kw["v"].half()), TypeError, "q"),
+    case("k-dtype", set_args(k=lambda kw: kw["k"].float(), v=lambda kw: kw["v"].float()), TypeError, "k"),
+    case("q-zero-heads", set_args(q=torch.randn(0, 64, dtype=BF16)), ValueError, "q"),
+    case("k-zero-heads", set_args(k=torch.randn(10, 0, 64, dtype=BF16), v=torch.randn(10, 0, 64, dtype=BF16)),
+         ValueError, "k"),
+    case("k-HND-read-as-NHD", set_args(k=torch.randn(2, 10, 64, dtype=BF16), v=torch.randn(2, 10, 64, dtype=BF16)),
+         ValueError, "k"),
+    case("out-not-a-tensor", set_args(out=[0.0]), TypeError, "out"),
+    case("out-int32", set_args(out=torch.empty(8, 64, dtype=torch.int32)), TypeError, "out"),
     case("k-rank", set_args(k=lambda kw: kw["k"][None]), ValueError, "k"),
     case("k-device", set_args(k=lambda kw: meta(kw["k"])), ValueError, "k"),
     case("k-stride", set_args(k=lambda kw: strided_last(kw["k"])), ValueError, "k"),
@@ -51,3 +60,19 @@ def test_error(mutate, exc, name):
     kw = valid()
     mutate(kw)
     expect(single_decode_with_kv_cache, kw, exc, name)
+
+
+def test_layout_mixup_names_kv_layout():
+    kw = valid()
+    kw.update(k=kw["k"].transpose(0, 1).contiguous(), v=kw["v"].transpose(0, 1).contiguous())  # HND, read as NHD
+    with pytest.raises(ValueError, match=r"^k: shape \[2, 10, 64\] read as NHD gives 10 KV heads.*kv_layout='HND'"):
+        single_decode_with_kv_cache(**kw)
+    kw["kv_layout"] = "HND"
+    assert single_decode_with_kv_cache(**kw).shape == (8, 64)
+
+
+def test_dtype_mixup_names_both_dtypes():
+    kw = valid()
+    kw["q"] = kw["q"].half()
+    with pytest.raises(TypeError, match=r"^q: expected the dtype of k \(bfloat16.*got float16"):
+        single_decode_with_kv_cache(**kw)

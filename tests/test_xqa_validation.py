@@ -27,7 +27,19 @@ CASES = [
     case("num_kv_heads-float", set_args(num_kv_heads=2.0), TypeError, "num_kv_heads"),
     case("page_size-8", set_args(page_size=8), ValueError, "page_size"),
     case("page_size-256", set_args(page_size=256), ValueError, "page_size"),
-    case("k_cache-dtype", set_args(k_cache=lambda kw: kw["k_cache"].half()), TypeError, "k_cache"),
+    # A 16-bit cache of the other 16-bit dtype: the query is named, with both dtypes.
+    case("k_cache-other-16-bit-dtype", set_args(k_cache=lambda kw: kw["k_cache"].half(),
+                                                v_cache=lambda kw: kw["v_cache"].half()), TypeError, "q"),
+    case("k_cache-dtype", set_args(k_cache=lambda kw: kw["k_cache"].float()), TypeError, "k_cache"),
+    case("v_cache-other-16-bit-dtype", set_args(v_cache=lambda kw: kw["v_cache"].half()), TypeError, "v_cache"),
+    case("v_cache-fewer-pages", set_args(v_cache=lambda kw: kw["v_cache"][:3 * 16 * 2]), ValueError, "v_cache"),
+    case("v_cache-4d-fewer-pages", set_args(k_cache=torch.randn(4, 16, 2, 64, dtype=BF16),
+                                            v_cache=torch.randn(3, 16, 2, 64, dtype=BF16)), ValueError, "v_cache"),
+    case("k_cache-4d-HND-read-as-NHD", set_args(k_cache=torch.randn(4, 2, 16, 64, dtype=BF16)), ValueError,
+         "k_cache"),
+    case("q-zero-heads", set_args(q=torch.randn(2, 1, 0, 64, dtype=BF16), output=torch.empty(2, 1, 0, 64, dtype=BF16)),
+         ValueError, "q"),
+    case("output-not-a-tensor", set_args(output=None), TypeError, "output"),
     case("k_cache-head-dim", set_args(k_cache=lambda kw: kw["k_cache"][:, :32].contiguous()), ValueError, "k_cache"),
     case("k_cache-pool-size", set_args(k_cache=lambda kw: kw["k_cache"][:-2]), ValueError, "k_cache"),
     case("k_cache-stride", set_args(k_cache=lambda kw: strided_last(kw["k_cache"])), ValueError, "k_cache"),
@@ -69,3 +81,17 @@ def test_error(mutate, exc, name):
     kw = valid()
     mutate(kw)
     expect(xqa, kw, exc, name)
+
+
+def test_layout_mixup_names_kv_layout():
+    kw = valid()
+    kw.update(k_cache=torch.randn(4, 2, 16, 64, dtype=BF16), v_cache=torch.randn(4, 2, 16, 64, dtype=BF16))
+    with pytest.raises(ValueError, match="^k_cache: expected NHD pages.*is kv_layout='HND' meant"):
+        xqa(**kw)
+    xqa(**kw, kv_layout="HND")
+
+
+def test_larger_v_pool_is_accepted():
+    kw = valid()
+    kw["v_cache"] = torch.cat((kw["v_cache"], kw["v_cache"][:32]))  # one page more than K
+    assert xqa(**kw) is None

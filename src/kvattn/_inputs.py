@@ -116,11 +116,40 @@ def check_sinks(sinks, name: str, num_heads: int, device) -> torch.Tensor | None
     return sinks if sinks.dim() == 1 else sinks.reshape(num_heads)
 
 
-def check_query_heads(hq: int, name: str, num_kv_heads: int) -> int:
-    """``hq`` (the query's head count) divisible by ``num_kv_heads``: the group size."""
-    if hq % num_kv_heads:
-        raise ValueError(f"{name}: expected a number of heads divisible by num_kv_heads={num_kv_heads}, got {hq}")
-    return hq // num_kv_heads
+def check_query_heads(hq: int, name: str, num_kv_heads: int, *, kv_name: str | None = None, kv_shape=None,
+                      layout: str | None = None, other_heads: int | None = None) -> int:
+    """``hq`` (the query's head count) divisible by ``num_kv_heads``: the group size.
+
+    ``kv_name``/``kv_shape``: the argument ``num_kv_heads`` was read from, for the messages; with
+    ``layout`` and ``other_heads`` (the head count the other layout would read from that shape) a
+    count that only the other layout makes consistent is reported as a ``kv_layout`` mix-up,
+    naming the cache (its layout is what the shapes suggest is wrong), not the query."""
+    if num_kv_heads >= 1 and hq >= 1 and not hq % num_kv_heads:  # the common case, first
+        return hq // num_kv_heads
+    if num_kv_heads < 1:
+        where = kv_name or "num_kv_heads"
+        got = f"shape {list(kv_shape)}" if kv_shape is not None else str(num_kv_heads)
+        raise ValueError(f"{where}: expected at least one KV head, got {got}" + (f" (read as {layout})" if layout else ""))
+    if hq < 1:
+        raise ValueError(f"{name}: expected at least one head, got {hq}")
+    if layout is not None and other_heads and not hq % other_heads:
+        other = "HND" if layout == "NHD" else "NHD"
+        raise ValueError(
+            f"{kv_name}: shape {list(kv_shape)} read as {layout} gives {num_kv_heads} KV heads, which does not divide "
+            f"the query's {hq} heads; read as {other} it gives {other_heads}: is kv_layout='{other}' meant?"
+        )
+    source = f" ({kv_name}'s" + (f", read as {layout})" if layout else ")") if kv_name else ""
+    raise ValueError(f"{name}: expected a number of heads divisible by num_kv_heads={num_kv_heads}{source}, got {hq}")
+
+
+def check_half_match(query_dtype, name: str, kv_dtype, kv_name: str) -> None:
+    """A 16-bit cache of the other 16-bit dtype than the query's: the query is named (its dtype is
+    what the cache is checked against), with both dtypes."""
+    if kv_dtype != query_dtype and kv_dtype in HALF_DTYPES and query_dtype in HALF_DTYPES:
+        raise TypeError(
+            f"{name}: expected the dtype of {kv_name} ({_dtype_names((kv_dtype,))}; a 16-bit cache and its query share "
+            f"one dtype), got {_dtype_names((query_dtype,))}"
+        )
 
 
 def check_head_dim(head_dim: int, name: str, allowed=DECODE_HEAD_DIMS) -> int:
@@ -158,6 +187,23 @@ def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
     if seq_lens.numel() != batch:
         raise ValueError(f"{name}: expected {batch} lengths (one per request), got shape {list(seq_lens.shape)}")
     return seq_lens if seq_lens.dim() == 1 else seq_lens.reshape(batch)
+
+
+def check_interpretable(*named) -> None:
+    """``(name, dtype)`` pairs of the tensors a kernel computes with, checked before a launch: under
+    Triton's interpreter (``TRITON_INTERPRET=1``) none may be bfloat16. The interpreter runs kernels
+    with numpy, which has no bfloat16: such loads come back as garbage and the results are off by
+    orders of magnitude without a word (stores of a bfloat16 output are right). See
+    ``benchmarks/NOTES.md``, "Triton's interpreter and bfloat16"."""
+    if not _env.triton_interpret():
+        return
+    for name, dtype in named:
+        if dtype == torch.bfloat16:
+            raise TypeError(
+                f"{name}: expected float16 (or float8_e4m3fn) under Triton's interpreter (TRITON_INTERPRET=1 has no "
+                "bfloat16 arithmetic: the results would be wrong), got bfloat16; convert the inputs to float16, "
+                "run the reference backend (unset KVATTN_BACKEND, or KVATTN_BACKEND=reference), or use a GPU"
+            )
 
 
 def check_workspace(workspace, name: str, device) -> torch.Tensor:
@@ -373,16 +419,21 @@ def paged_kv_from_cache(
     sf_name: str = "kv_cache_sf",
     split_tables: bool = False,
     allowed_dtypes=DTYPES,
+    query_dtype=None,
+    query_name: str = "query",
 ) -> PagedKV:
     """Normalise the decode/prefill cache forms (tuple or 5-D, NHD or HND) into a :class:`PagedKV`.
 
     ``allowed_dtypes``: the cache dtypes accepted, the format table's by default. A dtype outside
     the table (the append's float32 caches, :mod:`kvattn.cache`) is stored as it is: last dim
-    ``head_dim``, no block scales."""
+    ``head_dim``, no block scales. ``query_dtype``: a 16-bit cache of the other 16-bit dtype is
+    reported against ``query_name`` (:func:`check_half_match`)."""
     layout = check_layout(kv_layout)
     k, v = _split_kv(kv_cache, name, layout)  # as NHD: the checks below read no layout-dependent dim
     # Planes of one 5-D tensor share its dtype, device and last dim: checking K checks V.
     for t in (k, v) if isinstance(kv_cache, (tuple, list)) else (k,):
+        if query_dtype is not None and t is k and t.dtype not in allowed_dtypes:  # (V differing from K: K vs V)
+            check_half_match(query_dtype, query_name, t.dtype, name)
         check_tensor(t, name, dtypes=allowed_dtypes, device=device, contiguous_last=True)
     dtype, shape = k.dtype, k.shape
     if dtype != v.dtype:
@@ -429,6 +480,18 @@ def paged_kv_from_cache(
         scaled = ", ".join(f"{f.name.upper()} ({_dtype_names((f.dtype,))})" for f in FORMATS if f.scale_block)
         raise ValueError(f"{sf_name}: block scales are only for {scaled} caches, got a {dtype} cache")
     return PagedKV(k, v, k_table, v_table, head_dim, head_dim, k_sf, v_sf)
+
+
+def check_paged_heads(hq: int, query_name: str, kv: PagedKV, kv_cache, kv_layout: str, name: str = "kv_cache") -> int:
+    """:func:`check_query_heads` of a paged cache from :func:`paged_kv_from_cache`, its messages
+    naming the cache's shape as given and, when only the other layout fits, ``kv_layout``."""
+    hkv = kv.num_kv_heads
+    if hq >= 1 and hkv >= 1 and not hq % hkv:
+        return hq // hkv
+    first = kv_cache[0] if isinstance(kv_cache, (tuple, list)) else kv_cache
+    # The other layout swaps the NHD view's page_size and head dims.
+    return check_query_heads(hq, query_name, hkv, kv_name=name, kv_shape=first.shape, layout=check_layout(kv_layout),
+                             other_heads=kv.page_size)
 
 
 def debug_check_pages(kv: PagedKV, seq_lens: torch.Tensor, name: str = "block_tables") -> None:

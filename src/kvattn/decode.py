@@ -16,10 +16,13 @@ from ._inputs import (
     Scale,
     check_head_dim,
     check_int,
+    check_half_match,
+    check_interpretable,
     check_layout,
     check_max_seq_len,
     check_lse_out,
     check_out,
+    check_paged_heads,
     check_query_heads,
     check_seq_lens,
     check_shape,
@@ -162,9 +165,9 @@ def _batch_decode(
     batch = shape[0] // q_len
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
-        kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, *QUANTISED_DTYPES),
+        kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, *QUANTISED_DTYPES), query_dtype=query.dtype,
     )
-    check_query_heads(shape[1], "query", kv.num_kv_heads)
+    check_paged_heads(shape[1], "query", kv, kv_cache, kv_layout)
     if block_tables.shape[0] != batch:
         raise ValueError(
             f"block_tables: expected {batch} rows (query rows / q_len_per_req), got {block_tables.shape[0]}"
@@ -204,6 +207,7 @@ def _batch_decode(
 
     ops = _backend.triton_entry("batch_decode", device)
     if ops is not None:
+        check_interpretable(("query", query.dtype), ("kv_cache", kv.k.dtype))
         ops.batch_decode(
             query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit,
             out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=bool(enable_pdl),
@@ -324,6 +328,8 @@ def single_decode_with_kv_cache(
     device = q.device
     head_dim = check_head_dim(q.shape[-1], "q")
     layout = check_layout(kv_layout)
+    if isinstance(k, torch.Tensor):  # (a v unlike k is reported as such)
+        check_half_match(q.dtype, "q", k.dtype, "k")
     for t, n in ((k, "k"), (v, "v")):
         check_tensor(t, n, dtypes=(q.dtype, FP8_DTYPE), ndim=3, device=device, contiguous_last=True)
     if k.dtype != v.dtype:
@@ -333,7 +339,9 @@ def single_decode_with_kv_cache(
     k_nhd, v_nhd = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
     if k_nhd.shape[-1] != head_dim:
         raise ValueError(f"k: expected head_dim {head_dim} (the query's), got {k_nhd.shape[-1]}")
-    check_query_heads(q.shape[0], "q", k_nhd.shape[1])
+    # The other layout swaps k's first two dims: [L, Hkv, D] and [Hkv, L, D].
+    check_query_heads(q.shape[0], "q", k_nhd.shape[1], kv_name="k", kv_shape=k.shape, layout=layout,
+                      other_heads=k_nhd.shape[0])
     mode = pos_encoding_mode.upper() if isinstance(pos_encoding_mode, str) else None
     if mode not in POS_ENCODING_MODES:
         raise ValueError(f"pos_encoding_mode: expected one of {POS_ENCODING_MODES}, got {pos_encoding_mode!r}")
@@ -359,6 +367,7 @@ def single_decode_with_kv_cache(
     )
     ops = _backend.triton_entry("single_decode", device)
     if ops is not None:
+        check_interpretable(("q", q.dtype), ("k", k.dtype))
         out, lse = ops.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, out=out, lse=lse, **args)
     else:
         o, ref_lse = reference.single_decode(q, k_nhd, v_nhd, **args)

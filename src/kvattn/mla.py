@@ -10,6 +10,7 @@ from . import _backend, reference
 from ._inputs import (
     PagedKV,
     check_int,
+    check_interpretable,
     check_last_dim_contiguous,
     check_max_seq_len,
     check_lse_out,
@@ -103,6 +104,8 @@ def xqa_batch_decode_with_kv_cache_mla(
     if q_len != 1:
         raise ValueError(f"query: expected q_len_per_request 1 (shape [B, 1, Hq, 576]), got {list(query.shape)}")
     check_shape(query, "query", (batch, 1, num_heads, dim))
+    if num_heads < 1:
+        raise ValueError(f"query: expected at least one head, got shape {list(query.shape)}")
     check_tensor(kv_cache, "kv_cache", dtypes=MLA_DTYPES, ndim=(3, 4), device=device)
     check_last_dim_contiguous(kv_cache, "kv_cache")
     if kv_cache.dim() == 4:
@@ -134,6 +137,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     q3 = query[:, 0]
     ops = _backend.triton_entry("mla_decode", device)
     if ops is not None:
+        check_interpretable(("query", query.dtype), ("kv_cache", kv_cache.dtype))
         ops.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, logit_scale=logit,
                        out_scale=out_scale, lse=lse)
     else:

@@ -11,10 +11,11 @@ from . import _backend, reference
 from ._inputs import (
     HALF_DTYPES,
     check_int,
+    check_interpretable,
     check_last_dim_contiguous,
     check_lse_out,
     check_out,
-    check_query_heads,
+    check_paged_heads,
     check_seq_lens,
     check_shape,
     check_sinks,
@@ -54,7 +55,7 @@ def _resolve_out_dtype(out, out_dtype, query_dtype):
     if isinstance(out, FP4Tensor):
         return "nvfp4"
     if out is not None:
-        return out.dtype
+        return check_tensor(out, "out", dtypes=_OUT_DTYPES).dtype
     return FP8_DTYPE if query_dtype == FP8_DTYPE else query_dtype
 
 
@@ -164,9 +165,9 @@ def trtllm_batch_context_with_kv_cache(
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_block_scales, sf_name="kv_block_scales", split_tables=not uses_shared_paged_kv_idx,
-        allowed_dtypes=kv_dtypes,
+        allowed_dtypes=kv_dtypes, query_dtype=query.dtype,
     )
-    check_query_heads(query.shape[-2], "query", kv.num_kv_heads)
+    check_paged_heads(query.shape[-2], "query", kv, kv_cache, kv_layout)
     batch = check_int(batch_size, "batch_size", minimum=0)
     if kv.k_table.shape[0] != batch:
         raise ValueError(f"block_tables: expected {batch} rows (batch_size), got {kv.k_table.shape[0]}")
@@ -197,13 +198,19 @@ def trtllm_batch_context_with_kv_cache(
     kind = _resolve_out_dtype(out, out_dtype, query.dtype)
     if kind == "nvfp4":
         sf_scale = 1.0 if o_sf_scale is None else o_sf_scale
-        if isinstance(sf_scale, bool) or not isinstance(sf_scale, (int, float)) or not sf_scale > 0:
-            raise ValueError(f"o_sf_scale: expected a float > 0, got {o_sf_scale!r}")
+        if isinstance(sf_scale, bool) or not isinstance(sf_scale, (int, float)):
+            raise TypeError(f"o_sf_scale: expected a float > 0 or None, got {type(sf_scale).__name__}")
+        if not (sf_scale > 0 and math.isfinite(sf_scale)):
+            raise ValueError(f"o_sf_scale: expected a finite float > 0, got {o_sf_scale!r}")
         if out is None:
             out = FP4Tensor.empty(sum_q, num_heads, head_dim, device)
         elif not isinstance(out, FP4Tensor):
             raise TypeError(f"out: expected an FP4Tensor for an nvfp4 output, got {type(out).__name__}")
         else:
+            start = out.scale_start_index
+            if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+                # (a negative start would make the kernel write scales before the buffer)
+                raise ValueError(f"out.scale_start_index: expected an int >= 0, got {start!r}")
             check_tensor(out.data, "out.data", dtypes=(torch.uint8,), device=device)
             check_shape(out.data, "out.data", (sum_q, num_heads, head_dim // 2))
             cols = round_up(num_heads * head_dim // NVFP4_BLOCK, 4)
@@ -226,6 +233,7 @@ def trtllm_batch_context_with_kv_cache(
                 skip_softmax_threshold_scale_factor=f or None)
     ops = _backend.triton_entry("context", device)
     if ops is not None:
+        check_interpretable(("query", query.dtype), ("kv_cache", kv.k.dtype))
         if lse is not None:
             lse.fill_(float("-inf"))  # rows the kernel's query tiles never reach (past cum_seq_lens_q[B])
         ops.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,

@@ -15,8 +15,10 @@ from ._inputs import (
     PagedKV,
     Scale,
     cached_aliases,
+    check_half_match,
     check_head_dim,
     check_int,
+    check_interpretable,
     check_layout,
     check_lse_out,
     check_out,
@@ -42,6 +44,8 @@ def _hnd_pages(pages: torch.Tensor) -> torch.Tensor:
 
 def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: int, layout: str, q_dtype, device):
     """``[pages, page_size, Hkv, D]`` view of xqa's flat head pool (or of 4-D NHD/HND pages)."""
+    if name == "k_cache" and isinstance(cache, torch.Tensor):  # (a V unlike K is reported as such below)
+        check_half_match(q_dtype, "q", cache.dtype, name)
     check_tensor(cache, name, dtypes=(q_dtype, FP8_DTYPE), ndim=(2, 4), device=device, contiguous_last=True)
     shape = cache.shape
     if shape[-1] != head_dim:
@@ -56,9 +60,11 @@ def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: 
         return cached_aliases(cache, ("pool",), _pool_pages, page_size, num_kv_heads)
     pages = cache if layout == "NHD" else cached_aliases(cache, ("hnd",), _hnd_pages)
     if pages.shape[1] != page_size or pages.shape[2] != num_kv_heads:
+        other = "HND" if layout == "NHD" else "NHD"
+        hint = f"; is kv_layout='{other}' meant?" if (pages.shape[2], pages.shape[1]) == (page_size, num_kv_heads) else ""
         raise ValueError(
             f"{name}: expected {layout} pages with page_size={page_size} and num_kv_heads={num_kv_heads}, "
-            f"got shape {list(cache.shape)}"
+            f"got shape {list(cache.shape)}{hint}"
         )
     return pages
 
@@ -149,6 +155,13 @@ def xqa(
     kv_dtype = k_cache.dtype
     if kv_dtype != v_cache.dtype:
         raise TypeError(f"v_cache: expected the dtype of k_cache ({kv_dtype}), got {v_cache.dtype}")
+    if v.shape[0] < k.shape[0]:
+        # The kernels bound page ids by K's page count (one bound for both tables): a smaller V pool
+        # would let an id valid for K read past V's end.
+        raise ValueError(
+            f"v_cache: expected at least as many pages as k_cache ({k.shape[0]} of {page_size} tokens), "
+            f"got {v.shape[0]} (shape {list(v_cache.shape)})"
+        )
     batch = shape[0]
     check_tensor(page_table, "page_table", dtypes=(torch.int32,), ndim=2, device=device)
     if page_table.shape[0] != batch:
@@ -186,6 +199,7 @@ def xqa(
     window_left = win - 1 if win > 0 else -1
     ops = _backend.triton_entry("batch_decode", device)
     if ops is not None:
+        check_interpretable(("q", q_dtype), ("k_cache", kv_dtype))
         # The launcher takes [B, 1, Hq, D] queries/outputs and [B, 1] lengths as they are.
         ops.batch_decode(
             q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=kv.capacity,
