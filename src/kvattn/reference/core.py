@@ -18,27 +18,68 @@ def _scalar(scale: Scale | float, device) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.float32, device=device)
 
 
-def gather_tokens(pages: torch.Tensor, sf: torch.Tensor | None, table_row: torch.Tensor, length: int) -> torch.Tensor:
+def usable_lengths(seq_lens: torch.Tensor, capacity: int) -> list[int]:
+    """Each request's length as every backend uses it (docs/semantics.md, "Unusable page ids and
+    lengths"): read as int32 (a uint32 length of 2^31 or more is a negative one), a negative
+    length is 0 and a length past the page table's ``capacity`` is ``capacity``. Never more than
+    ``capacity`` tokens are gathered, whatever the tensor holds."""
+    lens = seq_lens.reshape(-1)
+    if lens.dtype == torch.uint32:
+        lens = lens.view(torch.int32)  # the kernels read these bits as int32
+    return lens.to(torch.int64).clamp(0, max(capacity, 0)).tolist()
+
+
+def token_pages(table_row: torch.Tensor, length: int, page_size: int, num_pages: int):
+    """``(page_ids, slots, ok)`` int64 / int64 / bool ``[length]`` of a request's first ``length``
+    tokens (at most the row's capacity): ``ok`` is False for a token whose page id lies outside
+    ``[0, num_pages)``, and its id is then 0 (only ``ok`` tokens may be read)."""
+    length = min(length, table_row.shape[0] * page_size)
+    t = torch.arange(length, device=table_row.device)
+    page_ids = table_row.to(torch.int64)[t // page_size]
+    ok = (page_ids >= 0) & (page_ids < num_pages)
+    return torch.where(ok, page_ids, 0), t % page_size, ok
+
+
+def gather_tokens(pages: torch.Tensor, sf: torch.Tensor | None, table_row: torch.Tensor, length: int,
+                  num_pages: int | None = None) -> torch.Tensor:
     """float32 ``[length, heads, dim]`` of one request's tokens, dequantised (raw fp8 values).
 
     ``pages`` is ``[num_pages, page_size, heads, stored_dim]``; token ``t`` lives in page
-    ``table_row[t // page_size]``, slot ``t % page_size``.
+    ``table_row[t // page_size]``, slot ``t % page_size``. A token whose page id lies outside
+    ``[0, num_pages)`` (``num_pages``: the pages' count by default) reads nothing and is zero;
+    ``length`` is at most the row's capacity (``len(table_row) * page_size``).
     """
     page_size = pages.shape[1]
-    t = torch.arange(length, device=pages.device)
-    page_ids = table_row.to(torch.int64)[t // page_size]
-    rows = pages[page_ids, t % page_size]  # [length, heads, stored_dim]
+    num_pages = pages.shape[0] if num_pages is None else min(num_pages, pages.shape[0])
+    page_ids, slots, ok = token_pages(table_row, length, page_size, num_pages)
     fmt = BY_DTYPE.get(pages.dtype)
+    if bool(ok.all()):
+        rows = pages[page_ids, slots]  # [length, heads, stored_dim]
+        scales = sf[page_ids, slots] if fmt is not None and fmt.scale_block else None
+    else:  # zero codes (and zero scales) where nothing may be read: those tokens come out as zeros
+        rows = pages.new_zeros(page_ids.shape[0], *pages.shape[2:])
+        rows[ok] = pages[page_ids[ok], slots[ok]]
+        scales = None
+        if fmt is not None and fmt.scale_block:
+            scales = sf.new_zeros(page_ids.shape[0], *sf.shape[2:])
+            scales[ok] = sf[page_ids[ok], slots[ok]]
     if fmt is None:  # float32 pages (kvattn.integrations.transformers' float32 models): no format to undo
         return rows.to(torch.float32)
-    return fmt.dequantize(rows, sf[page_ids, t % page_size] if fmt.scale_block else None)
+    return fmt.dequantize(rows, scales)
 
 
 def paged_request_kv(kv: PagedKV, b: int, length: int):
-    """``(k, v)`` float32 ``[length, Hkv, D]`` / ``[length, Hkv, Dv]`` of request ``b``."""
-    k = gather_tokens(kv.k, kv.k_sf, kv.k_table[b], length)
-    v = gather_tokens(kv.v, kv.v_sf, kv.v_table[b], length)
-    return k, v[..., : kv.v_dim]
+    """``(k, v, ok)`` of request ``b``: float32 ``[length, Hkv, D]`` / ``[length, Hkv, Dv]``, and bool
+    ``[length]``, False for a token whose K or V page id lies outside ``[0, kv.num_pages)`` (zeros
+    in ``k``/``v``; the caller keeps it out of the softmax, as the kernels do). ``kv.num_pages`` is
+    K's page count, the one bound the kernels apply to both tables."""
+    n = kv.num_pages
+    k = gather_tokens(kv.k, kv.k_sf, kv.k_table[b], length, n)
+    v = gather_tokens(kv.v, kv.v_sf, kv.v_table[b], length, n)
+    ok = token_pages(kv.k_table[b], length, kv.page_size, n)[2]
+    if kv.v_table is not kv.k_table:
+        ok = ok & token_pages(kv.v_table[b], length, kv.page_size, n)[2]
+    return k, v[..., : kv.v_dim], ok
 
 
 def attend(

@@ -7,7 +7,7 @@ import math
 import torch
 
 from .._inputs import PagedKV, Scale
-from .core import _scalar, attend, paged_request_kv, store_output
+from .core import _scalar, attend, paged_request_kv, store_output, usable_lengths
 
 
 def spec_decode_allowed(length: int, q_len: int, window_left: int, mask_words: torch.Tensor | None, device):
@@ -59,7 +59,7 @@ def batch_decode(
     ``kv_start [B]`` (int32, optional): request ``b`` attends to no key before ``kv_start[b]``.
     """
     batch = query.shape[0] // q_len
-    lens = seq_lens.to(torch.int64).tolist()
+    lens = usable_lengths(seq_lens, kv.capacity)
     starts = kv_start.to(torch.int64).tolist() if kv_start is not None else [0] * batch
     out_mult = _scalar(out_scale, query.device)
     for b in range(batch):
@@ -70,8 +70,9 @@ def batch_decode(
             if lse is not None:
                 lse[rows] = float("-inf")
             continue
-        k, v = paged_request_kv(kv, b, length)
+        k, v, ok = paged_request_kv(kv, b, length)
         allowed = spec_decode_allowed(length, q_len, window_left, None if mask is None else mask[b], query.device)
+        allowed = allowed & ok  # (a token of an unusable page id is dropped: docs/semantics.md)
         if starts[b] > 0:
             allowed = allowed & (torch.arange(length, device=query.device) >= starts[b])
         o, row_lse = attend(query[rows], k, v, allowed, logit_scale, sinks=sinks)

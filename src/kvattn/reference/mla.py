@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._inputs import PagedKV, Scale
-from .core import _scalar, attend, paged_request_kv, store_output
+from .core import _scalar, attend, paged_request_kv, store_output, usable_lengths
 
 
 def mla_decode(
@@ -23,7 +23,7 @@ def mla_decode(
     Writes ``out [B, Hq, 512]`` = ``out_scale * softmax(logit_scale * q.kv) ckv``, and with ``lse``
     (float32 ``[B, Hq]``) the base-2 LSE of each row's logits (-inf for an empty request).
     """
-    lens = seq_lens.to(torch.int64).tolist()
+    lens = usable_lengths(seq_lens, kv.capacity)
     out_mult = _scalar(out_scale, query.device)
     for b, length in enumerate(lens):
         if length == 0:
@@ -31,8 +31,8 @@ def mla_decode(
             if lse is not None:
                 lse[b] = float("-inf")
             continue
-        k, v = paged_request_kv(kv, b, length)
-        allowed = torch.ones(1, length, dtype=torch.bool, device=query.device)
+        k, v, ok = paged_request_kv(kv, b, length)
+        allowed = ok.unsqueeze(0)  # (a token of an unusable page id is dropped: docs/semantics.md)
         o, row_lse = attend(query[b : b + 1], k, v, allowed, logit_scale)
         store_output(o[0] * out_mult, out[b])
         if lse is not None:

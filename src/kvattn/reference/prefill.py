@@ -13,15 +13,17 @@ import math
 import torch
 
 from .._inputs import PagedKV, Scale
-from .core import _scalar, attend, paged_request_kv
+from .core import _scalar, attend, paged_request_kv, usable_lengths
 
 SKIP_SOFTMAX_TILE_M = 128
 SKIP_SOFTMAX_TILE_N = 128
 
 
-def context_allowed(length: int, q_len: int, window_left: int, device) -> torch.Tensor:
-    """bool ``[q_len, length]``: row ``i`` at ``p = L - q_len + i`` sees ``j <= p`` within the window."""
-    p = (length - q_len + torch.arange(q_len, device=device)).unsqueeze(1)
+def context_allowed(length: int, q_len: int, window_left: int, device, rows: range | None = None) -> torch.Tensor:
+    """bool ``[q_len, length]``: row ``i`` at ``p = L - q_len + i`` sees ``j <= p`` within the window
+    (``rows``: only those rows ``i``)."""
+    rows = range(q_len) if rows is None else rows
+    p = (length - q_len + torch.arange(rows.start, rows.stop, device=device)).unsqueeze(1)
     j = torch.arange(length, device=device).unsqueeze(0)
     allowed = j <= p
     if window_left >= 0:
@@ -98,23 +100,27 @@ def context(
     its ``seq_lens[b]`` keys. ``lse`` (float32 ``[sum_q, Hq]``, optional) receives each row's
     base-2 LSE (sinks excluded; -inf for a row that sees no key).
     """
-    lens = seq_lens.to(torch.int64).tolist()
+    lens = usable_lengths(seq_lens, kv.capacity)
     cum = cum_seq_lens_q.to(torch.int64).tolist()
+    sum_q = query.shape[0]
     o_all = torch.zeros(query.shape[0], query.shape[1], kv.v_dim, dtype=torch.float32, device=query.device)
     f = skip_softmax_threshold_scale_factor
     if lse is not None:
         lse.fill_(float("-inf"))
     for b, length in enumerate(lens):
+        # Rows cum[b] .. cum[b + 1] - 1 sit at positions L - q_len + i; only those inside the
+        # query's rows exist (the kernels write no others: docs/semantics.md).
         lo, hi = cum[b], cum[b + 1]
-        if hi == lo or length == 0:
+        r0, r1 = max(lo, 0), min(hi, sum_q)
+        if r1 <= r0 or length == 0:
             continue
-        k, v = paged_request_kv(kv, b, length)
-        allowed = context_allowed(length, hi - lo, window_left, query.device)
+        k, v, ok = paged_request_kv(kv, b, length)
+        allowed = context_allowed(length, hi - lo, window_left, query.device, range(r0 - lo, r1 - lo)) & ok
         if f:
-            o, row_lse = _attend_skip_softmax(query[lo:hi], k, v, allowed, logit_scale, sinks, f / length)
+            o, row_lse = _attend_skip_softmax(query[r0:r1], k, v, allowed, logit_scale, sinks, f / length)
         else:
-            o, row_lse = attend(query[lo:hi], k, v, allowed, logit_scale, sinks=sinks)
-        o_all[lo:hi] = o
+            o, row_lse = attend(query[r0:r1], k, v, allowed, logit_scale, sinks=sinks)
+        o_all[r0:r1] = o
         if lse is not None:
-            lse[lo:hi] = row_lse
+            lse[r0:r1] = row_lse
     return o_all * _scalar(out_scale, query.device)
