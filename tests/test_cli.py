@@ -424,3 +424,30 @@ def test_units():
         for unit in ("B", "FLOP"):
             text = cli.format_rate(10.0 ** k * 1.7, unit)
             assert float(text.split()[0]) >= 1, text
+
+
+def test_interpreter_switches_in_the_environment_mean_interpret(capsys, monkeypatch):
+    """``TRITON_INTERPRET=1 KVATTN_BACKEND=triton kvattn check`` on a CPU runs as ``--interpret``:
+    float16 cases (the interpreter has no bfloat16), the checked call alone timed."""
+    seen = {}
+
+    def fake_check(device, big, reps, interpret=False, json_path=None, only=()):
+        seen.update(interpret=interpret, reps=reps)
+        return 0
+
+    monkeypatch.setattr(cli, "check", fake_check)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("KVATTN_BACKEND", "triton")
+    rc, _, _ = run_cli(capsys, "check", "--device", "cpu")
+    assert rc == 0 and seen == {"interpret": True, "reps": 0}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs the interpreter on in this process (the CPU tier)")
+def test_interpreter_switches_in_the_environment_check_the_kernels_with_progress(capsys, monkeypatch):
+    monkeypatch.setenv("KVATTN_BACKEND", "triton")
+    rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--only", "xqa")
+    assert rc == 0, out + err
+    assert "Triton's interpreter" in out and "fp16" in out
+    row = next(line for line in out.splitlines() if "flat pools" in line)
+    assert " triton " in row and " ok " in row, row
+    assert "check [" in err and "1/1" in err  # a progress line a case, on stderr

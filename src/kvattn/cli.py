@@ -601,9 +601,13 @@ def _run(args) -> int:
         if device.type == "cpu" and not args.interpret and _env.backend_override() == "triton" \
                 and not _env.triton_interpret():
             raise UsageError("KVATTN_BACKEND=triton on a CPU needs Triton's interpreter: add --interpret")
+        # TRITON_INTERPRET=1 KVATTN_BACKEND=triton on a CPU is --interpret spelled through the
+        # environment: the same float16 cases (the interpreter has no bfloat16) and untimed calls.
+        interpret = args.interpret or (device.type == "cpu" and _env.backend_override() == "triton"
+                                       and _env.triton_interpret())
         big = device.type == "cuda" and not args.small
-        reps = args.reps or (20 if device.type == "cuda" else 0 if args.interpret else 3)
-        if args.interpret:
+        reps = args.reps or (20 if device.type == "cuda" else 0 if interpret else 3)
+        if interpret:
             check_interpreter_numpy()
             with _interpreter():
                 return check(device, big, reps, interpret=True, json_path=args.json, only=args.only)
