@@ -201,8 +201,8 @@ def _prefill_call(c, tables, seq_lens, cum, q, device, **kw):
 
 # The prefill kernels (Triton and Gluon) read a token of an unusable page id as a zero key and a
 # zero value, which still takes part in the softmax (a logit of 0), where the rule drops it; the
-# kernel change is left to the kernel owners (see benchmarks/NOTES.md, "Unusable page ids and
-# lengths"). Strict: these start passing, and then fail as XPASS, once the kernels drop the token.
+# kernel change is left to the kernel owners (see benchmarks/NOTES.md, "Hardening: unusable page
+# ids and lengths"). Strict: these start passing, and then fail as XPASS, once the kernels drop the token.
 PREFILL_DROPS_IDS = pytest.mark.xfail(strict=True, reason="prefill kernels read an unusable page id as a zero "
                                                           "key/value instead of dropping the token")
 

@@ -203,7 +203,8 @@ def _batch_decode(
     if kv_start is not None:
         check_tensor(kv_start, "kv_start", dtypes=(torch.int32,), device=device)
         check_shape(kv_start, "kv_start", (batch,))
-    debug_check_pages(kv, seq_lens)
+    debug_check_pages(kv, seq_lens, max_len=max_seq_len, q_len=q_len,
+                      scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", bmm2.tensor)))
 
     ops = _backend.triton_entry("batch_decode", device)
     if ops is not None:

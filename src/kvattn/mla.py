@@ -133,7 +133,8 @@ def xqa_batch_decode_with_kv_cache_mla(
     else:
         check_out(out, "out", (batch, num_heads, KV_LORA_RANK), (torch.bfloat16, torch.float32), device)
     lse = check_lse_out(lse, return_lse, batch, num_heads, device)
-    debug_check_pages(kv, seq_lens)
+    debug_check_pages(kv, seq_lens, max_len=max_seq_len,
+                      scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", out_scale.tensor)))
     q3 = query[:, 0]
     ops = _backend.triton_entry("mla_decode", device)
     if ops is not None:

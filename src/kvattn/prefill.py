@@ -227,7 +227,9 @@ def trtllm_batch_context_with_kv_cache(
         else:
             check_out(out, "out", (sum_q, num_heads, head_dim), (kind,), device)
     lse = check_lse_out(lse, return_lse, sum_q, num_heads, device)
-    debug_check_pages(kv, seq_lens)
+    debug_check_pages(kv, seq_lens, max_len=max_kv_len, max_len_name="max_kv_len", cum_q=cum_seq_lens_q,
+                      num_rows=sum_q, max_q_len=max_q_len, cum_kv=cum_seq_lens_kv,
+                      scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", out_scale.tensor)))
 
     args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
                 skip_softmax_threshold_scale_factor=f or None)

@@ -195,7 +195,8 @@ def xqa(
     lse_rows = lse[:, 0] if lse is not None else None
 
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
-    debug_check_pages(kv, seq_lens, "page_table")
+    debug_check_pages(kv, seq_lens, "page_table", pool_name="k_cache",
+                      scales=(("q_scale", qs.tensor), ("kv_scale", kv_eff.tensor)))
     window_left = win - 1 if win > 0 else -1
     ops = _backend.triton_entry("batch_decode", device)
     if ops is not None:
