@@ -337,22 +337,22 @@ def _bf16_calls():
     pool = torch.randn(128, 64, dtype=BF16)
     return {
         "batch_decode": (lambda: kvattn.xqa_batch_decode_with_kv_cache(
-            torch.randn(2, 8, 64, dtype=BF16), c.kv_cache, ws("cpu"), c.block_tables, c.seq_lens, 20), "query"),
+            torch.randn(2, 8, 64, dtype=BF16), c.kv_cache, ws("cpu"), c.block_tables, c.seq_lens, 20), "kv_cache"),
         "xqa": (lambda: kvattn.xqa(
             torch.randn(2, 1, 8, 64, dtype=BF16), pool, pool, torch.tensor([[3, 1], [0, 2]], dtype=torch.int32),
             torch.tensor([[20], [32]], dtype=torch.uint32), torch.empty(2, 1, 8, 64, dtype=BF16), ws("cpu"),
-            torch.zeros(1, dtype=torch.uint32), 2, 16), "q"),
+            torch.zeros(1, dtype=torch.uint32), 2, 16), "k_cache"),
         "single_decode": (lambda: kvattn.single_decode_with_kv_cache(
-            torch.randn(8, 64, dtype=BF16), torch.randn(9, 2, 64, dtype=BF16), torch.randn(9, 2, 64, dtype=BF16)), "q"),
+            torch.randn(8, 64, dtype=BF16), torch.randn(9, 2, 64, dtype=BF16), torch.randn(9, 2, 64, dtype=BF16)), "k"),
         "mla": (lambda: kvattn.xqa_batch_decode_with_kv_cache_mla(
             torch.randn(1, 1, 16, 576, dtype=BF16), torch.randn(2, 32, 576, dtype=BF16), ws("cpu"), 128, 512, 64,
-            torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([40], dtype=torch.int32), 64), "query"),
+            torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([40], dtype=torch.int32), 64), "kv_cache"),
         "mla-fp8-query": (lambda: kvattn.xqa_batch_decode_with_kv_cache_mla(
             torch.randn(1, 1, 16, 576).to(FP8_DTYPE), torch.randn(2, 32, 576, dtype=BF16), ws("cpu"), 128, 512, 64,
             torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([40], dtype=torch.int32), 64), "kv_cache"),
         "prefill": (lambda: kvattn.trtllm_batch_context_with_kv_cache(
             torch.randn(15, 8, 64, dtype=BF16), c.kv_cache, ws("cpu"), c.block_tables, c.seq_lens, 10, 20, 0.1,
-            1.0, 2, cq, cq, kv_layout="NHD"), "query"),
+            1.0, 2, cq, cq, kv_layout="NHD"), "kv_cache"),
     }
 
 
@@ -361,7 +361,7 @@ def _bf16_calls():
 def test_interpreter_rejects_bfloat16(which, triton_backend):
     """The interpreter has no bfloat16 arithmetic (results off by ~1e9): a clear error instead."""
     call, name = _bf16_calls()[which]
-    with pytest.raises(TypeError, match=f"^{name}: expected float16 .*Triton's interpreter.*got bfloat16; "
+    with pytest.raises(TypeError, match=f"^{name}: expected a float16, fp8 or NVFP4 cache under Triton's interpreter.*got bfloat16; "
                                         "convert the inputs to float16, run the reference backend"):
         call()
 
@@ -372,12 +372,15 @@ def test_reference_takes_bfloat16(which, reference_backend):
     call()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter (the CPU tier)")
-def test_interpreter_takes_a_bfloat16_output(triton_backend):
-    """Stores of bfloat16 are right in the interpreter: an fp8 MLA call writing bfloat16 runs."""
-    q = torch.randn(1, 1, 16, 576).to(FP8_DTYPE)
-    cache = torch.randn(2, 32, 576).to(FP8_DTYPE)
-    o = kvattn.xqa_batch_decode_with_kv_cache_mla(q, cache, ws("cpu"), 128, 512, 64,
-                                                  torch.tensor([[0, 1]], dtype=torch.int32),
-                                                  torch.tensor([40], dtype=torch.int32), 64, bmm1_scale=0.05)
-    assert o.dtype == BF16 and torch.isfinite(o.float()).all()
+@pytest.mark.parametrize("kv_format", ["fp8", "nvfp4"])
+def test_interpreter_takes_a_bfloat16_query_over_a_quantised_cache(kv_format, kernel_device, monkeypatch):
+    """A bfloat16 query is converted to the float16 operands of an fp8 / NVFP4 cache (conversions are
+    right in the interpreter), and a bfloat16 output is a store: the kernels agree with the reference."""
+    d = kernel_device
+    c = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=16, dtype=BF16, kv_format=kv_format,
+                      device=d)
+    q = torch.randn(2, 8, 64, dtype=BF16, device=d)
+    got = _both(monkeypatch, lambda: (kvattn.xqa_batch_decode_with_kv_cache(
+        q, c.kv_cache, ws(d), c.block_tables, c.seq_lens, 40, bmm1_scale=0.125, kv_cache_sf=c.kv_cache_sf),))
+    assert got[1][0].dtype == torch.float32 and torch.isfinite(got[1][0]).all()
+    torch.testing.assert_close(got[1][0], got[0][0], atol=2e-2, rtol=2e-2)

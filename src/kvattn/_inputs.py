@@ -190,19 +190,20 @@ def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
 
 
 def check_interpretable(*named) -> None:
-    """``(name, dtype)`` pairs of the tensors a kernel computes with, checked before a launch: under
-    Triton's interpreter (``TRITON_INTERPRET=1``) none may be bfloat16. The interpreter runs kernels
-    with numpy, which has no bfloat16: such loads come back as garbage and the results are off by
-    orders of magnitude without a word (stores of a bfloat16 output are right). See
+    """``(name, dtype)`` pairs of the caches whose dtype the kernels compute in, checked before a
+    launch: under Triton's interpreter (``TRITON_INTERPRET=1``) none may be bfloat16. The
+    interpreter runs kernels with numpy, which has no bfloat16: products of bfloat16 operands come
+    out off by orders of magnitude without a word. Conversions are right, so a bfloat16 query over
+    an fp8 or NVFP4 cache (float16 operands) and bfloat16 outputs pass. See
     ``benchmarks/NOTES.md``, "Hardening: Triton's interpreter and bfloat16"."""
     if not _env.triton_interpret():
         return
     for name, dtype in named:
         if dtype == torch.bfloat16:
             raise TypeError(
-                f"{name}: expected float16 (or float8_e4m3fn) under Triton's interpreter (TRITON_INTERPRET=1 has no "
-                "bfloat16 arithmetic: the results would be wrong), got bfloat16; convert the inputs to float16, "
-                "run the reference backend (unset KVATTN_BACKEND, or KVATTN_BACKEND=reference), or use a GPU"
+                f"{name}: expected a float16, fp8 or NVFP4 cache under Triton's interpreter (TRITON_INTERPRET=1 "
+                "has no bfloat16 arithmetic: the results would be wrong), got bfloat16; convert the inputs to "
+                "float16, run the reference backend (unset KVATTN_BACKEND, or KVATTN_BACKEND=reference), or use a GPU"
             )
 
 

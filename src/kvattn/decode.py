@@ -208,7 +208,7 @@ def _batch_decode(
 
     ops = _backend.triton_entry("batch_decode", device)
     if ops is not None:
-        check_interpretable(("query", query.dtype), ("kv_cache", kv.k.dtype))
+        check_interpretable(("kv_cache", kv.k.dtype))
         ops.batch_decode(
             query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit,
             out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=bool(enable_pdl),
@@ -368,7 +368,7 @@ def single_decode_with_kv_cache(
     )
     ops = _backend.triton_entry("single_decode", device)
     if ops is not None:
-        check_interpretable(("q", q.dtype), ("k", k.dtype))
+        check_interpretable(("k", k.dtype))
         out, lse = ops.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, out=out, lse=lse, **args)
     else:
         o, ref_lse = reference.single_decode(q, k_nhd, v_nhd, **args)

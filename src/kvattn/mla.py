@@ -138,7 +138,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     q3 = query[:, 0]
     ops = _backend.triton_entry("mla_decode", device)
     if ops is not None:
-        check_interpretable(("query", query.dtype), ("kv_cache", kv_cache.dtype))
+        check_interpretable(("kv_cache", kv_cache.dtype))
         ops.mla_decode(q3, kv, seq_lens, out, workspace_buffer, max_seq_len=max_seq_len, logit_scale=logit,
                        out_scale=out_scale, lse=lse)
     else:

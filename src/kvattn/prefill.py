@@ -235,7 +235,7 @@ def trtllm_batch_context_with_kv_cache(
                 skip_softmax_threshold_scale_factor=f or None)
     ops = _backend.triton_entry("context", device)
     if ops is not None:
-        check_interpretable(("query", query.dtype), ("kv_cache", kv.k.dtype))
+        check_interpretable(("kv_cache", kv.k.dtype))
         if lse is not None:
             lse.fill_(float("-inf"))  # rows the kernel's query tiles never reach (past cum_seq_lens_q[B])
         ops.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,

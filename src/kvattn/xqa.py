@@ -200,7 +200,7 @@ def xqa(
     window_left = win - 1 if win > 0 else -1
     ops = _backend.triton_entry("batch_decode", device)
     if ops is not None:
-        check_interpretable(("q", q_dtype), ("k_cache", kv_dtype))
+        check_interpretable(("k_cache", kv_dtype))
         # The launcher takes [B, 1, Hq, D] queries/outputs and [B, 1] lengths as they are.
         ops.batch_decode(
             q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=kv.capacity,
