@@ -16,7 +16,7 @@ import torch
 
 from . import _backend, reference
 from ._formats_table import QUANTISED_DTYPES
-from ._inputs import check_int, check_shape, check_tensor, paged_kv_from_cache, to_scale
+from ._inputs import check_int, check_layout, check_shape, check_tensor, paged_kv_from_cache, to_scale
 
 APPEND_SRC_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -99,7 +99,11 @@ def append_paged_kv_cache(
     kv = paged_kv_from_cache(kv_cache, block_tables, kv_layout, head_dim, device, kv_sf=kv_cache_sf,
                              allowed_dtypes=(key.dtype, *QUANTISED_DTYPES))
     if kv.num_kv_heads != num_heads:
-        raise ValueError(f"kv_cache: expected pages of {num_heads} heads (the key's), got {list(kv.k.shape)} as NHD")
+        # (the other layout swaps the NHD view's page_size and head dims)
+        other = "HND" if check_layout(kv_layout) == "NHD" else "NHD"
+        hint = f"; read as {other} it has {num_heads}: is kv_layout='{other}' meant?" if kv.page_size == num_heads else ""
+        raise ValueError(f"kv_cache: expected pages of {num_heads} heads (the key's), got {list(kv.k.shape)} as NHD"
+                         f"{hint}")
     one_plane = isinstance(kv_cache, torch.Tensor) and kv_cache.shape[1] == 1
     if one_plane and value is not None:
         raise ValueError("value: a cache with one plane (K = V, shape [P, 1, ...]) takes value=None, got a tensor")

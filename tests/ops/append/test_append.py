@@ -208,6 +208,8 @@ def _base_args():
     (dict(value=torch.randn(4, 2, 64, dtype=torch.float16)), ValueError, "^value:"),
     (dict(value=None), ValueError, "^value:"),
     (dict(kv_cache=torch.zeros(4, 2, 16, 3, 64, dtype=torch.float16)), ValueError, "^kv_cache:"),
+    (dict(kv_cache=torch.zeros(4, 2, 2, 16, 64, dtype=torch.float16)), ValueError,
+     "^kv_cache: expected pages of 2 heads.*is kv_layout='HND' meant"),
     (dict(kv_cache=torch.zeros(4, 2, 16, 2, 64, dtype=torch.bfloat16)), TypeError, "^kv_cache:"),
     (dict(kv_cache=torch.zeros(4, 1, 16, 2, 64, dtype=torch.float16)), ValueError, "^value:"),
     (dict(block_tables=torch.zeros(2, 2, dtype=torch.int64)), TypeError, "^block_tables:"),
