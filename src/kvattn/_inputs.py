@@ -189,6 +189,12 @@ def check_seq_lens(seq_lens, name: str, batch: int, device) -> torch.Tensor:
     return seq_lens if seq_lens.dim() == 1 else seq_lens.reshape(batch)
 
 
+def _kernels_interpreted() -> bool:
+    """Whether kernel launches run in Triton's interpreter (a test faking a GPU under
+    ``TRITON_INTERPRET=1`` replaces this)."""
+    return _env.triton_interpret()
+
+
 def check_interpretable(*named) -> None:
     """``(name, dtype)`` pairs of the caches whose dtype the kernels compute in, checked before a
     launch: under Triton's interpreter (``TRITON_INTERPRET=1``) none may be bfloat16. The
@@ -196,7 +202,7 @@ def check_interpretable(*named) -> None:
     out off by orders of magnitude without a word. Conversions are right, so a bfloat16 query over
     an fp8 or NVFP4 cache (float16 operands) and bfloat16 outputs pass. See
     ``benchmarks/NOTES.md``, "Hardening: Triton's interpreter and bfloat16"."""
-    if not _env.triton_interpret():
+    if not _kernels_interpreted():
         return
     for name, dtype in named:
         if dtype == torch.bfloat16:

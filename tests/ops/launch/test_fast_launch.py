@@ -637,6 +637,8 @@ class FakeGPU:
         monkeypatch.setattr(fast_launch, "_SHARED", {})
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # kvattn: CPU tensors may take the Triton backend
         monkeypatch.setenv("KVATTN_BACKEND", "triton")
+        # ... but the kernels are compiled ones: bfloat16 caches are fine (no interpreter arithmetic)
+        monkeypatch.setattr(_inputs, "_kernels_interpreted", lambda: False)
 
     def launches(self) -> list[tuple]:
         """Since the last call: (compiled kernel, grid, stream, function, metadata, kernel arguments
