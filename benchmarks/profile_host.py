@@ -179,6 +179,10 @@ def fake_gpu() -> None:
         fast_launch._on_gpu = lambda t: True
     os.environ["TRITON_INTERPRET"] = "1"  # kvattn: CPU tensors may take the Triton backend
     os.environ["KVATTN_BACKEND"] = "triton"
+    from kvattn import _inputs
+
+    if hasattr(_inputs, "_kernels_interpreted"):  # compiled-mode kernels: bfloat16 caches are fine
+        _inputs._kernels_interpreted = lambda: False
 
 
 def _bits(result) -> torch.Tensor:
