@@ -8,10 +8,11 @@
 # split it, e.g. TESTS="tests/ops/decode tests/ops/launch" then TESTS="tests --ignore=tests/ops/decode
 # --ignore=tests/ops/launch". TEST_TIMEOUT (default 480 s) stops pytest with SIGINT, so a stage cut
 # short still prints its summary (which tests failed) and junit XML ($OUT/junit.xml).
+# TRITON_SITE=/tmp/triton-site puts another Triton (benchmarks/triton_wheel.sh install) before the machine's.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=${TRITON_SITE:+$TRITON_SITE:}src PYTHONUNBUFFERED=1
 suites=${1:-decode,single_decode}
 shift || true
 status=0
