@@ -311,6 +311,28 @@ def test_triton_support_levels(version, expected):
     assert _versions.support(version) == expected
 
 
+@pytest.mark.parametrize("version,raw,expected", [
+    ("3.6.0", None, True), ("3.7.1", None, True), ("3.9.0", None, False), ("3.8.0", None, False),
+    ("3.9.0", "1", True), ("3.7.1", "0", False),
+], ids=["3.6-default", "3.7.1-default", "3.9-default-off", "3.8-default-off", "3.9-forced", "3.7.1-switched-off"])
+def test_gluon_kernels_gated_on_gpu_verified_tritons(version, raw, expected, monkeypatch, capsys):
+    """KVATTN_GLUON unset: the Gluon kernels serve only on the Triton releases they were verified
+    with on a GPU; ``kvattn info`` says which and why."""
+    from kvattn import _env, _versions
+
+    monkeypatch.setattr(_versions, "triton_version", lambda: version)
+    if raw is None:
+        monkeypatch.delenv("KVATTN_GLUON", raising=False)
+    else:
+        monkeypatch.setenv("KVATTN_GLUON", raw)
+    assert _env._parse_gluon(os.environ.get("KVATTN_GLUON")) is expected
+    monkeypatch.setattr(_env, "gluon", lambda: _env._parse_gluon(os.environ.get("KVATTN_GLUON")))
+    state = _versions.fast_paths()["gluon"]
+    assert state.startswith("on" if expected else "off"), state
+    if not expected and raw is None:
+        assert "KVATTN_GLUON=1" in state
+
+
 @pytest.mark.parametrize("gluon,ws,want", [("1", "1", "Gluon kernel for 16-bit caches with 64+ heads and pages "
                                                      "of 64+ tokens (warp-specialised)"),
                                           ("1", "0", "pages of 64+ tokens"), ("0", "1", "latent decode")],
