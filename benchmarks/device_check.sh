@@ -19,7 +19,9 @@ status=0
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } 2>&1 | tee "$OUT/env.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout -s INT "${TEST_TIMEOUT:-480}" python3 -m pytest -q -rfE -p no:cacheprovider --junitxml="$OUT/junit.xml" \
+  # One CPU thread per xdist worker for the CPU-side oracles: 16 workers of 16 threads each would
+  # oversubscribe the machine's 16 cores.
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} timeout -s INT "${TEST_TIMEOUT:-480}" python3 -m pytest -q -rfE -p no:cacheprovider --junitxml="$OUT/junit.xml" \
     ${PYTEST_ARGS--n 16} ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
