@@ -108,21 +108,16 @@ fast_launch = _switch("KVATTN_FAST_LAUNCH", lambda raw: _parse_flag(raw, True), 
                       "Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on).")
 fused_merge = _switch("KVATTN_FUSED_MERGE", lambda raw: _parse_flag(raw, True), "fused_merge",
                       "Whether decode's last split program merges the partials (``KVATTN_FUSED_MERGE``, default on).")
-def _parse_gluon(raw) -> bool:
-    # Gluon's API and codegen move between Triton releases: by default its kernels serve only on the
-    # releases they were verified with on a GPU (kvattn._versions.GPU_VERIFIED); "1" asks for them on
-    # any other release too.
+def _parse_tristate(raw):
     value = _text(raw)
     if not value:
-        from . import _versions
-
-        return _versions.gluon_verified()
+        return None
     return value not in _FALSE
 
 
-gluon = _switch("KVATTN_GLUON", _parse_gluon, "gluon",
-                "Whether launches may take a Gluon kernel where one exists (``KVATTN_GLUON``; default: on "
-                "with the Triton releases the Gluon kernels were verified with on a GPU).")
+gluon = _switch("KVATTN_GLUON", _parse_tristate, "gluon",
+                "``KVATTN_GLUON`` as True / False, or None when unset (then :func:`kvattn._versions.gluon_on` "
+                "decides by the Triton release).")
 gluon_ws = _switch("KVATTN_GLUON_WS", lambda raw: _parse_flag(raw, True), "gluon_ws",
                    "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
 triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from ... import _device, _env
+from ... import _device, _env, _versions
 from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as mla_configs
@@ -280,7 +280,7 @@ def launch_mla(
         has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
         aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
         aligned16 = kv.data_ptr() % 16 == 0
-        gluon_on, gluon_ws_on = _env.gluon(), _env.gluon_ws()
+        gluon_on, gluon_ws_on = _versions.gluon_on(), _env.gluon_ws()
         lse_stride = lse.stride(0) if lse is not None else None
         facts = MLAFacts._make((
             device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,

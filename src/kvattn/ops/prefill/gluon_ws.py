@@ -512,11 +512,11 @@ def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head
 
 def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
     """``(k_view, v_view)`` (see :func:`tma_view`) where this kernel takes the launch, else None."""
-    from ... import _device, _env
+    from ... import _device, _versions
 
     if interpreter or query.device.type != "cuda":
         return None
-    if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_env.gluon(), q_dtype=query.dtype,
+    if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_versions.gluon_on(), q_dtype=query.dtype,
                     kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1], skip=skip,
                     nvfp4_out=nvfp4_out) or v.dtype != k.dtype:
         return None
