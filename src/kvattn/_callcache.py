@@ -69,7 +69,7 @@ _MISSING = object()
 _is_compiling = torch.compiler.is_compiling
 _suspended = 0  # > 0 while a config override is active (plans then depend on more than the facts)
 _caches: list["CallCache"] = []
-_fast_launch = None  # kvattn.ops.launch.fast_launch, once a call has been recorded
+_fast_launch = _workspace = None  # kvattn.ops.launch's modules, once a call has been recorded (_load)
 
 
 class Bypass(Exception):
@@ -228,11 +228,19 @@ class _Entry:
         self.launches = launches  # the Launch objects (for tests and tools)
 
 
+def _load() -> None:
+    """Import the launch modules (they import Triton: not before a call is recorded)."""
+    global _fast_launch, _workspace
+    from .ops.launch import fast_launch, workspace
+
+    workspace.KEPT_CHANGED.append(clear)  # recordings hold the kept buffers' addresses
+    _fast_launch, _workspace = fast_launch, workspace
+
+
 def _kept_buffers() -> list:
     """``(start, end)`` of the buffers kvattn keeps per stream (single decode's counters and
     partials, :mod:`.ops.launch.workspace`)."""
-    from .ops.launch import workspace
-
+    workspace = _workspace
     return [(b, b + t.untyped_storage().nbytes()) for t in workspace.kept_buffers() for b in (t.data_ptr(),)]
 
 
@@ -339,8 +347,7 @@ class CallCache:
             return MISS
         if self.capture_sensitive and _fast_launch.capturing():
             return MISS
-        result = _fast_launch.replay(entry, ptrs)
-        if result is MISS:
+        if not _fast_launch.replay(entry, ptrs):
             return MISS
         self.hits += 1
         returns = entry.returns
@@ -360,9 +367,8 @@ class CallCache:
             return run()
         if self.failures.get(key, 0) >= MAX_TRIES:
             return run()
-        global _fast_launch
-        if _fast_launch is None:  # (imports Triton: not before a call needs it)
-            from .ops.launch import fast_launch as _fast_launch
+        if _fast_launch is None:
+            _load()
         if self.capture_sensitive and _fast_launch.capturing():
             return run()
         record = Record()

@@ -9,6 +9,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from . import decode, mla, prefill, xqa
 from ._console import Progress
 from .formats import FP8_DTYPE
 
@@ -43,8 +44,6 @@ def _calls(name: str, *, device, dtype, kv_dtype, hq, hkv, d, page, layout, batc
     """``(label, call)`` for every call of ``name`` the warm-up makes."""
     pages = _pages_like(num_pages)
     if name == "decode":
-        import kvattn
-
         for b in batch_sizes:
             for s in seq_lens:
                 pps = max(width, math.ceil(s / page))
@@ -56,14 +55,12 @@ def _calls(name: str, *, device, dtype, kv_dtype, hq, hkv, d, page, layout, batc
                     tables = torch.zeros(b, pps, dtype=torch.int32, device=device)
                     out = torch.empty_like(q)
                     for _ in range(2):  # (the second call takes the path every later call takes)
-                        kvattn.decode.xqa_batch_decode_with_kv_cache(
+                        decode.xqa_batch_decode_with_kv_cache(
                             q, kv, ws, tables, _lengths(b, s, device), s, bmm1_scale=d ** -0.5, out=out,
                             kv_layout=layout)
 
                 yield f"decode B{b} L{s}", call
     elif name == "xqa":
-        import kvattn
-
         for b in batch_sizes:
             for s in seq_lens:
                 pps = max(width, math.ceil(s / page))
@@ -75,12 +72,10 @@ def _calls(name: str, *, device, dtype, kv_dtype, hq, hkv, d, page, layout, batc
                     lens = _lengths(b, 0, device).view(b, 1)
                     out, sem = torch.empty_like(q), torch.zeros(8, dtype=torch.uint32, device=device)
                     for _ in range(2):
-                        kvattn.xqa.xqa(q, k, v, tables, lens, out, ws, sem, hkv, page, kv_layout=layout)
+                        xqa.xqa(q, k, v, tables, lens, out, ws, sem, hkv, page, kv_layout=layout)
 
                 yield f"xqa B{b} L{pps * page}", call
     elif name == "single_decode":
-        import kvattn
-
         for s in seq_lens:
             for mode in modes:
 
@@ -90,13 +85,11 @@ def _calls(name: str, *, device, dtype, kv_dtype, hq, hkv, d, page, layout, batc
                     k, v = (torch.randn(shape, device=device).to(kv_dtype) for _ in range(2))
                     out = torch.empty_like(q)
                     for _ in range(2):
-                        kvattn.decode.single_decode_with_kv_cache(q, k, v, kv_layout=layout, pos_encoding_mode=mode,
+                        decode.single_decode_with_kv_cache(q, k, v, kv_layout=layout, pos_encoding_mode=mode,
                                                                   out=out)
 
                 yield f"single_decode L{s} {mode}", call
     elif name == "mla":
-        import kvattn
-
         mla_dtype = torch.bfloat16 if dtype in (torch.bfloat16, torch.float16) else dtype
         for b in batch_sizes:
             for s in seq_lens:
@@ -108,14 +101,12 @@ def _calls(name: str, *, device, dtype, kv_dtype, hq, hkv, d, page, layout, batc
                     tables = torch.zeros(b, pps, dtype=torch.int32, device=device)
                     out = torch.empty(b, hq, _MLA_V, dtype=torch.bfloat16, device=device)
                     for _ in range(2):
-                        kvattn.mla.xqa_batch_decode_with_kv_cache_mla(
+                        mla.xqa_batch_decode_with_kv_cache_mla(
                             q, cache, ws, 128, 512, 64, tables, _lengths(b, s, device), s, out=out,
                             bmm1_scale=192 ** -0.5)
 
                 yield f"mla B{b} L{s}", call
     elif name == "prefill":
-        import kvattn
-
         for b in batch_sizes:
             for s in seq_lens:
                 for ql in q_lens:
@@ -133,7 +124,7 @@ def _calls(name: str, *, device, dtype, kv_dtype, hq, hkv, d, page, layout, batc
                         cum_kv = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=device)
                         out = torch.empty_like(q)
                         for _ in range(2):
-                            kvattn.prefill.trtllm_batch_context_with_kv_cache(
+                            prefill.trtllm_batch_context_with_kv_cache(
                                 q, kv, ws, tables, lens, ql, s, d ** -0.5, 1.0, b, cum_q, cum_kv, out=out,
                                 kv_layout=layout)
 

@@ -57,7 +57,6 @@ import torch
 import triton
 
 from ... import _device, _env
-from ..._callcache import MISS
 from .ptx_hints import applied as ptx_hints_applied
 
 # The Triton versions whose specialisation rules and launcher this module was verified against
@@ -592,22 +591,22 @@ def capturing() -> bool:
 
 def replay(entry, ptrs: list):
     """Launch a recorded call's launches (``kvattn._callcache._Entry``) for a call whose tensor
-    arguments have the data pointers ``ptrs``: True, or ``kvattn._callcache.MISS`` (nothing
+    arguments have the data pointers ``ptrs``: True, or False (nothing
     launched) where the fast path would not launch them all as recorded now."""
     if _RECORDER is not None or not fast_path_enabled() or knob_state() != entry.knobs:
-        return MISS
+        return False
     active = driver.active
     device = active.get_current_device()
     if device != entry.device:
-        return MISS
+        return False
     stream = active.get_current_stream(device)
     if entry.stream is not None and stream != entry.stream:
-        return MISS
+        return False
     steps = entry.steps
     for launch, key, hit, _, _ in steps:
         now = launch.ready(key)
         if now is None or now[0] is not hit[0]:  # (recompiled, globals changed, hooks: Triton's path now)
-            return MISS
+            return False
     if entry.constants:
         ptrs = ptrs + entry.constants
     values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)

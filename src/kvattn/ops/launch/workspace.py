@@ -78,6 +78,7 @@ def launch_counters(workspace, device: torch.device, count: int) -> torch.Tensor
 # counters above (calls on one stream run in order, so they may share them), grown when a call needs
 # more. Recorded calls (kvattn._callcache) hold their address: growing one forgets every recording.
 _STREAM_PARTIALS: dict[tuple, torch.Tensor] = {}
+KEPT_CHANGED: list = []  # called when a kept buffer is replaced (kvattn._callcache forgets its recordings)
 
 
 def split_partials(needed: bool, workspace, numel_o: int, numel_lse: int, out: torch.Tensor):
@@ -99,9 +100,8 @@ def split_partials(needed: bool, workspace, numel_o: int, numel_lse: int, out: t
     if kept is None or kept.numel() < total:
         kept = _STREAM_PARTIALS[device, stream] = torch.empty(max(total, 2 * kept.numel() if kept is not None else 0),
                                                               dtype=torch.float32, device=device)
-        from ..._callcache import clear
-
-        clear()
+        for changed in KEPT_CHANGED:
+            changed()
     return kept[:numel_o], kept[numel_o:total]
 
 
