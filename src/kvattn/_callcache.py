@@ -129,8 +129,8 @@ def _flatten(args: tuple) -> tuple[tuple, list]:
     """``(key, pointers)``: the metadata key of a call's arguments and its tensors' data pointers in
     order (:func:`_tensors`' order). Raises :class:`Bypass` for an argument the key does not model.
 
-    Per tensor: shape, strides, dtype, CUDA device index (-1 elsewhere: the first tensor's device
-    type is in the key too) and the data pointer modulo 16; per other argument its value, and the
+    Per tensor: shape, strides, dtype, CUDA device index (-1 off CUDA, where no call is recorded:
+    only CUDA tensors take the fast path) and the data pointer modulo 16; per other argument its value, and the
     type of every argument. Each fact is read for all tensors at once (``map``), at C speed."""
     types = tuple(map(type, args))
     sig = _SIGNATURES.get(types, _MISSING)
@@ -150,7 +150,7 @@ def _flatten(args: tuple) -> tuple[tuple, list]:
     ptrs = list(map(_data_ptr, tensors))
     key = (types, tuple(map(_env_get, _ENV_KEYS)), tuple(map(_shape, tensors)), tuple(map(_stride, tensors)),
            tuple(map(_dtype, tensors)), tuple(map(_get_device, tensors)), tuple(map(_low_bits, ptrs)),
-           sig[1](args), tensors[0].device.type if tensors else None)
+           sig[1](args))
     return key, ptrs
 
 

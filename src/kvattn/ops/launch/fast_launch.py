@@ -584,9 +584,15 @@ def knob_state() -> tuple:
     return knobs.runtime.debug, knobs.compilation.instrumentation_mode
 
 
+_CAPTURE_QUERY: list = []  # [torch's capture query, or None without CUDA], once asked
+
+
 def capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
-    return torch.cuda.is_available() and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    if not _CAPTURE_QUERY:
+        _CAPTURE_QUERY.append(torch._C._cuda_isCurrentStreamCapturing if torch.cuda.is_available() else None)
+    query = _CAPTURE_QUERY[0]
+    return query is not None and torch.cuda.is_initialized() and query()
 
 
 def replay(entry, ptrs: list):
