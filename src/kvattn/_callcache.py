@@ -334,8 +334,10 @@ class CallCache:
         _caches.append(self)
 
     def replay(self, args: tuple):
-        """The result of a call with ``args`` replayed from a recorded one, or :data:`MISS`."""
-        if _suspended or _is_compiling() or not _env.call_cache():
+        """The result of a call with ``args`` replayed from a recorded one, or :data:`MISS`.
+        (``KVATTN_CALL_CACHE=0`` needs no test here: its raw value is in the key, and no call is
+        recorded under it.)"""
+        if _suspended or _is_compiling():
             return MISS
         try:
             key, ptrs = _flatten(args)
