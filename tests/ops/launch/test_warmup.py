@@ -88,7 +88,7 @@ def test_capture_after_warmup_loads_nothing(monkeypatch):
     size in a CUDA graph while spying on Triton's compile and module load: neither runs."""
     device = torch.device("cuda")
     config = dict(dtype=torch.bfloat16, num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
-                  batch_sizes=[1, 4], seq_lens=[512, 4096], q_lens=[128], num_pages=1000, pages_per_seq=256,
+                  batch_sizes=[4], seq_lens=[4096], q_lens=[128], num_pages=1000, pages_per_seq=256,
                   workspace_bytes=64 << 20)
     kvattn.warmup(device=device, progress=False, pos_encoding_modes=("NONE", "ROPE_LLAMA"), **config)
     ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
@@ -103,7 +103,6 @@ def test_capture_after_warmup_loads_nothing(monkeypatch):
     mq = torch.randn(4, 1, 32, 576, device=device, dtype=torch.bfloat16)
     mcache = torch.randn(1000, 16, 576, device=device, dtype=torch.bfloat16)
     mout = torch.empty(4, 32, 512, device=device, dtype=torch.bfloat16)
-    kv_hnd = torch.randn(1000, 2, 8, 16, 128, device=device, dtype=torch.bfloat16)  # prefill's default layout
     pq = torch.randn(4 * 128, 32, 128, device=device, dtype=torch.bfloat16)
     pout = torch.empty_like(pq)
     cum_q = torch.arange(0, 4 * 128 + 1, 128, dtype=torch.int32, device=device)
@@ -117,7 +116,7 @@ def test_capture_after_warmup_loads_nothing(monkeypatch):
         "mla": lambda: kvattn.mla.xqa_batch_decode_with_kv_cache_mla(mq, mcache, ws, 128, 512, 64, tables, lens,
                                                                      4096, out=mout, bmm1_scale=0.07),
         "prefill": lambda: kvattn.prefill.trtllm_batch_context_with_kv_cache(
-            pq, kv_hnd, ws, tables, lens, 128, 4096, 0.088, 1.0, 4, cum_q, cum_kv, out=pout),
+            pq, kv, ws, tables, lens, 128, 4096, 0.088, 1.0, 4, cum_q, cum_kv, out=pout, kv_layout="NHD"),
     }
     torch.cuda.synchronize()
     compiles, loads = [], []
