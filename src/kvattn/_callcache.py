@@ -54,8 +54,8 @@ MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache s
 MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
 MISS = object()  # what CallCache.replay returns when the call must run the ordinary way
 
-_ENV_NAMES = ("KVATTN_BACKEND", "KVATTN_CALL_CACHE", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE", "KVATTN_GLUON",
-              "KVATTN_GLUON_WS", "TRITON_INTERPRET")
+_ENV_NAMES = ("KVATTN_BACKEND", "KVATTN_CALL_CACHE", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE",
+              "KVATTN_GLUON", "KVATTN_GLUON_WS", "TRITON_INTERPRET")
 _DATA = getattr(os.environ, "_data", None)
 if isinstance(_DATA, dict) and getattr(os.environ, "encodekey", None) is not None:
     _ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES))
