@@ -52,7 +52,6 @@ from . import _env
 
 MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache starts over
 MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
-MISS = object()  # what CallCache.replay returns when the call must run the ordinary way
 
 _ENV_NAMES = ("KVATTN_BACKEND", "KVATTN_CALL_CACHE", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE",
               "KVATTN_GLUON", "KVATTN_GLUON_WS", "TRITON_INTERPRET")
@@ -198,6 +197,7 @@ class Record:
         self.thread = threading.get_ident()
         self.launches: list = []  # (Launch, CallArgs, compiled-kernel key)
         self.spoiled: str | None = None
+        self.outside = False  # a launch outside Launch objects (fast_launch.launch_outside)
         self.devices: set = set()  # the current device at each launch
 
     def launched(self, launch, call, key) -> None:
@@ -333,54 +333,44 @@ class CallCache:
         self.hits = self.misses = 0  # (tests and tools)
         _caches.append(self)
 
-    def replay(self, args: tuple):
-        """The result of a call with ``args`` replayed from a recorded one, or :data:`MISS`.
-        (``KVATTN_CALL_CACHE=0`` needs no test here: its raw value is in the key, and no call is
-        recorded under it.)"""
+    def run(self, args: tuple, call: Callable[[], Any]):
+        """The result of a call with ``args``: replayed from a recorded call of the same key, or
+        ``call()`` (the ordinary call), recorded into an entry where it can be."""
         if _suspended or _is_compiling():
-            return MISS
+            return call()
         try:
             key, ptrs = _flatten(args)
         except (Bypass, RuntimeError):  # (RuntimeError: a tensor without strides or data)
-            return MISS
+            return call()
         entry = self.entries.get(key)
-        if entry is None:
-            self.misses += 1
-            return MISS
-        if self.capture_sensitive and _fast_launch.capturing():
-            return MISS
-        if not _fast_launch.replay(entry, ptrs):
-            return MISS
-        self.hits += 1
-        returns = entry.returns
-        if returns is None:
-            return None
-        if type(returns) is int:
-            return args[returns]
-        return tuple(None if j is None else args[j] for j in returns)
-
-    def call(self, args: tuple, run: Callable[[], Any]):
-        """``run()`` (the ordinary call with ``args``), recorded into an entry where it can be."""
-        if _suspended or _is_compiling() or _env.debug_checks() or not _env.call_cache():
-            return run()
-        try:
-            key, _ = _flatten(args)
-        except (Bypass, RuntimeError):
-            return run()
-        if self.failures.get(key, 0) >= MAX_TRIES:
-            return run()
+        if entry is not None and (not self.capture_sensitive or not _fast_launch.capturing()) \
+                and _fast_launch.replay(entry, ptrs):
+            self.hits += 1
+            returns = entry.returns
+            if returns is None:
+                return None
+            if type(returns) is int:
+                return args[returns]
+            return tuple(None if j is None else args[j] for j in returns)
+        self.misses += 1
+        # (KVATTN_CALL_CACHE=0 and KVATTN_DEBUG=1: their raw values are in the key, and nothing is
+        # recorded under them.)
+        if entry is not None or self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks() \
+                or not _env.call_cache():
+            return call()
         if _fast_launch is None:
             _load()
         if self.capture_sensitive and _fast_launch.capturing():
-            return run()
+            return call()
         record = Record()
         with _fast_launch.recording(record), _Watch(record):
-            result = run()
+            result = call()
         entry = _build(record, args, result)
         if entry is None:
             if len(self.failures) >= MAX_ENTRIES:
                 self.failures.clear()
-            self.failures[key] = self.failures.get(key, 0) + 1
+            # A launch no replay can make (a tensor descriptor per call) fails every time: stop now.
+            self.failures[key] = MAX_TRIES if record.outside else self.failures.get(key, 0) + 1
             return result
         if len(self.entries) >= MAX_ENTRIES:
             self.entries.clear()

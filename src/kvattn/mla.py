@@ -7,7 +7,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _backend, reference
-from ._callcache import MISS, CallCache
+from ._callcache import CallCache
 from ._inputs import (
     PagedKV,
     check_int,
@@ -96,10 +96,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     args = (query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables,
             seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse)
     if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
-        hit = _CACHE.replay(args)
-        if hit is not MISS:
-            return hit
-        return _CACHE.call(args, lambda: _mla(*args))
+        return _CACHE.run(args, lambda: _mla(*args))
     return _mla(*args)
 
 

@@ -8,7 +8,6 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _backend, reference
-from ._callcache import MISS, CallCache
 from ._inputs import (
     HALF_DTYPES,
     check_int,
@@ -153,27 +152,8 @@ def trtllm_batch_context_with_kv_cache(
     >>> o.shape
     torch.Size([69, 8, 64])
     """
-    args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
-            batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
-            kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,
-            uses_shared_paged_kv_idx, return_lse, lse)
-    if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
-        hit = _CACHE.replay(args)
-        if hit is not MISS:
-            return hit
-        return _CACHE.call(args, lambda: _context(*args))
-    return _context(*args)
-
-
-# Calls replayed from their metadata (kvattn._callcache).
-_CACHE = CallCache("trtllm_batch_context_with_kv_cache")
-
-
-def _context(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
-             batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
-             kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,
-             uses_shared_paged_kv_idx, return_lse, lse):
-    """:func:`trtllm_batch_context_with_kv_cache`, the ordinary way."""
+    # (Not replayed from its metadata, kvattn._callcache: it launches through kernel[grid], with a
+    # TMA descriptor or the Gluon kernel on Hopper; NOTES.md "Host path: calls replayed from their metadata".)
     check_tensor(query, "query", dtypes=(*HALF_DTYPES, FP8_DTYPE), ndim=3)
     check_last_dim_contiguous(query, "query")
     device = query.device

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from . import _backend, reference
-from ._callcache import MISS, CallCache
+from ._callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     PagedKV,
@@ -139,10 +139,7 @@ def xqa(
     args = (q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
             sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse)
     if lse is not None or return_lse is False:  # (else the call allocates the LSE)
-        hit = _CACHE.replay(args)
-        if hit is not MISS:
-            return hit
-        return _CACHE.call(args, lambda: _xqa(*args))
+        return _CACHE.run(args, lambda: _xqa(*args))
     return _xqa(*args)
 
 

@@ -302,3 +302,27 @@ def test_keys_tell_types_apart():
     assert _callcache._flatten((q, 1))[0] != _callcache._flatten((q.t(), 1))[0]
     with pytest.raises(_callcache.Bypass):
         _callcache._flatten((q, object()))
+
+
+def test_a_launch_outside_launch_objects_stops_recording_its_signature(monkeypatch):
+    """Launchers that launch through ``kernel[grid]`` (prefill, MLA's Gluon kernels) cannot be
+    replayed: the first recording of such a signature is its last."""
+    from kvattn.ops.decode import launch as decode_launch
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    lengths = decode_launch.int32_lengths
+
+    def outside(t):
+        fast_launch.launch_outside("a test's kernel[grid]")
+        return lengths(t)
+
+    monkeypatch.setattr(decode_launch, "int32_lengths", outside)
+    _callcache.clear()
+    cache = cache_of(fn)
+    made = []
+    real = _callcache.Record
+    monkeypatch.setattr(_callcache, "Record", lambda: made.append(real()) or made[-1])
+    for _ in range(4):
+        fn(*args, **kwargs)
+    assert len(made) == 1 and made[0].outside and not cache.entries
+    assert list(cache.failures.values()) == [_callcache.MAX_TRIES]

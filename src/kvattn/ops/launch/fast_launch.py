@@ -568,6 +568,7 @@ def launch_outside(what: str) -> None:
     with tensor descriptors, Gluon kernels) say so: the call being recorded cannot be replayed."""
     if _RECORDER is not None:
         _RECORDER.spoil(what)
+        _RECORDER.outside = True
 
 
 def current_device() -> int | None:
