@@ -336,7 +336,7 @@ class CallCache:
     def run(self, args: tuple, call: Callable[[], Any]):
         """The result of a call with ``args``: replayed from a recorded call of the same key, or
         ``call()`` (the ordinary call), recorded into an entry where it can be."""
-        if _suspended or _is_compiling():
+        if _suspended or _is_compiling() or not _env.call_cache():
             return call()
         try:
             key, ptrs = _flatten(args)
@@ -353,10 +353,8 @@ class CallCache:
                 return args[returns]
             return tuple(None if j is None else args[j] for j in returns)
         self.misses += 1
-        # (KVATTN_CALL_CACHE=0 and KVATTN_DEBUG=1: their raw values are in the key, and nothing is
-        # recorded under them.)
-        if entry is not None or self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks() \
-                or not _env.call_cache():
+        # (KVATTN_DEBUG=1: its raw value is in the key, and nothing is recorded under it.)
+        if entry is not None or self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks():
             return call()
         if _fast_launch is None:
             _load()
