@@ -16,6 +16,7 @@ from .merge import merge_state, merge_states
 from .mla import xqa_batch_decode_with_kv_cache_mla
 from .prefill import trtllm_batch_context_with_kv_cache
 from ._version import __version__
+from ._warmup import warmup
 
 __all__ = [
     "cache",
@@ -34,4 +35,5 @@ __all__ = [
     "merge_states",
     "FP4Tensor",
     "append_paged_kv_cache",
+    "warmup",
 ]

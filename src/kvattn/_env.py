@@ -7,6 +7,9 @@
 ``KVATTN_DEBUG``
     ``1`` turns on the checks that need device values (page ids inside the cache, ``seq_lens``
     within the page table's capacity). They synchronise with the host, so they are off by default.
+``KVATTN_CALL_CACHE``
+    ``0`` runs every eager call the ordinary way (validation, planning, launch binding) instead of
+    replaying a recorded call of the same metadata (:mod:`kvattn._callcache`); on by default.
 ``KVATTN_FAST_LAUNCH``
     ``0`` launches every kernel through ``kernel[grid](...)`` instead of the compiled kernel's
     launcher (see :mod:`kvattn.ops.launch.fast_launch`); on by default.
@@ -104,6 +107,8 @@ backend_override = _switch("KVATTN_BACKEND", _parse_backend, "backend_override",
                            "The backend forced by ``KVATTN_BACKEND``, or None when unset.")
 debug_checks = _switch("KVATTN_DEBUG", lambda raw: _parse_flag(raw, False), "debug_checks",
                        "Whether the device-value checks (``KVATTN_DEBUG=1``) are on.")
+call_cache = _switch("KVATTN_CALL_CACHE", lambda raw: _parse_flag(raw, True), "call_cache",
+                     "Whether eager calls may be replayed from their metadata (``KVATTN_CALL_CACHE``, default on).")
 fast_launch = _switch("KVATTN_FAST_LAUNCH", lambda raw: _parse_flag(raw, True), "fast_launch",
                       "Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on).")
 fused_merge = _switch("KVATTN_FUSED_MERGE", lambda raw: _parse_flag(raw, True), "fused_merge",

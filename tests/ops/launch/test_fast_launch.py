@@ -637,6 +637,9 @@ class FakeGPU:
         monkeypatch.setattr(fast_launch, "_SHARED", {})
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # kvattn: CPU tensors may take the Triton backend
         monkeypatch.setenv("KVATTN_BACKEND", "triton")
+        # Every call through its launches (these tests look at them); the replays of recorded calls
+        # have tests of their own (test_call_cache.py).
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
 
     def launches(self) -> list[tuple]:
         """Since the last call: (compiled kernel, grid, stream, function, metadata, kernel arguments
@@ -739,6 +742,7 @@ class Spy:
 
         monkeypatch.setattr(JITFunction, "run", counting_run)
         monkeypatch.setattr(fast_launch.Launch, "__call__", recording_launch)
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "0")  # (a replayed call skips Launch.__call__)
 
     def reset(self):
         self.runs = 0

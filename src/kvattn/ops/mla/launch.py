@@ -296,6 +296,7 @@ def launch_mla(
             (), (logit_factor, out_factor), device_index,
         )
         if plan.gluon:
+            fast_launch.launch_outside("MLA's Gluon kernel (a tensor descriptor per call)")
             split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
                       out_factor, lse)
         else:
