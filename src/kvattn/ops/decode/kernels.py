@@ -62,9 +62,14 @@ except ImportError:  # pragma: no cover
 @triton.jit
 def _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_LEN: tl.constexpr,
                       PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KV_START: tl.constexpr):
-    """``(kv_len, kv_lo)``: the request's length and its first key any of its rows can see."""
+    """``(kv_len, kv_lo)``: the request's length and its first key any of its rows can see.
+
+    PAGED: ``fixed_len`` is the page table's capacity in tokens (pages a row x page size), and the
+    length read is clamped into ``[0, capacity]``: a length past the row would read the table past
+    the request's row, and a negative one (a uint32 length >= 2^31 reads as one) is empty
+    (benchmarks/NOTES.md "Device-side clamps")."""
     if PAGED:
-        kv_len = tl.load(seq_lens_ptr + b)
+        kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), fixed_len)
     else:
         kv_len = fixed_len
     kv_lo = kv_len * 0

@@ -419,7 +419,7 @@ def launch_decode(
     k_table=None,  # page tables [B, pages_per_seq] (paged)
     v_table=None,
     seq_lens=None,  # [B] or [B, 1] (paged)
-    fixed_len: int = 0,  # the one request's length (not paged)
+    fixed_len: int = 0,  # the one request's length (not paged; paged: set here to the tables' capacity)
     max_seq_len: int,
     q_len: int = 1,
     mask=None,
@@ -457,6 +457,9 @@ def launch_decode(
             )
             if kv_start is not None:
                 kv_start = int32_lengths(kv_start)
+            # Paged, the kernel reads fixed_len as the tables' capacity in tokens and clamps every
+            # length to it (benchmarks/NOTES.md "Device-side clamps").
+            fixed_len = min(k_table.shape[-1], v_table.shape[-1]) * k.shape[1]
         else:  # no page tables; the lengths are fixed_len
             k_table = v_table = seq_lens = kv_start = None
             same_table = True

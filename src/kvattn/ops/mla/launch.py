@@ -40,7 +40,7 @@ _MAX_SPANS = 4096
 # The call's values by name (fast_launch.CallLayout); an absent scale tensor's parameter takes the
 # query, which the kernels never read for it.
 _LAYOUT = fast_launch.CallLayout(
-    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), (),
+    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), ("capacity",),
     ("logit_factor", "out_factor"),
 )
 
@@ -136,7 +136,7 @@ class _Plan:
                           logit_scale_ptr="logit" if self.has_logit else "query",
                           out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
                           part_o_ptr="part_o", part_lse_ptr="part_lse", lse_ptr="lse" if self.has_lse else "query",
-                          logit_factor="logit_factor", out_factor="out_factor"),
+                          logit_factor="logit_factor", out_factor="out_factor", capacity="capacity"),
             fixed=dict(self.strides, batch=self.batch, num_heads=self.num_heads, num_splits=splits,
                        num_pages=self.num_pages, stride_lse_b=self.lse_stride),
             constexprs=dict(
@@ -206,7 +206,7 @@ class _GluonSplit:
         self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     def run(self, query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-            out_factor, lse=None):
+            out_factor, lse=None, capacity=None):
         plan = self.plan
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
@@ -218,7 +218,8 @@ class _GluonSplit:
             part_lse_ptr=part_lse, stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"],
             stride_o_b=st["stride_o_b"], stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"],
             stride_t_p=st["stride_t_p"], batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits,
-            num_pages=plan.num_pages, logit_factor=logit_factor, out_factor=out_factor,
+            num_pages=plan.num_pages, capacity=table.shape[1] * plan.page_size if capacity is None else capacity,
+            logit_factor=logit_factor, out_factor=out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
             **self.lse_args(lse, part_lse), **self.options(),
@@ -287,17 +288,20 @@ def launch_mla(
             out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, gluon_ws_on, lse_stride,
         ))
         plan = _plan(facts)
+        # The table's capacity in tokens: every kernel clamps the lengths to it
+        # (benchmarks/NOTES.md "Device-side clamps").
+        capacity = table.shape[1] * kv.shape[1]
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
         part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
         call = fast_launch.call_args(  # in _LAYOUT's order
             (query, kv, table, seq_lens, out, part_o, part_lse,
              logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
              lse if lse is not None else query),
-            (), (logit_factor, out_factor), device_index,
+            (capacity,), (logit_factor, out_factor), device_index,
         )
         if plan.gluon:
             split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-                      out_factor, lse)
+                      out_factor, lse, capacity)
         else:
             split(call)
         if combine is not None:
