@@ -119,7 +119,7 @@ def mla_split_kernel(
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
     OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr,
-    STORE_LSE: tl.constexpr = False,
+    STORE_LSE: tl.constexpr = False, SPLIT_SPAN: tl.constexpr = 0,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -138,7 +138,7 @@ def mla_split_kernel(
     # Lengths clamped into [0, capacity] (capacity: the table row's tokens): a longer one would
     # read past the request's row of the table (benchmarks/NOTES.md "Device-side clamps").
     kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
-    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N)
+    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
     start = split * chunk
     end = tl.minimum(start + chunk, kv_len)
 
