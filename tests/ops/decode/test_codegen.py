@@ -84,12 +84,14 @@ def test_in_kernel_merge_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
 
 def test_batch_invariant_split_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
     """Fixed-span splits (SPLIT_SPAN, benchmarks/NOTES.md "Batch-invariant mode") change only the
-    split bounds: the one-row RoPE kernel (the tightest budget) stays within 128 registers."""
+    split bounds: the one-row RoPE kernel (the tightest budget) stays within 128 registers, with
+    the stack of the default mode's kernel (32 bytes under Triton 3.6), no more."""
+    plain = _compile(ROPE_ONE_ROW, raw=True)
     got = _compile(dict(ROPE_ONE_ROW, SPLIT_SPAN=1024), raw=True)
     if "reg" not in got:
         pytest.skip("Triton ships no cuobjdump here")
     assert got["reg"] <= 128, got["reg"]
-    assert got.get("stack", 0) == 0
+    assert got.get("stack", 0) <= plain.get("stack", 0), (got.get("stack"), plain.get("stack"))
 
 
 def test_contig_one_row_tiles_fit_four_programs_an_sm():
