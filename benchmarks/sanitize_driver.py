@@ -37,9 +37,20 @@ def _ws():
 
 
 def _env(**values):
-    """Set KVATTN_* switches for one variant (read at each call)."""
+    """Set KVATTN_* switches for one variant (read at each call); returns what they were (None:
+    unset), for :func:`_restore`."""
+    old = {k: os.environ.get(k) for k in values}
     for k, v in values.items():
         os.environ[k] = v
+    return old
+
+
+def _restore(old):
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _finite(t):
@@ -68,19 +79,22 @@ def decode_one_split():
 
 def decode_split_fused_merge():
     from kvattn.ops.decode import configs
-    _env(KVATTN_FUSED_MERGE="1")
-    with configs.override(min_chunk=32, waves=8):
-        _finite(_decode())
-
-
-def decode_split_combine():
-    from kvattn.ops.decode import configs
-    _env(KVATTN_FUSED_MERGE="0")
+    old = _env(KVATTN_FUSED_MERGE="1")
     try:
         with configs.override(min_chunk=32, waves=8):
             _finite(_decode())
     finally:
-        _env(KVATTN_FUSED_MERGE="1")
+        _restore(old)
+
+
+def decode_split_combine():
+    from kvattn.ops.decode import configs
+    old = _env(KVATTN_FUSED_MERGE="0")
+    try:
+        with configs.override(min_chunk=32, waves=8):
+            _finite(_decode())
+    finally:
+        _restore(old)
 
 
 def decode_fp8_cache():
@@ -128,7 +142,8 @@ def single_decode_rope():
 # MLA
 # ---------------------------------------------------------------------------------------------
 def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None):
-    _env(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws)
+    # (KVATTN_GLUON=1 asks for the Gluon kernels, as the GPU-verified Tritons run them by default)
+    old = _env(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws)
     try:
         case = make_paged_kv(list(lens), num_kv_heads=1, head_dim=576, page_size=page, dtype=BF16, form="shared",
                              device=DEV, seed=4)
@@ -138,7 +153,7 @@ def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None,
             q, cache, _ws(), 128, 512, 64, case.block_tables, case.seq_lens if seq_lens is None else seq_lens(case),
             max_len or max(lens), bmm1_scale=0.07)
     finally:
-        _env(KVATTN_GLUON="1", KVATTN_GLUON_WS="1")
+        _restore(old)
 
 
 def mla_triton():
