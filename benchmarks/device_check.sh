@@ -8,17 +8,20 @@
 # split it, e.g. TESTS="tests/ops/decode tests/ops/launch" then TESTS="tests --ignore=tests/ops/decode
 # --ignore=tests/ops/launch". TEST_TIMEOUT (default 480 s) stops pytest with SIGINT, so a stage cut
 # short still prints its summary (which tests failed) and junit XML ($OUT/junit.xml).
+# TRITON_SITE=/tmp/triton-site puts another Triton (benchmarks/triton_wheel.sh install) before the machine's.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=${TRITON_SITE:+$TRITON_SITE:}src PYTHONUNBUFFERED=1
 suites=${1:-decode,single_decode}
 shift || true
 status=0
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } 2>&1 | tee "$OUT/env.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout -s INT "${TEST_TIMEOUT:-480}" python3 -m pytest -q -rfE -p no:cacheprovider --junitxml="$OUT/junit.xml" \
+  # One CPU thread per xdist worker for the CPU-side oracles: 16 workers of 16 threads each would
+  # oversubscribe the machine's 16 cores.
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} timeout -s INT "${TEST_TIMEOUT:-480}" python3 -m pytest -q -rfE -p no:cacheprovider --junitxml="$OUT/junit.xml" \
     ${PYTEST_ARGS--n 16} ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -n 40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

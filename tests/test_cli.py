@@ -19,6 +19,20 @@ from kvattn import bench, cli
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _interpreter_usable() -> bool:
+    """Triton 3.6's interpreter cannot run with numpy >= 2.4 (the CLI says so, tested below); the
+    GPU machine's environment is such a pair."""
+    try:
+        cli.check_interpreter_numpy()
+    except cli.UsageError:
+        return False
+    return True
+
+
+needs_interpreter = pytest.mark.skipif(not _interpreter_usable(),
+                                       reason="this Triton's interpreter cannot run with this numpy")
+
+
 def run_cli(capsys, *argv):
     rc = cli.main(list(argv))
     got = capsys.readouterr()
@@ -133,6 +147,7 @@ def test_interpret_needs_cpu(capsys):
     assert_usage_error(rc, out, err, "--interpret", "cpu")
 
 
+@needs_interpreter
 def test_interpret_after_compiled_kernels_loaded(capsys, monkeypatch):
     import kvattn.ops  # noqa: F401  (loaded as this process loads it)
 
@@ -214,6 +229,7 @@ def test_check_reports_an_error_and_goes_on(capsys, monkeypatch):
     assert out.splitlines()[-1] == "3 passed, 1 failed"
 
 
+@needs_interpreter
 def test_interpret_sets_and_restores_the_switches(capsys, monkeypatch):
     seen = {}
 
@@ -232,6 +248,7 @@ def test_interpret_sets_and_restores_the_switches(capsys, monkeypatch):
     assert "KVATTN_BACKEND" not in os.environ
 
 
+@needs_interpreter
 def test_check_interpret_runs_the_kernels():
     """In a fresh process without TRITON_INTERPRET: --interpret switches the interpreter on itself."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KVATTN_BACKEND")}
@@ -292,6 +309,28 @@ def test_triton_support_levels(version, expected):
     from kvattn import _versions
 
     assert _versions.support(version) == expected
+
+
+@pytest.mark.parametrize("version,raw,expected", [
+    ("3.6.0", None, True), ("3.7.1", None, True), ("3.9.0", None, False), ("3.8.0", None, False),
+    ("3.9.0", "1", True), ("3.7.1", "0", False),
+], ids=["3.6-default", "3.7.1-default", "3.9-default-off", "3.8-default-off", "3.9-forced", "3.7.1-switched-off"])
+def test_gluon_kernels_gated_on_gpu_verified_tritons(version, raw, expected, monkeypatch, capsys):
+    """KVATTN_GLUON unset: the Gluon kernels serve only on the Triton releases they were verified
+    with on a GPU; ``kvattn info`` says which and why."""
+    from kvattn import _env, _versions
+
+    monkeypatch.setattr(_versions, "triton_version", lambda: version)
+    if raw is None:
+        monkeypatch.delenv("KVATTN_GLUON", raising=False)
+    else:
+        monkeypatch.setenv("KVATTN_GLUON", raw)
+    assert _env._parse_gluon(os.environ.get("KVATTN_GLUON")) is expected
+    monkeypatch.setattr(_env, "gluon", lambda: _env._parse_gluon(os.environ.get("KVATTN_GLUON")))
+    state = _versions.fast_paths()["gluon"]
+    assert state.startswith("on" if expected else "off"), state
+    if not expected and raw is None:
+        assert "KVATTN_GLUON=1" in state
 
 
 @pytest.mark.parametrize("gluon,ws,want", [("1", "1", "Gluon kernel for 16-bit caches with 64+ heads and pages "

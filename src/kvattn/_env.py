@@ -23,7 +23,9 @@
     the split kernel, whose last program of each item merges them; on by default.
 ``KVATTN_GLUON``
     ``0`` keeps the Triton kernel where a Gluon kernel exists for the launch (MLA decode with 16-bit
-    caches on Hopper, :mod:`kvattn.ops.mla.gluon`); on by default.
+    caches on Hopper, :mod:`kvattn.ops.mla.gluon`, and paged prefill, :mod:`kvattn.ops.prefill.gluon_ws`);
+    unset, on with the Triton releases those kernels were verified with on a GPU (3.6, 3.7) and off
+    with others, where the Triton kernels serve; ``1`` turns them on with any release.
 ``KVATTN_GLUON_WS``
     ``0`` keeps the Gluon MLA kernel of :mod:`kvattn.ops.mla.gluon` where the warp-specialised one
     (:mod:`kvattn.ops.mla.gluon_ws`) would run; on by default (``KVATTN_GLUON=0`` turns both off).
@@ -114,8 +116,21 @@ fast_launch = _switch("KVATTN_FAST_LAUNCH", lambda raw: _parse_flag(raw, True), 
                       "Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on).")
 fused_merge = _switch("KVATTN_FUSED_MERGE", lambda raw: _parse_flag(raw, True), "fused_merge",
                       "Whether decode's last split program merges the partials (``KVATTN_FUSED_MERGE``, default on).")
-gluon = _switch("KVATTN_GLUON", lambda raw: _parse_flag(raw, True), "gluon",
-                "Whether launches may take a Gluon kernel where one exists (``KVATTN_GLUON``, default on).")
+def _parse_gluon(raw) -> bool:
+    # Gluon's API and codegen move between Triton releases: by default its kernels serve only on the
+    # releases they were verified with on a GPU (kvattn._versions.GPU_VERIFIED); "1" asks for them on
+    # any other release too.
+    value = _text(raw)
+    if not value:
+        from . import _versions
+
+        return _versions.gluon_verified()
+    return value not in _FALSE
+
+
+gluon = _switch("KVATTN_GLUON", _parse_gluon, "gluon",
+                "Whether launches may take a Gluon kernel where one exists (``KVATTN_GLUON``; default: on "
+                "with the Triton releases the Gluon kernels were verified with on a GPU).")
 gluon_ws = _switch("KVATTN_GLUON_WS", lambda raw: _parse_flag(raw, True), "gluon_ws",
                    "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
 _batch_invariant_env = _switch(

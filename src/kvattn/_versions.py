@@ -4,7 +4,7 @@ kvattn supports the Triton that each supported torch pins: 3.6 (torch 2.11) and 
 2.13), verified on an H100 with both; the CPU interpreter tier also runs the newest release (3.9.0),
 where only the interpreter and sm_90a compiles are tested. Some paths rest on facts of one Triton
 version and are gated on it, each with a portable fallback that computes the same result (under
-3.9 ``fast_launch`` and ``ptx_hints`` are off, Gluon is on):
+3.9 all three are off):
 
 * ``fast_launch``: launch compiled kernels without ``JITFunction.run`` (host time of eager
   calls), from the specialisation and launcher rules of Triton 3.6 and 3.7; elsewhere every launch is a plain
@@ -13,7 +13,8 @@ version and are gated on it, each with a portable fallback that computes the sam
   stages hook (3.6 and 3.7 protocols); elsewhere those copies run unhinted.
 * ``gluon``: kernels written in Gluon (MLA decode and paged prefill on Hopper), through the names
   of :mod:`kvattn.ops.common.gluon_compat` (found by feature: 3.6's, 3.7's and 3.9's spellings);
-  where Gluon does not import, the Triton kernels serve.
+  on by default with the GPU-verified releases only; elsewhere (or where Gluon does not import) the
+  Triton kernels serve, unless ``KVATTN_GLUON=1``.
 
 :func:`fast_paths` says which are active (``kvattn info`` prints it).
 """
@@ -54,6 +55,13 @@ def support(version: str | None = None) -> str:
     return "untested"
 
 
+def gluon_verified(version: str | None = None) -> bool:
+    """Whether kvattn's Gluon kernels were verified on a GPU with Triton ``version`` (default: the
+    installed one): their default (``KVATTN_GLUON`` unset) is on only then."""
+    version = triton_version() if version is None else version
+    return version.startswith(GPU_VERIFIED)
+
+
 def fast_paths() -> dict[str, str]:
     """``{path: "on (...)" | "off (...)"}`` for each version-gated path of the installed Triton."""
     version = triton_version()
@@ -67,9 +75,19 @@ def fast_paths() -> dict[str, str]:
                           else f"off (verified on Triton 3.6 / 3.7; {version} launches through kernel[grid])")
     out["ptx_hints"] = ("on (stages hook set only around kvattn's marked launches)" if ptx_hints.HOOK_SUPPORTED
                         else f"off (hook protocol verified on Triton 3.6 / 3.7; {version} copies run unhinted)")
+    from . import _env
+
     try:
         from .ops.common import gluon_compat  # noqa: F401
-        out["gluon"] = f"on (Gluon kernels on Hopper; Triton {version})"
     except ImportError as exc:
         out["gluon"] = f"off (Gluon unavailable: {exc})"
+    else:
+        if _env.gluon():
+            out["gluon"] = (f"on (Gluon kernels on Hopper; Triton {version})" if gluon_verified(version)
+                            else f"on (KVATTN_GLUON=1; Triton {version} is not GPU-verified for them)")
+        elif gluon_verified(version):
+            out["gluon"] = "off (KVATTN_GLUON=0: the Triton kernels serve)"
+        else:
+            out["gluon"] = (f"off (Gluon kernels verified on Triton 3.6 / 3.7; {version} runs the Triton kernels; "
+                            "KVATTN_GLUON=1 forces them)")
     return out

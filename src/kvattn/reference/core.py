@@ -71,9 +71,10 @@ def attend(
     q, k, v = q.float(), k.float(), v.float()
     hq, hkv = q.shape[1], k.shape[1]
     group = hq // hkv
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    s = torch.einsum("mhd,lhd->hml", q, k) * _scalar(logit_scale, q.device)
+    # Query heads grouped by their KV head rather than K/V copied per query head: MLA's 128 heads
+    # over one latent head would otherwise copy the whole sequence 128 times in float32.
+    qg = q.reshape(q.shape[0], hkv, group, q.shape[2])
+    s = torch.einsum("mkgd,lkd->kgml", qg, k).reshape(hq, q.shape[0], k.shape[0]) * _scalar(logit_scale, q.device)
     if bias is not None:
         s = s + bias
     if soft_cap is not None and soft_cap > 0:
@@ -87,7 +88,7 @@ def attend(
     lse = torch.where(denom > 0, torch.log2(denom) + m.squeeze(-1) * LOG2E, torch.full_like(denom, float("-inf")))
     if sinks is not None:
         denom = denom + torch.exp(sinks.float().view(hq, 1) - m.squeeze(-1))
-    o = torch.einsum("hml,lhd->hmd", p, v)
+    o = torch.einsum("kgml,lkd->kgmd", p.view(hkv, group, *p.shape[1:]), v).reshape(hq, p.shape[1], v.shape[-1])
     o = torch.where(denom.unsqueeze(-1) > 0, o / denom.clamp_min(1e-30).unsqueeze(-1), torch.zeros_like(o))
     return o.transpose(0, 1).contiguous(), lse.transpose(0, 1).contiguous()
 

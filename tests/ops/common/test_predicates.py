@@ -22,7 +22,9 @@ from kvattn.ops.common import as_mask
 from ..sm90 import compile_sm90
 
 
-@triton.jit
+# num_splits is kept a runtime value: Triton makes an int argument equal to 1 a constant, and a
+# broadcast of a constant condition is not what the kernels do.
+@triton.jit(do_not_specialize=["num_splits"])
 def _copy_where(src_ptr, dst_ptr, n, num_splits, N: tl.constexpr):
     # src_ptr, dst_ptr: [N] float32
     offs = tl.arange(0, N)

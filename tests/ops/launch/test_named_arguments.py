@@ -33,10 +33,11 @@ def test_facts_are_built_from_locals_named_as_their_fields(module, record):
     assert names == list(fields)
 
 
-def test_window_left_reaches_the_kernel_parameter_of_its_name(monkeypatch):
+def test_window_left_reaches_the_kernel_parameter_of_its_name(monkeypatch, kernel_device):
     """Follow ``window_left`` from the public function: it is the call's int of that name, which
     the split launch gives the kernel parameter ``window_left``."""
-    monkeypatch.setenv("KVATTN_BACKEND", "triton")
+    if kernel_device.type == "cpu":
+        monkeypatch.setenv("KVATTN_BACKEND", "triton")
     seen = []
     real = fast_launch.Launch.__call__
 
@@ -45,9 +46,10 @@ def test_window_left_reaches_the_kernel_parameter_of_its_name(monkeypatch):
         return real(launch, call)
 
     monkeypatch.setattr(fast_launch.Launch, "__call__", record)
-    case = make_paged_kv([40, 7], num_kv_heads=1, head_dim=64, page_size=16, dtype=torch.float16, seed=1)
-    q = torch.randn(2, 2, 64, dtype=torch.float16)
-    ws = torch.zeros(1 << 20, dtype=torch.uint8)
+    case = make_paged_kv([40, 7], num_kv_heads=1, head_dim=64, page_size=16, dtype=torch.float16, seed=1,
+                         device=kernel_device)
+    q = torch.randn(2, 2, 64, dtype=torch.float16, device=kernel_device)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=kernel_device)
     kvattn.decode.xqa_batch_decode_with_kv_cache(q, case.kv_cache, ws, case.block_tables, case.seq_lens, 40,
                                                  bmm1_scale=0.125, window_left=5)
     split = [(launch, call) for launch, call in seen if launch.kernel.fn.__name__ == "decode_split_kernel"]

@@ -61,14 +61,14 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None, tiles=None, off_by_one=None,
+    bmm2=None, tiles=None, misalign=None,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
     ``out_kind``: None (the query's dtype, or bf16 for an fp8 query), a torch dtype, or ``"nvfp4"``.
     ``tiles``: ``(BLOCK_M, BLOCK_N)`` of the interpreter's table for this case (CPU only: tiles
     holding several pages, or parts of one, with the small pages the interpreter can afford).
-    ``off_by_one``: ``"kv"`` / ``"sf"`` copies the cache / the NVFP4 block scales to one byte past a
+    ``misalign``: ``"kv"`` / ``"sf"`` copies the cache / the NVFP4 block scales to one byte past a
     4-byte boundary, so a GPU reads them byte by byte instead of as words.
     """
     if tiles is not None and not ON_GPU:
@@ -80,8 +80,8 @@ def prefill_case(
     fmt = fmt or {torch.float16: "float16", torch.bfloat16: "bfloat16", FP8_DTYPE: "fp8"}[qdt]
     case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=half, kv_format=fmt,
                          layout=layout, form=form, device=device, seed=seed, split_tables=split)
-    if off_by_one is not None:
-        name = {"kv": "kv_cache", "sf": "kv_cache_sf"}[off_by_one]
+    if misalign is not None:
+        name = {"kv": "kv_cache", "sf": "kv_cache_sf"}[misalign]
         t = getattr(case, name)
         setattr(case, name, tuple(off_by_one(x) for x in t) if isinstance(t, tuple) else off_by_one(t))
     g = torch.Generator().manual_seed(200 + seed)
@@ -214,7 +214,7 @@ CASES = [
           split=True, window=100, sinks=True, out_kind=FP8_DTYPE, tensor_scales=True),
     # fp8 / NVFP4 caches off a 4-byte boundary: the byte paths (aligned caches read words on a GPU)
     *[param(f"{fmt}-kv-bf16-q-{form}-misaligned-{what}", lens=GPU_LENS, lq=GPU_LQ, fmt=fmt, form=form, d=128,
-            qdt=torch.bfloat16, off_by_one=what, seed=5)
+            qdt=torch.bfloat16, misalign=what, seed=5)
       for fmt, what in (("fp8", "kv"), ("nvfp4", "kv"), ("nvfp4", "sf")) for form in ("stacked", "tuple")],
     param("bf16-Hq32-Hkv8-D128-p64-HND", lens=[2000, 300], lq=[700, 1], hkv=8, d=128, page=64, qdt=torch.bfloat16),
     param("fp8q-fp8kv-Hq32-Hkv8-D128-p64-HND", lens=[2000, 300], lq=[700, 1], hkv=8, d=128, page=64, qdt=FP8_DTYPE),
@@ -334,7 +334,7 @@ def test_quantised_caches_read_as_words_where_aligned(qdt, fmt, off_by_one, expe
     path: the launcher's choice, seen as it is made (and the output still checked)."""
     chosen = returns_of(monkeypatch, prefill_launch, "kv_format_code")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], fmt=fmt, d=128, qdt=qdt,
-                 off_by_one=off_by_one, seed=3)
+                 misalign=off_by_one, seed=3)
     assert chosen and set(chosen) == {expected}
 
 

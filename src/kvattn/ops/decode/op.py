@@ -110,7 +110,9 @@ def batch_decode_impl(
     window_left: int,
     max_programs: Optional[int],
     enable_pdl: bool,
-    lse: Optional[torch.Tensor] = None,
+    # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
+    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    lse: Optional[torch.Tensor],
     kv_start: Optional[torch.Tensor] = None,
 ) -> None:
     """Paged decode into ``out`` (and the base-2 LSE into ``lse``); split-KV partials live in
@@ -131,7 +133,7 @@ batch_decode_op = torch.library.custom_op("kvattn::batch_decode", batch_decode_i
 @batch_decode_op.register_fake
 def _batch_decode_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, mask, sinks, logit_factor,
                        logit_tensor, out_factor, out_tensor, out, workspace, q_len, max_seq_len, window_left,
-                       max_programs, enable_pdl, lse=None, kv_start=None) -> None:
+                       max_programs, enable_pdl, lse, kv_start=None) -> None:
     return None
 
 

@@ -57,7 +57,9 @@ def mla_decode_impl(
     out: torch.Tensor,
     workspace: torch.Tensor,
     max_seq_len: int,
-    lse: Optional[torch.Tensor] = None,
+    # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
+    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    lse: Optional[torch.Tensor],
 ) -> None:
     """MLA decode into ``out [B, Hq, 512]`` (and the base-2 LSE into ``lse [B, Hq]``) over latent
     rows ``kv [P, page, 1, 576]`` (see ops.mla)."""
@@ -73,5 +75,5 @@ mla_decode_op = torch.library.custom_op("kvattn::mla_decode", mla_decode_impl,
 
 @mla_decode_op.register_fake
 def _mla_decode_fake(query, kv, table, seq_lens, logit_factor, logit_tensor, out_factor, out_tensor, out,
-                     workspace, max_seq_len, lse=None) -> None:
+                     workspace, max_seq_len, lse) -> None:
     return None

@@ -81,7 +81,9 @@ def context_impl(
     o_sf_scale: float,
     sf_start: int,
     skip_factor: float,
-    lse: Optional[torch.Tensor] = None,
+    # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
+    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    lse: Optional[torch.Tensor],
 ) -> None:
     """Paged causal prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``),
     and the rows' base-2 LSE into ``lse``; see ops.prefill. The workspace is not used."""
@@ -99,5 +101,5 @@ context_op = torch.library.custom_op("kvattn::context", context_impl, mutates_ar
 @context_op.register_fake
 def _context_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, logit_factor,
                   logit_tensor, out_factor, out_tensor, out, out_sf, workspace, max_q_len, max_kv_len, window_left,
-                  o_sf_scale, sf_start, skip_factor, lse=None) -> None:
+                  o_sf_scale, sf_start, skip_factor, lse) -> None:
     return None
