@@ -281,8 +281,8 @@ def test_info_on_cpu(capsys, monkeypatch):
     assert out.startswith(f"kvattn {kvattn.__version__} (")
     assert f"torch {torch.__version__}" in out and f"triton {triton.__version__} ({_versions.support()})" in out
     assert "device: cpu" in out
-    for name in ("KVATTN_BACKEND", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE", "KVATTN_GLUON",
-                 "KVATTN_GLUON_WS", "TRITON_INTERPRET"):
+    for name in ("KVATTN_BACKEND", "KVATTN_BATCH_INVARIANT", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH",
+                 "KVATTN_FUSED_MERGE", "KVATTN_GLUON", "KVATTN_GLUON_WS", "TRITON_INTERPRET"):
         assert re.search(rf"^  {name} ", out, re.M), name
     assert re.search(r"^  KVATTN_GLUON\s+'0'\s+off", out, re.M)
     assert re.search(r"^  KVATTN_GLUON_WS\s+'0'\s+off", out, re.M)

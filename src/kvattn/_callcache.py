@@ -53,8 +53,8 @@ from . import _env
 MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache starts over
 MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
 
-_ENV_NAMES = ("KVATTN_BACKEND", "KVATTN_CALL_CACHE", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE",
-              "KVATTN_GLUON", "KVATTN_GLUON_WS", "TRITON_INTERPRET")
+_ENV_NAMES = tuple(_env.SWITCH_NAMES)  # every switch kvattn reads (TRITON_INTERPRET included)
+_OVERRIDES = _env._BATCH_INVARIANT  # kvattn.set_batch_invariant's value: [None | bool]
 _DATA = getattr(os.environ, "_data", None)
 if isinstance(_DATA, dict) and getattr(os.environ, "encodekey", None) is not None:
     _ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES))
@@ -147,7 +147,8 @@ def _flatten(args: tuple) -> tuple[tuple, list]:
         return (types, key), ptrs
     tensors = sig[0](args)
     ptrs = list(map(_data_ptr, tensors))
-    key = (types, tuple(map(_env_get, _ENV_KEYS)), tuple(map(_shape, tensors)), tuple(map(_stride, tensors)),
+    key = (types, tuple(map(_env_get, _ENV_KEYS)), _OVERRIDES[0], tuple(map(_shape, tensors)),
+           tuple(map(_stride, tensors)),
            tuple(map(_dtype, tensors)), tuple(map(_get_device, tensors)), tuple(map(_low_bits, ptrs)),
            sig[1](args))
     return key, ptrs

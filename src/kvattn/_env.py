@@ -4,6 +4,14 @@
     ``reference`` runs the plain-PyTorch implementation everywhere; ``triton`` runs the Triton
     kernels (on CPU tensors this needs ``TRITON_INTERPRET=1``, which runs them in Triton's
     interpreter). Unset: Triton for CUDA tensors, the reference for CPU tensors.
+``KVATTN_BATCH_INVARIANT``
+    ``1`` makes every request's output bitwise independent of its batch-mates (and of the GPU's SM
+    count): decode, ``xqa``, single decode and MLA cut a request's keys into splits of a fixed
+    number of tokens (so its split count is ``ceil(length / span)``) and merge them in a fixed
+    order with one fixed merge, and the launch configs no longer follow the batch. Off by default
+    (it costs speed where the batch is small or uneven: benchmarks/NOTES.md "Batch-invariant
+    mode"). :func:`kvattn.set_batch_invariant` and :func:`kvattn.batch_invariant` override it
+    from Python.
 ``KVATTN_DEBUG``
     ``1`` turns on the checks that need device values (page ids inside the cache, ``seq_lens``
     within the page table's capacity). They synchronise with the host, so they are off by default.
@@ -58,10 +66,16 @@ def _text(raw) -> str:
     return (os.fsdecode(raw) if isinstance(raw, bytes) else raw).strip().lower()
 
 
+# Every variable a switch reads, in registration order: kvattn._callcache keys replayed calls on
+# their raw values (with the Python overrides below), so no switch can be missed there.
+SWITCH_NAMES: list[str] = []
+
+
 def _switch(name: str, parse, func_name: str, doc: str):
     """The function ``func_name`` returning ``parse(raw value of name)`` (a str, bytes or None),
     memoised per raw value: a call costs one environment lookup and one dict lookup. A value
     ``parse`` rejects raises on every call (nothing is memoised for it)."""
+    SWITCH_NAMES.append(name)
     if isinstance(_DATA, dict) and _ENCODE is not None:
         get, key = _DATA.get, _ENCODE(name)
     else:
@@ -125,5 +139,20 @@ gluon = _switch("KVATTN_GLUON", _parse_tristate, "gluon",
                 "decides by the Triton release).")
 gluon_ws = _switch("KVATTN_GLUON_WS", lambda raw: _parse_flag(raw, True), "gluon_ws",
                    "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
+_batch_invariant_env = _switch(
+    "KVATTN_BATCH_INVARIANT", lambda raw: _parse_flag(raw, False), "_batch_invariant_env",
+    "Whether ``KVATTN_BATCH_INVARIANT`` asks for batch-invariant kernels (default off).")
+# The Python override of KVATTN_BATCH_INVARIANT (kvattn.set_batch_invariant): None follows the
+# variable. A one-item list, so that readers see a set made after their import.
+_BATCH_INVARIANT = [None]
+
+
+def batch_invariant() -> bool:
+    """Whether the kernels run batch-invariant (:func:`kvattn.set_batch_invariant`, else
+    ``KVATTN_BATCH_INVARIANT``)."""
+    forced = _BATCH_INVARIANT[0]
+    return _batch_invariant_env() if forced is None else forced
+
+
 triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",
                            "Whether Triton runs its interpreter (``TRITON_INTERPRET=1``).")

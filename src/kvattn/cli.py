@@ -465,6 +465,7 @@ def check(device: torch.device, big: bool, reps: int, interpret: bool = False, j
 # ---------------------------------------------------------------------------------------------
 _SWITCHES = (
     ("KVATTN_BACKEND", lambda: _env.backend_override() or "unset: Triton for CUDA tensors, reference for CPU tensors"),
+    ("KVATTN_BATCH_INVARIANT", lambda: "on (outputs independent of the batch)" if _env.batch_invariant() else "off"),
     ("KVATTN_DEBUG", lambda: "on (device-value checks; they synchronise)" if _env.debug_checks() else "off"),
     ("KVATTN_CALL_CACHE", lambda: "on" if _env.call_cache() else "off (every eager call validated and planned afresh)"),
     ("KVATTN_FAST_LAUNCH", lambda: "on" if _env.fast_launch() else "off"),

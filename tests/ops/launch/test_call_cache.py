@@ -167,7 +167,7 @@ def test_each_change_misses_and_launches_as_the_ordinary_call(change, monkeypatc
     assert launches == ordinary(fake, monkeypatch, fn, args, kwargs)
 
 
-@pytest.mark.parametrize("switch", ["KVATTN_FUSED_MERGE", "KVATTN_FAST_LAUNCH"])
+@pytest.mark.parametrize("switch", ["KVATTN_FUSED_MERGE", "KVATTN_FAST_LAUNCH", "KVATTN_BATCH_INVARIANT"])
 def test_a_changed_switch_misses(switch, monkeypatch):
     fake, fn, args, kwargs = setup(monkeypatch, "batch")
     cache = cache_of(fn)
@@ -176,6 +176,31 @@ def test_a_changed_switch_misses(switch, monkeypatch):
     fn(*args, **kwargs)
     assert cache.hits == hits
     assert fake.launches() == ordinary(fake, monkeypatch, fn, args, kwargs)
+
+
+def test_the_python_batch_invariant_override_misses(monkeypatch):
+    """kvattn.set_batch_invariant changes no environment variable, and a replay recorded before
+    it would launch the batch-dependent splits: the override is part of the key."""
+    import kvattn
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    cache = cache_of(fn)
+    monkeypatch.setattr(kvattn._env, "_BATCH_INVARIANT", kvattn._env._BATCH_INVARIANT)
+    try:
+        kvattn.set_batch_invariant(True)
+        hits = cache.hits
+        fn(*args, **kwargs)
+        assert cache.hits == hits
+        assert fake.launches() == ordinary(fake, monkeypatch, fn, args, kwargs)
+    finally:
+        kvattn.set_batch_invariant(None)
+
+
+def test_every_switch_is_in_the_key():
+    from kvattn import _callcache, _env
+
+    assert set(_env.SWITCH_NAMES) <= set(_callcache._ENV_NAMES)
+    assert "KVATTN_BATCH_INVARIANT" in _env.SWITCH_NAMES
 
 
 @pytest.mark.parametrize("bad, error", [
