@@ -223,10 +223,16 @@ def launches_of(fn) -> list:
         return call_launch(self, call)
 
     fast_launch.Launch.__call__ = recording
+    saved = os.environ.get("KVATTN_CALL_CACHE")
+    os.environ["KVATTN_CALL_CACHE"] = "0"  # (a replayed call skips Launch.__call__)
     try:
         fn()
     finally:
         fast_launch.Launch.__call__ = call_launch
+        if saved is None:
+            del os.environ["KVATTN_CALL_CACHE"]
+        else:
+            os.environ["KVATTN_CALL_CACHE"] = saved
     return seen
 
 

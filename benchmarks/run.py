@@ -5,6 +5,8 @@ Usage (on the device, from the repository root)::
     PYTHONPATH=src python benchmarks/run.py --suite decode,single_decode --out results.json --md results.md
     PYTHONPATH=src python benchmarks/run.py --quick --out results.json
     python benchmarks/run.py --device cpu          # smoke test of the harness (tiny shapes)
+    PYTHONPATH=src python benchmarks/run.py --suite decode,mla,prefill --batch-invariant --out inv.json
+                                                   # the same suites in batch-invariant mode (its cost)
 
 As a module: ``from benchmarks.run import run; doc = run(suites=["decode"], out="r.json")``.
 
@@ -65,6 +67,7 @@ def environment(device: torch.device, command: str) -> dict:
         "device": name, "torch": torch.__version__, "triton": triton.__version__,
         "kvattn": getattr(kvattn, "__version__", "?"), "git": _git_rev(), "command": command,
         "cuda": torch.version.cuda, "python": sys.version.split()[0],
+        "batch_invariant": kvattn.is_batch_invariant(),
     }
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
@@ -215,12 +218,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     p.add_argument("--time-budget", type=float, default=480.0,
                    help="seconds after which peers are skipped (kvattn 60 s later), to fit the device's limit")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="run kvattn in batch-invariant mode (KVATTN_BATCH_INVARIANT=1), to measure its cost")
     p.add_argument("--resume", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.batch_invariant:
+        # Through the variable, so a restart (os.execv, same environment) keeps the mode.
+        os.environ["KVATTN_BATCH_INVARIANT"] = "1"
     filters = [f.strip() for a in (args.filter or []) for f in a.split(",") if f.strip()] or None
     options = dict(all_peers=args.all_peers, flex_gathered=args.flex_gathered, time_reference=args.time_reference,
                    check=args.check, workspace_mib=args.workspace_mib,

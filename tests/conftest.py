@@ -20,6 +20,16 @@ import pytest  # noqa: E402
 ON_GPU = torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_call_caches():
+    """No recorded call outlives its test (tests patch what recorded calls were planned with)."""
+    from kvattn import _callcache
+
+    _callcache.clear()
+    yield
+    _callcache.clear()
+
+
 @pytest.fixture
 def kernel_device():
     return torch.device("cuda" if ON_GPU else "cpu")

@@ -281,8 +281,8 @@ def test_info_on_cpu(capsys, monkeypatch):
     assert out.startswith(f"kvattn {kvattn.__version__} (")
     assert f"torch {torch.__version__}" in out and f"triton {triton.__version__} ({_versions.support()})" in out
     assert "device: cpu" in out
-    for name in ("KVATTN_BACKEND", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH", "KVATTN_FUSED_MERGE", "KVATTN_GLUON",
-                 "KVATTN_GLUON_WS", "TRITON_INTERPRET"):
+    for name in ("KVATTN_BACKEND", "KVATTN_BATCH_INVARIANT", "KVATTN_DEBUG", "KVATTN_FAST_LAUNCH",
+                 "KVATTN_FUSED_MERGE", "KVATTN_GLUON", "KVATTN_GLUON_WS", "TRITON_INTERPRET"):
         assert re.search(rf"^  {name} ", out, re.M), name
     assert re.search(r"^  KVATTN_GLUON\s+'0'\s+off", out, re.M)
     assert re.search(r"^  KVATTN_GLUON_WS\s+'0'\s+off", out, re.M)
@@ -318,15 +318,14 @@ def test_triton_support_levels(version, expected):
 def test_gluon_kernels_gated_on_gpu_verified_tritons(version, raw, expected, monkeypatch, capsys):
     """KVATTN_GLUON unset: the Gluon kernels serve only on the Triton releases they were verified
     with on a GPU; ``kvattn info`` says which and why."""
-    from kvattn import _env, _versions
+    from kvattn import _versions
 
     monkeypatch.setattr(_versions, "triton_version", lambda: version)
     if raw is None:
         monkeypatch.delenv("KVATTN_GLUON", raising=False)
     else:
         monkeypatch.setenv("KVATTN_GLUON", raw)
-    assert _env._parse_gluon(os.environ.get("KVATTN_GLUON")) is expected
-    monkeypatch.setattr(_env, "gluon", lambda: _env._parse_gluon(os.environ.get("KVATTN_GLUON")))
+    assert _versions.gluon_on() is expected
     state = _versions.fast_paths()["gluon"]
     assert state.startswith("on" if expected else "off"), state
     if not expected and raw is None:

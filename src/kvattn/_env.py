@@ -4,9 +4,20 @@
     ``reference`` runs the plain-PyTorch implementation everywhere; ``triton`` runs the Triton
     kernels (on CPU tensors this needs ``TRITON_INTERPRET=1``, which runs them in Triton's
     interpreter). Unset: Triton for CUDA tensors, the reference for CPU tensors.
+``KVATTN_BATCH_INVARIANT``
+    ``1`` makes every request's output bitwise independent of its batch-mates (and of the GPU's SM
+    count): decode, ``xqa``, single decode and MLA cut a request's keys into splits of a fixed
+    number of tokens (so its split count is ``ceil(length / span)``) and merge them in a fixed
+    order with one fixed merge, and the launch configs no longer follow the batch. Off by default
+    (it costs speed where the batch is small or uneven: benchmarks/NOTES.md "Batch-invariant
+    mode"). :func:`kvattn.set_batch_invariant` and :func:`kvattn.batch_invariant` override it
+    from Python.
 ``KVATTN_DEBUG``
     ``1`` turns on the checks that need device values (page ids inside the cache, ``seq_lens``
     within the page table's capacity). They synchronise with the host, so they are off by default.
+``KVATTN_CALL_CACHE``
+    ``0`` runs every eager call the ordinary way (validation, planning, launch binding) instead of
+    replaying a recorded call of the same metadata (:mod:`kvattn._callcache`); on by default.
 ``KVATTN_FAST_LAUNCH``
     ``0`` launches every kernel through ``kernel[grid](...)`` instead of the compiled kernel's
     launcher (see :mod:`kvattn.ops.launch.fast_launch`); on by default.
@@ -55,10 +66,16 @@ def _text(raw) -> str:
     return (os.fsdecode(raw) if isinstance(raw, bytes) else raw).strip().lower()
 
 
+# Every variable a switch reads, in registration order: kvattn._callcache keys replayed calls on
+# their raw values (with the Python overrides below), so no switch can be missed there.
+SWITCH_NAMES: list[str] = []
+
+
 def _switch(name: str, parse, func_name: str, doc: str):
     """The function ``func_name`` returning ``parse(raw value of name)`` (a str, bytes or None),
     memoised per raw value: a call costs one environment lookup and one dict lookup. A value
     ``parse`` rejects raises on every call (nothing is memoised for it)."""
+    SWITCH_NAMES.append(name)
     if isinstance(_DATA, dict) and _ENCODE is not None:
         get, key = _DATA.get, _ENCODE(name)
     else:
@@ -104,26 +121,38 @@ backend_override = _switch("KVATTN_BACKEND", _parse_backend, "backend_override",
                            "The backend forced by ``KVATTN_BACKEND``, or None when unset.")
 debug_checks = _switch("KVATTN_DEBUG", lambda raw: _parse_flag(raw, False), "debug_checks",
                        "Whether the device-value checks (``KVATTN_DEBUG=1``) are on.")
+call_cache = _switch("KVATTN_CALL_CACHE", lambda raw: _parse_flag(raw, True), "call_cache",
+                     "Whether eager calls may be replayed from their metadata (``KVATTN_CALL_CACHE``, default on).")
 fast_launch = _switch("KVATTN_FAST_LAUNCH", lambda raw: _parse_flag(raw, True), "fast_launch",
                       "Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on).")
 fused_merge = _switch("KVATTN_FUSED_MERGE", lambda raw: _parse_flag(raw, True), "fused_merge",
                       "Whether decode's last split program merges the partials (``KVATTN_FUSED_MERGE``, default on).")
-def _parse_gluon(raw) -> bool:
-    # Gluon's API and codegen move between Triton releases: by default its kernels serve only on the
-    # releases they were verified with on a GPU (kvattn._versions.GPU_VERIFIED); "1" asks for them on
-    # any other release too.
+def _parse_tristate(raw):
     value = _text(raw)
     if not value:
-        from . import _versions
-
-        return _versions.gluon_verified()
+        return None
     return value not in _FALSE
 
 
-gluon = _switch("KVATTN_GLUON", _parse_gluon, "gluon",
-                "Whether launches may take a Gluon kernel where one exists (``KVATTN_GLUON``; default: on "
-                "with the Triton releases the Gluon kernels were verified with on a GPU).")
+gluon = _switch("KVATTN_GLUON", _parse_tristate, "gluon",
+                "``KVATTN_GLUON`` as True / False, or None when unset (then :func:`kvattn._versions.gluon_on` "
+                "decides by the Triton release).")
 gluon_ws = _switch("KVATTN_GLUON_WS", lambda raw: _parse_flag(raw, True), "gluon_ws",
                    "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
+_batch_invariant_env = _switch(
+    "KVATTN_BATCH_INVARIANT", lambda raw: _parse_flag(raw, False), "_batch_invariant_env",
+    "Whether ``KVATTN_BATCH_INVARIANT`` asks for batch-invariant kernels (default off).")
+# The Python override of KVATTN_BATCH_INVARIANT (kvattn.set_batch_invariant): None follows the
+# variable. A one-item list, so that readers see a set made after their import.
+_BATCH_INVARIANT = [None]
+
+
+def batch_invariant() -> bool:
+    """Whether the kernels run batch-invariant (:func:`kvattn.set_batch_invariant`, else
+    ``KVATTN_BATCH_INVARIANT``)."""
+    forced = _BATCH_INVARIANT[0]
+    return _batch_invariant_env() if forced is None else forced
+
+
 triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",
                            "Whether Triton runs its interpreter (``TRITON_INTERPRET=1``).")

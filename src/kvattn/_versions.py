@@ -62,6 +62,15 @@ def gluon_verified(version: str | None = None) -> bool:
     return version.startswith(GPU_VERIFIED)
 
 
+def gluon_on() -> bool:
+    """Whether launches may take a Gluon kernel where one exists: ``KVATTN_GLUON`` when set, else
+    on with the GPU-verified Tritons only (Gluon's API and code generation move between releases)."""
+    from . import _env
+
+    flag = _env.gluon()
+    return gluon_verified() if flag is None else flag
+
+
 def fast_paths() -> dict[str, str]:
     """``{path: "on (...)" | "off (...)"}`` for each version-gated path of the installed Triton."""
     version = triton_version()
@@ -75,14 +84,12 @@ def fast_paths() -> dict[str, str]:
                           else f"off (verified on Triton 3.6 / 3.7; {version} launches through kernel[grid])")
     out["ptx_hints"] = ("on (stages hook set only around kvattn's marked launches)" if ptx_hints.HOOK_SUPPORTED
                         else f"off (hook protocol verified on Triton 3.6 / 3.7; {version} copies run unhinted)")
-    from . import _env
-
     try:
         from .ops.common import gluon_compat  # noqa: F401
     except ImportError as exc:
         out["gluon"] = f"off (Gluon unavailable: {exc})"
     else:
-        if _env.gluon():
+        if gluon_on():
             out["gluon"] = (f"on (Gluon kernels on Hopper; Triton {version})" if gluon_verified(version)
                             else f"on (KVATTN_GLUON=1; Triton {version} is not GPU-verified for them)")
         elif gluon_verified(version):

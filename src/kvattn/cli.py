@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from . import _backend, _device, _env, dense
+from . import _backend, _device, _env, _versions, dense
 from ._console import (  # noqa: F401  (re-exported: the command's names live in kvattn.cli too)
     FUNCTION_KEYS,
     FUNCTIONS,
@@ -465,10 +465,12 @@ def check(device: torch.device, big: bool, reps: int, interpret: bool = False, j
 # ---------------------------------------------------------------------------------------------
 _SWITCHES = (
     ("KVATTN_BACKEND", lambda: _env.backend_override() or "unset: Triton for CUDA tensors, reference for CPU tensors"),
+    ("KVATTN_BATCH_INVARIANT", lambda: "on (outputs independent of the batch)" if _env.batch_invariant() else "off"),
     ("KVATTN_DEBUG", lambda: "on (device-value checks; they synchronise)" if _env.debug_checks() else "off"),
+    ("KVATTN_CALL_CACHE", lambda: "on" if _env.call_cache() else "off (every eager call validated and planned afresh)"),
     ("KVATTN_FAST_LAUNCH", lambda: "on" if _env.fast_launch() else "off"),
     ("KVATTN_FUSED_MERGE", lambda: "on" if _env.fused_merge() else "off (a second launch merges the splits)"),
-    ("KVATTN_GLUON", lambda: "on" if _env.gluon() else "off (Triton kernels where a Gluon one exists)"),
+    ("KVATTN_GLUON", lambda: "on" if _versions.gluon_on() else "off (Triton kernels where a Gluon one exists)"),
     ("KVATTN_GLUON_WS", lambda: "on" if _env.gluon_ws() else "off (MLA's Gluon kernel without warp specialisation)"),
     ("TRITON_INTERPRET", lambda: "on (Triton's interpreter runs the kernels)" if _env.triton_interpret() else "off"),
 )
@@ -491,7 +493,7 @@ def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str
     text = _KERNELS[op]
     if device.type != "cuda":
         return text + ", in Triton's interpreter"
-    if op == "mla_decode" and _device.is_hopper(device) and _env.gluon() and fast_paths.get("gluon", "").startswith("on"):
+    if op == "mla_decode" and _device.is_hopper(device) and _versions.gluon_on() and fast_paths.get("gluon", "").startswith("on"):
         text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
         if _env.gluon_ws():
             text += " (warp-specialised)"

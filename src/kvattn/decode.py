@@ -11,6 +11,7 @@ from typing import Literal, Optional, Tuple, Union, overload
 import torch
 
 from . import _backend, reference
+from ._callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     Scale,
@@ -139,11 +140,17 @@ def xqa_batch_decode_with_kv_cache(
     >>> lse.shape, lse.dtype
     (torch.Size([2, 8]), torch.float32)
     """
-    return _batch_decode(
-        query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-        window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf,
-        return_lse=return_lse, lse=lse,
-    )
+    args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
+            window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, return_lse, lse)
+    if out is not None:  # (without out the call allocates it: nothing to replay)
+        return _BATCH_CACHE.run(args, lambda: _batch_decode(*args[:17], return_lse=return_lse, lse=lse))
+    return _batch_decode(*args[:17], return_lse=return_lse, lse=lse)
+
+
+# Calls replayed from their metadata (kvattn._callcache; benchmarks/NOTES.md "Host path: calls
+# replayed from their metadata").
+_BATCH_CACHE = CallCache("xqa_batch_decode_with_kv_cache")
+_SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)
 
 
 def _batch_decode(
@@ -325,6 +332,16 @@ def single_decode_with_kv_cache(
     >>> o.shape
     torch.Size([32, 128])
     """
+    args = (q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale, window_left,
+            logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse, out, lse)
+    if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
+        return _SINGLE_CACHE.run(args, lambda: _single_decode(*args))
+    return _single_decode(*args)
+
+
+def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale, window_left,
+                   logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse, out, lse):
+    """:func:`single_decode_with_kv_cache`, the ordinary way."""
     check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=2, contiguous_last=True)
     device = q.device
     head_dim = check_head_dim(q.shape[-1], "q")

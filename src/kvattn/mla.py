@@ -7,6 +7,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _backend, reference
+from ._callcache import CallCache
 from ._inputs import (
     PagedKV,
     check_int,
@@ -93,6 +94,20 @@ def xqa_batch_decode_with_kv_cache_mla(
     >>> o.shape
     torch.Size([2, 16, 512])
     """
+    args = (query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables,
+            seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse)
+    if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
+        return _CACHE.run(args, lambda: _mla(*args))
+    return _mla(*args)
+
+
+# Calls replayed from their metadata (kvattn._callcache).
+_CACHE = CallCache("xqa_batch_decode_with_kv_cache_mla")
+
+
+def _mla(query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables, seq_lens,
+         max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse):
+    """:func:`xqa_batch_decode_with_kv_cache_mla`, the ordinary way."""
     check_int(qk_nope_head_dim, "qk_nope_head_dim", choices=(QK_NOPE_HEAD_DIM,))
     check_int(kv_lora_rank, "kv_lora_rank", choices=(KV_LORA_RANK,))
     check_int(qk_rope_head_dim, "qk_rope_head_dim", choices=(QK_ROPE_HEAD_DIM,))

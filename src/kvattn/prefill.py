@@ -153,6 +153,8 @@ def trtllm_batch_context_with_kv_cache(
     >>> o.shape
     torch.Size([69, 8, 64])
     """
+    # (Not replayed from its metadata, kvattn._callcache: it launches through kernel[grid], with a
+    # TMA descriptor or the Gluon kernel on Hopper; NOTES.md "Host path: calls replayed from their metadata".)
     check_tensor(query, "query", dtypes=(*HALF_DTYPES, FP8_DTYPE), ndim=3)
     check_last_dim_contiguous(query, "query")
     device = query.device

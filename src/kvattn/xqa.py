@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from . import _backend, reference
+from ._callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     PagedKV,
@@ -141,6 +142,20 @@ def xqa(
     >>> kvattn.xqa.xqa(q, k, v, table, lens, out, torch.zeros(1 << 20, dtype=torch.uint8),
     ...                torch.zeros(8, dtype=torch.uint32), Hkv, page)
     """
+    args = (q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
+            sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse)
+    if lse is not None or return_lse is False:  # (else the call allocates the LSE)
+        return _CACHE.run(args, lambda: _xqa(*args))
+    return _xqa(*args)
+
+
+# Calls replayed from their metadata (kvattn._callcache).
+_CACHE = CallCache("xqa")
+
+
+def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
+         sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse):
+    """:func:`xqa`, the ordinary way."""
     check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=4, contiguous_last=True)
     device, shape, q_dtype = q.device, q.shape, q.dtype
     if shape[1] != 1:

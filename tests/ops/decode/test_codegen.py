@@ -26,7 +26,8 @@ BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_
             KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False, HAS_SINKS=False,
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False, MERGE=False,
-            MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False)
+            MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False,
+            SPLIT_SPAN=0)
 # Single decode with RoPE, 32 heads of 128 (the one-row kernel: the query rotated per key) on sm90's table
 ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=False, STORE_LSE=True, ROPE=True,
                     PREFETCH=1)
@@ -79,6 +80,18 @@ def test_in_kernel_merge_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
     assert add and "atom." not in plain["ptx"]
     assert "bar.sync" in ptx[ptx.rfind("st.global", 0, add.start()) : add.start()]
     assert len(re.findall(r"ld\.global\.cg", ptx)) >= 2  # the merge's partial loads skip L1
+
+
+def test_batch_invariant_split_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
+    """Fixed-span splits (SPLIT_SPAN, benchmarks/NOTES.md "Batch-invariant mode") change only the
+    split bounds: the one-row RoPE kernel (the tightest budget) stays within 128 registers, with
+    the stack of the default mode's kernel (32 bytes under Triton 3.6), no more."""
+    plain = _compile(ROPE_ONE_ROW, raw=True)
+    got = _compile(dict(ROPE_ONE_ROW, SPLIT_SPAN=1024), raw=True)
+    if "reg" not in got:
+        pytest.skip("Triton ships no cuobjdump here")
+    assert got["reg"] <= 128, got["reg"]
+    assert got.get("stack", 0) <= plain.get("stack", 0), (got.get("stack"), plain.get("stack"))
 
 
 def test_contig_one_row_tiles_fit_four_programs_an_sm():

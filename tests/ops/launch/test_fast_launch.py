@@ -639,6 +639,9 @@ class FakeGPU:
         monkeypatch.setenv("KVATTN_BACKEND", "triton")
         # ... but the kernels are compiled ones: bfloat16 caches are fine (no interpreter arithmetic)
         monkeypatch.setattr(_inputs, "_kernels_interpreted", lambda: False)
+        # Every call through its launches (these tests look at them); the replays of recorded calls
+        # have tests of their own (test_call_cache.py).
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
 
     def launches(self) -> list[tuple]:
         """Since the last call: (compiled kernel, grid, stream, function, metadata, kernel arguments
@@ -741,6 +744,7 @@ class Spy:
 
         monkeypatch.setattr(JITFunction, "run", counting_run)
         monkeypatch.setattr(fast_launch.Launch, "__call__", recording_launch)
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "0")  # (a replayed call skips Launch.__call__)
 
     def reset(self):
         self.runs = 0

@@ -20,7 +20,7 @@ from ..sm90 import compile_sm90
 PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"}
 BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, KV_FORMAT=0,
-            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False, STORE_LSE=False)
+            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False, STORE_LSE=False, SPLIT_SPAN=0)
 
 
 def _compile(split: bool, **constexprs) -> dict:
@@ -47,7 +47,7 @@ def test_score_products_split_between_warpgroups(split):
 # ---------------------------------------------------------------------------------------------
 GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
 GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
-                  OUT_PTR=False, STORE_LSE=False)
+                  OUT_PTR=False, STORE_LSE=False, SPLIT_SPAN=0)
 ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
             "fp4_padded=False, cga_layout=[])")
 
@@ -116,3 +116,16 @@ def test_ws_kernel_compiles_to_its_schedule(page):
     if "sass" in got:
         assert len(re.findall(r"\bHGMMA\.", got["sass"])) == 88
         assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8
+
+
+def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode():
+    """Fixed-span splits (SPLIT_SPAN, benchmarks/NOTES.md "Batch-invariant mode") change only the
+    split bounds: the same registers, no spill, the same shared memory."""
+    got = compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, SPLIT_SPAN=1024),
+                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", got["ptx"]))
+    assert {"240", "24"} <= regs
+    assert 216 * 1024 < got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255

@@ -116,10 +116,17 @@ def merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, split_stride, num_sp
 
 
 @triton.jit
-def split_bounds(kv_len, kv_lo, num_splits, BLOCK_N: tl.constexpr):
+def split_bounds(kv_len, kv_lo, num_splits, BLOCK_N: tl.constexpr, SPLIT_SPAN: tl.constexpr = 0):
     """``chunk``: the keys ``[kv_lo, kv_len)`` cut into chunks of ``chunk`` tokens (a multiple of
     BLOCK_N), balanced for this request; split ``s`` takes ``[kv_lo + s * chunk, +chunk)``, clipped
-    to ``kv_len`` (empty for the splits a short request leaves idle)."""
+    to ``kv_len`` (empty for the splits a short request leaves idle).
+
+    ``SPLIT_SPAN > 0`` (batch-invariant mode, a multiple of BLOCK_N): chunks of ``SPLIT_SPAN``
+    tokens whatever ``num_splits`` is, so a request's splits depend on its own length only (the
+    launcher gives ``num_splits >= ceil(max length / SPLIT_SPAN)``; a longer chunk only where a
+    length passes that bound, which a well-formed call never does)."""
     span = tl.maximum(kv_len - kv_lo, 0)
     chunk = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+    if SPLIT_SPAN > 0:
+        return tl.maximum(chunk, SPLIT_SPAN)
     return tl.maximum(chunk, BLOCK_N)

@@ -30,6 +30,7 @@ class DecodeConfig:
     evict_first: bool = False  # K/V marked evict_first in L2 (Triton keeps it on unpipelined loads; TMA: ptx_hints)
     max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
     tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by ops/launch/ptx_hints.py)
+    invariant_span: int = 1024  # keys a split in batch-invariant mode (rounded up to BLOCK_N; invariant_splits)
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -194,6 +195,21 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     if max_programs is not None:
         splits = min(splits, max(1, max_programs // items))
     return max(1, splits)
+
+
+def invariant_span(cfg) -> int:
+    """Keys a split takes in batch-invariant mode: ``cfg.invariant_span`` rounded up to whole
+    tiles (a decode or MLA config). Fixed per config, which in that mode depends on the shape
+    class only (benchmarks/NOTES.md "Batch-invariant mode")."""
+    return -(-cfg.invariant_span // cfg.block_n) * cfg.block_n
+
+
+def invariant_splits(cfg, span: int) -> int:
+    """Splits a batch-invariant launch of key bound ``span`` (max_seq_len) has: enough spans of
+    :func:`invariant_span` keys for the longest request, and at least two, so every request's
+    output goes through the same merge (a one-split launch writes its rows straight from the
+    split, which rounds otherwise when sinks add to the denominator)."""
+    return max(2, -(-span // invariant_span(cfg)))
 
 
 def _fmt(kv_format: str) -> str:

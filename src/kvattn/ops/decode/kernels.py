@@ -62,9 +62,14 @@ except ImportError:  # pragma: no cover
 @triton.jit
 def _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_LEN: tl.constexpr,
                       PAGED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KV_START: tl.constexpr):
-    """``(kv_len, kv_lo)``: the request's length and its first key any of its rows can see."""
+    """``(kv_len, kv_lo)``: the request's length and its first key any of its rows can see.
+
+    PAGED: ``fixed_len`` is the page table's capacity in tokens (pages a row x page size), and the
+    length read is clamped into ``[0, capacity]``: a length past the row would read the table past
+    the request's row, and a negative one (a uint32 length >= 2^31 reads as one) is empty
+    (benchmarks/NOTES.md "Device-side clamps")."""
     if PAGED:
-        kv_len = tl.load(seq_lens_ptr + b)
+        kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), fixed_len)
     else:
         kv_len = fixed_len
     kv_lo = kv_len * 0
@@ -106,7 +111,7 @@ def _decode_item(
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -127,7 +132,7 @@ def _decode_item(
 
     kv_len, kv_lo = _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_LEN, PAGED,
                                       HAS_WINDOW, HAS_KV_START)
-    chunk = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N)
+    chunk = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N, SPLIT_SPAN)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
     if PREFETCH > 0:
@@ -384,6 +389,7 @@ def decode_split_kernel(
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
+    SPLIT_SPAN: tl.constexpr = 0,
 ):
     if KV_EVICT_FIRST and KV_TMA:
         mark_copies_evict_first()
@@ -409,7 +415,7 @@ def decode_split_kernel(
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN,
             )
     else:
         _decode_item(
@@ -425,7 +431,7 @@ def decode_split_kernel(
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made

@@ -125,6 +125,7 @@ class DecodeFacts(NamedTuple):
     fused_merge: bool  # KVATTN_FUSED_MERGE
     kv_aligned16: bool  # contiguous K and V 16-byte aligned (TMA)
     graph_capture: bool  # RoPE over a contiguous cache while capturing a CUDA graph (tma_readable)
+    batch_invariant: bool = False  # kvattn.set_batch_invariant / KVATTN_BATCH_INVARIANT
 
 
 class _Plan:
@@ -165,19 +166,24 @@ class _Plan:
         self.items = self.batch * self.num_kv_heads * self.m_blocks
         self.sm_count = _device.sm_count(f.device)
         table = (arch_name, self.kv_format, self.head_dim, self.block_m, f.has_rope)  # what every table is read by
-        long_tiles = decode_configs.wants_long_tiles(*table, page_size=self.page_size, items=self.items,
-                                                     sm_count=self.sm_count)
-        few_items = not long_tiles and decode_configs.wants_few_item_tiles(*table, items=self.items,
-                                                                           sm_count=self.sm_count)
+        # Batch-invariant mode: the main table only (the others are chosen by the batch, the SM
+        # count or the call's key bound), fixed-span splits, always the combine launch.
+        self.invariant = invariant = f.batch_invariant
+        long_tiles = not invariant and decode_configs.wants_long_tiles(*table, page_size=self.page_size,
+                                                                       items=self.items, sm_count=self.sm_count)
+        few_items = not invariant and not long_tiles and decode_configs.wants_few_item_tiles(
+            *table, items=self.items, sm_count=self.sm_count)
         self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
         self.cfg_short = None
-        if decode_configs.has_short_tiles(*table, page_size=self.page_size):
+        if not invariant and decode_configs.has_short_tiles(*table, page_size=self.page_size):
             self.cfg_short = decode_configs.config(*table, "short")
         self.cfg_stream, self.stream_span = None, 0  # longest span that takes the streaming tiles
         stream_kind = None
-        if decode_configs.wants_stream_tiles(*table, items=self.items, sm_count=self.sm_count):
+        if invariant:
+            pass
+        elif decode_configs.wants_stream_tiles(*table, items=self.items, sm_count=self.sm_count):
             stream_kind = "stream"
         elif decode_configs.wants_one_row_tiles("rope_stream", *table, paged=f.paged, rows=self.rows):
             stream_kind = "rope_stream"
@@ -194,7 +200,8 @@ class _Plan:
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
         # Split launches merge in their own last program (one counter an item) where they can.
-        self.merge = f.fused_merge and self.items <= MAX_COUNTERS
+        self.merge = f.fused_merge and self.items <= MAX_COUNTERS and not invariant
+        self.has_workspace = f.ws_numel is not None
         self.merge_rows = min(self.block_m, next_power_of_2(self.rows))
         self.rope_query = f.has_rope and use_dot and self.rows == 1
         tma_rules = dict(
@@ -239,6 +246,16 @@ class _Plan:
         return self.cfg
 
     def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
+        if self.invariant:
+            cfg = cfg or self.config_for(span)
+            splits = decode_configs.invariant_splits(cfg, span)
+            if self.has_workspace and splits > self.fit:
+                per_split = self.rows_total * self.num_heads * (self.head_dim + 1) * 4
+                raise ValueError(
+                    f"workspace_buffer: batch-invariant mode needs {splits} splits of "
+                    f"{decode_configs.invariant_span(cfg)} keys for max_seq_len={span}, at least "
+                    f"{16 + 16384 + splits * per_split} bytes, got a workspace with room for {self.fit}")
+            return splits
         return decode_configs.num_splits(
             cfg or self.config_for(span), items=self.items, span=span, sm_count=self.sm_count, fit=self.fit,
             max_programs=self.max_programs, kv_format=self.kv_format, head_dim=self.head_dim,
@@ -331,6 +348,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
             MERGE=plan.merges(cfg, splits), MERGE_ROWS=plan.merge_rows, MERGE_BLOCK_S=_merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
             USE_PDL=plan.gdc, HAS_KV_START=has["kv_start"],
+            SPLIT_SPAN=decode_configs.invariant_span(cfg) if plan.invariant else 0,
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -338,6 +356,14 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) ->
         ),
         ptx_hints=tma and cfg.evict_first,
     )
+
+
+def combine_block_s(splits: int, head_dim: int, invariant: bool) -> int:
+    """Splits the combine kernel merges a round. Batch-invariant mode: a number fixed by the head
+    dim, so a request's splits fall into the same rounds (the same rounding) whatever the launch's
+    split count; the splits past a request's own are empty and merge exactly as no-ops."""
+    cap = max(1, 8192 // head_dim)
+    return min(16, cap) if invariant else min(next_power_of_2(splits), cap)
 
 
 def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
@@ -353,7 +379,7 @@ def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
                    num_splits=splits),
         constexprs=dict(
             NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim,
-            BLOCK_S=min(next_power_of_2(splits), max(1, 8192 // plan.head_dim)), HAS_SINKS=has["sinks"],
+            BLOCK_S=combine_block_s(splits, plan.head_dim, plan.invariant), HAS_SINKS=has["sinks"],
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], USE_PDL=plan.gdc,
         ),
         options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
@@ -419,7 +445,7 @@ def launch_decode(
     k_table=None,  # page tables [B, pages_per_seq] (paged)
     v_table=None,
     seq_lens=None,  # [B] or [B, 1] (paged)
-    fixed_len: int = 0,  # the one request's length (not paged)
+    fixed_len: int = 0,  # the one request's length (not paged; paged: set here to the tables' capacity)
     max_seq_len: int,
     q_len: int = 1,
     mask=None,
@@ -459,6 +485,9 @@ def launch_decode(
             )
             if kv_start is not None:
                 kv_start = int32_lengths(kv_start)
+            # Paged, the kernel reads fixed_len as the tables' capacity in tokens and clamps every
+            # length to it (benchmarks/NOTES.md "Device-side clamps").
+            fixed_len = min(k_table.shape[-1], v_table.shape[-1]) * k.shape[1]
         else:  # no page tables; the lengths are fixed_len
             k_table = v_table = seq_lens = kv_start = None
             same_table = True
@@ -484,11 +513,12 @@ def launch_decode(
         fused_merge = _env.fused_merge()
         kv_aligned16 = not paged and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0
         graph_capture = has_rope and not paged and capturing(device)  # (TMA: tma_readable)
+        batch_invariant = _env.batch_invariant()
         facts = DecodeFacts._make((
             device, interpreter, q_shape, q_stride, k_shape, k_stride, v_stride, kv_dtype, out_shape, out_stride,
             out_dtype, present, ksf_stride, vsf_stride, kt_stride, vt_stride, same_table, mask_stride, lse_stride,
             ws_numel, paged, q_len, has_window, has_rope, alibi, has_soft_cap, use_tensor_cores, max_programs,
-            enable_pdl, kv_aligned4, fused_merge, kv_aligned16, graph_capture,
+            enable_pdl, kv_aligned4, fused_merge, kv_aligned16, graph_capture, batch_invariant,
         ))
         plan = _plan(facts)
         span = min(max_seq_len, window_left + q_len) if has_window else max_seq_len

@@ -79,8 +79,7 @@ def single_decode(
         return entry(single_decode_op, single_decode_impl)(*args)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if lse is None:
-        lse = torch.empty(q.shape[0], dtype=torch.float32, device=q.device)
+    # (no LSE asked for: the kernel stores none, and nothing is allocated with out given)
     entry(single_decode_into_op, single_decode_into_impl)(*args, out, lse)
     return out, lse
 
@@ -184,9 +183,10 @@ def single_decode_into_impl(
     rope_theta: float,
     use_tensor_cores: bool,
     out: torch.Tensor,
-    lse: torch.Tensor,
+    lse: Optional[torch.Tensor],
 ) -> None:
-    """:func:`single_decode_impl` into given ``out [Hq, D]`` (q's dtype or float32) and ``lse [Hq]``."""
+    """:func:`single_decode_impl` into given ``out [Hq, D]`` (q's dtype or float32) and ``lse [Hq]``
+    (None: no LSE stored)."""
     length = k.shape[0]
     launch_decode(  # [Hq, D] tensors are one row of the launcher's [rows, Hq, D]
         q, k, v, out, paged=False, fixed_len=length, max_seq_len=length,

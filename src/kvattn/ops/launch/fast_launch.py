@@ -475,13 +475,30 @@ class Launch:
                     compiled, launch, fixed = hit
                     self.last = compiled
                     launch(*self._grid3, call.stream, *fixed, *self._pick(call.values + self._bound))
+                    if _RECORDER is not None:
+                        _RECORDER.launched(self, call, call.key)
                     return
+        if _RECORDER is not None:
+            _RECORDER.spoil(f"{self.kernel}: launched through Triton")
         with self._scope():
             compiled = self.kernel[self.grid](*self._pick(call.triton_values() + self._bound), **self.options)
         self.last = compiled
         if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
             self._compiled[key] = (compiled, *_launcher(compiled))
             self._remember_globals()
+
+    def ready(self, call_key: int):
+        """``(CompiledKernel, launch, fixed)`` of this launch for a call whose :func:`call_args` key
+        was ``call_key``, where the fast path would launch it now; else None (Triton's path would)."""
+        if not self.fast:
+            return None
+        kernel = self.kernel
+        if kernel.pre_run_hooks:
+            return None
+        hit = self._compiled.get((call_key, kernel.debug))
+        if hit is None or not self._globals_unchanged():
+            return None
+        return hit
 
     def warmup(self, call: CallArgs) -> None:
         """Compile this launch's kernel for ``call`` and load it onto the GPU, without launching:
@@ -521,3 +538,105 @@ class Launch:
             self._globals = (dicts, names, missing, values, now)
             return True
         return False
+
+
+# ---------------------------------------------------------------------------------------------
+# recording a call's launches and replaying them (kvattn._callcache)
+# ---------------------------------------------------------------------------------------------
+_RECORDER = None  # the kvattn._callcache.Record of the call being recorded, if any
+_add = operator.add
+
+
+@contextlib.contextmanager
+def recording(record):
+    """Every launch inside the block is reported to ``record`` (``launched``, or ``spoil`` for a
+    launch through Triton's own path). A recording inside another spoils the outer one (its
+    launches would go to the inner record)."""
+    global _RECORDER
+    outer = _RECORDER
+    if outer is not None:
+        outer.spoil("a nested recorded call")
+    _RECORDER = record
+    try:
+        yield record
+    finally:
+        _RECORDER = outer
+
+
+def launch_outside(what: str) -> None:
+    """Launchers that launch a kernel otherwise than through a :class:`Launch` (``kernel[grid]``
+    with tensor descriptors, Gluon kernels) say so: the call being recorded cannot be replayed."""
+    if _RECORDER is not None:
+        _RECORDER.spoil(what)
+        _RECORDER.outside = True
+
+
+def current_device() -> int | None:
+    """The current CUDA device's index as Triton's driver sees it (None off the fast path)."""
+    if not TRITON_SUPPORTED:
+        return None
+    return driver.active.get_current_device()
+
+
+def knob_state() -> tuple:
+    """Triton's knobs that enter :func:`call_key`."""
+    if not TRITON_SUPPORTED:
+        return ()
+    return knobs.runtime.debug, knobs.compilation.instrumentation_mode
+
+
+_CAPTURE_QUERY: list = []  # [torch's capture query, or None without CUDA], once asked
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    if not _CAPTURE_QUERY:
+        _CAPTURE_QUERY.append(torch._C._cuda_isCurrentStreamCapturing if torch.cuda.is_available() else None)
+    query = _CAPTURE_QUERY[0]
+    return query is not None and torch.cuda.is_initialized() and query()
+
+
+def replay(entry, ptrs: list):
+    """Launch a recorded call's launches (``kvattn._callcache._Entry``) for a call whose tensor
+    arguments have the data pointers ``ptrs``: True, or False (nothing
+    launched) where the fast path would not launch them all as recorded now."""
+    if _RECORDER is not None or not fast_path_enabled() or knob_state() != entry.knobs:
+        return False
+    active = driver.active
+    device = active.get_current_device()
+    if device != entry.device:
+        return False
+    stream = active.get_current_stream(device)
+    if entry.stream is not None and stream != entry.stream:
+        return False
+    steps = entry.steps
+    for launch, key, hit, _, _ in steps:
+        now = launch.ready(key)
+        if now is None or now[0] is not hit[0]:  # (recompiled, globals changed, hooks: Triton's path now)
+            return False
+    if entry.constants:
+        ptrs = ptrs + entry.constants
+    values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)
+    for launch, _, hit, pick, static in steps:
+        launch.last = hit[0]
+        hit[1](*pick(values + static))
+    return True
+
+
+def replay_step(launch: Launch, key: int, first: int, count: int, tail: tuple, total: int) -> tuple:
+    """One launch of a recorded call as :func:`replay` runs it: ``(launch, key, hit, pick, static)``
+    with ``pick(values + static)`` the whole argument list of the launcher, ``values`` the call's
+    ``total`` pointers (this launch's at ``first .. first + count``) and the stream. None where the
+    launch would not take the fast path now."""
+    hit = launch.ready(key)
+    if hit is None:
+        return None
+    _, _, fixed = hit
+    static = (*launch._grid3, *fixed, *tail, *launch._bound)
+    base = total + 1
+    order = [base, base + 1, base + 2, total]  # grid x, y, z; the stream
+    order += range(base + 3, base + 3 + len(fixed))
+    rest = base + 3 + len(fixed)
+    for i in launch._indices:  # into call.values (pointers, ints, floats) + bound
+        order.append(first + i if i < count else rest + i - count)
+    return launch, key, hit, operator.itemgetter(*order), static

@@ -29,14 +29,18 @@ def config_override(state: dict, cache_clear: Callable[[], None]):
 
     @contextlib.contextmanager
     def override(**fields) -> Iterator[None]:
+        from ..._callcache import suspend  # recorded calls hold the plans of the table as it was
+
         old = dict(state)
         state.update(fields)
         cache_clear()
+        suspend(1)
         try:
             yield
         finally:
             state.clear()
             state.update(old)
             cache_clear()
+            suspend(-1)
 
     return override

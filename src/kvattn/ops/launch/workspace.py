@@ -74,16 +74,40 @@ def launch_counters(workspace, device: torch.device, count: int) -> torch.Tensor
     return counters
 
 
+# Partials of launches without a workspace (single decode), kept per (device, stream) like the
+# counters above (calls on one stream run in order, so they may share them), grown when a call needs
+# more. Recorded calls (kvattn._callcache) hold their address: growing one forgets every recording.
+_STREAM_PARTIALS: dict[tuple, torch.Tensor] = {}
+KEPT_CHANGED: list = []  # called when a kept buffer is replaced (kvattn._callcache forgets its recordings)
+
+
 def split_partials(needed: bool, workspace, numel_o: int, numel_lse: int, out: torch.Tensor):
     """Float32 ``(part_o [numel_o], part_lse [numel_lse])`` for a launch's split-KV partials: views
-    of ``workspace``, or allocated on ``out``'s device when the call has none. Not ``needed`` (one
-    split: the kernels write no partial): ``out`` stands in for both, never written through them."""
+    of ``workspace``, or without one of the buffer kept for the current stream (allocated inside
+    a CUDA-graph capture: the graph's own). Not ``needed`` (one split: the kernels write no
+    partial): ``out`` stands in for both, never written through them."""
     if not needed:
         return out, out
     if workspace is not None:
         return partials_from_workspace(workspace, numel_o, numel_lse)
-    return (torch.empty(numel_o, dtype=torch.float32, device=out.device),
-            torch.empty(numel_lse, dtype=torch.float32, device=out.device))
+    device = out.device
+    total = numel_o + numel_lse
+    if capturing(device):
+        return (torch.empty(numel_o, dtype=torch.float32, device=device),
+                torch.empty(numel_lse, dtype=torch.float32, device=device))
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+    kept = _STREAM_PARTIALS.get((device, stream))
+    if kept is None or kept.numel() < total:
+        kept = _STREAM_PARTIALS[device, stream] = torch.empty(max(total, 2 * kept.numel() if kept is not None else 0),
+                                                              dtype=torch.float32, device=device)
+        for changed in KEPT_CHANGED:
+            changed()
+    return kept[:numel_o], kept[numel_o:total]
+
+
+def kept_buffers() -> list[torch.Tensor]:
+    """The buffers kept per stream (counters and partials of launches without a workspace)."""
+    return [*_STREAM_COUNTERS.values(), *_STREAM_PARTIALS.values()]
 
 
 def partials_fit(ws_numel: int | None, per_split: int, default: int) -> int:

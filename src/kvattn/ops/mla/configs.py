@@ -33,6 +33,7 @@ class MLAConfig:
     qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, on wgmma)
     heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
     split_scores: bool = False  # score products unchained (layout fences): each warpgroup computes half of N
+    invariant_span: int = 1024  # keys a split in batch-invariant mode (decode_configs.invariant_splits)
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,

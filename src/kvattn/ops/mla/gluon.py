@@ -72,19 +72,21 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
 
 # Pieces both Gluon MLA kernels run (this one and the warp-specialised one of gluon_ws.py).
 @gluon.jit
-def split_work(seq_lens_ptr, num_splits, H_BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr):
+def split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr,
+               SPLIT_SPAN: gl.constexpr = 0):
     """``(b, hb, split, start, end, num_tiles)``: the program's request, head block and split, and
     the split's keys ``[start, end)`` in ``num_tiles`` tiles of ``BLOCK_N``. Head blocks vary
     fastest: the programs reading one request's split run side by side, so the second finds the
-    rows in L2."""
+    rows in L2. The request's length is clamped into ``[0, capacity]`` (the table row's tokens;
+    benchmarks/NOTES.md "Device-side clamps")."""
     pid = gl.program_id(0)
     hb = pid % H_BLOCKS
     rest = pid // H_BLOCKS
     split = rest % num_splits
     b = rest // num_splits
 
-    kv_len = gl.load(seq_lens_ptr + b)
-    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N)
+    kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
+    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
     start = split * chunk
     end = gl.minimum(start + chunk, kv_len)
     num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
@@ -173,11 +175,11 @@ def mla_gluon_kernel(
     part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
     lse_ptr,  # [B, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
-    batch, num_heads, num_splits, num_pages, stride_lse_b,
+    batch, num_heads, num_splits, num_pages, capacity, stride_lse_b,
     logit_factor, out_factor,
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-    STORE_LSE: gl.constexpr = False,
+    STORE_LSE: gl.constexpr = False, SPLIT_SPAN: gl.constexpr = 0,
 ):
     dt: gl.constexpr = q_ptr.dtype.element_ty
     # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
@@ -190,7 +192,7 @@ def mla_gluon_kernel(
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, num_splits, H_BLOCKS, BLOCK_N)
+    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
     total_rows = num_pages * PAGE_SIZE
 
     qn_smem = gl.allocate_shared_memory(dt, [BLOCK_H, CKV_DIM], row_smem)

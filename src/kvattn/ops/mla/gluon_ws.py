@@ -464,18 +464,19 @@ def mla_gluon_ws_kernel(
     part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
-    batch, num_heads, num_splits, num_pages,
+    batch, num_heads, num_splits, num_pages, capacity,
     logit_factor, out_factor,
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
     FLOOR: gl.constexpr = 0, STAGGER: gl.constexpr = True, PA_REGS: gl.constexpr = True,
+    SPLIT_SPAN: gl.constexpr = 0,
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
     dt: gl.constexpr = q_ptr.dtype.element_ty
     row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, num_splits, H_BLOCKS, BLOCK_N)
+    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
     num_pairs = (num_tiles + 1) // 2
     total_rows = num_pages * PAGE_SIZE
     table_row = table_ptr + b.to(gl.int64) * stride_t_b

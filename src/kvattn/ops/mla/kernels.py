@@ -114,12 +114,12 @@ def mla_split_kernel(
     part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
     lse_ptr,  # [B, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_kv_p, stride_kv_s, stride_t_b, stride_t_p,
-    batch, num_heads, num_splits, num_pages, stride_lse_b,
+    batch, num_heads, num_splits, num_pages, capacity, stride_lse_b,
     logit_factor, out_factor,
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
     OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr,
-    STORE_LSE: tl.constexpr = False,
+    STORE_LSE: tl.constexpr = False, SPLIT_SPAN: tl.constexpr = 0,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -135,8 +135,10 @@ def mla_split_kernel(
     split = rest % num_splits
     b = rest // num_splits
 
-    kv_len = tl.load(seq_lens_ptr + b)
-    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N)
+    # Lengths clamped into [0, capacity] (capacity: the table row's tokens): a longer one would
+    # read past the request's row of the table (benchmarks/NOTES.md "Device-side clamps").
+    kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
+    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
     start = split * chunk
     end = tl.minimum(start + chunk, kv_len)
 

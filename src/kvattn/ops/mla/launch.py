@@ -13,13 +13,15 @@ from typing import NamedTuple
 
 import torch
 
-from ... import _device, _env
+from ... import _device, _env, _versions
 from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as mla_configs
 from ..launch import fast_launch
+from ..decode import configs as decode_configs
 from ..decode.kernels import decode_combine_kernel
-from ..launch.common import arch, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_allowed
+from ..decode.launch import combine_block_s
+from ..launch.common import arch, device_guard, int32_lengths, kv_format_code, words_allowed
 from ..launch.plans import cached_plan
 from ..launch.workspace import partials_fit, split_partials
 from .kernels import mla_split_kernel
@@ -40,7 +42,7 @@ _MAX_SPANS = 4096
 # The call's values by name (fast_launch.CallLayout); an absent scale tensor's parameter takes the
 # query, which the kernels never read for it.
 _LAYOUT = fast_launch.CallLayout(
-    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), (),
+    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), ("capacity",),
     ("logit_factor", "out_factor"),
 )
 
@@ -67,6 +69,7 @@ class MLAFacts(NamedTuple):
     gluon_on: bool  # KVATTN_GLUON
     gluon_ws_on: bool  # KVATTN_GLUON_WS
     lse_stride: int | None = None  # the LSE's row stride (return_lse), None without one
+    batch_invariant: bool = False  # kvattn.set_batch_invariant / KVATTN_BATCH_INVARIANT
 
 
 class _Plan:
@@ -103,16 +106,31 @@ class _Plan:
         # the Gluon kernel.
         self.ws = (self.gluon and f.gluon_ws_on and mla_gluon_ws_kernel is not None and not self.has_lse
                    and mla_configs.warp_specialized(arch(f.device, f.interpreter), self.kv_format, cfg.block_h))
+        # Batch-invariant mode: fixed-span splits (the config depends on the shape class only).
+        self.invariant = f.batch_invariant
+        self.split_span = decode_configs.invariant_span(cfg) if self.invariant else 0
+        self.has_workspace = f.ws_numel is not None
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
+
+    def num_splits(self, span: int) -> int:
+        if self.invariant:
+            splits = decode_configs.invariant_splits(self.cfg, span)
+            if self.has_workspace and splits > self.fit:
+                per_split = self.batch * self.num_heads * (CKV_DIM + 1) * 4
+                raise ValueError(
+                    f"workspace_buffer: batch-invariant mode needs {splits} splits of {self.split_span} keys for "
+                    f"max_seq_len={span}, at least {16 + 16384 + splits * per_split} bytes, got a workspace with "
+                    f"room for {self.fit}")
+            return splits
+        return mla_configs.num_splits(self.cfg, items=self.items, span=span, sm_count=self.sm_count, fit=self.fit)
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse)`` for ``max_seq_len = span``."""
         hit = self._by_span.get(span)
         if hit is not None:
             return hit
-        splits = mla_configs.num_splits(self.cfg, items=self.items, span=span, sm_count=self.sm_count,
-                                        fit=self.fit)
+        splits = self.num_splits(span)
         hit = self._by_splits.get(splits)
         if hit is None:
             rows = self.batch * self.num_heads
@@ -136,14 +154,14 @@ class _Plan:
                           logit_scale_ptr="logit" if self.has_logit else "query",
                           out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
                           part_o_ptr="part_o", part_lse_ptr="part_lse", lse_ptr="lse" if self.has_lse else "query",
-                          logit_factor="logit_factor", out_factor="out_factor"),
+                          logit_factor="logit_factor", out_factor="out_factor", capacity="capacity"),
             fixed=dict(self.strides, batch=self.batch, num_heads=self.num_heads, num_splits=splits,
                        num_pages=self.num_pages, stride_lse_b=self.lse_stride),
             constexprs=dict(
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
-                STORE_LSE=self.has_lse,
+                STORE_LSE=self.has_lse, SPLIT_SPAN=self.split_span,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
@@ -159,7 +177,7 @@ class _Plan:
             fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"],
                        stride_lse_t=self.lse_stride, num_rows=self.batch, num_splits=splits),
             constexprs=dict(
-                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=min(next_power_of_2(splits), 8192 // CKV_DIM),
+                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(splits, CKV_DIM, self.invariant),
                 HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=self.has_lse, USE_PDL=False,
             ),
             options=dict(num_warps=4, num_stages=2),
@@ -206,7 +224,7 @@ class _GluonSplit:
         self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     def run(self, query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-            out_factor, lse=None):
+            out_factor, lse=None, capacity=None):
         plan = self.plan
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
@@ -218,9 +236,11 @@ class _GluonSplit:
             part_lse_ptr=part_lse, stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"],
             stride_o_b=st["stride_o_b"], stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"],
             stride_t_p=st["stride_t_p"], batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits,
-            num_pages=plan.num_pages, logit_factor=logit_factor, out_factor=out_factor,
+            num_pages=plan.num_pages, capacity=table.shape[1] * plan.page_size if capacity is None else capacity,
+            logit_factor=logit_factor, out_factor=out_factor,
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
+            SPLIT_SPAN=plan.split_span,
             **self.lse_args(lse, part_lse), **self.options(),
         )
 
@@ -282,24 +302,30 @@ def launch_mla(
         has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
         aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
         aligned16 = kv.data_ptr() % 16 == 0
-        gluon_on, gluon_ws_on = _env.gluon(), _env.gluon_ws()
+        gluon_on, gluon_ws_on = _versions.gluon_on(), _env.gluon_ws()
         lse_stride = lse.stride(0) if lse is not None else None
+        batch_invariant = _env.batch_invariant()
         facts = MLAFacts._make((
             device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,
             out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, gluon_ws_on, lse_stride,
+            batch_invariant,
         ))
         plan = _plan(facts)
+        # The table's capacity in tokens: every kernel clamps the lengths to it
+        # (benchmarks/NOTES.md "Device-side clamps").
+        capacity = table.shape[1] * kv.shape[1]
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
         part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
         call = fast_launch.call_args(  # in _LAYOUT's order
             (query, kv, table, seq_lens, out, part_o, part_lse,
              logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
              lse if lse is not None else query),
-            (), (logit_factor, out_factor), device_index,
+            (capacity,), (logit_factor, out_factor), device_index,
         )
         if plan.gluon:
+            fast_launch.launch_outside("MLA's Gluon kernel (a tensor descriptor per call)")
             split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-                      out_factor, lse)
+                      out_factor, lse, capacity)
         else:
             split(call)
         if combine is not None:

@@ -93,8 +93,9 @@ def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, ca
     q_next = gl.load(cum_q_ptr + b + 1).to(gl.int32)
     q_len = q_next - q_start
     q_end = gl.minimum(q_next, num_rows)  # never write past `out`
-    # (a length past the table's capacity would read past the request's row of the table)
-    kv_len = gl.minimum(gl.load(seq_lens_ptr + b), capacity)
+    # Lengths clamped into [0, capacity] and rows kept inside [0, num_rows) (the two masks below
+    # test q_rows >= 0 too): see context_kernel and benchmarks/NOTES.md "Device-side clamps".
+    kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
     live = mt * BLOCK_M < q_len
     # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.
     p0 = kv_len - q_len + mt * BLOCK_M
@@ -285,7 +286,7 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
             # Stage q (rows past the request read as 0), the logit's sign folded in (exact).
             q_rows = q_start + row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, q_ld))
             q_off = q_rows.to(gl.int64)[:, None] * stride_q_t + h * stride_q_h + offs_qd[None, :]
-            q = gl.load(q_ptr + q_off, mask=(q_rows < q_end)[:, None], other=0.0)
+            q = gl.load(q_ptr + q_off, mask=((q_rows >= 0) & (q_rows < q_end))[:, None], other=0.0)
             q = gl.where(logit < 0, -q, q)
             my_q.store(q)
             fence_async_shared()
@@ -370,7 +371,8 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
             o = acc * (out_mult / gl.where(denom > 0, denom, 1.0))[:, None]
             o_rows_idx = q_start + row0 + gl.arange(0, WG_ROWS, layout=o_rows)
             o_off = o_rows_idx.to(gl.int64)[:, None] * stride_o_t + h * stride_o_h + offs_od[None, :]
-            gl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=(o_rows_idx < q_end)[:, None])
+            o_ok = (o_rows_idx >= 0) & (o_rows_idx < q_end)
+            gl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=o_ok[:, None])
 
 
 @gluon.jit
@@ -512,11 +514,11 @@ def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head
 
 def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
     """``(k_view, v_view)`` (see :func:`tma_view`) where this kernel takes the launch, else None."""
-    from ... import _device, _env
+    from ... import _device, _versions
 
     if interpreter or query.device.type != "cuda":
         return None
-    if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_env.gluon(), q_dtype=query.dtype,
+    if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_versions.gluon_on(), q_dtype=query.dtype,
                     kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1], skip=skip,
                     nvfp4_out=nvfp4_out) or v.dtype != k.dtype:
         return None

@@ -273,14 +273,16 @@ def context_kernel(
     q_start = tl.load(cum_q_ptr + b).to(tl.int32)
     q_end = tl.minimum(tl.load(cum_q_ptr + b + 1).to(tl.int32), num_rows)  # never write past `out`
     q_len = tl.load(cum_q_ptr + b + 1).to(tl.int32) - q_start
-    # (a length past the table's capacity would read past the request's row of the table)
-    kv_len = tl.minimum(tl.load(seq_lens_ptr + b), capacity)
+    # Lengths clamped into [0, capacity]: one past the table's capacity would read past the
+    # request's row of the table; a negative one (uint32 >= 2^31) is empty. Rows are kept inside
+    # [0, num_rows) whatever cum_seq_lens_q holds (benchmarks/NOTES.md "Device-side clamps").
+    kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
     if mt * BLOCK_M >= q_len:
         return
 
     offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = q_start + offs_m
-    row_ok = rows < q_end
+    row_ok = (rows >= 0) & (rows < q_end)
     row_pos = kv_len - q_len + offs_m
     offs_d = tl.arange(0, HEAD_DIM)
     rows64 = rows.to(tl.int64)

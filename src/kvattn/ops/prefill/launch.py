@@ -14,6 +14,7 @@ from ... import _device, _env
 from ..._formats_table import BY_DTYPE
 from ...formats import FP8_DTYPE
 from . import configs as prefill_configs
+from ..launch import fast_launch
 from ..launch.common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
 from .kernels import context_kernel
 
@@ -107,6 +108,7 @@ def launch_context(
     skip = skip_factor > 0
     cfg, qk_fp8, kind = plan(query, k.dtype, skip, interpreter)
     device = query.get_device()  # -1 on the CPU
+    fast_launch.launch_outside("prefill (kernel[grid])")
     with device_guard(device):
         seq_lens = int32_lengths(seq_lens)
         if not cum_seq_lens_q.is_contiguous():

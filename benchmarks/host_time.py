@@ -1,0 +1,236 @@
+"""Host time of one eager call of each public function at a small shape, beside a one-launch
+floor and PyTorch's SDPA, with the call cache (kvattn._callcache) on and off.
+
+Each call is made with the GPU idle (a synchronise before it, outside the timed part), ``out`` and
+the workspace given; the median of ``--calls`` calls is reported (and the 90th percentile). The
+floor is ``torch.add(a, b, out=c)`` on 1024 elements (one launch through PyTorch's C++
+dispatcher); SDPA is ``torch.nn.functional.scaled_dot_product_attention`` of a batch-1 decode
+step over 4096 keys (32 heads, D 128, bf16), each on the same machine in the same run.
+
+Before the timings, every function's replay is checked against its ordinary call: the same bits
+from the same inputs, and from copies at new addresses (``replay``: "same bits", or what
+differs). ``--cold`` first times each function's first call in a fresh Triton cache directory
+(compile and load: the cold start ``kvattn.warmup`` moves to start-up).
+
+Usage (on the GPU machine, from the repository root; about 2 minutes with --cold)::
+
+    PYTHONPATH=src python benchmarks/host_time.py --cold --json host_time.json
+    PYTHONPATH=src python benchmarks/host_time.py --fake-gpu       # any machine: Python only
+
+``--fake-gpu`` (see ``profile_host.py``) fakes Triton's GPU side: CPU tensors, launchers that do
+nothing; it measures kvattn's Python around the launches on this machine's CPU (no kernel runs,
+so no bit check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):  # run as a script
+    import _paths  # noqa: F401
+
+import torch  # noqa: E402
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def host_times(fn, calls: int) -> tuple[float, float]:
+    """(median, 90th percentile) wall microseconds of single calls, each with the GPU idle."""
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(calls):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    _sync()
+    times.sort()
+    return statistics.median(times) * 1e6, times[int(0.9 * (len(times) - 1))] * 1e6
+
+
+def cases(device: torch.device) -> dict:
+    """name -> (call, output tensors, a function making the same call on copies at new addresses)."""
+    import kvattn
+
+    bf16, g = torch.bfloat16, torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape, dtype=bf16):
+        return torch.randn(*shape, generator=g).to(device, dtype)
+
+    hq, hkv, d, page, length = 32, 8, 128, 16, 4096
+    pages = length // page
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=device)
+    table = torch.randperm(pages, generator=g).to(device, torch.int32).view(1, pages)
+    lens = torch.tensor([length], dtype=torch.int32, device=device)
+    out = {}
+
+    q, kv = rnd(1, hq, d), rnd(pages, 2, page, hkv, d)
+    o = torch.empty_like(q)
+
+    def decode(q=q, kv=kv, o=o, ws=ws, table=table, lens=lens):
+        kvattn.decode.xqa_batch_decode_with_kv_cache(q, kv, ws, table, lens, length, bmm1_scale=d ** -0.5, out=o)
+        return o
+
+    out["batch decode 1x4096"] = (decode, lambda: (q.clone(), kv.clone(), torch.empty_like(o), torch.zeros_like(ws),
+                                                  table.clone(), lens.clone()))
+
+    xq, k, v = rnd(1, 1, hq, d), rnd(pages * page * hkv, d), rnd(pages * page * hkv, d)
+    xo, sem, xlens = torch.empty_like(xq), torch.zeros(8, dtype=torch.uint32, device=device), lens.view(1, 1)
+
+    def xqa(xq=xq, k=k, v=v, table=table, xlens=xlens, xo=xo, ws=ws):
+        kvattn.xqa.xqa(xq, k, v, table, xlens, xo, ws, sem, hkv, page)
+        return xo
+
+    out["xqa 1x4096"] = (xqa, lambda: (xq.clone(), k.clone(), v.clone(), table.clone(), xlens.clone(),
+                                       torch.empty_like(xo), torch.zeros_like(ws)))
+
+    sq, sk, sv = rnd(hq, d), rnd(length, hkv, d), rnd(length, hkv, d)
+    so = torch.empty_like(sq)
+
+    def single(sq=sq, sk=sk, sv=sv, so=so):
+        kvattn.decode.single_decode_with_kv_cache(sq, sk, sv, out=so)
+        return so
+
+    out["single decode 4096"] = (single, lambda: (sq.clone(), sk.clone(), sv.clone(), torch.empty_like(so)))
+
+    mq, mcache = rnd(1, 1, 16, 576), rnd(length // 64, 64, 576)
+    mtable = torch.arange(length // 64, dtype=torch.int32, device=device).view(1, -1)
+    mo = torch.empty(1, 16, 512, dtype=bf16, device=device)
+
+    def mla(mq=mq, mcache=mcache, ws=ws, mtable=mtable, lens=lens, mo=mo):
+        kvattn.mla.xqa_batch_decode_with_kv_cache_mla(mq, mcache, ws, 128, 512, 64, mtable, lens, length, out=mo,
+                                                     bmm1_scale=192 ** -0.5)
+        return mo
+
+    out["MLA 1x4096 (h16)"] = (mla, lambda: (mq.clone(), mcache.clone(), torch.zeros_like(ws), mtable.clone(),
+                                             lens.clone(), torch.empty_like(mo)))
+
+    ql, pkv = 16, rnd(pages, 2, hkv, page, d)  # HND, prefill's default
+    pq = rnd(ql, hq, d)
+    po = torch.empty_like(pq)
+    cum_q = torch.tensor([0, ql], dtype=torch.int32, device=device)
+    cum_kv = torch.tensor([0, length], dtype=torch.int32, device=device)
+
+    def prefill(pq=pq, pkv=pkv, ws=ws, table=table, lens=lens, po=po):
+        kvattn.prefill.trtllm_batch_context_with_kv_cache(pq, pkv, ws, table, lens, ql, length, d ** -0.5, 1.0, 1,
+                                                          cum_q, cum_kv, out=po)
+        return po
+
+    out["prefill 1x16 over 4096"] = (prefill, lambda: (pq.clone(), pkv.clone(), torch.zeros_like(ws), table.clone(),
+                                                       lens.clone(), torch.empty_like(po)))
+    return out
+
+
+def _cache_hits() -> int:
+    try:
+        from kvattn import _callcache
+    except ImportError:  # a kvattn without the call cache (to compare with)
+        return 0
+    return sum(c.hits for c in _callcache._caches)
+
+
+def check_replay(fn, copies, fake: bool) -> str:
+    """Whether the replayed call gives the ordinary call's bits, on the same inputs and on copies."""
+    os.environ["KVATTN_CALL_CACHE"] = "0"
+    want = fn().clone()
+    os.environ["KVATTN_CALL_CACHE"] = "1"
+    for _ in range(3):
+        fn()
+    hits = _cache_hits()
+    got = fn().clone()
+    replayed = _cache_hits() > hits
+    args = copies()
+    got_copy = fn(*args).clone()
+    if fake:
+        return "replayed" if replayed else "not replayed"
+    same = torch.equal(got.view(torch.uint8), want.view(torch.uint8)) and torch.equal(
+        got_copy.view(torch.uint8), want.view(torch.uint8))
+    return ("same bits" if same else "BITS DIFFER") + ("" if replayed else " (not replayed)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--fake-gpu", action="store_true", help="CPU tensors, Triton's GPU side faked (any machine)")
+    ap.add_argument("--cold", action="store_true", help="time each function's first call in a fresh Triton cache")
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args(argv)
+    if args.cold and not args.fake_gpu:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvattn-cold-")  # before Triton is imported
+    if args.fake_gpu:
+        from benchmarks.profile_host import fake_gpu
+        from kvattn.ops.mla import launch  # noqa: F401  (compiled-mode kernels: before fake_gpu sets TRITON_INTERPRET)
+
+        fake_gpu()
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda")
+    import kvattn  # noqa: F401  (after the Triton cache is chosen)
+    import triton
+
+    calls = cases(device)
+    if args.fake_gpu:  # (prefill's kernel is not faked: it would run in Triton's interpreter)
+        del calls["prefill 1x16 over 4096"]
+    doc = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (faked GPU)",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton.__version__, "calls": args.calls, "rows": []}
+    if args.cold:
+        doc["cold_start_s"] = {}
+        for name, (fn, _) in calls.items():
+            _sync()
+            t0 = time.perf_counter()
+            fn()
+            _sync()
+            doc["cold_start_s"][name] = time.perf_counter() - t0
+            print(f"cold start {name:28s} {doc['cold_start_s'][name]:6.2f} s", flush=True)
+    doc["replay"] = {name: check_replay(fn, copies, args.fake_gpu) for name, (fn, copies) in calls.items()}
+
+    a = torch.randn(1024, device=device)
+    b, c = torch.randn_like(a), torch.empty_like(a)
+    doc["floor_us"] = host_times(lambda: torch.add(a, b, out=c), args.calls)
+    sq = torch.randn(1, 32, 1, 128, device=device, dtype=torch.bfloat16)
+    sk, sv = (torch.randn(1, 32, 4096, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    doc["sdpa_us"] = host_times(lambda: sdpa(sq, sk, sv), args.calls)
+
+    print(f"\n{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}")
+    print(f"{'function':28s} {'cache on':>16s} {'cache off':>16s}   replay (median / p90 us)")
+    rows = [(name, fn, name, {}) for name, (fn, _) in calls.items()]
+    mla_name = "MLA 1x4096 (h16)"
+    # MLA's Gluon kernel (Hopper, 16-bit caches) takes a tensor descriptor per call, which a replay
+    # cannot rebuild: its Triton kernel beside it.
+    rows.append((mla_name + " GLUON=0", calls[mla_name][0], mla_name, {"KVATTN_GLUON": "0"}))
+    for name, fn, check, env in rows:
+        os.environ.update(env)
+        row = {"function": name, "env": env}
+        for mode in ("1", "0"):
+            os.environ["KVATTN_CALL_CACHE"] = mode
+            row["cache_on" if mode == "1" else "cache_off"] = host_times(fn, args.calls)
+        os.environ["KVATTN_CALL_CACHE"] = "1"
+        row["replay"] = doc["replay"][check] if not env else check_replay(fn, calls[check][1], args.fake_gpu)
+        for key in env:
+            del os.environ[key]
+        doc["rows"].append(row)
+        on, off = row["cache_on"], row["cache_off"]
+        print(f"{name:28s} {on[0]:7.1f} / {on[1]:6.1f} {off[0]:7.1f} / {off[1]:6.1f}   {row['replay']}", flush=True)
+    print(f"{'torch.add floor (1 launch)':28s} {doc['floor_us'][0]:7.1f} / {doc['floor_us'][1]:6.1f}")
+    print(f"{'SDPA decode 1x4096':28s} {doc['sdpa_us'][0]:7.1f} / {doc['sdpa_us'][1]:6.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""One small call per kernel variant, for compute-sanitizer (``benchmarks/sanitize.sh`` runs it
+under memcheck, racecheck and synccheck).
+
+Every kernel family of kvattn, on small shapes so each tool finishes in seconds: decode (one
+split, split-KV with the in-kernel merge, split-KV with the combine launch, fp8 cache), xqa
+(a persistent grid), single decode (plain, RoPE), MLA (Triton, Gluon, warp-specialised Gluon:
+mbarriers and TMA), prefill (Triton, warp-specialised Gluon), the append kernel, the merge
+kernels; then the device-side clamps (lengths of 2^31 - 1 and -2^31, uint32 lengths past 2^31,
+negative and too large ``cum_seq_lens_q``, corrupt page ids) and the batch-invariant mode.
+
+    PYTHONPATH=src python benchmarks/sanitize_driver.py            # every variant
+    PYTHONPATH=src python benchmarks/sanitize_driver.py mla_gluon  # those whose name contains it
+
+Each variant prints ``ok <name> <ms>`` (or ``FAIL <name>: <error>``); the exit status is the
+number of failures. Outputs are checked for NaN where the call must produce finite values.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import kvattn
+from kvattn.testing import make_paged_kv
+
+DEV = os.environ.get("SANITIZE_DEVICE", "cuda")  # "cpu": a smoke test of the calls (reference backend)
+BF16 = torch.bfloat16
+WS_BYTES = 32 << 20
+
+
+def _ws():
+    return torch.zeros(WS_BYTES, dtype=torch.uint8, device=DEV)
+
+
+def _env(**values):
+    """Set KVATTN_* switches for one variant (read at each call); returns what they were (None:
+    unset), for :func:`_restore`."""
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        os.environ[k] = v
+    return old
+
+
+def _restore(old):
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _finite(t):
+    assert torch.isfinite(t.float()).all(), "non-finite output"
+
+
+# ---------------------------------------------------------------------------------------------
+# decode / xqa / single decode
+# ---------------------------------------------------------------------------------------------
+def _decode(lens=(300, 7, 0, 129), *, hkv=2, group=4, d=128, page=16, kv_format="bfloat16", seq_lens=None,
+            tables=None, max_len=None):
+    case = make_paged_kv(list(lens), num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=kv_format,
+                         dtype=BF16, device=DEV, seed=1)
+    q = torch.randn(len(lens), hkv * group, d, device=DEV).to(BF16)
+    return kvattn.decode.xqa_batch_decode_with_kv_cache(
+        q, case.kv_cache, _ws(), case.block_tables if tables is None else tables(case.block_tables),
+        case.seq_lens if seq_lens is None else seq_lens(case), max_len or max(max(lens), 1), bmm1_scale=d ** -0.5,
+        kv_cache_sf=case.kv_cache_sf)
+
+
+def decode_one_split():
+    from kvattn.ops.decode import configs
+    with configs.override(min_chunk=1 << 20):
+        _finite(_decode())
+
+
+def decode_split_fused_merge():
+    from kvattn.ops.decode import configs
+    old = _env(KVATTN_FUSED_MERGE="1")
+    try:
+        with configs.override(min_chunk=32, waves=8):
+            _finite(_decode())
+    finally:
+        _restore(old)
+
+
+def decode_split_combine():
+    from kvattn.ops.decode import configs
+    old = _env(KVATTN_FUSED_MERGE="0")
+    try:
+        with configs.override(min_chunk=32, waves=8):
+            _finite(_decode())
+    finally:
+        _restore(old)
+
+
+def decode_fp8_cache():
+    _finite(_decode(kv_format="fp8"))
+
+
+def decode_spec_q3():
+    hkv, group, d, page = 2, 4, 128, 16
+    lens = [200, 40]
+    case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=BF16, device=DEV, seed=2)
+    q = torch.randn(len(lens) * 3, hkv * group, d, device=DEV).to(BF16)
+    out = kvattn.decode.xqa_batch_decode_with_kv_cache(q, case.kv_cache, _ws(), case.block_tables, case.seq_lens,
+                                                       200, bmm1_scale=0.1, q_len_per_req=3)
+    _finite(out)
+
+
+def xqa_persistent():
+    hkv, group, d, page = 2, 4, 128, 16
+    lens = [300, 5, 64]
+    case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=BF16, form="tuple", device=DEV,
+                         seed=3)
+    k, v = case.kv_cache
+    q = torch.randn(len(lens), 1, hkv * group, d, device=DEV).to(BF16)
+    out = torch.empty_like(q)
+    kvattn.xqa.xqa(q, k, v, case.block_tables, case.seq_lens.view(-1, 1), out, _ws(),
+                   torch.zeros(8, dtype=torch.uint32, device=DEV), hkv, page, sm_count=2, kv_layout="NHD")
+    _finite(out)
+
+
+def single_decode():
+    q = torch.randn(32, 128, device=DEV).to(BF16)
+    k = torch.randn(700, 8, 128, device=DEV).to(BF16)
+    v = torch.randn(700, 8, 128, device=DEV).to(BF16)
+    _finite(kvattn.decode.single_decode_with_kv_cache(q, k, v))
+
+
+def single_decode_rope():
+    q = torch.randn(32, 128, device=DEV).to(BF16)
+    k = torch.randn(700, 32, 128, device=DEV).to(BF16)
+    v = torch.randn(700, 32, 128, device=DEV).to(BF16)
+    _finite(kvattn.decode.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA"))
+
+
+# ---------------------------------------------------------------------------------------------
+# MLA
+# ---------------------------------------------------------------------------------------------
+def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None):
+    # (KVATTN_GLUON=1 asks for the Gluon kernels, as the GPU-verified Tritons run them by default)
+    old = _env(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws)
+    try:
+        case = make_paged_kv(list(lens), num_kv_heads=1, head_dim=576, page_size=page, dtype=BF16, form="shared",
+                             device=DEV, seed=4)
+        cache = case.kv_cache[:, 0, :, 0]
+        q = torch.randn(len(lens), 1, hq, 576, device=DEV).to(BF16)
+        return kvattn.mla.xqa_batch_decode_with_kv_cache_mla(
+            q, cache, _ws(), 128, 512, 64, case.block_tables, case.seq_lens if seq_lens is None else seq_lens(case),
+            max_len or max(lens), bmm1_scale=0.07)
+    finally:
+        _restore(old)
+
+
+def mla_triton():
+    _finite(_mla(gluon="0"))
+
+
+def mla_gluon():
+    _finite(_mla(ws="0"))
+
+
+def mla_gluon_ws():
+    _finite(_mla())
+
+
+# ---------------------------------------------------------------------------------------------
+# prefill
+# ---------------------------------------------------------------------------------------------
+def _prefill(*, page, d=128, lens=(150, 64), q_lens=(70, 64), seq_lens=None, cum_q=None, out_rows=None):
+    hkv, group = 2, 4
+    case = make_paged_kv(list(lens), num_kv_heads=hkv, head_dim=d, page_size=page, dtype=BF16, device=DEV, seed=5)
+    rows = sum(q_lens)
+    q = torch.randn(rows, hkv * group, d, device=DEV).to(BF16)
+    cq = torch.tensor([0, q_lens[0], rows], dtype=torch.int32, device=DEV) if cum_q is None else cum_q
+    ckv = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=DEV)
+    out = torch.empty(rows if out_rows is None else out_rows, hkv * group, d, dtype=BF16, device=DEV)
+    kvattn.prefill.trtllm_batch_context_with_kv_cache(
+        q[: out.shape[0]], case.kv_cache, _ws(), case.block_tables,
+        case.seq_lens if seq_lens is None else seq_lens(case), max(q_lens), max(lens), d ** -0.5, 1.0, 2, cq, ckv,
+        out=out, kv_layout="NHD")
+    return out
+
+
+def prefill_triton():
+    _finite(_prefill(page=16))
+
+
+def prefill_gluon_ws():
+    _finite(_prefill(page=64))
+
+
+# ---------------------------------------------------------------------------------------------
+# append, merge
+# ---------------------------------------------------------------------------------------------
+def append():
+    hkv, d, page = 2, 128, 16
+    cache = torch.zeros(8, 2, page, hkv, d, dtype=BF16, device=DEV)
+    tables = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32, device=DEV)
+    n = 40
+    key = torch.randn(n, hkv, d, device=DEV).to(BF16)
+    b = torch.tensor([i % 2 for i in range(n)], dtype=torch.int32, device=DEV)
+    p = torch.arange(n, dtype=torch.int32, device=DEV) // 2
+    # tokens aimed outside the batch, the table and the pool: dropped
+    b[0], p[1], tables[1, 2] = 7, 10_000, 1 << 30
+    kvattn.append_paged_kv_cache(key, key.clone(), cache, tables, b, p)
+
+
+def merge():
+    o = torch.randn(3, 5, 8, 128, device=DEV).to(BF16)
+    lse = torch.randn(3, 5, 8, device=DEV)
+    lse[1, 0] = float("-inf")
+    out, out_lse = kvattn.merge_states(o, lse)
+    _finite(out)
+    out, out_lse = kvattn.merge_state(o[0], lse[0], o[1], lse[1])
+    _finite(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# device-side clamps (KVATTN_DEBUG off): nothing outside the tensors whatever they hold
+# ---------------------------------------------------------------------------------------------
+def _full(case, value, dtype=torch.int32):
+    return torch.full(case.seq_lens.shape, value, dtype=torch.int64).to(dtype).to(DEV)
+
+
+def guard_decode_lengths():
+    _decode(seq_lens=lambda c: _full(c, 2**31 - 1), max_len=320)
+    _decode(seq_lens=lambda c: _full(c, -(2**31)), max_len=320)
+    _decode(seq_lens=lambda c: _full(c, 2**32 - 1, torch.int64).to(torch.uint32), max_len=320)
+
+
+def guard_decode_page_ids():
+    def corrupt(t):
+        t = t.clone()
+        t[0, 0], t[0, 1], t[1, 0] = 2**31 - 1, -(2**31), -1
+        return t
+    _decode(tables=corrupt)
+
+
+def guard_mla_lengths():
+    for gluon, ws in (("0", "0"), ("1", "0"), ("1", "1")):
+        _mla(gluon=gluon, ws=ws, seq_lens=lambda c: _full(c, 2**31 - 1), max_len=256)
+        _mla(gluon=gluon, ws=ws, seq_lens=lambda c: _full(c, -5), max_len=256)
+
+
+def guard_prefill():
+    for page in (16, 64):
+        _prefill(page=page, seq_lens=lambda c: _full(c, 2**31 - 1))
+        for cum in ([-50, 20, 134], [0, 100, 40], [-(2**31), 5, 2**31 - 1]):
+            dtype = torch.int64 if max(map(abs, cum)) >= 2**31 else torch.int32
+            _prefill(page=page, cum_q=torch.tensor(cum, dtype=dtype, device=DEV))
+        _prefill(page=page, out_rows=60)  # rows of the batch past `out` (cum_seq_lens_q[-1] > rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# batch-invariant mode
+# ---------------------------------------------------------------------------------------------
+def invariant_decode_mla():
+    from kvattn.ops.decode import configs as dc
+    from kvattn.ops.mla import configs as mc
+    with kvattn.batch_invariant(), dc.override(invariant_span=128), mc.override(invariant_span=128):
+        _finite(_decode())
+        _finite(_mla())
+        _finite(_mla(gluon="0"))
+        single_decode()
+
+
+VARIANTS = [
+    decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
+    xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, prefill_triton,
+    prefill_gluon_ws, append, merge, guard_decode_lengths, guard_decode_page_ids, guard_mla_lengths, guard_prefill,
+    invariant_decode_mla,
+]
+
+
+def main(argv) -> int:
+    torch.manual_seed(0)
+    wanted = [a for a in argv if not a.startswith("-")]
+    failures = 0
+    for fn in VARIANTS:
+        if wanted and not any(w in fn.__name__ for w in wanted):
+            continue
+        t0 = time.perf_counter()
+        try:
+            fn()
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+            print(f"ok {fn.__name__} {1e3 * (time.perf_counter() - t0):.0f} ms", flush=True)
+        except Exception as e:  # noqa: BLE001 - report and go on: one tool run covers every variant
+            failures += 1
+            print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc(limit=3)
+    print(f"driver: {failures} failure(s)", flush=True)
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

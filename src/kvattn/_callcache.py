@@ -1,0 +1,377 @@
+"""Eager calls replayed from their metadata: validation, planning and launch binding skipped.
+
+A serving engine calls each public function with the same shapes, strides, dtypes, devices and
+scalar arguments step after step; only the data (and so the data pointers) changes. Everything
+a call does on the host but launch its kernels is a function of that *metadata*: the checks at
+the API boundary read shapes, strides, dtypes, devices, pointer alignment and scalars (never
+device values: those are ``KVATTN_DEBUG``'s), and so do the planners. So a call whose metadata
+was seen before needs only its kernels launched again, with the new pointers.
+
+How. A :class:`CallCache` per public function keys calls on :func:`_flatten`: per tensor argument
+its shape, strides, dtype, device and data pointer modulo 16 (Triton specialises on 16-byte
+alignment; the checks read no finer alignment); per other argument its value and type (so that
+``True`` and ``1``, ``1`` and ``1.0`` differ); the raw values of kvattn's environment switches.
+On a miss the call runs as always, while :mod:`.ops.launch.fast_launch` records every launch it
+makes. The record becomes an entry only if nothing in the call escapes replay:
+
+* every launch went through the fast path to an already compiled kernel (the first call of each
+  launch compiles through Triton and is never recorded), none through ``kernel[grid]``;
+* the call ran no device op but views (a :class:`~torch.utils._python_dispatch.TorchDispatchMode`
+  watches the recorded call): no allocation (``out``, workspace and ``lse`` given), no copy, no
+  fill;
+* every pointer a launch received lies in exactly one tensor argument's storage (it is then that
+  argument's data pointer plus an offset fixed by the metadata), or is a buffer kvattn keeps per
+  stream (single decode's merge counters, :mod:`.ops.launch.workspace`): such an entry is valid on
+  its stream only;
+* the call returned its arguments (or None), and no error was raised: an error is never cached.
+
+A hit checks what the key does not hold (the fast path still on: no Triton launch hooks, the same
+Triton debug knobs, each launch's compiled kernel still current, the same CUDA device; the
+current stream is read afresh), then launches each recorded launch with the new pointers. Calls
+bypass the cache while ``torch.compile`` traces, while a config override is active (tuning), with
+``KVATTN_DEBUG=1`` (its device-value checks then run on every call), while a CUDA graph is being
+captured where the entry's function is capture-sensitive, and for tensor subclasses and argument
+types the key does not model. See ``benchmarks/NOTES.md``, "Host path: calls replayed from their
+metadata".
+
+A check added to a public function that reads anything else of a tensor (its storage size, its
+pointer beyond 16-byte alignment, a device value) must add that fact to :func:`_flatten`'s key.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _env
+
+MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache starts over
+MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
+
+_ENV_NAMES = tuple(_env.SWITCH_NAMES)  # every switch kvattn reads (TRITON_INTERPRET included)
+_OVERRIDES = _env._BATCH_INVARIANT  # kvattn.set_batch_invariant's value: [None | bool]
+_DATA = getattr(os.environ, "_data", None)
+if isinstance(_DATA, dict) and getattr(os.environ, "encodekey", None) is not None:
+    _ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES))
+    _env_get = _DATA.get
+else:  # pragma: no cover - a platform without os.environ._data
+    _ENV_KEYS, _env_get = _ENV_NAMES, os.environ.get
+
+_Tensor = torch.Tensor
+_SCALAR_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
+_MISSING = object()
+_is_compiling = torch.compiler.is_compiling
+_suspended = 0  # > 0 while a config override is active (plans then depend on more than the facts)
+_caches: list["CallCache"] = []
+_fast_launch = _workspace = None  # kvattn.ops.launch's modules, once a call has been recorded (_load)
+
+
+class Bypass(Exception):
+    """An argument the key does not model: the call runs the ordinary way."""
+
+
+def suspend(delta: int) -> None:
+    """``+1`` on entering a config override, ``-1`` on leaving it; every cache is cleared."""
+    global _suspended
+    _suspended += delta
+    clear()
+
+
+def clear() -> None:
+    """Forget every entry (tests, config overrides)."""
+    for cache in _caches:
+        cache.entries.clear()
+        cache.failures.clear()
+
+
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_stride = _Tensor.stride
+_data_ptr = _Tensor.data_ptr
+_get_device = _Tensor.get_device
+_low_bits = (15).__and__
+_SIGNATURES: dict = {}  # tuple of argument types -> (tensor picker, other picker), or None: nested
+
+
+def _signature(types: tuple):
+    """Pickers of the tensor and the other arguments of a call with these argument types (None
+    where an argument is a tuple or list)."""
+    if tuple in types or list in types:
+        got = None
+    else:
+        for t in types:
+            if t is not _Tensor and t not in _SCALAR_TYPES:
+                raise Bypass
+        tensors = [i for i, t in enumerate(types) if t is _Tensor]
+        others = [i for i, t in enumerate(types) if t is not _Tensor]
+        got = (_getter(tensors), _getter(others))
+    if len(_SIGNATURES) >= MAX_ENTRIES:
+        _SIGNATURES.clear()
+    _SIGNATURES[types] = got
+    return got
+
+
+def _getter(indices: list):
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    if indices:
+        return lambda t, i=indices[0]: (t[i],)
+    return lambda t: ()
+
+
+def _flatten(args: tuple) -> tuple[tuple, list]:
+    """``(key, pointers)``: the metadata key of a call's arguments and its tensors' data pointers in
+    order (:func:`_tensors`' order). Raises :class:`Bypass` for an argument the key does not model.
+
+    Per tensor: shape, strides, dtype, CUDA device index (-1 off CUDA, where no call is recorded:
+    only CUDA tensors take the fast path) and the data pointer modulo 16; per other argument its value, and the
+    type of every argument. Each fact is read for all tensors at once (``map``), at C speed."""
+    types = tuple(map(type, args))
+    sig = _SIGNATURES.get(types, _MISSING)
+    if sig is _MISSING:
+        sig = _signature(types)
+    if sig is None:  # a tuple or list among the arguments: key its items in its place
+        flat = []
+        for a in args:
+            if type(a) is tuple or type(a) is list:
+                flat += a
+                flat.append(len(a))
+            else:
+                flat.append(a)
+        key, ptrs = _flatten(tuple(flat))
+        return (types, key), ptrs
+    tensors = sig[0](args)
+    ptrs = list(map(_data_ptr, tensors))
+    key = (types, tuple(map(_env_get, _ENV_KEYS)), _OVERRIDES[0], tuple(map(_shape, tensors)),
+           tuple(map(_stride, tensors)),
+           tuple(map(_dtype, tensors)), tuple(map(_get_device, tensors)), tuple(map(_low_bits, ptrs)),
+           sig[1](args))
+    return key, ptrs
+
+
+def _tensors(args: tuple) -> list:
+    """The tensor arguments in :func:`_flatten`'s pointer order."""
+    out = []
+    for a in args:
+        if type(a) is _Tensor:
+            out.append(a)
+        elif type(a) in (tuple, list):
+            out.extend(b for b in a if type(b) is _Tensor)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# recording a call
+# ---------------------------------------------------------------------------------------------
+_VIEW_FREE = {  # metadata ops that touch no device memory (besides views)
+    torch.ops.aten.set_.source_Storage_storage_offset, torch.ops.aten.detach.default,
+    torch.ops.aten.lift_fresh.default,
+}
+
+
+class _Watch(TorchDispatchMode):
+    """Notes every op of the recorded call that is not a view (or :func:`_inputs.alias`'s empty
+    tensor and ``set_``): such a call is not replayed."""
+
+    def __init__(self, record: "Record"):
+        super().__init__()
+        self.record = record
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not (func.is_view or func in _VIEW_FREE or (func is torch.ops.aten.empty.memory_format and args
+                                                          and not any(args[0]))):
+            self.record.spoil(f"op {func}")
+        return func(*args, **kwargs)
+
+
+class Record:
+    """What one ordinary call launched (filled by :mod:`.ops.launch.fast_launch`), and why it may not
+    be replayed (``spoiled``)."""
+
+    def __init__(self):
+        self.thread = threading.get_ident()
+        self.launches: list = []  # (Launch, CallArgs, compiled-kernel key)
+        self.spoiled: str | None = None
+        self.outside = False  # a launch outside Launch objects (fast_launch.launch_outside)
+        self.devices: set = set()  # the current device at each launch
+
+    def launched(self, launch, call, key) -> None:
+        if threading.get_ident() == self.thread:
+            self.launches.append((launch, call, key))
+            self.devices.add(_fast_launch.current_device())
+
+    def spoil(self, why: str) -> None:
+        if threading.get_ident() == self.thread and self.spoiled is None:
+            self.spoiled = why
+
+
+class _Entry:
+    """A recorded call: its launches with every pointer an argument's plus an offset (or a kept
+    buffer's), and which arguments it returned."""
+
+    __slots__ = ("steps", "pick", "offsets", "constants", "stream", "device", "knobs", "returns", "launches")
+
+    def __init__(self, steps, pick, offsets, constants, stream, device, knobs, returns, launches):
+        self.steps = steps  # per launch: fast_launch.replay_step's tuple
+        self.pick = pick  # arg pointers (+ constants) -> the launches' pointers, all launches in order
+        self.offsets = offsets
+        self.constants = constants  # kept buffers' pointers (appended to the arg pointers), or []
+        self.stream = stream  # the recorded stream where constants pin it, else None
+        self.device = device
+        self.knobs = knobs
+        self.returns = returns  # None, an arg index, or a tuple of arg indices / None
+        self.launches = launches  # the Launch objects (for tests and tools)
+
+
+def _load() -> None:
+    """Import the launch modules (they import Triton: not before a call is recorded)."""
+    global _fast_launch, _workspace
+    from .ops.launch import fast_launch, workspace
+
+    workspace.KEPT_CHANGED.append(clear)  # recordings hold the kept buffers' addresses
+    _fast_launch, _workspace = fast_launch, workspace
+
+
+def _kept_buffers() -> list:
+    """``(start, end)`` of the buffers kvattn keeps per stream (single decode's counters and
+    partials, :mod:`.ops.launch.workspace`)."""
+    workspace = _workspace
+    return [(b, b + t.untyped_storage().nbytes()) for t in workspace.kept_buffers() for b in (t.data_ptr(),)]
+
+
+def _returns(result, args: tuple):
+    """Where the call's result came from: None, the index of the argument it is, or a tuple of
+    those (None for a None element). Raises :class:`Bypass` for anything else (an allocation)."""
+    def index(x):
+        if x is None:
+            return None
+        for j, a in enumerate(args):
+            if a is x:
+                return j
+        raise Bypass
+
+    if type(result) is tuple:
+        return tuple(map(index, result))
+    if result is None:
+        return None
+    return index(result)
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _build(record: Record, args: tuple, result) -> _Entry | None:
+    """The entry a clean record makes, or None (see the module docstring)."""
+    if record.spoiled is not None or not record.launches or len(record.devices) != 1:
+        return None
+    tensors = _tensors(args)
+    try:
+        returns = _returns(result, args)
+        storages = [_storage(t) for t in tensors]
+    except (Bypass, RuntimeError):
+        return None
+    ptrs = [t.data_ptr() for t in tensors]
+    kept = _kept_buffers()
+    constants: list = []
+    picks, offsets, spans = [], [], []
+    first = record.launches[0][1]
+    for launch, call, key in record.launches:
+        if call.ptrs is None or call.stream != first.stream:
+            return None
+        spans.append((len(picks), len(call.ptrs)))
+        for p in call.ptrs:
+            if type(p) is not int:
+                return None  # a tensor descriptor: built per call from a tensor
+            owners = [j for j, (base, size) in enumerate(storages) if base <= p < base + size]
+            if len(owners) > 1:
+                # Arguments sharing one storage (K and V views of one cache): the one starting at
+                # the pointer, if exactly one does; otherwise whose pointer it follows is ambiguous.
+                owners = [j for j in owners if ptrs[j] == p]
+                if len(owners) != 1:
+                    return None
+            if owners:
+                picks.append(owners[0])
+                offsets.append(p - ptrs[owners[0]])
+            elif any(start <= p < end for start, end in kept):
+                if p not in constants:
+                    constants.append(p)
+                picks.append(len(tensors) + constants.index(p))
+                offsets.append(0)
+            else:
+                return None  # memory the call allocated, or that no argument owns
+    steps = []
+    for (launch, call, key), (start, count) in zip(record.launches, spans):
+        step = _fast_launch.replay_step(launch, key, start, count, call.values[count:], len(picks))
+        if step is None:
+            return None
+        steps.append(step)
+    pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda t, i=picks[0]: (t[i],))
+    return _Entry(tuple(steps), pick, tuple(offsets), constants, first.stream if constants else None,
+                  next(iter(record.devices)), _fast_launch.knob_state(), returns, tuple(s[0] for s in steps))
+
+
+class CallCache:
+    """The replay cache of one public function (see the module docstring).
+
+    ``capture_sensitive``: the function's launches differ inside a CUDA-graph capture (single
+    decode: its merge counters and RoPE's TMA kernel), so it bypasses the cache while the current
+    stream captures.
+    """
+
+    def __init__(self, name: str, *, capture_sensitive: bool = False):
+        self.name = name
+        self.capture_sensitive = capture_sensitive
+        self.entries: dict = {}
+        self.failures: dict = {}  # key -> recordings that made no entry (the first call compiles)
+        self.hits = self.misses = 0  # (tests and tools)
+        _caches.append(self)
+
+    def run(self, args: tuple, call: Callable[[], Any]):
+        """The result of a call with ``args``: replayed from a recorded call of the same key, or
+        ``call()`` (the ordinary call), recorded into an entry where it can be."""
+        if _suspended or _is_compiling() or not _env.call_cache():
+            return call()
+        try:
+            key, ptrs = _flatten(args)
+        except (Bypass, RuntimeError):  # (RuntimeError: a tensor without strides or data)
+            return call()
+        entry = self.entries.get(key)
+        if entry is not None and (not self.capture_sensitive or not _fast_launch.capturing()) \
+                and _fast_launch.replay(entry, ptrs):
+            self.hits += 1
+            returns = entry.returns
+            if returns is None:
+                return None
+            if type(returns) is int:
+                return args[returns]
+            return tuple(None if j is None else args[j] for j in returns)
+        self.misses += 1
+        # (KVATTN_DEBUG=1: its raw value is in the key, and nothing is recorded under it.)
+        if entry is not None or self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks():
+            return call()
+        if _fast_launch is None:
+            _load()
+        if self.capture_sensitive and _fast_launch.capturing():
+            return call()
+        record = Record()
+        with _fast_launch.recording(record), _Watch(record):
+            result = call()
+        entry = _build(record, args, result)
+        if entry is None:
+            if len(self.failures) >= MAX_ENTRIES:
+                self.failures.clear()
+            # A launch no replay can make (a tensor descriptor per call) fails every time: stop now.
+            self.failures[key] = MAX_TRIES if record.outside else self.failures.get(key, 0) + 1
+            return result
+        if len(self.entries) >= MAX_ENTRIES:
+            self.entries.clear()
+        self.entries[key] = entry
+        return result

@@ -1,0 +1,353 @@
+"""Calls replayed from their metadata (kvattn._callcache), over the faked GPU of test_fast_launch:
+a replay hands the launcher exactly what the ordinary path hands it for the same tensors; any
+change of metadata, scalar, switch or stream misses; errors, allocating calls, debug checks and
+config overrides are never replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvattn
+from kvattn import _callcache
+from kvattn.formats import FP8_DTYPE
+from kvattn.ops.decode import configs as decode_configs
+from kvattn.ops.launch import fast_launch
+from kvattn.testing import make_paged_kv
+
+from .test_fast_launch import FAST_PATH_TRITON, FakeGPU
+
+pytestmark = FAST_PATH_TRITON
+CPU = torch.device("cpu")
+
+
+def fresh(t):
+    """``t``'s values at a new address (a clone, of a tuple's items too)."""
+    if isinstance(t, (tuple, list)):
+        return type(t)(fresh(x) for x in t)
+    return t.clone() if isinstance(t, torch.Tensor) else t
+
+
+def batch_case(*, form="stacked", layout="NHD", dtype=torch.float16, fmt=None, lens=(700, 40, 2500)):
+    case = make_paged_kv(list(lens), num_kv_heads=2, head_dim=128, page_size=16, dtype=dtype, kv_format=fmt,
+                         layout=layout, form=form, nan_fill=False)
+    q = torch.randn(len(lens), 16, 128).to(dtype)
+    args = (q, case.kv_cache, torch.zeros(1 << 22, dtype=torch.uint8), case.block_tables, case.seq_lens,
+            max(lens), 0.125, 1.0)
+    kwargs = dict(out=torch.empty_like(q), kv_layout=layout, kv_cache_sf=case.kv_cache_sf)
+    return kvattn.decode.xqa_batch_decode_with_kv_cache, args, kwargs
+
+
+def xqa_case():
+    case = make_paged_kv([700, 40], num_kv_heads=2, head_dim=128, page_size=32, dtype=torch.float16, nan_fill=False)
+    q = torch.randn(2, 1, 16, 128).to(torch.float16)
+    k, v = (case.kv_cache[:, i].reshape(-1, 128).clone() for i in (0, 1))
+    args = (q, k, v, case.block_tables, case.seq_lens.view(-1, 1).to(torch.uint32), torch.empty_like(q),
+            torch.zeros(1 << 22, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint32), 2, 32)
+    return kvattn.xqa.xqa, args, {}
+
+
+def single_case(length=4096, **kw):
+    q = torch.randn(32, 128).to(torch.float16)
+    k, v = (torch.randn(length, 8, 128).to(torch.float16) for _ in range(2))
+    return kvattn.decode.single_decode_with_kv_cache, (q, k, v), dict(out=torch.empty_like(q), **kw)
+
+
+def mla_case():
+    case = make_paged_kv([700, 40, 2500], num_kv_heads=1, head_dim=576, page_size=16, dtype=torch.bfloat16,
+                         form="shared", nan_fill=False)
+    q = torch.randn(3, 1, 16, 576).to(torch.bfloat16)
+    args = (q, case.kv_cache[:, 0, :, 0], torch.zeros(1 << 24, dtype=torch.uint8), 128, 512, 64,
+            case.block_tables, case.seq_lens, 2500)
+    return kvattn.mla.xqa_batch_decode_with_kv_cache_mla, args, dict(out=torch.empty(3, 16, 512), bmm1_scale=0.07)
+
+
+CASES = {
+    "batch": batch_case,
+    "batch-HND-tuple": lambda: batch_case(form="tuple", layout="HND"),
+    "batch-kv-views-of-one-tensor": lambda: batch_case(form="tuple"),
+    "batch-fp8": lambda: batch_case(fmt="fp8"),
+    "batch-nvfp4": lambda: batch_case(fmt="nvfp4", form="tuple"),
+    "xqa": xqa_case,
+    "single": single_case,
+    "single-rope-lse": lambda: single_case(pos_encoding_mode="ROPE_LLAMA", return_lse=True,
+                                           lse=torch.empty(32)),
+    "mla": mla_case,
+}
+
+
+def cache_of(fn) -> _callcache.CallCache:
+    return {c.name: c for c in _callcache._caches}[fn.__name__]
+
+
+def ordinary(fake, monkeypatch, fn, args, kwargs):
+    """The launcher arguments of the call the ordinary way (no replay)."""
+    monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
+    fn(*args, **kwargs)
+    monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
+    return fake.launches()
+
+
+def replayed(fake, fn, args, kwargs):
+    cache = cache_of(fn)
+    hits = cache.hits
+    got = fn(*args, **kwargs)
+    assert cache.hits == hits + 1, "the call was not replayed"
+    return got, fake.launches()
+
+
+def setup(monkeypatch, name):
+    fake = FakeGPU(monkeypatch)
+    monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
+    fn, args, kwargs = CASES[name]()
+    args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}  # (a clone may change strides)
+    fn(*args, **kwargs)  # compiles (through Triton: not recorded)
+    fn(*args, **kwargs)  # the fast path: recorded
+    fake.launches()
+    return fake, fn, args, kwargs
+
+
+def kv_views_of_one_tensor(args):
+    if isinstance(args[1], tuple):  # K and V as views of one [P, 2, ...] tensor, as some engines keep them
+        k, v = args[1]
+        both = torch.stack([k, v], dim=1)
+        return (args[0], (both[:, 0], both[:, 1]), *args[2:])
+    return args
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_replay_hands_the_launcher_what_the_ordinary_call_does(name, monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, name)
+    if name == "batch-kv-views-of-one-tensor":
+        args = kv_views_of_one_tensor(args)
+        fn(*args, **kwargs)
+        fn(*args, **kwargs)
+        fake.launches()
+    for _ in range(2):  # new memory under every tensor argument, each time
+        args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+        if name == "batch-kv-views-of-one-tensor":
+            args = kv_views_of_one_tensor(args)
+        expected = ordinary(fake, monkeypatch, fn, args, kwargs)
+        got, launches = replayed(fake, fn, args, kwargs)
+        assert launches == expected and launches
+        if kwargs.get("out") is not None and got is not None:
+            want = (kwargs["out"], kwargs["lse"]) if kwargs.get("return_lse") else kwargs["out"]
+            assert got is want if not isinstance(got, tuple) else all(a is b for a, b in zip(got, want))
+
+
+CHANGES = {
+    "batch": lambda a, k: ((a[0][:2], a[1], a[2], a[3][:2], a[4][:2], *a[5:]), dict(k, out=k["out"][:2])),
+    "seq_lens dtype": lambda a, k: ((*a[:4], a[4].to(torch.uint32), *a[5:]), k),
+    "out strides": lambda a, k: (a, dict(k, out=torch.empty(a[0].shape[0], 32, 128, dtype=a[0].dtype)[:, ::2])),
+    "out float32": lambda a, k: (a, dict(k, out=k["out"].float())),
+    "out 8 bytes off alignment": lambda a, k: (a, dict(k, out=torch.empty(k["out"].numel() + 4, dtype=a[0].dtype)[4:]
+                                                         .view(k["out"].shape))),
+    "bmm1_scale": lambda a, k: ((*a[:6], 0.25, a[7]), k),
+    "bmm1_scale as a tensor": lambda a, k: ((*a[:6], torch.tensor([0.125]), a[7]), k),
+    "max_seq_len": lambda a, k: ((*a[:5], 2000, *a[6:]), k),
+    "window_left": lambda a, k: (a, dict(k, window_left=100)),
+    "sinks": lambda a, k: (a, dict(k, sinks=torch.randn(16))),
+    "enable_pdl": lambda a, k: (a, dict(k, enable_pdl=True)),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_each_change_misses_and_launches_as_the_ordinary_call(change, monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    cache = cache_of(fn)
+    args2, kwargs2 = CHANGES[change](args, kwargs)
+    expected = ordinary(fake, monkeypatch, fn, args2, kwargs2)
+    hits, entries = cache.hits, len(cache.entries)
+    fn(*args2, **kwargs2)  # a miss: the ordinary way (recorded)
+    assert cache.hits == hits and len(cache.entries) == entries + 1
+    assert fake.launches() == expected
+    _, launches = replayed(fake, fn, args2, kwargs2)
+    assert launches == expected
+    _, launches = replayed(fake, fn, args, kwargs)  # the first signature still replays
+    assert launches == ordinary(fake, monkeypatch, fn, args, kwargs)
+
+
+@pytest.mark.parametrize("switch", ["KVATTN_FUSED_MERGE", "KVATTN_FAST_LAUNCH", "KVATTN_BATCH_INVARIANT"])
+def test_a_changed_switch_misses(switch, monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    cache = cache_of(fn)
+    monkeypatch.setenv(switch, "0")
+    hits = cache.hits
+    fn(*args, **kwargs)
+    assert cache.hits == hits
+    assert fake.launches() == ordinary(fake, monkeypatch, fn, args, kwargs)
+
+
+def test_the_python_batch_invariant_override_misses(monkeypatch):
+    """kvattn.set_batch_invariant changes no environment variable, and a replay recorded before
+    it would launch the batch-dependent splits: the override is part of the key."""
+    import kvattn
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    cache = cache_of(fn)
+    monkeypatch.setattr(kvattn._env, "_BATCH_INVARIANT", kvattn._env._BATCH_INVARIANT)
+    try:
+        kvattn.set_batch_invariant(True)
+        hits = cache.hits
+        fn(*args, **kwargs)
+        assert cache.hits == hits
+        assert fake.launches() == ordinary(fake, monkeypatch, fn, args, kwargs)
+    finally:
+        kvattn.set_batch_invariant(None)
+
+
+def test_every_switch_is_in_the_key():
+    from kvattn import _callcache, _env
+
+    assert set(_env.SWITCH_NAMES) <= set(_callcache._ENV_NAMES)
+    assert "KVATTN_BATCH_INVARIANT" in _env.SWITCH_NAMES
+
+
+@pytest.mark.parametrize("bad, error", [
+    (lambda a, k: ((*a[:5], 10 ** 6, *a[6:]), k), "max_seq_len"),  # past the table's capacity
+    (lambda a, k: ((*a[:3], a[3].long(), *a[4:]), k), "block_tables"),
+    (lambda a, k: (a, dict(k, out=k["out"][:, :8])), "out"),
+    (lambda a, k: (a, dict(k, q_len_per_req=True)), "q_len_per_req"),  # True == 1 as a key
+    (lambda a, k: ((*a[:6], float("nan"), a[7]), k), "bmm1_scale"),
+    (lambda a, k: (a, dict(k, kv_layout="nhd ")), "kv_layout"),
+])
+def test_bad_inputs_raise_after_good_calls_were_recorded(bad, error, monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    cache = cache_of(fn)
+    _ = replayed(fake, fn, args, kwargs)
+    args2, kwargs2 = bad(args, kwargs)
+    entries = dict(cache.entries)
+    for _ in range(3):  # never cached as a success
+        with pytest.raises((ValueError, TypeError), match=f"^{error}"):
+            fn(*args2, **kwargs2)
+    assert cache.entries == entries
+    assert fake.launches() == []
+
+
+def test_debug_checks_run_on_every_call(monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    _ = replayed(fake, fn, args, kwargs)
+    tables = args[3].clone()
+    tables[0, 0] = 10 ** 6  # a page id past the cache: only the device-value checks see it
+    bad = (*args[:3], tables, *args[4:])
+    _ = replayed(fake, fn, bad, kwargs)  # (unchecked by default: the same metadata)
+    monkeypatch.setenv("KVATTN_DEBUG", "1")
+    for _ in range(3):
+        with pytest.raises(ValueError, match="^block_tables: request 0 page slot 0"):
+            fn(*bad, **kwargs)
+    fn(*args, **kwargs)
+    fn(*args, **kwargs)
+    assert all(key[1][list(_callcache._ENV_NAMES).index("KVATTN_DEBUG")] is None
+               for key in cache_of(fn).entries)  # nothing recorded with the debug checks on
+
+
+@pytest.mark.parametrize("kw", [dict(out=None), dict(return_lse=True)])
+def test_allocating_calls_are_not_replayed(kw, monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    cache = cache_of(fn)
+    kwargs = dict(kwargs, **kw)
+    hits, entries = cache.hits, len(cache.entries)
+    results = [fn(*args, **kwargs) for _ in range(4)]
+    assert cache.hits == hits and len(cache.entries) == entries
+    allocated = [r[-1] if isinstance(r, tuple) else r for r in results]  # the LSE, or the output
+    assert len({id(t) for t in allocated}) == len(allocated)  # a fresh one each call
+
+
+def test_calls_that_run_a_device_op_are_not_replayed(monkeypatch):
+    """Strided sinks are copied to a contiguous tensor on the device (an op the launches do not hold)."""
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    kwargs = dict(kwargs, sinks=torch.randn(32)[::2])
+    cache = cache_of(fn)
+    hits, entries = cache.hits, len(cache.entries)
+    for _ in range(4):
+        fn(*args, **kwargs)
+    assert cache.hits == hits and len(cache.entries) == entries
+    assert cache.failures  # recorded, and refused
+
+
+def test_no_replay_under_a_config_override(monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    cache = cache_of(fn)
+    with decode_configs.override(max_splits=2):
+        hits = cache.hits
+        fn(*args, **kwargs)
+        fn(*args, **kwargs)
+        assert cache.hits == hits and not cache.entries
+        under = fake.launches()
+    assert under[0][5] != ordinary(fake, monkeypatch, fn, args, kwargs)[0][5]
+    fn(*args, **kwargs)
+    _ = replayed(fake, fn, args, kwargs)
+
+
+def test_kept_counters_pin_an_entry_to_its_stream(monkeypatch):
+    """Single decode keeps its merge counters per stream: on another stream a recorded call misses,
+    and the launches read that stream's counters."""
+    fake, fn, args, kwargs = setup(monkeypatch, "single")
+    (entry,) = cache_of(fn).entries.values()
+    assert entry.constants and entry.stream == 7
+    _ = replayed(fake, fn, args, kwargs)
+    fake_stream = fast_launch.driver.active
+    monkeypatch.setattr(fake_stream, "get_current_stream", lambda device: 8)
+    hits = cache_of(fn).hits
+    fn(*args, **kwargs)
+    assert cache_of(fn).hits == hits
+    on_8 = fake.launches()
+    assert on_8 == ordinary(fake, monkeypatch, fn, args, kwargs) and on_8[0][2] == 8
+
+
+def test_a_recompiled_kernel_is_not_replayed(monkeypatch):
+    """A launch whose compiled kernel is gone from the fast path's cache (Triton's path would
+    launch it) sends the whole call the ordinary way."""
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    (entry,) = cache_of(fn).entries.values()
+    for launch in entry.launches:
+        launch._compiled.clear()
+    hits = cache_of(fn).hits
+    fn(*args, **kwargs)
+    assert cache_of(fn).hits == hits
+    assert fake.launches() == ordinary(fake, monkeypatch, fn, args, kwargs)
+
+
+def test_launches_outside_launch_objects_spoil_the_record():
+    record = _callcache.Record()
+    with fast_launch.recording(record):
+        fast_launch.launch_outside("prefill")
+    assert record.spoiled == "prefill"
+    outer, inner = _callcache.Record(), _callcache.Record()
+    with fast_launch.recording(outer), fast_launch.recording(inner):
+        pass
+    assert outer.spoiled and inner.spoiled is None
+
+
+def test_keys_tell_types_apart():
+    q = torch.zeros(2, 3)
+    keys = {_callcache._flatten((q, v))[0] for v in (1, True, 1.0)}
+    assert len(keys) == 3
+    assert _callcache._flatten((q, (q, q)))[0] != _callcache._flatten((q, [q, q]))[0]
+    assert _callcache._flatten((q, 1))[0] != _callcache._flatten((q.t(), 1))[0]
+    with pytest.raises(_callcache.Bypass):
+        _callcache._flatten((q, object()))
+
+
+def test_a_launch_outside_launch_objects_stops_recording_its_signature(monkeypatch):
+    """Launchers that launch through ``kernel[grid]`` (prefill, MLA's Gluon kernels) cannot be
+    replayed: the first recording of such a signature is its last."""
+    from kvattn.ops.decode import launch as decode_launch
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    lengths = decode_launch.int32_lengths
+
+    def outside(t):
+        fast_launch.launch_outside("a test's kernel[grid]")
+        return lengths(t)
+
+    monkeypatch.setattr(decode_launch, "int32_lengths", outside)
+    _callcache.clear()
+    cache = cache_of(fn)
+    made = []
+    real = _callcache.Record
+    monkeypatch.setattr(_callcache, "Record", lambda: made.append(real()) or made[-1])
+    for _ in range(4):
+        fn(*args, **kwargs)
+    assert len(made) == 1 and made[0].outside and not cache.entries
+    assert list(cache.failures.values()) == [_callcache.MAX_TRIES]
