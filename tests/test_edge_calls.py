@@ -167,11 +167,10 @@ def test_batch_decode_lengths_below_zero_or_past_int32(dtype, kernel_device, mon
         assert (o[0] != 0).any()
 
 
-@pytest.mark.skip(reason="the decode and MLA kernels clamp a length to the table's capacity with the kernel guards "
-                         "of issue 27 (class 4); enable once they are merged")
 def test_batch_decode_length_past_capacity_is_the_capacity(kernel_device, monkeypatch):
     d = kernel_device
-    c = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=PAGE, dtype=F16, device=d, pages_per_seq=3)
+    c = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=PAGE, dtype=F16, device=d, pages_per_seq=3,
+                      nan_fill=False)  # (the capacity reaches slots no token was written to)
     q = torch.randn(2, 8, 64, dtype=F16, device=d)
     over = torch.tensor([20, 1000], dtype=torch.int32, device=d)
     _assert_agree(_both(monkeypatch, _decode_call(c, c.block_tables, over, q, 48, d)))
@@ -240,11 +239,9 @@ def test_prefill_unusable_lengths(window, kernel_device, monkeypatch):
         assert (o[5:11] == 0).all() and (o[14:] == 0).all() and torch.isneginf(lse[14:]).all()
 
 
-@pytest.mark.skip(reason="a length of -2^31 (a uint32 2^31) overflows the prefill kernel's int32 positions "
-                         "(it then walks ~2^31 keys: the kernel guards of issue 27, class 4); enable once merged")
 def test_prefill_length_int_min(kernel_device, monkeypatch):
     d = kernel_device
-    c, _ = _decode_case(d, lens=(20, 40), nan_fill=False)
+    c = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=PAGE, dtype=F16, device=d, nan_fill=False)
     cum = torch.tensor([0, 5, 21], dtype=torch.int32, device=d)
     q = torch.randn(21, 8, 64, dtype=F16, device=d)
     u32 = torch.tensor([20, 2**31], dtype=torch.int64).to(torch.uint32).to(d)
