@@ -15,9 +15,20 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import importlib  # noqa: E402
+
 import pytest  # noqa: E402
 
+from kvattn._backend import TRITON_OPS  # noqa: E402
+
 ON_GPU = torch.cuda.is_available()
+
+# Every kernel module is imported here, under the tier's TRITON_INTERPRET: Triton decides when a
+# kernel is defined whether it runs interpreted, so a module first imported inside a test that
+# patches TRITON_INTERPRET (``kvattn info`` with the interpreter, say) would leave interpreted
+# kernels calling compiled helpers in a GPU process, for every later test of that worker.
+for _path in sorted(set(TRITON_OPS.values())):
+    importlib.import_module(_path)
 
 
 @pytest.fixture(autouse=True)

@@ -464,6 +464,7 @@ def test_units():
             assert float(text.split()[0]) >= 1, text
 
 
+@needs_interpreter
 def test_interpreter_switches_in_the_environment_mean_interpret(capsys, monkeypatch):
     """``TRITON_INTERPRET=1 KVATTN_BACKEND=triton kvattn check`` on a CPU runs as ``--interpret``:
     float16 cases (the interpreter has no bfloat16), the checked call alone timed."""

@@ -166,13 +166,16 @@ def test_decode_invariant_mode_stays_exact(kernel_device, triton_backend, short_
 
 
 def test_decode_workspace_too_small_for_the_spans_is_a_clear_error(kernel_device, triton_backend, short_spans):
+    # A host bound of 10240 keys: 10 spans of the GPU tables' 1024 (320 of the CPU's 32), more than
+    # the 16 KiB workspace holds partials for (2 KiB a split here).
+    pages = 640
     case = make_paged_kv([TARGET_LEN], num_kv_heads=HKV, head_dim=D, page_size=PAGE, dtype=torch.float16,
-                         device=kernel_device, pages_per_seq=64)
+                         device=kernel_device, pages_per_seq=pages)
     q = torch.randn(1, HKV * GROUP, D).to(kernel_device, torch.float16)
     ws = torch.zeros(16384 + 64, dtype=torch.uint8, device=kernel_device)
     with kvattn.batch_invariant(), pytest.raises(ValueError, match="workspace_buffer: batch-invariant mode needs"):
-        kvattn.decode.xqa_batch_decode_with_kv_cache(q, case.kv_cache, ws, case.block_tables, case.seq_lens, 1000,
-                                                     bmm1_scale=0.125)
+        kvattn.decode.xqa_batch_decode_with_kv_cache(q, case.kv_cache, ws, case.block_tables, case.seq_lens,
+                                                     pages * PAGE, bmm1_scale=0.125)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,10 +241,15 @@ def test_mla_request_is_bitwise_the_same_whatever_its_batch(kernel_device, trito
 
 
 def test_mla_default_mode_follows_the_batch(kernel_device, triton_backend, short_spans, monkeypatch):
+    """The control: without the switch, request 0's splits follow its batch. On a GPU the MLA
+    table's chunks are long enough that these small batches all split request 0 alike, so the
+    control takes the CPU tier's short chunks there too."""
     monkeypatch.setenv("KVATTN_BATCH_INVARIANT", "0")
-    results = [_mla_target(m, kernel_device) for m in MLA_MATES]
-    _sm_count(monkeypatch, 1)
-    results.append(_mla_target(MLA_MATES[2], kernel_device))
+    chunks = mla_configs.override(min_chunk=16, waves=4) if ON_GPU else contextlib.nullcontext()
+    with chunks:
+        results = [_mla_target(m, kernel_device) for m in MLA_MATES]
+        _sm_count(monkeypatch, 1)
+        results.append(_mla_target(MLA_MATES[2], kernel_device))
     assert not _bitwise_same(results)
 
 
