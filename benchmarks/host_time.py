@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -38,25 +37,8 @@ if __package__ in (None, ""):  # run as a script
 
 import torch  # noqa: E402
 
+from benchmarks.profile_host import _sync, host_times  # noqa: E402
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def host_times(fn, calls: int) -> tuple[float, float]:
-    """(median, 90th percentile) wall microseconds of single calls, each with the GPU idle."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(calls):
-        _sync()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    _sync()
-    times.sort()
-    return statistics.median(times) * 1e6, times[int(0.9 * (len(times) - 1))] * 1e6
 
 
 def cases(device: torch.device) -> dict:

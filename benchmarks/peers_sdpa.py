@@ -15,12 +15,12 @@ Formulations:
 
 from __future__ import annotations
 
-import re
-import warnings
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+
+from kvattn.bench import try_backend
 
 from .inputs import apply_rope, gather_pages
 from .problems import AttnSpec
@@ -28,7 +28,6 @@ from .variant import NotAvailable, Variant
 
 BACKENDS = ("flash", "cudnn", "efficient")
 FOLD_MAX_ROWS = 16  # fold query heads into rows below this many query tokens per request
-_TRIGGERED = re.compile(r"\s*\(Triggered internally at[^)]*\)\.?")
 
 
 def _backend_enum(name: str):
@@ -122,20 +121,6 @@ def _kv_len(spec: AttnSpec) -> int:
     return spec.k4.shape[2]
 
 
-def _try(fn, context) -> None:
-    """Run once under the backend; "No available kernel" (with torch's reasons) becomes NotAvailable."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with context():
-                fn()
-        except RuntimeError as exc:
-            reasons = "; ".join(r for r in (_TRIGGERED.sub("", str(w.message)).strip() for w in caught) if r)[:400]
-            if any(m in str(exc) for m in ("No available kernel", "No viable backend", "not supported")):
-                raise NotAvailable(f"{exc}".splitlines()[0] + (f" ({reasons})" if reasons else "")) from None
-            raise
-
-
 def variants(specs: list[AttnSpec], backends=BACKENDS) -> Iterator[tuple[str, object]]:
     """Yield ``(name, build)`` for each peer variant; ``build()`` returns a Variant or raises."""
     for backend in backends:
@@ -158,14 +143,14 @@ def _choose_expand(specs: list[AttnSpec], backend: str) -> tuple[bool, str]:
     kw, _ = _static_args(spec, _kv_len(spec), False)
     q, k, v = _data(spec, False)
     try:
-        _try(lambda: F.scaled_dot_product_attention(q, k, v, **kw), ctx)
+        try_backend(lambda: F.scaled_dot_product_attention(q, k, v, **kw), ctx)
         return False, ""
     except NotAvailable as first:
         if "enable_gqa" not in kw:
             raise
         kw2, _ = _static_args(spec, _kv_len(spec), True)
         q, k, v = _data(spec, True)
-        _try(lambda: F.scaled_dot_product_attention(q, k, v, **kw2), ctx)
+        try_backend(lambda: F.scaled_dot_product_attention(q, k, v, **kw2), ctx)
         return True, f"K/V heads expanded (native GQA not available: {str(first)[:120]})"
 
 

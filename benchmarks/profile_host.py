@@ -79,8 +79,9 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def host_us(fn, calls: int) -> float:
-    """Median wall time of ``calls`` single calls, each made with the GPU idle."""
+def host_times(fn, calls: int) -> tuple[float, float]:
+    """(median, 90th percentile) wall microseconds of ``calls`` single calls, each made with the
+    GPU idle."""
     for _ in range(20):
         fn()
     times = []
@@ -90,7 +91,13 @@ def host_us(fn, calls: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     _sync()
-    return statistics.median(times) * 1e6
+    times.sort()
+    return statistics.median(times) * 1e6, times[int(0.9 * (len(times) - 1))] * 1e6
+
+
+def host_us(fn, calls: int) -> float:
+    """Median wall time of ``calls`` single calls, each made with the GPU idle."""
+    return host_times(fn, calls)[0]
 
 
 def queued_us(fn, calls: int) -> float:

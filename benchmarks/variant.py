@@ -8,6 +8,8 @@ from typing import Callable, ContextManager
 
 import torch
 
+from kvattn.bench import NotAvailable  # noqa: F401  (one class for the package's bench and the harness)
+
 Fn = Callable[[], object]
 
 
@@ -33,5 +35,3 @@ class Variant:
     extra: dict = field(default_factory=dict)
 
 
-class NotAvailable(Exception):
-    """A peer that cannot run this shape on this machine (reported as "not available", not an error)."""

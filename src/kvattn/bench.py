@@ -213,7 +213,8 @@ def build(key: str, device: torch.device) -> Problem:
 # peers
 # ---------------------------------------------------------------------------------------------
 class NotAvailable(Exception):
-    """A peer that cannot run this shape here (reported as "n/a", not as an error)."""
+    """A peer that cannot run this shape here (reported as "n/a", not as an error; the benchmark
+    harness in ``benchmarks/`` raises this one too)."""
 
 
 @dataclass
@@ -256,14 +257,14 @@ def _sdpa(p: PeerInputs, backend: str) -> Impl:
         return F.scaled_dot_product_attention(q, k, v, scale=p.scale, **kw)
 
     try:
-        _first(call, context)
+        try_backend(call, context)
     except NotAvailable:
         if not kw.get("enable_gqa"):
             raise
         # This backend has no GQA: K/V with each head repeated for its query heads (outside the timing).
         k, v = p.k.repeat_interleave(g, dim=1), p.v.repeat_interleave(g, dim=1)
         kw = {"is_causal": True}
-        _first(lambda: F.scaled_dot_product_attention(q, k, v, scale=p.scale, **kw), context)
+        try_backend(lambda: F.scaled_dot_product_attention(q, k, v, scale=p.scale, **kw), context)
         note = "K/V heads repeated (no native GQA)"
 
         def call(q=q, k=k, v=v, kw=kw):
@@ -272,8 +273,9 @@ def _sdpa(p: PeerInputs, backend: str) -> Impl:
     return Impl(f"sdpa-{backend}", call, common, context, note)
 
 
-def _first(fn, context) -> None:
-    """One call under ``context``; torch's "no available kernel" becomes NotAvailable."""
+def try_backend(fn, context) -> None:
+    """One call under ``context``; torch's "no available kernel" becomes NotAvailable, with the
+    reasons torch gives in its warnings."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

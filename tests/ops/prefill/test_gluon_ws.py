@@ -13,7 +13,8 @@ poisoned outputs), with a spy proving the Gluon kernel ran: lengths off the tile
 empty requests, chunked prefill (queries fewer than keys), windows at tile edges, sinks, scales as
 floats or device tensors, negative logit scales, HND / NHD, every cache form, split tables, pages
 of 64 / 128 / 256, head dims 64 / 128 / 256, GQA groups 1 to 32; the persistent loop with many
-tiles a program; CUDA-graph replay with new lengths, tables and scales.
+tiles a program. (CUDA-graph replay through this kernel: ``test_prefill``'s graph test, whose
+pages of 64 it serves on Hopper.)
 """
 
 from __future__ import annotations
@@ -24,29 +25,15 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.prefill import configs as prefill_configs
 from kvattn.ops.prefill import gluon_ws as prefill_ws
-from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from ..sm90 import compile_sm90, skip_unless_gpu_verified
-from .test_prefill import cum, prefill_case
+from .test_prefill import prefill_case, returns_of
 
 ON_GPU = torch.cuda.is_available()
 GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on a Hopper GPU only")
-
-
-def calls_of(monkeypatch, module, name: str) -> list:
-    """The calls ``module.name`` gets from now on (each one still runs)."""
-    calls, real = [], getattr(module, name)
-
-    def spy(*args, **kwargs):
-        calls.append((args, kwargs))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, spy)
-    return calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +289,7 @@ WS_CASES = [
 
 @pytest.mark.parametrize("kw", WS_CASES)
 def test_matches_oracles(kw, triton_backend, monkeypatch):
-    launches = calls_of(monkeypatch, prefill_ws, "launch")
+    launches = returns_of(monkeypatch, prefill_ws, "launch")
     prefill_case(torch.device("cuda"), monkeypatch, **kw)
     assert len(launches) == 1, "the Gluon kernel did not take the launch"
 
@@ -319,7 +306,7 @@ def test_persistent_programs_walk_many_tiles(sms, variant, triton_backend, monke
     monkeypatch.setattr(kvattn._device, "sm_count", lambda device: sms)
     if variant is not None:
         monkeypatch.setitem(prefill_configs._SM90_WS, 128, variant)
-    launches = calls_of(monkeypatch, prefill_ws, "launch")
+    launches = returns_of(monkeypatch, prefill_ws, "launch")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 0, 777, 1029, 64, 500], lq=[1, 300, 0, 129, 700, 0, 250],
                  d=128, page=64, qdt=torch.bfloat16, window=300 if sms == 3 else -1, sinks=sms == 3, seed=sms)
     assert len(launches) == 1
@@ -330,7 +317,7 @@ def test_persistent_programs_walk_many_tiles(sms, variant, triton_backend, monke
 def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch):
     """KVATTN_GLUON=0, pages under 64 tokens, fp8 outputs, skip-softmax, quantised caches: the
     Triton kernel (still correct)."""
-    launches = calls_of(monkeypatch, prefill_ws, "launch")
+    launches = returns_of(monkeypatch, prefill_ws, "launch")
     kw = dict(lens=[1, 300, 77], lq=[1, 200, 77], d=128, page=64, qdt=torch.bfloat16, seed=4)
     if case == "gluon-off":
         monkeypatch.setenv("KVATTN_GLUON", "0")
@@ -346,55 +333,3 @@ def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch
     assert launches == []
 
 
-@pytest.mark.parametrize("tensor_scale", [True, False], ids=["device-scale", "float-scale"])
-@GPU_ONLY
-def test_cuda_graph_replay_follows_new_lengths_and_tables(tensor_scale, triton_backend, monkeypatch):
-    """Capture one call; write new lengths, query offsets, tables, cache and scale in place;
-    replay: the output follows (and rows no request owns stay as they were)."""
-    launches = calls_of(monkeypatch, prefill_ws, "launch")
-    device = torch.device("cuda")
-    hkv, group, d, page, width, pool = 2, 4, 128, 64, 80, 300
-    lens, lq = [700, 40, 2500, 0], [700, 1, 300, 0]
-
-    def make(lens, seed):
-        used = sum((n + page - 1) // page for n in lens)
-        return make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.bfloat16,
-                             layout="HND", device=device, seed=seed, pages_per_seq=width, extra_pages=pool - used)
-
-    case = make(lens, 1)
-    rows = 1200
-    q = torch.randn(rows, hkv * group, d, device=device, dtype=torch.bfloat16)
-    seq_lens, tables = case.seq_lens.clone(), case.block_tables.clone()
-    cq = cum(lq).to(device)
-    ckv = cum(lens).to(device)
-    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
-    sinks = torch.randn(hkv * group, device=device)
-    out = torch.empty_like(q)
-    bmm1 = torch.tensor([0.1], device=device) if tensor_scale else 0.09
-
-    def call():
-        kvattn.prefill.trtllm_batch_context_with_kv_cache(
-            q, case.kv_cache, ws, tables, seq_lens, 1000, width * page, bmm1, 1.0, 4, cq, ckv, out=out, sinks=sinks)
-
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    new_lens, new_lq = [1200, 0, 2400, 33], [1000, 0, 100, 33]
-    new = make(new_lens, 2)
-    case.kv_cache.copy_(new.kv_cache)
-    seq_lens.copy_(new.seq_lens)
-    tables.copy_(new.block_tables)
-    cq.copy_(cum(new_lq))
-    if tensor_scale:
-        bmm1.fill_(0.09)
-    poison_(out)
-    graph.replay()
-    torch.cuda.synchronize()
-    n = sum(new_lq)
-    exact = dense.context(q[:n].cpu(), case.kv_cache.cpu(), tables.cpu(), seq_lens.cpu(), cq.cpu(), 0.09, 1.0,
-                          sinks=sinks.cpu())
-    assert relative_error(out[:n].cpu(), exact) <= 1e-2
-    assert torch.isnan(out[n:].float()).all()  # rows past the batch: untouched
-    assert len(launches) >= 2  # the warm-up call and the captured one

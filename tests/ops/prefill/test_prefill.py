@@ -456,9 +456,14 @@ def test_page_ids_outside_the_cache_are_never_read(page, kernel_device, triton_b
 @pytest.mark.parametrize("out_kind,page,tensor_scale", [
     ("bf16", 16, True), ("nvfp4", 16, True), ("bf16", 64, True), ("bf16", 64, False),
 ], ids=["bf16-p16", "nvfp4-p16", "bf16-p64-tma-device-scale", "bf16-p64-tma-float-scale"])
-def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor_scale, triton_backend):
+def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor_scale, triton_backend, monkeypatch):
     """Capture one call; write new lengths, query offsets, tables and cache in place; replay (pages
-    of 64: TMA tiles, whose descriptors the graph holds)."""
+    of 64: TMA tiles, whose descriptors the graph holds; on Hopper the warp-specialised Gluon
+    kernel's); rows no request owns stay as they were."""
+    from kvattn import _device, _versions
+    from kvattn.ops.prefill import gluon_ws as prefill_ws
+
+    ws_launches = returns_of(monkeypatch, prefill_ws, "launch")
     device = torch.device("cuda")
     hkv, group, d, width, pool = 2, 4, 128, 200, 600
     lens, lq = [700, 40, 2500, 0], [700, 1, 300, 0]
@@ -514,6 +519,9 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
         assert relative_error(got, exact) <= 1.1 * relative_error(ideal, exact) + 4e-3
     else:
         assert relative_error(out[:n].cpu(), exact) <= 1e-2
+        assert torch.isnan(out[n:].float()).all()  # rows past the batch: untouched
+    if out_kind == "bf16" and page == 64 and _device.is_hopper(device) and _versions.gluon_on():
+        assert len(ws_launches) >= 2  # the warm-up call and the captured one
 
 
 def test_torch_compile_traces_the_public_function(kernel_device, triton_backend):
