@@ -111,8 +111,9 @@ def writable(path: str | None, flag: str) -> None:
 class Progress:
     """A progress bar on stderr: redrawn in place on a terminal, one line per step otherwise."""
 
-    def __init__(self, total: int, title: str, stream=None):
+    def __init__(self, total: int, title: str, stream=None, *, quiet: bool = False):
         self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
         self.total, self.title, self.i = total, title, 0
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.perf_counter()
@@ -120,6 +121,8 @@ class Progress:
 
     def step(self, label: str) -> None:
         self.i += 1
+        if self.quiet:
+            return
         filled = (20 * (self.i - 1)) // max(self.total, 1)
         text = (f"{self.title} [{'#' * filled}{'.' * (20 - filled)}] {self.i}/{self.total} "
                 f"{time.perf_counter() - self.t0:4.0f} s  {label}")
@@ -132,6 +135,8 @@ class Progress:
         self.stream.flush()
 
     def done(self) -> None:
+        if self.quiet:
+            return
         if self.tty:
             self.stream.write("\r" + " " * self.width + "\r")
         else:

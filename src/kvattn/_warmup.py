@@ -11,18 +11,9 @@ import torch
 
 from . import decode, mla, prefill, xqa
 from ._console import Progress
-from .formats import FP8_DTYPE
 
 FUNCTIONS = ("decode", "xqa", "single_decode", "mla", "prefill")
 _MLA_DIM, _MLA_V = 576, 512
-
-
-class _Null:
-    def write(self, text):
-        pass
-
-    def flush(self):
-        pass
 
 
 def _pages_like(num_pages: int) -> int:
@@ -231,7 +222,7 @@ def warmup(
             hkv=num_kv_heads, d=head_dim, page=page_size, layout=kv_layout, batch_sizes=tuple(batch_sizes),
             seq_lens=tuple(seq_lens), q_lens=tuple(q_lens), num_pages=num_pages, width=pages_per_seq or 0, ws=ws,
             modes=tuple(pos_encoding_modes))]
-    bar = Progress(len(plan), "kvattn warmup", stream=None if progress else _Null())
+    bar = Progress(len(plan), "kvattn warmup", quiet=not progress)
     report: dict = {name: {"calls": 0, "seconds": 0.0} for name in names}
     start = time.perf_counter()
     for name, label, call in plan:

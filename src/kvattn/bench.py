@@ -441,7 +441,7 @@ def run(device: torch.device, functions=FUNCTION_KEYS, *, peers: bool = True, fl
         plan.append((key, "kvattn"))
         if peers and key != "xqa":
             plan += [(key, f"sdpa-{b}") for b in SDPA_BACKENDS] + [(key, "flex")]
-    bar = Progress(len(plan), "kvattn bench", stream=None if progress else _Null())
+    bar = Progress(len(plan), "kvattn bench", quiet=not progress)
     records: list[dict] = []
     problems: dict = {}
     refs: dict = {}
@@ -497,14 +497,6 @@ def run(device: torch.device, functions=FUNCTION_KEYS, *, peers: bool = True, fl
     bar.done()
     problems.clear()
     return {"env": environment(device), "method": method(device), "records": records}
-
-
-class _Null:
-    def write(self, _):
-        pass
-
-    def flush(self):
-        pass
 
 
 def _rates(rec: dict) -> None:
