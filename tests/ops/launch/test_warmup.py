@@ -43,7 +43,7 @@ def server_calls(device, ws_bytes=1 << 22):
 
 @FAST_PATH_TRITON
 @pytest.mark.parametrize("warm", [True, False], ids=["after-warmup", "cold"])
-def test_calls_at_warmed_sizes_compile_nothing(warm, monkeypatch):
+def test_calls_at_warmed_sizes_compile_nothing(warm, monkeypatch, capsys):
     fake = FakeGPU(monkeypatch)
     monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
     calls = server_calls(CPU)
@@ -51,6 +51,7 @@ def test_calls_at_warmed_sizes_compile_nothing(warm, monkeypatch):
         report = kvattn.warmup(["decode", "xqa", "single_decode", "mla"], device=CPU, progress=False, **CONFIG)
         assert report["decode"]["calls"] == 4 and report["single_decode"]["calls"] == 2
         assert report["total_seconds"] > 0
+        assert capsys.readouterr().err == ""  # progress=False: no bar, no summary line
     compiled = len(fake.compiled)
     for call in calls.values():
         call()
