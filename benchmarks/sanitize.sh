@@ -61,7 +61,7 @@ run_tool plain "${SANITIZE_TIMEOUT_PLAIN:-150}" python3 benchmarks/sanitize_driv
 run_tool memcheck "${SANITIZE_TIMEOUT_MEMCHECK:-75}" \
   env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$CS" --tool memcheck --print-limit 20 python3 benchmarks/sanitize_driver.py "$@"
 run_tool racecheck "${SANITIZE_TIMEOUT_RACECHECK:-90}" \
-  "$CS" --tool racecheck --racecheck-report analysis --print-limit 20 python3 benchmarks/sanitize_driver.py "$@"
+  "$CS" --tool racecheck --racecheck-report analysis --print-limit 200 python3 benchmarks/sanitize_driver.py "$@"
 run_tool synccheck "${SANITIZE_TIMEOUT_SYNCCHECK:-45}" \
   "$CS" --tool synccheck --print-limit 20 python3 benchmarks/sanitize_driver.py "$@"
 echo "---"

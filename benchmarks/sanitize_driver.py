@@ -257,6 +257,19 @@ def guard_prefill():
 
 
 # ---------------------------------------------------------------------------------------------
+# racecheck calibration (benchmarks/sanitize_calibration.py): exchanges ordered by construction
+# ---------------------------------------------------------------------------------------------
+def calibration_exchange():
+    from sanitize_calibration import run
+    run(1)
+
+
+def calibration_exchange_loop():
+    from sanitize_calibration import run
+    run(4)
+
+
+# ---------------------------------------------------------------------------------------------
 # batch-invariant mode
 # ---------------------------------------------------------------------------------------------
 def invariant_decode_mla():
@@ -273,7 +286,7 @@ VARIANTS = [
     decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
     xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, prefill_triton,
     prefill_gluon_ws, append, merge, guard_decode_lengths, guard_decode_page_ids, guard_mla_lengths, guard_prefill,
-    invariant_decode_mla,
+    invariant_decode_mla, calibration_exchange, calibration_exchange_loop,
 ]
 
 

@@ -144,6 +144,12 @@ def _prefill_grid() -> list[Shape]:
     # convert to float16 operands.
     for kv in ("fp8", "nvfp4"):
         shapes.append(Shape("prefill", 1, 8192, q_len=8192, page_size=64, layout="HND", kv_dtype=kv, peers=False))
+    # Pages of 16 tokens (vLLM's default block size; the target: within 5 % of page 64), and a
+    # chunked-prefill step (512 new rows a request over a 16384-token cache, the rows' keys mostly
+    # cached): kvattn alone (the SDPA peers take contiguous K/V with as many keys as queries).
+    for b, lq, lk in ((1, 8192, 8192), (4, 2048, 2048)):
+        shapes.append(Shape("prefill", b, lk, q_len=lq, page_size=16, layout="HND", peers=False))
+    shapes.append(Shape("prefill", 4, 16384, q_len=512, page_size=64, layout="HND", peers=False))
     return shapes
 
 
@@ -159,6 +165,9 @@ def _mla_grid() -> list[Shape]:
                 shapes.append(Shape("mla", b, n, num_qo_heads=heads, num_kv_heads=1, head_dim=576, page_size=64,
                                     kv_dtype=dtype, q_dtype=dtype, peers=dtype == "bfloat16" and heads != 64,
                                     quick=quick))
+    # Hq 32 (DeepSeek's 128 heads over four GPUs): half a 64-head program, bf16, one shape.
+    shapes.append(Shape("mla", 64, 4096, num_qo_heads=32, num_kv_heads=1, head_dim=576, page_size=64,
+                        kv_dtype="bfloat16", q_dtype="bfloat16", peers=False))
     return shapes
 
 

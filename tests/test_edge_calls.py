@@ -104,14 +104,14 @@ def _assert_agree(got, atol=2e-3):
     torch.testing.assert_close(tri_lse, ref_lse, atol=atol, rtol=1e-3)
 
 
-def _decode_case(device, lens=(20, 40, 7, 33), nan_fill=True):
+def _decode_case(device, lens=(20, 40, 7, 33), nan_fill=True, page=PAGE):
     """Unused cache slots hold NaN (``nan_fill``): a token read that should not be shows. Calls whose
     lengths reach past the tokens written read those slots as keys, so they take finite values."""
-    c = make_paged_kv(list(lens), num_kv_heads=2, head_dim=64, page_size=PAGE, dtype=F16, device=device,
+    c = make_paged_kv(list(lens), num_kv_heads=2, head_dim=64, page_size=page, dtype=F16, device=device,
                       nan_fill=nan_fill)
     tables = c.block_tables.clone()
     num_pages = c.kv_cache.shape[0]
-    tables[0, 1] = -1  # request 0's tokens 16..19
+    tables[0, 1] = -1  # request 0's tokens 16..19 (page 16)
     tables[1, 0] = num_pages  # request 1's tokens 0..15
     tables[1, 2] = INT_MAX  # request 1's tokens 32..39
     tables[3, 1] = INT_MIN  # request 3's tokens 16..31
@@ -188,32 +188,34 @@ def test_reference_length_past_capacity_is_the_capacity(monkeypatch):
     torch.testing.assert_close(lse, lse_cap, atol=0, rtol=0)
 
 
-def _prefill_call(c, tables, seq_lens, cum, q, device, **kw):
+def _prefill_call(c, tables, seq_lens, cum, q, device, page=PAGE, **kw):
     def call():
         out = torch.full(q.shape, float("nan"), dtype=F16, device=device)
         b = seq_lens.shape[0]
         return kvattn.trtllm_batch_context_with_kv_cache(
-            q, c.kv_cache, ws(device), tables, seq_lens, 16, c.block_tables.shape[-1] * PAGE, 0.125, 1.0, b, cum,
+            q, c.kv_cache, ws(device), tables, seq_lens, 16, c.block_tables.shape[-1] * page, 0.125, 1.0, b, cum,
             cum, out=out, kv_layout="NHD", return_lse=True, **kw)
     return call
 
 
-# The prefill kernels (Triton and Gluon) read a token of an unusable page id as a zero key and a
-# zero value, which still takes part in the softmax (a logit of 0), where the rule drops it; the
-# kernel change is left to the kernel owners (see benchmarks/NOTES.md, "Hardening: unusable page
-# ids and lengths"). Strict: these start passing, and then fail as XPASS, once the kernels drop the token.
-PREFILL_DROPS_IDS = pytest.mark.xfail(strict=True, reason="prefill kernels read an unusable page id as a zero "
-                                                          "key/value instead of dropping the token")
-
-
-@PREFILL_DROPS_IDS
-@pytest.mark.parametrize("window", [-1, 12])
-def test_prefill_drops_unusable_page_ids(window, kernel_device, monkeypatch):
+# Pages of 8 and 16 tokens: several pages a key tile on the GPU (the Triton kernel's masked
+# tokens), one page a tile in the interpreter's 16-key tiles; pages of 64: one page a tile, the
+# warp-specialised Gluon kernel on Hopper and, with KVATTN_GLUON=0, the Triton kernel's TMA tiles.
+@pytest.mark.parametrize("gluon", ["default", "0"])
+@pytest.mark.parametrize("page", [8, 16, 64], ids=lambda p: f"page{p}")
+@pytest.mark.parametrize("window", [-1, 12], ids=lambda w: f"window{w}")
+def test_prefill_drops_unusable_page_ids(window, page, gluon, kernel_device, monkeypatch):
     d = kernel_device
-    c, tables = _decode_case(d, lens=(20, 40, 7, 33))
+    if gluon != "default":
+        if d == "cpu":
+            pytest.skip("the switch chooses between GPU kernels")
+        monkeypatch.setenv("KVATTN_GLUON", gluon)
+    scale = page // 16 if page >= 16 else 1
+    c, tables = _decode_case(d, lens=tuple(n * scale for n in (20, 40, 7, 33)), page=page)
     cum = torch.tensor([0, 5, 11, 14, 30], dtype=torch.int32, device=d)
     q = torch.randn(30, 8, 64, dtype=F16, device=d)
-    _assert_agree(_both(monkeypatch, _prefill_call(c, tables, c.seq_lens, cum, q, d, window_left=window)))
+    _assert_agree(_both(monkeypatch, _prefill_call(c, tables, c.seq_lens, cum, q, d, page=page,
+                                                   window_left=window)))
 
 
 @pytest.mark.parametrize("window", [-1, 12])
@@ -250,17 +252,18 @@ def test_prefill_length_int_min(kernel_device, monkeypatch):
     assert all((o[5:] == 0).all() for o, _ in got)
 
 
-@PREFILL_DROPS_IDS
-def test_prefill_split_tables_drop_a_bad_v_id(kernel_device, monkeypatch):
+@pytest.mark.parametrize("page", [16, 64], ids=lambda p: f"page{p}")
+def test_prefill_split_tables_drop_a_bad_v_id(page, kernel_device, monkeypatch):
     """With separate K and V page ids, a token whose V id is unusable is dropped too."""
     d = kernel_device
-    c = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=PAGE, dtype=F16, device=d,
+    n = page // 16
+    c = make_paged_kv([20 * n, 40 * n], num_kv_heads=2, head_dim=64, page_size=page, dtype=F16, device=d,
                       split_tables=True)
     tables = c.block_tables.clone()
-    tables[1, 1, 1] = -7  # request 1's V page of tokens 16..31
+    tables[1, 1, 1] = -7  # request 1's V page of tokens 16..31 (page 16)
     cum = torch.tensor([0, 4, 12], dtype=torch.int32, device=d)
     q = torch.randn(12, 8, 64, dtype=F16, device=d)
-    _assert_agree(_both(monkeypatch, _prefill_call(c, tables, c.seq_lens, cum, q, d,
+    _assert_agree(_both(monkeypatch, _prefill_call(c, tables, c.seq_lens, cum, q, d, page=page,
                                                    uses_shared_paged_kv_idx=False)))
 
 

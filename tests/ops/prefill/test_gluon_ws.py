@@ -161,9 +161,14 @@ def bounds_fixed_before_the_loop(ttgir: str) -> list[str]:
         m = re.search(r"= scf\.for %\S+ = %\S+ to (%[\w.]+) step", line)
         if m:
             fors.append((i, len(line) - len(line.lstrip()), m.group(1)))
+    def end_of(j, j_indent):  # the line closing the loop's region
+        return next((k for k in range(j + 1, len(lines))
+                     if lines[k].strip().startswith("}") and len(lines[k]) - len(lines[k].lstrip()) == j_indent),
+                    len(lines))
+
     bad = []
     for i, indent, bound in fors:
-        enclosing = [j for j, j_indent, _ in fors if j < i and j_indent < indent]
+        enclosing = [j for j, j_indent, _ in fors if j < i < end_of(j, j_indent)]
         if not enclosing:
             continue
         defs = [k for k in range(i) if re.search(rf"{re.escape(bound)}(:\d+)? = ", lines[k])]
@@ -180,6 +185,15 @@ def test_bound_check_catches_a_bound_from_before_the_loop():
     assert bounds_fixed_before_the_loop(ok) == []
     assert bounds_fixed_before_the_loop(ok.replace("to %m step", "to %n step")) == ["%n"]
     assert bounds_fixed_before_the_loop(ok.replace("to %m step", "to %x step")) == []  # carried
+    # A loop before it in the same region (closed) does not enclose it.
+    sibling = """    %n = arith.maxsi %a, %b : i32
+    %r:2 = scf.for %t = %c0 to %num step %c1 iter_args(%x = %n) -> (i32) {
+      %q = scf.for %u = %c0 to %n step %c1 iter_args(%z = %c0) -> (i32) {
+      }
+      %k = arith.addi %x, %c1 : i32
+      %s = scf.for %j = %c0 to %k step %c1 iter_args(%y = %c0) -> (i32) {"""
+    assert bounds_fixed_before_the_loop(sibling) == ["%n"]  # (the scan's own bound, from before the tile loop)
+    assert bounds_fixed_before_the_loop(sibling.replace("to %n step %c1 iter_args(%z", "to %x step %c1 iter_args(%z")) == []
 
 
 @pytest.mark.parametrize("kw,n_by_shape", [

@@ -27,8 +27,12 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   one FMA before ``exp2``. A negative logit scale is folded into q as it is staged (q goes through
   registers into shared memory anyway).
 * **Slots past the request**: a page's slots past ``seq_lens[b]`` may hold anything, NaN too; the
-  scores there are masked, but ``0 * NaN`` is NaN in ``P V``, so each warpgroup zeroes those rows
-  of the last V tile in shared memory before its product (both write the same zeros).
+  scores there are masked, but ``0 * NaN`` is NaN in ``P V``, so the warpgroups zero those rows of
+  the last V tile in shared memory before their products, each its half of the rows, and meet on
+  an mbarrier (no location written by one is touched by the other's loads or stores).
+* **Unusable page ids**: a box whose id lies outside the cache is read as zeros by the producer;
+  each consumer reads the tile's one or two ids too (before its wait for the tile) and sends such a
+  tile through the masked softmax with those keys masked, so the tokens are dropped.
 * **Scheduler**: persistent, one program an SM; tiles numbered longest first (the last query tile
   of every request and head first, heads fastest so a KV head's query heads run side by side)
   and dealt round robin, so the long diagonal-heavy tiles start in the first round and short
@@ -194,14 +198,16 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW: gl.constexpr,
-                    MODE: gl.constexpr):
-    """Online-softmax step of a masked score tile (window edge, diagonal): ``s [64, BLOCK_N]``
-    unscaled ``q.k`` of keys from ``n0``. Returns ``(m_i, l_i, p, alpha)`` in base-2 units; a row
-    without a visible key so far keeps m = -inf, p = 0, alpha = 0."""
+def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, ok_lo, ok_hi, SUB: gl.constexpr,
+                    HAS_WINDOW: gl.constexpr, MODE: gl.constexpr):
+    """Online-softmax step of a masked score tile (window edge, diagonal, or a tile with a page id
+    outside the cache): ``s [64, BLOCK_N]`` unscaled ``q.k`` of keys from ``n0``; ``ok_lo`` /
+    ``ok_hi`` whether the keys of the tile's first / other ``SUB``-token boxes have usable page ids
+    (see :func:`_tile_ids_ok`). Returns ``(m_i, l_i, p, alpha)`` in base-2 units; a row without a
+    visible key so far keeps m = -inf, p = 0, alpha = 0."""
     offs_n = n0 + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
     dist = row_pos[:, None] - offs_n[None, :]
-    ok = dist >= 0
+    ok = (dist >= 0) & gl.where(offs_n < n0 + SUB, ok_lo, ok_hi)[None, :]
     if HAS_WINDOW:
         ok = ok & (dist <= window_left)
     s = gl.where(ok, s * qk_scale, float("-inf"))
@@ -229,17 +235,72 @@ def _softmax_full(s, m_i, l_i, qk_scale, MODE: gl.constexpr):
 
 
 @gluon.jit
-def _zero_rows_past(buf, n0, kv_len, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Zero the rows of the V tile ``buf`` (keys from ``n0``) at or past ``kv_len``, 64 columns at
-    a time, visible to this warpgroup's next wgmma (fence + warpgroup barrier)."""
+def _ids_clean(kt_row, stride_kt_p, vt_row, stride_vt_p, lo, hi, num_pages, PAGE_SIZE: gl.constexpr):
+    """Whether every page id of the keys ``[lo, hi)`` in both tables lies inside ``[0, num_pages)``:
+    a scan of the request's rows of the tables, 32 ids a load (each warp of the warpgroup reads the
+    same 32, so the sum stays inside a warp), once a work tile, while the query is staged."""
+    scan: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    p_hi = gl.cdiv(hi, PAGE_SIZE)
+    bad = 0
+    for p0 in range(lo // PAGE_SIZE, p_hi, 32):
+        offs_p = p0 + gl.arange(0, 32, layout=scan)
+        in_row = offs_p < p_hi
+        kid = gl.load(kt_row + offs_p * stride_kt_p, mask=in_row, other=0)
+        vid = gl.load(vt_row + offs_p * stride_vt_p, mask=in_row, other=0)
+        wrong = (kid < 0) | (kid >= num_pages) | (vid < 0) | (vid >= num_pages)
+        bad += gl.sum(wrong.to(gl.int32), 0)
+    return bad == 0
+
+
+@gluon.jit
+def _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, n0, hi, num_pages, clean, PAGE_SIZE: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    """``(ok_lo, ok_hi)``: whether the first / the second ``SUB``-token box of the key tile at
+    ``n0`` has usable page ids in both tables (``[0, num_pages)``; boxes at or past ``hi`` count as
+    usable, their keys are masked by position). A tile of one page: ``ok_hi`` is ``ok_lo``.
+
+    The rule (docs/semantics.md "Unusable page ids and lengths") drops such a box's tokens; the
+    producer read it as zeros, so the consumer must mask its logits too. In a work tile whose ids
+    were all found usable (``clean``, :func:`_ids_clean`) nothing is read: loads of the ids a tile
+    cost 3-6 % of the well-formed calls even issued a tile ahead (benchmarks/NOTES.md "Hardening:
+    unusable page ids and lengths")."""
+    SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
+    ok_lo = clean
+    ok_hi = clean
+    if clean == 0:
+        kid = gl.load(kt_row + (n0 // PAGE_SIZE) * stride_kt_p, mask=n0 < hi, other=0)
+        vid = gl.load(vt_row + (n0 // PAGE_SIZE) * stride_vt_p, mask=n0 < hi, other=0)
+        ok_lo = (kid >= 0) & (kid < num_pages) & (vid >= 0) & (vid < num_pages)
+        ok_hi = ok_lo
+        if BLOCK_N // SUB == 2:
+            n1 = n0 + SUB
+            kid = gl.load(kt_row + (n1 // PAGE_SIZE) * stride_kt_p, mask=n1 < hi, other=0)
+            vid = gl.load(vt_row + (n1 // PAGE_SIZE) * stride_vt_p, mask=n1 < hi, other=0)
+            ok_hi = (kid >= 0) & (kid < num_pages) & (vid >= 0) & (vid < num_pages)
+    return ok_lo, ok_hi
+
+
+@gluon.jit
+def _zero_rows_past(buf, n0, kv_len, zero_bar, zeroings, WG: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_DIM: gl.constexpr):
+    """Zero the rows of the V tile ``buf`` (keys from ``n0``) at or past ``kv_len`` before the P.V
+    products of both warpgroups read it. Each warpgroup zeroes its half of the rows (no shared
+    memory location is written by one and read or written by the other's loads and stores), then
+    both meet on ``zero_bar`` (two arrivals; ``zeroings``: the calls so far, the same count in both
+    warpgroups), so each product sees the whole tile zeroed (benchmarks/NOTES.md "compute-sanitizer
+    over every kernel family")."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+    mine = buf.slice(WG * HALF_N, HALF_N, dim=0)
+    rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, ld))
     for d in gl.static_range(HEAD_DIM // COLS):
-        part = buf.slice(d * COLS, COLS, dim=1)
+        part = mine.slice(d * COLS, COLS, dim=1)
         x = part.load(ld)
         part.store(gl.where((rows < kv_len)[:, None], x, 0.0))
     fence_async_shared()
     cta_barrier()
+    mbarrier.arrive(zero_bar)
+    mbarrier.wait(zero_bar, zeroings & 1)
 
 
 @gluon.jit
@@ -275,13 +336,19 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
     offs_qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_ld))
     offs_od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
 
+    SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
+    zero_bar = turn.index(2)
     c = 0  # tiles through the rings (as the producer counts them)
     pp = 0  # turns taken (PINGPONG)
+    zeroings = 0  # calls of _zero_rows_past (both warpgroups count the same)
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
             t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
             HAS_WINDOW)
         if live:
+            kt_row = k_table_ptr + b.to(gl.int64) * stride_kt_b
+            vt_row = v_table_ptr + b.to(gl.int64) * stride_vt_b
+            clean = _ids_clean(kt_row, stride_kt_p, vt_row, stride_vt_p, start, hi, num_pages, PAGE_SIZE)
             row0 = mt * BLOCK_M + WG * WG_ROWS  # this warpgroup's first row within the request
             # Stage q (rows past the request read as 0), the logit's sign folded in (exact).
             q_rows = q_start + row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, q_ld))
@@ -297,8 +364,13 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
             l_i = gl.zeros([WG_ROWS], gl.float32, layout=s_rows)
             acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
             if n_tiles > 0:
-                # Tile 0: scores only.
+                # Tile 0: scores only. (Each tile's page ids are read a tile ahead, so their loads
+                # land while the previous tile's products run.)
                 slot = c % STAGES
+                ok_lo, ok_hi = _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, start, hi, num_pages, clean,
+                                            PAGE_SIZE, BLOCK_N)
+                next_lo, next_hi = _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, start + BLOCK_N, hi,
+                                                num_pages, clean, PAGE_SIZE, BLOCK_N)
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                 _turn_wait(turn, pp, WG, PINGPONG)
                 s_tok = warpgroup_mma(my_q, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False,
@@ -307,9 +379,9 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                 pp += 1
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(slot))
-                if (start < full_lo) | (start >= full_hi):
-                    m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, start, row_pos, qk_scale, window_left,
-                                                         HAS_WINDOW, MODE)
+                if (start < full_lo) | (start >= full_hi) | (ok_lo == 0) | (ok_hi == 0):
+                    m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, start, row_pos, qk_scale, window_left, ok_lo,
+                                                         ok_hi, SUB, HAS_WINDOW, MODE)
                 else:
                     m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
                 p_op = gl.convert_layout(p.to(dt), p_layout)
@@ -320,10 +392,15 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                 for j in range(1, n_tiles):
                     n0 = start + j * BLOCK_N
                     slot = c % STAGES
+                    ok_lo, ok_hi = next_lo, next_hi
+                    next_lo, next_hi = _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, n0 + BLOCK_N, hi,
+                                                    num_pages, clean, PAGE_SIZE, BLOCK_N)
                     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), prev_phase)
                     if prev_n0 + BLOCK_N > kv_len:
-                        _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, BLOCK_N, HEAD_DIM)
+                        _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, zero_bar, zeroings, WG, BLOCK_N,
+                                        HEAD_DIM)
+                        zeroings += 1
                     _turn_wait(turn, pp, WG, PINGPONG)
                     s_tok = warpgroup_mma(my_q, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                           is_async=True)
@@ -336,9 +413,9 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                     # The whole softmax sits inside the branch: ptxas schedules within a basic block
                     # and would otherwise hoist the wait below above it (benchmarks/NOTES.md
                     # "Prefill: warp-specialised Gluon kernel").
-                    if (n0 < full_lo) | (n0 >= full_hi):
-                        m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left,
-                                                             HAS_WINDOW, MODE)
+                    if (n0 < full_lo) | (n0 >= full_hi) | (ok_lo == 0) | (ok_hi == 0):
+                        m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, ok_lo,
+                                                             ok_hi, SUB, HAS_WINDOW, MODE)
                     else:
                         m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
                     acc = warpgroup_mma_wait(0, deps=[o_tok])
@@ -354,7 +431,8 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                 # The last tile's values.
                 mbarrier.wait(v_ready.index(prev), prev_phase)
                 if prev_n0 + BLOCK_N > kv_len:
-                    _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, BLOCK_N, HEAD_DIM)
+                    _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, zero_bar, zeroings, WG, BLOCK_N, HEAD_DIM)
+                    zeroings += 1
                 _turn_wait(turn, pp, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
                 _turn_pass(turn, WG, PINGPONG)
@@ -431,7 +509,8 @@ def prefill_ws_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # turn: the ping-pong's two barriers, then the zeroing's meeting point (see _zero_rows_past).
+    turn = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -439,6 +518,7 @@ def prefill_ws_kernel(
         mbarrier.init(v_empty.index(i), count=2)
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
+    mbarrier.init(turn.index(2), count=2)
 
     ints = (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
             num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,

@@ -1,0 +1,78 @@
+"""Calibration kernels for compute-sanitizer's racecheck: what it reports on exchanges that are
+ordered by construction.
+
+kvattn's warp-specialised Gluon kernels pass values between warpgroups through shared memory:
+the writer's threads store, meet on a warpgroup barrier, one thread arrives on an mbarrier; the
+reader's threads wait on that mbarrier, then load. The writes happen before the reads by the
+PTX memory model (the arrive releases, the wait acquires, the barrier orders the writer's other
+threads before the arriving one). Whether racecheck follows that chain is a property of the tool,
+not of the kernels; these two kernels measure it on the smallest such exchange:
+
+* ``exchange``: one value a row from the default partition to the worker partition and back,
+  written once, read once (the MLA kernel's final row-sum exchange);
+* ``exchange_loop``: the same slot rewritten on each of ``ROUNDS`` rounds, each write ordered
+  after the other partition's read of the previous round by the next round's barriers (the MLA
+  kernel's per-tile maxima).
+
+Both check their results (a wrong value would be a real race). ``benchmarks/sanitize_driver.py``
+runs them as the variants ``calibration_exchange`` and ``calibration_exchange_loop``
+(benchmarks/NOTES.md "compute-sanitizer over every kernel family").
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from kvattn.ops.common.gluon_compat import cta_barrier
+
+ROWS = 128
+
+
+@gluon.jit
+def _there(x_smem, bars, out_ptr, ROUNDS: gl.constexpr):
+    """Default partition (4 warps): round r writes slot 0, reads the worker's answer in slot 1."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = gl.arange(0, 128, layout=layout)
+    total = gl.zeros([128], gl.float32, layout=layout)
+    for r in range(ROUNDS):
+        x_smem.index(0).store(offs.to(gl.float32) + r)
+        cta_barrier()
+        mbarrier.arrive(bars.index(0), count=1)
+        mbarrier.wait(bars.index(1), r & 1)
+        total += x_smem.index(1).load(layout)
+    gl.store(out_ptr + offs, total)
+
+
+@gluon.jit
+def _back(x_smem, bars, out_ptr, ROUNDS: gl.constexpr):
+    """Worker partition (4 warps): reads slot 0, answers in slot 1 with the value doubled."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    for r in range(ROUNDS):
+        mbarrier.wait(bars.index(0), r & 1)
+        v = x_smem.index(0).load(layout)
+        x_smem.index(1).store(2.0 * v)
+        cta_barrier()
+        mbarrier.arrive(bars.index(1), count=1)
+
+
+@gluon.jit
+def exchange_kernel(out_ptr,  # [128] float32: sum over rounds of 2 * (row + round)
+                    ROUNDS: gl.constexpr):
+    x_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    x_smem = gl.allocate_shared_memory(gl.float32, [2, 128], x_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bars.index(0), count=1)
+    mbarrier.init(bars.index(1), count=1)
+    gl.warp_specialize([(_there, (x_smem, bars, out_ptr, ROUNDS)), (_back, (x_smem, bars, out_ptr, ROUNDS))],
+                       [4], [128])
+
+
+def run(rounds: int) -> None:
+    out = torch.full((ROWS,), float("nan"), device="cuda")
+    exchange_kernel[(1,)](out, ROUNDS=rounds, num_warps=4)
+    rows = torch.arange(ROWS, device="cuda", dtype=torch.float32)
+    want = sum(2.0 * (rows + r) for r in range(rounds))
+    assert torch.equal(out, want), "the exchange read a value before it was written"
