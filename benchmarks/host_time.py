@@ -98,6 +98,17 @@ def cases(device: torch.device) -> dict:
     out["MLA 1x4096 (h16)"] = (mla, lambda: (mq.clone(), mcache.clone(), torch.zeros_like(ws), mtable.clone(),
                                              lens.clone(), torch.empty_like(mo)))
 
+    gq, go = rnd(1, 1, 128, 576), torch.empty(1, 128, 512, dtype=bf16, device=device)
+
+    def mla_gluon(gq=gq, mcache=mcache, ws=ws, mtable=mtable, lens=lens, go=go):
+        kvattn.mla.xqa_batch_decode_with_kv_cache_mla(gq, mcache, ws, 128, 512, 64, mtable, lens, length, out=go,
+                                                     bmm1_scale=192 ** -0.5)
+        return go
+
+    # 128 heads over pages of 64 tokens: on Hopper the warp-specialised Gluon kernel (a TMA descriptor a call)
+    out["MLA 1x4096 (h128)"] = (mla_gluon, lambda: (gq.clone(), mcache.clone(), torch.zeros_like(ws), mtable.clone(),
+                                                    lens.clone(), torch.empty_like(go)))
+
     ql, pkv = 16, rnd(pages, 2, hkv, page, d)  # HND, prefill's default
     pq = rnd(ql, hq, d)
     po = torch.empty_like(pq)
@@ -111,6 +122,17 @@ def cases(device: torch.device) -> dict:
 
     out["prefill 1x16 over 4096"] = (prefill, lambda: (pq.clone(), pkv.clone(), torch.zeros_like(ws), table.clone(),
                                                        lens.clone(), torch.empty_like(po)))
+
+    gpkv = rnd(length // 64, 2, hkv, 64, d)  # pages of 64 tokens: on Hopper the warp-specialised Gluon kernel
+    gtable = torch.randperm(length // 64, generator=g).to(device, torch.int32).view(1, -1)
+
+    def prefill_gluon(pq=pq, gpkv=gpkv, ws=ws, gtable=gtable, lens=lens, po=po):
+        kvattn.prefill.trtllm_batch_context_with_kv_cache(pq, gpkv, ws, gtable, lens, ql, length, d ** -0.5, 1.0, 1,
+                                                          cum_q, cum_kv, out=po)
+        return po
+
+    out["prefill 1x16 over 4096 p64"] = (prefill_gluon, lambda: (pq.clone(), gpkv.clone(), torch.zeros_like(ws),
+                                                                 gtable.clone(), lens.clone(), torch.empty_like(po)))
     return out
 
 
@@ -153,6 +175,7 @@ def main(argv=None) -> int:
     if args.fake_gpu:
         from benchmarks.profile_host import fake_gpu
         from kvattn.ops.mla import launch  # noqa: F401  (compiled-mode kernels: before fake_gpu sets TRITON_INTERPRET)
+        from kvattn.ops.prefill import launch as _prefill  # noqa: F401  (the same)
 
         fake_gpu()
         device = torch.device("cpu")
@@ -162,8 +185,6 @@ def main(argv=None) -> int:
     import triton
 
     calls = cases(device)
-    if args.fake_gpu:  # (prefill's kernel is not faked: it would run in Triton's interpreter)
-        del calls["prefill 1x16 over 4096"]
     doc = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (faked GPU)",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "triton": triton.__version__, "calls": args.calls, "rows": []}
@@ -189,10 +210,10 @@ def main(argv=None) -> int:
     print(f"\n{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}")
     print(f"{'function':28s} {'cache on':>16s} {'cache off':>16s}   replay (median / p90 us)")
     rows = [(name, fn, name, {}) for name, (fn, _) in calls.items()]
-    mla_name = "MLA 1x4096 (h16)"
-    # MLA's Gluon kernel (Hopper, 16-bit caches) takes a tensor descriptor per call, which a replay
-    # cannot rebuild: its Triton kernel beside it.
-    rows.append((mla_name + " GLUON=0", calls[mla_name][0], mla_name, {"KVATTN_GLUON": "0"}))
+    # The Gluon kernels' rows (Hopper, a TMA descriptor a call, rebuilt by the replay) beside the
+    # same calls on the Triton kernels (prefill's with TMA descriptors of its own on Hopper).
+    for name in ("MLA 1x4096 (h128)", "prefill 1x16 over 4096 p64"):
+        rows.append((name + " GLUON=0", calls[name][0], name, {"KVATTN_GLUON": "0"}))
     for name, fn, check, env in rows:
         os.environ.update(env)
         row = {"function": name, "env": env}

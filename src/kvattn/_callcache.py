@@ -22,7 +22,8 @@ makes. The record becomes an entry only if nothing in the call escapes replay:
 * every pointer a launch received lies in exactly one tensor argument's storage (it is then that
   argument's data pointer plus an offset fixed by the metadata), or is a buffer kvattn keeps per
   stream (single decode's merge counters, :mod:`.ops.launch.workspace`): such an entry is valid on
-  its stream only;
+  its stream only. A TMA tensor descriptor counts by its base pointer; a replay rebuilds it on the
+  new pointer with the recorded shape, strides and block (functions of the key's metadata);
 * the call returned its arguments (or None), and no error was raised: an error is never cached.
 
 A hit checks what the key does not hold (the fast path still on: no Triton launch hooks, the same
@@ -215,12 +216,14 @@ class _Entry:
     """A recorded call: its launches with every pointer an argument's plus an offset (or a kept
     buffer's), and which arguments it returned."""
 
-    __slots__ = ("steps", "pick", "offsets", "constants", "stream", "device", "knobs", "returns", "launches")
+    __slots__ = ("steps", "pick", "offsets", "rebuild", "constants", "stream", "device", "knobs", "returns",
+                 "launches")
 
-    def __init__(self, steps, pick, offsets, constants, stream, device, knobs, returns, launches):
+    def __init__(self, steps, pick, offsets, rebuild, constants, stream, device, knobs, returns, launches):
         self.steps = steps  # per launch: fast_launch.replay_step's tuple
         self.pick = pick  # arg pointers (+ constants) -> the launches' pointers, all launches in order
         self.offsets = offsets
+        self.rebuild = rebuild  # ((index into the launches' pointers, descriptor template), ...): see _build
         self.constants = constants  # kept buffers' pointers (appended to the arg pointers), or []
         self.stream = stream  # the recorded stream where constants pin it, else None
         self.device = device
@@ -281,7 +284,7 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
     ptrs = [t.data_ptr() for t in tensors]
     kept = _kept_buffers()
     constants: list = []
-    picks, offsets, spans = [], [], []
+    picks, offsets, spans, rebuild = [], [], [], []
     first = record.launches[0][1]
     for launch, call, key in record.launches:
         if call.ptrs is None or call.stream != first.stream:
@@ -289,7 +292,14 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
         spans.append((len(picks), len(call.ptrs)))
         for p in call.ptrs:
             if type(p) is not int:
-                return None  # a tensor descriptor: built per call from a tensor
+                # A tensor descriptor (TMA): rebuilt at each replay on its base's new pointer, with
+                # the recorded geometry (a function of the metadata in the key, as every launch
+                # argument is). NOTES.md "Host path: calls replayed from their metadata".
+                base = _fast_launch.descriptor_base(p)
+                if base is None:
+                    return None
+                rebuild.append((len(picks), _fast_launch.descriptor_template(p)))
+                p = base
             owners = [j for j, (base, size) in enumerate(storages) if base <= p < base + size]
             if len(owners) > 1:
                 # Arguments sharing one storage (K and V views of one cache): the one starting at
@@ -314,7 +324,7 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
             return None
         steps.append(step)
     pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda t, i=picks[0]: (t[i],))
-    return _Entry(tuple(steps), pick, tuple(offsets), constants, first.stream if constants else None,
+    return _Entry(tuple(steps), pick, tuple(offsets), tuple(rebuild), constants, first.stream if constants else None,
                   next(iter(record.devices)), _fast_launch.knob_state(), returns, tuple(s[0] for s in steps))
 
 
@@ -368,7 +378,7 @@ class CallCache:
         if entry is None:
             if len(self.failures) >= MAX_ENTRIES:
                 self.failures.clear()
-            # A launch no replay can make (a tensor descriptor per call) fails every time: stop now.
+            # A launch no replay can make (through kernel[grid]) fails every time: stop now.
             self.failures[key] = MAX_TRIES if record.outside else self.failures.get(key, 0) + 1
             return result
         if len(self.entries) >= MAX_ENTRIES:

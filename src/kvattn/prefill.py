@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _backend, reference
+from ._callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     check_int,
@@ -153,8 +154,25 @@ def trtllm_batch_context_with_kv_cache(
     >>> o.shape
     torch.Size([69, 8, 64])
     """
-    # (Not replayed from its metadata, kvattn._callcache: it launches through kernel[grid], with a
-    # TMA descriptor or the Gluon kernel on Hopper; NOTES.md "Host path: calls replayed from their metadata".)
+    args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
+            batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
+            kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,
+            uses_shared_paged_kv_idx, return_lse, lse)
+    if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
+        return _CACHE.run(args, lambda: _prefill(*args))
+    return _prefill(*args)
+
+
+# Calls replayed from their metadata (kvattn._callcache; its TMA descriptors rebuilt on the new
+# pointers: benchmarks/NOTES.md "Host path: calls replayed from their metadata").
+_CACHE = CallCache("trtllm_batch_context_with_kv_cache")
+
+
+def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
+             batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
+             kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,
+             uses_shared_paged_kv_idx, return_lse, lse):
+    """:func:`trtllm_batch_context_with_kv_cache`, the ordinary way."""
     check_tensor(query, "query", dtypes=(*HALF_DTYPES, FP8_DTYPE), ndim=3)
     check_last_dim_contiguous(query, "query")
     device = query.device

@@ -5,6 +5,9 @@ config overrides are never replayed."""
 
 from __future__ import annotations
 
+import os
+import types
+
 import pytest
 import torch
 
@@ -62,6 +65,66 @@ def mla_case():
     return kvattn.mla.xqa_batch_decode_with_kv_cache_mla, args, dict(out=torch.empty(3, 16, 512), bmm1_scale=0.07)
 
 
+def prefill_case(*, hq=8, hkv=2, page=64, lens=(300, 70), lq=(50, 70), dtype=torch.bfloat16, **kw):
+    """Paged prefill over an HND cache (prefill's default) of ``page``-token pages, permuted."""
+    pages_per_seq = -(-max(lens) // page)
+    pool = len(lens) * pages_per_seq + 3
+    kv = torch.randn(pool, 2, hkv, page, 128).to(dtype)
+    tables = torch.randperm(pool)[: len(lens) * pages_per_seq].to(torch.int32).view(len(lens), -1)
+    cum_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32)
+    cum_kv = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(int(cum_q[-1]), hq, 128).to(dtype)
+    args = (q, kv, torch.zeros(1 << 20, dtype=torch.uint8), tables, torch.tensor(lens, dtype=torch.int32), max(lq),
+            max(lens), 128 ** -0.5, 1.0, len(lens), cum_q, cum_kv)
+    return kvattn.prefill.trtllm_batch_context_with_kv_cache, args, dict(out=torch.empty_like(q), **kw)
+
+
+def mla_gluon_case():
+    """64 heads over pages of 64 tokens: a Hopper's Gluon kernels (with fake_hopper)."""
+    case = make_paged_kv([700, 40, 2500], num_kv_heads=1, head_dim=576, page_size=64, dtype=torch.bfloat16,
+                         form="shared", nan_fill=False)
+    q = torch.randn(3, 1, 64, 576).to(torch.bfloat16)
+    args = (q, case.kv_cache[:, 0, :, 0], torch.zeros(1 << 26, dtype=torch.uint8), 128, 512, 64,
+            case.block_tables, case.seq_lens, 2500)
+    return kvattn.mla.xqa_batch_decode_with_kv_cache_mla, args, dict(out=torch.empty(3, 64, 512), bmm1_scale=0.07)
+
+
+def fake_hopper(monkeypatch):
+    """The launchers plan for a Hopper GPU (over FakeGPU's CPU tensors): MLA's and prefill's Gluon
+    kernels, and prefill's Triton kernel with TMA descriptors (KVATTN_GLUON=0), take the launches
+    their GPU tests prove they take there."""
+    from kvattn.ops.launch import common as launch_common
+    from kvattn.ops.mla import launch as mla_launch
+    from kvattn.ops.prefill import gluon_ws as prefill_ws
+    from kvattn.ops.prefill import launch as prefill_launch
+
+    monkeypatch.setenv("KVATTN_GLUON", os.environ.get("KVATTN_GLUON", "1"))
+    monkeypatch.setattr(mla_launch, "arch", lambda device, interpreter: "sm90")
+    monkeypatch.setattr(prefill_launch, "arch", lambda device, interpreter: "sm90")
+    monkeypatch.setattr(prefill_launch, "_env", types.SimpleNamespace(triton_interpret=lambda: False))
+    monkeypatch.setattr(prefill_launch, "_device", types.SimpleNamespace(has_tma=lambda device: True,
+                                                                         sm_count=lambda device: 132))
+    monkeypatch.setattr(prefill_launch, "words_allowed", lambda *args: False)
+
+    def plan(query, k, v, out, *, skip, nvfp4_out, interpreter):  # gluon_ws.plan less its "on a GPU" test
+        if not prefill_ws.eligible(hopper=True, gluon_on=kvattn._versions.gluon_on(), q_dtype=query.dtype,
+                                   kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1],
+                                   skip=skip, nvfp4_out=nvfp4_out):
+            return None
+        views = prefill_ws.tma_view(k, k.shape[1]), prefill_ws.tma_view(v, v.shape[1])
+        return None if None in views else views
+
+    monkeypatch.setattr(prefill_ws, "plan", plan)
+    assert launch_common.arch is not None
+
+
+def _gluon_off(case):
+    def build():
+        os.environ["KVATTN_GLUON"] = "0"  # (setup's monkeypatch restores it: fake_hopper keeps a set value)
+        return case()
+    return build
+
+
 CASES = {
     "batch": batch_case,
     "batch-HND-tuple": lambda: batch_case(form="tuple", layout="HND"),
@@ -73,7 +136,13 @@ CASES = {
     "single-rope-lse": lambda: single_case(pos_encoding_mode="ROPE_LLAMA", return_lse=True,
                                            lse=torch.empty(32)),
     "mla": mla_case,
+    "prefill": prefill_case,
+    "prefill-p16-window-sinks": lambda: prefill_case(page=16, window_left=100, sinks=torch.randn(8)),
+    "prefill-gluon-hopper": prefill_case,
+    "prefill-tma-hopper": _gluon_off(prefill_case),
+    "mla-gluon-ws-hopper": mla_gluon_case,
 }
+HOPPER = {"prefill-gluon-hopper", "prefill-tma-hopper", "mla-gluon-ws-hopper"}  # (planned for a faked Hopper)
 
 
 def cache_of(fn) -> _callcache.CallCache:
@@ -99,6 +168,9 @@ def replayed(fake, fn, args, kwargs):
 def setup(monkeypatch, name):
     fake = FakeGPU(monkeypatch)
     monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
+    monkeypatch.setenv("KVATTN_GLUON", os.environ.get("KVATTN_GLUON", "1"))  # (restored after the test)
+    if name in HOPPER:
+        fake_hopper(monkeypatch)
     fn, args, kwargs = CASES[name]()
     args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}  # (a clone may change strides)
     fn(*args, **kwargs)  # compiles (through Triton: not recorded)
@@ -133,6 +205,57 @@ def test_a_replay_hands_the_launcher_what_the_ordinary_call_does(name, monkeypat
         if kwargs.get("out") is not None and got is not None:
             want = (kwargs["out"], kwargs["lse"]) if kwargs.get("return_lse") else kwargs["out"]
             assert got is want if not isinstance(got, tuple) else all(a is b for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("name, kernel", [("prefill-gluon-hopper", "prefill_ws_kernel"),
+                                          ("prefill-tma-hopper", "context_kernel"),
+                                          ("mla-gluon-ws-hopper", "mla_gluon_ws_kernel")])
+def test_tma_descriptors_are_rebuilt_on_the_new_pointers(name, kernel, monkeypatch):
+    """The launches that take TMA descriptors (a Hopper's, faked) are replayed: each descriptor has
+    the recorded geometry and its base moves with the cache it describes (K and V of prefill's
+    cache, MLA's latent rows); another block shape or layout is another key (test_fast_launch)."""
+    fake, fn, args, kwargs = setup(monkeypatch, name)
+    (entry,) = cache_of(fn).entries.values()
+    assert len(entry.rebuild) == (1 if name.startswith("mla") else 2)
+    for _ in range(2):
+        args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+        _, launches = replayed(fake, fn, args, kwargs)
+        assert launches[0][0].name == kernel
+        seen = [a for a in launches[0][5] if isinstance(a, tuple) and a[0] == "descriptor"]
+        cache = args[1]
+        bases = sorted(d[1] for d in seen)
+        if name.startswith("mla"):
+            assert bases == [cache.data_ptr()]
+        else:  # HND [P, 2, Hkv, page, D]: K at the cache's start, V one [Hkv, page, D] block on
+            assert bases == [cache.data_ptr(), cache[:, 1].data_ptr()]
+        assert launches == ordinary(fake, monkeypatch, fn, args, kwargs)
+
+
+@pytest.mark.parametrize("name", ["prefill-gluon-hopper", "mla-gluon-ws-hopper"])
+@pytest.mark.parametrize("switch", ["KVATTN_GLUON", "KVATTN_GLUON_WS", "KVATTN_FAST_LAUNCH", "KVATTN_CALL_CACHE"])
+def test_switches_reach_replayed_descriptor_launches(name, switch, monkeypatch):
+    """A switch changed after a Gluon launch was recorded: the call is not replayed, and launches
+    as the ordinary call does (another kernel for KVATTN_GLUON=0); KVATTN_CALL_CACHE=0 records and
+    replays nothing."""
+    fake, fn, args, kwargs = setup(monkeypatch, name)
+    cache = cache_of(fn)
+    _, before = replayed(fake, fn, args, kwargs)
+    monkeypatch.setenv(switch, "0")
+    hits, entries = cache.hits, len(cache.entries)
+    fn(*args, **kwargs)  # another key (the switch's raw value), or the cache off: not a replay
+    assert cache.hits == hits
+    now = fake.launches()
+    if switch == "KVATTN_GLUON":
+        assert now[0][0].name != before[0][0].name
+    expected = ordinary(fake, monkeypatch, fn, args, kwargs)
+    monkeypatch.setenv(switch, "0")  # (ordinary() set KVATTN_CALL_CACHE back to 1)
+    assert now == expected
+    for _ in range(3):
+        fn(*args, **kwargs)
+    if switch in ("KVATTN_FAST_LAUNCH", "KVATTN_CALL_CACHE"):  # nothing recorded, nothing replayed
+        assert cache.hits == hits and len(cache.entries) == entries
+    else:  # the new key's own entry
+        assert cache.hits > hits and len(cache.entries) == entries + 1
 
 
 CHANGES = {
@@ -330,8 +453,8 @@ def test_keys_tell_types_apart():
 
 
 def test_a_launch_outside_launch_objects_stops_recording_its_signature(monkeypatch):
-    """Launchers that launch through ``kernel[grid]`` (prefill, MLA's Gluon kernels) cannot be
-    replayed: the first recording of such a signature is its last."""
+    """A launcher that launches through a plain ``kernel[grid]`` cannot be replayed: the first
+    recording of such a signature is its last."""
     from kvattn.ops.decode import launch as decode_launch
 
     fake, fn, args, kwargs = setup(monkeypatch, "batch")

@@ -35,6 +35,7 @@ from kvattn.ops.launch import fast_launch
 from kvattn.ops.launch import common as launch_common
 from kvattn.ops.launch import workspace as launch_workspace
 from kvattn.ops.mla import launch as mla_launch
+from kvattn.ops.prefill import launch as prefill_launch
 from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()
@@ -588,6 +589,17 @@ VARIANTS = [
 # ---------------------------------------------------------------------------------------------
 # any machine: the fast path against Triton's, with the GPU side faked
 # ---------------------------------------------------------------------------------------------
+def _as_seen(arg):
+    """A launcher argument as the GPU would see it: a tensor's data pointer; a tensor descriptor's
+    base pointer and every field Triton's launcher encodes (and its specialisation's block shape)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.data_ptr()
+    if fast_launch.descriptor_base(arg) is not None:
+        return ("descriptor", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
+                getattr(arg, "layout", None), arg.padding, getattr(arg, "round_f32_to_tf32", False))
+    return arg
+
+
 class FakeGPU:
     """The decode and append kernels as compiled-mode ``JITFunction`` s over a faked GPU: Triton's own
     ``JITFunction.run`` binds, specialises and keys every launch for real, ``_do_compile`` makes
@@ -634,7 +646,17 @@ class FakeGPU:
             monkeypatch.setattr(mla_launch, name, JITFunction(getattr(mla_launch, name).fn))
         monkeypatch.setattr(mla_launch, "_PLANS", {})
         monkeypatch.setattr(append_launch, "_PLANS", {})
+        monkeypatch.setattr(prefill_launch, "context_kernel", JITFunction(prefill_launch.context_kernel.fn))
+        if prefill_launch.gluon_ws is not None:  # the Gluon kernels: new objects, so no compiled kernel of
+            # another test's fake is found in their caches
+            from triton.experimental.gluon._runtime import GluonJITFunction
+
+            ws = prefill_launch.gluon_ws
+            monkeypatch.setattr(ws, "prefill_ws_kernel", GluonJITFunction(ws.prefill_ws_kernel.fn))
+            for name in ("mla_gluon_kernel", "mla_gluon_ws_kernel"):
+                monkeypatch.setattr(mla_launch, name, GluonJITFunction(getattr(mla_launch, name).fn))
         monkeypatch.setattr(fast_launch, "_SHARED", {})
+        monkeypatch.setattr(fast_launch, "_LAUNCHES", {})
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # kvattn: CPU tensors may take the Triton backend
         monkeypatch.setenv("KVATTN_BACKEND", "triton")
         # ... but the kernels are compiled ones: bfloat16 caches are fine (no interpreter arithmetic)
@@ -648,7 +670,7 @@ class FakeGPU:
         with tensors as their data pointers) per launch."""
         out = []
         for compiled, args in self.calls:
-            kernel_args = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[9:])
+            kernel_args = tuple(map(_as_seen, args[9:]))
             out.append((compiled, args[:3], args[3], args[4], args[5], kernel_args))
         self.calls = []
         return out
@@ -985,14 +1007,74 @@ def test_descriptor_specialisation_is_dtype_and_block_shape():
     assert native(TensorDescriptor(t, [4, 64, 128], [128, 512, 1], [1, 32, 128]))[0] != seen.pop()[0]
 
 
-def test_with_descriptors_replaces_tensors_and_pointers_and_keeps_the_key():
-    a, b, c = (torch.zeros(4) for _ in range(3))
+def test_with_descriptors_replaces_tensors_and_pointers_and_keys_the_specialisation():
+    """The descriptors take the tensors' places (pointers too); the key is the call's key and each
+    descriptor's specialisation (descriptor_spec): equal for descriptors Triton specialises alike
+    (another base, shape), another for another block shape, dtype or Gluon layout."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    a, b, c = (torch.zeros(64, 64, dtype=torch.float16) for _ in range(3))
+
+    def desc(t=b, shape=(64, 64), block=(16, 64)):
+        return TensorDescriptor(t, list(shape), [64, 1], list(block))
+
+    d1, d2 = desc(), desc(c)
     for ptrs in (None, (1, 2, 3)):
         call = fast_launch.CallArgs((a, b, c), (5,), (0.5,), ptrs, 9 if ptrs else None, 7)
-        got = fast_launch.with_descriptors(call, {1: "desc-b", 2: "desc-c"})
-        assert got.tensors == (a, "desc-b", "desc-c") and got.ints == (5,) and got.floats == (0.5,)
-        assert got.ptrs == (None if ptrs is None else (1, "desc-b", "desc-c"))
-        assert (got.key, got.stream) == (call.key, call.stream) and call.tensors == (a, b, c)
+        got = fast_launch.with_descriptors(call, {1: d1, 2: d2})
+        assert got.tensors == (a, d1, d2) and got.ints == (5,) and got.floats == (0.5,)
+        assert got.ptrs == (None if ptrs is None else (1, d1, d2))
+        assert got.stream == call.stream and call.tensors == (a, b, c)
+        assert (got.key is None) == (ptrs is None)
+    call = fast_launch.CallArgs((a, b, c), (), (), (1, 2, 3), 9, 7)
+    key = fast_launch.with_descriptors(call, {1: d1}).key
+    assert key != 9
+    assert fast_launch.with_descriptors(call, {1: desc(c, shape=(32, 64))}).key == key  # base, shape: not specialised
+    others = [desc(block=(32, 64)), desc(b.view(torch.bfloat16)), desc(b.float(), block=(16, 32))]
+    assert len({key, *(fast_launch.with_descriptors(call, {1: d}).key for d in others)}) == 4
+    assert fast_launch.with_descriptors(call, {2: d1}).key != key  # another position
+    assert fast_launch.with_descriptors(fast_launch.CallArgs((a, b, c), (), (), (1, 2, 3), 10, 7), {1: d1}).key != key
+
+
+@pytest.mark.skipif(not fast_launch.TRITON_SUPPORTED, reason="the Triton versions whose launchers are modelled")
+def test_descriptor_spec_follows_tritons_specialisation():
+    """descriptor_spec tells apart exactly what Triton's own specialisation tells apart (Triton's
+    and Gluon's descriptors: dtype, block shape, Gluon layout), and nothing it leaves out changes it
+    (base, its alignment past 16 bytes, shape, strides, padding)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = torch.zeros(8192, dtype=torch.float16)
+    row128 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    row64 = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    descs = [
+        TensorDescriptor(t, [64, 64], [64, 1], [16, 64]), TensorDescriptor(t[8:], [63, 64], [64, 1], [16, 64]),
+        TensorDescriptor(t[64:], [64, 64], [128, 1], [16, 64], padding="nan"),
+        TensorDescriptor(t, [64, 64], [64, 1], [32, 64]), TensorDescriptor(t.view(torch.bfloat16), [64, 64], [64, 1], [16, 64]),
+        GluonDescriptor(t, [64, 64], [64, 1], [16, 64], row128), GluonDescriptor(t[8:], [32, 64], [64, 1], [16, 64], row128),
+        GluonDescriptor(t, [64, 64], [64, 1], [16, 64], row64), GluonDescriptor(t, [64, 64], [64, 1], [32, 64], row128),
+    ]
+    for x in descs:
+        for y in descs:
+            same = native(x) == native(y)
+            assert same == (fast_launch.descriptor_spec(x) == fast_launch.descriptor_spec(y)), (x, y)
+
+
+def test_replay_descriptors_carry_what_the_launchers_read():
+    """A descriptor rebuilt on a new pointer (a recorded call's replay) has the recorded geometry and
+    the new base, which reads as that pointer (data_ptr(), and as an int where the launcher takes
+    the base as a pointer)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = torch.zeros(64, 64, dtype=torch.float16)
+    d = TensorDescriptor(t, [64, 64], [64, 1], [16, 64], padding="nan")
+    assert fast_launch.descriptor_base(d) == t.data_ptr()
+    assert fast_launch.descriptor_base(t) is None and fast_launch.descriptor_base(5) is None
+    r = fast_launch.descriptor_template(d)(1 << 40)
+    assert r.base == 1 << 40 and r.base.data_ptr() == 1 << 40 and type(r.base.data_ptr()) is int
+    assert (r.shape, r.strides, r.block_shape, r.padding, r.round_f32_to_tf32) == ((64, 64), (64, 1), (16, 64),
+                                                                                  "nan", False)
 
 
 def tma_readable(**kw):

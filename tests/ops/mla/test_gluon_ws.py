@@ -132,10 +132,13 @@ def test_a_launch_asking_for_the_lse_keeps_the_gluon_kernel(monkeypatch):
     mla/gluon.py's kernel, which gets the LSE's pointer, row stride and switch."""
     split = _plan(monkeypatch, lse_stride=128).launches(4096)[0]
     assert type(split) is mla_launch._GluonSplit and split.kernel() is mla_launch.mla_gluon_kernel
-    lse, stand_in = torch.empty(4, 128), torch.empty(1)
-    assert split.lse_args(lse, stand_in) == dict(lse_ptr=lse, stride_lse_b=128, STORE_LSE=True)
-    ws = _plan(monkeypatch).launches(4096)[0]
-    assert ws.lse_args(None, stand_in) == {}
+    launch = split.launch()  # (fast_launch.Launch checks that every kernel parameter is named once)
+    assert launch.per_call["lse_ptr"] == "lse" and launch.fixed["stride_lse_b"] == 128
+    assert launch.constexprs["STORE_LSE"] is True
+    no_lse = _plan(monkeypatch).launches(4096)[0]
+    assert type(no_lse) is mla_launch._WarpSpecializedSplit and "lse_ptr" not in no_lse.launch().per_call
+    old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0].launch()
+    assert old.per_call["lse_ptr"] == "part_lse" and old.constexprs["STORE_LSE"] is False  # (never read)
 
 
 def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):

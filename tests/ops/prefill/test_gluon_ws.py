@@ -92,17 +92,35 @@ def test_tma_views_of_each_page_form():
     assert prefill_ws.tma_view(k, 128) is None  # not this page size
 
 
-def test_launch_names_every_kernel_parameter():
-    """The launch passes every kernel parameter by its name (and nothing else but the options)."""
-    import ast
-    import inspect
+def test_launch_names_every_kernel_parameter(monkeypatch):
+    """The launch passes every kernel parameter by its name, once (per call from the call's values,
+    fixed, or constexpr), and the options apart: ``fast_launch.Launch`` accepts it."""
+    from kvattn.ops.launch import fast_launch
 
-    tree = ast.parse(inspect.getsource(prefill_ws.launch))
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
-             and getattr(n.func.value, "id", "") == "prefill_ws_kernel"]
-    assert len(calls) == 1 and not calls[0].args
-    names = {k.arg for k in calls[0].keywords} - {"num_warps", "maxnreg"}
-    assert names == set(prefill_ws.prefill_ws_kernel.arg_names)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(kernel, grid, **kw):
+        seen.append((kernel, grid, kw))
+        raise Stop
+
+    monkeypatch.setattr(fast_launch, "launch_of", capture)
+    q = torch.zeros(70, 8, 128, dtype=torch.bfloat16)
+    k = torch.zeros(6, 64, 2, 128, dtype=torch.bfloat16)
+    view = prefill_ws.tma_view(k, 64)
+    tables, lens, cum = torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(Stop):
+        prefill_ws.launch(prefill_configs.ws_config(128), q, k, k, view, view, tables, tables, lens, cum, None, q,
+                          max_q_len=64, sm_count=132, logit_factor=0.1, logit_tensor=None, out_factor=1.0,
+                          out_tensor=None, window_left=-1)
+    (kernel, grid, kw), = seen
+    assert kernel is prefill_ws.prefill_ws_kernel
+    names = [*kw["per_call"], *kw["fixed"], *kw["constexprs"]]
+    assert sorted(names) == sorted(prefill_ws.prefill_ws_kernel.arg_names)
+    assert kw["options"] == dict(num_warps=4, maxnreg=prefill_ws.MAXNREG)
+    fast_launch.Launch(kernel, grid, **kw)  # (raises TypeError for a name missing, unknown or given twice)
 
 
 def test_plan_is_none_off_the_gpu():

@@ -26,6 +26,8 @@ on, the defaults of unannotated parameters):
 * int: ``== 1`` (passed as a constexpr); otherwise whether it is divisible by 16, and its type:
   i32 in [-2^31, 2^31), else i64 below 2^63, else u64 below 2^64 (beyond: an OverflowError);
 * float: fp32 whatever the value; bool: u1; None: a constexpr;
+* tensor descriptor (Triton's or Gluon's): its base's dtype, block shape and (Gluon) layout
+  (:func:`descriptor_spec`; the launcher encodes the rest per launch);
 * constexpr parameters: their values;
 
 plus the options (``num_warps``, ``num_stages``, ``launch_pdl``, ...), the kernel's ``debug``
@@ -73,6 +75,12 @@ if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 and 3.7 s
     from triton.knobs import HookChain
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
+
+    try:  # Gluon's JIT: JITFunction's run and binder (only its AST source differs), so its rules
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:  # pragma: no cover - a Triton without Gluon
+        GluonJITFunction = JITFunction
+    _JIT_TYPES = (JITFunction, GluonJITFunction)
 
 _INT32 = 1 << 31
 _INT64 = 1 << 63
@@ -257,14 +265,27 @@ def call_args(tensors: tuple, ints: tuple = (), floats: tuple = (), device: int 
     return CallArgs(tensors, ints, floats, ptrs, key, active.get_current_stream(device))
 
 
-def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
-    """``call`` with the tensors at the given positions replaced by Triton tensor descriptors
-    (``{position: TensorDescriptor}``) for every launch of the call.
+def descriptor_spec(desc) -> tuple:
+    """What Triton 3.6 and 3.7.1 specialise a tensor-descriptor argument on: its class (Triton's
+    ``TensorDescriptor`` or Gluon's), its base's dtype, its block shape and (Gluon) its shared-memory
+    layout; ``native_specialize_impl`` makes ``tensordesc<dtype[block]>`` (Gluon:
+    ``tensordesc<dtype[block],layout>``) of these and of nothing else: neither the base's alignment
+    (the descriptor's constructor requires 16 bytes), nor the shape, strides, padding or tf32
+    rounding, which the launcher encodes per launch. ``test_fast_launch.py`` pins this against
+    Triton's own specialisation."""
+    return type(desc), desc.base.dtype, tuple(desc.block_shape), getattr(desc, "layout", None)
 
-    The key stays the tensors' own: a descriptor's specialisation (its dtype and block shape) is
-    the tensor's dtype and a block shape the launch fixes, so equal keys still mean the same
-    compiled kernel. The fast path hands the descriptors to Triton's launcher, which encodes
-    them (``wrap_handle_tensordesc``); Triton's own path takes them as arguments.
+
+def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
+    """``call`` with the tensors at the given positions replaced by tensor descriptors
+    (``{position: TensorDescriptor}``, Triton's or Gluon's) for every launch of the call.
+
+    The key becomes the call's key and each descriptor's :func:`descriptor_spec`, so equal keys
+    still mean the same compiled kernel. The fast path hands the descriptors to Triton's launcher,
+    which encodes them (``wrap_handle_tensordesc``: reads ``base.data_ptr()``, ``shape``,
+    ``strides``, ``padding``); Triton's own path takes them as arguments. A recorded call keeps a
+    :class:`ReplayDescriptor` template of each, rebuilt on its base's new pointer
+    (:func:`descriptor_template`).
     """
     tensors = list(call.tensors)
     ptrs = None if call.ptrs is None else list(call.ptrs)
@@ -272,8 +293,62 @@ def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
         tensors[i] = desc
         if ptrs is not None:
             ptrs[i] = desc
-    return CallArgs(tuple(tensors), call.ints, call.floats, None if ptrs is None else tuple(ptrs), call.key,
+    key = call.key
+    if key is not None:
+        facts = (key, tuple((i, descriptor_spec(d)) for i, d in sorted(descriptors.items())))
+        key = _KEY_IDS.get(facts)
+        if key is None:
+            if len(_KEY_IDS) >= _MAX_KEY_IDS:
+                _KEY_IDS.clear()
+            key = _KEY_IDS[facts] = next(_NEXT_KEY_ID)
+    return CallArgs(tuple(tensors), call.ints, call.floats, None if ptrs is None else tuple(ptrs), key,
                     call.stream)
+
+
+class _Base(int):
+    """A descriptor's base as a bare data pointer: what Triton's launchers read of the base tensor
+    (``data_ptr()`` to encode a TMA descriptor; the pointer itself where the kernel takes the base
+    as a pointer: an int, which the C launcher reads without querying the driver)."""
+
+    __slots__ = ()
+
+    def data_ptr(self) -> int:
+        return int(self)
+
+
+class ReplayDescriptor:
+    """A tensor descriptor rebuilt from a data pointer, with everything Triton's launcher reads of
+    one (``base.data_ptr()``, ``shape``, ``strides``, ``padding``, and 3.7's
+    ``round_f32_to_tf32``); ``block_shape`` and ``layout`` for tests and tools. Only launchers of
+    compiled kernels take it (they specialised on the original: :func:`descriptor_spec`)."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding", "round_f32_to_tf32")
+
+    def __init__(self, base, shape, strides, block_shape, layout, padding, round_f32_to_tf32):
+        self.base = base
+        self.shape = shape
+        self.strides = strides
+        self.block_shape = block_shape
+        self.layout = layout
+        self.padding = padding
+        self.round_f32_to_tf32 = round_f32_to_tf32
+
+
+def descriptor_base(value) -> int | None:
+    """The base pointer of a tensor descriptor passed as a per-call value, or None for anything
+    else (a descriptor: an object with a ``base`` that has ``data_ptr()`` and a ``block_shape``)."""
+    base = getattr(value, "base", None)
+    if base is None or not hasattr(value, "block_shape") or not hasattr(base, "data_ptr"):
+        return None
+    return base.data_ptr()
+
+
+def descriptor_template(desc) -> Callable[[int], ReplayDescriptor]:
+    """``f(pointer)``: ``desc`` with its base at ``pointer`` (shape, strides, block shape, layout
+    and padding as recorded: a recorded call's key holds every fact they follow from)."""
+    fields = (tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape), getattr(desc, "layout", None),
+              desc.padding, getattr(desc, "round_f32_to_tf32", False))
+    return lambda ptr: ReplayDescriptor(_Base(ptr), *fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,7 +523,7 @@ class Launch:
 
     def static_key(self) -> tuple | None:
         """The bound part of the key, or None when this launch is always left to Triton."""
-        if not TRITON_SUPPORTED or type(self.kernel) is not JITFunction:
+        if not TRITON_SUPPORTED or type(self.kernel) not in _JIT_TYPES:
             return None
         runtime = [p for p in self.kernel.params if not p.is_constexpr]
         if any(p.do_not_specialize or p.do_not_specialize_on_alignment or p.annotation_type for p in runtime):
@@ -540,6 +615,30 @@ class Launch:
         return False
 
 
+_LAUNCHES: dict = {}  # launch_of's cache: facts -> Launch
+_MAX_LAUNCHES = 1024
+
+
+def launch_of(kernel, grid: Sequence[int], *, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict,
+              options: dict, ptx_hints: bool = False) -> Launch:
+    """The :class:`Launch` of these arguments, made once and kept (for launchers without a plan
+    object of their own: prefill's). Values are compared with their types (``True`` against ``1``)."""
+    def typed(d):
+        return tuple((n, type(v), v) for n, v in d.items())
+
+    key = (id(kernel), tuple(grid), id(layout), tuple(per_call.items()), typed(fixed), typed(constexprs),
+           typed(options), ptx_hints)
+    hit = _LAUNCHES.get(key)
+    if hit is not None and hit.kernel is kernel and hit.layout is layout:
+        return hit
+    launch = Launch(kernel, grid, layout=layout, per_call=per_call, fixed=fixed, constexprs=constexprs,
+                    options=options, ptx_hints=ptx_hints)
+    if len(_LAUNCHES) >= _MAX_LAUNCHES:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = launch
+    return launch
+
+
 # ---------------------------------------------------------------------------------------------
 # recording a call's launches and replaying them (kvattn._callcache)
 # ---------------------------------------------------------------------------------------------
@@ -564,8 +663,9 @@ def recording(record):
 
 
 def launch_outside(what: str) -> None:
-    """Launchers that launch a kernel otherwise than through a :class:`Launch` (``kernel[grid]``
-    with tensor descriptors, Gluon kernels) say so: the call being recorded cannot be replayed."""
+    """A launcher that launches a kernel otherwise than through a :class:`Launch` (a plain
+    ``kernel[grid]``) says so: the call being recorded cannot be replayed. (Every kvattn launcher
+    goes through :class:`Launch` now, tensor descriptors and Gluon kernels included.)"""
     if _RECORDER is not None:
         _RECORDER.spoil(what)
         _RECORDER.outside = True
@@ -617,6 +717,11 @@ def replay(entry, ptrs: list):
     if entry.constants:
         ptrs = ptrs + entry.constants
     values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)
+    if entry.rebuild:  # tensor descriptors, rebuilt on their bases' new pointers
+        values = list(values)
+        for i, make in entry.rebuild:
+            values[i] = make(values[i])
+        values = tuple(values)
     for launch, _, hit, pick, static in steps:
         launch.last = hit[0]
         hit[1](*pick(values + static))

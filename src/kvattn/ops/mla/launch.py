@@ -9,6 +9,7 @@ The partials are merged by the decode family's :func:`~..decode.kernels.decode_c
 
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 import torch
@@ -45,6 +46,7 @@ _LAYOUT = fast_launch.CallLayout(
     ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), ("capacity",),
     ("logit_factor", "out_factor"),
 )
+_KV = _LAYOUT.tensors.index("kv")
 
 
 class MLAFacts(NamedTuple):
@@ -198,8 +200,10 @@ def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, k
 
 
 class _GluonSplit:
-    """The split launch of :func:`~.gluon.mla_gluon_kernel` (through the Gluon JIT: its TMA
-    descriptor of the cache is built for each call from the cache's pointer)."""
+    """The split launch of :func:`~.gluon.mla_gluon_kernel`, with a TMA descriptor of the cache
+    built for each call from the cache's pointer (``run``), through a ``fast_launch.Launch``: a
+    call replayed from its metadata rebuilds the descriptor on the new pointer (NOTES.md "Host
+    path: calls replayed from their metadata")."""
 
     BLOCK_N = 64
 
@@ -211,38 +215,61 @@ class _GluonSplit:
         """The launch's options (and, in a subclass, schedule constexprs), by name."""
         return dict(num_warps=8)
 
-    def lse_args(self, lse, stand_in) -> dict:
-        """The final LSE's arguments (``return_lse``; ``stand_in``, never read, without one)."""
+    def lse_args(self) -> tuple[dict, dict, dict]:
+        """The final LSE's parameters (``return_lse``): ``(per_call, fixed, constexprs)``; without
+        an LSE the partials' LSE stands in for the pointer, never read."""
         plan = self.plan
-        return dict(lse_ptr=lse if lse is not None else stand_in, stride_lse_b=plan.lse_stride,
-                    STORE_LSE=plan.has_lse)
+        return (dict(lse_ptr="lse" if plan.has_lse else "part_lse"), dict(stride_lse_b=plan.lse_stride),
+                dict(STORE_LSE=plan.has_lse))
 
     def __init__(self, plan: _Plan, splits: int):
         self.grid = (plan.items * splits,)
         self.splits = splits
         self.plan = plan
         self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        self._launches: dict = {}  # options -> fast_launch.Launch (tuning variants change the options)
 
-    def run(self, query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-            out_factor, lse=None, capacity=None):
+    def launch(self) -> fast_launch.Launch:
+        """This split's launch with the current :meth:`options`."""
+        options = self.options()
+        key = tuple(options.items())
+        hit = self._launches.get(key)
+        if hit is not None:
+            return hit
+        plan, kernel = self.plan, self.kernel()
+        lse_per_call, lse_fixed, lse_constexprs = self.lse_args()
+        constexprs = dict(
+            CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
+            BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
+            SPLIT_SPAN=plan.split_span, **lse_constexprs,
+        )
+        names = {p.name for p in kernel.params if p.is_constexpr}
+        constexprs.update((n, v) for n, v in options.items() if n in names)  # schedule variants
+        for p in kernel.params:  # the other schedule constexprs at their defaults
+            if p.is_constexpr and p.name not in constexprs and p.default is not inspect.Parameter.empty:
+                constexprs[p.name] = p.default
+        st = plan.strides
+        hit = self._launches[key] = fast_launch.Launch(
+            kernel, self.grid, layout=_LAYOUT,
+            per_call=dict(q_ptr="query", kv_desc="kv", table_ptr="table", seq_lens_ptr="seq_lens",
+                          logit_scale_ptr="logit", out_scale_ptr="out_scale", out_ptr="out", part_o_ptr="part_o",
+                          part_lse_ptr="part_lse", capacity="capacity", logit_factor="logit_factor",
+                          out_factor="out_factor", **lse_per_call),
+            fixed=dict(stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"], stride_o_b=st["stride_o_b"],
+                       stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"], stride_t_p=st["stride_t_p"],
+                       batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits, num_pages=plan.num_pages,
+                       **lse_fixed),
+            constexprs=constexprs,
+            options={n: v for n, v in options.items() if n not in names},
+        )
+        return hit
+
+    def run(self, call: fast_launch.CallArgs, kv: torch.Tensor) -> None:
+        """Launch the split for ``call`` (:data:`_LAYOUT`'s values) with a descriptor of ``kv``."""
         plan = self.plan
         desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
                                 [self.BLOCK_N, 64], self.layout)
-        st = plan.strides
-        self.kernel()[self.grid](
-            q_ptr=query, kv_desc=desc, table_ptr=table, seq_lens_ptr=seq_lens,
-            logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
-            out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, part_o_ptr=part_o,
-            part_lse_ptr=part_lse, stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"],
-            stride_o_b=st["stride_o_b"], stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"],
-            stride_t_p=st["stride_t_p"], batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits,
-            num_pages=plan.num_pages, capacity=table.shape[1] * plan.page_size if capacity is None else capacity,
-            logit_factor=logit_factor, out_factor=out_factor,
-            CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
-            BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            SPLIT_SPAN=plan.split_span,
-            **self.lse_args(lse, part_lse), **self.options(),
-        )
+        self.launch()(fast_launch.with_descriptors(call, {_KV: desc}))
 
 
 class _WarpSpecializedSplit(_GluonSplit):
@@ -261,8 +288,8 @@ class _WarpSpecializedSplit(_GluonSplit):
     def options(self) -> dict:
         return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value, **self.CONSTEXPRS)
 
-    def lse_args(self, lse, stand_in) -> dict:
-        return {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
+    def lse_args(self) -> tuple[dict, dict, dict]:
+        return {}, {}, {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
 
 
 _PLANS: dict[MLAFacts, _Plan] = {}
@@ -323,9 +350,7 @@ def launch_mla(
             (capacity,), (logit_factor, out_factor), device_index,
         )
         if plan.gluon:
-            fast_launch.launch_outside("MLA's Gluon kernel (a tensor descriptor per call)")
-            split.run(query, kv, table, seq_lens, out, part_o, part_lse, logit_tensor, out_tensor, logit_factor,
-                      out_factor, lse, capacity)
+            split.run(call, kv)
         else:
             split(call)
         if combine is not None:

@@ -61,6 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import cta_barrier, tma_load
+from ..launch import fast_launch
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 BLOCK_M: gl.constexpr = gl.constexpr(128)  # query rows a tile: 64 a consumer warpgroup
@@ -612,7 +613,10 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
            max_q_len: int, sm_count: int, logit_factor: float, logit_tensor, out_factor: float, out_tensor,
            window_left: int, mode: int = 0) -> None:
     """Launch :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
-    :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous)."""
+    :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous), through a
+    ``fast_launch.Launch`` (the compiled kernel's launcher; a call replayed from its metadata
+    rebuilds the two descriptors on the new K/V pointers: NOTES.md "Host path: calls replayed from
+    their metadata")."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     sum_q, num_heads, head_dim = query.shape
@@ -625,23 +629,43 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
     m_tiles = -(-max_q_len // 128)
     num_tiles = num_heads * batch * m_tiles
     grid = (max(1, min(num_tiles, sm_count)),)
-    prefill_ws_kernel[grid](  # every argument by its parameter's name (absent tensors: the query, unread)
-        q_ptr=query, out_ptr=out, k_desc=descs[0], v_desc=descs[1], k_table_ptr=k_table, v_table_ptr=v_table,
-        seq_lens_ptr=seq_lens, cum_q_ptr=cum_seq_lens_q, sinks_ptr=sinks if sinks is not None else query,
-        logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
-        out_scale_ptr=out_tensor if out_tensor is not None else query,
-        stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
-        stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
-        stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
-        num_rows=sum_q, num_heads=num_heads, batch=batch, m_tiles=m_tiles, num_tiles=num_tiles,
-        num_pages=k.shape[0], capacity=k_table.shape[1] * page, window_left=window_left,
-        k_page_rows=k_view[0], v_page_rows=v_view[0], k_total_rows=k_view[1], v_total_rows=v_view[1],
-        head_rows=k_view[2], head_cols=k_view[3], logit_factor=float(logit_factor), out_factor=float(out_factor),
-        HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, LOGIT_PTR=logit_tensor is not None,
-        OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong, MODE=mode,
-        num_warps=4, maxnreg=MAXNREG,
+    ws_launch = fast_launch.launch_of(  # every kernel parameter by its name
+        prefill_ws_kernel, grid, layout=LAYOUT, per_call=_PER_CALL,
+        fixed=dict(
+            stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0),
+            stride_o_h=out.stride(1), stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
+            stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
+            num_rows=sum_q, num_heads=num_heads, batch=batch, m_tiles=m_tiles, num_tiles=num_tiles,
+            num_pages=k.shape[0], capacity=k_table.shape[1] * page, window_left=window_left,
+            k_page_rows=k_view[0], v_page_rows=v_view[0], k_total_rows=k_view[1], v_total_rows=v_view[1],
+            head_rows=k_view[2], head_cols=k_view[3],
+        ),
+        constexprs=dict(
+            HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n,
+            STAGES=cfg.stages, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
+            LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong, MODE=mode,
+        ),
+        options=dict(num_warps=4, maxnreg=MAXNREG),
     )
+    call = fast_launch.call_args(  # LAYOUT's tensors (absent ones: the query stands in, unread)
+        (query, out, k, v, k_table, v_table, seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
+         logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
+        (), (float(logit_factor), float(out_factor)), query.get_device(),
+    )
+    ws_launch(fast_launch.with_descriptors(call, {2: descs[0], 3: descs[1]}))
+
+
+# The per-call values of a launch by name (fast_launch.CallLayout), and the kernel parameters that
+# take them; every other parameter is fixed by the call's shapes (``launch``).
+LAYOUT = fast_launch.CallLayout(
+    ("query", "out", "k", "v", "k_table", "v_table", "seq_lens", "cum_q", "sinks", "logit", "out_scale"), (),
+    ("logit_factor", "out_factor"),
+)
+_PER_CALL = dict(
+    q_ptr="query", out_ptr="out", k_desc="k", v_desc="v", k_table_ptr="k_table", v_table_ptr="v_table",
+    seq_lens_ptr="seq_lens", cum_q_ptr="cum_q", sinks_ptr="sinks", logit_scale_ptr="logit",
+    out_scale_ptr="out_scale", logit_factor="logit_factor", out_factor="out_factor",
+)
 
 
 __all__ = ["HEAD_DIMS", "eligible", "launch", "plan", "prefill_ws_kernel", "tma_view"]

@@ -108,7 +108,6 @@ def launch_context(
     skip = skip_factor > 0
     cfg, qk_fp8, kind = plan(query, k.dtype, skip, interpreter)
     device = query.get_device()  # -1 on the CPU
-    fast_launch.launch_outside("prefill (kernel[grid])")
     with device_guard(device):
         seq_lens = int32_lengths(seq_lens)
         if not cum_seq_lens_q.is_contiguous():
@@ -142,39 +141,68 @@ def launch_context(
         # K/V tiles by TMA where the table has a tile for the kind (16-bit caches, fp8 with fp8
         # scores) and the pages allow it: no per-token address math, no registers for it, so one
         # warpgroup a program and two programs an SM (benchmarks/NOTES.md "Prefill: K/V tiles by TMA").
-        k_src, v_src, head_rows, head_cols = k, v, 0, 0
+        head_rows, head_cols = 0, 0
         tma = None
         if not interpreter and _device.has_tma(query.device):
             tma_cfg = prefill_configs.config(arch(query.device, interpreter), kind, head_dim, skip, tma=True)
             tma = tma_views(k, v, tma_cfg.block_n) if tma_cfg is not None else None
             if tma is not None:
                 cfg = tma_cfg
-                k_src, v_src, head_rows, head_cols = tma
+                head_rows, head_cols = tma[2], tma[3]
         grid = (num_heads, batch, cdiv(max_q_len, cfg.block_m))
         ks, vs = k.stride(), v.stride()
-        context_kernel[grid](  # every argument by its parameter's name (absent tensors: the query or K/V, unread)
-            q_ptr=query, k_ptr=k_src, v_ptr=v_src, k_sf_ptr=k_sf if k_sf is not None else k,
-            v_sf_ptr=v_sf if v_sf is not None else v, k_table_ptr=k_table, v_table_ptr=v_table,
-            seq_lens_ptr=seq_lens, cum_q_ptr=cum_seq_lens_q, sinks_ptr=sinks if sinks is not None else query,
-            logit_scale_ptr=logit_tensor if logit_tensor is not None else query,
-            out_scale_ptr=out_tensor if out_tensor is not None else query, out_ptr=out, out_sf_ptr=sf_flat,
-            lse_ptr=lse if lse is not None else out,
-            stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
-            stride_lse_t=lse.stride(0) if lse is not None else 0,
-            stride_k_p=ks[0], stride_k_s=ks[1], stride_k_h=ks[2], stride_v_p=vs[0], stride_v_s=vs[1], stride_v_h=vs[2],
-            stride_ksf_p=ksf_s[0], stride_ksf_s=ksf_s[1], stride_ksf_h=ksf_s[2],
-            stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
-            stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
-            stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
-            num_rows=sum_q, num_pages=k.shape[0], capacity=k_table.shape[1] * k.shape[1], window_left=window_left,
-            sf_cols=sf_cols, sf_row0=sf_start, head_rows=head_rows, head_cols=head_cols,
-            logit_factor=float(logit_factor), out_factor=float(out_factor), sf_div=1.0 / float(o_sf_scale),
-            skip_factor=float(skip_factor),
-            HEAD_DIM=head_dim, PAGE_SIZE=k.shape[1], GROUP=num_heads // num_kv_heads,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=kv_code,
-            QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
-            SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
-            OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, TMA=tma is not None,
-            Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1), STORE_LSE=lse is not None,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        # Through a fast_launch.Launch (the compiled kernel's launcher; a call replayed from its
+        # metadata, kvattn._callcache, launches it again with new pointers and the TMA descriptors
+        # rebuilt on them: NOTES.md "Host path: calls replayed from their metadata").
+        launch = fast_launch.launch_of(
+            context_kernel, grid, layout=LAYOUT,
+            per_call=_CONTEXT_PER_CALL,
+            fixed=dict(
+                stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0),
+                stride_o_h=out.stride(1), stride_lse_t=lse.stride(0) if lse is not None else 0,
+                stride_k_p=ks[0], stride_k_s=ks[1], stride_k_h=ks[2], stride_v_p=vs[0], stride_v_s=vs[1],
+                stride_v_h=vs[2], stride_ksf_p=ksf_s[0], stride_ksf_s=ksf_s[1], stride_ksf_h=ksf_s[2],
+                stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
+                stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
+                stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
+                num_rows=sum_q, num_pages=k.shape[0], capacity=k_table.shape[1] * k.shape[1],
+                window_left=window_left, sf_cols=sf_cols, sf_row0=sf_start, head_rows=head_rows,
+                head_cols=head_cols,
+            ),
+            constexprs=dict(
+                HEAD_DIM=head_dim, PAGE_SIZE=k.shape[1], GROUP=num_heads // num_kv_heads,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KV_FORMAT=kv_code,
+                QK_FP8=qk_fp8, SAME_TABLE=same_table, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
+                SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
+                OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, TMA=tma is not None,
+                Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1),
+                STORE_LSE=lse is not None,
+            ),
+            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
+        # every tensor of LAYOUT (absent ones: the query, K/V or the output stand in, unread)
+        call = fast_launch.call_args(
+            (query, k, v, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table,
+             seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
+             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
+             out, sf_flat, lse if lse is not None else out),
+            (), (float(logit_factor), float(out_factor), 1.0 / float(o_sf_scale), float(skip_factor)), device,
+        )
+        if tma is not None:
+            call = fast_launch.with_descriptors(call, {1: tma[0], 2: tma[1]})
+        launch(call)
+
+
+# The per-call values of a launch by name (fast_launch.CallLayout): the tensors of launch_context in
+# this order, then the scalars that change with the call's values rather than its shapes.
+LAYOUT = fast_launch.CallLayout(
+    ("query", "k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "cum_q", "sinks", "logit", "out_scale",
+     "out", "out_sf", "lse"),
+    (), ("logit_factor", "out_factor", "sf_div", "skip_factor"),
+)
+_CONTEXT_PER_CALL = dict(
+    q_ptr="query", k_ptr="k", v_ptr="v", k_sf_ptr="k_sf", v_sf_ptr="v_sf", k_table_ptr="k_table",
+    v_table_ptr="v_table", seq_lens_ptr="seq_lens", cum_q_ptr="cum_q", sinks_ptr="sinks", logit_scale_ptr="logit",
+    out_scale_ptr="out_scale", out_ptr="out", out_sf_ptr="out_sf", lse_ptr="lse", logit_factor="logit_factor",
+    out_factor="out_factor", sf_div="sf_div", skip_factor="skip_factor",
+)
