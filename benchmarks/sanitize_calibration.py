@@ -14,9 +14,15 @@ not of the kernels; these two kernels measure it on the smallest such exchange:
   after the other partition's read of the previous round by the next round's barriers (the MLA
   kernel's per-tile maxima).
 
-Both check their results (a wrong value would be a real race). ``benchmarks/sanitize_driver.py``
-runs them as the variants ``calibration_exchange`` and ``calibration_exchange_loop``
-(benchmarks/NOTES.md "compute-sanitizer over every kernel family").
+* ``exchange_rows``: as ``exchange_loop``, with the values in the layout of a row of a wgmma
+  accumulator (four lanes of a warp hold each row, and all four store it) and the slots slices of
+  one buffer, as the MLA kernel's row maxima;
+* ``exchange_meet``: both partitions publish, then meet on one barrier of two arrivals and read the
+  other's (the MLA kernel's row sums at its end).
+
+All check their results (a wrong value would be a real race). ``benchmarks/sanitize_driver.py``
+runs them as the variants ``calibration_*`` (benchmarks/NOTES.md "compute-sanitizer over every
+kernel family").
 """
 
 from __future__ import annotations
@@ -68,6 +74,73 @@ def exchange_kernel(out_ptr,  # [128] float32: sum over rounds of 2 * (row + rou
     mbarrier.init(bars.index(1), count=1)
     gl.warp_specialize([(_there, (x_smem, bars, out_ptr, ROUNDS)), (_back, (x_smem, bars, out_ptr, ROUNDS))],
                        [4], [128])
+
+
+ROW_LAYOUT: gl.constexpr = gl.constexpr(gl.SliceLayout(1, gl.NVMMADistributedLayout(
+    version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])))
+
+
+@gluon.jit
+def _rows_there(x_smem, bars, out_ptr, ROUNDS: gl.constexpr, MEET: gl.constexpr):
+    offs = gl.arange(0, 64, layout=ROW_LAYOUT)
+    total = gl.zeros([64], gl.float32, layout=ROW_LAYOUT)
+    if MEET:
+        x_smem.slice(128, 64).store(offs.to(gl.float32))
+        cta_barrier()
+        mbarrier.arrive(bars.index(2), count=1)
+        mbarrier.wait(bars.index(2), 0)
+        total = x_smem.slice(192, 64).load(ROW_LAYOUT)
+    else:
+        for r in range(ROUNDS):
+            x_smem.slice(0, 64).store(offs.to(gl.float32) + r)
+            cta_barrier()
+            mbarrier.arrive(bars.index(0), count=1)
+            mbarrier.wait(bars.index(1), r & 1)
+            total += x_smem.slice(64, 64).load(ROW_LAYOUT)
+    gl.store(out_ptr + offs, total)
+
+
+@gluon.jit
+def _rows_back(x_smem, bars, out_ptr, ROUNDS: gl.constexpr, MEET: gl.constexpr):
+    offs = gl.arange(0, 64, layout=ROW_LAYOUT)
+    if MEET:
+        x_smem.slice(192, 64).store(2.0 * offs.to(gl.float32))
+        cta_barrier()
+        mbarrier.arrive(bars.index(2), count=1)
+        mbarrier.wait(bars.index(2), 0)
+        mine = x_smem.slice(128, 64).load(ROW_LAYOUT)
+        gl.store(out_ptr + 64 + offs, mine)
+    else:
+        for r in range(ROUNDS):
+            mbarrier.wait(bars.index(0), r & 1)
+            v = x_smem.slice(0, 64).load(ROW_LAYOUT)
+            x_smem.slice(64, 64).store(2.0 * v)
+            cta_barrier()
+            mbarrier.arrive(bars.index(1), count=1)
+
+
+@gluon.jit
+def exchange_rows_kernel(out_ptr,  # [128] float32
+                         ROUNDS: gl.constexpr, MEET: gl.constexpr):
+    x_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    x_smem = gl.allocate_shared_memory(gl.float32, [256], x_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bars.index(0), count=1)
+    mbarrier.init(bars.index(1), count=1)
+    mbarrier.init(bars.index(2), count=2)
+    gl.warp_specialize([(_rows_there, (x_smem, bars, out_ptr, ROUNDS, MEET)),
+                        (_rows_back, (x_smem, bars, out_ptr, ROUNDS, MEET))], [4], [128])
+
+
+def run_rows(rounds: int, meet: bool) -> None:
+    out = torch.zeros(128, device="cuda")
+    exchange_rows_kernel[(1,)](out, ROUNDS=rounds, MEET=meet, num_warps=4)
+    rows = torch.arange(64, device="cuda", dtype=torch.float32)
+    if meet:
+        assert torch.equal(out[:64], 2.0 * rows) and torch.equal(out[64:], rows), "the meeting read too early"
+    else:
+        want = sum(2.0 * (rows + r) for r in range(rounds))
+        assert torch.equal(out[:64], want), "the exchange read a value before it was written"
 
 
 def run(rounds: int) -> None:

@@ -269,6 +269,16 @@ def calibration_exchange_loop():
     run(4)
 
 
+def calibration_exchange_rows():
+    from sanitize_calibration import run_rows
+    run_rows(4, meet=False)
+
+
+def calibration_exchange_meet():
+    from sanitize_calibration import run_rows
+    run_rows(1, meet=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # batch-invariant mode
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +296,8 @@ VARIANTS = [
     decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
     xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, prefill_triton,
     prefill_gluon_ws, append, merge, guard_decode_lengths, guard_decode_page_ids, guard_mla_lengths, guard_prefill,
-    invariant_decode_mla, calibration_exchange, calibration_exchange_loop,
+    invariant_decode_mla, calibration_exchange, calibration_exchange_loop, calibration_exchange_rows,
+    calibration_exchange_meet,
 ]
 
 

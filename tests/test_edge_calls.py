@@ -198,9 +198,18 @@ def _prefill_call(c, tables, seq_lens, cum, q, device, page=PAGE, **kw):
     return call
 
 
+# The prefill kernels (Triton and Gluon) read a token of an unusable page id as a zero key and a
+# zero value, which still takes part in the softmax (a logit of 0), where the rule drops it: the
+# kernel versions that drop it cost well-formed calls 3-11 % (benchmarks/NOTES.md, "Hardening:
+# unusable page ids and lengths"). Strict: these fail as XPASS once the kernels drop the token.
+PREFILL_DROPS_IDS = pytest.mark.xfail(strict=True, reason="prefill kernels read an unusable page id as a zero "
+                                                          "key/value instead of dropping the token")
+
+
 # Pages of 8 and 16 tokens: several pages a key tile on the GPU (the Triton kernel's masked
 # tokens), one page a tile in the interpreter's 16-key tiles; pages of 64: one page a tile, the
 # warp-specialised Gluon kernel on Hopper and, with KVATTN_GLUON=0, the Triton kernel's TMA tiles.
+@PREFILL_DROPS_IDS
 @pytest.mark.parametrize("gluon", ["default", "0"])
 @pytest.mark.parametrize("page", [8, 16, 64], ids=lambda p: f"page{p}")
 @pytest.mark.parametrize("window", [-1, 12], ids=lambda w: f"window{w}")
@@ -252,6 +261,7 @@ def test_prefill_length_int_min(kernel_device, monkeypatch):
     assert all((o[5:] == 0).all() for o, _ in got)
 
 
+@PREFILL_DROPS_IDS
 @pytest.mark.parametrize("page", [16, 64], ids=lambda p: f"page{p}")
 def test_prefill_split_tables_drop_a_bad_v_id(page, kernel_device, monkeypatch):
     """With separate K and V page ids, a token whose V id is unusable is dropped too."""

@@ -30,9 +30,9 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   scores there are masked, but ``0 * NaN`` is NaN in ``P V``, so the warpgroups zero those rows of
   the last V tile in shared memory before their products, each its half of the rows, and meet on
   an mbarrier (no location written by one is touched by the other's loads or stores).
-* **Unusable page ids**: a box whose id lies outside the cache is read as zeros by the producer;
-  each consumer reads the tile's one or two ids too (before its wait for the tile) and sends such a
-  tile through the masked softmax with those keys masked, so the tokens are dropped.
+* **Unusable page ids**: a box whose id lies outside the cache is read as zeros by the producer
+  (a zero key and value, not yet the dropped token of docs/semantics.md: the consumer-side
+  checks tried cost 3-11 %, benchmarks/NOTES.md "Hardening: unusable page ids and lengths").
 * **Scheduler**: persistent, one program an SM; tiles numbered longest first (the last query tile
   of every request and head first, heads fastest so a KV head's query heads run side by side)
   and dealt round robin, so the long diagonal-heavy tiles start in the first round and short
@@ -199,16 +199,14 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, ok_lo, ok_hi, SUB: gl.constexpr,
-                    HAS_WINDOW: gl.constexpr, MODE: gl.constexpr):
-    """Online-softmax step of a masked score tile (window edge, diagonal, or a tile with a page id
-    outside the cache): ``s [64, BLOCK_N]`` unscaled ``q.k`` of keys from ``n0``; ``ok_lo`` /
-    ``ok_hi`` whether the keys of the tile's first / other ``SUB``-token boxes have usable page ids
-    (see :func:`_tile_ids_ok`). Returns ``(m_i, l_i, p, alpha)`` in base-2 units; a row without a
-    visible key so far keeps m = -inf, p = 0, alpha = 0."""
+def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW: gl.constexpr,
+                    MODE: gl.constexpr):
+    """Online-softmax step of a masked score tile (window edge, diagonal): ``s [64, BLOCK_N]``
+    unscaled ``q.k`` of keys from ``n0``. Returns ``(m_i, l_i, p, alpha)`` in base-2 units; a row
+    without a visible key so far keeps m = -inf, p = 0, alpha = 0."""
     offs_n = n0 + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
     dist = row_pos[:, None] - offs_n[None, :]
-    ok = (dist >= 0) & gl.where(offs_n < n0 + SUB, ok_lo, ok_hi)[None, :]
+    ok = dist >= 0
     if HAS_WINDOW:
         ok = ok & (dist <= window_left)
     s = gl.where(ok, s * qk_scale, float("-inf"))
@@ -233,52 +231,6 @@ def _softmax_full(s, m_i, l_i, qk_scale, MODE: gl.constexpr):
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, 1)
     return m_new, l_i, p, alpha
-
-
-@gluon.jit
-def _ids_clean(kt_row, stride_kt_p, vt_row, stride_vt_p, lo, hi, num_pages, PAGE_SIZE: gl.constexpr):
-    """Whether every page id of the keys ``[lo, hi)`` in both tables lies inside ``[0, num_pages)``:
-    a scan of the request's rows of the tables, 32 ids a load (each warp of the warpgroup reads the
-    same 32, so the sum stays inside a warp), once a work tile, while the query is staged."""
-    scan: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    p_hi = gl.cdiv(hi, PAGE_SIZE)
-    bad = 0
-    for p0 in range(lo // PAGE_SIZE, p_hi, 32):
-        offs_p = p0 + gl.arange(0, 32, layout=scan)
-        in_row = offs_p < p_hi
-        kid = gl.load(kt_row + offs_p * stride_kt_p, mask=in_row, other=0)
-        vid = gl.load(vt_row + offs_p * stride_vt_p, mask=in_row, other=0)
-        wrong = (kid < 0) | (kid >= num_pages) | (vid < 0) | (vid >= num_pages)
-        bad += gl.sum(wrong.to(gl.int32), 0)
-    return bad == 0
-
-
-@gluon.jit
-def _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, n0, hi, num_pages, clean, PAGE_SIZE: gl.constexpr,
-                 BLOCK_N: gl.constexpr):
-    """``(ok_lo, ok_hi)``: whether the first / the second ``SUB``-token box of the key tile at
-    ``n0`` has usable page ids in both tables (``[0, num_pages)``; boxes at or past ``hi`` count as
-    usable, their keys are masked by position). A tile of one page: ``ok_hi`` is ``ok_lo``.
-
-    The rule (docs/semantics.md "Unusable page ids and lengths") drops such a box's tokens; the
-    producer read it as zeros, so the consumer must mask its logits too. In a work tile whose ids
-    were all found usable (``clean``, :func:`_ids_clean`) nothing is read: loads of the ids a tile
-    cost 3-6 % of the well-formed calls even issued a tile ahead (benchmarks/NOTES.md "Hardening:
-    unusable page ids and lengths")."""
-    SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
-    ok_lo = clean
-    ok_hi = clean
-    if clean == 0:
-        kid = gl.load(kt_row + (n0 // PAGE_SIZE) * stride_kt_p, mask=n0 < hi, other=0)
-        vid = gl.load(vt_row + (n0 // PAGE_SIZE) * stride_vt_p, mask=n0 < hi, other=0)
-        ok_lo = (kid >= 0) & (kid < num_pages) & (vid >= 0) & (vid < num_pages)
-        ok_hi = ok_lo
-        if BLOCK_N // SUB == 2:
-            n1 = n0 + SUB
-            kid = gl.load(kt_row + (n1 // PAGE_SIZE) * stride_kt_p, mask=n1 < hi, other=0)
-            vid = gl.load(vt_row + (n1 // PAGE_SIZE) * stride_vt_p, mask=n1 < hi, other=0)
-            ok_hi = (kid >= 0) & (kid < num_pages) & (vid >= 0) & (vid < num_pages)
-    return ok_lo, ok_hi
 
 
 @gluon.jit
@@ -337,7 +289,6 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
     offs_qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_ld))
     offs_od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
 
-    SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
     zero_bar = turn.index(2)
     c = 0  # tiles through the rings (as the producer counts them)
     pp = 0  # turns taken (PINGPONG)
@@ -347,9 +298,6 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
             t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
             HAS_WINDOW)
         if live:
-            kt_row = k_table_ptr + b.to(gl.int64) * stride_kt_b
-            vt_row = v_table_ptr + b.to(gl.int64) * stride_vt_b
-            clean = _ids_clean(kt_row, stride_kt_p, vt_row, stride_vt_p, start, hi, num_pages, PAGE_SIZE)
             row0 = mt * BLOCK_M + WG * WG_ROWS  # this warpgroup's first row within the request
             # Stage q (rows past the request read as 0), the logit's sign folded in (exact).
             q_rows = q_start + row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, q_ld))
@@ -365,13 +313,8 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
             l_i = gl.zeros([WG_ROWS], gl.float32, layout=s_rows)
             acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
             if n_tiles > 0:
-                # Tile 0: scores only. (Each tile's page ids are read a tile ahead, so their loads
-                # land while the previous tile's products run.)
+                # Tile 0: scores only.
                 slot = c % STAGES
-                ok_lo, ok_hi = _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, start, hi, num_pages, clean,
-                                            PAGE_SIZE, BLOCK_N)
-                next_lo, next_hi = _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, start + BLOCK_N, hi,
-                                                num_pages, clean, PAGE_SIZE, BLOCK_N)
                 mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                 _turn_wait(turn, pp, WG, PINGPONG)
                 s_tok = warpgroup_mma(my_q, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False,
@@ -380,9 +323,9 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                 pp += 1
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(slot))
-                if (start < full_lo) | (start >= full_hi) | (ok_lo == 0) | (ok_hi == 0):
-                    m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, start, row_pos, qk_scale, window_left, ok_lo,
-                                                         ok_hi, SUB, HAS_WINDOW, MODE)
+                if (start < full_lo) | (start >= full_hi):
+                    m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, start, row_pos, qk_scale, window_left,
+                                                         HAS_WINDOW, MODE)
                 else:
                     m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
                 p_op = gl.convert_layout(p.to(dt), p_layout)
@@ -393,9 +336,6 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                 for j in range(1, n_tiles):
                     n0 = start + j * BLOCK_N
                     slot = c % STAGES
-                    ok_lo, ok_hi = next_lo, next_hi
-                    next_lo, next_hi = _tile_ids_ok(kt_row, stride_kt_p, vt_row, stride_vt_p, n0 + BLOCK_N, hi,
-                                                    num_pages, clean, PAGE_SIZE, BLOCK_N)
                     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), prev_phase)
                     if prev_n0 + BLOCK_N > kv_len:
@@ -414,9 +354,9 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                     # The whole softmax sits inside the branch: ptxas schedules within a basic block
                     # and would otherwise hoist the wait below above it (benchmarks/NOTES.md
                     # "Prefill: warp-specialised Gluon kernel").
-                    if (n0 < full_lo) | (n0 >= full_hi) | (ok_lo == 0) | (ok_hi == 0):
-                        m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, ok_lo,
-                                                             ok_hi, SUB, HAS_WINDOW, MODE)
+                    if (n0 < full_lo) | (n0 >= full_hi):
+                        m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left,
+                                                             HAS_WINDOW, MODE)
                     else:
                         m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
                     acc = warpgroup_mma_wait(0, deps=[o_tok])

@@ -116,47 +116,6 @@ def _tma_tile(desc, page, slot, kvh, head_rows, head_cols, BLOCK_N: tl.constexpr
 
 
 @triton.jit
-def _pages_usable(kt_row, stride_kt_p, vt_row, stride_vt_p, lo, hi, num_pages, PAGE_SIZE: tl.constexpr,
-                  SAME_TABLE: tl.constexpr):
-    """Whether every page id of the keys ``[lo, hi)`` (K's table, and V's when it is another) lies
-    inside ``[0, num_pages)``: a scan of the request's row of the table, 128 ids a load, before the
-    key loops (see context_kernel's runs)."""
-    SCAN: tl.constexpr = 128
-    p_hi = tl.cdiv(hi, PAGE_SIZE)
-    bad = 0
-    for p0 in range(lo // PAGE_SIZE, p_hi, SCAN):
-        offs_p = p0 + tl.arange(0, SCAN)
-        in_row = offs_p < p_hi
-        ids = tl.load(kt_row + offs_p * stride_kt_p, mask=in_row, other=0)
-        wrong = (ids < 0) | (ids >= num_pages)
-        if not SAME_TABLE:
-            ids = tl.load(vt_row + offs_p * stride_vt_p, mask=in_row, other=0)
-            wrong = wrong | (ids < 0) | (ids >= num_pages)
-        bad += tl.sum(wrong.to(tl.int32))
-    return bad == 0
-
-
-@triton.jit
-def _ids_usable(table_row_ptr, stride_table_p, n0, offs_n, hi, num_pages, PAGE_SIZE: tl.constexpr,
-                BLOCK_N: tl.constexpr):
-    """bool ``[BLOCK_N]`` in the layout of ``offs_n = n0 + [0, BLOCK_N)``: the token's page id lies
-    inside the cache (tokens at or past ``hi`` count as usable: the causal rule masks them). Built
-    from one scalar id a page (cached lines the tile's loads just read), so the mask is born in the
-    scores' layout: the ids the loads gathered live in another, and moving them costs a trip
-    through shared memory and, in the 128-key tiles, 136-240 bytes of spills."""
-    usable = offs_n >= 0
-    if PAGE_SIZE >= BLOCK_N:
-        pid = tl.load(table_row_ptr + (n0 // PAGE_SIZE) * stride_table_p)
-        usable = usable & ((pid >= 0) & (pid < num_pages))
-    else:
-        for r in tl.static_range(BLOCK_N // PAGE_SIZE):
-            first = n0 + r * PAGE_SIZE
-            pid = tl.load(table_row_ptr + (first // PAGE_SIZE) * stride_table_p, mask=first < hi, other=0)
-            usable = usable & (((offs_n - n0) // PAGE_SIZE != r) | ((pid >= 0) & (pid < num_pages)))
-    return usable
-
-
-@triton.jit
 def _tile_scores(
     q, k_ptr, k_sf_ptr, kt_row, stride_kt_p, stride_k_p, stride_k_s, stride_k_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, kvh, num_pages, n0, hi, head_rows, head_cols,
@@ -230,11 +189,10 @@ def _context_run(
 ):
     """Fold the key tiles ``n0 = n_lo, n_lo + BLOCK_N, .. < n_hi`` into ``(acc, m_i, l_i)``.
 
-    MASKED: apply the causal/window rule (keys past ``hi`` are masked by it too) and drop the
-    tokens whose page id (K's, or V's with split tables) lies outside the cache; otherwise every row
-    sees every key of these tiles (all below ``hi``, all ids usable: see context_kernel's runs), and
-    the logits stay unscaled until the exponent's FMA (``qk_scale >= 0``). Tokens whose page id is
-    invalid load as zeros (finite), whatever the table holds.
+    MASKED: apply the causal/window rule (keys past ``hi`` are masked by it too); otherwise every
+    row sees every key of these tiles (all below ``hi``), and the logits stay unscaled until the
+    exponent's FMA (``qk_scale >= 0``). Tokens whose page id is invalid load as zeros (finite),
+    whatever the table holds.
     """
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -247,13 +205,7 @@ def _context_run(
             s = s * qk_scale
             if MASKED:
                 dist = row_pos[:, None] - offs_n[None, :]
-                if TMA:  # the tile's raw page id is at hand
-                    usable = (offs_n >= 0) & ((k_page >= 0) & (k_page < num_pages))
-                else:
-                    usable = _ids_usable(kt_row, stride_kt_p, n0, offs_n, hi, num_pages, PAGE_SIZE, BLOCK_N)
-                if not SAME_TABLE:
-                    usable = usable & _ids_usable(vt_row, stride_vt_p, n0, offs_n, hi, num_pages, PAGE_SIZE, BLOCK_N)
-                allowed = (dist >= 0) & usable[None, :]
+                allowed = dist >= 0
                 if HAS_WINDOW:
                     allowed = allowed & (dist <= window_left)
                 s = tl.where(allowed, s, float("-inf"))
@@ -360,8 +312,6 @@ def context_kernel(
             q = tl.where(neg, -q, q)
     skip_lambda = skip_factor / tl.maximum(kv_len, 1).to(tl.float32)
 
-    kt_row = k_table_ptr + b.to(tl.int64) * stride_kt_b
-    vt_row = v_table_ptr + b.to(tl.int64) * stride_vt_b
     # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.
     p0 = kv_len - q_len + mt * BLOCK_M
     p1 = tl.minimum(kv_len - q_len + (q_end - q_start), p0 + BLOCK_M) - 1
@@ -376,15 +326,9 @@ def context_kernel(
     full_hi = tl.maximum(((p0 + 1) // BLOCK_N) * BLOCK_N, full_lo)  # tiles every row sees up to its end
     a_hi = tl.minimum(full_lo, hi)
     c_lo = tl.maximum(full_hi, a_hi)
-    # A page id outside the cache drops its tokens (docs/semantics.md "Unusable page ids and
-    # lengths"): only the masked runs test ids token by token, so a program with such an id in
-    # its keys runs them all as one masked run. Masking every tile instead would cost the
-    # programs of every well-formed call 3-57 % (benchmarks/NOTES.md "Hardening: unusable page ids
-    # and lengths").
-    if not _pages_usable(kt_row, stride_kt_p, vt_row, stride_vt_p, start, hi, num_pages, PAGE_SIZE, SAME_TABLE):
-        a_hi = hi
-        full_hi = full_lo
-        c_lo = hi
+
+    kt_row = k_table_ptr + b.to(tl.int64) * stride_kt_b
+    vt_row = v_table_ptr + b.to(tl.int64) * stride_vt_b
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
