@@ -69,6 +69,13 @@ def gather_tokens(pages: torch.Tensor, sf: torch.Tensor | None, table_row: torch
     return fmt.dequantize(rows, scales)
 
 
+def empty_rows(out: torch.Tensor, lse: torch.Tensor | None, rows) -> None:
+    """The rows of a request that sees no key: output 0, LSE -inf (docs/semantics.md)."""
+    out[rows].zero_()
+    if lse is not None:
+        lse[rows] = float("-inf")
+
+
 def paged_request_kv(kv: PagedKV, b: int, length: int):
     """``(k, v, ok)`` of request ``b``: float32 ``[length, Hkv, D]`` / ``[length, Hkv, Dv]``, and bool
     ``[length]``, False for a token whose K or V page id lies outside ``[0, kv.num_pages)`` (zeros

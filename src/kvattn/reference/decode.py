@@ -7,7 +7,7 @@ import math
 import torch
 
 from .._inputs import PagedKV, Scale
-from .core import _scalar, attend, paged_request_kv, store_output, usable_lengths
+from .core import _scalar, attend, empty_rows, paged_request_kv, store_output, usable_lengths
 
 
 def spec_decode_allowed(length: int, q_len: int, window_left: int, mask_words: torch.Tensor | None, device):
@@ -66,9 +66,7 @@ def batch_decode(
         rows = slice(b * q_len, (b + 1) * q_len)
         length = lens[b]
         if length == 0:
-            out[rows].zero_()
-            if lse is not None:
-                lse[rows] = float("-inf")
+            empty_rows(out, lse, rows)
             continue
         k, v, ok = paged_request_kv(kv, b, length)
         allowed = spec_decode_allowed(length, q_len, window_left, None if mask is None else mask[b], query.device)

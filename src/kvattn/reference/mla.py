@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._inputs import PagedKV, Scale
-from .core import _scalar, attend, paged_request_kv, store_output, usable_lengths
+from .core import _scalar, attend, empty_rows, paged_request_kv, store_output, usable_lengths
 
 
 def mla_decode(
@@ -27,9 +27,7 @@ def mla_decode(
     out_mult = _scalar(out_scale, query.device)
     for b, length in enumerate(lens):
         if length == 0:
-            out[b].zero_()
-            if lse is not None:
-                lse[b] = float("-inf")
+            empty_rows(out, lse, b)
             continue
         k, v, ok = paged_request_kv(kv, b, length)
         allowed = ok.unsqueeze(0)  # (a token of an unusable page id is dropped: docs/semantics.md)

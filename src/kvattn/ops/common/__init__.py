@@ -3,7 +3,8 @@ a topic:
 
 - :mod:`.softmax_merge`: online softmax, finalisation, split-KV work division and the merge of
   split partials (the base-2 logit conventions every family follows are in its docstring);
-- :mod:`.masks`: causal + sliding window, speculative-decode draft bits, sinks;
+- :mod:`.masks`: causal + sliding window (and a prefill tile's key ranges), speculative-decode draft
+  bits, sinks;
 - :mod:`.paging`: page ids, token offsets in strided (paged or contiguous) caches, L2 prefetch;
 - :mod:`.kv_formats`: the ``KV_FORMAT`` codes (from the format table, :mod:`kvattn._formats`);
 - :mod:`.dequant`: a cache tile into registers, whatever its format (fp8 / NVFP4 dequantised);
@@ -19,8 +20,10 @@ The package re-exports every piece, so a kernel module imports the shared vocabu
 from __future__ import annotations
 
 from .predicates import as_mask  # noqa: F401
-from .softmax_merge import LOG2E, online_softmax_step, softmax_finalize, merge_partials, split_bounds  # noqa: F401
-from .masks import window_causal_allowed, spec_draft_allowed, sink_logits2  # noqa: F401
+from .softmax_merge import (  # noqa: F401
+    LOG2E, online_softmax_step, full_tile_softmax, softmax_finalize, merge_partials, split_bounds,
+)
+from .masks import window_causal_allowed, spec_draft_allowed, sink_logits2, causal_key_ranges  # noqa: F401
 from .kv_formats import (  # noqa: F401
     KV_HALF, KV_FP8, KV_NVFP4, KV_FP8_WORDS, KV_NVFP4_WORDS, is_nvfp4, has_block_scales, element_bits, storage_bytes,
 )

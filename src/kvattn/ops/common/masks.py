@@ -45,3 +45,27 @@ def sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS: tl.constexpr):
         return tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
     else:
         return tl.zeros(heads.shape, dtype=tl.float32)
+
+
+@triton.jit
+def causal_key_ranges(kv_len, q_len, q_rows, mt, window_left, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      HAS_WINDOW: tl.constexpr):
+    """The keys of query tile ``mt`` (rows ``mt * BLOCK_M ..`` of a request's ``q_len`` new rows, the
+    last of ``kv_len`` positions; ``q_rows`` of them inside the output) under the causal rule and
+    the window: ``(p0, hi, start, full_lo, full_hi)``. ``p0`` the position of the tile's first
+    row; keys ``[start, hi)`` in tiles of ``BLOCK_N`` from ``start``; those in ``[full_lo,
+    full_hi)`` seen whole by every row of the tile (no mask). Scalars only, so the prefill family's
+    Triton and Gluon kernels share it."""
+    p0 = kv_len - q_len + mt * BLOCK_M
+    p1 = tl.minimum(kv_len - q_len + q_rows, p0 + BLOCK_M) - 1  # the last row's position
+    hi = tl.maximum(tl.minimum(p1 + 1, kv_len), 0)
+    lo = p0 * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(p0 - window_left, 0)
+    start = (lo // BLOCK_N) * BLOCK_N
+    full_lo = start
+    if HAS_WINDOW:  # tiles from here on are inside every row's window
+        full_lo = tl.maximum(tl.cdiv(tl.maximum(p1 - window_left, 0), BLOCK_N) * BLOCK_N, start)
+    full_hi = tl.maximum(((p0 + 1) // BLOCK_N) * BLOCK_N, full_lo)  # tiles every row sees up to its end
+    return p0, hi, start, full_lo, full_hi
+

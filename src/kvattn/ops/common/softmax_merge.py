@@ -40,6 +40,20 @@ def online_softmax_step(m_i, l_i, s, KEYS_FIRST: tl.constexpr = False):
 
 
 @triton.jit
+def full_tile_softmax(m_i, l_i, s, qk_scale):
+    """:func:`online_softmax_step` for a tile of unscaled logits ``s [M, N]`` that every row sees
+    whole: every logit is finite, so the new max is too; the scale ``qk_scale >= 0`` commutes with
+    the max, and one FMA a logit scales and shifts it (the prefill kernels' full tiles, Triton and
+    Gluon). ``(m_i, l_i, p, alpha)``, base 2.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_i, p, alpha
+
+
+@triton.jit
 def softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS: tl.constexpr):
     """``(o, lse2)`` of a finished row: ``o = acc / (l + sink term)``, ``lse2 = m + log2(l)``.
 

@@ -60,6 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ..common import causal_key_ranges, full_tile_softmax
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..launch import fast_launch
 
@@ -102,18 +103,10 @@ def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, ca
     # test q_rows >= 0 too): see context_kernel and benchmarks/NOTES.md "Device-side clamps".
     kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
     live = mt * BLOCK_M < q_len
-    # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.
-    p0 = kv_len - q_len + mt * BLOCK_M
-    p1 = gl.minimum(kv_len - q_len + (q_end - q_start), p0 + BLOCK_M) - 1
-    hi = gl.maximum(gl.minimum(p1 + 1, kv_len), 0)
-    lo = p0 * 0
-    if HAS_WINDOW:
-        lo = gl.maximum(p0 - window_left, 0)
-    start = (lo // BLOCK_N) * BLOCK_N
-    full_lo = start
-    if HAS_WINDOW:  # tiles from here on are inside every row's window
-        full_lo = gl.maximum(gl.cdiv(gl.maximum(p1 - window_left, 0), BLOCK_N) * BLOCK_N, start)
-    full_hi = gl.maximum(((p0 + 1) // BLOCK_N) * BLOCK_N, full_lo)  # tiles every row sees up to its end
+    # Keys the tile's valid rows can see: [start, hi), whole in [full_lo, full_hi) (the Triton
+    # kernel's ranges: one scalar @triton.jit piece serves both).
+    p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, q_len, q_end - q_start, mt, window_left, BLOCK_M,
+                                                        BLOCK_N, HAS_WINDOW)
     n_tiles = gl.maximum(gl.cdiv(hi - start, BLOCK_N), 0)
     return h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi
 
@@ -222,15 +215,11 @@ def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW:
 
 @gluon.jit
 def _softmax_full(s, m_i, l_i, qk_scale, MODE: gl.constexpr):
-    """The same for a tile every row sees whole: logits stay unscaled until the exponent's FMA
-    (``qk_scale >= 0`` commutes with the max), and the new max is finite."""
+    """The same for a tile every row sees whole (the shared :func:`full_tile_softmax`: logits stay
+    unscaled until the exponent's FMA)."""
     if MODE == 1:
         return m_i, l_i, s, gl.full(m_i.shape, 1.0, gl.float32, layout=m_i.type.layout)
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return m_new, l_i, p, alpha
+    return full_tile_softmax(m_i, l_i, s, qk_scale)
 
 
 @gluon.jit
@@ -394,6 +383,9 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
             gl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=o_ok[:, None])
 
 
+# One function a consumer partition: gl.warp_specialize takes a function per partition, and the
+# warpgroup's index must be a constexpr of _consumer (it picks the warpgroup's query rows, its half
+# of the zeroing and its ping-pong barrier at compile time).
 @gluon.jit
 def _consumer0(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
                logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,

@@ -43,6 +43,8 @@ import triton
 import triton.language as tl
 
 from ..common import (
+    causal_key_ranges,
+    full_tile_softmax,
     KV_HALF,
     LOG2E,
     as_mask,
@@ -141,19 +143,6 @@ def _tile_scores(
 
 
 @triton.jit
-def _full_tile_softmax(m_i, l_i, s, qk_scale):
-    """Online-softmax step of a full tile of unscaled logits ``s``: every logit is finite, so the
-    new max is too; the scale ``qk_scale >= 0`` commutes with the max, and one FMA a logit scales
-    and shifts it. ``(m_i, l_i, p, alpha)``.
-    """
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    p = tl.exp2(s * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return m_new, l_i, p, alpha
-
-
-@triton.jit
 def _fold_values(
     acc, p, alpha, v_ptr, v_sf_ptr, v_page, v_slot, v_ok, kvh,
     stride_v_p, stride_v_s, stride_v_h, stride_vsf_p, stride_vsf_s, stride_vsf_h, head_rows, head_cols,
@@ -221,7 +210,7 @@ def _context_run(
             if MASKED or SKIP:
                 m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
             else:
-                m_i, l_i, p, alpha = _full_tile_softmax(m_i, l_i, s, qk_scale)
+                m_i, l_i, p, alpha = full_tile_softmax(m_i, l_i, s, qk_scale)
             if SAME_TABLE:
                 v_page, v_slot, v_ok = k_page, k_slot, k_ok
             elif TMA:
@@ -312,18 +301,9 @@ def context_kernel(
             q = tl.where(neg, -q, q)
     skip_lambda = skip_factor / tl.maximum(kv_len, 1).to(tl.float32)
 
-    # Keys the tile's valid rows can see: [lo, hi); p0 / p1 = positions of its first / last row.
-    p0 = kv_len - q_len + mt * BLOCK_M
-    p1 = tl.minimum(kv_len - q_len + (q_end - q_start), p0 + BLOCK_M) - 1
-    hi = tl.maximum(tl.minimum(p1 + 1, kv_len), 0)
-    lo = p0 * 0
-    if HAS_WINDOW:
-        lo = tl.maximum(p0 - window_left, 0)
-    start = (lo // BLOCK_N) * BLOCK_N
-    full_lo = start
-    if HAS_WINDOW:  # tiles from here on are inside every row's window
-        full_lo = tl.maximum(tl.cdiv(tl.maximum(p1 - window_left, 0), BLOCK_N) * BLOCK_N, start)
-    full_hi = tl.maximum(((p0 + 1) // BLOCK_N) * BLOCK_N, full_lo)  # tiles every row sees up to its end
+    # Keys the tile's valid rows can see: [start, hi), whole in [full_lo, full_hi).
+    p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, q_len, q_end - q_start, mt, window_left, BLOCK_M,
+                                                        BLOCK_N, HAS_WINDOW)
     a_hi = tl.minimum(full_lo, hi)
     c_lo = tl.maximum(full_hi, a_hi)
 
