@@ -11,7 +11,9 @@ float32 rounding (the merge's), and the stored 16-bit outputs within one roundin
 
 from __future__ import annotations
 
+import datetime
 import os
+import time
 import traceback
 
 import torch
@@ -255,7 +257,11 @@ def run_rank(rank: int, world: int, port: int, backend: str, dtype_name: str, qu
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    # An explicit store, so the teardown can use it after the group is gone: rank 0 hosts it and
+    # returns only once every other rank has torn down (a rank whose peer's store vanished under
+    # its gloo teardown aborted: "terminate called without an active exception").
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             **({"device_id": device} if backend == "nccl" else {}))
     dtype = getattr(torch, dtype_name)
     try:
@@ -274,3 +280,9 @@ def run_rank(rank: int, world: int, port: int, backend: str, dtype_name: str, qu
         dist.barrier()
     finally:
         dist.destroy_process_group()
+        if rank:
+            store.add("torn_down", 1)
+        else:
+            deadline = time.monotonic() + 60
+            while store.add("torn_down", 0) < world - 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
