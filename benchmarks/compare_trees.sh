@@ -5,6 +5,7 @@
 # shows as the spread between a tree's rounds, then (unless SKIP_HOST=1) each tree's eager host
 # time (benchmarks/profile_host.py); benchmarks/compare_runs.py prints the table.
 #   [RUN_ARGS="--suite prefill --filter p16"] bash benchmarks/compare_trees.sh TREE_A TREE_B [ROUNDS]
+# (RUN_ARGS is split on spaces: a filter holding a space needs its own loop, as in RESULTS.md.)
 # Outputs under $OUT (or ./out): <tree name>-r<round>.json, <tree name>-host.txt, compare.md
 # (a tree's name: its folder's name).
 set -uo pipefail
