@@ -86,53 +86,45 @@ def cases(device: torch.device) -> dict:
 
     out["single decode 4096"] = (single, lambda: (sq.clone(), sk.clone(), sv.clone(), torch.empty_like(so)))
 
-    mq, mcache = rnd(1, 1, 16, 576), rnd(length // 64, 64, 576)
+    mcache = rnd(length // 64, 64, 576)
     mtable = torch.arange(length // 64, dtype=torch.int32, device=device).view(1, -1)
-    mo = torch.empty(1, 16, 512, dtype=bf16, device=device)
 
-    def mla(mq=mq, mcache=mcache, ws=ws, mtable=mtable, lens=lens, mo=mo):
-        kvattn.mla.xqa_batch_decode_with_kv_cache_mla(mq, mcache, ws, 128, 512, 64, mtable, lens, length, out=mo,
-                                                     bmm1_scale=192 ** -0.5)
-        return mo
+    def mla_case(heads):
+        mq, mo = rnd(1, 1, heads, 576), torch.empty(1, heads, 512, dtype=bf16, device=device)
 
-    out["MLA 1x4096 (h16)"] = (mla, lambda: (mq.clone(), mcache.clone(), torch.zeros_like(ws), mtable.clone(),
-                                             lens.clone(), torch.empty_like(mo)))
+        def mla(mq=mq, mcache=mcache, ws=ws, mtable=mtable, lens=lens, mo=mo):
+            kvattn.mla.xqa_batch_decode_with_kv_cache_mla(mq, mcache, ws, 128, 512, 64, mtable, lens, length, out=mo,
+                                                         bmm1_scale=192 ** -0.5)
+            return mo
 
-    gq, go = rnd(1, 1, 128, 576), torch.empty(1, 128, 512, dtype=bf16, device=device)
+        return mla, lambda: (mq.clone(), mcache.clone(), torch.zeros_like(ws), mtable.clone(), lens.clone(),
+                             torch.empty_like(mo))
 
-    def mla_gluon(gq=gq, mcache=mcache, ws=ws, mtable=mtable, lens=lens, go=go):
-        kvattn.mla.xqa_batch_decode_with_kv_cache_mla(gq, mcache, ws, 128, 512, 64, mtable, lens, length, out=go,
-                                                     bmm1_scale=192 ** -0.5)
-        return go
-
+    out["MLA 1x4096 (h16)"] = mla_case(16)
     # 128 heads over pages of 64 tokens: on Hopper the warp-specialised Gluon kernel (a TMA descriptor a call)
-    out["MLA 1x4096 (h128)"] = (mla_gluon, lambda: (gq.clone(), mcache.clone(), torch.zeros_like(ws), mtable.clone(),
-                                                    lens.clone(), torch.empty_like(go)))
+    out["MLA 1x4096 (h128)"] = mla_case(128)
 
-    ql, pkv = 16, rnd(pages, 2, hkv, page, d)  # HND, prefill's default
+    ql = 16
     pq = rnd(ql, hq, d)
     po = torch.empty_like(pq)
     cum_q = torch.tensor([0, ql], dtype=torch.int32, device=device)
     cum_kv = torch.tensor([0, length], dtype=torch.int32, device=device)
 
-    def prefill(pq=pq, pkv=pkv, ws=ws, table=table, lens=lens, po=po):
-        kvattn.prefill.trtllm_batch_context_with_kv_cache(pq, pkv, ws, table, lens, ql, length, d ** -0.5, 1.0, 1,
-                                                          cum_q, cum_kv, out=po)
-        return po
+    def prefill_case(ppage):
+        pkv = rnd(length // ppage, 2, hkv, ppage, d)  # HND, prefill's default
+        ptable = torch.randperm(length // ppage, generator=g).to(device, torch.int32).view(1, -1)
 
-    out["prefill 1x16 over 4096"] = (prefill, lambda: (pq.clone(), pkv.clone(), torch.zeros_like(ws), table.clone(),
-                                                       lens.clone(), torch.empty_like(po)))
+        def prefill(pq=pq, pkv=pkv, ws=ws, ptable=ptable, lens=lens, po=po):
+            kvattn.prefill.trtllm_batch_context_with_kv_cache(pq, pkv, ws, ptable, lens, ql, length, d ** -0.5, 1.0,
+                                                              1, cum_q, cum_kv, out=po)
+            return po
 
-    gpkv = rnd(length // 64, 2, hkv, 64, d)  # pages of 64 tokens: on Hopper the warp-specialised Gluon kernel
-    gtable = torch.randperm(length // 64, generator=g).to(device, torch.int32).view(1, -1)
+        return prefill, lambda: (pq.clone(), pkv.clone(), torch.zeros_like(ws), ptable.clone(), lens.clone(),
+                                 torch.empty_like(po))
 
-    def prefill_gluon(pq=pq, gpkv=gpkv, ws=ws, gtable=gtable, lens=lens, po=po):
-        kvattn.prefill.trtllm_batch_context_with_kv_cache(pq, gpkv, ws, gtable, lens, ql, length, d ** -0.5, 1.0, 1,
-                                                          cum_q, cum_kv, out=po)
-        return po
-
-    out["prefill 1x16 over 4096 p64"] = (prefill_gluon, lambda: (pq.clone(), gpkv.clone(), torch.zeros_like(ws),
-                                                                 gtable.clone(), lens.clone(), torch.empty_like(po)))
+    out["prefill 1x16 over 4096"] = prefill_case(page)
+    # pages of 64 tokens: on Hopper the warp-specialised Gluon kernel
+    out["prefill 1x16 over 4096 p64"] = prefill_case(64)
     return out
 
 

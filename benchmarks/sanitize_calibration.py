@@ -132,20 +132,20 @@ def exchange_rows_kernel(out_ptr,  # [128] float32
                         (_rows_back, (x_smem, bars, out_ptr, ROUNDS, MEET))], [4], [128])
 
 
-def run_rows(rounds: int, meet: bool) -> None:
-    out = torch.zeros(128, device="cuda")
-    exchange_rows_kernel[(1,)](out, ROUNDS=rounds, MEET=meet, num_warps=4)
-    rows = torch.arange(64, device="cuda", dtype=torch.float32)
+def run(rounds: int, layout: str, meet: bool = False) -> None:
+    """One calibration exchange and the check of its values: ``layout`` "thread" (``exchange``: 128
+    values, one a thread) or "rows" (``exchange_rows``: 64 values in a wgmma row layout, with the
+    two-arrival ``meet`` or ``rounds`` one-way rounds)."""
+    if layout == "thread":
+        out = torch.full((ROWS,), float("nan"), device="cuda")
+        exchange_kernel[(1,)](out, ROUNDS=rounds, num_warps=4)
+        rows = torch.arange(ROWS, device="cuda", dtype=torch.float32)
+    else:
+        out = torch.zeros(2 * 64, device="cuda")
+        exchange_rows_kernel[(1,)](out, ROUNDS=rounds, MEET=meet, num_warps=4)
+        rows = torch.arange(64, device="cuda", dtype=torch.float32)
     if meet:
         assert torch.equal(out[:64], 2.0 * rows) and torch.equal(out[64:], rows), "the meeting read too early"
     else:
         want = sum(2.0 * (rows + r) for r in range(rounds))
-        assert torch.equal(out[:64], want), "the exchange read a value before it was written"
-
-
-def run(rounds: int) -> None:
-    out = torch.full((ROWS,), float("nan"), device="cuda")
-    exchange_kernel[(1,)](out, ROUNDS=rounds, num_warps=4)
-    rows = torch.arange(ROWS, device="cuda", dtype=torch.float32)
-    want = sum(2.0 * (rows + r) for r in range(rounds))
-    assert torch.equal(out, want), "the exchange read a value before it was written"
+        assert torch.equal(out[: rows.numel()], want), "the exchange read a value before it was written"

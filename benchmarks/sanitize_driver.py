@@ -17,6 +17,7 @@ number of failures. Outputs are checked for NaN where the call must produce fini
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -36,21 +37,19 @@ def _ws():
     return torch.zeros(WS_BYTES, dtype=torch.uint8, device=DEV)
 
 
-def _env(**values):
-    """Set KVATTN_* switches for one variant (read at each call); returns what they were (None:
-    unset), for :func:`_restore`."""
+@contextlib.contextmanager
+def _switches(**values):
+    """KVATTN_* switches (read at each call) set for one variant, then put back as they were."""
     old = {k: os.environ.get(k) for k in values}
-    for k, v in values.items():
-        os.environ[k] = v
-    return old
-
-
-def _restore(old):
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _finite(t):
@@ -77,24 +76,18 @@ def decode_one_split():
         _finite(_decode())
 
 
-def decode_split_fused_merge():
+def _decode_split(fused_merge: str):
     from kvattn.ops.decode import configs
-    old = _env(KVATTN_FUSED_MERGE="1")
-    try:
-        with configs.override(min_chunk=32, waves=8):
-            _finite(_decode())
-    finally:
-        _restore(old)
+    with _switches(KVATTN_FUSED_MERGE=fused_merge), configs.override(min_chunk=32, waves=8):
+        _finite(_decode())
+
+
+def decode_split_fused_merge():
+    _decode_split("1")
 
 
 def decode_split_combine():
-    from kvattn.ops.decode import configs
-    old = _env(KVATTN_FUSED_MERGE="0")
-    try:
-        with configs.override(min_chunk=32, waves=8):
-            _finite(_decode())
-    finally:
-        _restore(old)
+    _decode_split("0")
 
 
 def decode_fp8_cache():
@@ -143,8 +136,7 @@ def single_decode_rope():
 # ---------------------------------------------------------------------------------------------
 def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None):
     # (KVATTN_GLUON=1 asks for the Gluon kernels, as the GPU-verified Tritons run them by default)
-    old = _env(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws)
-    try:
+    with _switches(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws):
         case = make_paged_kv(list(lens), num_kv_heads=1, head_dim=576, page_size=page, dtype=BF16, form="shared",
                              device=DEV, seed=4)
         cache = case.kv_cache[:, 0, :, 0]
@@ -152,8 +144,6 @@ def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None,
         return kvattn.mla.xqa_batch_decode_with_kv_cache_mla(
             q, cache, _ws(), 128, 512, 64, case.block_tables, case.seq_lens if seq_lens is None else seq_lens(case),
             max_len or max(lens), bmm1_scale=0.07)
-    finally:
-        _restore(old)
 
 
 def mla_triton():
@@ -259,33 +249,27 @@ def guard_prefill():
 # ---------------------------------------------------------------------------------------------
 # racecheck calibration (benchmarks/sanitize_calibration.py): exchanges ordered by construction
 # ---------------------------------------------------------------------------------------------
-# (Gluon kernels: a GPU only; with SANITIZE_DEVICE=cpu they pass without running.)
+def _calibration(rounds: int, layout: str, meet: bool = False):
+    """(Gluon kernels: a GPU only; with SANITIZE_DEVICE=cpu the variants pass without running.)"""
+    if DEV == "cuda":
+        from sanitize_calibration import run
+        run(rounds, layout, meet)
+
+
 def calibration_exchange():
-    if DEV != "cuda":
-        return
-    from sanitize_calibration import run
-    run(1)
+    _calibration(1, "thread")
 
 
 def calibration_exchange_loop():
-    if DEV != "cuda":
-        return
-    from sanitize_calibration import run
-    run(4)
+    _calibration(4, "thread")
 
 
 def calibration_exchange_rows():
-    if DEV != "cuda":
-        return
-    from sanitize_calibration import run_rows
-    run_rows(4, meet=False)
+    _calibration(4, "rows")
 
 
 def calibration_exchange_meet():
-    if DEV != "cuda":
-        return
-    from sanitize_calibration import run_rows
-    run_rows(1, meet=True)
+    _calibration(1, "rows", meet=True)
 
 
 # ---------------------------------------------------------------------------------------------

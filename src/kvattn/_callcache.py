@@ -199,7 +199,6 @@ class Record:
         self.thread = threading.get_ident()
         self.launches: list = []  # (Launch, CallArgs, compiled-kernel key)
         self.spoiled: str | None = None
-        self.outside = False  # a launch outside Launch objects (fast_launch.launch_outside)
         self.devices: set = set()  # the current device at each launch
 
     def launched(self, launch, call, key) -> None:
@@ -378,8 +377,7 @@ class CallCache:
         if entry is None:
             if len(self.failures) >= MAX_ENTRIES:
                 self.failures.clear()
-            # A launch no replay can make (through kernel[grid]) fails every time: stop now.
-            self.failures[key] = MAX_TRIES if record.outside else self.failures.get(key, 0) + 1
+            self.failures[key] = self.failures.get(key, 0) + 1
             return result
         if len(self.entries) >= MAX_ENTRIES:
             self.entries.clear()

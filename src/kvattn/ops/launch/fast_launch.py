@@ -48,6 +48,7 @@ callers pass tensors they validated to be on the current CUDA device.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import itertools
 import operator
@@ -316,22 +317,20 @@ class _Base(int):
         return int(self)
 
 
+@dataclasses.dataclass(slots=True)
 class ReplayDescriptor:
     """A tensor descriptor rebuilt from a data pointer, with everything Triton's launcher reads of
     one (``base.data_ptr()``, ``shape``, ``strides``, ``padding``, and 3.7's
     ``round_f32_to_tf32``); ``block_shape`` and ``layout`` for tests and tools. Only launchers of
     compiled kernels take it (they specialised on the original: :func:`descriptor_spec`)."""
 
-    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding", "round_f32_to_tf32")
-
-    def __init__(self, base, shape, strides, block_shape, layout, padding, round_f32_to_tf32):
-        self.base = base
-        self.shape = shape
-        self.strides = strides
-        self.block_shape = block_shape
-        self.layout = layout
-        self.padding = padding
-        self.round_f32_to_tf32 = round_f32_to_tf32
+    base: _Base
+    shape: tuple
+    strides: tuple
+    block_shape: tuple
+    layout: Any
+    padding: str
+    round_f32_to_tf32: bool
 
 
 def descriptor_base(value) -> int | None:
@@ -660,15 +659,6 @@ def recording(record):
         yield record
     finally:
         _RECORDER = outer
-
-
-def launch_outside(what: str) -> None:
-    """A launcher that launches a kernel otherwise than through a :class:`Launch` (a plain
-    ``kernel[grid]``) says so: the call being recorded cannot be replayed. (Every kvattn launcher
-    goes through :class:`Launch` now, tensor descriptors and Gluon kernels included.)"""
-    if _RECORDER is not None:
-        _RECORDER.spoil(what)
-        _RECORDER.outside = True
 
 
 def current_device() -> int | None:
