@@ -18,7 +18,10 @@ not of the kernels; these two kernels measure it on the smallest such exchange:
   accumulator (four lanes of a warp hold each row, and all four store it) and the slots slices of
   one buffer, as the MLA kernel's row maxima;
 * ``exchange_meet``: both partitions publish, then meet on one barrier of two arrivals and read the
-  other's (the MLA kernel's row sums at its end).
+  other's (the row sums at the end of the MLA kernel's earlier version).
+* ``exchange_quads``: as ``exchange_rows``, each row stored once per lane of the quad that holds it
+  (a ``[64, 4]`` slot, one word a lane) and folded after the load: the MLA kernel's exchanges now
+  (``ops/mla/gluon_ws.py``, ``QUAD_LAYOUT``).
 
 All check their results (a wrong value would be a real race). ``benchmarks/sanitize_driver.py``
 runs them as the variants ``calibration_*`` (benchmarks/NOTES.md "compute-sanitizer over every
@@ -132,14 +135,69 @@ def exchange_rows_kernel(out_ptr,  # [128] float32
                         (_rows_back, (x_smem, bars, out_ptr, ROUNDS, MEET))], [4], [128])
 
 
+QUADS: gl.constexpr = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+    block_bases=[], shape=[64, 4]))
+
+
+@gluon.jit
+def _publish(slot, v):
+    slot.store(gl.zeros([64, 4], gl.float32, QUADS) + gl.expand_dims(gl.convert_layout(v, gl.SliceLayout(1, QUADS)), 1))
+
+
+@gluon.jit
+def _read(slot):
+    return gl.convert_layout(gl.max(slot.load(QUADS), axis=1), ROW_LAYOUT)
+
+
+@gluon.jit
+def _quads_there(x_smem, bars, out_ptr, ROUNDS: gl.constexpr):
+    offs = gl.arange(0, 64, layout=ROW_LAYOUT)
+    total = gl.zeros([64], gl.float32, layout=ROW_LAYOUT)
+    for r in range(ROUNDS):
+        _publish(x_smem.slice(0, 64), offs.to(gl.float32) + r)
+        cta_barrier()
+        mbarrier.arrive(bars.index(0), count=1)
+        mbarrier.wait(bars.index(1), r & 1)
+        total += _read(x_smem.slice(64, 64))
+    gl.store(out_ptr + offs, total)
+
+
+@gluon.jit
+def _quads_back(x_smem, bars, out_ptr, ROUNDS: gl.constexpr):
+    for r in range(ROUNDS):
+        mbarrier.wait(bars.index(0), r & 1)
+        v = _read(x_smem.slice(0, 64))
+        _publish(x_smem.slice(64, 64), 2.0 * v)
+        cta_barrier()
+        mbarrier.arrive(bars.index(1), count=1)
+
+
+@gluon.jit
+def exchange_quads_kernel(out_ptr,  # [128] float32 (the first 64 written)
+                          ROUNDS: gl.constexpr):
+    x_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    x_smem = gl.allocate_shared_memory(gl.float32, [128, 4], x_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bars.index(0), count=1)
+    mbarrier.init(bars.index(1), count=1)
+    gl.warp_specialize([(_quads_there, (x_smem, bars, out_ptr, ROUNDS)),
+                        (_quads_back, (x_smem, bars, out_ptr, ROUNDS))], [4], [128])
+
+
 def run(rounds: int, layout: str, meet: bool = False) -> None:
     """One calibration exchange and the check of its values: ``layout`` "thread" (``exchange``: 128
-    values, one a thread) or "rows" (``exchange_rows``: 64 values in a wgmma row layout, with the
-    two-arrival ``meet`` or ``rounds`` one-way rounds)."""
+    values, one a thread), "rows" (``exchange_rows``: 64 values in a wgmma row layout, with the
+    two-arrival ``meet`` or ``rounds`` one-way rounds) or "quads" (``exchange_quads``: the same 64
+    values stored once a lane, ``rounds`` rounds)."""
     if layout == "thread":
         out = torch.full((ROWS,), float("nan"), device="cuda")
         exchange_kernel[(1,)](out, ROUNDS=rounds, num_warps=4)
         rows = torch.arange(ROWS, device="cuda", dtype=torch.float32)
+    elif layout == "quads":
+        out = torch.zeros(2 * 64, device="cuda")
+        exchange_quads_kernel[(1,)](out, ROUNDS=rounds, num_warps=4)
+        rows = torch.arange(64, device="cuda", dtype=torch.float32)
     else:
         out = torch.zeros(2 * 64, device="cuda")
         exchange_rows_kernel[(1,)](out, ROUNDS=rounds, MEET=meet, num_warps=4)

@@ -177,11 +177,16 @@ def _prefill(*, page, d=128, lens=(150, 64), q_lens=(70, 64), seq_lens=None, cum
 
 
 def prefill_triton():
-    _finite(_prefill(page=16))
+    with _switches(KVATTN_GLUON="0"):  # (pages of 16 take the Gluon kernel on Hopper otherwise)
+        _finite(_prefill(page=16))
 
 
 def prefill_gluon_ws():
     _finite(_prefill(page=64))
+
+
+def prefill_gluon_ws_small_pages():
+    _finite(_prefill(page=16))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +277,10 @@ def calibration_exchange_meet():
     _calibration(1, "rows", meet=True)
 
 
+def calibration_exchange_quads():
+    _calibration(4, "quads")
+
+
 # ---------------------------------------------------------------------------------------------
 # batch-invariant mode
 # ---------------------------------------------------------------------------------------------
@@ -288,9 +297,10 @@ def invariant_decode_mla():
 VARIANTS = [
     decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
     xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, prefill_triton,
-    prefill_gluon_ws, append, merge, guard_decode_lengths, guard_decode_page_ids, guard_mla_lengths, guard_prefill,
+    prefill_gluon_ws, prefill_gluon_ws_small_pages, append, merge, guard_decode_lengths, guard_decode_page_ids,
+    guard_mla_lengths, guard_prefill,
     invariant_decode_mla, calibration_exchange, calibration_exchange_loop, calibration_exchange_rows,
-    calibration_exchange_meet,
+    calibration_exchange_meet, calibration_exchange_quads,
 ]
 
 

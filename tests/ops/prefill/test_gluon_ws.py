@@ -50,7 +50,10 @@ BASE_FACTS = dict(hopper=True, gluon_on=True, q_dtype=torch.bfloat16, kv_dtype=t
     ({"page": 128}, True), ({"page": 256}, True), ({"head_dim": 64}, True), ({"head_dim": 256}, True),
     ({"hopper": False}, False),  # sm_100 / sm_80: no wgmma
     ({"gluon_on": False}, False),  # KVATTN_GLUON=0
-    ({"page": 16}, False), ({"page": 32}, False), ({"page": 96}, False),
+    ({"page": 8}, True), ({"page": 16}, True), ({"page": 32}, True),  # several whole pages a key tile
+    ({"page": 4}, False), ({"page": 96}, False), ({"page": 24}, False),
+    ({"page": 192}, False),  # 128-key tiles: the second tile of a page would run past it
+    ({"page": 192, "head_dim": 256}, True),  # 64-key tiles: three a page
     ({"kv_dtype": FP8_DTYPE}, False), ({"kv_dtype": torch.uint8}, False),
     ({"q_dtype": FP8_DTYPE, "kv_dtype": FP8_DTYPE}, False),
     ({"kv_dtype": torch.float16}, False),  # a cache of another 16-bit type
@@ -58,8 +61,8 @@ BASE_FACTS = dict(hopper=True, gluon_on=True, q_dtype=torch.bfloat16, kv_dtype=t
     ({"skip": True}, False), ({"head_dim": 96}, False),
 ], ids=lambda x: str(x) if not isinstance(x, dict) else "-".join(f"{k}={v}" for k, v in x.items()) or "base")
 def test_eligible_launches(change, expected):
-    """16-bit query and cache of one dtype, 16-bit output, pages of a multiple of 64, Hopper, no
-    skip-softmax: the Gluon kernel; anything else stays on the Triton kernel."""
+    """16-bit query and cache of one dtype, 16-bit output, pages of 8 tokens or more that tile the
+    key tiles, Hopper, no skip-softmax: the Gluon kernel; anything else stays on the Triton kernel."""
     assert prefill_ws.eligible(**dict(BASE_FACTS, **change)) is expected
 
 
@@ -223,8 +226,10 @@ def test_bound_check_catches_a_bound_from_before_the_loop():
     ({"PAGE_SIZE": 256, "HAS_WINDOW": True, "HAS_SINKS": True, "LOGIT_PTR": True, "OUT_PTR": True},
      {"m64n128k16": 64}),
     ({"dtype": "fp16"}, {"m64n128k16": 64}),
+    ({"PAGE_SIZE": 16}, {"m64n128k16": 64}),
+    ({"PAGE_SIZE": 8, "HAS_WINDOW": True}, {"m64n128k16": 64}),
 ], ids=["D128-p64", "D64-p64", "D256-p64", "D128-pingpong", "D128-p128",
-        "D128-p256-window-sinks-device-scales", "fp16"])
+        "D128-p256-window-sinks-device-scales", "fp16", "D128-p16", "D128-p8-window"])
 def test_kernel_compiles_to_its_schedule(kw, n_by_shape):
     kw = dict(kw)
     dtype = kw.pop("dtype", "bf16")
@@ -312,6 +317,13 @@ WS_CASES = [
     *[ws_param(f"bf16-split-tables-{form}-{layout}-p{page}", lens=LENS, lq=LQ, split=True, form=form, layout=layout,
                page=page, d=128, qdt=torch.bfloat16, window=500, sinks=True)
       for form in ("stacked", "tuple") for layout in ("NHD", "HND") for page in (64, 128)],
+    # pages smaller than a key tile: a box a page, ids read one a box, the tile past the last page
+    *[ws_param(f"bf16-{layout}-p{page}", lens=LENS, lq=LQ, layout=layout, page=page, d=128, qdt=torch.bfloat16,
+               seed=page + 1) for layout in ("HND", "NHD") for page in (8, 16, 32)],
+    ws_param("bf16-split-tables-p16-window-sinks", lens=LENS, lq=LQ, split=True, form="tuple", page=16, d=128,
+             qdt=torch.bfloat16, window=70, sinks=True),
+    ws_param("bf16-D64-p16", lens=LENS, lq=LQ, page=16, d=64, qdt=torch.bfloat16),
+    ws_param("bf16-D256-p16", lens=LENS, lq=LQ, page=16, d=256, qdt=torch.bfloat16),
     ws_param("bf16-max_q_len-above-lengths", lens=[300, 30], lq=[50, 30], max_q_len=250, page=64, d=128,
              qdt=torch.bfloat16),
     ws_param("bf16-Hq32-Hkv8-long", lens=[2100, 700, 64], lq=[1100, 700, 3], hkv=8, group=4, d=128, page=64,
@@ -344,11 +356,11 @@ def test_persistent_programs_walk_many_tiles(sms, variant, triton_backend, monke
     assert len(launches) == 1
 
 
-@pytest.mark.parametrize("case", ["gluon-off", "page16", "page32", "fp8-out", "skip", "fp8-cache"])
+@pytest.mark.parametrize("case", ["gluon-off", "page4", "page192", "page96", "fp8-out", "skip", "fp8-cache"])
 @GPU_ONLY
 def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch):
-    """KVATTN_GLUON=0, pages under 64 tokens, fp8 outputs, skip-softmax, quantised caches: the
-    Triton kernel (still correct)."""
+    """KVATTN_GLUON=0, pages that do not tile the key tiles, fp8 outputs, skip-softmax, quantised
+    caches: the Triton kernel (still correct)."""
     launches = returns_of(monkeypatch, prefill_ws, "launch")
     kw = dict(lens=[1, 300, 77], lq=[1, 200, 77], d=128, page=64, qdt=torch.bfloat16, seed=4)
     if case == "gluon-off":

@@ -85,13 +85,14 @@ EMPTY_R = gl.constexpr(11)
 BAR_MA = gl.constexpr(13)  # m_A and P_A published (left -> right)
 BAR_PB = gl.constexpr(14)  # m_B and P_B published (right -> left)
 BAR_SA = gl.constexpr(15)  # S_A issued (left -> right; STAGGER)
-BAR_L = gl.constexpr(16)  # the row sums exchanged at the end (both)
-N_BARS = gl.constexpr(17)
-# Row vectors in shared memory: m_A, m_B, l_0, l_1.
+BAR_DONE = gl.constexpr(16)  # both warpgroups past their last read of the row maxima (both)
+BAR_L = gl.constexpr(17)  # the row sums exchanged at the end (both)
+N_BARS = gl.constexpr(18)
+# Row vectors in shared memory: m_A and m_B, then (after BAR_DONE) the left's and the right's row
+# sums in the same two slots.
 X_MA = gl.constexpr(0)
 X_MB = gl.constexpr(1)
-X_L0 = gl.constexpr(2)
-X_L1 = gl.constexpr(3)
+N_X = gl.constexpr(2)
 
 # Registers: the kernel is compiled for 168 a thread (3 warpgroups: 168 x 384 <= 65536); the copy
 # warp's warpgroup gives back all but 24, which the two warpgroups on the tensor cores take (240
@@ -102,12 +103,37 @@ COPY_REGS = gl.constexpr(24)
 NUM_WARPS = gl.constexpr(4)
 # Registers of a [64, 64k] shared-memory tile in one partition's 4 warps (query staging, tail zeroing).
 LD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS.value, 1], [1, 0]))
+# A row vector of a wgmma accumulator, once per lane of the quad that holds its row: [64, 4], row r
+# in the lanes and registers that hold row r of the accumulator (reduced along its columns, the four
+# lanes of a quad hold the same value), column = the lane's place in its quad. Stored so, each word
+# of a row exchange is written by exactly one thread and read back by the thread of the same place in
+# the other warpgroup: compute-sanitizer's racecheck follows the barrier and mbarrier ordering of such
+# an exchange, and not of one whose four lanes store the same word (benchmarks/NOTES.md
+# "compute-sanitizer over every kernel family").
+QUAD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+    block_bases=[], shape=[64, 4]))
 
 
 @gluon.constexpr_function
 def _acc_layout(cols):
     """The layout of one warpgroup's wgmma accumulator ``[64, cols]`` (m64n``cols``)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS.value, 1], instr_shape=[16, cols, 16])
+
+
+@gluon.jit
+def _publish_rows(x_smem, slot: gl.constexpr, v):
+    """Row vector ``v [64]`` (a reduced accumulator row layout) into slot ``slot`` of ``x_smem``,
+    one word a lane (see ``QUAD_LAYOUT``); the caller orders it before the other warpgroup's read."""
+    quads = gl.convert_layout(v, gl.SliceLayout(1, QUAD_LAYOUT))  # (the same registers: no data moves)
+    x_smem.slice(slot * 64, 64).store(gl.zeros([64, 4], gl.float32, QUAD_LAYOUT) + gl.expand_dims(quads, 1))
+
+
+@gluon.jit
+def _read_rows(x_smem, slot: gl.constexpr, x_layout: gl.constexpr):
+    """The row vector the other warpgroup published in ``slot``: its four copies a row (equal) read
+    by the lanes that wrote them there, folded within the quad."""
+    return gl.convert_layout(gl.max(x_smem.slice(slot * 64, 64).load(QUAD_LAYOUT), axis=1), x_layout)
 
 
 @gluon.jit
@@ -251,13 +277,17 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MINE: gl.constexpr, X_OTHER: gl.constexpr,
             COL0: gl.constexpr, HALF: gl.constexpr, CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
             OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr, x_layout: gl.constexpr, o_layout: gl.constexpr):
-    """A warpgroup's end: its row sums out (slot ``X_MINE``), the other's in (``X_OTHER``), then
-    its columns ``[COL0, COL0 + HALF)`` of the rows written with the sum of both (``l_0 + l_1``)."""
-    x_smem.slice(X_MINE * BLOCK_H, BLOCK_H).store(l_i)
+    """A warpgroup's end: once both are past their last read of the row maxima (``BAR_DONE``), its
+    row sums out (slot ``X_MINE``), the other's in (``X_OTHER``), then its columns ``[COL0, COL0 +
+    HALF)`` of the rows written with the sum of both (``l_0 + l_1``)."""
+    cta_barrier()
+    mbarrier.arrive(bars.index(BAR_DONE), count=1)
+    mbarrier.wait(bars.index(BAR_DONE), 0)
+    _publish_rows(x_smem, X_MINE, l_i)
     cta_barrier()
     mbarrier.arrive(bars.index(BAR_L), count=1)
     mbarrier.wait(bars.index(BAR_L), 0)
-    l_other = x_smem.slice(X_OTHER * BLOCK_H, BLOCK_H).load(x_layout)
+    l_other = _read_rows(x_smem, X_OTHER, x_layout)
     store_rows(o, m_i, l_i + l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, COL0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
                STORE_LSE, o_layout)
@@ -316,7 +346,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
             m_a, l_i, p_a, alpha = online_softmax_step(m_i, l_i, s)
         # m_A and P_A (relative to m_A) to the other warpgroup.
         p_al = p_a.to(dt)
-        x_smem.slice(X_MA * BLOCK_H, BLOCK_H).store(m_a)
+        _publish_rows(x_smem, X_MA, m_a)
         p_smem.store(p_al)
         fence_async_shared()
         cta_barrier()
@@ -327,7 +357,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         o_acc = _pv(p_op, ckv_a.slice(0, HALF, dim=1), o, NO_PV)
         # m_B and P_B (relative to m_B, in the P buffer) from the other warpgroup.
         mbarrier.wait(bars.index(BAR_PB), ph)
-        m_b = x_smem.slice(X_MB * BLOCK_H, BLOCK_H).load(x_layout)
+        m_b = _read_rows(x_smem, X_MB, x_layout)
         if NO_SOFTMAX:
             g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
         else:
@@ -348,7 +378,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         mbarrier.arrive(bars.index(EMPTY_L + 1), count=1)
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
-            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_L0, X_L1, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
+            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
             True, x_layout, o_layout)
 
 
@@ -397,7 +427,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:], while this
         # warpgroup's softmax runs.
         mbarrier.wait(bars.index(BAR_MA), ph)
-        m_a = x_smem.slice(X_MA * BLOCK_H, BLOCK_H).load(x_layout)
+        m_a = _read_rows(x_smem, X_MA, x_layout)
         if NO_SOFTMAX:
             beta = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
         else:
@@ -423,7 +453,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         if PA_REGS:
             # m_B and P_B go out (P_A is in registers), then P_A V_A[:, 256:] retires: A's right
             # values are free.
-            x_smem.slice(X_MB * BLOCK_H, BLOCK_H).store(m_b)
+            _publish_rows(x_smem, X_MB, m_b)
             p_smem.store(p_bl)
             fence_async_shared()
             cta_barrier()
@@ -434,7 +464,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
             # P_A V_A[:, 256:] retires (A's right values and the P buffer are free); m_B and P_B go out.
             o = warpgroup_mma_wait(0, deps=[o_acc])
             mbarrier.arrive(bars.index(EMPTY_R), count=1)
-            x_smem.slice(X_MB * BLOCK_H, BLOCK_H).store(m_b)
+            _publish_rows(x_smem, X_MB, m_b)
             p_smem.store(p_bl)
             fence_async_shared()
             cta_barrier()
@@ -448,7 +478,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         mbarrier.arrive(bars.index(EMPTY_R + 1), count=1)
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
-            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_L1, X_L0, HALF, HALF, CKV_DIM, BLOCK_H,
+            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
             OUT_PTR, False, x_layout, o_layout)
 
 
@@ -474,7 +504,7 @@ def mla_gluon_ws_kernel(
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
     dt: gl.constexpr = q_ptr.dtype.element_ty
     row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 
     b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
     num_pairs = (num_tiles + 1) // 2
@@ -486,11 +516,12 @@ def mla_gluon_ws_kernel(
     ckv_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, CKV_DIM], row_smem)
     kpe_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, KPE_DIM], row_smem)
     p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], row_smem)
-    x_smem = gl.allocate_shared_memory(gl.float32, [4 * BLOCK_H], x_smem_layout)
+    x_smem = gl.allocate_shared_memory(gl.float32, [N_X * BLOCK_H, 4], x_smem_layout)
     bars = gl.allocate_shared_memory(gl.int64, [N_BARS, 1], mbarrier.MBarrierLayout())
-    for k in gl.static_range(N_BARS - 1):
+    for k in gl.static_range(N_BARS - 2):
         mbarrier.init(bars.index(k), count=1)
-    mbarrier.init(bars.index(BAR_L), count=2)  # (the last slot) both warpgroups arrive
+    mbarrier.init(bars.index(BAR_DONE), count=2)  # (the last two slots) both warpgroups arrive
+    mbarrier.init(bars.index(BAR_L), count=2)
 
     gl.warp_specialize([
         (_left_partition, (q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,

@@ -39,10 +39,10 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   ones fill the tail.
 
 Scope (host-checked in :func:`eligible`): fp16/bf16 query and cache of one dtype, head_dim 64 /
-128 / 256, pages of a multiple of 64 tokens whose rows TMA can address, HND or NHD, shared or
-split page tables, window, sinks, float or device-tensor scales, fp16/bf16 outputs. Everything
-else (fp8 / NVFP4 caches or outputs, skip-softmax, smaller pages, ``KVATTN_GLUON=0``) takes the
-Triton kernel.
+128 / 256, pages of 8 tokens or more that tile the key tiles (see :func:`pages_tile`) and whose
+rows TMA can address, HND or NHD, shared or split page tables, window, sinks, float or
+device-tensor scales, fp16/bf16 outputs. Everything else (fp8 / NVFP4 caches or outputs,
+skip-softmax, other pages, ``KVATTN_GLUON=0``) takes the Triton kernel.
 
 ``MODE`` (timing floors only, never launched by the library): 1 = softmax off (P = S cast), 2 =
 copies off (the producer signals buffers without filling them).
@@ -63,6 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..common import causal_key_ranges, full_tile_softmax
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..launch import fast_launch
+from .configs import ws_config
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 BLOCK_M: gl.constexpr = gl.constexpr(128)  # query rows a tile: 64 a consumer warpgroup
@@ -522,7 +523,15 @@ def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head
     half = (torch.float16, torch.bfloat16)
     return (hopper and gluon_on and TRITON_VERSION >= (3, 6) and q_dtype in half and kv_dtype == q_dtype
             and out_dtype in half and not nvfp4_out and not skip and head_dim in HEAD_DIMS
-            and page % 64 == 0)
+            and pages_tile(page, ws_config(head_dim).block_n))
+
+
+def pages_tile(page: int, block_n: int) -> bool:
+    """Whether key tiles of ``block_n`` tokens are made of whole boxes of ``min(page, block_n)``
+    rows, each inside one page: a tile of several whole pages, or a page of several whole tiles.
+    A page of 192 tokens under 128-key tiles is neither (its second tile would run past the page).
+    Boxes of fewer than 8 rows would split the 128-byte swizzle's 8-row pattern."""
+    return page >= 8 and (block_n % page == 0 or page % block_n == 0)
 
 
 def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
