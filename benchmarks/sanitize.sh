@@ -9,8 +9,10 @@
 #   bash benchmarks/sanitize.sh [VARIANT_FILTER...]
 # Logs and summary.txt (error count and time per tool) go to $OUT (or ./out). Per-tool time limits:
 # SANITIZE_TIMEOUT_<TOOL> seconds (defaults below: 150 + 75 + 90 + 45 s, 6 minutes at worst; a
-# tool cut short says TIMED OUT in the summary, and its log shows the variants it passed). Exit status: 0 when every tool reports 0 errors
-# and the driver passes every variant.
+# tool cut short says TIMED OUT in the summary, and its log shows the variants it passed). Exit
+# status: 0 when memcheck and synccheck report 0 errors, racecheck none in kvattn's code (its
+# hazards on Triton's partition prologue and in the calibration kernels are counted apart:
+# benchmarks/racecheck_triage.py), and the driver passes every variant.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -49,8 +51,14 @@ run_tool() {  # name, time limit, command...
     | sed -E 's/0x[0-9a-f]+/0x?/g' | sort | uniq -c | sort -rn \
     | head -n 15 | sed 's/^/    /' | tee -a "$SUMMARY"
   if [ "$rc" != 0 ]; then status=1; fi
-  case "$name" in plain) ;; *)
-    echo "$errs" | grep -qE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: .*\(0 errors' || status=1 ;;
+  case "$name" in
+    plain) ;;
+    racecheck)  # its hazards sorted by place: only those in kvattn's code fail the run
+      "${TRIAGE_PYTHON:-python3}" "$(dirname "$0")/racecheck_triage.py" "$OUT/$name.log" src benchmarks \
+        | tee -a "$SUMMARY"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    *)
+      echo "$errs" | grep -qE 'ERROR SUMMARY: 0 errors' || status=1 ;;
   esac
 }
 
