@@ -116,45 +116,24 @@ def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, ca
 # producer: one warp
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
-def _box_rows(table_row, stride_t_p, n0, hi, kvh, num_pages, page_rows, total_rows, head_rows,
-              PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The view rows of the key tile ``[n0, n0 + BLOCK_N)``'s boxes of ``SUB`` tokens: one scalar
-    for a tile inside one page, else a vector over the producer warp's lanes (box ``c`` in lane
-    ``c``). A box's page id is read only where its first token is below ``hi`` (table entries past a
-    request's last page are never read); other boxes, and ids outside ``[0, num_pages)``, get the
-    row past the view's end: zeros. The ids of a tile of several pages are one vector load, not one
-    load a box: the producer warp runs on 24 registers, with which ptxas waits for each id before
-    the next load, and eight dependent loads a tile (pages of 16) outlast the consumers' tile
-    (benchmarks/NOTES.md "Prefill: warp-specialised Gluon kernel")."""
+def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, page_rows, total_rows,
+                head_rows, head_cols, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                MODE: gl.constexpr):
+    """Start the copy of the key tile ``[n0, n0 + BLOCK_N)`` into ``buf [BLOCK_N, HEAD_DIM]``;
+    ``bar`` counts its bytes. One box of ``SUB`` tokens x 64 columns at a time; a box's page id
+    is read only where its first token is below ``hi`` (table entries past a request's last page
+    are never read); other boxes, and ids outside ``[0, num_pages)``, read the row past the view's
+    end: zeros."""
     SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
-    BOXES: gl.constexpr = BLOCK_N // SUB
-    if BOXES == 1:
-        tok = n0
-    else:
-        tok = n0 + gl.arange(0, BOXES, layout=gl.BlockedLayout([1], [32], [1], [0])) * SUB
-    pid = gl.load(table_row + (tok // PAGE_SIZE) * stride_t_p, mask=tok < hi, other=-1)
-    ok = (pid >= 0) & (pid < num_pages)
-    return gl.where(ok, pid * page_rows + kvh * head_rows + tok % PAGE_SIZE, total_rows)
-
-
-@gluon.jit
-def _issue_tile(desc, buf, bar, rows, kvh, head_cols, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-                HEAD_DIM: gl.constexpr, MODE: gl.constexpr):
-    """Start the copy of a key tile into ``buf [BLOCK_N, HEAD_DIM]`` from the view rows ``rows``
-    (:func:`_box_rows`); ``bar`` counts its bytes. One box of ``SUB`` tokens x 64 columns at a
-    time."""
-    SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
-    BOXES: gl.constexpr = BLOCK_N // SUB
     if MODE == 2:
         mbarrier.arrive(bar)
     else:
         mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
-        for c in gl.static_range(BOXES):
-            if BOXES == 1:
-                row = rows
-            else:  # box c's row, out of lane c (the vector holds rows >= 0)
-                box = gl.arange(0, BOXES, layout=gl.BlockedLayout([1], [32], [1], [0]))
-                row = gl.max(gl.where(box == c, rows, -1), axis=0)
+        for c in gl.static_range(BLOCK_N // SUB):
+            tok = n0 + c * SUB
+            pid = gl.load(table_row + (tok // PAGE_SIZE) * stride_t_p, mask=tok < hi, other=-1)
+            ok = (pid >= 0) & (pid < num_pages)
+            row = gl.where(ok, pid * page_rows + kvh * head_rows + tok % PAGE_SIZE, total_rows)
             part = buf.slice(c * SUB, SUB, dim=0)
             for d in gl.static_range(HEAD_DIM // COLS):
                 tma_load(desc, [row, kvh * head_cols + d * COLS], bar, part.slice(d * COLS, COLS, dim=1))
@@ -183,18 +162,15 @@ def _producer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                 n0 = start + j * BLOCK_N
                 slot = c % STAGES
                 phase = (c // STAGES) & 1
-                # The tile's ids are read before the waits for its buffers (their latency under the wait).
-                k_rows = _box_rows(kt_row, stride_kt_p, n0, hi, kvh, num_pages, k_page_rows, k_total_rows,
-                                   head_rows, PAGE_SIZE, BLOCK_N)
-                v_rows = _box_rows(vt_row, stride_vt_p, n0, hi, kvh, num_pages, v_page_rows, v_total_rows,
-                                   head_rows, PAGE_SIZE, BLOCK_N)
                 # A fresh barrier passes a wait on parity 1: the first round finds every buffer free.
                 mbarrier.wait(k_empty.index(slot), phase ^ 1)
-                _issue_tile(k_desc, k_bufs.index(slot), k_ready.index(slot), k_rows, kvh, head_cols, PAGE_SIZE,
-                            BLOCK_N, HEAD_DIM, MODE)
+                _issue_tile(k_desc, k_bufs.index(slot), k_ready.index(slot), kt_row, stride_kt_p, n0, hi, kvh,
+                            num_pages, k_page_rows, k_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
+                            HEAD_DIM, MODE)
                 mbarrier.wait(v_empty.index(slot), phase ^ 1)
-                _issue_tile(v_desc, v_bufs.index(slot), v_ready.index(slot), v_rows, kvh, head_cols, PAGE_SIZE,
-                            BLOCK_N, HEAD_DIM, MODE)
+                _issue_tile(v_desc, v_bufs.index(slot), v_ready.index(slot), vt_row, stride_vt_p, n0, hi, kvh,
+                            num_pages, v_page_rows, v_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
+                            HEAD_DIM, MODE)
                 c += 1
 
 
