@@ -3,9 +3,10 @@
 * An empty batch (B = 0: a serving step with no requests of a kind) returns empty outputs; zero
   heads are a ValueError naming the argument.
 * Page ids and lengths a call cannot use follow one rule on both backends (docs/semantics.md,
-  "Unusable page ids and lengths"): a token whose page id lies outside ``[0, num_pages)`` is
-  dropped (it takes no part in the softmax), a length is read as int32, a negative one is 0 and one
-  past the table's capacity is the capacity. The reference is compared with the Triton kernels
+  "Unusable page ids and lengths"): a token whose page id lies outside ``[0, num_pages)`` reads as
+  a zero key and a zero value (as if its id named a page of zeros), a length is read as int32, a
+  negative one is 0 and one past the table's capacity is the capacity. The zero-page formulation
+  (:func:`_zero_page`) checks the rule independently of both backends. The reference is compared with the Triton kernels
   (Triton's interpreter on a CPU, float16: the interpreter has no bfloat16 arithmetic).
 """
 
@@ -118,6 +119,15 @@ def _decode_case(device, lens=(20, 40, 7, 33), nan_fill=True, page=PAGE):
     return c, tables
 
 
+def _zero_page(cache: torch.Tensor, tables: torch.Tensor, num_pages: int | None = None):
+    """The rule restated without it: ``(cache', tables')`` where the cache has one more page, of
+    zeros, and every id outside ``[0, num_pages)`` (default: the cache's page count) names it."""
+    n = cache.shape[0] if num_pages is None else num_pages
+    bigger = torch.cat([cache, torch.zeros_like(cache[:1])])
+    bad = (tables < 0) | (tables >= n)
+    return bigger, torch.where(bad, torch.full_like(tables, cache.shape[0]), tables)
+
+
 def _decode_call(c, tables, seq_lens, q, max_seq_len, device, **kw):
     def call():
         out = torch.full(q.shape, float("nan"), dtype=F16, device=device)
@@ -126,20 +136,30 @@ def _decode_call(c, tables, seq_lens, q, max_seq_len, device, **kw):
     return call
 
 
-def test_batch_decode_drops_unusable_page_ids(kernel_device, monkeypatch):
+class _Cache:
+    """A cache in ``make_paged_kv``'s attribute names (what the call builders read)."""
+
+    def __init__(self, kv_cache, block_tables):
+        self.kv_cache, self.block_tables = kv_cache, block_tables
+
+
+def test_batch_decode_reads_unusable_page_ids_as_zeros(kernel_device, monkeypatch):
     d = kernel_device
     c, tables = _decode_case(d)
     q = torch.randn(4, 8, 64, dtype=F16, device=d)
     got = _both(monkeypatch, _decode_call(c, tables, c.seq_lens, q, 40, d))
     _assert_agree(got)
-    # Independently of both backends: request 0 without its second page is request 0 of length 16
-    # (one query row, no window: the row's position changes nothing).
+    # Independently of both backends: the same call with those ids naming a page of zeros.
     monkeypatch.setenv("KVATTN_BACKEND", "reference")
+    cache, zero_tables = _zero_page(c.kv_cache, tables)
+    want_o, want_lse = _decode_call(_Cache(cache, zero_tables), zero_tables, c.seq_lens, q, 40, d)()
+    torch.testing.assert_close(got[0][0], want_o.float(), atol=1e-3, rtol=0)
+    torch.testing.assert_close(got[0][1], want_lse, atol=1e-4, rtol=0)
+    # (and the rule is not "dropped": request 0's output moves when its page of zeros is left out)
     short = c.seq_lens.clone()
     short[0] = 16
-    o16, lse16 = _decode_call(c, c.block_tables, short, q, 40, d)()
-    torch.testing.assert_close(got[0][0][0], o16[0].float(), atol=1e-3, rtol=0)
-    torch.testing.assert_close(got[0][1][0], lse16[0], atol=1e-4, rtol=0)
+    o16, _ = _decode_call(c, c.block_tables, short, q, 40, d)()
+    assert not torch.allclose(got[0][0][0], o16[0].float(), atol=1e-3, rtol=0)
 
 
 @pytest.mark.parametrize("q_len, window", [(1, 10), (2, -1)])
@@ -198,22 +218,13 @@ def _prefill_call(c, tables, seq_lens, cum, q, device, page=PAGE, **kw):
     return call
 
 
-# The prefill kernels (Triton and Gluon) read a token of an unusable page id as a zero key and a
-# zero value, which still takes part in the softmax (a logit of 0), where the rule drops it: the
-# kernel versions that drop it cost well-formed calls 3-11 % (benchmarks/NOTES.md, "Hardening:
-# unusable page ids and lengths"). Strict: these fail as XPASS once the kernels drop the token.
-PREFILL_DROPS_IDS = pytest.mark.xfail(strict=True, reason="prefill kernels read an unusable page id as a zero "
-                                                          "key/value instead of dropping the token")
-
-
 # Pages of 8 and 16 tokens: several pages a key tile on the GPU (the Triton kernel's masked
 # tokens), one page a tile in the interpreter's 16-key tiles; pages of 64: one page a tile, the
 # warp-specialised Gluon kernel on Hopper and, with KVATTN_GLUON=0, the Triton kernel's TMA tiles.
-@PREFILL_DROPS_IDS
 @pytest.mark.parametrize("gluon", ["default", "0"])
 @pytest.mark.parametrize("page", [8, 16, 64], ids=lambda p: f"page{p}")
 @pytest.mark.parametrize("window", [-1, 12], ids=lambda w: f"window{w}")
-def test_prefill_drops_unusable_page_ids(window, page, gluon, kernel_device, monkeypatch):
+def test_prefill_reads_unusable_page_ids_as_zeros(window, page, gluon, kernel_device, monkeypatch):
     d = kernel_device
     if gluon != "default":
         if d == "cpu":
@@ -261,10 +272,10 @@ def test_prefill_length_int_min(kernel_device, monkeypatch):
     assert all((o[5:] == 0).all() for o, _ in got)
 
 
-@PREFILL_DROPS_IDS
 @pytest.mark.parametrize("page", [16, 64], ids=lambda p: f"page{p}")
-def test_prefill_split_tables_drop_a_bad_v_id(page, kernel_device, monkeypatch):
-    """With separate K and V page ids, a token whose V id is unusable is dropped too."""
+def test_prefill_split_tables_a_bad_v_id_reads_a_zero_value(page, kernel_device, monkeypatch):
+    """With separate K and V page ids, a token whose V id alone is unusable keeps its key and reads
+    a zero value."""
     d = kernel_device
     n = page // 16
     c = make_paged_kv([20 * n, 40 * n], num_kv_heads=2, head_dim=64, page_size=page, dtype=F16, device=d,
@@ -277,23 +288,23 @@ def test_prefill_split_tables_drop_a_bad_v_id(page, kernel_device, monkeypatch):
                                                    uses_shared_paged_kv_idx=False)))
 
 
-def test_reference_prefill_drops_unusable_page_ids(monkeypatch):
-    """Independently of the kernels: request 0's tokens 16..19 (page id -1) are absent, so its rows
-    at positions 15..19 all see exactly keys 0..15, as a row at position 15 of a length-16 request."""
+def test_reference_prefill_reads_unusable_page_ids_as_zeros(monkeypatch):
+    """Independently of the kernels: the call equals the one whose unusable ids name a page of
+    zeros appended to the cache."""
     c, tables = _decode_case("cpu", lens=(20, 40, 7, 33))
     monkeypatch.setenv("KVATTN_BACKEND", "reference")
     cum = torch.tensor([0, 5, 11, 14, 30], dtype=torch.int32)
     q = torch.randn(30, 8, 64, dtype=F16)
-    o, _ = _prefill_call(c, tables, c.seq_lens, cum, q, "cpu")()
-    lens16 = torch.tensor([16, 40, 7, 33], dtype=torch.int32)
-    one_row = torch.tensor([0, 1, 1, 1, 1], dtype=torch.int32)  # request 0: one query row, the others none
-    for r in range(5):
-        o16, _ = _prefill_call(c, c.block_tables, lens16, one_row, q[r:r + 1], "cpu")()
-        torch.testing.assert_close(o[r], o16[0], atol=1e-3, rtol=0)
+    o, lse = _prefill_call(c, tables, c.seq_lens, cum, q, "cpu")()
+    cache, zero_tables = _zero_page(c.kv_cache, tables)
+    want_o, want_lse = _prefill_call(_Cache(cache, zero_tables), zero_tables, c.seq_lens, cum, q, "cpu")()
+    torch.testing.assert_close(o, want_o, atol=1e-3, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=0)
 
 
-def test_xqa_ids_past_k_pool_are_dropped_even_where_v_has_pages(kernel_device, monkeypatch):
-    """xqa bounds both tables' ids by K's page count: a V pool larger than K's reads no further."""
+def test_xqa_ids_past_k_pool_read_zeros_even_where_v_has_pages(kernel_device, monkeypatch):
+    """xqa bounds both tables' ids by K's page count: a V pool larger than K's reads no further (an
+    id past K's pool is a zero key and a zero value, V's page there notwithstanding)."""
     d = kernel_device
     pool = 4 * PAGE * 2
     k = torch.randn(pool, 64, dtype=F16, device=d)
@@ -311,13 +322,17 @@ def test_xqa_ids_past_k_pool_are_dropped_even_where_v_has_pages(kernel_device, m
     got = _both(monkeypatch, call)
     _assert_agree(got)
     monkeypatch.setenv("KVATTN_BACKEND", "reference")
-    lens16 = torch.tensor([[16], [16]], dtype=torch.uint32, device=d)
-    out16 = torch.empty_like(q)
-    kvattn.xqa(q, k, v, table, lens16, out16, ws(d), torch.zeros(1, dtype=torch.uint32, device=d), 2, PAGE)
-    torch.testing.assert_close(got[0][0], out16.float(), atol=1e-3, rtol=0)  # only the first pages count
+    zero = torch.zeros(PAGE * 2, 64, dtype=F16, device=d)  # a page (2 KV heads) of zeros after K's pool
+    k2, v2 = torch.cat([k, zero]), torch.cat([v[:pool], zero])
+    table2 = torch.tensor([[3, 4], [0, 4]], dtype=torch.int32, device=d)
+    out2 = torch.empty_like(q)
+    lse2 = kvattn.xqa(q, k2, v2, table2, lens, out2, ws(d), torch.zeros(1, dtype=torch.uint32, device=d), 2, PAGE,
+                      return_lse=True)
+    torch.testing.assert_close(got[0][0], out2.float(), atol=1e-3, rtol=0)
+    torch.testing.assert_close(got[0][1], lse2, atol=1e-4, rtol=0)
 
 
-def test_mla_drops_unusable_page_ids(kernel_device, monkeypatch):
+def test_mla_reads_unusable_page_ids_as_zeros(kernel_device, monkeypatch):
     d = kernel_device  # fp8 in, float32 out (see test_mla_empty_batch)
     torch.manual_seed(0)
     cache = (torch.randn(5, 32, 576, device=d) * 0.5).to(FP8_DTYPE)
@@ -333,6 +348,11 @@ def test_mla_drops_unusable_page_ids(kernel_device, monkeypatch):
     got = _both(monkeypatch, call)
     _assert_agree(got, atol=1e-3)
     assert (got[0][0][2] == 0).all() and torch.isneginf(got[0][1][2]).all()
+    monkeypatch.setenv("KVATTN_BACKEND", "reference")
+    cache, table = _zero_page(cache, table)
+    want_o, want_lse = call()
+    torch.testing.assert_close(got[0][0][:2], want_o[:2], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got[0][1][:2], want_lse[:2], atol=1e-4, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------

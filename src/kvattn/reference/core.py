@@ -77,17 +77,14 @@ def empty_rows(out: torch.Tensor, lse: torch.Tensor | None, rows) -> None:
 
 
 def paged_request_kv(kv: PagedKV, b: int, length: int):
-    """``(k, v, ok)`` of request ``b``: float32 ``[length, Hkv, D]`` / ``[length, Hkv, Dv]``, and bool
-    ``[length]``, False for a token whose K or V page id lies outside ``[0, kv.num_pages)`` (zeros
-    in ``k``/``v``; the caller keeps it out of the softmax, as the kernels do). ``kv.num_pages`` is
-    K's page count, the one bound the kernels apply to both tables."""
+    """``(k, v)`` of request ``b``: float32 ``[length, Hkv, D]`` / ``[length, Hkv, Dv]``. A token
+    whose K (V) page id lies outside ``[0, kv.num_pages)`` has a zero key (value) and stays in the
+    softmax, as in every kernel (docs/semantics.md, "Unusable page ids"). ``kv.num_pages`` is K's
+    page count, the one bound the kernels apply to both tables."""
     n = kv.num_pages
     k = gather_tokens(kv.k, kv.k_sf, kv.k_table[b], length, n)
     v = gather_tokens(kv.v, kv.v_sf, kv.v_table[b], length, n)
-    ok = token_pages(kv.k_table[b], length, kv.page_size, n)[2]
-    if kv.v_table is not kv.k_table:
-        ok = ok & token_pages(kv.v_table[b], length, kv.page_size, n)[2]
-    return k, v[..., : kv.v_dim], ok
+    return k, v[..., : kv.v_dim]
 
 
 def attend(

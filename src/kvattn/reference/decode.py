@@ -68,9 +68,8 @@ def batch_decode(
         if length == 0:
             empty_rows(out, lse, rows)
             continue
-        k, v, ok = paged_request_kv(kv, b, length)
+        k, v = paged_request_kv(kv, b, length)
         allowed = spec_decode_allowed(length, q_len, window_left, None if mask is None else mask[b], query.device)
-        allowed = allowed & ok  # (a token of an unusable page id is dropped: docs/semantics.md)
         if starts[b] > 0:
             allowed = allowed & (torch.arange(length, device=query.device) >= starts[b])
         o, row_lse = attend(query[rows], k, v, allowed, logit_scale, sinks=sinks)

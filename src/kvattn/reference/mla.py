@@ -29,8 +29,8 @@ def mla_decode(
         if length == 0:
             empty_rows(out, lse, b)
             continue
-        k, v, ok = paged_request_kv(kv, b, length)
-        allowed = ok.unsqueeze(0)  # (a token of an unusable page id is dropped: docs/semantics.md)
+        k, v = paged_request_kv(kv, b, length)
+        allowed = torch.ones(1, length, dtype=torch.bool, device=query.device)
         o, row_lse = attend(query[b : b + 1], k, v, allowed, logit_scale)
         store_output(o[0] * out_mult, out[b])
         if lse is not None:

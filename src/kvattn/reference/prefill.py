@@ -114,8 +114,8 @@ def context(
         r0, r1 = max(lo, 0), min(hi, sum_q)
         if r1 <= r0 or length == 0:
             continue
-        k, v, ok = paged_request_kv(kv, b, length)
-        allowed = context_allowed(length, hi - lo, window_left, query.device, range(r0 - lo, r1 - lo)) & ok
+        k, v = paged_request_kv(kv, b, length)
+        allowed = context_allowed(length, hi - lo, window_left, query.device, range(r0 - lo, r1 - lo))
         if f:
             o, row_lse = _attend_skip_softmax(query[r0:r1], k, v, allowed, logit_scale, sinks, f / length)
         else:

@@ -280,7 +280,9 @@ def _decode_item(
         else:
             s = qk * qk_scale
 
-        allowed = (k_ok & v_ok)[None, :]
+        # A token of an unusable page id keeps its (zero) key's logit: its K / V loads read zeros
+        # (docs/semantics.md, "Unusable page ids").
+        allowed = tok_ok[None, :]
         if Q_LEN > 1:
             c = offs_n[None, :] - draft_start
             prefix = c < 0

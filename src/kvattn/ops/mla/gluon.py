@@ -58,8 +58,9 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
                 pred):
     """Start the TMA copy of the tile of tokens ``[n0, n0 + BLOCK_N)`` (one page's slots) into
     ``ckv_buf [BLOCK_N, CKV_DIM]`` and ``kpe_buf [BLOCK_N, KPE_DIM]``; ``bar`` counts its bytes.
-    Returns whether the page lies inside the cache: an id outside it becomes the row
-    ``total_rows``, past the descriptor's end, which TMA reads as zeros."""
+    A page id outside the cache becomes the row ``total_rows``, past the descriptor's end, which
+    TMA reads as zeros: a zero key and value that keep their logit (docs/semantics.md, "Unusable
+    page ids")."""
     pid = load_page_ids(table_row_ptr, stride_t_p, n0, pred & (n0 < end), num_pages, PAGE_SIZE, True)
     ok = pid >= 0
     row = gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows)
@@ -67,7 +68,6 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
     for c in gl.static_range(CKV_DIM // 64):
         tma_load(kv_desc, [row, c * 64], bar, ckv_buf.slice(c * 64, 64, dim=1), pred=pred)
     tma_load(kv_desc, [row, CKV_DIM], bar, kpe_buf, pred=pred)
-    return ok
 
 
 # Pieces both Gluon MLA kernels run (this one and the warp-specialised one of gluon_ws.py).
@@ -204,13 +204,11 @@ def mla_gluon_kernel(
     mbarrier.init(bars.index(1), count=1)
 
     table_row = table_ptr + b.to(gl.int64) * stride_t_b
-    # The first two tiles' copies go out before the query is even read. ok0 / ok1: whether the
-    # tile in buffer 0 / 1 comes from a page inside the cache.
-    ok0 = _issue_tile(kv_desc, ckv_smem.index(0), kpe_smem.index(0), bars.index(0), table_row, stride_t_p, start,
-                      end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM, num_tiles > 0)
-    ok1 = _issue_tile(kv_desc, ckv_smem.index(1), kpe_smem.index(1), bars.index(1), table_row, stride_t_p,
-                      start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM,
-                      num_tiles > 1)
+    # The first two tiles' copies go out before the query is even read.
+    _issue_tile(kv_desc, ckv_smem.index(0), kpe_smem.index(0), bars.index(0), table_row, stride_t_p, start,
+                end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM, num_tiles > 0)
+    _issue_tile(kv_desc, ckv_smem.index(1), kpe_smem.index(1), bars.index(1), table_row, stride_t_p,
+                start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM, num_tiles > 1)
 
     stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM, KPE_DIM, BLOCK_H,
                 ld_layout)
@@ -242,18 +240,14 @@ def mla_gluon_kernel(
         # P.V of the previous tile retires; then neither warpgroup reads its buffer or P again.
         acc_t = warpgroup_mma_wait(0, deps=[acc])
         cta_barrier()
-        ok_cur = gl.where(buf == 0, ok0, ok1)
         # Tile j + 1 into the freed buffer (tiles 0 and 1 went out before the loop).
         issue = (j >= 1) & (j + 1 < num_tiles)
-        ok_new = _issue_tile(kv_desc, ckv_smem.index(1 - buf), kpe_smem.index(1 - buf), bars.index(1 - buf),
-                             table_row, stride_t_p, n0 + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE, BLOCK_N,
-                             CKV_DIM, KPE_DIM, issue)
-        ok0 = gl.where(issue & (buf == 1), ok_new, ok0)
-        ok1 = gl.where(issue & (buf == 0), ok_new, ok1)
+        _issue_tile(kv_desc, ckv_smem.index(1 - buf), kpe_smem.index(1 - buf), bars.index(1 - buf), table_row,
+                    stride_t_p, n0 + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM, issue)
         s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(qn_smem, ckv_buf.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
-        valid = ((n0 + offs_sn) < end) & ok_cur
+        valid = (n0 + offs_sn) < end
         s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
         # Each warpgroup holds all of P, in the rows it owns in the P.V product: no exchange.

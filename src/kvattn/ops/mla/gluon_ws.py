@@ -48,7 +48,7 @@ the LSE, merged by the decode family's combine kernel as for the other MLA kerne
 Rows of a request's last tile past its end may hold anything (NaN too; ``0 * NaN`` is NaN in a
 product), so each warpgroup zeroes its own value columns of those rows before its P.V product
 (after every score product that reads them). A page id outside the cache becomes a row past the
-TMA view's end, read as zeros, and its keys are masked.
+TMA view's end, read as zeros: a zero key and value that keep their logit (docs/semantics.md).
 
 Scope: 16-bit caches with a query of the same dtype, 64 query heads a program (Hq >= 64; rows
 past Hq padded), pages of a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA
@@ -138,13 +138,12 @@ def _read_rows(x_smem, slot: gl.constexpr, x_layout: gl.constexpr):
 
 @gluon.jit
 def _tile_row(table_row, stride_t_p, n0, end, num_pages, total_rows, PAGE_SIZE: gl.constexpr):
-    """``(row, ok)``: the first row of the tile of tokens ``[n0, n0 + 64)`` (inside one page) in
-    the ``[pages * page, 576]`` view, and whether its page lies inside the cache. A token past
-    ``end`` or an id outside ``[0, num_pages)`` gives the row ``total_rows``, past the view's end,
-    which TMA reads as zeros."""
+    """The first row of the tile of tokens ``[n0, n0 + 64)`` (inside one page) in the ``[pages *
+    page, 576]`` view. A token past ``end`` or an id outside ``[0, num_pages)`` gives the row
+    ``total_rows``, past the view's end, which TMA reads as zeros (an unusable id: a zero key and
+    value that keep their logit, docs/semantics.md "Unusable page ids")."""
     pid = load_page_ids(table_row, stride_t_p, n0, n0 < end, num_pages, PAGE_SIZE, True)
-    ok = pid >= 0
-    return gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows), ok
+    return gl.where(pid >= 0, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows)
 
 
 @gluon.jit
@@ -170,13 +169,13 @@ def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, st
     warpgroups free them (the rope parts after the score products, A's values mid-pair, B's at
     the pair's end, see the module docstring); page ids one pair ahead."""
     HALF: gl.constexpr = CKV_DIM // 2
-    row_a, ok_a = _tile_row(table_row, stride_t_p, start, end, num_pages, total_rows, PAGE_SIZE)
-    row_b, ok_b = _tile_row(table_row, stride_t_p, start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
+    row_a = _tile_row(table_row, stride_t_p, start, end, num_pages, total_rows, PAGE_SIZE)
+    row_b = _tile_row(table_row, stride_t_p, start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
     for i in range(num_pairs):
         ph = i & 1
         n_next = start + (2 * i + 2) * BLOCK_N
-        next_a, ok_a = _tile_row(table_row, stride_t_p, n_next, end, num_pages, total_rows, PAGE_SIZE)
-        next_b, ok_b = _tile_row(table_row, stride_t_p, n_next + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
+        next_a = _tile_row(table_row, stride_t_p, n_next, end, num_pages, total_rows, PAGE_SIZE)
+        next_b = _tile_row(table_row, stride_t_p, n_next + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
         ckv_a = ckv_smem.index(0)
         ckv_b = ckv_smem.index(1)
         _copy_part(kv_desc, kpe_smem.index(0), bars.index(FULL_K), bars.index(EMPTY_K), ph, row_a, CKV_DIM, 64,
@@ -241,18 +240,11 @@ def _pv(p, v, o, SKIP: gl.constexpr):
 
 
 @gluon.jit
-def _page_ok(table_row, stride_t_p, n0, end, num_pages, PAGE_SIZE: gl.constexpr):
-    """Whether the tile of tokens ``[n0, n0 + 64)`` starts inside ``end`` on a page inside the
-    cache (loaded a pair ahead: the load's latency stays off the softmax's path)."""
-    return load_page_ids(table_row, stride_t_p, n0, n0 < end, num_pages, PAGE_SIZE, True) >= 0
-
-
-@gluon.jit
-def _masked_logits(s, ok, n0, end, qk_scale, s_layout: gl.constexpr, NO_SOFTMAX: gl.constexpr):
-    """Base-2 logits of the tile of tokens ``[n0, n0 + 64)``: -inf past ``end`` and on a page
-    outside the cache (``not ok``: its rows were read as zeros). ``NO_SOFTMAX``: 0 there instead."""
+def _masked_logits(s, n0, end, qk_scale, s_layout: gl.constexpr, NO_SOFTMAX: gl.constexpr):
+    """Base-2 logits of the tile of tokens ``[n0, n0 + 64)``: -inf past ``end``. ``NO_SOFTMAX``: 0
+    there instead."""
     offs = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
-    valid = (offs < end) & ok
+    valid = offs < end
     if NO_SOFTMAX:
         return gl.where(valid[None, :], s, 0.0)
     return gl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -322,7 +314,6 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
     o = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
-    ok_a = _page_ok(table_row, stride_t_p, start, end, num_pages, PAGE_SIZE)
     for i in range(num_pairs):
         ph = i & 1
         # (z is 0, but the compiler cannot know it: the shared-memory descriptors derived from it
@@ -332,12 +323,10 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         ckv_b = ckv_smem.index(1 + z)
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
-        ok_next = _page_ok(table_row, stride_t_p, n_a + 2 * BLOCK_N, end, num_pages, PAGE_SIZE)
         # S_A (STAGGER: the other warpgroup's S_B is issued after this one).
         s = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, bars.index(BAR_SA), False, STAGGER,
                     HALF, s_layout, NO_S)
-        s = _masked_logits(s, ok_a, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
-        ok_a = ok_next
+        s = _masked_logits(s, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
         if NO_SOFTMAX:
             m_a = m_i
             p_a = s
@@ -411,7 +400,6 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
     o = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     mbarrier.wait(bars.index(BAR_Q), 0)
-    ok_b = _page_ok(table_row, stride_t_p, start + BLOCK_N, end, num_pages, PAGE_SIZE)
     for i in range(num_pairs):
         ph = i & 1
         z = i & (num_pages >> 31)  # 0 (see _left_partition)
@@ -419,11 +407,9 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         ckv_b = ckv_smem.index(1 + z)
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
-        ok_next = _page_ok(table_row, stride_t_p, n_b + 2 * BLOCK_N, end, num_pages, PAGE_SIZE)
         s = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, bars.index(BAR_SA), STAGGER,
                     False, HALF, s_layout, NO_S)
-        s = _masked_logits(s, ok_b, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
-        ok_b = ok_next
+        s = _masked_logits(s, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
         # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:], while this
         # warpgroup's softmax runs.
         mbarrier.wait(bars.index(BAR_MA), ph)

@@ -62,7 +62,8 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, s
                      sdt: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr):
     """``(ckv [N, CKV_DIM], s)``: one tile's rows and its base-2 logits ``(q_nope ckv^T + q_rope
     kpe^T) * qk_scale`` as ``s [M, N]``, or transposed, ``s [N, M] = (ckv q_nope^T + ...) * qk_scale``,
-    with ``HEADS_AS_N``; -inf for tokens past ``end`` or with an invalid page (read as 0).
+    with ``HEADS_AS_N``; -inf for tokens past ``end``. A token of an unusable page id reads as a
+    zero row and keeps that row's logit (docs/semantics.md, "Unusable page ids").
 
     ``SPLIT_SCORES``: the two ``if live:`` blocks are layout fences (``live`` is the loop's own
     condition: true whenever this runs, which the compiler cannot know). Triton 3.6 gives a wgmma
@@ -80,11 +81,12 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, s
     # conversion for P.V happens once, after the scores.)
     ckv = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, 0, CKV_DIM, KV_FORMAT, sdt)
     kpe = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, CKV_DIM, KPE_DIM, KV_FORMAT, sdt)
+    seen = offs_n < end
     if HEADS_AS_N:
-        ok_s = ok[:, None]
+        ok_s = seen[:, None]
         s = tl.dot(kpe, tl.trans(q_rope))
     else:
-        ok_s = ok[None, :]
+        ok_s = seen[None, :]
         s = tl.dot(q_rope, tl.trans(kpe))
     if SPLIT_SCORES:
         if live:
