@@ -439,3 +439,88 @@ def test_keys_tell_types_apart():
     assert _callcache._flatten((q, 1))[0] != _callcache._flatten((q.t(), 1))[0]
     with pytest.raises(_callcache.Bypass):
         _callcache._flatten((q, object()))
+
+
+# ---------------------------------------------------------------------------------------------
+# descriptor launches down to Triton's C entry point (its own descriptor wrapper, faked encoder)
+# ---------------------------------------------------------------------------------------------
+def c_level(monkeypatch, fake):
+    """Every kernel FakeGPU compiles gets a launcher built as the running Triton builds it (its own
+    ``wrap_handle_tensordesc`` for descriptor parameters, a TMA metadata entry each) over a C entry
+    that records what it receives; returns that record and the encoder (test_c_launcher)."""
+    import re
+
+    import triton.runtime.jit as jit
+
+    from .test_c_launcher import Encoder, meta_of, tritons_launcher
+
+    enc, calls = Encoder(monkeypatch), []
+    fake_compile = jit.JITFunction._do_compile
+
+    def do_compile(kernel, key, signature, device, constexprs, options, attrs, warmup):
+        compiled = fake_compile(kernel, key, signature, device, constexprs, options, attrs, warmup)
+        blocks = [re.match(r"tensordesc<[^[]*\[([^]]*)\]", s) for s in signature.values()
+                  if isinstance(s, str) and s.startswith("tensordesc")]
+        metas = [meta_of([int(x) for x in m.group(1).split(",")]) for m in blocks] or None
+        compiled._run = tritons_launcher(signature, metas, calls)
+        return compiled
+
+    monkeypatch.setattr(jit.JITFunction, "_do_compile", do_compile)
+    return calls, enc
+
+
+def c_seen(calls: list) -> list:
+    """The recorded C launches since the last look, as the GPU would see them: grid, stream,
+    function, metadata and the parameters (tensors as their data pointers)."""
+    from .test_c_launcher import c_params
+
+    v36 = len(calls[0]) > 16 if calls else True
+    out = [(a[:3], a[3], a[4], a[9] if v36 else a[7],
+            tuple(p.data_ptr() if isinstance(p, torch.Tensor) else p for p in c_params(a))) for a in calls]
+    calls.clear()
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(HOPPER))
+def test_replayed_descriptor_launches_reach_the_c_entry_as_tritons_path_does(name, monkeypatch):
+    """Over launchers of Triton's own shape: a replay, the ordinary fast path and Triton's own path
+    (KVATTN_FAST_LAUNCH=0) hand the C entry the same arguments, descriptors encoded the same; a
+    replay over the same memory encodes nothing again, over new memory once per descriptor."""
+    fake = FakeGPU(monkeypatch)
+    calls, enc = c_level(monkeypatch, fake)
+    monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
+    monkeypatch.setenv("KVATTN_FAST_LAUNCH", "1")  # (switched below: its raw value is in the key)
+    monkeypatch.setenv("KVATTN_GLUON", os.environ.get("KVATTN_GLUON", "1"))
+    fake_hopper(monkeypatch)
+    fn, args, kwargs = CASES[name]()
+    args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+    fn(*args, **kwargs)
+    fn(*args, **kwargs)
+    (entry,) = cache_of(fn).entries.values()
+    descriptors = len(entry.rebuild)
+    alive = []  # every call's memory, so that no new tensor lands where an old one was
+    for _ in range(2):
+        args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+        alive.append((args, kwargs))
+        c_seen(calls)
+        monkeypatch.setenv("KVATTN_FAST_LAUNCH", "0")
+        fn(*args, **kwargs)
+        tritons = c_seen(calls)
+        monkeypatch.setenv("KVATTN_FAST_LAUNCH", "1")
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
+        fn(*args, **kwargs)
+        fast = c_seen(calls)
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
+        before = enc.count
+        replayed(fake, fn, args, kwargs)
+        replay = c_seen(calls)
+        assert replay == fast == tritons and any(isinstance(p, tuple) and p[0] == "tensormap" for p in replay[0][4])
+        assert enc.count == before  # (the ordinary fast call encoded these descriptors already)
+        before = enc.count
+        replayed(fake, fn, args, kwargs)
+        assert c_seen(calls) == replay and enc.count == before
+    alive.append((args, kwargs))
+    args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+    before = enc.count
+    replayed(fake, fn, args, kwargs)
+    assert enc.count == before + descriptors
