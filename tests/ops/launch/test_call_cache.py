@@ -18,7 +18,7 @@ from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.launch import fast_launch
 from kvattn.testing import make_paged_kv
 
-from .test_fast_launch import FAST_PATH_TRITON, FakeGPU
+from .test_fast_launch import FAST_PATH_TRITON, FakeGPU, _as_seen
 
 pytestmark = FAST_PATH_TRITON
 CPU = torch.device("cpu")
@@ -524,3 +524,73 @@ def test_replayed_descriptor_launches_reach_the_c_entry_as_tritons_path_does(nam
     before = enc.count
     replayed(fake, fn, args, kwargs)
     assert enc.count == before + descriptors
+
+
+# ---------------------------------------------------------------------------------------------
+# what a replayed call reads
+# ---------------------------------------------------------------------------------------------
+def test_a_replay_asks_is_compiling_once_and_parses_no_switch(monkeypatch):
+    """A replayed call checks torch.compile once and parses no switch: their raw values are in the
+    key (read once per call), KVATTN_CALL_CACHE's meaning is kept per raw values, and the fast
+    path was on when the entry was recorded under the same values."""
+    from kvattn import _env
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    replayed(fake, fn, args, kwargs)  # (KVATTN_CALL_CACHE's meaning for these values, kept)
+    compiling = []
+    monkeypatch.setattr(_callcache, "_is_compiling", lambda: compiling.append(1) or False)
+    parsed = []
+    for name in ("call_cache", "fast_launch", "triton_interpret", "debug_checks", "gluon"):
+        monkeypatch.setattr(_env, name, lambda name=name: parsed.append(name))
+    monkeypatch.setattr(fast_launch, "fast_path_enabled", lambda: pytest.fail("the fast path's switches parsed"))
+    _, launches = replayed(fake, fn, args, kwargs)
+    assert launches and compiling == [1] and parsed == []
+
+
+@pytest.mark.parametrize("hook", ["launch_enter_hook", "launch_exit_hook"])
+def test_a_launch_hook_set_after_recording_stops_the_replay(hook, monkeypatch):
+    from triton import knobs
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    replayed(fake, fn, args, kwargs)
+    monkeypatch.setattr(knobs.runtime, hook, lambda metadata: None)
+    hits = cache_of(fn).hits
+    fn(*args, **kwargs)
+    assert cache_of(fn).hits == hits
+
+
+def test_the_current_device_is_read_through_torchs_c_getter(monkeypatch):
+    """Where Triton's driver reads the device with ``torch.cuda.current_device`` (its lazy-init
+    check, then ``torch._C._cuda_getDevice``), a replay calls the C getter, which initialises
+    itself; another current device than the recorded one is not replayed."""
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    monkeypatch.setattr(fast_launch.driver.active, "get_current_device", fast_launch._torch_current_device)
+    device = [0]
+    monkeypatch.setattr(fast_launch, "_cuda_get_device", lambda: device[0])
+    replayed(fake, fn, args, kwargs)  # (torch.cuda.current_device itself fails here: no CUDA)
+    device[0] = 1
+    hits = cache_of(fn).hits
+    fn(*args, **kwargs)
+    assert cache_of(fn).hits == hits
+
+
+@pytest.mark.parametrize("name", ["batch", "mla", "prefill-gluon-hopper"])
+def test_replay_launches_are_the_replays_arguments(name, monkeypatch):
+    """``replay_launches`` (tools time a launcher alone with it) builds each launcher call a replay
+    makes, without launching."""
+    fake, fn, args, kwargs = setup(monkeypatch, name)
+    cache = cache_of(fn)
+    seen, run = [], _callcache.CallCache.run
+    monkeypatch.setattr(_callcache.CallCache, "run", lambda c, a, call: seen.append(a) or run(c, a, call))
+    hits = cache.hits
+    fn(*args, **kwargs)
+    assert cache.hits == hits + 1
+    want = [a for _, a in fake.calls]
+    fake.calls.clear()
+    key, ptrs = _callcache._flatten(seen[0])
+    built = fast_launch.replay_launches(cache.entries[key], ptrs, 7)
+    assert not fake.calls and len(built) == len(want)
+    for (launcher, got), expected in zip(built, want):
+        assert tuple(map(_as_seen, got)) == tuple(map(_as_seen, expected))
+        launcher(*got)
+    assert len(fake.calls) == len(want)

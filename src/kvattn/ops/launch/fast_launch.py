@@ -139,6 +139,11 @@ def fast_path_enabled() -> bool:
     """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6 / 3.7, compiled, no launch hooks)."""
     if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
         return False
+    return _no_launch_hooks()
+
+
+def _no_launch_hooks() -> bool:
+    """No launch enter/exit hook is set in Triton's knobs (a hook must see every launch: Triton's path)."""
     runtime = knobs.runtime
     enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook  # None, or a HookChain of hooks
     return (enter is None or (type(enter) is HookChain and not enter.calls)) and (
@@ -844,24 +849,50 @@ def capturing() -> bool:
     return query is not None and torch.cuda.is_initialized() and query()
 
 
+_torch_current_device = torch.cuda.current_device
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", _torch_current_device)  # (less the Python init check)
+
+
 def replay(entry, ptrs: list):
     """Launch a recorded call's launches (``kvattn._callcache._Entry``) for a call whose tensor
     arguments have the data pointers ``ptrs``: True, or False (nothing
-    launched) where the fast path would not launch them all as recorded now."""
-    if _RECORDER is not None or not fast_path_enabled() or knob_state() != entry.knobs:
+    launched) where the fast path would not launch them all as recorded now.
+
+    Only for a call whose key (``kvattn._callcache._flatten``) equals the recorded call's: the key
+    holds the raw value of every switch, so ``KVATTN_FAST_LAUNCH`` and ``TRITON_INTERPRET`` read as
+    they did while the call was recorded (the fast path was on: :func:`fast_path_enabled` less its
+    launch hooks). Checked here, what the key does not hold: no launch hooks, Triton's debug knobs,
+    the current device and stream, and each launch's compiled kernel still the one Triton's path
+    would pick (no pre-run hooks, the same ``debug`` flag, the cached kernel, its globals unchanged).
+    """
+    if _RECORDER is not None or knob_state() != entry.knobs or not _no_launch_hooks():
         return False
     active = driver.active
-    device = active.get_current_device()
+    get_device = active.get_current_device
+    # torch.cuda.current_device is a lazy-init check and _cuda_getDevice, which initialises itself
+    device = _cuda_get_device() if get_device is _torch_current_device else get_device()
     if device != entry.device:
         return False
     stream = active.get_current_stream(device)
     if entry.stream is not None and stream != entry.stream:
         return False
     steps = entry.steps
-    for launch, key, hit, _, _ in steps:
-        now = launch.ready(key)
-        if now is None or now[0] is not hit[0]:  # (recompiled, globals changed, hooks: Triton's path now)
+    for launch, key, hit, _, _ in steps:  # Launch.ready, for a launch known to be fast
+        kernel = launch.kernel
+        if kernel.pre_run_hooks:
             return False
+        now = launch._compiled.get((key, kernel.debug))
+        if now is None or now[0] is not hit[0] or not launch._globals_unchanged():  # (Triton's path now)
+            return False
+    values = _replay_values(entry, ptrs, stream)
+    for launch, _, hit, pick, static in steps:
+        launch.last = hit[0]
+        hit[1](*pick(values + static))
+    return True
+
+
+def _replay_values(entry, ptrs: list, stream: int) -> tuple:
+    """Every pointer (or rebuilt descriptor) of a recorded call's launches, then the stream."""
     if entry.constants:
         ptrs = ptrs + entry.constants
     values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)
@@ -870,10 +901,14 @@ def replay(entry, ptrs: list):
         for i, make in entry.rebuild:
             values[i] = make(values[i])
         values = tuple(values)
-    for launch, _, hit, pick, static in steps:
-        launch.last = hit[0]
-        hit[1](*pick(values + static))
-    return True
+    return values
+
+
+def replay_launches(entry, ptrs: list, stream: int) -> list[tuple[Callable, tuple]]:
+    """``(launcher, its whole argument list)`` of each launch :func:`replay` makes for a call with the
+    data pointers ``ptrs`` on ``stream``, without launching (tools time the launcher alone)."""
+    values = _replay_values(entry, ptrs, stream)
+    return [(hit[1], pick(values + static)) for _, _, hit, pick, static in entry.steps]
 
 
 def replay_step(launch: Launch, key: int, first: int, count: int, tail: tuple, total: int) -> tuple:
