@@ -498,7 +498,7 @@ def test_replayed_descriptor_launches_reach_the_c_entry_as_tritons_path_does(nam
     fn(*args, **kwargs)
     (entry,) = cache_of(fn).entries.values()
     descriptors = len(entry.rebuild)
-    alive = []  # every call's memory, so that no new tensor lands where an old one was
+    alive = [(args, kwargs)]  # every call's memory, so that no new tensor lands where an old one was
     for _ in range(2):
         args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
         alive.append((args, kwargs))
