@@ -15,7 +15,14 @@ differs). ``--cold`` first times each function's first call in a fresh Triton ca
 Usage (on the GPU machine, from the repository root; about 2 minutes with --cold)::
 
     PYTHONPATH=src python benchmarks/host_time.py --cold --json host_time.json
+    PYTHONPATH=src python benchmarks/host_time.py --breakdown --calls 300 --json host_time.json
     PYTHONPATH=src python benchmarks/host_time.py --fake-gpu       # any machine: Python only
+
+``--breakdown`` then splits each replayed call (medians, GPU idle before each): the whole call,
+its key alone (``_callcache._flatten`` of its arguments), the replay of its recorded launches
+alone (``fast_launch.replay``, no key), and each launch's launcher alone with its arguments
+prebuilt (Triton's C launch entry point, or the thin wrapper that hands it kept descriptor
+encodings); ``rest`` is the whole less key and replay (the public function and the cache lookup).
 
 ``--fake-gpu`` (see ``profile_host.py``) fakes Triton's GPU side: CPU tensors, launchers that do
 nothing; it measures kvattn's Python around the launches on this machine's CPU (no kernel runs,
@@ -25,6 +32,7 @@ so no bit check).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -155,12 +163,68 @@ def check_replay(fn, copies, fake: bool) -> str:
     return ("same bits" if same else "BITS DIFFER") + ("" if replayed else " (not replayed)")
 
 
+@contextlib.contextmanager
+def _calls_into_the_cache():
+    """``[(CallCache, args), ...]``: every ``CallCache.run`` inside the block, with the call's arguments."""
+    from kvattn import _callcache
+
+    seen, run = [], _callcache.CallCache.run
+
+    def spy(cache, args, call):
+        seen.append((cache, args))
+        return run(cache, args, call)
+
+    _callcache.CallCache.run = spy
+    try:
+        yield seen
+    finally:
+        _callcache.CallCache.run = run
+
+
+def breakdown(fn, calls: int) -> dict | None:
+    """Medians (us, GPU idle before each) of the parts of ``fn``'s replayed call: ``whole`` (the
+    call), ``key`` (``_callcache._flatten`` of its arguments), ``replay`` (``fast_launch.replay`` of
+    the recorded launches, no key), ``launcher`` (each launch's launcher alone, arguments prebuilt:
+    Triton's C entry point, or kvattn's thin wrapper around it that expands the kept descriptors);
+    ``rest`` = whole - key - replay (the public function, argument tuple, lookup, result). None
+    where the call is not replayed."""
+    from kvattn import _callcache
+    from kvattn.ops.launch import fast_launch
+
+    os.environ["KVATTN_CALL_CACHE"] = "1"
+    for _ in range(3):
+        fn()
+    with _calls_into_the_cache() as seen:
+        fn()
+    if len(seen) != 1:
+        return None
+    cache, args = seen[0]
+    key, ptrs = _callcache._flatten(args)
+    entry = cache.entries.get(key)
+    if entry is None or not fast_launch.replay(entry, ptrs):
+        return None
+    active = fast_launch.driver.active
+    stream = active.get_current_stream(active.get_current_device())
+    launches = fast_launch.replay_launches(entry, ptrs, stream)
+    got = {
+        "whole": host_times(fn, calls)[0],
+        "key": host_times(lambda: _callcache._flatten(args), calls)[0],
+        "replay": host_times(lambda: fast_launch.replay(entry, ptrs), calls)[0],
+        "launcher": [host_times(lambda launch=launch, a=a: launch(*a), calls)[0] for launch, a in launches],
+        "launches": len(launches),
+    }
+    got["rest"] = got["whole"] - got["key"] - got["replay"]
+    return got
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--fake-gpu", action="store_true", help="CPU tensors, Triton's GPU side faked (any machine)")
     ap.add_argument("--cold", action="store_true", help="time each function's first call in a fresh Triton cache")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also split each replayed call: key, replay of its launches, each launcher alone")
     args = ap.parse_args(argv)
     if args.cold and not args.fake_gpu:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvattn-cold-")  # before Triton is imported
@@ -221,6 +285,22 @@ def main(argv=None) -> int:
         print(f"{name:28s} {on[0]:7.1f} / {on[1]:6.1f} {off[0]:7.1f} / {off[1]:6.1f}   {row['replay']}", flush=True)
     print(f"{'torch.add floor (1 launch)':28s} {doc['floor_us'][0]:7.1f} / {doc['floor_us'][1]:6.1f}")
     print(f"{'SDPA decode 1x4096':28s} {doc['sdpa_us'][0]:7.1f} / {doc['sdpa_us'][1]:6.1f}")
+    if args.breakdown:
+        doc["breakdown"] = {}
+        print(f"\nreplayed call, medians in us (GPU idle before each); torch.add floor {doc['floor_us'][0]:.1f}")
+        print(f"{'function':28s} {'whole':>6s} {'key':>6s} {'replay':>6s} {'rest':>6s}   launcher alone, per launch")
+        for name, fn, _, env in rows:
+            os.environ.update(env)
+            got = breakdown(fn, args.calls)
+            for key in env:
+                del os.environ[key]
+            doc["breakdown"][name] = got
+            if got is None:
+                print(f"{name:28s} not replayed")
+                continue
+            launchers = " + ".join(f"{t:.1f}" for t in got["launcher"])
+            print(f"{name:28s} {got['whole']:6.1f} {got['key']:6.1f} {got['replay']:6.1f} {got['rest']:6.1f}   "
+                  f"{launchers}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

@@ -125,9 +125,23 @@ def _getter(indices: list):
     return lambda t: ()
 
 
-def _flatten(args: tuple) -> tuple[tuple, list]:
+_CACHE_ON: dict = {}  # raw switch values -> whether they leave the call cache on (KVATTN_CALL_CACHE)
+
+
+def _cache_on(switches: tuple) -> bool:
+    on = _CACHE_ON.get(switches)
+    if on is None:
+        on = _env.call_cache()  # (parsed from the same raw values)
+        if len(_CACHE_ON) >= MAX_ENTRIES:
+            _CACHE_ON.clear()
+        _CACHE_ON[switches] = on
+    return on
+
+
+def _flatten(args: tuple, switches: tuple | None = None) -> tuple[tuple, list]:
     """``(key, pointers)``: the metadata key of a call's arguments and its tensors' data pointers in
     order (:func:`_tensors`' order). Raises :class:`Bypass` for an argument the key does not model.
+    ``switches``: the raw values of the switches (``_ENV_KEYS``' values) where the caller has read them.
 
     Per tensor: shape, strides, dtype, CUDA device index (-1 off CUDA, where no call is recorded:
     only CUDA tensors take the fast path) and the data pointer modulo 16; per other argument its value, and the
@@ -144,11 +158,13 @@ def _flatten(args: tuple) -> tuple[tuple, list]:
                 flat.append(len(a))
             else:
                 flat.append(a)
-        key, ptrs = _flatten(tuple(flat))
+        key, ptrs = _flatten(tuple(flat), switches)
         return (types, key), ptrs
     tensors = sig[0](args)
     ptrs = list(map(_data_ptr, tensors))
-    key = (types, tuple(map(_env_get, _ENV_KEYS)), _OVERRIDES[0], tuple(map(_shape, tensors)),
+    if switches is None:
+        switches = tuple(map(_env_get, _ENV_KEYS))
+    key = (types, switches, _OVERRIDES[0], tuple(map(_shape, tensors)),
            tuple(map(_stride, tensors)),
            tuple(map(_dtype, tensors)), tuple(map(_get_device, tensors)), tuple(map(_low_bits, ptrs)),
            sig[1](args))
@@ -346,10 +362,13 @@ class CallCache:
     def run(self, args: tuple, call: Callable[[], Any]):
         """The result of a call with ``args``: replayed from a recorded call of the same key, or
         ``call()`` (the ordinary call), recorded into an entry where it can be."""
-        if _suspended or _is_compiling() or not _env.call_cache():
+        if _suspended or _is_compiling():
+            return call()
+        switches = tuple(map(_env_get, _ENV_KEYS))  # (once: KVATTN_CALL_CACHE's, and the key's)
+        if not _cache_on(switches):
             return call()
         try:
-            key, ptrs = _flatten(args)
+            key, ptrs = _flatten(args, switches)
         except (Bypass, RuntimeError):  # (RuntimeError: a tensor without strides or data)
             return call()
         entry = self.entries.get(key)

@@ -18,7 +18,7 @@ from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.launch import fast_launch
 from kvattn.testing import make_paged_kv
 
-from .test_fast_launch import FAST_PATH_TRITON, FakeGPU
+from .test_fast_launch import FAST_PATH_TRITON, FakeGPU, _as_seen
 
 pytestmark = FAST_PATH_TRITON
 CPU = torch.device("cpu")
@@ -439,3 +439,158 @@ def test_keys_tell_types_apart():
     assert _callcache._flatten((q, 1))[0] != _callcache._flatten((q.t(), 1))[0]
     with pytest.raises(_callcache.Bypass):
         _callcache._flatten((q, object()))
+
+
+# ---------------------------------------------------------------------------------------------
+# descriptor launches down to Triton's C entry point (its own descriptor wrapper, faked encoder)
+# ---------------------------------------------------------------------------------------------
+def c_level(monkeypatch, fake):
+    """Every kernel FakeGPU compiles gets a launcher built as the running Triton builds it (its own
+    ``wrap_handle_tensordesc`` for descriptor parameters, a TMA metadata entry each) over a C entry
+    that records what it receives; returns that record and the encoder (test_c_launcher)."""
+    import re
+
+    import triton.runtime.jit as jit
+
+    from .test_c_launcher import Encoder, meta_of, tritons_launcher
+
+    enc, calls = Encoder(monkeypatch), []
+    fake_compile = jit.JITFunction._do_compile
+
+    def do_compile(kernel, key, signature, device, constexprs, options, attrs, warmup):
+        compiled = fake_compile(kernel, key, signature, device, constexprs, options, attrs, warmup)
+        blocks = [re.match(r"tensordesc<[^[]*\[([^]]*)\]", s) for s in signature.values()
+                  if isinstance(s, str) and s.startswith("tensordesc")]
+        metas = [meta_of([int(x) for x in m.group(1).split(",")]) for m in blocks] or None
+        compiled._run = tritons_launcher(signature, metas, calls)
+        return compiled
+
+    monkeypatch.setattr(jit.JITFunction, "_do_compile", do_compile)
+    return calls, enc
+
+
+def c_seen(calls: list) -> list:
+    """The recorded C launches since the last look, as the GPU would see them: grid, stream,
+    function, metadata and the parameters (tensors as their data pointers)."""
+    from .test_c_launcher import c_params
+
+    v36 = len(calls[0]) > 16 if calls else True
+    out = [(a[:3], a[3], a[4], a[9] if v36 else a[7],
+            tuple(p.data_ptr() if isinstance(p, torch.Tensor) else p for p in c_params(a))) for a in calls]
+    calls.clear()
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(HOPPER))
+def test_replayed_descriptor_launches_reach_the_c_entry_as_tritons_path_does(name, monkeypatch):
+    """Over launchers of Triton's own shape: a replay, the ordinary fast path and Triton's own path
+    (KVATTN_FAST_LAUNCH=0) hand the C entry the same arguments, descriptors encoded the same; a
+    replay over the same memory encodes nothing again, over new memory once per descriptor."""
+    fake = FakeGPU(monkeypatch)
+    calls, enc = c_level(monkeypatch, fake)
+    monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
+    monkeypatch.setenv("KVATTN_FAST_LAUNCH", "1")  # (switched below: its raw value is in the key)
+    monkeypatch.setenv("KVATTN_GLUON", os.environ.get("KVATTN_GLUON", "1"))
+    fake_hopper(monkeypatch)
+    fn, args, kwargs = CASES[name]()
+    args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+    fn(*args, **kwargs)
+    fn(*args, **kwargs)
+    (entry,) = cache_of(fn).entries.values()
+    descriptors = len(entry.rebuild)
+    alive = [(args, kwargs)]  # every call's memory, so that no new tensor lands where an old one was
+    for _ in range(2):
+        args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+        alive.append((args, kwargs))
+        c_seen(calls)
+        monkeypatch.setenv("KVATTN_FAST_LAUNCH", "0")
+        fn(*args, **kwargs)
+        tritons = c_seen(calls)
+        monkeypatch.setenv("KVATTN_FAST_LAUNCH", "1")
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
+        fn(*args, **kwargs)
+        fast = c_seen(calls)
+        monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
+        before = enc.count
+        replayed(fake, fn, args, kwargs)
+        replay = c_seen(calls)
+        assert replay == fast == tritons and any(isinstance(p, tuple) and p[0] == "tensormap" for p in replay[0][4])
+        assert enc.count == before  # (the ordinary fast call encoded these descriptors already)
+        before = enc.count
+        replayed(fake, fn, args, kwargs)
+        assert c_seen(calls) == replay and enc.count == before
+    alive.append((args, kwargs))
+    args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+    before = enc.count
+    replayed(fake, fn, args, kwargs)
+    assert enc.count == before + descriptors
+
+
+# ---------------------------------------------------------------------------------------------
+# what a replayed call reads
+# ---------------------------------------------------------------------------------------------
+def test_a_replay_asks_is_compiling_once_and_parses_no_switch(monkeypatch):
+    """A replayed call checks torch.compile once and parses no switch: their raw values are in the
+    key (read once per call), KVATTN_CALL_CACHE's meaning is kept per raw values, and the fast
+    path was on when the entry was recorded under the same values."""
+    from kvattn import _env
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    replayed(fake, fn, args, kwargs)  # (KVATTN_CALL_CACHE's meaning for these values, kept)
+    compiling = []
+    monkeypatch.setattr(_callcache, "_is_compiling", lambda: compiling.append(1) or False)
+    parsed = []
+    for name in ("call_cache", "fast_launch", "triton_interpret", "debug_checks", "gluon"):
+        monkeypatch.setattr(_env, name, lambda name=name: parsed.append(name))
+    monkeypatch.setattr(fast_launch, "fast_path_enabled", lambda: pytest.fail("the fast path's switches parsed"))
+    _, launches = replayed(fake, fn, args, kwargs)
+    assert launches and compiling == [1] and parsed == []
+
+
+@pytest.mark.parametrize("hook", ["launch_enter_hook", "launch_exit_hook"])
+def test_a_launch_hook_set_after_recording_stops_the_replay(hook, monkeypatch):
+    from triton import knobs
+
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    replayed(fake, fn, args, kwargs)
+    monkeypatch.setattr(knobs.runtime, hook, lambda metadata: None)
+    hits = cache_of(fn).hits
+    fn(*args, **kwargs)
+    assert cache_of(fn).hits == hits
+
+
+def test_the_current_device_is_read_through_torchs_c_getter(monkeypatch):
+    """Where Triton's driver reads the device with ``torch.cuda.current_device`` (its lazy-init
+    check, then ``torch._C._cuda_getDevice``), a replay calls the C getter, which initialises
+    itself; another current device than the recorded one is not replayed."""
+    fake, fn, args, kwargs = setup(monkeypatch, "batch")
+    monkeypatch.setattr(fast_launch.driver.active, "get_current_device", fast_launch._torch_current_device)
+    device = [0]
+    monkeypatch.setattr(fast_launch, "_cuda_get_device", lambda: device[0])
+    replayed(fake, fn, args, kwargs)  # (torch.cuda.current_device itself fails here: no CUDA)
+    device[0] = 1
+    hits = cache_of(fn).hits
+    fn(*args, **kwargs)
+    assert cache_of(fn).hits == hits
+
+
+@pytest.mark.parametrize("name", ["batch", "mla", "prefill-gluon-hopper"])
+def test_replay_launches_are_the_replays_arguments(name, monkeypatch):
+    """``replay_launches`` (tools time a launcher alone with it) builds each launcher call a replay
+    makes, without launching."""
+    fake, fn, args, kwargs = setup(monkeypatch, name)
+    cache = cache_of(fn)
+    seen, run = [], _callcache.CallCache.run
+    monkeypatch.setattr(_callcache.CallCache, "run", lambda c, a, call: seen.append(a) or run(c, a, call))
+    hits = cache.hits
+    fn(*args, **kwargs)
+    assert cache.hits == hits + 1
+    want = [a for _, a in fake.calls]
+    fake.calls.clear()
+    key, ptrs = _callcache._flatten(seen[0])
+    built = fast_launch.replay_launches(cache.entries[key], ptrs, 7)
+    assert not fake.calls and len(built) == len(want)
+    for (launcher, got), expected in zip(built, want):
+        assert tuple(map(_as_seen, got)) == tuple(map(_as_seen, expected))
+        launcher(*got)
+    assert len(fake.calls) == len(want)

@@ -64,8 +64,8 @@ from .ptx_hints import applied as ptx_hints_applied
 
 # The Triton versions whose specialisation rules and launcher this module was verified against
 # (tests/ops/launch/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
-# 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher has
-# no C entry point of 3.6's format, so launches go through ``run`` (see :func:`_launcher`).
+# 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher's C
+# entry point takes the kernel's parameters as one sequence (see :func:`_c_launcher`).
 FAST_LAUNCH_VERSIONS = ("3.6", "3.7")
 TRITON_SUPPORTED = triton.__version__.startswith(FAST_LAUNCH_VERSIONS)
 
@@ -139,6 +139,11 @@ def fast_path_enabled() -> bool:
     """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6 / 3.7, compiled, no launch hooks)."""
     if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
         return False
+    return _no_launch_hooks()
+
+
+def _no_launch_hooks() -> bool:
+    """No launch enter/exit hook is set in Triton's knobs (a hook must see every launch: Triton's path)."""
     runtime = knobs.runtime
     enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook  # None, or a HookChain of hooks
     return (enter is None or (type(enter) is HookChain and not enter.calls)) and (
@@ -282,9 +287,10 @@ def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
     (``{position: TensorDescriptor}``, Triton's or Gluon's) for every launch of the call.
 
     The key becomes the call's key and each descriptor's :func:`descriptor_spec`, so equal keys
-    still mean the same compiled kernel. The fast path hands the descriptors to Triton's launcher,
-    which encodes them (``wrap_handle_tensordesc``: reads ``base.data_ptr()``, ``shape``,
-    ``strides``, ``padding``); Triton's own path takes them as arguments. A recorded call keeps a
+    still mean the same compiled kernel. The fast path expands them for Triton's C launcher itself,
+    keeping each encoding per pointer and geometry (:class:`_DescriptorSlot`; Triton's own
+    ``wrap_handle_tensordesc`` reads ``base.data_ptr()``, ``shape``, ``strides``, ``padding``, and
+    encodes on every launch); Triton's own path takes them as arguments. A recorded call keeps a
     :class:`ReplayDescriptor` template of each, rebuilt on its base's new pointer
     (:func:`descriptor_template`).
     """
@@ -374,23 +380,180 @@ def _launcher(compiled) -> tuple[Callable, tuple]:
     """``(launch, fixed)``: ``launch(gx, gy, gz, stream, *fixed, *args)`` runs ``compiled``.
 
     That is ``compiled.run`` with the kernel's handle and metadata and no launch hooks, as
-    ``CompiledKernel.__getitem__`` calls it; for Triton 3.6's CUDA launcher of a kernel that needs
-    no scratch memory, straight its C entry point (the Python ``__call__`` in between only
-    allocates scratch), whose leading arguments are checked against the format it parses.
+    ``CompiledKernel.__getitem__`` calls it; for the CUDA launcher of a kernel that needs no scratch
+    memory, straight its C entry point (the Python ``__call__`` in between only allocates scratch),
+    in the shape :func:`_c_launcher` verified; anything else takes ``run``.
     """
     run = compiled.run
-    module = sys.modules.get(type(run).__module__)
-    if (
-        type(run).__name__ == "CudaLauncher"
-        and getattr(module, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO"
-        and run.global_scratch_size == 0
-        and run.profile_scratch_size == 0
-    ):
-        # grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, kernel metadata,
-        # launch metadata, enter/exit hooks
-        return run.launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-                            compiled.packed_metadata, None, None, None)
+    direct = _c_launcher(run, compiled) if type(run).__name__ == "CudaLauncher" else None
+    if direct is not None:
+        return direct
     return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def _c_launcher(run, compiled):
+    """``(launch, fixed)`` calling the C entry point of a Triton 3.6 / 3.7 ``CudaLauncher``, or None
+    where it is not in a shape read from those versions' ``backends/nvidia/driver.py``:
+
+    * 3.6: ``run.launch`` is the launcher module's C ``launch``, format ``_BASE_ARGS_FORMAT``
+      (grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, kernel metadata,
+      launch metadata, enter/exit hooks), then every kernel parameter (constexprs in place);
+    * 3.7: ``run.launch`` is the driver's shared C ``launch``: those 13 arguments with the kernel
+      metadata after pdl, then ``run.arg_annotations``, ``run.kernel_signature`` and the kernel
+      parameters as one sequence;
+    * either, for a kernel taking tensor descriptors: ``run.launch`` is Triton's own per-launch
+      wrapper (``wrap_handle_tensordesc``'s ``inner``, recognised by its code object), which expands
+      each descriptor (``make_tensordesc_arg``: the encoded ``CUtensorMap`` then shape and strides)
+      around that C entry; its C entry and descriptor metadata are taken from it, and the
+      expansion is done here through a :class:`_DescriptorSlot` per descriptor parameter, which
+      keeps the expanded arguments of the descriptors it has seen.
+    """
+    if run.global_scratch_size != 0 or run.profile_scratch_size != 0:
+        return None
+    module = sys.modules.get(type(run).__module__)
+    if module is None:
+        return None
+    launch = run.launch
+    slots = ()
+    inner = _tritons_descriptor_wrapper(module)
+    if inner is not None and getattr(launch, "__code__", None) is inner:
+        unwrapped = _unwrap_descriptors(launch, module)
+        if unwrapped is None:
+            return None
+        launch, slots = unwrapped
+    if getattr(module, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO" and triton.__version__.startswith("3.6"):
+        fixed = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                 compiled.packed_metadata, None, None, None)
+        if not slots:
+            return launch, fixed
+        return _expanding_launch_36(launch, tuple((13 + i, slot) for i, slot in slots)), fixed
+    if (triton.__version__.startswith("3.7") and not hasattr(module, "_BASE_ARGS_FORMAT")
+            and hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature")
+            and launch is _drivers_launch()):
+        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata, None, None,
+                None, None, None, run.arg_annotations, run.kernel_signature)
+        return _launch_37(launch, head, slots), ()
+    return None
+
+
+def _drivers_launch():
+    """Triton 3.7's shared C launch entry point (``driver.active.utils.launch``), or None."""
+    try:
+        return triton.runtime.driver.active.utils.launch
+    except Exception:  # (no driver: nothing launches through it)
+        return None
+
+
+_WRAPPER_CODE: dict = {}  # driver module -> the code object of its wrap_handle_tensordesc's inner (or None)
+
+
+def _tritons_descriptor_wrapper(module):
+    """The code object of the wrapper ``module.wrap_handle_tensordesc`` puts around a launcher of a
+    kernel that takes tensor descriptors (made once, around a stand-in), or None."""
+    if module in _WRAPPER_CODE:
+        return _WRAPPER_CODE[module]
+    code = None
+    wrap = getattr(module, "wrap_handle_tensordesc", None)
+    if wrap is not None and getattr(module, "make_tensordesc_arg", None) is not None:
+        try:
+            inner = wrap(len, {0: "tensordesc<fp16[16, 16]>"}, None)
+        except Exception:  # pragma: no cover - another signature: no descriptor expansion here
+            inner = None
+        if inner is not len and set(getattr(getattr(inner, "__code__", None), "co_freevars", ())) == _WRAPPER_CELLS:
+            code = inner.__code__
+    _WRAPPER_CODE[module] = code
+    return code
+
+
+_WRAPPER_CELLS = {"launcher", "tensordesc_indices", "tensordesc_meta"}
+
+
+def _unwrap_descriptors(inner, module):
+    """``(C launch, ((parameter index, _DescriptorSlot), ...))`` from Triton's descriptor wrapper."""
+    cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__)))
+    indices, metas = sorted(cells["tensordesc_indices"]), list(cells["tensordesc_meta"])
+    if len(indices) != len(metas):
+        return None
+    encode = module.make_tensordesc_arg
+    return cells["launcher"], tuple((i, _DescriptorSlot(encode, meta)) for i, meta in zip(indices, metas))
+
+
+class _DescriptorSlot:
+    """The expanded launcher arguments of one tensor-descriptor parameter of one compiled kernel,
+    kept per descriptor: Triton's ``make_tensordesc_arg`` encodes a ``CUtensorMap`` on the host
+    (``cuTensorMapEncodeTiled``) and lists it with the shape and strides, on every launch; a serving
+    engine's cache keeps its address and geometry from call to call, so the encoding is reused.
+
+    The key covers everything the expansion reads of a descriptor (both versions' ``make_tensordesc_arg``):
+    the base's data pointer, shape, strides, padding and (3.7) ``round_f32_to_tf32``; and of the
+    slot: the kernel's descriptor metadata (swizzle, element size and type, block size, fp4
+    padding), fixed per compiled kernel and parameter, which is what a slot is. The block shape, the
+    base's dtype and (Gluon) the layout fix that metadata; they are the descriptor's
+    specialisation (:func:`descriptor_spec`), equal for every descriptor a compiled kernel is
+    launched with, and the block shape is in the key besides. A new key encodes afresh. Reusing an
+    encoded ``CUtensorMap`` across launches is what Triton does within one (the launch copies the
+    parameter's bytes). A kernel that takes the descriptor as a pointer (no metadata: not lowered
+    to TMA) gets the base's address as an int, which keeps no tensor alive.
+    """
+
+    __slots__ = ("encode", "meta", "seen")
+    LIMIT = 32  # descriptors kept per slot; past this the slot starts over
+
+    def __init__(self, encode, meta):
+        self.encode, self.meta, self.seen = encode, meta, {}
+
+    def expand(self, desc) -> tuple:
+        ptr = desc.base.data_ptr()
+        key = (ptr, tuple(desc.shape), tuple(desc.strides), desc.padding, getattr(desc, "round_f32_to_tf32", False),
+               tuple(desc.block_shape))
+        hit = self.seen.get(key)
+        if hit is None:
+            hit = list(self.encode(desc, self.meta))
+            if self.meta is None:
+                hit[0] = int(ptr)  # the base as a pointer
+            hit = tuple(hit)
+            if len(self.seen) >= self.LIMIT:
+                self.seen.clear()
+            self.seen[key] = hit
+        return hit
+
+
+def _expanding_launch_36(c_launch, slots: tuple) -> Callable:
+    """Triton 3.6's C ``launch`` with each descriptor argument (at ``slots``' positions of the
+    whole argument list) replaced by its expansion."""
+    slots = slots[::-1]  # from the last, so that the earlier positions stay put
+
+    def launch(*args):
+        args = list(args)
+        for i, slot in slots:
+            args[i:i + 1] = slot.expand(args[i])
+        return c_launch(*args)
+
+    launch.descriptor_slots = slots  # (tests and tools)
+    return launch
+
+
+def _launch_37(c_launch, head: tuple, slots: tuple) -> Callable:
+    """Triton 3.7's C ``launch`` taking ``(gx, gy, gz, stream, *params)``, the descriptor parameters
+    (``slots``' positions) expanded."""
+    function, coop, pdl, metadata, launch_metadata, enter, exit_, scratch, profile, annotations, signature = head
+    if not slots:
+        def launch(gx, gy, gz, stream, *args):
+            return c_launch(gx, gy, gz, stream, function, coop, pdl, metadata, launch_metadata, enter, exit_,
+                            scratch, profile, annotations, signature, args)
+
+        return launch
+    slots = slots[::-1]
+
+    def launch_descriptors(gx, gy, gz, stream, *args):
+        args = list(args)
+        for i, slot in slots:
+            args[i:i + 1] = slot.expand(args[i])
+        return c_launch(gx, gy, gz, stream, function, coop, pdl, metadata, launch_metadata, enter, exit_,
+                        scratch, profile, annotations, signature, args)
+
+    launch_descriptors.descriptor_slots = slots  # (tests and tools)
+    return launch_descriptors
 
 
 def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict) -> tuple[tuple, tuple]:
@@ -686,24 +849,50 @@ def capturing() -> bool:
     return query is not None and torch.cuda.is_initialized() and query()
 
 
+_torch_current_device = torch.cuda.current_device
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", _torch_current_device)  # (less the Python init check)
+
+
 def replay(entry, ptrs: list):
     """Launch a recorded call's launches (``kvattn._callcache._Entry``) for a call whose tensor
     arguments have the data pointers ``ptrs``: True, or False (nothing
-    launched) where the fast path would not launch them all as recorded now."""
-    if _RECORDER is not None or not fast_path_enabled() or knob_state() != entry.knobs:
+    launched) where the fast path would not launch them all as recorded now.
+
+    Only for a call whose key (``kvattn._callcache._flatten``) equals the recorded call's: the key
+    holds the raw value of every switch, so ``KVATTN_FAST_LAUNCH`` and ``TRITON_INTERPRET`` read as
+    they did while the call was recorded (the fast path was on: :func:`fast_path_enabled` less its
+    launch hooks). Checked here, what the key does not hold: no launch hooks, Triton's debug knobs,
+    the current device and stream, and each launch's compiled kernel still the one Triton's path
+    would pick (no pre-run hooks, the same ``debug`` flag, the cached kernel, its globals unchanged).
+    """
+    if _RECORDER is not None or knob_state() != entry.knobs or not _no_launch_hooks():
         return False
     active = driver.active
-    device = active.get_current_device()
+    get_device = active.get_current_device
+    # torch.cuda.current_device is a lazy-init check and _cuda_getDevice, which initialises itself
+    device = _cuda_get_device() if get_device is _torch_current_device else get_device()
     if device != entry.device:
         return False
     stream = active.get_current_stream(device)
     if entry.stream is not None and stream != entry.stream:
         return False
     steps = entry.steps
-    for launch, key, hit, _, _ in steps:
-        now = launch.ready(key)
-        if now is None or now[0] is not hit[0]:  # (recompiled, globals changed, hooks: Triton's path now)
+    for launch, key, hit, _, _ in steps:  # Launch.ready, for a launch known to be fast
+        kernel = launch.kernel
+        if kernel.pre_run_hooks:
             return False
+        now = launch._compiled.get((key, kernel.debug))
+        if now is None or now[0] is not hit[0] or not launch._globals_unchanged():  # (Triton's path now)
+            return False
+    values = _replay_values(entry, ptrs, stream)
+    for launch, _, hit, pick, static in steps:
+        launch.last = hit[0]
+        hit[1](*pick(values + static))
+    return True
+
+
+def _replay_values(entry, ptrs: list, stream: int) -> tuple:
+    """Every pointer (or rebuilt descriptor) of a recorded call's launches, then the stream."""
     if entry.constants:
         ptrs = ptrs + entry.constants
     values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)
@@ -712,10 +901,14 @@ def replay(entry, ptrs: list):
         for i, make in entry.rebuild:
             values[i] = make(values[i])
         values = tuple(values)
-    for launch, _, hit, pick, static in steps:
-        launch.last = hit[0]
-        hit[1](*pick(values + static))
-    return True
+    return values
+
+
+def replay_launches(entry, ptrs: list, stream: int) -> list[tuple[Callable, tuple]]:
+    """``(launcher, its whole argument list)`` of each launch :func:`replay` makes for a call with the
+    data pointers ``ptrs`` on ``stream``, without launching (tools time the launcher alone)."""
+    values = _replay_values(entry, ptrs, stream)
+    return [(hit[1], pick(values + static)) for _, _, hit, pick, static in entry.steps]
 
 
 def replay_step(launch: Launch, key: int, first: int, count: int, tail: tuple, total: int) -> tuple:

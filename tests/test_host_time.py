@@ -1,0 +1,41 @@
+"""``benchmarks/host_time.py --breakdown`` on the faked GPU (any machine): every function's replayed
+call is split into its key, the replay of its launches and each launcher alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvattn.ops.launch import fast_launch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(not fast_launch.TRITON_SUPPORTED, reason="replays take the fast path (Triton 3.6 / 3.7)")
+def test_breakdown_splits_every_replayed_call(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled-mode kernels, faked
+    env["PYTHONPATH"] = str(ROOT / "src")
+    out = tmp_path / "host_time.json"
+    got = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "host_time.py"), "--fake-gpu", "--breakdown", "--calls", "30",
+         "--json", str(out)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )
+    assert got.returncode == 0, got.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rows = doc["breakdown"]
+    assert set(rows) == {row["function"] for row in doc["rows"]}
+    for name, row in rows.items():
+        assert row is not None, f"{name}: not replayed"
+        assert row["launches"] == len(row["launcher"]) >= 1
+        if "h16" in name:  # the split and the combine
+            assert row["launches"] == 2
+        assert all(t > 0 for t in (row["whole"], row["key"], row["replay"], *row["launcher"])), name
+        assert abs(row["whole"] - row["key"] - row["replay"] - row["rest"]) < 1e-6
+        assert f"{name:28s} {row['whole']:6.1f} {row['key']:6.1f}" in got.stdout
+    assert "torch.add floor" in got.stdout
