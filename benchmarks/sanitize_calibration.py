@@ -20,8 +20,8 @@ not of the kernels; these two kernels measure it on the smallest such exchange:
 * ``exchange_meet``: both partitions publish, then meet on one barrier of two arrivals and read the
   other's (the row sums at the end of the MLA kernel's earlier version).
 * ``exchange_quads``: as ``exchange_rows``, each row stored once per lane of the quad that holds it
-  (a ``[64, 4]`` slot, one word a lane) and folded after the load: the MLA kernel's exchanges now
-  (``ops/mla/gluon_ws.py``, ``QUAD_LAYOUT``).
+  (a ``[64, 4]`` slot, one word a lane) and folded after the load, through the MLA kernel's own
+  exchange pieces (``ops/mla/gluon_ws.py``: ``_publish_rows``, ``_read_rows``).
 
 All check their results (a wrong value would be a real race). ``benchmarks/sanitize_driver.py``
 runs them as the variants ``calibration_*`` (benchmarks/NOTES.md "compute-sanitizer over every
@@ -36,6 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from kvattn.ops.common.gluon_compat import cta_barrier
+from kvattn.ops.mla.gluon_ws import _publish_rows, _read_rows
 
 ROWS = 128
 
@@ -135,31 +136,16 @@ def exchange_rows_kernel(out_ptr,  # [128] float32
                         (_rows_back, (x_smem, bars, out_ptr, ROUNDS, MEET))], [4], [128])
 
 
-QUADS: gl.constexpr = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
-    block_bases=[], shape=[64, 4]))
-
-
-@gluon.jit
-def _publish(slot, v):
-    slot.store(gl.zeros([64, 4], gl.float32, QUADS) + gl.expand_dims(gl.convert_layout(v, gl.SliceLayout(1, QUADS)), 1))
-
-
-@gluon.jit
-def _read(slot):
-    return gl.convert_layout(gl.max(slot.load(QUADS), axis=1), ROW_LAYOUT)
-
-
 @gluon.jit
 def _quads_there(x_smem, bars, out_ptr, ROUNDS: gl.constexpr):
     offs = gl.arange(0, 64, layout=ROW_LAYOUT)
     total = gl.zeros([64], gl.float32, layout=ROW_LAYOUT)
     for r in range(ROUNDS):
-        _publish(x_smem.slice(0, 64), offs.to(gl.float32) + r)
+        _publish_rows(x_smem, 0, offs.to(gl.float32) + r)
         cta_barrier()
         mbarrier.arrive(bars.index(0), count=1)
         mbarrier.wait(bars.index(1), r & 1)
-        total += _read(x_smem.slice(64, 64))
+        total += _read_rows(x_smem, 1, ROW_LAYOUT)
     gl.store(out_ptr + offs, total)
 
 
@@ -167,8 +153,8 @@ def _quads_there(x_smem, bars, out_ptr, ROUNDS: gl.constexpr):
 def _quads_back(x_smem, bars, out_ptr, ROUNDS: gl.constexpr):
     for r in range(ROUNDS):
         mbarrier.wait(bars.index(0), r & 1)
-        v = _read(x_smem.slice(0, 64))
-        _publish(x_smem.slice(64, 64), 2.0 * v)
+        v = _read_rows(x_smem, 0, ROW_LAYOUT)
+        _publish_rows(x_smem, 1, 2.0 * v)
         cta_barrier()
         mbarrier.arrive(bars.index(1), count=1)
 

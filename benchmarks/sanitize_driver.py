@@ -17,7 +17,6 @@ number of failures. Outputs are checked for NaN where the call must produce fini
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ import traceback
 import torch
 
 import kvattn
+from kvattn import _env
 from kvattn.testing import make_paged_kv
 
 DEV = os.environ.get("SANITIZE_DEVICE", "cuda")  # "cpu": a smoke test of the calls (reference backend)
@@ -35,21 +35,6 @@ WS_BYTES = 32 << 20
 
 def _ws():
     return torch.zeros(WS_BYTES, dtype=torch.uint8, device=DEV)
-
-
-@contextlib.contextmanager
-def _switches(**values):
-    """KVATTN_* switches (read at each call) set for one variant, then put back as they were."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _finite(t):
@@ -78,7 +63,7 @@ def decode_one_split():
 
 def _decode_split(fused_merge: str):
     from kvattn.ops.decode import configs
-    with _switches(KVATTN_FUSED_MERGE=fused_merge), configs.override(min_chunk=32, waves=8):
+    with _env.switches(KVATTN_FUSED_MERGE=fused_merge), configs.override(min_chunk=32, waves=8):
         _finite(_decode())
 
 
@@ -136,7 +121,7 @@ def single_decode_rope():
 # ---------------------------------------------------------------------------------------------
 def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None):
     # (KVATTN_GLUON=1 asks for the Gluon kernels, as the GPU-verified Tritons run them by default)
-    with _switches(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws):
+    with _env.switches(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws):
         case = make_paged_kv(list(lens), num_kv_heads=1, head_dim=576, page_size=page, dtype=BF16, form="shared",
                              device=DEV, seed=4)
         cache = case.kv_cache[:, 0, :, 0]
@@ -177,7 +162,7 @@ def _prefill(*, page, d=128, lens=(150, 64), q_lens=(70, 64), seq_lens=None, cum
 
 
 def prefill_triton():
-    with _switches(KVATTN_GLUON="0"):  # (pages of 16 take the Gluon kernel on Hopper otherwise)
+    with _env.switches(KVATTN_GLUON="0"):  # (pages of 16 take the Gluon kernel on Hopper otherwise)
         _finite(_prefill(page=16))
 
 

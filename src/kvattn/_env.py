@@ -43,6 +43,7 @@ KeyError).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -156,3 +157,19 @@ def batch_invariant() -> bool:
 
 triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",
                            "Whether Triton runs its interpreter (``TRITON_INTERPRET=1``).")
+
+
+@contextlib.contextmanager
+def switches(**values: str):
+    """Environment variables set for a ``with`` block (every switch reads its variable at each
+    call), then put back as they were, unset ones unset."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old

@@ -353,17 +353,8 @@ def _interpreter():
     if not _env.triton_interpret() and ("triton" in sys.modules or "kvattn.ops" in sys.modules):
         raise UsageError("--interpret: this process has already imported Triton without its interpreter; "
                          "run the command in a fresh process")
-    saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "KVATTN_BACKEND")}
-    os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["KVATTN_BACKEND"] = "triton"
-    try:
+    with _env.switches(TRITON_INTERPRET="1", KVATTN_BACKEND="triton"):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _mode_lines(device: torch.device, interpret: bool, reps: int) -> list[str]:

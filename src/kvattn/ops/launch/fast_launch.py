@@ -518,16 +518,22 @@ class _DescriptorSlot:
         return hit
 
 
+def _expanded(args: tuple, slots: tuple) -> list:
+    """``args`` with the descriptor at each of ``slots``' positions replaced by its expansion
+    (``slots`` last position first, so that the earlier positions stay put)."""
+    args = list(args)
+    for i, slot in slots:
+        args[i:i + 1] = slot.expand(args[i])
+    return args
+
+
 def _expanding_launch_36(c_launch, slots: tuple) -> Callable:
     """Triton 3.6's C ``launch`` with each descriptor argument (at ``slots``' positions of the
     whole argument list) replaced by its expansion."""
-    slots = slots[::-1]  # from the last, so that the earlier positions stay put
+    slots = slots[::-1]
 
     def launch(*args):
-        args = list(args)
-        for i, slot in slots:
-            args[i:i + 1] = slot.expand(args[i])
-        return c_launch(*args)
+        return c_launch(*_expanded(args, slots))
 
     launch.descriptor_slots = slots  # (tests and tools)
     return launch
@@ -546,11 +552,8 @@ def _launch_37(c_launch, head: tuple, slots: tuple) -> Callable:
     slots = slots[::-1]
 
     def launch_descriptors(gx, gy, gz, stream, *args):
-        args = list(args)
-        for i, slot in slots:
-            args[i:i + 1] = slot.expand(args[i])
         return c_launch(gx, gy, gz, stream, function, coop, pdl, metadata, launch_metadata, enter, exit_,
-                        scratch, profile, annotations, signature, args)
+                        scratch, profile, annotations, signature, _expanded(args, slots))
 
     launch_descriptors.descriptor_slots = slots  # (tests and tools)
     return launch_descriptors
@@ -877,12 +880,9 @@ def replay(entry, ptrs: list):
     if entry.stream is not None and stream != entry.stream:
         return False
     steps = entry.steps
-    for launch, key, hit, _, _ in steps:  # Launch.ready, for a launch known to be fast
-        kernel = launch.kernel
-        if kernel.pre_run_hooks:
-            return False
-        now = launch._compiled.get((key, kernel.debug))
-        if now is None or now[0] is not hit[0] or not launch._globals_unchanged():  # (Triton's path now)
+    for launch, key, hit, _, _ in steps:
+        now = launch.ready(key)
+        if now is None or now[0] is not hit[0]:  # (recompiled, globals changed, hooks: Triton's path now)
             return False
     values = _replay_values(entry, ptrs, stream)
     for launch, _, hit, pick, static in steps:
