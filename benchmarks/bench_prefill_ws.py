@@ -7,7 +7,11 @@ matmul ceiling measured in the same process before and after. Variants:
 * ``old``: the Triton kernel (``KVATTN_GLUON=0``); ``new``: the Gluon kernel as shipped;
 * ``pp``: with ping-pong; ``s3``: 3 buffers a ring; ``n64``: 64-key tiles (4 buffers);
 * floors: ``nosoftmax`` (P = S, no exponentials or max), ``noloads`` (no copies; the buffers are
-  signalled full as they are): the time the kernel's other work alone takes.
+  signalled full as they are), ``noconvert`` (fp8 caches: the converter signals its tiles
+  converted without converting): the time the kernel's other work alone takes.
+
+``--fp8`` adds the fp8-cache shapes (a bf16 query over an fp8 cache, an fp8 query and cache; at
+1 x 8192 and 4 x 2048), which the Gluon kernel takes through its converter partition.
 
 Before timing, each shape's output of ``new`` is compared with ``old`` (relative error).
 
@@ -34,7 +38,7 @@ import torch  # noqa: E402
 from benchmarks import ceilings, problems, shapes  # noqa: E402
 from benchmarks.timing import Timer  # noqa: E402
 
-VARIANTS = ("old", "new", "pp", "s3", "n64", "nosoftmax", "noloads")
+VARIANTS = ("old", "new", "pp", "s3", "n64", "nosoftmax", "noloads", "noconvert")
 
 
 @contextlib.contextmanager
@@ -54,8 +58,9 @@ def _variant(name: str, head_dim: int):
             prefill_configs._SM90_WS[head_dim] = dataclasses.replace(saved_cfg, stages=int(name[1]))
         elif name == "n64":
             prefill_configs._SM90_WS[head_dim] = dataclasses.replace(saved_cfg, block_n=64, stages=4)
-        elif name in ("nosoftmax", "noloads"):
-            prefill_ws.launch = functools.partial(saved_launch, mode=1 if name == "nosoftmax" else 2)
+        elif name in ("nosoftmax", "noloads", "noconvert"):
+            mode = {"nosoftmax": 1, "noloads": 2, "noconvert": 3}[name]
+            prefill_ws.launch = functools.partial(saved_launch, mode=mode)
         elif name != "new":
             raise ValueError(f"unknown variant {name!r}")
         yield
@@ -69,17 +74,22 @@ def _variant(name: str, head_dim: int):
             os.environ["KVATTN_GLUON"] = saved_env
 
 
-def _grid(page16: bool) -> list:
+def _grid(page16: bool, fp8: bool = False) -> list:
     grid = [s for s in shapes._prefill_grid() if s.q_dtype == "bfloat16" and s.kv_dtype == "bfloat16"]
     if page16:
         grid += [dataclasses.replace(s, page_size=16) for s in grid]
+    if fp8:
+        base = [s for s in grid if s.page_size == 64 and s.q_len in (8192, 2048)]
+        grid += [dataclasses.replace(s, kv_dtype="fp8", peers=False) for s in base]
+        grid += [dataclasses.replace(s, kv_dtype="fp8", q_dtype="fp8", peers=False) for s in base]
     return grid
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--page16", action="store_true", help="also the shapes at page 16 (old kernel only)")
+    ap.add_argument("--page16", action="store_true", help="also the shapes at page 16")
+    ap.add_argument("--fp8", action="store_true", help="also fp8-cache shapes (bf16 and fp8 queries)")
     ap.add_argument("--filter", action="append", default=[])
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--out", default=None)
@@ -94,14 +104,14 @@ def main(argv=None) -> int:
     doc["env"]["triton"] = triton.__version__
     mm = [ceilings._matmul_tflops(device, 8192, 0.5, fp8=False)]
     print(f"bf16 matmul 8192^3: {mm[0]:.1f} TFLOP/s", flush=True)
-    for shape in _grid(args.page16):
+    for shape in _grid(args.page16, args.fp8):
         if args.filter and not any(f in shape.id for f in args.filter):
             continue
         prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
         fns = [s.kvattn for s in prob.sets]
         names = [v for v in args.variants.split(",") if v]
-        if shape.page_size < 64:
-            names = [n for n in names if n == "old"]
+        if shape.kv_dtype != "fp8":  # (no converter to switch off)
+            names = [n for n in names if n != "noconvert"]
         if "old" in names and "new" in names:
             with _variant("old", shape.head_dim):
                 ref = fns[0]().float().clone()

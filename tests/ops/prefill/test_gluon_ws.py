@@ -54,15 +54,22 @@ BASE_FACTS = dict(hopper=True, gluon_on=True, q_dtype=torch.bfloat16, kv_dtype=t
     ({"page": 4}, False), ({"page": 96}, False), ({"page": 24}, False),
     ({"page": 192}, False),  # 128-key tiles: the second tile of a page would run past it
     ({"page": 192, "head_dim": 256}, True),  # 64-key tiles: three a page
-    ({"kv_dtype": FP8_DTYPE}, False), ({"kv_dtype": torch.uint8}, False),
-    ({"q_dtype": FP8_DTYPE, "kv_dtype": FP8_DTYPE}, False),
+    # fp8 caches: converted to float16 operands by a converter partition; D256 with a 16-bit query
+    # would need 256 KB of shared memory; NVFP4 caches (uint8 codes) stay on the Triton kernel.
+    ({"kv_dtype": FP8_DTYPE}, True), ({"kv_dtype": FP8_DTYPE, "head_dim": 64}, True),
+    ({"kv_dtype": FP8_DTYPE, "head_dim": 256}, False), ({"kv_dtype": FP8_DTYPE, "page": 16}, True),
+    ({"q_dtype": torch.float16, "kv_dtype": FP8_DTYPE}, True),
+    ({"q_dtype": FP8_DTYPE, "kv_dtype": FP8_DTYPE}, True), ({"q_dtype": FP8_DTYPE, "kv_dtype": FP8_DTYPE,
+                                                             "head_dim": 256}, True),
+    ({"q_dtype": FP8_DTYPE, "kv_dtype": torch.bfloat16}, False), ({"kv_dtype": torch.uint8}, False),
     ({"kv_dtype": torch.float16}, False),  # a cache of another 16-bit type
     ({"out_dtype": FP8_DTYPE}, False), ({"nvfp4_out": True}, False),
     ({"skip": True}, False), ({"head_dim": 96}, False),
 ], ids=lambda x: str(x) if not isinstance(x, dict) else "-".join(f"{k}={v}" for k, v in x.items()) or "base")
 def test_eligible_launches(change, expected):
-    """16-bit query and cache of one dtype, 16-bit output, pages of 8 tokens or more that tile the
-    key tiles, Hopper, no skip-softmax: the Gluon kernel; anything else stays on the Triton kernel."""
+    """16-bit query and cache of one dtype, a 16-bit or fp8 query over an fp8 cache, 16-bit output,
+    pages of 8 tokens or more that tile the key tiles, Hopper, no skip-softmax: the Gluon kernel;
+    anything else stays on the Triton kernel."""
     assert prefill_ws.eligible(**dict(BASE_FACTS, **change)) is expected
 
 
@@ -74,6 +81,14 @@ def test_a_config_for_every_head_dim_within_shared_memory():
         assert cfg is not None and cfg.block_n % 64 == 0 and cfg.stages >= 2, d
         assert 2 * (2 * 64 * d + 2 * cfg.stages * cfg.block_n * d) <= 227 * 1024, d
     assert prefill_configs.ws_config(96) is None
+    # fp8 caches add the converter's rings of bytes (K's only for a 16-bit query); an fp8 query's q
+    # and K are bytes, its V float16.
+    for (kind, d), cfg in prefill_configs._SM90_WS_FP8.items():
+        qk = 1 if kind == "fp8qk" else 2
+        byte_rings = (1 if kind == "fp8qk" else 2) * cfg.stages * cfg.block_n * d
+        total = qk * (2 * 64 * d + cfg.stages * cfg.block_n * d) + 2 * cfg.stages * cfg.block_n * d + byte_rings
+        assert total <= 227 * 1024, (kind, d)
+    assert prefill_configs.ws_config(256, "fp8") is None and prefill_configs.ws_config(128, "nvfp4") is None
 
 
 def test_tma_views_of_each_page_form():
@@ -140,15 +155,22 @@ ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank
 WS_PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "cum_q_ptr": "*i32",
            "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32"}
 WS_BASE = dict(HEAD_DIM=128, PAGE_SIZE=64, GROUP=4, BLOCK_N=128, STAGES=2, HAS_WINDOW=False, HAS_SINKS=False,
-               LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, MODE=0)
+               LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, KV_FP8=False, MODE=0)
 
 
-def compile_ws(dtype: str = "bf16", **constexprs) -> dict:
-    cfg = dict(WS_BASE, **constexprs)
+def compile_ws(dtype: str = "bf16", kv: str | None = None, **constexprs) -> dict:
+    """``dtype``: the query's; ``kv``: the cache's (the query's by default; ``"fp8e4nv"`` sets
+    KV_FP8); the output bf16 for an fp8 query, else the query's type."""
+    kv = kv or dtype
+    cfg = dict(WS_BASE, KV_FP8=kv == "fp8e4nv", **constexprs)
     sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
-    desc = f"tensordesc<{dtype}[{sub}, 64],{ROW_SMEM}>"
+    esize = 1 if kv == "fp8e4nv" else 2
+    smem = ROW_SMEM if esize == 2 else ROW_SMEM.replace("element_bitwidth=16", "element_bitwidth=8").replace(
+        "swizzle_byte_width=128", f"swizzle_byte_width={min(128, cfg['HEAD_DIM'])}")
+    desc = f"tensordesc<{kv}[{sub}, {min(cfg['HEAD_DIM'], 128 // esize)}],{smem}>"
+    out = "bf16" if dtype == "fp8e4nv" else dtype
     return compile_sm90("kvattn.ops.prefill.gluon_ws.prefill_ws_kernel", cfg, ptrs=dict(WS_PTRS, q_ptr=f"*{dtype}",
-                        out_ptr=f"*{dtype}"), floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                        out_ptr=f"*{out}"), floats=("logit_factor", "out_factor"), warps=4, gluon=True,
                         descs={"k_desc": desc, "v_desc": desc}, sass=True, options={"maxnreg": prefill_ws.MAXNREG})
 
 
@@ -262,6 +284,41 @@ def test_kernel_compiles_to_its_schedule(kw, n_by_shape):
         assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
 
 
+@pytest.mark.parametrize("q,kw,products", [
+    ("bf16", {}, {"m64n128k16.f32.f16.f16": 64}),
+    ("fp16", {"HEAD_DIM": 64, "STAGES": 4}, {"m64n128k16.f32.f16.f16": 16, "m64n64k16.f32.f16.f16": 32}),
+    ("bf16", {"PAGE_SIZE": 16, "HAS_WINDOW": True, "HAS_SINKS": True, "LOGIT_PTR": True}, {"m64n128k16.f32.f16.f16": 64}),
+    ("fp8e4nv", {}, {"m64n128k32.f32.e4m3.e4m3": 16, "m64n128k16.f32.f16.f16": 32}),
+    ("fp8e4nv", {"HEAD_DIM": 256, "BLOCK_N": 64}, {"m64n64k32.f32.e4m3.e4m3": 32, "m64n256k16.f32.f16.f16": 16}),
+], ids=["bf16q-D128", "fp16q-D64", "bf16q-D128-p16-window-sinks-device-scale", "fp8q-D128", "fp8q-D256"])
+def test_fp8_cache_kernel_compiles_to_its_schedule(q, kw, products):
+    """fp8 caches: a fourth partition (two converter warps beside the producer warp, 40 registers;
+    the consumers 232) turns the copied bytes into float16 operands (one e4m3-pair instruction a
+    pair); the scores of an fp8 query stay on e4m3 products over the copied K; the same overlap of
+    the softmax with P.V, no spill in the key loops, within shared memory."""
+    got = compile_ws(q, kv="fp8e4nv", **kw)
+    ptx, sass = got["ptx"], got.get("sass", "")
+    cfg = dict(WS_BASE, **kw)
+    for shape, n in products.items():
+        assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.{re.escape(shape)}", ptx)) == n, shape
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == sum(products.values())
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)
+    assert "cvt.rn.f16x2.e4m3x2" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx  # the converter's stores made visible to wgmma
+    sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
+    copies = 2 * (cfg["BLOCK_N"] // sub) * max(1, cfg["HEAD_DIM"] // 128)  # 128-byte boxes of bytes
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
+    assert bounds_fixed_before_the_loop(got["ttgir"]) == []
+    assert got["shared"] <= 227 * 1024
+    skip_unless_gpu_verified("ptxas 12.9 of Triton 3.9 spills 1-2 values in the key loops of D128 and D256, "
+                             "32-40 bytes of stack")
+    if "reg" in got:
+        assert got["stack"] <= 32
+        assert spills_in_key_loops(sass) == 0
+        assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
+
+
 def spills_in_key_loops(sass: str) -> int:
     """Local-memory loads / stores between a consumer's wait for S (``DEPBAR.LE gsb0, 0x1``) and
     its wait for P.V (``DEPBAR.LE gsb0, 0x0``): the softmax under the products."""
@@ -328,6 +385,25 @@ WS_CASES = [
              qdt=torch.bfloat16),
     ws_param("bf16-Hq32-Hkv8-long", lens=[2100, 700, 64], lq=[1100, 700, 3], hkv=8, group=4, d=128, page=64,
              qdt=torch.bfloat16),
+    # fp8 caches (the converter partition): 16-bit queries over fp8, fp8 queries and caches
+    *[ws_param(f"bf16q-fp8kv-{layout}-{form}-p{page}", lens=LENS, lq=LQ, layout=layout, form=form, page=page, d=128,
+               qdt=torch.bfloat16, fmt="fp8", seed=page + 7)
+      for layout in ("HND", "NHD") for form, page in (("stacked", 64), ("tuple", 128), ("shared", 16))],
+    *[ws_param(f"{name}q-fp8kv-D{d}-G{g}", lens=[1, 77, 513, 700], lq=[1, 77, 300, 700], d=d, group=g,
+               hkv=max(1, 8 // g), page=64, qdt=qdt, fmt="fp8", seed=d + g + 3)
+      for name, qdt in (("bf16", torch.bfloat16), ("fp16", torch.float16)) for d in (64, 128) for g in (1, 8)],
+    *[ws_param(f"bf16q-fp8kv-window{w}", lens=[1, 16, 17, 64, 65, 200, 1100], lq=[1, 16, 10, 64, 1, 200, 900],
+               window=w, page=64, d=128, qdt=torch.bfloat16, fmt="fp8", sinks=w % 2 == 1, seed=w)
+      for w in (0, 127, 128, 1000)],
+    ws_param("bf16q-fp8kv-split-tables-sinks-device-scales-negative", lens=LENS, lq=LQ, split=True, form="tuple",
+             page=32, d=128, qdt=torch.bfloat16, fmt="fp8", window=500, sinks=True, tensor_scales=True, bmm1=-0.1),
+    *[ws_param(f"fp8q-fp8kv-D{d}-{layout}-p{page}", lens=LENS, lq=LQ, d=d, page=page, layout=layout,
+               qdt=FP8_DTYPE, seed=d + page)
+      for d in (64, 128, 256) for layout, page in (("HND", 64), ("NHD", 16))],
+    ws_param("fp8q-fp8kv-window-sinks-device-scales-negative", lens=[1, 16, 17, 64, 65, 200, 1100],
+             lq=[1, 16, 10, 64, 1, 200, 900], window=127, sinks=True, tensor_scales=True, bmm1=-0.12, page=64,
+             d=128, qdt=FP8_DTYPE),
+    ws_param("fp8q-fp8kv-fp16-out", lens=LENS, lq=LQ, page=64, d=128, qdt=FP8_DTYPE, out_kind=torch.float16),
 ]
 
 
@@ -338,29 +414,37 @@ def test_matches_oracles(kw, triton_backend, monkeypatch):
     assert len(launches) == 1, "the Gluon kernel did not take the launch"
 
 
-@pytest.mark.parametrize("sms,variant", [
-    (1, None), (3, None), (7, prefill_configs.WSConfig(128, 3, False)),
-    (5, prefill_configs.WSConfig(64, 4, False)), (2, prefill_configs.WSConfig(128, 2, True)),
-], ids=["1-program", "3-programs", "7-programs-3-stages", "5-programs-64-key-tiles-4-stages", "2-programs-pingpong"])
+@pytest.mark.parametrize("sms,variant,qdt,fmt", [
+    (1, None, torch.bfloat16, None), (3, None, torch.bfloat16, None),
+    (7, prefill_configs.WSConfig(128, 3, False), torch.bfloat16, None),
+    (5, prefill_configs.WSConfig(64, 4, False), torch.bfloat16, None),
+    (2, prefill_configs.WSConfig(128, 2, True), torch.bfloat16, None),
+    (1, None, torch.bfloat16, "fp8"), (3, None, FP8_DTYPE, None),
+    (5, prefill_configs.WSConfig(64, 3, False), torch.bfloat16, "fp8"),
+], ids=["1-program", "3-programs", "7-programs-3-stages", "5-programs-64-key-tiles-4-stages", "2-programs-pingpong",
+        "1-program-fp8-cache", "3-programs-fp8-query", "5-programs-fp8-cache-64-key-tiles-3-stages"])
 @GPU_ONLY
-def test_persistent_programs_walk_many_tiles(sms, variant, triton_backend, monkeypatch):
+def test_persistent_programs_walk_many_tiles(sms, variant, qdt, fmt, triton_backend, monkeypatch):
     """A grid of a few programs, each taking dozens of tiles in turn: the rings' buffers and phases
     and the warpgroups' turns carry over from tile to tile (and over tiles without rows); other
-    ring depths and tiles too."""
+    ring depths and tiles too; the converter's rings of an fp8 cache likewise."""
     monkeypatch.setattr(kvattn._device, "sm_count", lambda device: sms)
     if variant is not None:
         monkeypatch.setitem(prefill_configs._SM90_WS, 128, variant)
+        for kind in ("fp8", "fp8qk"):
+            monkeypatch.setitem(prefill_configs._SM90_WS_FP8, (kind, 128), variant)
     launches = returns_of(monkeypatch, prefill_ws, "launch")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 0, 777, 1029, 64, 500], lq=[1, 300, 0, 129, 700, 0, 250],
-                 d=128, page=64, qdt=torch.bfloat16, window=300 if sms == 3 else -1, sinks=sms == 3, seed=sms)
+                 d=128, page=64, qdt=qdt, fmt=fmt, window=300 if sms == 3 else -1, sinks=sms == 3, seed=sms)
     assert len(launches) == 1
 
 
-@pytest.mark.parametrize("case", ["gluon-off", "page4", "page192", "page96", "fp8-out", "skip", "fp8-cache"])
+@pytest.mark.parametrize("case", ["gluon-off", "page4", "page192", "page96", "fp8-out", "skip", "nvfp4-cache",
+                                  "fp8-cache-D256"])
 @GPU_ONLY
 def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch):
-    """KVATTN_GLUON=0, pages that do not tile the key tiles, fp8 outputs, skip-softmax, quantised
-    caches: the Triton kernel (still correct)."""
+    """KVATTN_GLUON=0, pages that do not tile the key tiles, fp8 outputs, skip-softmax, NVFP4
+    caches, fp8 caches under a 16-bit query at D256: the Triton kernel (still correct)."""
     launches = returns_of(monkeypatch, prefill_ws, "launch")
     kw = dict(lens=[1, 300, 77], lq=[1, 200, 77], d=128, page=64, qdt=torch.bfloat16, seed=4)
     if case == "gluon-off":
@@ -371,8 +455,10 @@ def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch
         kw["out_kind"] = FP8_DTYPE
     elif case == "skip":
         kw.update(skip=4.0, q_shared=8.0, lens=[700, 1300], lq=[700, 1000])
+    elif case == "nvfp4-cache":
+        kw["fmt"] = "nvfp4"
     else:
-        kw["fmt"] = "fp8"
+        kw.update(fmt="fp8", d=256)
     prefill_case(torch.device("cuda"), monkeypatch, **kw)
     assert launches == []
 

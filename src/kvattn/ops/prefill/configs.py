@@ -106,11 +106,21 @@ class WSConfig:
 # (1x8192x8192 967 vs 997 us, 4x2048 306 vs 314, 8x1024x8192 1793 vs 1826); 3 buffers within 1 %,
 # 64-key tiles 10-20 % slower.
 _SM90_WS = {64: WSConfig(128, 4, False), 128: WSConfig(128, 2, False), 256: WSConfig(64, 2, False)}
+# fp8 caches (a converter partition turns the copied bytes into float16 operands, see gluon_ws), by
+# operand kind: "fp8" (16-bit query: K and V converted, a ring of bytes each) and "fp8qk" (fp8 query:
+# scores on the copied K bytes, V converted). The same tiles as 16-bit caches where shared memory
+# holds the byte rings too: D64 208 KB, D128 225 KB; D256 with a 16-bit query would need 256 KB
+# and keeps the Triton kernel (fp8qk D256: 160 KB).
+_SM90_WS_FP8 = {("fp8", 64): _SM90_WS[64], ("fp8", 128): _SM90_WS[128],
+                ("fp8qk", 64): _SM90_WS[64], ("fp8qk", 128): _SM90_WS[128], ("fp8qk", 256): _SM90_WS[256]}
 
 
-def ws_config(head_dim: int) -> WSConfig | None:
-    """The Gluon kernel's tiles for ``head_dim`` (None: that head_dim stays on the Triton kernel)."""
-    return _SM90_WS.get(head_dim)
+def ws_config(head_dim: int, kind: str = "half") -> WSConfig | None:
+    """The Gluon kernel's tiles for ``head_dim`` and operand ``kind`` (``"half"``, ``"fp8"``,
+    ``"fp8qk"``, as :func:`config`); None: that launch stays on the Triton kernel."""
+    if kind == "half":
+        return _SM90_WS.get(head_dim)
+    return _SM90_WS_FP8.get((kind, head_dim))
 
 
 # head_dim -> (num_warps, num_stages) at 128 x 128: D64 188 regs, clean; D128 255 regs, 32 B spilled;

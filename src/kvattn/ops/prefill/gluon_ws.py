@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..common import causal_key_ranges, full_tile_softmax
+from ..common import causal_key_ranges, float16_operand, full_tile_softmax
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..launch import fast_launch
 from .configs import ws_config
@@ -81,6 +81,24 @@ def _row_threads(head_dim):
     head_dim = getattr(head_dim, "value", head_dim)  # Triton 3.6 passes the constexpr itself
     along = min(head_dim // 8, 32)
     return [32 // along, along]
+
+
+@triton.constexpr_function
+def _box_cols(head_dim, esize):
+    """Columns of a TMA box and of a swizzle span: 128 bytes of a row, or the whole row where it
+    is shorter (fp8 rows of 64 values)."""
+    head_dim = getattr(head_dim, "value", head_dim)
+    esize = getattr(esize, "value", esize)
+    return min(head_dim, 128 // esize)
+
+
+@triton.constexpr_function
+def _row_smem(head_dim, esize):
+    """The shared layout of ``[rows, head_dim]`` tiles of ``esize``-byte values: TMA's boxes and
+    wgmma's operands (a 128-byte swizzle; 64 bytes for fp8 rows of 64 values)."""
+    head_dim = getattr(head_dim, "value", head_dim)
+    esize = getattr(esize, "value", esize)
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, head_dim * esize), element_bitwidth=8 * esize, rank=2)
 
 
 @gluon.jit
@@ -120,35 +138,47 @@ def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, p
                 head_rows, head_cols, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 MODE: gl.constexpr):
     """Start the copy of the key tile ``[n0, n0 + BLOCK_N)`` into ``buf [BLOCK_N, HEAD_DIM]``;
-    ``bar`` counts its bytes. One box of ``SUB`` tokens x 64 columns at a time; a box's page id
-    is read only where its first token is below ``hi`` (table entries past a request's last page
-    are never read); other boxes, and ids outside ``[0, num_pages)``, read the row past the view's
-    end: zeros."""
+    ``bar`` counts its bytes. One box of ``SUB`` tokens x one 128-byte swizzle span of columns
+    (64 16-bit values, up to 128 fp8 ones) at a time; a box's page id is read only where its
+    first token is below ``hi`` (table entries past a request's last page are never read); other
+    boxes, and ids outside ``[0, num_pages)``, read the row past the view's end: zeros."""
     SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
+    ESIZE: gl.constexpr = buf.dtype.primitive_bitwidth // 8
+    BOX: gl.constexpr = _box_cols(HEAD_DIM, ESIZE)
     if MODE == 2:
         mbarrier.arrive(bar)
     else:
-        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * 2)
+        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * ESIZE)
         for c in gl.static_range(BLOCK_N // SUB):
             tok = n0 + c * SUB
             pid = gl.load(table_row + (tok // PAGE_SIZE) * stride_t_p, mask=tok < hi, other=-1)
             ok = (pid >= 0) & (pid < num_pages)
             row = gl.where(ok, pid * page_rows + kvh * head_rows + tok % PAGE_SIZE, total_rows)
             part = buf.slice(c * SUB, SUB, dim=0)
-            for d in gl.static_range(HEAD_DIM // COLS):
-                tma_load(desc, [row, kvh * head_cols + d * COLS], bar, part.slice(d * COLS, COLS, dim=1))
+            for d in gl.static_range(HEAD_DIM // BOX):
+                tma_load(desc, [row, kvh * head_cols + d * BOX], bar, part.slice(d * BOX, BOX, dim=1))
 
 
 @gluon.jit
 def _producer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+              raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-              MODE: gl.constexpr):
+              KV_FP8: gl.constexpr, MODE: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
      num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
+    # Where each copy lands: the consumers' rings, or (fp8 caches) the converter's rings of bytes.
+    k_raw, v_raw, k_raw_ready, k_raw_empty, v_raw_ready, v_raw_empty = raw
+    if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
+        k_dst, k_full, k_free = k_raw, k_raw_ready, k_raw_empty
+    else:
+        k_dst, k_full, k_free = k_bufs, k_ready, k_empty
+    if KV_FP8:
+        v_dst, v_full, v_free = v_raw, v_raw_ready, v_raw_empty
+    else:
+        v_dst, v_full, v_free = v_bufs, v_ready, v_empty
     c = 0  # tiles through the rings so far (buffer c % STAGES, its use number c // STAGES)
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
@@ -163,14 +193,136 @@ def _producer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                 slot = c % STAGES
                 phase = (c // STAGES) & 1
                 # A fresh barrier passes a wait on parity 1: the first round finds every buffer free.
-                mbarrier.wait(k_empty.index(slot), phase ^ 1)
-                _issue_tile(k_desc, k_bufs.index(slot), k_ready.index(slot), kt_row, stride_kt_p, n0, hi, kvh,
+                mbarrier.wait(k_free.index(slot), phase ^ 1)
+                _issue_tile(k_desc, k_dst.index(slot), k_full.index(slot), kt_row, stride_kt_p, n0, hi, kvh,
                             num_pages, k_page_rows, k_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
                             HEAD_DIM, MODE)
-                mbarrier.wait(v_empty.index(slot), phase ^ 1)
-                _issue_tile(v_desc, v_bufs.index(slot), v_ready.index(slot), vt_row, stride_vt_p, n0, hi, kvh,
+                mbarrier.wait(v_free.index(slot), phase ^ 1)
+                _issue_tile(v_desc, v_dst.index(slot), v_full.index(slot), vt_row, stride_vt_p, n0, hi, kvh,
                             num_pages, v_page_rows, v_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
                             HEAD_DIM, MODE)
+                c += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# converter (fp8 caches): two warps
+# ---------------------------------------------------------------------------------------------
+CONV_WARPS: gl.constexpr = gl.constexpr(2)
+CONVERTER_REGS: gl.constexpr = gl.constexpr(40)  # the producer's warpgroup (producer + converter warps)
+CONSUMER_REGS_FP8: gl.constexpr = gl.constexpr(232)
+
+
+@triton.constexpr_function
+def _converts_k(q_dtype, kv_fp8):
+    """K goes through the converter where the cache is fp8 and the query is not: a 16-bit query's
+    score product needs 16-bit keys, an fp8 query's takes the copied bytes."""
+    return bool(getattr(kv_fp8, "value", kv_fp8)) and not getattr(q_dtype, "value", q_dtype).is_fp8()
+
+
+@triton.constexpr_function
+def _k_dtype(q_dtype, kv_fp8):
+    """The type of the staged query and of the keys in the score product: an fp8 query's own
+    (e4m3 products on the copied bytes); float16 over an fp8 cache (e4m3 converts to it exactly, a
+    pair an instruction; the query saturated to its range, as the Triton kernels' float16
+    operands); else the query's."""
+    q_dtype = getattr(q_dtype, "value", q_dtype)
+    if q_dtype.is_fp8():
+        return q_dtype
+    return gl.float16 if getattr(kv_fp8, "value", kv_fp8) else q_dtype
+
+
+@triton.constexpr_function
+def _pv_dtype(q_dtype, kv_fp8):
+    """The type of P and of the values in the P.V product: float16 over an fp8 cache (P in e4m3
+    would cost 1-2.5 % relative error, benchmarks/NOTES.md "Prefill: floors and the first Triton
+    kernel"), else the query's."""
+    return gl.float16 if getattr(kv_fp8, "value", kv_fp8) else getattr(q_dtype, "value", q_dtype)
+
+
+@triton.constexpr_function
+def _convert_layout_of(cols):
+    """Registers of one conversion step over ``cols`` columns: 16 bytes of a row a thread (one
+    vector load, two vector stores), a row's vectors across neighbouring lanes, 8 rows a step (the
+    swizzle's period)."""
+    cols = getattr(cols, "value", cols)
+    along = min(cols // 16, 32)
+    rows = 32 // along
+    per_thread = max(1, 8 // (rows * 2))
+    return gl.BlockedLayout([per_thread, 16], [rows, along], [2, 1], [1, 0])
+
+
+@gluon.jit
+def _convert_tile(src, dst, n0, kv_len, ZERO_PAST: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Convert the e4m3 tile ``src [BLOCK_N, HEAD_DIM]`` (keys from ``n0``) into ``dst`` (16-bit,
+    exact); with ``ZERO_PAST`` rows at or past ``kv_len`` become zeros (a page's slots past the
+    request may hold NaN, and ``0 * NaN`` is NaN in ``P V``). Steps of 8 rows x 128 columns at most
+    (one swizzle span of bytes): 16 bytes in, 32 out a thread, within the converter's registers."""
+    COLS: gl.constexpr = HEAD_DIM if HEAD_DIM < 128 else 128
+    ld: gl.constexpr = _convert_layout_of(COLS)
+    STEP: gl.constexpr = ld.size_per_thread[0] * ld.threads_per_warp[0] * ld.warps_per_cta[0]
+    for c in gl.static_range(HEAD_DIM // COLS):
+        src_c = src.slice(c * COLS, COLS, dim=1)
+        dst_c = dst.slice(c * COLS, COLS, dim=1)
+        for r in gl.static_range(BLOCK_N // STEP):
+            x = src_c.slice(r * STEP, STEP, dim=0).load(ld).to(dst.dtype)
+            if ZERO_PAST:
+                rows = n0 + r * STEP + gl.arange(0, STEP, layout=gl.SliceLayout(1, ld))
+                x = gl.where((rows < kv_len)[:, None], x, 0.0)
+            dst_c.slice(r * STEP, STEP, dim=0).store(x)
+
+
+@gluon.jit
+def _pass_tile(src, dst, src_full, src_free, dst_full, dst_free, slot, phase, n0, kv_len, ZERO_PAST: gl.constexpr,
+               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, MODE: gl.constexpr):
+    """Take a copied tile from the ring of bytes, convert it into the consumers' ring, free the
+    one and fill the other. Every converter warp's stores are fenced for the tensor cores' reads
+    and met at a barrier before the one arrival each."""
+    mbarrier.wait(src_full.index(slot), phase)
+    mbarrier.wait(dst_free.index(slot), phase ^ 1)
+    if MODE != 3:  # floor 3: conversion off
+        if ZERO_PAST:
+            if n0 + BLOCK_N > kv_len:
+                _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, True, BLOCK_N, HEAD_DIM)
+            else:
+                _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, False, BLOCK_N, HEAD_DIM)
+        else:
+            _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, False, BLOCK_N, HEAD_DIM)
+    fence_async_shared()
+    cta_barrier()
+    mbarrier.arrive(src_free.index(slot))
+    mbarrier.arrive(dst_full.index(slot))
+
+
+@gluon.jit
+def _converter(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+               raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
+               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
+               KV_FP8: gl.constexpr, MODE: gl.constexpr):
+    """fp8 caches: the copied e4m3 tiles into the 16-bit operands the tensor cores read (V always,
+    K for a 16-bit query), off the consumers' path (benchmarks/NOTES.md "Prefill: fp8 caches in
+    the warp-specialised kernel"). V rows past the request are zeroed here, so the consumers skip
+    their own zeroing."""
+    (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
+     num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+     k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
+    k_raw, v_raw, k_raw_ready, k_raw_empty, v_raw_ready, v_raw_empty = raw
+    c = 0  # tiles through the rings (as the producer counts them)
+    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
+            t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
+            HAS_WINDOW)
+        if live:
+            for j in range(n_tiles):
+                n0 = start + j * BLOCK_N
+                slot = c % STAGES
+                phase = (c // STAGES) & 1
+                if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
+                    _pass_tile(k_raw, k_bufs, k_raw_ready, k_raw_empty, k_ready, k_empty, slot, phase, n0, kv_len,
+                               False, BLOCK_N, HEAD_DIM, MODE)
+                _pass_tile(v_raw, v_bufs, v_raw_ready, v_raw_empty, v_ready, v_empty, slot, phase, n0, kv_len, True,
+                           BLOCK_N, HEAD_DIM, MODE)
                 c += 1
 
 
@@ -249,17 +401,19 @@ def _zero_rows_past(buf, n0, kv_len, zero_bar, zeroings, WG: gl.constexpr, BLOCK
 @gluon.jit
 def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+              raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-              MODE: gl.constexpr, WG: gl.constexpr):
+              KV_FP8: gl.constexpr, MODE: gl.constexpr, WG: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
      num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
     dt: gl.constexpr = q_ptr.dtype.element_ty
+    qk_dt: gl.constexpr = _k_dtype(dt, KV_FP8)
+    pv_dt: gl.constexpr = _pv_dtype(dt, KV_FP8)
     # One warpgroup: S [64, BLOCK_N] and O [64, D] as m64 wgmma accumulators, P from registers.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK_N, 256 // qk_dt.primitive_bitwidth])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -293,7 +447,13 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
             q_rows = q_start + row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, q_ld))
             q_off = q_rows.to(gl.int64)[:, None] * stride_q_t + h * stride_q_h + offs_qd[None, :]
             q = gl.load(q_ptr + q_off, mask=((q_rows >= 0) & (q_rows < q_end))[:, None], other=0.0)
-            q = gl.where(logit < 0, -q, q)
+            if dt.is_fp8():  # (no fp8 negation in Triton: the sign bit flipped)
+                q_bits = q.to(gl.int8, bitcast=True)
+                q = gl.where(logit < 0, q_bits ^ -128, q_bits).to(dt, bitcast=True)
+            else:
+                q = gl.where(logit < 0, -q, q)
+                if KV_FP8:
+                    q = float16_operand(q)
             my_q.store(q)
             fence_async_shared()
             cta_barrier()
@@ -318,7 +478,7 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                                                          HAS_WINDOW, MODE)
                 else:
                     m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
-                p_op = gl.convert_layout(p.to(dt), p_layout)
+                p_op = gl.convert_layout(p.to(pv_dt), p_layout)
                 prev = slot
                 prev_phase = (c // STAGES) & 1
                 prev_n0 = start
@@ -328,10 +488,11 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                     slot = c % STAGES
                     mbarrier.wait(k_ready.index(slot), (c // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), prev_phase)
-                    if prev_n0 + BLOCK_N > kv_len:
-                        _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, zero_bar, zeroings, WG, BLOCK_N,
-                                        HEAD_DIM)
-                        zeroings += 1
+                    if not KV_FP8:  # (fp8 caches: the converter zeroes those rows)
+                        if prev_n0 + BLOCK_N > kv_len:
+                            _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, zero_bar, zeroings, WG, BLOCK_N,
+                                            HEAD_DIM)
+                            zeroings += 1
                     _turn_wait(turn, pp, WG, PINGPONG)
                     s_tok = warpgroup_mma(my_q, k_bufs.index(slot).permute((1, 0)), s_zero, use_acc=False,
                                           is_async=True)
@@ -354,16 +515,18 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
                     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                     # P packed only now: the in-flight product still reads the registers of the
                     # previous P, which the new one reuses.
-                    p_op = gl.convert_layout(p.to(dt), p_layout)
+                    p_op = gl.convert_layout(p.to(pv_dt), p_layout)
                     prev = slot
                     prev_phase = (c // STAGES) & 1
                     prev_n0 = n0
                     c += 1
                 # The last tile's values.
                 mbarrier.wait(v_ready.index(prev), prev_phase)
-                if prev_n0 + BLOCK_N > kv_len:
-                    _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, zero_bar, zeroings, WG, BLOCK_N, HEAD_DIM)
-                    zeroings += 1
+                if not KV_FP8:
+                    if prev_n0 + BLOCK_N > kv_len:
+                        _zero_rows_past(v_bufs.index(prev), prev_n0, kv_len, zero_bar, zeroings, WG, BLOCK_N,
+                                        HEAD_DIM)
+                        zeroings += 1
                 _turn_wait(turn, pp, WG, PINGPONG)
                 o_tok = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
                 _turn_pass(turn, WG, PINGPONG)
@@ -390,34 +553,34 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
 @gluon.jit
 def _consumer0(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
                logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-               ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, MODE: gl.constexpr):
     _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS,
-              LOGIT_PTR, OUT_PTR, PINGPONG, MODE, 0)
+              raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
+              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE, 0)
 
 
 @gluon.jit
 def _consumer1(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
                logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-               ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, MODE: gl.constexpr):
     _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS,
-              LOGIT_PTR, OUT_PTR, PINGPONG, MODE, 1)
+              raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
+              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE, 1)
 
 
 @gluon.jit
 def prefill_ws_kernel(
-    q_ptr,  # [sum_q, Hq, D] fp16/bf16 query rows (last dim contiguous)
+    q_ptr,  # [sum_q, Hq, D] fp16/bf16/e4m3 query rows (last dim contiguous)
     out_ptr,  # [sum_q, Hq, D] fp16/bf16 output (last dim contiguous)
-    k_desc,  # TMA descriptor of the K pages as [rows, cols] (see tma_view), box [min(page, BLOCK_N), 64]
+    k_desc,  # TMA descriptor of the K pages as [rows, cols] (see tma_view), box [min(page, BLOCK_N), 128 bytes]
     v_desc,  # same for V
     k_table_ptr,  # [B, pages_per_seq] int32 page ids of K
     v_table_ptr,  # [B, pages_per_seq] int32 page ids of V
@@ -432,13 +595,17 @@ def prefill_ws_kernel(
     logit_factor, out_factor,
     HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr,
-    OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr, MODE: gl.constexpr,
+    OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr, KV_FP8: gl.constexpr, MODE: gl.constexpr,
 ):
     dt: gl.constexpr = q_ptr.dtype.element_ty
-    row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    q_smem = gl.allocate_shared_memory(dt, [2, WG_ROWS, HEAD_DIM], row_smem)
-    k_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, HEAD_DIM], row_smem)
-    v_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, HEAD_DIM], row_smem)
+    qk_dt: gl.constexpr = _k_dtype(dt, KV_FP8)
+    pv_dt: gl.constexpr = _pv_dtype(dt, KV_FP8)
+    q_smem_layout: gl.constexpr = _row_smem(HEAD_DIM, qk_dt.primitive_bitwidth // 8)
+    pv_smem_layout: gl.constexpr = _row_smem(HEAD_DIM, 2)
+    # The consumers' operands: q and K in the score product's type, V in P's.
+    q_smem = gl.allocate_shared_memory(qk_dt, [2, WG_ROWS, HEAD_DIM], q_smem_layout)
+    k_bufs = gl.allocate_shared_memory(qk_dt, [STAGES, BLOCK_N, HEAD_DIM], q_smem_layout)
+    v_bufs = gl.allocate_shared_memory(pv_dt, [STAGES, BLOCK_N, HEAD_DIM], pv_smem_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -453,27 +620,68 @@ def prefill_ws_kernel(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     mbarrier.init(turn.index(2), count=2)
+    if KV_FP8:
+        # The rings of copied bytes the converter reads (K's only where it converts K).
+        byte_smem: gl.constexpr = _row_smem(HEAD_DIM, 1)
+        v_raw = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], byte_smem)
+        if _converts_k(dt, KV_FP8):
+            k_raw = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], byte_smem)
+        else:
+            k_raw = v_raw  # (unused)
+        k_raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_raw_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_raw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_raw_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_raw_ready.index(i), count=1)
+            mbarrier.init(k_raw_empty.index(i), count=1)
+            mbarrier.init(v_raw_ready.index(i), count=1)
+            mbarrier.init(v_raw_empty.index(i), count=1)
+        raw = (k_raw, v_raw, k_raw_ready, k_raw_empty, v_raw_ready, v_raw_empty)
+    else:
+        raw = (k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # (unused)
 
     ints = (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
             num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
             k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols)
     # (the partitions' arguments written out in the call: constexprs bound to a variable first would
     # become runtime values)
-    gl.warp_specialize([
-        (_consumer0, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-                      logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
-                      turn, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES,
-                      HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, MODE)),
-        (_consumer1, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-                      logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
-                      turn, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES,
-                      HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, MODE)),
-        (_producer, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-                     logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
-                     turn, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES,
-                     HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, MODE)),
-    ], [4, 1], [240, 24])  # registers: 12 warps at maxnreg 168; the producer's warpgroup keeps 24
-
+    if KV_FP8:
+        # A fourth partition, two converter warps beside the producer warp in the last warpgroup:
+        # 40 registers there leave the consumers 232 each (12 warps at maxnreg 168).
+        gl.warp_specialize([
+            (_consumer0, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
+                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+            (_consumer1, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
+                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+            (_producer, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
+                         sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                         v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+            (_converter, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
+                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+        ], [4, 1, CONV_WARPS], [CONSUMER_REGS_FP8, CONVERTER_REGS, CONVERTER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer0, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
+                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+            (_consumer1, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
+                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+            (_producer, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
+                         sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                         v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+        ], [4, 1], [240, 24])  # registers: 12 warps at maxnreg 168; the producer's warpgroup keeps 24
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,7 +692,7 @@ HEAD_DIMS = (64, 128, 256)
 
 
 def tma_view(t, page: int):
-    """``(rows_per_page, total_rows, head_rows, head_cols, cols, row_stride)`` of a 16-bit cache
+    """``(rows_per_page, total_rows, head_rows, head_cols, cols, row_stride)`` of a 16-bit or fp8 cache
     ``t [P, page, Hkv, D]`` (an NHD view of any layout) as the 2-D ``[total_rows, cols]`` view the
     kernel's TMA boxes read, or None where TMA cannot address it.
 
@@ -514,16 +722,35 @@ def tma_view(t, page: int):
     return rows_per_page, total_rows, head_rows, head_cols, cols, row_stride
 
 
+def kind_of(q_dtype, kv_dtype) -> str | None:
+    """The operand kind (``configs.ws_config``'s) of a query and cache this kernel reads, or None:
+    ``"half"`` (16-bit query and cache of one dtype), ``"fp8"`` (16-bit query over an fp8 cache),
+    ``"fp8qk"`` (fp8 query and cache)."""
+    import torch
+
+    from ...formats import FP8_DTYPE
+
+    half = (torch.float16, torch.bfloat16)
+    if q_dtype in half and kv_dtype == q_dtype:
+        return "half"
+    if kv_dtype == FP8_DTYPE and q_dtype in half:
+        return "fp8"
+    if kv_dtype == FP8_DTYPE and q_dtype == FP8_DTYPE:
+        return "fp8qk"
+    return None
+
+
 def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head_dim: int, page: int,
              skip: bool, nvfp4_out: bool) -> bool:
     """Whether a launch may take this kernel (the views must be TMA-addressable too, see
     :func:`tma_view`): host-known facts only. Every other launch takes the Triton kernel."""
     import torch
 
-    half = (torch.float16, torch.bfloat16)
-    return (hopper and gluon_on and TRITON_VERSION >= (3, 6) and q_dtype in half and kv_dtype == q_dtype
-            and out_dtype in half and not nvfp4_out and not skip and head_dim in HEAD_DIMS
-            and pages_tile(page, ws_config(head_dim).block_n))
+    kind = kind_of(q_dtype, kv_dtype)
+    cfg = ws_config(head_dim, kind) if kind is not None and head_dim in HEAD_DIMS else None
+    return (hopper and gluon_on and TRITON_VERSION >= (3, 6) and cfg is not None
+            and out_dtype in (torch.float16, torch.bfloat16) and not nvfp4_out and not skip
+            and pages_tile(page, cfg.block_n))
 
 
 def pages_tile(page: int, block_n: int) -> bool:
@@ -564,8 +791,10 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
     batch = seq_lens.shape[0]
     page = k.shape[1]
     sub = min(page, cfg.block_n)
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], [sub, 64], layout)
+    esize = k.element_size()  # 2, or 1 for fp8 caches
+    layout = _row_smem(head_dim, esize)  # (the kernel's buffers the boxes land in)
+    box = [sub, _box_cols(head_dim, esize)]
+    descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], box, layout)
              for t, view in ((k, k_view), (v, v_view))]
     m_tiles = -(-max_q_len // 128)
     num_tiles = num_heads * batch * m_tiles
@@ -584,7 +813,8 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
         constexprs=dict(
             HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n,
             STAGES=cfg.stages, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
-            LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong, MODE=mode,
+            LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong,
+            KV_FP8=esize == 1, MODE=mode,
         ),
         options=dict(num_warps=4, maxnreg=MAXNREG),
     )
