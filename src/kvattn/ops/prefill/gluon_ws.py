@@ -314,15 +314,23 @@ def _converter(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_len
             t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
             HAS_WINDOW)
         if live:
+            # K runs a tile ahead of V: K_{j+1}'s buffer falls free when S_{j-1} retires, V_j's only
+            # when P_{j-2} V_{j-2} does, at the end of the consumers' iteration j - 1; converted in
+            # tile order, K_{j+1} would wait behind V_j, and every iteration would wait for two
+            # conversions in turn (benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised
+            # kernel").
+            if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
+                if n_tiles > 0:
+                    _pass_tile(k_raw, k_bufs, k_raw_ready, k_raw_empty, k_ready, k_empty, c % STAGES,
+                               (c // STAGES) & 1, start, kv_len, False, BLOCK_N, HEAD_DIM, MODE)
             for j in range(n_tiles):
                 n0 = start + j * BLOCK_N
-                slot = c % STAGES
-                phase = (c // STAGES) & 1
                 if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
-                    _pass_tile(k_raw, k_bufs, k_raw_ready, k_raw_empty, k_ready, k_empty, slot, phase, n0, kv_len,
-                               False, BLOCK_N, HEAD_DIM, MODE)
-                _pass_tile(v_raw, v_bufs, v_raw_ready, v_raw_empty, v_ready, v_empty, slot, phase, n0, kv_len, True,
-                           BLOCK_N, HEAD_DIM, MODE)
+                    if j + 1 < n_tiles:
+                        _pass_tile(k_raw, k_bufs, k_raw_ready, k_raw_empty, k_ready, k_empty, (c + 1) % STAGES,
+                                   ((c + 1) // STAGES) & 1, n0 + BLOCK_N, kv_len, False, BLOCK_N, HEAD_DIM, MODE)
+                _pass_tile(v_raw, v_bufs, v_raw_ready, v_raw_empty, v_ready, v_empty, c % STAGES, (c // STAGES) & 1,
+                           n0, kv_len, True, BLOCK_N, HEAD_DIM, MODE)
                 c += 1
 
 
