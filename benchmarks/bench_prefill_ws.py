@@ -94,6 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    # Every call planned afresh: a call replayed from the call cache would keep the launch (and its
+    # floor mode) of the first variant that made it.
+    os.environ["KVATTN_CALL_CACHE"] = "0"
     device = torch.device("cuda")
     timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size

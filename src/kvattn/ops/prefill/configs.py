@@ -108,11 +108,14 @@ class WSConfig:
 _SM90_WS = {64: WSConfig(128, 4, False), 128: WSConfig(128, 2, False), 256: WSConfig(64, 2, False)}
 # fp8 caches (a converter partition turns the copied bytes into float16 operands, see gluon_ws), by
 # operand kind: "fp8" (16-bit query: K and V converted, a ring of bytes each) and "fp8qk" (fp8 query:
-# scores on the copied K bytes, V converted). The same tiles as 16-bit caches where shared memory
-# holds the byte rings too: D64 208 KB, D128 225 KB; D256 with a 16-bit query would need 256 KB
-# and keeps the Triton kernel (fp8qk D256: 160 KB).
-_SM90_WS_FP8 = {("fp8", 64): _SM90_WS[64], ("fp8", 128): _SM90_WS[128],
-                ("fp8qk", 64): _SM90_WS[64], ("fp8qk", 128): _SM90_WS[128], ("fp8qk", 256): _SM90_WS[256]}
+# scores on the copied K bytes, V converted). D128 / D256 take the 16-bit tiles (shared memory: D128
+# 225 KB with both byte rings; fp8qk D256 160 KB; D256 under a 16-bit query would need 256 KB and
+# keeps the Triton kernel). D64 takes 2 buffers a ring, not 4: with 4, every D64 fp8 launch on the
+# H100 gave NaN rows (bf16, fp16 and fp8 queries; 2 buffers passed; benchmarks/NOTES.md "Prefill: fp8
+# caches in the warp-specialised kernel").
+_SM90_WS_FP8 = {("fp8", 64): WSConfig(128, 2, False), ("fp8", 128): _SM90_WS[128],
+                ("fp8qk", 64): WSConfig(128, 2, False), ("fp8qk", 128): _SM90_WS[128],
+                ("fp8qk", 256): _SM90_WS[256]}
 
 
 def ws_config(head_dim: int, kind: str = "half") -> WSConfig | None:

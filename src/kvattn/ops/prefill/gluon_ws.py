@@ -256,19 +256,29 @@ def _convert_tile(src, dst, n0, kv_len, ZERO_PAST: gl.constexpr, BLOCK_N: gl.con
     """Convert the e4m3 tile ``src [BLOCK_N, HEAD_DIM]`` (keys from ``n0``) into ``dst`` (16-bit,
     exact); with ``ZERO_PAST`` rows at or past ``kv_len`` become zeros (a page's slots past the
     request may hold NaN, and ``0 * NaN`` is NaN in ``P V``). Steps of 8 rows x 128 columns at most
-    (one swizzle span of bytes): 16 bytes in, 32 out a thread, within the converter's registers."""
+    (one swizzle span of bytes): 16 bytes in, 32 out a thread, within the converter's registers.
+
+    The next step's load is issued before this step's conversion and store: Triton cannot tell
+    the partition's two buffers apart and puts a barrier before every store, which would otherwise
+    leave each load's latency and each conversion alone on the converter's path."""
     COLS: gl.constexpr = HEAD_DIM if HEAD_DIM < 128 else 128
     ld: gl.constexpr = _convert_layout_of(COLS)
     STEP: gl.constexpr = ld.size_per_thread[0] * ld.threads_per_warp[0] * ld.warps_per_cta[0]
+    N_STEPS: gl.constexpr = BLOCK_N // STEP
     for c in gl.static_range(HEAD_DIM // COLS):
         src_c = src.slice(c * COLS, COLS, dim=1)
         dst_c = dst.slice(c * COLS, COLS, dim=1)
-        for r in gl.static_range(BLOCK_N // STEP):
-            x = src_c.slice(r * STEP, STEP, dim=0).load(ld).to(dst.dtype)
+        x = src_c.slice(0, STEP, dim=0).load(ld)
+        for r in gl.static_range(N_STEPS):
+            if r + 1 < N_STEPS:
+                x_next = src_c.slice((r + 1) * STEP, STEP, dim=0).load(ld)
+            y = x.to(dst.dtype)
             if ZERO_PAST:
                 rows = n0 + r * STEP + gl.arange(0, STEP, layout=gl.SliceLayout(1, ld))
-                x = gl.where((rows < kv_len)[:, None], x, 0.0)
-            dst_c.slice(r * STEP, STEP, dim=0).store(x)
+                y = gl.where((rows < kv_len)[:, None], y, 0.0)
+            dst_c.slice(r * STEP, STEP, dim=0).store(y)
+            if r + 1 < N_STEPS:
+                x = x_next
 
 
 @gluon.jit
