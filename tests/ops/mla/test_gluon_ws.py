@@ -2,9 +2,10 @@
 
 GPU (Hopper): the public function against the oracles on the launches the kernel takes (a 16-bit
 cache with a query of its dtype, Hq 33-128, or an e4m3 query over an e4m3 cache, Hq 17-128; pages of
-a multiple of 64 tokens), with a spy on the launcher proving the kernel ran: fresh random inputs, poisoned outputs, NaN in every unused cache slot, permuted pages,
-lengths 0 / 1 / off-tile / odd and even tile counts, a request longer than one split, scales as
-floats and as device tensors, CUDA-graph replay with new lengths, tables and scales.
+a multiple of 64 tokens), with a spy on the launcher proving the kernel ran: fresh random inputs,
+poisoned outputs, NaN in every unused cache slot, permuted pages, lengths 0 / 1 / off-tile / odd
+and even tile counts, a request longer than one split, scales as floats and as device tensors,
+CUDA-graph replay with new lengths, tables and scales.
 
 CPU: the launch selection (a Hopper device faked), and the tuning variants of
 ``benchmarks/tune_mla.py`` reaching the launch. What the kernel compiles to for sm_90a is pinned
@@ -108,7 +109,8 @@ WS_FP8_CASES = [
     pytest.param(dict(lens=[16384, 5, 9000], hq=128, seed=530), id="fp8-Hq128-long-split"),
     pytest.param(dict(lens=[30000], hq=64, seed=531), id="fp8-Hq64-long-split-B1"),
     pytest.param(dict(lens=GPU_LENS, hq=128, four_d=True, give_out=False, seed=532), id="fp8-Hq128-4d-out-allocated"),
-    pytest.param(dict(lens=[100, 30, 0], hq=128, max_seq_len="capacity", seed=533), id="fp8-Hq128-max_seq_len-capacity"),
+    pytest.param(dict(lens=[100, 30, 0], hq=128, max_seq_len="capacity", seed=533),
+                 id="fp8-Hq128-max_seq_len-capacity"),
     pytest.param(dict(lens=[0, 0, 0], hq=128, max_seq_len="capacity", seed=534), id="fp8-Hq128-all-empty"),
 ]
 

@@ -316,8 +316,8 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
                     out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
                     num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h, logit_factor,
                     out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
-                    BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, NO_S: gl.constexpr,
-                    NO_PV: gl.constexpr):
+                    BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr,
+                    STAGGER: gl.constexpr, NO_S: gl.constexpr, NO_PV: gl.constexpr):
     """Warpgroup 0 (the default partition): stages the query, then per pair the scores of tile A
     and the output columns ``[0, 256)``."""
     HALF: gl.constexpr = CKV_DIM // 2
@@ -401,8 +401,8 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
                      out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
                      num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor,
                      CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
-                     OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr, NO_S: gl.constexpr,
-                     NO_PV: gl.constexpr):
+                     OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr,
+                     NO_S: gl.constexpr, NO_PV: gl.constexpr):
     """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``.
 
     ``STAGGER``: S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
