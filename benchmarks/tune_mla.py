@@ -82,7 +82,8 @@ VARIANTS = {
     # (KVATTN_GLUON_WS=0); the warp-specialised kernel's schedule switches (STAGGER / PA_REGS of
     # mla_gluon_ws_kernel) and floors (FLOOR, timing only, wrong results: 1 no softmax arithmetic,
     # 2 no copies, 3 no P.V products, 4 no score products, 5 no value conversion (e4m3 form)).
-    # For an fp8 query over an fp8 cache, "gluon" and "triton" both run the Triton kernel's fp8 scores
+    # For an fp8 query over an fp8 cache, "gluon" and "triton" both run the Triton kernel's fp8 scores, and
+    # PA_REGS has no effect (the e4m3 form always reads P_A into registers)
     "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},
     "ws_nostagger": {"_ws": {"STAGGER": False}},
     "ws_psmem": {"_ws": {"PA_REGS": False}},
