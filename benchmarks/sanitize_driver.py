@@ -119,13 +119,16 @@ def single_decode_rope():
 # ---------------------------------------------------------------------------------------------
 # MLA
 # ---------------------------------------------------------------------------------------------
-def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None):
-    # (KVATTN_GLUON=1 asks for the Gluon kernels, as the GPU-verified Tritons run them by default)
+def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None, fp8=False):
+    # (KVATTN_GLUON=1 asks for the Gluon kernels, as the GPU-verified Tritons run them by default;
+    # fp8: an e4m3 query and cache, the bf16 draws converted)
     with _env.switches(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws):
         case = make_paged_kv(list(lens), num_kv_heads=1, head_dim=576, page_size=page, dtype=BF16, form="shared",
                              device=DEV, seed=4)
         cache = case.kv_cache[:, 0, :, 0]
         q = torch.randn(len(lens), 1, hq, 576, device=DEV).to(BF16)
+        if fp8:
+            cache, q = cache.to(torch.float8_e4m3fn), q.to(torch.float8_e4m3fn)
         return kvattn.mla.xqa_batch_decode_with_kv_cache_mla(
             q, cache, _ws(), 128, 512, 64, case.block_tables, case.seq_lens if seq_lens is None else seq_lens(case),
             max_len or max(lens), bmm1_scale=0.07)
@@ -141,6 +144,10 @@ def mla_gluon():
 
 def mla_gluon_ws():
     _finite(_mla())
+
+
+def mla_gluon_ws_fp8():
+    _finite(_mla(fp8=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,7 +288,8 @@ def invariant_decode_mla():
 
 VARIANTS = [
     decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
-    xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, prefill_triton,
+    xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, mla_gluon_ws_fp8,
+    prefill_triton,
     prefill_gluon_ws, prefill_gluon_ws_small_pages, append, merge, guard_decode_lengths, guard_decode_page_ids,
     guard_mla_lengths, guard_prefill,
     invariant_decode_mla, calibration_exchange, calibration_exchange_loop, calibration_exchange_rows,

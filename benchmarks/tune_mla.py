@@ -81,7 +81,9 @@ VARIANTS = {
     # mla/gluon.py's kernel where the warp-specialised one (mla/gluon_ws.py) would run
     # (KVATTN_GLUON_WS=0); the warp-specialised kernel's schedule switches (STAGGER / PA_REGS of
     # mla_gluon_ws_kernel) and floors (FLOOR, timing only, wrong results: 1 no softmax arithmetic,
-    # 2 no copies, 3 no P.V products, 4 no score products)
+    # 2 no copies, 3 no P.V products, 4 no score products, 5 no value conversion (e4m3 form)).
+    # For an fp8 query over an fp8 cache, "gluon" and "triton" both run the Triton kernel's fp8 scores, and
+    # PA_REGS has no effect (the e4m3 form always reads P_A into registers)
     "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},
     "ws_nostagger": {"_ws": {"STAGGER": False}},
     "ws_psmem": {"_ws": {"PA_REGS": False}},
@@ -90,10 +92,13 @@ VARIANTS = {
     "ws_nocopies": {"_ws": {"FLOOR": 2}},
     "ws_nopv": {"_ws": {"FLOOR": 3}},
     "ws_noscores": {"_ws": {"FLOOR": 4}},
+    # the e4m3 form only: no float16 conversion of the values (P.V reads stale buffers)
+    "ws_noconvert": {"_ws": {"FLOOR": 5}},
 }
 
 
-def main(argv=None) -> int:
+def main(argv=None, grid=None) -> int:
+    """``grid``: the shapes to time (default: the registry's MLA shapes), before ``--filter``."""
     args = tuning.parse_args(__doc__, argv)
     from kvattn.ops.mla import configs as mla_configs
     from kvattn.ops.mla import launch as mla_launch
@@ -112,7 +117,7 @@ def main(argv=None) -> int:
                 mla_launch._PLANS.clear()
         return context
 
-    tuning.time_variants(shapes._mla_grid(), args, context_for, workspace_mib=256)
+    tuning.time_variants(shapes._mla_grid() if grid is None else grid, args, context_for, workspace_mib=256)
     return 0
 
 

@@ -487,7 +487,7 @@ def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str
     if op == "mla_decode" and _device.is_hopper(device) and _versions.gluon_on() and fast_paths.get("gluon", "").startswith("on"):
         text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
         if _env.gluon_ws():
-            text += " (warp-specialised)"
+            text += " (warp-specialised; also an fp8 query over fp8 caches with 17+ heads)"
     return text
 
 

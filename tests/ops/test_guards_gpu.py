@@ -1,6 +1,6 @@
 """GPU tier of the device-side clamps and the batch-invariant mode, at serving shapes and in
 bfloat16 (the interpreter has no bfloat16 arithmetic), on the kernels only a GPU runs: the Gluon
-MLA kernels (plain and warp-specialised) and the warp-specialised Gluon prefill kernel.
+MLA kernels (plain and warp-specialised, its e4m3 form too) and the warp-specialised Gluon prefill kernel.
 
 The CPU tier of the same rules is ``test_device_clamps.py`` and ``test_batch_invariant.py`` (both
 also run here). Run under compute-sanitizer as well (``benchmarks/sanitize.sh`` runs its own
@@ -58,7 +58,9 @@ def test_decode_64_batch_vs_alone_bitwise():
             assert _same(alone, _decode_request0(batch, rest)), f"batch {batch}"
 
 
-def _mla_request0(batch, rest, *, hq=128, page=64, seed=3):
+def _mla_request0(batch, rest, *, hq=128, page=64, seed=3, fp8=False):
+    """Request 0 (4096 keys, fixed values) in a batch: its output rows (``fp8``: an e4m3 query and
+    cache, the bf16 draws converted)."""
     n0 = 4096
     lens = [n0] + list(rest)[: batch - 1]
     lens += [777] * (batch - len(lens))
@@ -72,20 +74,23 @@ def _mla_request0(batch, rest, *, hq=128, page=64, seed=3):
     g = torch.Generator().manual_seed(seed)
     q0 = torch.randn(1, 1, hq, 576, generator=g)
     q = torch.cat([q0, torch.randn(batch - 1, 1, hq, 576, generator=g)]).to("cuda", torch.bfloat16)
+    if fp8:
+        cache, q = cache.to(torch.float8_e4m3fn), q.to(torch.float8_e4m3fn)
     ws = torch.zeros(WS, dtype=torch.uint8, device="cuda")
     out = kvattn.mla.xqa_batch_decode_with_kv_cache_mla(q, cache, ws, 128, 512, 64, case.block_tables,
                                                         case.seq_lens, max(lens), bmm1_scale=0.07)
     return (out[0].clone(),)
 
 
-@pytest.mark.parametrize("kernel", ["gluon-ws", "gluon", "triton"])
+@pytest.mark.parametrize("kernel", ["gluon-ws", "gluon", "triton", "gluon-ws-fp8", "triton-fp8"])
 def test_mla_batch_vs_alone_bitwise(kernel, monkeypatch):
-    monkeypatch.setenv("KVATTN_GLUON", "0" if kernel == "triton" else "1")
-    monkeypatch.setenv("KVATTN_GLUON_WS", "1" if kernel == "gluon-ws" else "0")
+    monkeypatch.setenv("KVATTN_GLUON", "0" if kernel.startswith("triton") else "1")
+    monkeypatch.setenv("KVATTN_GLUON_WS", "1" if kernel.startswith("gluon-ws") else "0")
+    fp8 = kernel.endswith("fp8")
     with kvattn.batch_invariant():
-        alone = _mla_request0(1, [])
+        alone = _mla_request0(1, [], fp8=fp8)
         for batch, rest in ((64, [8192, 100] * 32), (5, [30000, 1, 64, 2048])):
-            assert _same(alone, _mla_request0(batch, rest)), f"batch {batch}"
+            assert _same(alone, _mla_request0(batch, rest, fp8=fp8)), f"batch {batch}"
 
 
 def test_single_decode_bitwise_on_any_split_plan(monkeypatch):

@@ -129,3 +129,60 @@ def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode():
     assert 216 * 1024 < got["shared"] <= 227 * 1024
     if "stack" in got:
         assert got["stack"] == 0 and got["reg"] <= 255
+
+
+# The e4m3 form (an fp8 query over an fp8 cache: the same kernel, its FP8 branch)
+ROW_SMEM8 = ("NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2, transposed=False, "
+             "fp4_padded=False, cga_layout=[])")
+FP8_PTRS = dict(GLUON_PTRS, q_ptr="*fp8e4nv")
+
+
+def _compile_fp8(**constexprs) -> dict:
+    return compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, **constexprs), ptrs=FP8_PTRS,
+                        floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                        descs={"kv_desc": f"tensordesc<fp8e4nv[64, 64],{ROW_SMEM8}>"}, sass=True)
+
+
+@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+def test_ws_fp8_kernel_compiles_to_its_schedule(page):
+    """The e4m3 form, per pair of 64-key tiles: each warpgroup's score tile as m64n64k32 e4m3
+    wgmmas (18 k-steps of 64 + 512 byte columns, two warpgroups), the half P.V products on float16
+    as m64n256k16 (4 k-steps each); 18 TMA boxes of 64 bytes x 64 rows (4 KB: 4096 / 16384 bytes
+    a part); each value converted once, e4m3 pairs to float16 by one instruction (4 halves of
+    64 x 256 a pair: 256 a thread), read and written 16 bytes at a time and no byte loads in the
+    loop; registers 240 / 240 / 24, no spill; shared memory 214 KB (the query, two byte tiles,
+    three float16 value halves, P); and the wgmmas left asynchronous by ptxas (a handful of waits,
+    not one after each: benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    got = _compile_fp8(PAGE_SIZE=page)
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", ptx)) == 36
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16", ptx)) == 16
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 52
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    expects = re.findall(r"expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);", ptx)
+    assert sorted(expects) == ["16384"] * 4 + ["4096"] * 2
+    assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", ptx)) == 256
+    regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert {"240", "24"} <= regs
+    assert 200 * 1024 < got["shared"] <= 216 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+    if "sass" in got:
+        sass = got["sass"]
+        assert len(re.findall(r"\bQGMMA\.", sass)) == 36 and len(re.findall(r"\bHGMMA\.", sass)) == 16
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8
+        assert len(re.findall(r"F2FP\.F16\.E4M3\.UNPACK", sass)) == 256
+        # (one byte load in the partitions' prologue, as in the 16-bit form)
+        assert len(re.findall(r"\bLDS\.U8\b", sass)) <= 1
+        assert len(re.findall(r"\bLDS\.128\b", sass)) >= 32 and len(re.findall(r"\bSTS\.128\b", sass)) >= 64
+
+
+def test_ws_fp8_timing_floors_compile():
+    """The e4m3 form's timing floors (FLOOR 2: no copies, 5: no value conversion) compile within
+    the same budget: the no-conversion floor drops every conversion instruction."""
+    for floor in (2, 5):
+        got = _compile_fp8(FLOOR=floor)
+        assert got["shared"] <= 216 * 1024
+        if "stack" in got:
+            assert got["stack"] == 0
+        assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", got["ptx"])) == (0 if floor == 5 else 256)

@@ -1,10 +1,11 @@
 """The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla.gluon_ws``).
 
-GPU (Hopper): the public function against the oracles on the launches the kernel takes (16-bit
-cache, Hq 33-128, pages of a multiple of 64 tokens), with a spy on the launcher proving the
-kernel ran: fresh random inputs, poisoned outputs, NaN in every unused cache slot, permuted pages,
-lengths 0 / 1 / off-tile / odd and even tile counts, a request longer than one split, scales as
-floats and as device tensors, CUDA-graph replay with new lengths, tables and scales.
+GPU (Hopper): the public function against the oracles on the launches the kernel takes (a 16-bit
+cache with a query of its dtype, Hq 33-128, or an e4m3 query over an e4m3 cache, Hq 17-128; pages of
+a multiple of 64 tokens), with a spy on the launcher proving the kernel ran: fresh random inputs,
+poisoned outputs, NaN in every unused cache slot, permuted pages, lengths 0 / 1 / off-tile / odd
+and even tile counts, a request longer than one split, scales as floats and as device tensors,
+CUDA-graph replay with new lengths, tables and scales.
 
 CPU: the launch selection (a Hopper device faked), and the tuning variants of
 ``benchmarks/tune_mla.py`` reaching the launch. What the kernel compiles to for sm_90a is pinned
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import launch as mla_launch
 
@@ -94,6 +96,59 @@ def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, 
     assert ws_spy
 
 
+# The e4m3 form (an fp8 query over an fp8 cache): the same grid, plus head counts padded to the
+# 64-head program from below (Hq 20 / 40), as fp8 scores take BLOCK_H 64 from 17 heads up.
+WS_FP8_CASES = [
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=500 + hq + page), id=f"fp8-Hq{hq}-p{page}")
+      for hq in (64, 128) for page in (64, 128, 256)],
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, seed=500 + hq), id=f"fp8-Hq{hq}-padded-heads") for hq in (20, 40, 96)],
+    pytest.param(dict(lens=ODD_EVEN, hq=128, seed=511), id="fp8-Hq128-odd-even-tiles"),
+    pytest.param(dict(lens=ODD_EVEN, hq=64, page=128, seed=512), id="fp8-Hq64-p128-odd-even-tiles"),
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, tensor_scales=True, seed=520 + hq), id=f"fp8-Hq{hq}-tensor-scales")
+      for hq in (64, 128)],
+    pytest.param(dict(lens=[16384, 5, 9000], hq=128, seed=530), id="fp8-Hq128-long-split"),
+    pytest.param(dict(lens=[30000], hq=64, seed=531), id="fp8-Hq64-long-split-B1"),
+    pytest.param(dict(lens=GPU_LENS, hq=128, four_d=True, give_out=False, seed=532), id="fp8-Hq128-4d-out-allocated"),
+    pytest.param(dict(lens=[100, 30, 0], hq=128, max_seq_len="capacity", seed=533),
+                 id="fp8-Hq128-max_seq_len-capacity"),
+    pytest.param(dict(lens=[0, 0, 0], hq=128, max_seq_len="capacity", seed=534), id="fp8-Hq128-all-empty"),
+]
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("kw", WS_FP8_CASES)
+def test_ws_fp8_kernel_matches_oracles(kw, ws_spy, triton_backend, monkeypatch):
+    mla_case(torch.device("cuda"), monkeypatch, kv_format="fp8", **kw)
+    assert ws_spy, "the warp-specialised kernel did not run"
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
+def test_ws_fp8_kernel_many_splits(hq, ws_spy, triton_backend, monkeypatch):
+    with mla_configs.override(min_chunk=64, waves=16):
+        mla_case(torch.device("cuda"), monkeypatch, lens=[1500, 3, 0, 970, 64, 2049, 129], hq=hq, kv_format="fp8",
+                 seed=540 + hq)
+    assert ws_spy and max(ws_spy) > 1
+
+
+@GPU_ONLY
+def test_ws_fp8_switch_keeps_the_triton_kernel(ws_spy, triton_backend, monkeypatch):
+    """``KVATTN_GLUON_WS=0``: an fp8 launch runs the Triton kernel's fp8 scores (mla/gluon.py
+    serves 16-bit caches only)."""
+    monkeypatch.setenv("KVATTN_GLUON_WS", "0")
+    mla_case(torch.device("cuda"), monkeypatch, lens=GPU_LENS, hq=128, kv_format="fp8", seed=550)
+    assert not ws_spy
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
+def test_ws_fp8_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, triton_backend):
+    graph_replay_case(hq, [700, 40, 2500, 0, 6000],
+                      [(2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)], pool=400,
+                      kv_format="fp8")
+    assert ws_spy
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: launch selection
 # ---------------------------------------------------------------------------------------------
@@ -103,25 +158,32 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
     assert _fits(hq=128) and mla_configs.warp_specialized("sm90", "bfloat16", 64)
     assert mla_configs.warp_specialized("sm90", "float16", 64)
     assert not mla_configs.warp_specialized("sm90", "bfloat16", 32)
-    assert not mla_configs.warp_specialized("sm90", "fp8", 64)
-    assert not mla_configs.warp_specialized("sm90", "fp8", 64, True)
+    assert not mla_configs.warp_specialized("sm90", "fp8", 64)  # a 16-bit query over fp8 pages
+    assert mla_configs.warp_specialized("sm90", "fp8", 64, True)  # fp8 scores, heads in M
+    assert not mla_configs.warp_specialized("sm90", "fp8", 16, True)  # fp8 scores with heads in N (Hq <= 16)
     assert not mla_configs.warp_specialized("default", "bfloat16", 64)
     assert not mla_configs.warp_specialized("interpreter", "bfloat16", 64)
     for hq in (33, 64, 96, 128):
         cfg = mla_configs.config("sm90", "bfloat16", hq)
         assert mla_configs.warp_specialized("sm90", "bfloat16", cfg.block_h)
+    for hq in (17, 32, 64, 128):
+        cfg = mla_configs.config("sm90", "fp8", hq, True)
+        assert cfg.qk_fp8 and mla_configs.warp_specialized("sm90", "fp8", cfg.block_h, True)
+        assert mla_launch._ws_fp8_fits(cfg, FP8_DTYPE, FP8_DTYPE, (100, 64, 576), (64 * 576, 576, 1), True)
+    assert not mla_configs.warp_specialized("sm90", "fp8", mla_configs.config("sm90", "fp8", 16, True).block_h, True)
 
 
-def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, lse_stride=None):
-    """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576], a
-    [100, page, 576] cache of ``dtype``."""
+def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, q_dtype=None,
+          lse_stride=None):
+    """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576] of
+    ``q_dtype`` (default ``dtype``), a [100, page, 576] cache of ``dtype``."""
     from kvattn import _device
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
     facts = mla_launch.MLAFacts(
         device=torch.device("cpu"), interpreter=False, q_shape=(4, hq, 576), q_stride=(hq * 576, 576, 1),
-        q_dtype=dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
+        q_dtype=q_dtype or dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
         table_stride=(10, 1), out_stride=(hq * 512, 512, 1), ws_numel=64 << 20, has_logit=False,
-        has_out_scale=False, aligned4=False, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
+        has_out_scale=False, aligned4=dtype == FP8_DTYPE, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
         lse_stride=lse_stride,
     )
     return mla_launch._Plan(facts)
@@ -156,6 +218,49 @@ def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
     assert not isinstance(_plan(monkeypatch, gluon=False).launches(4096)[0], mla_launch._GluonSplit)
     assert not isinstance(_plan(monkeypatch, hq=16).launches(4096)[0], mla_launch._GluonSplit)
     assert not isinstance(_plan(monkeypatch, page=32).launches(4096)[0], mla_launch._GluonSplit)
+
+
+def test_fp8_plan_launches_the_ws_kernel_where_it_fits(monkeypatch):
+    """An e4m3 query over an e4m3 cache on sm90 with 64 heads a program: the warp-specialised split
+    with a descriptor of 64-byte swizzled byte rows; the Triton kernel (fp8 scores) for everything
+    else: ``KVATTN_GLUON_WS=0`` or ``KVATTN_GLUON=0``, a call asking for the LSE, 16 heads (heads in
+    N), pages of 32 tokens, a 16-bit query over the fp8 cache."""
+    fp8 = dict(dtype=FP8_DTYPE)
+    for hq, page in ((128, 64), (64, 128), (20, 256)):
+        plan = _plan(monkeypatch, hq=hq, page=page, **fp8)
+        split = plan.launches(4096)[0]
+        assert plan.fp8_ws and type(split) is mla_launch._WarpSpecializedSplit
+        assert split.kernel() is mla_launch.mla_gluon_ws_kernel and split.options() == dict(num_warps=4, maxnreg=168)
+        assert (split.layout.swizzle_byte_width, split.layout.element_bitwidth) == (64, 8)
+        launch = split.launch()  # (fast_launch.Launch checks that every kernel parameter is named once)
+        assert launch.constexprs["PAGE_SIZE"] == page and launch.constexprs["BLOCK_H"] == 64
+    bf16 = _plan(monkeypatch).launches(4096)[0]
+    assert (bf16.layout.swizzle_byte_width, bf16.layout.element_bitwidth) == (128, 16)
+    for kw in (dict(gluon_ws=False), dict(gluon=False), dict(lse_stride=128), dict(hq=16), dict(page=32),
+               dict(q_dtype=torch.bfloat16)):
+        plan = _plan(monkeypatch, **fp8, **kw)
+        assert not plan.fp8_ws and not plan.ws and not plan.gluon, kw
+        assert not isinstance(plan.launches(4096)[0], mla_launch._GluonSplit), kw
+
+
+def test_ws_fp8_fits_only_byte_rows_tma_can_address():
+    """The e4m3 form's launch rule: fp8 query and cache, the fp8-score entry at 64 heads in M with
+    64-key tiles and 8 warps (overrides of those keep the Triton kernel), pages of a multiple of 64
+    tokens, a 16-byte aligned base and row stride, pages back to back, rows below 2^31."""
+    def fits(hq=128, page=64, q_dtype=FP8_DTYPE, kv_dtype=FP8_DTYPE, *, pages=100, row_stride=576, aligned16=True,
+             **fields):
+        with mla_configs.override(**fields):
+            cfg = mla_configs.config("sm90", "fp8", hq, q_dtype == FP8_DTYPE)
+        return mla_launch._ws_fp8_fits(cfg, q_dtype, kv_dtype, (pages, page, 576), (page * row_stride, row_stride, 1),
+                                       aligned16)
+
+    assert fits() and fits(hq=64) and fits(hq=20) and fits(page=128) and fits(page=256) and fits(row_stride=592)
+    assert not fits(hq=16)  # heads in N
+    assert not fits(q_dtype=torch.bfloat16)  # a 16-bit query: no fp8 scores
+    assert not fits(page=16) and not fits(page=32)  # a 64-key tile would span pages
+    assert not fits(aligned16=False) and not fits(row_stride=584)  # TMA: 16-byte base and row stride
+    assert not fits(block_n=32) and not fits(num_warps=4) and not fits(heads_as_n=True)
+    assert not fits(pages=2**25)  # rows past 2^31: int32 TMA coordinates
 
 
 class _Stop(Exception):
@@ -201,7 +306,8 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
     assert tune_mla.main([]) == 0
     base = dict(num_warps=4, maxnreg=168)
     for name, want in (("default", {}), ("ws_first", dict(STAGGER=False, PA_REGS=False)),
-                       ("ws_nocopies", dict(FLOOR=2)), ("ws_noscores", dict(FLOOR=4))):
+                       ("ws_nocopies", dict(FLOOR=2)), ("ws_noscores", dict(FLOOR=4)),
+                       ("ws_noconvert", dict(FLOOR=5))):
         with contexts[name]():
             assert _plan(monkeypatch).launches(4096)[0].options() == dict(base, **want), name
     assert _plan(monkeypatch).launches(4096)[0].options() == base

@@ -120,9 +120,14 @@ GPU_CASES = [
     *[param(f"bf16-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, seed=page) for page in (128, 256)],
     param("bf16-Hq96-padded-heads", lens=GPU_LENS, hq=96, seed=96),
     *[param(f"bf16-Hq{hq}-triton-kernel", lens=GPU_LENS, hq=hq, gluon=False, seed=hq + 1) for hq in (64, 128)],
-    # fp8 scores on pages of 128 / 256 tokens and padded heads (the Triton kernel: Gluon takes 16-bit caches only)
+    # fp8 scores on pages of 128 / 256 tokens and padded heads (the warp-specialised kernel's e4m3
+    # form on Hopper; test_gluon_ws.py has its own grid), and the Triton kernel's fp8 scores for the
+    # same launches (KVATTN_GLUON=0; KVATTN_GLUON_WS=0 too):
     *[param(f"fp8-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, kv_format="fp8", seed=page + 1) for page in (128, 256)],
     param("fp8-Hq96-padded-heads", lens=GPU_LENS, hq=96, kv_format="fp8", seed=97),
+    *[param(f"fp8-Hq{hq}-triton-kernel", lens=GPU_LENS, hq=hq, kv_format="fp8", gluon=False, seed=hq + 3)
+      for hq in (64, 128)],
+    param("fp8-Hq128-long-split-triton-kernel", lens=[16384, 5, 9000], hq=128, kv_format="fp8", gluon=False, seed=8),
     param("bf16-Hq128-long-split-triton-kernel", lens=[16384, 5, 9000], hq=128, gluon=False, seed=5),
 ]
 
@@ -239,16 +244,19 @@ def test_mla_fp8_scores_heads_as_n(fields, hq, kernel_device, triton_backend, mo
 
 
 @pytest.mark.skipif(not ON_GPU, reason="fp8 tensor cores")
-@pytest.mark.parametrize("fields", [
-    pytest.param(dict(qk_fp8=True, block_h=64, block_n=64, num_stages=3), id="fp8qk64"),
-    pytest.param(dict(qk_fp8=True, block_h=64, block_n=32, num_stages=3, split_scores=False), id="fp8qk64n32-chained"),
+@pytest.mark.parametrize("fields,gluon", [
+    pytest.param(dict(qk_fp8=True, block_h=64, block_n=64, num_stages=3), False, id="fp8qk64-triton"),
+    pytest.param(dict(qk_fp8=True, block_h=64, block_n=64, num_stages=3), True, id="fp8qk64-ws"),
+    pytest.param(dict(qk_fp8=True, block_h=64, block_n=32, num_stages=3, split_scores=False), True,
+                 id="fp8qk64n32-chained"),
 ])
 @pytest.mark.parametrize("hq", [8, 16, 20, 128], ids=lambda h: f"Hq{h}")
-def test_mla_fp8_scores_at_any_head_count(fields, hq, kernel_device, triton_backend, monkeypatch):
+def test_mla_fp8_scores_at_any_head_count(fields, gluon, hq, kernel_device, triton_backend, monkeypatch):
     """fp8 query + fp8 cache on fp8 scores at BLOCK_H 64 whatever Hq (the table's tiles and the
-    other tune variant); Hq 128 runs two head blocks."""
+    other tune variant), on the Triton kernel and (Hopper, 64-key tiles) the warp-specialised
+    kernel's e4m3 form; Hq 128 runs two head blocks."""
     with mla_configs.override(**fields):
-        mla_case(kernel_device, monkeypatch, lens=GPU_LENS, hq=hq, kv_format="fp8", seed=30 + hq)
+        mla_case(kernel_device, monkeypatch, lens=GPU_LENS, hq=hq, kv_format="fp8", gluon=gluon, seed=30 + hq)
 
 
 def test_mla_fp8_score_block_h_rule():
@@ -336,21 +344,23 @@ def test_mla_launch_sizes_come_from_host_bounds():
 POOL_PAGES = 300
 
 
-def graph_replay_case(hq, first_lens, replays, *, pool=POOL_PAGES):
-    """Capture one bf16 call (64-token pages, a logit scale tensor) on ``first_lens`` in a CUDA
-    graph, then for each ``(seed, lens, factor)`` of ``replays``: new cache rows, tables and
-    lengths (as many requests), a fresh query, the scale times ``factor``, a poisoned output;
-    replay and compare with the exact result (empty requests: zero rows)."""
+def graph_replay_case(hq, first_lens, replays, *, pool=POOL_PAGES, kv_format="bfloat16"):
+    """Capture one call (64-token pages, a logit scale tensor; a bf16 query and cache, or with
+    ``kv_format="fp8"`` an e4m3 query and cache) on ``first_lens`` in a CUDA graph, then for each
+    ``(seed, lens, factor)`` of ``replays``: new cache rows, tables and lengths (as many
+    requests), a fresh query, the scale times ``factor``, a poisoned output; replay and compare
+    with the exact result (empty requests: zero rows)."""
     device = torch.device("cuda")
     page, width = 64, 100
+    q_dtype = {"bfloat16": torch.bfloat16, "fp8": FP8_DTYPE}[kv_format]
 
     def case(lens, seed):
         used = sum((n + page - 1) // page for n in lens)
-        return make_cache(lens, page=page, kv_format="bfloat16", device=device, seed=seed, pages_per_seq=width,
+        return make_cache(lens, page=page, kv_format=kv_format, device=device, seed=seed, pages_per_seq=width,
                           extra_pages=pool - used)
 
     cache, tables, seq_lens = case(first_lens, seed=1)
-    q = torch.randn(len(first_lens), 1, hq, DIM, device=device, dtype=torch.bfloat16)
+    q = torch.randn(len(first_lens), 1, hq, DIM, device=device).to(q_dtype)
     out = torch.empty(len(first_lens), hq, V_DIM, device=device, dtype=torch.bfloat16)
     ws = torch.zeros(64 << 20, dtype=torch.uint8, device=device)
     scale = torch.tensor([BMM1], device=device)
@@ -369,7 +379,7 @@ def graph_replay_case(hq, first_lens, replays, *, pool=POOL_PAGES):
         cache.copy_(new_cache)
         tables.copy_(new_tables)
         seq_lens.copy_(new_lens)
-        q.normal_()
+        q.copy_(torch.randn(q.shape, device=device).to(q_dtype))
         scale.fill_(BMM1 * factor)
         poison_(out)
         graph.replay()

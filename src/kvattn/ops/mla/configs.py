@@ -109,7 +109,10 @@ _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
 # the environment switch KVATTN_GLUON_WS=0 keeps mla/gluon.py's kernel. H200 (matmul 669 TFLOP/s
 # in the run), bf16 Hq 128, graph us 64x4096 / 128x8192 / 32x16384: gluon.py 229.8 / 918.7 /
 # 412.2 -> gluon_ws.py 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
-WARP_SPECIALIZED = {"sm90": frozenset({("half", 64)})}
+# ("fp8qk", 64): the fp8-score launches over pages of 64+ tokens (mla/launch.py _ws_fp8_fits) run
+# the same kernel's e4m3 form (benchmarks/NOTES.md "MLA: fp8 on the seesaw"); KVATTN_GLUON_WS=0
+# keeps this table's Triton entry (mla/gluon.py has no fp8 form), as do BLOCK_H 16 (heads in N).
+WARP_SPECIALIZED = {"sm90": frozenset({("half", 64), ("fp8qk", 64)})}
 # fp8 scores exist at BLOCK_H 16 (heads in N) and 64 (heads in M, wgmma): Hq 17-32 takes 64 (rows
 # past Hq padded and masked), so an fp8 query with an fp8 cache takes fp8 scores at any Hq. H100,
 # Hq 16 fp8 (graph us, 64x4096 / 128x8192 / 32x16384): float16-operand path at BLOCK_H 16 154 / 567

@@ -50,11 +50,24 @@ product), so each warpgroup zeroes its own value columns of those rows before it
 (after every score product that reads them). A page id outside the cache becomes a row past the
 TMA view's end, read as zeros: a zero key and value that keep their logit (docs/semantics.md).
 
-Scope: 16-bit caches with a query of the same dtype, 64 query heads a program (Hq >= 64; rows
-past Hq padded), pages of a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA
-view, as :mod:`.gluon`. ``FLOOR`` (timing only, never launched by the library): 1 drops the
-softmax arithmetic (P = S), 2 the copies (the copy warp signals empty buffers as full), 3 the P.V
-products, 4 the score products.
+e4m3 query and cache (the same kernel, its ``FP8`` form; benchmarks/NOTES.md "MLA: fp8 on the
+seesaw"). The tiles are half the bytes (64-byte swizzled rows: a 64-column box is 64 bytes, so
+the copy warp is unchanged) and the score products run on e4m3 wgmmas straight from the copied
+bytes (both operands K-major). P.V stays 16-bit (P in e4m3 missed the precision bar): e4m3 wgmma
+wants a K-major B operand and the values are MN-major, so each warpgroup converts its own value
+half of each tile to float16 (exact) in shared memory, rows past the request's end written as
+zeros (which replaces the 16-bit form's in-place zeroing), and releases the byte part as soon as
+it is converted: the copies of the next pair start earlier than in the 16-bit form. The left
+converts into one buffer, A's half while S_A runs and B's while the right's softmax runs (it waits
+for P_B then anyway); the right converts both its halves into two buffers while S_B runs. Shared
+memory 214 KB (the query 36, rows 72, three converted halves 96, P 8, row vectors 2).
+
+Scope: 16-bit caches with a query of the same dtype (Hq >= 33 in the launcher's tables), or an
+e4m3 query over an e4m3 cache (Hq >= 17), 64 query heads a program (rows past Hq padded), pages of
+a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA view, as :mod:`.gluon`. The
+output is the 16-bit query's dtype, bfloat16 for e4m3. ``FLOOR`` (timing only, never launched by
+the library): 1 drops the softmax arithmetic (P = S), 2 the copies (the copy warp signals empty
+buffers as full), 3 the P.V products, 4 the score products, 5 (e4m3) the value conversion.
 """
 
 from __future__ import annotations
@@ -103,6 +116,9 @@ COPY_REGS = gl.constexpr(24)
 NUM_WARPS = gl.constexpr(4)
 # Registers of a [64, 64k] shared-memory tile in one partition's 4 warps (query staging, tail zeroing).
 LD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS.value, 1], [1, 0]))
+# The same for the fp8 kernel's [64, 64] byte pieces (query staging, value conversion): 16 bytes a
+# thread a row, four threads a 64-byte row.
+CV_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS.value, 1], [1, 0]))
 # A row vector of a wgmma accumulator, once per lane of the quad that holds its row: [64, 4], row r
 # in the lanes and registers that hold row r of the accumulator (reduced along its columns, the four
 # lanes of a quad hold the same value), column = the lane's place in its quad. Stored so, each word
@@ -116,9 +132,10 @@ QUAD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
 
 
 @gluon.constexpr_function
-def _acc_layout(cols):
-    """The layout of one warpgroup's wgmma accumulator ``[64, cols]`` (m64n``cols``)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS.value, 1], instr_shape=[16, cols, 16])
+def _acc_layout(cols, k=16):
+    """The layout of one warpgroup's wgmma accumulator ``[64, cols]`` (m64n``cols``k``k``: 16 for
+    16-bit operands, 32 for e4m3)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS.value, 1], instr_shape=[16, cols, k])
 
 
 @gluon.jit
@@ -156,7 +173,7 @@ def _copy_part(kv_desc, dst, bar_full, bar_empty, ph, row, COL0: gl.constexpr, C
     if NO_COPIES:
         mbarrier.arrive(bar_full, count=1)
     else:
-        mbarrier.expect(bar_full, BLOCK_N * COLS * 2)
+        mbarrier.expect(bar_full, BLOCK_N * COLS * dst.dtype.primitive_bitwidth // 8)
         for c in gl.static_range(COLS // 64):
             tma_load(kv_desc, [row, COL0 + c * 64], bar_full, dst.slice(c * 64, 64, dim=1))
 
@@ -195,10 +212,10 @@ def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, st
 
 
 @gluon.jit
-def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED: gl.constexpr,
-            SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr, NO_S: gl.constexpr):
-    """The raw score tile ``q k^T`` of buffer ``buf``: the rope part, the left values, the right
-    values, each product issued as its copy lands.
+def _issue_scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED: gl.constexpr,
+                  SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr, NO_S: gl.constexpr):
+    """Issue the raw score tile ``q k^T`` of buffer ``buf`` (in flight when it returns): the rope
+    part, the left values, the right values, each product issued as its copy lands.
 
     ``WAIT_ISSUED``: issue nothing before ``bar_issued`` (parity ``ph``) completes;
     ``SIGNAL_ISSUED``: arrive on it once the last product is issued (the stagger, see
@@ -223,6 +240,15 @@ def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUE
                           is_async=True)
     if SIGNAL_ISSUED:
         mbarrier.arrive(bar_issued, count=1)
+    return s
+
+
+@gluon.jit
+def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED: gl.constexpr,
+            SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr, NO_S: gl.constexpr):
+    """:func:`_issue_scores`, retired; the rope part of ``buf`` released (its only reader)."""
+    s = _issue_scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED, SIGNAL_ISSUED, HALF,
+                      s_layout, NO_S)
     s = warpgroup_mma_wait(0, deps=[s])
     # The rope part is read by this product only.
     mbarrier.arrive(bars.index(EMPTY_K + buf), count=1)
@@ -286,13 +312,12 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
 
 
 @gluon.jit
-def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
-                    logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end,
-                    num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
-                    stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr,
-                    PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
-                    OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, NO_S: gl.constexpr,
-                    NO_PV: gl.constexpr):
+def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
+                    out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
+                    num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h, logit_factor,
+                    out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
+                    BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr,
+                    STAGGER: gl.constexpr, NO_S: gl.constexpr, NO_PV: gl.constexpr):
     """Warpgroup 0 (the default partition): stages the query, then per pair the scores of tile A
     and the output columns ``[0, 256)``."""
     HALF: gl.constexpr = CKV_DIM // 2
@@ -372,13 +397,12 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
 
 
 @gluon.jit
-def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
-                     logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end,
-                     num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
-                     out_factor, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
-                     BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-                     NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr, NO_S: gl.constexpr,
-                     NO_PV: gl.constexpr):
+def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
+                     out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
+                     num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor,
+                     CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
+                     OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr,
+                     NO_S: gl.constexpr, NO_PV: gl.constexpr):
     """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``.
 
     ``STAGGER``: S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
@@ -469,14 +493,200 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
 
 
 @gluon.jit
+def _convert_values(src, dst, n0, end, SKIP: gl.constexpr):
+    """``dst [64, COLS]`` (float16, the P.V operand) = ``src [64, COLS]`` (e4m3 bytes of the tile
+    of tokens ``[n0, n0 + 64)``), rows past ``end`` zero (they may hold NaN: ``0 * NaN`` is NaN in
+    a product). e4m3 converts to float16 exactly (one instruction a pair). Each thread moves 16
+    bytes of a row at a time (8 threads a 128-byte row pair: no bank conflict under either
+    swizzle). ``SKIP`` (the FLOOR 5 timing variant): nothing. The caller fences and synchronises
+    its warpgroup before the product reads ``dst`` or the copy warp may overwrite ``src``."""
+    if not SKIP:
+        offs_r = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, CV_LAYOUT))
+        keep = (offs_r < end)[:, None]
+        for c in gl.static_range(src.shape[1] // 64):
+            v = src.slice(c * 64, 64, dim=1).load(CV_LAYOUT).to(gl.float16)
+            dst.slice(c * 64, 64, dim=1).store(gl.where(keep, v, 0.0))
+
+
+@gluon.jit
+def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr,
+              out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch, num_heads,
+              num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h, logit_factor, out_factor,
+              CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+              LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr,
+              NO_S: gl.constexpr, NO_PV: gl.constexpr, NO_CONVERT: gl.constexpr):
+    """Warpgroup 0 of the fp8 kernel: the left's schedule (tile A's scores on e4m3 wgmmas, output
+    columns ``[0, 256)``), with its values converted into one float16 buffer (``v_smem`` slot 0):
+    A's while S_A runs, B's while the right's softmax runs (the left waits for P_B then anyway)."""
+    HALF: gl.constexpr = CKV_DIM // 2
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N, 32)
+    o_layout: gl.constexpr = _acc_layout(HALF)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    x_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    stage_query(q_ptr, qn_smem.index(0), qr_smem.index(0), b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM,
+                KPE_DIM, BLOCK_H, CV_LAYOUT)
+    mbarrier.arrive(bars.index(BAR_Q), count=1)
+
+    qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
+    o = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    for i in range(num_pairs):
+        ph = i & 1
+        z = i & (num_pages >> 31)  # 0 (see _left_partition)
+        ckv_a = ckv_smem.index(z)
+        ckv_b = ckv_smem.index(1 + z)
+        v_l = v_smem.index(z)
+        n_a = start + 2 * i * BLOCK_N
+        n_b = n_a + BLOCK_N
+        s = _issue_scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, bars.index(BAR_SA), False,
+                          STAGGER, HALF, s_layout, NO_S)
+        # V_A[:, :256] to float16 while S_A runs (v_l is free: the last pair's products retired).
+        _convert_values(ckv_a.slice(0, HALF, dim=1), v_l, n_a, end, NO_CONVERT)
+        fence_async_shared()
+        cta_barrier()
+        s = warpgroup_mma_wait(0, deps=[s])
+        # A's rope and left value bytes are read (S_A, the conversion).
+        mbarrier.arrive(bars.index(EMPTY_K), count=1)
+        mbarrier.arrive(bars.index(EMPTY_L), count=1)
+        s = _masked_logits(s, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
+        if NO_SOFTMAX:
+            m_a = m_i
+            p_a = s
+            alpha = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            m_a, l_i, p_a, alpha = online_softmax_step(m_i, l_i, s)
+        p_al = p_a.to(gl.float16)
+        _publish_rows(x_smem, X_MA, m_a)
+        p_smem.store(p_al)
+        fence_async_shared()
+        cta_barrier()
+        mbarrier.arrive(bars.index(BAR_MA), count=1)
+        p_op = gl.convert_layout(p_al, p_layout)
+        o = o * gl.convert_layout(alpha, o_rows)[:, None]
+        o_acc = _pv(p_op, v_l, o, NO_PV)
+        o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
+        # V_B[:, :256] into the same buffer while the right's softmax of B runs.
+        mbarrier.wait(bars.index(FULL_L + 1), ph)
+        _convert_values(ckv_b.slice(0, HALF, dim=1), v_l, n_b, end, NO_CONVERT)
+        fence_async_shared()
+        cta_barrier()
+        mbarrier.wait(bars.index(BAR_PB), ph)
+        # B's left value bytes are read (the right's S_B retired before it published P_B).
+        mbarrier.arrive(bars.index(EMPTY_L + 1), count=1)
+        m_b = _read_rows(x_smem, X_MB, x_layout)
+        if NO_SOFTMAX:
+            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            g = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))
+        l_i = l_i * g
+        m_i = m_b
+        o = o * gl.convert_layout(g, o_rows)[:, None]
+        o_acc = _pv(p_smem, v_l, o, NO_PV)
+        # Retired before the back edge (see _left_partition).
+        o = warpgroup_mma_wait(0, deps=[o_acc])
+
+    _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
+            True, x_layout, o_layout)
+
+
+@gluon.jit
+def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr, out_scale_ptr,
+               out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch, num_heads, num_splits,
+               num_pages, stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr,
+               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
+               NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, NO_S: gl.constexpr, NO_PV: gl.constexpr,
+               NO_CONVERT: gl.constexpr):
+    """Warpgroup 1 of the fp8 kernel: the right's schedule (tile B's scores on e4m3 wgmmas,
+    output columns ``[256, 512)``, P_A read into registers), with both tiles' right values
+    converted into float16 buffers of their own (``v_smem`` slots 1 and 2) while S_B runs."""
+    HALF: gl.constexpr = CKV_DIM // 2
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N, 32)
+    o_layout: gl.constexpr = _acc_layout(HALF)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    x_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
+    o = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    mbarrier.wait(bars.index(BAR_Q), 0)
+    for i in range(num_pairs):
+        ph = i & 1
+        z = i & (num_pages >> 31)  # 0 (see _left_partition)
+        ckv_a = ckv_smem.index(z)
+        ckv_b = ckv_smem.index(1 + z)
+        v_ra = v_smem.index(1 + z)
+        v_rb = v_smem.index(2 + z)
+        n_a = start + 2 * i * BLOCK_N
+        n_b = n_a + BLOCK_N
+        s = _issue_scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, bars.index(BAR_SA),
+                          STAGGER, False, HALF, s_layout, NO_S)
+        # Both tiles' right values to float16 while S_B runs (A's bytes landed before B's).
+        mbarrier.wait(bars.index(FULL_R), ph)
+        _convert_values(ckv_a.slice(HALF, HALF, dim=1), v_ra, n_a, end, NO_CONVERT)
+        _convert_values(ckv_b.slice(HALF, HALF, dim=1), v_rb, n_b, end, NO_CONVERT)
+        fence_async_shared()
+        cta_barrier()
+        s = warpgroup_mma_wait(0, deps=[s])
+        # B's rope and right value bytes are read (S_B, the conversion).
+        mbarrier.arrive(bars.index(EMPTY_K + 1), count=1)
+        mbarrier.arrive(bars.index(EMPTY_R + 1), count=1)
+        s = _masked_logits(s, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
+        mbarrier.wait(bars.index(BAR_MA), ph)
+        # A's right value bytes are read (the left's S_A retired before it published P_A).
+        mbarrier.arrive(bars.index(EMPTY_R), count=1)
+        m_a = _read_rows(x_smem, X_MA, x_layout)
+        if NO_SOFTMAX:
+            beta = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            beta = gl.exp2(m_i - gl.where(m_a == float("-inf"), 0.0, m_a))
+        o = o * gl.convert_layout(beta, o_rows)[:, None]
+        p_a = p_smem.load(p_layout)
+        o_acc = _pv(p_a, v_ra, o, NO_PV)
+        if NO_SOFTMAX:
+            m_b = m_a
+            p_b = s
+            l_new = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
+            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
+        else:
+            m_b, l_new, p_b, g = online_softmax_step(m_a, gl.zeros([BLOCK_H], gl.float32, layout=x_layout), s)
+        l_i = l_i * beta * g + l_new
+        m_i = m_b
+        p_bl = p_b.to(gl.float16)
+        # m_B and P_B go out (P_A is in registers); then P_A V_A[:, 256:] retires.
+        _publish_rows(x_smem, X_MB, m_b)
+        p_smem.store(p_bl)
+        fence_async_shared()
+        cta_barrier()
+        mbarrier.arrive(bars.index(BAR_PB), count=1)
+        o, p_a = warpgroup_mma_wait(0, deps=[o_acc, p_a])
+        p_op = gl.convert_layout(p_bl, p_layout)
+        o = o * gl.convert_layout(g, o_rows)[:, None]
+        o_acc = _pv(p_op, v_rb, o, NO_PV)
+        # Retired before the back edge (see _left_partition).
+        o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
+
+    _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
+            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
+            OUT_PTR, False, x_layout, o_layout)
+
+
+@gluon.jit
 def mla_gluon_ws_kernel(
-    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
+    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous), 16-bit or e4m3
     kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [64, 64]
     table_ptr,  # [B, pages_per_seq] int32 page ids
     seq_lens_ptr,  # [B] int32
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
+    out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype, bfloat16 for an e4m3 query (last dim contiguous)
     part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
@@ -489,7 +699,7 @@ def mla_gluon_ws_kernel(
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
     dt: gl.constexpr = q_ptr.dtype.element_ty
-    row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    FP8: gl.constexpr = dt == gl.float8e4nv
     x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 
     b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
@@ -497,11 +707,21 @@ def mla_gluon_ws_kernel(
     total_rows = num_pages * PAGE_SIZE
     table_row = table_ptr + b.to(gl.int64) * stride_t_b
 
+    if FP8:
+        # e4m3 bytes: a 64-column box is 64 bytes, the rows' swizzle span (benchmarks/NOTES.md "MLA:
+        # fp8 on the seesaw"); P and the converted values are float16 in 128-byte swizzled rows.
+        row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+        half_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        pdt: gl.constexpr = gl.float16
+    else:
+        row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        half_smem: gl.constexpr = row_smem
+        pdt: gl.constexpr = dt
     qn_smem = gl.allocate_shared_memory(dt, [1, BLOCK_H, CKV_DIM], row_smem)
     qr_smem = gl.allocate_shared_memory(dt, [1, BLOCK_H, KPE_DIM], row_smem)
     ckv_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, CKV_DIM], row_smem)
     kpe_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, KPE_DIM], row_smem)
-    p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], row_smem)
+    p_smem = gl.allocate_shared_memory(pdt, [BLOCK_H, BLOCK_N], half_smem)
     x_smem = gl.allocate_shared_memory(gl.float32, [N_X * BLOCK_H, 4], x_smem_layout)
     bars = gl.allocate_shared_memory(gl.int64, [N_BARS, 1], mbarrier.MBarrierLayout())
     for k in gl.static_range(N_BARS - 2):
@@ -509,17 +729,35 @@ def mla_gluon_ws_kernel(
     mbarrier.init(bars.index(BAR_DONE), count=2)  # (the last two slots) both warpgroups arrive
     mbarrier.init(bars.index(BAR_L), count=2)
 
-    gl.warp_specialize([
-        (_left_partition, (q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
-                           logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
-                           end, num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h,
-                           stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, PAGE_SIZE, BLOCK_H,
-                           BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER, FLOOR == 4, FLOOR == 3)),
-        (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, table_row, stride_t_p,
-                            logit_scale_ptr, out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start,
-                            end, num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h,
-                            logit_factor, out_factor, CKV_DIM, PAGE_SIZE, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR,
-                            FLOOR == 1, STAGGER, PA_REGS, FLOOR == 4, FLOOR == 3)),
-        (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
-                           num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
-    ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
+    if FP8:
+        # The float16 values of P.V: the left's half (one buffer), the right's half of A and of B.
+        v_smem = gl.allocate_shared_memory(gl.float16, [3, BLOCK_N, CKV_DIM // 2], half_smem)
+        gl.warp_specialize([
+            (_left_fp8, (q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr,
+                         out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
+                         num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h,
+                         logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR,
+                         FLOOR == 1, STAGGER, FLOOR == 4, FLOOR == 3, FLOOR == 5)),
+            (_right_fp8, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr,
+                          out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs,
+                          batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor,
+                          CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER, FLOOR == 4,
+                          FLOOR == 3, FLOOR == 5)),
+            (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
+                               num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
+        ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
+    else:
+        gl.warp_specialize([
+            (_left_partition, (q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
+                               out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs,
+                               batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
+                               stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR,
+                               OUT_PTR, FLOOR == 1, STAGGER, FLOOR == 4, FLOOR == 3)),
+            (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
+                                out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs,
+                                batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
+                                out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER,
+                                PA_REGS, FLOOR == 4, FLOOR == 3)),
+            (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
+                               num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
+        ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])

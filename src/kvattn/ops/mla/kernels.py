@@ -21,7 +21,10 @@ memory. H100: bf16 Hq 128 0.30 -> 0.40-0.42 of the matmul rate with 64-key tiles
 
 On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.gluon` instead
 (the same work division, with the copies and the score layout written out in Gluon: 224 against
-278 us at Hq 128, 64x4096, on an H100); this kernel serves every other launch and the CPU tier.
+278 us at Hq 128, 64x4096, on an H100), or its warp-specialised successor :mod:`.gluon_ws`, which
+also takes the fp8-score launches below at BLOCK_H 64 over such pages; this kernel serves every
+other launch (fp8 at Hq <= 16 with heads in N, ``KVATTN_GLUON_WS=0``, a launch asking for the LSE)
+and the CPU tier.
 
 An fp8 query with an fp8 cache (``QK_FP8``, BLOCK_H 64) takes the scores on fp8 tensor cores
 straight from the copied bytes (both operands K-major: the query rows and the cache rows), exact

@@ -101,13 +101,21 @@ class _Plan:
         self.has_logit, self.has_out_scale = f.has_logit, f.has_out_scale
         self.has_lse, self.lse_stride = f.lse_stride is not None, f.lse_stride or 0
         self.row_stride = f.kv_stride[1]
+        self.kv_dtype = f.kv_dtype
         self.gluon = (f.gluon_on and mla_gluon_kernel is not None and arch(f.device, f.interpreter) == "sm90"
                       and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
                                       f.aligned16))
         # The warp-specialised kernel stores no final LSE: a call asking for one (return_lse) keeps
-        # the Gluon kernel.
-        self.ws = (self.gluon and f.gluon_ws_on and mla_gluon_ws_kernel is not None and not self.has_lse
-                   and mla_configs.warp_specialized(arch(f.device, f.interpreter), self.kv_format, cfg.block_h))
+        # the Gluon kernel (16-bit caches) or the Triton kernel (fp8).
+        q_fp8 = f.q_dtype == FP8_DTYPE
+        ws_on = (f.gluon_on and f.gluon_ws_on and mla_gluon_ws_kernel is not None and not self.has_lse
+                 and arch(f.device, f.interpreter) == "sm90"
+                 and mla_configs.warp_specialized("sm90", self.kv_format, cfg.block_h, q_fp8))
+        # An fp8 query over an fp8 cache: the warp-specialised kernel's e4m3 form where it fits, else
+        # the Triton kernel (mla/gluon.py takes 16-bit caches only).
+        self.fp8_ws = ws_on and _ws_fp8_fits(cfg, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16)
+        self.ws = (self.gluon and ws_on) or self.fp8_ws
+        self.gluon = self.gluon or self.fp8_ws  # (a launch that takes a TMA descriptor of the cache)
         # Batch-invariant mode: fixed-span splits (the config depends on the shape class only).
         self.invariant = f.batch_invariant
         self.split_span = decode_configs.invariant_span(cfg) if self.invariant else 0
@@ -199,6 +207,27 @@ def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, k
             and kv_stride[0] == page * kv_stride[1] and pages * page < 2**31)
 
 
+def _ws_fp8_fits(cfg: mla_configs.MLAConfig, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16: bool) -> bool:
+    """Whether the warp-specialised kernel's e4m3 form (:mod:`.gluon_ws`) runs an fp8 launch: an
+    e4m3 query over an e4m3 cache on the fp8-score entry with 64 heads a program in M (not heads in
+    N), 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address as one ``[pages *
+    page, 576]`` byte view (16-byte aligned base and row stride, pages back to back)."""
+    pages, page = kv_shape[0], kv_shape[1]
+    return (q_dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and cfg.qk_fp8 and cfg.block_h == 64
+            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and page % 64 == 0 and aligned16
+            and kv_stride[-1] == 1 and kv_stride[1] % 16 == 0 and kv_stride[0] == page * kv_stride[1]
+            and pages * page < 2**31)
+
+
+def _row_layout(kv_dtype):
+    """The shared-memory layout of a TMA box ``[64 rows, 64 columns]`` of the cache: 128-byte
+    swizzled 16-bit rows, or 64-byte swizzled e4m3 rows (a box's width; benchmarks/NOTES.md "MLA:
+    fp8 on the seesaw")."""
+    if kv_dtype == FP8_DTYPE:
+        return _gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    return _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
 class _GluonSplit:
     """The split launch of :func:`~.gluon.mla_gluon_kernel`, with a TMA descriptor of the cache
     built for each call from the cache's pointer (``run``), through a ``fast_launch.Launch``: a
@@ -226,7 +255,7 @@ class _GluonSplit:
         self.grid = (plan.items * splits,)
         self.splits = splits
         self.plan = plan
-        self.layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        self.layout = _row_layout(plan.kv_dtype)
         self._launches: dict = {}  # options -> fast_launch.Launch (tuning variants change the options)
 
     def launch(self) -> fast_launch.Launch:
