@@ -83,6 +83,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import cta_barrier, tma_load
+from ..common.gluon_dequant import f16_words, words_smem
 from ..common import load_page_ids, online_softmax_step
 from .gluon import logit_scale2, split_work, stage_query, store_rows
 
@@ -119,6 +120,7 @@ LD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS.value, 1], 
 # The same for the fp8 kernel's [64, 64] byte pieces (query staging, value conversion): 16 bytes a
 # thread a row, four threads a 64-byte row.
 CV_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS.value, 1], [1, 0]))
+CW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS.value, 1], [1, 0]))  # (CV_LAYOUT in words)
 # A row vector of a wgmma accumulator, once per lane of the quad that holds its row: [64, 4], row r
 # in the lanes and registers that hold row r of the accumulator (reduced along its columns, the four
 # lanes of a quad hold the same value), column = the lane's place in its quad. Stored so, each word
@@ -501,11 +503,14 @@ def _convert_values(src, dst, n0, end, SKIP: gl.constexpr):
     swizzle). ``SKIP`` (the FLOOR 5 timing variant): nothing. The caller fences and synchronises
     its warpgroup before the product reads ``dst`` or the copy warp may overwrite ``src``."""
     if not SKIP:
-        offs_r = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, CV_LAYOUT))
-        keep = (offs_r < end)[:, None]
+        # As 32-bit words (ops/common/gluon_dequant): a 64-column block is one 64-byte swizzle span
+        # of the bytes and one 128-byte span of the float16 values.
         for c in gl.static_range(src.shape[1] // 64):
-            v = src.slice(c * 64, 64, dim=1).load(CV_LAYOUT).to(gl.float16)
-            dst.slice(c * 64, 64, dim=1).store(gl.where(keep, v, 0.0))
+            w = src.slice(c * 64, 64, dim=1)._reinterpret(gl.int32, [64, 16], words_smem(64, 1)).load(CW_LAYOUT)
+            v = f16_words(w)
+            offs_r = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, v.type.layout))
+            v = gl.where((offs_r < end)[:, None], v, 0)
+            dst.slice(c * 64, 64, dim=1)._reinterpret(gl.int32, [64, 32], words_smem(64, 2)).store(v)
 
 
 @gluon.jit

@@ -62,6 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..common import causal_key_ranges, float16_operand, full_tile_softmax
 from ..common.gluon_compat import cta_barrier, tma_load
+from ..common.gluon_dequant import f16_words, words_smem
 from ..launch import fast_launch
 from .configs import ws_config
 
@@ -251,30 +252,6 @@ def _convert_layout_of(cols):
     return gl.BlockedLayout([per_thread, 4], [rows, along], [2, 1], [1, 0])
 
 
-@triton.constexpr_function
-def _words_smem(cols, esize):
-    """The layout of a ``[rows, cols]`` tile of ``esize``-byte values (:func:`_row_smem`) seen as
-    32-bit words: the same bytes (the swizzle moves 16-byte pieces of a row)."""
-    cols = getattr(cols, "value", cols)
-    esize = getattr(esize, "value", esize)
-    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, cols * esize), element_bitwidth=32, rank=2)
-
-
-@gluon.jit
-def _e4m3_words_f16(w):
-    """The four e4m3 values of each int32 word ``w`` as two words of two float16 values each (low
-    bytes in the first), exact: one conversion a pair, the halves never unpacked (Triton's own
-    float16 tensors would be split into halves and joined again for the stores)."""
-    return gl.inline_asm_elementwise(
-        """{
-        .reg .b16 lo, hi;
-        mov.b32 {lo, hi}, $2;
-        cvt.rn.f16x2.e4m3x2 $0, lo;
-        cvt.rn.f16x2.e4m3x2 $1, hi;
-        }""",
-        "=r,=r,r", [w], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-
-
 @gluon.jit
 def _convert_tile(src, dst, n0, kv_len, ZERO_PAST: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Convert the e4m3 tile ``src [BLOCK_N, HEAD_DIM]`` (keys from ``n0``) into the float16 tile
@@ -290,8 +267,8 @@ def _convert_tile(src, dst, n0, kv_len, ZERO_PAST: gl.constexpr, BLOCK_N: gl.con
     ld: gl.constexpr = _convert_layout_of(COLS)
     STEP: gl.constexpr = ld.size_per_thread[0] * ld.threads_per_warp[0] * ld.warps_per_cta[0]
     N_STEPS: gl.constexpr = BLOCK_N // STEP
-    src_w = src._reinterpret(gl.int32, [BLOCK_N, HEAD_DIM // 4], _words_smem(HEAD_DIM, 1))
-    dst_w = dst._reinterpret(gl.int32, [BLOCK_N, HEAD_DIM // 2], _words_smem(HEAD_DIM, 2))
+    src_w = src._reinterpret(gl.int32, [BLOCK_N, HEAD_DIM // 4], words_smem(HEAD_DIM, 1))
+    dst_w = dst._reinterpret(gl.int32, [BLOCK_N, HEAD_DIM // 2], words_smem(HEAD_DIM, 2))
     for c in gl.static_range(HEAD_DIM // COLS):
         src_c = src_w.slice(c * COLS // 4, COLS // 4, dim=1)
         dst_c = dst_w.slice(c * COLS // 2, COLS // 2, dim=1)
@@ -299,8 +276,7 @@ def _convert_tile(src, dst, n0, kv_len, ZERO_PAST: gl.constexpr, BLOCK_N: gl.con
         for r in gl.static_range(N_STEPS):
             if r + 1 < N_STEPS:
                 x_next = src_c.slice((r + 1) * STEP, STEP, dim=0).load(ld)
-            lo, hi = _e4m3_words_f16(x)
-            y = gl.join(lo, hi).reshape([STEP, COLS // 2])
+            y = f16_words(x)
             if ZERO_PAST:
                 rows = n0 + r * STEP + gl.arange(0, STEP, layout=gl.SliceLayout(1, y.type.layout))
                 y = gl.where((rows < kv_len)[:, None], y, 0)

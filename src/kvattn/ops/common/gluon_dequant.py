@@ -1,0 +1,48 @@
+"""Gluon pieces that turn e4m3 tiles in shared memory into float16 operands, shared by the
+warp-specialised prefill and MLA kernels (their fp8 caches: the P.V operand must be 16-bit, and
+e4m3 converts to float16 exactly, two values an instruction).
+
+Why words. Converting an e4m3 tile with ``.to(float16)`` gives float16 registers that the store
+lowering splits into halves and joins again (two PRMT a pair around each conversion, sm_90a
+SASS). Reading the bytes as 32-bit words and writing 32-bit words of two float16 values each
+keeps the pairs packed (benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised
+kernel").
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@triton.constexpr_function
+def words_smem(cols, esize):
+    """The layout of a ``[rows, cols]`` tile of ``esize``-byte values under the NVMMA swizzle
+    (128 bytes, or the row where it is shorter) seen as 32-bit words: the same bytes (the swizzle
+    moves 16-byte pieces of a row, whatever the element)."""
+    cols = getattr(cols, "value", cols)
+    esize = getattr(esize, "value", esize)
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, cols * esize), element_bitwidth=32, rank=2)
+
+
+@gluon.jit
+def e4m3_words_f16(w):
+    """The four e4m3 values of each int32 word ``w`` as two int32 words of two float16 values
+    each (the word of the low bytes first), exact; one conversion instruction a pair."""
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi;
+        }""",
+        "=r,=r,r", [w], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def f16_words(w):
+    """``w [R, C]`` e4m3 words -> ``[R, 2 C]`` words of float16 pairs in element order (the two
+    words of a source word side by side in the same thread)."""
+    lo, hi = e4m3_words_f16(w)
+    return gl.join(lo, hi).reshape([w.shape[0], 2 * w.shape[1]])
