@@ -331,7 +331,10 @@ def returns_of(monkeypatch, module, name: str) -> list:
 @pytest.mark.skipif(not ON_GPU, reason="words formats run on compiled kernels only")
 def test_quantised_caches_read_as_words_where_aligned(qdt, fmt, off_by_one, expected, triton_backend, monkeypatch):
     """The aligned GPU cases of the grid above run the words path, the misaligned ones the byte
-    path: the launcher's choice, seen as it is made (and the output still checked)."""
+    path: the launcher's choice, seen as it is made (and the output still checked). The Triton
+    kernel's choice: the Gluon kernel, which takes fp8 caches on Hopper (test_gluon_ws), is
+    switched off."""
+    monkeypatch.setenv("KVATTN_GLUON", "0")
     chosen = returns_of(monkeypatch, prefill_launch, "kv_format_code")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], fmt=fmt, d=128, qdt=qdt,
                  misalign=off_by_one, seed=3)
@@ -360,7 +363,9 @@ def test_16_bit_pages_read_by_tma_where_tiles_fit(layout, form, page, tma, trito
 @pytest.mark.skipif(not ON_GPU, reason="TMA on compiled kernels only")
 def test_fp8_pages_read_by_tma_with_fp8_scores(qdt, fmt, page, tma, triton_backend, monkeypatch):
     """fp8 pages holding whole tiles are read by TMA when the scores are fp8 (an fp8 query: the
-    tile feeds the fp8 product as it lands); a 16-bit query's tiles and NVFP4 pages gather."""
+    tile feeds the fp8 product as it lands); a 16-bit query's tiles and NVFP4 pages gather. The
+    Triton kernel's choice: the Gluon kernel is switched off (it would take the fp8 launches)."""
+    monkeypatch.setenv("KVATTN_GLUON", "0")
     chosen = returns_of(monkeypatch, prefill_launch, "tma_views")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 77], lq=[1, 200, 77], d=128, qdt=qdt, fmt=fmt,
                  layout="HND", page=page, seed=6)
