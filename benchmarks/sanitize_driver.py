@@ -26,6 +26,7 @@ import torch
 
 import kvattn
 from kvattn import _env
+from kvattn.formats import FP8_DTYPE
 from kvattn.testing import make_paged_kv
 
 DEV = os.environ.get("SANITIZE_DEVICE", "cuda")  # "cpu": a smoke test of the calls (reference backend)
@@ -153,11 +154,13 @@ def mla_gluon_ws_fp8():
 # ---------------------------------------------------------------------------------------------
 # prefill
 # ---------------------------------------------------------------------------------------------
-def _prefill(*, page, d=128, lens=(150, 64), q_lens=(70, 64), seq_lens=None, cum_q=None, out_rows=None):
+def _prefill(*, page, d=128, lens=(150, 64), q_lens=(70, 64), seq_lens=None, cum_q=None, out_rows=None, fmt=None,
+             q_dtype=BF16):
     hkv, group = 2, 4
-    case = make_paged_kv(list(lens), num_kv_heads=hkv, head_dim=d, page_size=page, dtype=BF16, device=DEV, seed=5)
+    case = make_paged_kv(list(lens), num_kv_heads=hkv, head_dim=d, page_size=page, dtype=BF16, device=DEV, seed=5,
+                         **({"kv_format": fmt} if fmt else {}))
     rows = sum(q_lens)
-    q = torch.randn(rows, hkv * group, d, device=DEV).to(BF16)
+    q = torch.randn(rows, hkv * group, d, device=DEV).to(q_dtype)
     cq = torch.tensor([0, q_lens[0], rows], dtype=torch.int32, device=DEV) if cum_q is None else cum_q
     ckv = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=DEV)
     out = torch.empty(rows if out_rows is None else out_rows, hkv * group, d, dtype=BF16, device=DEV)
@@ -179,6 +182,16 @@ def prefill_gluon_ws():
 
 def prefill_gluon_ws_small_pages():
     _finite(_prefill(page=16))
+
+
+def prefill_gluon_ws_fp8():
+    """A bf16 query over an fp8 cache: the converter partition turns K and V into float16."""
+    _finite(_prefill(page=64, fmt="fp8"))
+
+
+def prefill_gluon_ws_fp8q():
+    """An fp8 query and cache: scores on the copied K, V converted."""
+    _finite(_prefill(page=64, fmt="fp8", q_dtype=FP8_DTYPE))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,7 +303,7 @@ VARIANTS = [
     decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
     xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, mla_gluon_ws_fp8,
     prefill_triton,
-    prefill_gluon_ws, prefill_gluon_ws_small_pages, append, merge, guard_decode_lengths, guard_decode_page_ids,
+    prefill_gluon_ws, prefill_gluon_ws_small_pages, prefill_gluon_ws_fp8, prefill_gluon_ws_fp8q, append, merge, guard_decode_lengths, guard_decode_page_ids,
     guard_mla_lengths, guard_prefill,
     invariant_decode_mla, calibration_exchange, calibration_exchange_loop, calibration_exchange_rows,
     calibration_exchange_meet, calibration_exchange_quads,
