@@ -161,15 +161,16 @@ def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, p
 
 
 @gluon.jit
-def _producer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
               KV_FP8: gl.constexpr, MODE: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
      num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
+    (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr, logit_scale_ptr,
+     out_scale_ptr) = ptrs
+    q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn = bufs
     # Where each copy lands: the consumers' rings, or (fp8 caches) the converter's rings of bytes.
     k_raw, v_raw, k_raw_ready, k_raw_empty, v_raw_ready, v_raw_empty = raw
     if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
@@ -308,9 +309,7 @@ def _pass_tile(src, dst, src_full, src_free, dst_full, dst_free, slot, phase, n0
 
 
 @gluon.jit
-def _converter(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-               raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
                KV_FP8: gl.constexpr, MODE: gl.constexpr):
@@ -321,6 +320,9 @@ def _converter(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_len
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
      num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
+    (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr, logit_scale_ptr,
+     out_scale_ptr) = ptrs
+    q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn = bufs
     k_raw, v_raw, k_raw_ready, k_raw_empty, v_raw_ready, v_raw_empty = raw
     c = 0  # tiles through the rings (as the producer counts them)
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -421,15 +423,16 @@ def _zero_rows_past(buf, n0, kv_len, zero_bar, zeroings, WG: gl.constexpr, BLOCK
 
 
 @gluon.jit
-def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
               KV_FP8: gl.constexpr, MODE: gl.constexpr, WG: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
      num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
+    (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr, logit_scale_ptr,
+     out_scale_ptr) = ptrs
+    q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn = bufs
     dt: gl.constexpr = q_ptr.dtype.element_ty
     qk_dt: gl.constexpr = _k_dtype(dt, KV_FP8)
     pv_dt: gl.constexpr = _pv_dtype(dt, KV_FP8)
@@ -573,28 +576,20 @@ def _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens
 # warpgroup's index must be a constexpr of _consumer (it picks the warpgroup's query rows, its half
 # of the zeroing and its ping-pong barrier at compile time).
 @gluon.jit
-def _consumer0(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-               raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+def _consumer0(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
                KV_FP8: gl.constexpr, MODE: gl.constexpr):
-    _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
+    _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
               HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE, 0)
 
 
 @gluon.jit
-def _consumer1(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-               logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-               raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+def _consumer1(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
                KV_FP8: gl.constexpr, MODE: gl.constexpr):
-    _consumer(q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
-              logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
-              raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
+    _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
               HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE, 1)
 
 
@@ -663,45 +658,34 @@ def prefill_ws_kernel(
     else:
         raw = (k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # (unused)
 
+    # Every partition takes the same arguments (tuples of runtime values; the constexprs written out
+    # in each call: constexprs bound to a variable first would become runtime values).
+    ptrs = (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr,
+            logit_scale_ptr, out_scale_ptr)
+    bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn)
     ints = (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
             num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
             k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols)
-    # (the partitions' arguments written out in the call: constexprs bound to a variable first would
-    # become runtime values)
     if KV_FP8:
         # A fourth partition, two converter warps beside the producer warp in the last warpgroup:
         # 40 registers there leave the consumers 232 each (12 warps at maxnreg 168).
         gl.warp_specialize([
-            (_consumer0, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
-                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
-                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+            (_consumer0, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
                           BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
-            (_consumer1, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
-                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
-                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+            (_consumer1, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
                           BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
-            (_producer, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
-                         sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
-                         v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+            (_producer, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
-            (_converter, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
-                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
-                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+            (_converter, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
                           BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
         ], [4, 1, CONV_WARPS], [CONSUMER_REGS_FP8, CONVERTER_REGS, CONVERTER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer0, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
-                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
-                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+            (_consumer0, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
                           BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
-            (_consumer1, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
-                          sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
-                          v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+            (_consumer1, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
                           BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
-            (_producer, (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr,
-                         sinks_ptr, logit_scale_ptr, out_scale_ptr, q_smem, k_bufs, v_bufs, k_ready, k_empty,
-                         v_ready, v_empty, turn, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
+            (_producer, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
         ], [4, 1], [240, 24])  # registers: 12 warps at maxnreg 168; the producer's warpgroup keeps 24
 
