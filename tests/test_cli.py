@@ -349,6 +349,20 @@ def test_info_names_mla_kernels_on_hopper(gluon, ws, want, monkeypatch):
     assert text.endswith(want), text
 
 
+@pytest.mark.parametrize("gluon,want", [("1", "a warp-specialised Gluon kernel for 16-bit and fp8 caches"),
+                                         ("0", "(pages of 64+ tokens by TMA on Hopper)")], ids=["gluon", "triton"])
+def test_info_names_the_prefill_kernel_on_hopper(gluon, want, monkeypatch):
+    """On a Hopper GPU (faked) prefill's line names the Gluon kernel unless it is switched off."""
+    from kvattn import _backend, _device
+
+    monkeypatch.setattr(_backend, "use_triton", lambda op, device: True)
+    monkeypatch.setattr(_device, "is_hopper", lambda device: True)
+    monkeypatch.setenv("KVATTN_GLUON", gluon)
+    text = cli._served_by("context", torch.device("cuda"), {"gluon": "on (Gluon kernels on Hopper)"})
+    assert want in text, text
+    assert ("Gluon" in text) == (gluon == "1"), text
+
+
 def test_info_without_fast_paths_report(capsys, monkeypatch):
     from kvattn import _versions
 

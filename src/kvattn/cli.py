@@ -484,10 +484,14 @@ def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str
     text = _KERNELS[op]
     if device.type != "cuda":
         return text + ", in Triton's interpreter"
-    if op == "mla_decode" and _device.is_hopper(device) and _versions.gluon_on() and fast_paths.get("gluon", "").startswith("on"):
+    gluon = _device.is_hopper(device) and _versions.gluon_on() and fast_paths.get("gluon", "").startswith("on")
+    if op == "mla_decode" and gluon:
         text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
         if _env.gluon_ws():
             text += " (warp-specialised; also an fp8 query over fp8 caches with 17+ heads)"
+    elif op == "context" and gluon:
+        text += ("; a warp-specialised Gluon kernel for 16-bit and fp8 caches with pages of 8+ tokens "
+                 "(NVFP4 caches, fp8 / NVFP4 outputs and skip-softmax keep the Triton kernel)")
     return text
 
 
