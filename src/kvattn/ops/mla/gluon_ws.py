@@ -83,7 +83,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common.gluon_compat import cta_barrier, tma_load
-from ..common.gluon_dequant import f16_words, words_smem
+from ..common.gluon_dequant import f16_words, words_view
 from ..common import load_page_ids, online_softmax_step
 from .gluon import logit_scale2, split_work, stage_query, store_rows
 
@@ -506,11 +506,11 @@ def _convert_values(src, dst, n0, end, SKIP: gl.constexpr):
         # As 32-bit words (ops/common/gluon_dequant): a 64-column block is one 64-byte swizzle span
         # of the bytes and one 128-byte span of the float16 values.
         for c in gl.static_range(src.shape[1] // 64):
-            w = src.slice(c * 64, 64, dim=1)._reinterpret(gl.int32, [64, 16], words_smem(64, 1)).load(CW_LAYOUT)
+            w = words_view(src.slice(c * 64, 64, dim=1), 64, 64, 1).load(CW_LAYOUT)
             v = f16_words(w)
             offs_r = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, v.type.layout))
             v = gl.where((offs_r < end)[:, None], v, 0)
-            dst.slice(c * 64, 64, dim=1)._reinterpret(gl.int32, [64, 32], words_smem(64, 2)).store(v)
+            words_view(dst.slice(c * 64, 64, dim=1), 64, 64, 2).store(v)
 
 
 @gluon.jit

@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..common import causal_key_ranges, float16_operand, full_tile_softmax
 from ..common.gluon_compat import cta_barrier, tma_load
-from ..common.gluon_dequant import f16_words, words_smem
+from ..common.gluon_dequant import f16_words, words_view
 from ..launch import fast_launch
 from .configs import ws_config
 
@@ -268,8 +268,8 @@ def _convert_tile(src, dst, n0, kv_len, ZERO_PAST: gl.constexpr, BLOCK_N: gl.con
     ld: gl.constexpr = _convert_layout_of(COLS)
     STEP: gl.constexpr = ld.size_per_thread[0] * ld.threads_per_warp[0] * ld.warps_per_cta[0]
     N_STEPS: gl.constexpr = BLOCK_N // STEP
-    src_w = src._reinterpret(gl.int32, [BLOCK_N, HEAD_DIM // 4], words_smem(HEAD_DIM, 1))
-    dst_w = dst._reinterpret(gl.int32, [BLOCK_N, HEAD_DIM // 2], words_smem(HEAD_DIM, 2))
+    src_w = words_view(src, BLOCK_N, HEAD_DIM, 1)
+    dst_w = words_view(dst, BLOCK_N, HEAD_DIM, 2)
     for c in gl.static_range(HEAD_DIM // COLS):
         src_c = src_w.slice(c * COLS // 4, COLS // 4, dim=1)
         dst_c = dst_w.slice(c * COLS // 2, COLS // 2, dim=1)
