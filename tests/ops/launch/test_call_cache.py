@@ -104,7 +104,7 @@ def fake_hopper(monkeypatch):
                                    skip=skip, nvfp4_out=nvfp4_out):
             return None
         views = prefill_ws.tma_view(k, k.shape[1]), prefill_ws.tma_view(v, v.shape[1])
-        return None if None in views else views
+        return None if None in views else (prefill_ws.config_for(query.dtype, k.dtype, query.shape[-1]), *views)
 
     monkeypatch.setattr(prefill_ws, "plan", plan)
     assert launch_common.arch is not None

@@ -17,13 +17,20 @@ from triton.experimental.gluon import language as gl
 
 
 @triton.constexpr_function
-def words_smem(cols, esize):
-    """The layout of a ``[rows, cols]`` tile of ``esize``-byte values under the NVMMA swizzle
-    (128 bytes, or the row where it is shorter) seen as 32-bit words: the same bytes (the swizzle
-    moves 16-byte pieces of a row, whatever the element)."""
+def row_smem(cols, esize):
+    """The shared layout of ``[rows, cols]`` tiles of ``esize``-byte values that TMA boxes fill and
+    wgmma reads: a 128-byte swizzle, or the row's bytes where a row is shorter (fp8 rows of 64)."""
     cols = getattr(cols, "value", cols)
     esize = getattr(esize, "value", esize)
-    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, cols * esize), element_bitwidth=32, rank=2)
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, cols * esize), element_bitwidth=8 * esize, rank=2)
+
+
+@triton.constexpr_function
+def words_smem(cols, esize):
+    """:func:`row_smem`'s tile seen as 32-bit words: the same bytes (the swizzle moves 16-byte
+    pieces of a row, whatever the element)."""
+    swizzle = row_smem(cols, esize).swizzle_byte_width
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
 
 # A shared-memory view with another dtype, shape and layout over the same bytes: ``_reinterpret``

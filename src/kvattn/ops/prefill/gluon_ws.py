@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..common import causal_key_ranges, float16_operand, full_tile_softmax
 from ..common.gluon_compat import cta_barrier, tma_load
-from ..common.gluon_dequant import f16_words, words_view
+from ..common.gluon_dequant import f16_words, row_smem, words_view
 from ..launch import fast_launch
 from .configs import ws_config
 
@@ -91,15 +91,6 @@ def _box_cols(head_dim, esize):
     head_dim = getattr(head_dim, "value", head_dim)
     esize = getattr(esize, "value", esize)
     return min(head_dim, 128 // esize)
-
-
-@triton.constexpr_function
-def _row_smem(head_dim, esize):
-    """The shared layout of ``[rows, head_dim]`` tiles of ``esize``-byte values: TMA's boxes and
-    wgmma's operands (a 128-byte swizzle; 64 bytes for fp8 rows of 64 values)."""
-    head_dim = getattr(head_dim, "value", head_dim)
-    esize = getattr(esize, "value", esize)
-    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, head_dim * esize), element_bitwidth=8 * esize, rank=2)
 
 
 @gluon.jit
@@ -617,8 +608,8 @@ def prefill_ws_kernel(
     dt: gl.constexpr = q_ptr.dtype.element_ty
     qk_dt: gl.constexpr = _k_dtype(dt, KV_FP8)
     pv_dt: gl.constexpr = _pv_dtype(dt, KV_FP8)
-    q_smem_layout: gl.constexpr = _row_smem(HEAD_DIM, qk_dt.primitive_bitwidth // 8)
-    pv_smem_layout: gl.constexpr = _row_smem(HEAD_DIM, 2)
+    q_smem_layout: gl.constexpr = row_smem(HEAD_DIM, qk_dt.primitive_bitwidth // 8)
+    pv_smem_layout: gl.constexpr = row_smem(HEAD_DIM, 2)
     # The consumers' operands: q and K in the score product's type, V in P's.
     q_smem = gl.allocate_shared_memory(qk_dt, [2, WG_ROWS, HEAD_DIM], q_smem_layout)
     k_bufs = gl.allocate_shared_memory(qk_dt, [STAGES, BLOCK_N, HEAD_DIM], q_smem_layout)
@@ -639,7 +630,7 @@ def prefill_ws_kernel(
     mbarrier.init(turn.index(2), count=2)
     if KV_FP8:
         # The rings of copied bytes the converter reads (K's only where it converts K).
-        byte_smem: gl.constexpr = _row_smem(HEAD_DIM, 1)
+        byte_smem: gl.constexpr = row_smem(HEAD_DIM, 1)
         v_raw = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], byte_smem)
         if _converts_k(dt, KV_FP8):
             k_raw = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], byte_smem)
@@ -729,21 +720,29 @@ def tma_view(t, page: int):
 
 
 def kind_of(q_dtype, kv_dtype) -> str | None:
-    """The operand kind (``configs.ws_config``'s) of a query and cache this kernel reads, or None:
-    ``"half"`` (16-bit query and cache of one dtype), ``"fp8"`` (16-bit query over an fp8 cache),
-    ``"fp8qk"`` (fp8 query and cache)."""
+    """The operand kind (the cache format's ``config_key``, or ``"fp8qk"``, as the Triton kernel's
+    tables name them) of a query and cache this kernel reads, or None: ``"half"`` (16-bit query
+    and cache of one dtype), ``"fp8"`` (16-bit query over an fp8 cache), ``"fp8qk"`` (fp8 query
+    and cache)."""
     import torch
 
+    from ..._formats_table import BY_DTYPE
     from ...formats import FP8_DTYPE
 
-    half = (torch.float16, torch.bfloat16)
-    if q_dtype in half and kv_dtype == q_dtype:
-        return "half"
-    if kv_dtype == FP8_DTYPE and q_dtype in half:
-        return "fp8"
-    if kv_dtype == FP8_DTYPE and q_dtype == FP8_DTYPE:
-        return "fp8qk"
-    return None
+    fmt = BY_DTYPE.get(kv_dtype)
+    key = fmt.config_key if fmt is not None else None
+    if q_dtype == FP8_DTYPE:
+        return "fp8qk" if key == "fp8" else None
+    if q_dtype not in (torch.float16, torch.bfloat16) or (key == "half" and kv_dtype != q_dtype):
+        return None
+    return key
+
+
+def config_for(q_dtype, kv_dtype, head_dim: int):
+    """This kernel's tiles (``configs.WSConfig``) for a query, a cache and a head_dim, or None
+    where it has none (NVFP4 caches, D256 under a 16-bit query over fp8, other head dims)."""
+    kind = kind_of(q_dtype, kv_dtype)
+    return ws_config(head_dim, kind) if kind is not None and head_dim in HEAD_DIMS else None
 
 
 def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head_dim: int, page: int,
@@ -752,8 +751,7 @@ def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head
     :func:`tma_view`): host-known facts only. Every other launch takes the Triton kernel."""
     import torch
 
-    kind = kind_of(q_dtype, kv_dtype)
-    cfg = ws_config(head_dim, kind) if kind is not None and head_dim in HEAD_DIMS else None
+    cfg = config_for(q_dtype, kv_dtype, head_dim)
     return (hopper and gluon_on and TRITON_VERSION >= (3, 6) and cfg is not None
             and out_dtype in (torch.float16, torch.bfloat16) and not nvfp4_out and not skip
             and pages_tile(page, cfg.block_n))
@@ -768,7 +766,8 @@ def pages_tile(page: int, block_n: int) -> bool:
 
 
 def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
-    """``(k_view, v_view)`` (see :func:`tma_view`) where this kernel takes the launch, else None."""
+    """``(config, k_view, v_view)`` (:func:`config_for`, :func:`tma_view`) where this kernel takes
+    the launch, else None."""
     from ... import _device, _versions
 
     if interpreter or query.device.type != "cuda":
@@ -780,7 +779,7 @@ def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
     k_view, v_view = tma_view(k, k.shape[1]), tma_view(v, v.shape[1])
     if k_view is None or v_view is None or k_view[2:4] != v_view[2:4]:  # K and V in one form
         return None
-    return k_view, v_view
+    return config_for(query.dtype, k.dtype, query.shape[-1]), k_view, v_view
 
 
 def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q, sinks, out, *,
@@ -802,7 +801,7 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
         # (more converted buffers a ring gave NaN rows on the H100, not understood yet:
         # benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised kernel")
         raise ValueError(f"fp8 caches take 2 buffers a ring in the Gluon prefill kernel, got {cfg.stages}")
-    layout = _row_smem(head_dim, esize)  # (the kernel's buffers the boxes land in)
+    layout = row_smem(head_dim, esize)  # (the kernel's buffers the boxes land in)
     box = [sub, _box_cols(head_dim, esize)]
     descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], box, layout)
              for t, view in ((k, k_view), (v, v_view))]

@@ -120,13 +120,12 @@ def launch_context(
         nvfp4_out = out_sf is not None
         # 16-bit and fp8 pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0: off);
         # it stores no LSE, so a call that asks for one (return_lse) keeps the Triton kernel.
-        views = gluon_ws.plan(query, k, v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter) \
+        ws_plan = gluon_ws.plan(query, k, v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter) \
             if gluon_ws is not None and lse is None else None
-        ws_cfg = prefill_configs.ws_config(head_dim, gluon_ws.kind_of(query.dtype, k.dtype)) \
-            if views is not None else None
-        if ws_cfg is not None:
+        if ws_plan is not None:
+            ws_cfg, k_view, v_view = ws_plan
             gluon_ws.launch(
-                ws_cfg, query, k, v, *views, k_table, v_table, seq_lens, cum_seq_lens_q,
+                ws_cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q,
                 sinks, out, max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,
                 logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left)
             return
