@@ -7,11 +7,16 @@ matmul ceiling measured in the same process before and after. Variants:
 * ``old``: the Triton kernel (``KVATTN_GLUON=0``); ``new``: the Gluon kernel as shipped;
 * ``pp``: with ping-pong; ``s3``: 3 buffers a ring; ``n64``: 64-key tiles (4 buffers);
 * floors: ``nosoftmax`` (P = S, no exponentials or max), ``noloads`` (no copies; the buffers are
-  signalled full as they are), ``noconvert`` (fp8 caches: the converter signals its tiles
-  converted without converting): the time the kernel's other work alone takes.
+  signalled full as they are), ``noconvert`` (fp8 caches, not staged: the converter signals its
+  tiles converted without converting): the time the kernel's other work alone takes;
+  ``stageonly`` (quantised caches: the staging pass alone, the attention kernel not launched);
+* quantised caches: ``nostage`` (pages not staged: fp8 through the converter partition, NVFP4 on
+  the Triton kernel); ``stage`` (staged whatever the query rows, where they fit the workspace);
+  ``qk3`` (fp8 query, V staged: 3 buffers a ring).
 
-``--fp8`` adds the fp8-cache shapes (a bf16 query over an fp8 cache, an fp8 query and cache; at
-1 x 8192 and 4 x 2048), which the Gluon kernel takes through its converter partition.
+``--fp8`` adds the quantised-cache shapes (a bf16 query over an fp8 or NVFP4 cache, an fp8 query
+and cache; at 1 x 8192, 4 x 2048 and the chunked 4 x 512 over 16384). The workspace (128 MiB)
+holds their staged pages, so ``new`` stages them.
 
 Before timing, each shape's output of ``new`` is compared with ``old`` (relative error).
 
@@ -38,17 +43,25 @@ import torch  # noqa: E402
 from benchmarks import ceilings, problems, shapes  # noqa: E402
 from benchmarks.timing import Timer  # noqa: E402
 
-VARIANTS = ("old", "new", "pp", "s3", "n64", "nosoftmax", "noloads", "noconvert")
+VARIANTS = ("old", "new", "pp", "s3", "n64", "nosoftmax", "noloads", "noconvert", "nostage", "stage", "stageonly",
+            "qk3")
+QUANTISED_ONLY = ("noconvert", "nostage", "stage", "stageonly", "qk3")  # variants of quantised caches alone
 
 
 @contextlib.contextmanager
 def _variant(name: str, head_dim: int):
     from kvattn.ops.prefill import configs as prefill_configs
     from kvattn.ops.prefill import gluon_ws as prefill_ws
+    from kvattn.ops.prefill import staging
 
     saved_env = os.environ.get("KVATTN_GLUON")
     saved_cfg = prefill_configs._SM90_WS.get(head_dim)
+    saved_qk = prefill_configs._SM90_WS_FP8.get(("fp8qk", head_dim))
     saved_launch = prefill_ws.launch
+    saved_plan = staging.plan
+    saved_rows = dict(prefill_configs.STAGE_MIN_ROWS)
+    if name not in VARIANTS + ("nopp", "s4"):
+        raise ValueError(f"unknown variant {name!r}")
     try:
         if name == "old":
             os.environ["KVATTN_GLUON"] = "0"
@@ -61,11 +74,23 @@ def _variant(name: str, head_dim: int):
         elif name in ("nosoftmax", "noloads", "noconvert"):
             mode = {"nosoftmax": 1, "noloads": 2, "noconvert": 3}[name]
             prefill_ws.launch = functools.partial(saved_launch, mode=mode)
-        elif name != "new":
-            raise ValueError(f"unknown variant {name!r}")
+            if name == "noconvert":  # (the converter's floor: pages not staged)
+                staging.plan = lambda *a, **k: None
+        elif name == "nostage":  # quantised caches: no staging (fp8: the converter; NVFP4: Triton)
+            staging.plan = lambda *a, **k: None
+        elif name in ("stage", "stageonly", "qk3"):  # pages staged whatever the rows (where they fit)
+            prefill_configs.STAGE_MIN_ROWS.update({False: 0, True: 0})
+            if name == "stageonly":  # floor: the staging pass alone (the attention kernel not launched)
+                prefill_ws.launch = lambda *a, **k: None
+        if name == "qk3":  # fp8 query, V staged: 3 buffers a ring
+            prefill_configs._SM90_WS_FP8[("fp8qk", head_dim)] = dataclasses.replace(saved_qk, stages=3)
         yield
     finally:
         prefill_ws.launch = saved_launch
+        staging.plan = saved_plan
+        prefill_configs.STAGE_MIN_ROWS.update(saved_rows)
+        if saved_qk is not None:
+            prefill_configs._SM90_WS_FP8[("fp8qk", head_dim)] = saved_qk
         if saved_cfg is not None:
             prefill_configs._SM90_WS[head_dim] = saved_cfg
         if saved_env is None:
@@ -80,8 +105,10 @@ def _grid(page16: bool, fp8: bool = False) -> list:
         grid += [dataclasses.replace(s, page_size=16) for s in grid]
     if fp8:
         base = [s for s in grid if s.page_size == 64 and s.q_len in (8192, 2048)]
+        base += [s for s in shapes._prefill_grid() if s.q_len == 512 and s.kv_len == 16384]  # chunked
         grid += [dataclasses.replace(s, kv_dtype="fp8", peers=False) for s in base]
         grid += [dataclasses.replace(s, kv_dtype="fp8", q_dtype="fp8", peers=False) for s in base]
+        grid += [dataclasses.replace(s, kv_dtype="nvfp4", peers=False) for s in base]
     return grid
 
 
@@ -92,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fp8", action="store_true", help="also fp8-cache shapes (bf16 and fp8 queries)")
     ap.add_argument("--filter", action="append", default=[])
     ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--workspace-mib", type=int, default=128, help="the workspace (staged pages must fit it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     # Every call planned afresh: a call replayed from the call cache would keep the launch (and its
@@ -110,11 +138,15 @@ def main(argv=None) -> int:
     for shape in _grid(args.page16, args.fp8):
         if args.filter and not any(f in shape.id for f in args.filter):
             continue
-        prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
+        prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=args.workspace_mib)
         fns = [s.kvattn for s in prob.sets]
         names = [v for v in args.variants.split(",") if v]
-        if shape.kv_dtype != "fp8":  # (no converter to switch off)
-            names = [n for n in names if n != "noconvert"]
+        if shape.kv_dtype == "bfloat16":  # (nothing to stage or convert)
+            names = [n for n in names if n not in QUANTISED_ONLY]
+        elif shape.kv_dtype == "nvfp4":  # (no converter; staged or Triton)
+            names = [n for n in names if n not in ("noconvert", "qk3")]
+        if shape.q_dtype != "fp8":
+            names = [n for n in names if n != "qk3"]
         if "old" in names and "new" in names:
             with _variant("old", shape.head_dim):
                 ref = fns[0]().float().clone()

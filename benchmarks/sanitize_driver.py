@@ -155,7 +155,7 @@ def mla_gluon_ws_fp8():
 # prefill
 # ---------------------------------------------------------------------------------------------
 def _prefill(*, page, d=128, lens=(150, 64), q_lens=(70, 64), seq_lens=None, cum_q=None, out_rows=None, fmt=None,
-             q_dtype=BF16):
+             q_dtype=BF16, ws=None):
     hkv, group = 2, 4
     case = make_paged_kv(list(lens), num_kv_heads=hkv, head_dim=d, page_size=page, dtype=BF16, device=DEV, seed=5,
                          **({"kv_format": fmt} if fmt else {}))
@@ -165,9 +165,9 @@ def _prefill(*, page, d=128, lens=(150, 64), q_lens=(70, 64), seq_lens=None, cum
     ckv = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=DEV)
     out = torch.empty(rows if out_rows is None else out_rows, hkv * group, d, dtype=BF16, device=DEV)
     kvattn.prefill.trtllm_batch_context_with_kv_cache(
-        q[: out.shape[0]], case.kv_cache, _ws(), case.block_tables,
+        q[: out.shape[0]], case.kv_cache, _ws() if ws is None else ws, case.block_tables,
         case.seq_lens if seq_lens is None else seq_lens(case), max(q_lens), max(lens), d ** -0.5, 1.0, 2, cq, ckv,
-        out=out, kv_layout="NHD")
+        out=out, kv_layout="NHD", kv_block_scales=case.kv_cache_sf)
     return out
 
 
@@ -192,6 +192,34 @@ def prefill_gluon_ws_fp8():
 def prefill_gluon_ws_fp8q():
     """An fp8 query and cache: scores on the copied K, V converted."""
     _finite(_prefill(page=64, fmt="fp8", q_dtype=FP8_DTYPE))
+
+
+def _staged(**kw):
+    """A call whose quantised pages are staged in a workspace big enough for them (staging's
+    threshold of query rows lifted: these calls are small)."""
+    from kvattn.ops.prefill import configs as prefill_configs
+
+    saved = dict(prefill_configs.STAGE_MIN_ROWS)
+    prefill_configs.STAGE_MIN_ROWS.update({False: 0, True: 0})
+    try:
+        return _prefill(ws=torch.zeros(8 << 20, dtype=torch.uint8, device=DEV), **kw)
+    finally:
+        prefill_configs.STAGE_MIN_ROWS.update(saved)
+
+
+def prefill_staged_fp8():
+    """A bf16 query over an fp8 cache, its pages staged as bf16."""
+    _finite(_staged(page=64, fmt="fp8"))
+
+
+def prefill_staged_fp8q():
+    """An fp8 query and cache: scores on the copied K, V staged as float16."""
+    _finite(_staged(page=64, fmt="fp8", q_dtype=FP8_DTYPE))
+
+
+def prefill_staged_nvfp4():
+    """A bf16 query over an NVFP4 cache, its pages staged as bf16."""
+    _finite(_staged(page=16, fmt="nvfp4"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +331,8 @@ VARIANTS = [
     decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
     xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, mla_gluon_ws_fp8,
     prefill_triton,
-    prefill_gluon_ws, prefill_gluon_ws_small_pages, prefill_gluon_ws_fp8, prefill_gluon_ws_fp8q, append, merge, guard_decode_lengths, guard_decode_page_ids,
+    prefill_gluon_ws, prefill_gluon_ws_small_pages, prefill_gluon_ws_fp8, prefill_gluon_ws_fp8q,
+    prefill_staged_fp8, prefill_staged_fp8q, prefill_staged_nvfp4, append, merge, guard_decode_lengths, guard_decode_page_ids,
     guard_mla_lengths, guard_prefill,
     invariant_decode_mla, calibration_exchange, calibration_exchange_loop, calibration_exchange_rows,
     calibration_exchange_meet, calibration_exchange_quads,

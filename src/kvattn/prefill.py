@@ -100,6 +100,10 @@ def trtllm_batch_context_with_kv_cache(
         As in :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`, default layout HND. Dtype: the
         query's (float16/bfloat16), float8_e4m3fn, or uint8 NVFP4 with ``kv_block_scales``.
     workspace_buffer : torch.Tensor uint8
+        Scratch. On Hopper, an fp8 or NVFP4 cache's pages are dequantised into it once a call when
+        they fit (``B * pages_per_seq * page * Hkv * D * 4`` bytes past the first 16 KB, half that
+        under an fp8 query): about 34 MB for one 8192-token request of 8 KV heads of D 128. A
+        smaller workspace is correct too, and slower (the pages are converted tile by tile).
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``, or ``[B, 2, pages_per_seq]`` (K, V page
         ids) with ``uses_shared_paged_kv_idx=False``
     seq_lens : torch.Tensor int32 or uint32 ``[B]``

@@ -28,6 +28,7 @@ import kvattn
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.prefill import configs as prefill_configs
 from kvattn.ops.prefill import gluon_ws as prefill_ws
+from kvattn.ops.prefill import staging
 
 from ..sm90 import compile_sm90, skip_unless_gpu_verified
 from .test_prefill import prefill_case, returns_of
@@ -169,23 +170,29 @@ ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank
 WS_PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "cum_q_ptr": "*i32",
            "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32"}
 WS_BASE = dict(HEAD_DIM=128, PAGE_SIZE=64, GROUP=4, BLOCK_N=128, STAGES=2, HAS_WINDOW=False, HAS_SINKS=False,
-               LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, KV_FP8=False, MODE=0)
+               LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, KV_FP8=False, V_STAGED=False, MODE=0)
 
 
-def compile_ws(dtype: str = "bf16", kv: str | None = None, **constexprs) -> dict:
+def compile_ws(dtype: str = "bf16", kv: str | None = None, v: str | None = None, **constexprs) -> dict:
     """``dtype``: the query's; ``kv``: the cache's (the query's by default; ``"fp8e4nv"`` sets
-    KV_FP8); the output bf16 for an fp8 query, else the query's type."""
+    KV_FP8); ``v``: V's pages where they differ (``"fp16"`` staged under an fp8 query sets
+    V_STAGED); the output bf16 for an fp8 query, else the query's type."""
     kv = kv or dtype
-    cfg = dict(WS_BASE, KV_FP8=kv == "fp8e4nv", **constexprs)
+    v = v or kv
+    cfg = dict(WS_BASE, KV_FP8=kv == "fp8e4nv", V_STAGED=v != kv, **constexprs)
     sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
-    esize = 1 if kv == "fp8e4nv" else 2
-    smem = ROW_SMEM if esize == 2 else ROW_SMEM.replace("element_bitwidth=16", "element_bitwidth=8").replace(
-        "swizzle_byte_width=128", f"swizzle_byte_width={min(128, cfg['HEAD_DIM'])}")
-    desc = f"tensordesc<{kv}[{sub}, {min(cfg['HEAD_DIM'], 128 // esize)}],{smem}>"
+
+    def desc(elem):
+        esize = 1 if elem == "fp8e4nv" else 2
+        smem = ROW_SMEM if esize == 2 else ROW_SMEM.replace("element_bitwidth=16", "element_bitwidth=8").replace(
+            "swizzle_byte_width=128", f"swizzle_byte_width={min(128, cfg['HEAD_DIM'])}")
+        return f"tensordesc<{elem}[{sub}, {min(cfg['HEAD_DIM'], 128 // esize)}],{smem}>"
+
     out = "bf16" if dtype == "fp8e4nv" else dtype
     return compile_sm90("kvattn.ops.prefill.gluon_ws.prefill_ws_kernel", cfg, ptrs=dict(WS_PTRS, q_ptr=f"*{dtype}",
                         out_ptr=f"*{out}"), floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                        descs={"k_desc": desc, "v_desc": desc}, sass=True, options={"maxnreg": prefill_ws.MAXNREG})
+                        descs={"k_desc": desc(kv), "v_desc": desc(v)}, sass=True,
+                        options={"maxnreg": prefill_ws.MAXNREG})
 
 
 def loop_overlaps(sass: str) -> int:
@@ -333,6 +340,39 @@ def test_fp8_cache_kernel_compiles_to_its_schedule(q, kw, products):
         assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
 
 
+@pytest.mark.parametrize("kw,products", [
+    ({}, {"m64n128k32.f32.e4m3.e4m3": 16, "m64n128k16.f32.f16.f16": 32}),
+    ({"HEAD_DIM": 256, "BLOCK_N": 64}, {"m64n64k32.f32.e4m3.e4m3": 32, "m64n256k16.f32.f16.f16": 16}),
+    ({"HEAD_DIM": 64, "PAGE_SIZE": 16, "HAS_WINDOW": True, "STAGES": 3},
+     {"m64n128k32.f32.e4m3.e4m3": 8, "m64n64k16.f32.f16.f16": 32}),
+], ids=["D128", "D256", "D64-p16-window-3-stages"])
+def test_staged_values_kernel_compiles_to_its_schedule(kw, products):
+    """An fp8 query over an fp8 cache whose V pages are staged as float16 (``staging``): scores on
+    e4m3 products over the copied K, P.V float16 over the staged V, no converter partition (the
+    three partitions and registers of the 16-bit kernel, no e4m3 conversion), V boxes of 64
+    16-bit columns."""
+    got = compile_ws("fp8e4nv", kv="fp8e4nv", v="fp16", **kw)
+    ptx, sass = got["ptx"], got.get("sass", "")
+    cfg = dict(WS_BASE, **kw)
+    for shape, n in products.items():
+        assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.{re.escape(shape)}", ptx)) == n, shape
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == sum(products.values())
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert "cvt.rn.f16x2.e4m3x2" not in ptx
+    sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
+    copies = (cfg["BLOCK_N"] // sub) * (max(1, cfg["HEAD_DIM"] // 128) + cfg["HEAD_DIM"] // 64)
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
+    assert bounds_fixed_before_the_loop(got["ttgir"]) == []
+    assert got["shared"] <= 227 * 1024
+    skip_unless_gpu_verified("ptxas 12.9 of Triton 3.9 spills 1-2 values in the key loops of D128 and D256, "
+                             "32-40 bytes of stack")
+    if "reg" in got:
+        assert got["stack"] <= 32
+        assert spills_in_key_loops(sass) == 0
+        assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
+
+
 def spills_in_key_loops(sass: str) -> int:
     """Local-memory loads / stores between a consumer's wait for S (``DEPBAR.LE gsb0, 0x1``) and
     its wait for P.V (``DEPBAR.LE gsb0, 0x0``): the softmax under the products."""
@@ -363,6 +403,7 @@ def ws_param(id, **kw):
     return pytest.param(kw, id=id, marks=GPU_ONLY)
 
 
+STAGED_WS = 64 << 20  # bytes: room for every staged case's pages (the default 64 KB stages none)
 # Lq = 1, chunked (Lq < L, off the tile and page), an empty request, a request without queries.
 LENS, LQ = [1, 300, 0, 777, 1029, 64], [1, 300, 0, 129, 700, 0]
 
@@ -418,14 +459,43 @@ WS_CASES = [
              lq=[1, 16, 10, 64, 1, 200, 900], window=127, sinks=True, tensor_scales=True, bmm1=-0.12, page=64,
              d=128, qdt=FP8_DTYPE),
     ws_param("fp8q-fp8kv-fp16-out", lens=LENS, lq=LQ, page=64, d=128, qdt=FP8_DTYPE, out_kind=torch.float16),
+    # quantised caches whose pages fit the workspace: staged once a call (ops.prefill.staging), then
+    # the 16-bit kernel (an fp8 query: its K as copied, V staged as float16)
+    *[ws_param(f"staged-{name}q-{fmt}kv-D{d}-{layout}-p{page}", lens=LENS, lq=LQ, d=d, page=page, layout=layout,
+               qdt=qdt, fmt=fmt, ws_bytes=STAGED_WS, seed=d + page + 11)
+      for name, qdt in (("bf16", torch.bfloat16), ("fp16", torch.float16)) for fmt in ("fp8", "nvfp4")
+      for d, layout, page in ((128, "HND", 64), (64, "NHD", 16), (256, "HND", 128))
+      if name == "bf16" or d == 128],
+    *[ws_param(f"staged-fp8q-fp8kv-D{d}-{layout}-p{page}", lens=LENS, lq=LQ, d=d, page=page, layout=layout,
+               qdt=FP8_DTYPE, ws_bytes=STAGED_WS, seed=d + page + 13)
+      for d, layout, page in ((128, "HND", 64), (64, "NHD", 16), (256, "NHD", 64))],
+    *[ws_param(f"staged-bf16q-fp8kv-window{w}-chunked", lens=[1, 16, 17, 64, 65, 200, 1100, 2000],
+               lq=[1, 16, 10, 64, 1, 200, 900, 70], window=w, page=64, d=128, qdt=torch.bfloat16, fmt="fp8",
+               sinks=w % 2 == 1, ws_bytes=STAGED_WS, seed=w)
+      for w in (0, 127, 128, 1000)],
+    ws_param("staged-bf16q-nvfp4kv-split-tables-sinks-device-scales-negative", lens=LENS, lq=LQ, split=True,
+             form="tuple", page=32, d=128, qdt=torch.bfloat16, fmt="nvfp4", window=500, sinks=True,
+             tensor_scales=True, bmm1=-0.1, ws_bytes=STAGED_WS),
+    ws_param("staged-fp8q-fp8kv-split-tables-window-sinks", lens=LENS, lq=LQ, split=True, form="tuple", page=64,
+             d=128, qdt=FP8_DTYPE, window=127, sinks=True, tensor_scales=True, ws_bytes=STAGED_WS),
 ]
+
+
+def stage_always(monkeypatch):
+    """Stage fp8 pages whatever the query rows (the table stages only calls with many)."""
+    for fp8_query in (False, True):
+        monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, fp8_query, 0)
 
 
 @pytest.mark.parametrize("kw", WS_CASES)
 def test_matches_oracles(kw, triton_backend, monkeypatch):
     launches = returns_of(monkeypatch, prefill_ws, "launch")
+    stagings = returns_of(monkeypatch, staging, "launch")
+    if "ws_bytes" in kw:  # (staged whatever the rows: these cases are small)
+        stage_always(monkeypatch)
     prefill_case(torch.device("cuda"), monkeypatch, **kw)
     assert len(launches) == 1, "the Gluon kernel did not take the launch"
+    assert len(stagings) == ("ws_bytes" in kw), "staged where the pages fit the workspace, else not"
 
 
 @pytest.mark.parametrize("sms,variant,qdt,fmt", [
@@ -453,12 +523,34 @@ def test_persistent_programs_walk_many_tiles(sms, variant, qdt, fmt, triton_back
     assert len(launches) == 1
 
 
+@GPU_ONLY
+def test_staging_leaves_the_decode_counters_at_zero(triton_backend, monkeypatch):
+    """A staged call writes the workspace past the decode kernels' merge counters only: a decode
+    call sharing the workspace then finds them at zero, as they must be at rest."""
+    from kvattn.ops.launch.workspace import ALIGN, COUNTER_BYTES
+    from kvattn.testing import make_paged_kv
+
+    stage_always(monkeypatch)
+    device = torch.device("cuda")
+    case = make_paged_kv([700, 300], num_kv_heads=2, head_dim=128, page_size=64, kv_format="fp8", layout="HND",
+                         device=device, seed=5)
+    q = torch.randn(1000, 8, 128, device=device, dtype=torch.bfloat16)
+    ws = torch.zeros(STAGED_WS, dtype=torch.uint8, device=device)
+    cq = torch.tensor([0, 700, 1000], dtype=torch.int32, device=device)
+    kvattn.prefill.trtllm_batch_context_with_kv_cache(q, case.kv_cache, ws, case.block_tables, case.seq_lens, 700,
+                                                      700, 0.1, 1.0, 2, cq, cq)
+    start = (-ws.data_ptr()) % ALIGN
+    assert ws[start:start + COUNTER_BYTES].eq(0).all()
+    assert ws[start + COUNTER_BYTES:].ne(0).any()  # (the pages were staged)
+
+
 @pytest.mark.parametrize("case", ["gluon-off", "page4", "page192", "page96", "fp8-out", "skip", "nvfp4-cache",
                                   "fp8-cache-D256"])
 @GPU_ONLY
 def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch):
     """KVATTN_GLUON=0, pages that do not tile the key tiles, fp8 outputs, skip-softmax, NVFP4
-    caches, fp8 caches under a 16-bit query at D256: the Triton kernel (still correct)."""
+    caches and fp8 caches under a 16-bit query at D256 whose pages do not fit the workspace (64 KB
+    here; staged, both take the Gluon kernel): the Triton kernel (still correct)."""
     launches = returns_of(monkeypatch, prefill_ws, "launch")
     kw = dict(lens=[1, 300, 77], lq=[1, 200, 77], d=128, page=64, qdt=torch.bfloat16, seed=4)
     if case == "gluon-off":

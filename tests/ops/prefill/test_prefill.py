@@ -61,7 +61,7 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None, tiles=None, misalign=None,
+    bmm2=None, tiles=None, misalign=None, ws_bytes=1 << 16,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
@@ -70,6 +70,8 @@ def prefill_case(
     holding several pages, or parts of one, with the small pages the interpreter can afford).
     ``misalign``: ``"kv"`` / ``"sf"`` copies the cache / the NVFP4 block scales to one byte past a
     4-byte boundary, so a GPU reads them byte by byte instead of as words.
+    ``ws_bytes``: the workspace's size (a quantised cache's pages are staged in it where they fit,
+    ``ops.prefill.staging``; the default 64 KB fits none of the GPU cases).
     """
     if tiles is not None and not ON_GPU:
         from kvattn.ops.prefill import configs as prefill_configs
@@ -104,7 +106,7 @@ def prefill_case(
               uses_shared_paged_kv_idx=not split, skip_softmax_threshold_scale_factor=skip)
 
     def call():
-        ws = torch.zeros(1 << 16, dtype=torch.uint8, device=device)
+        ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
         if kind == "nvfp4":
             out = FP4Tensor.empty(q.shape[0], hq, d, device, scale_start_index=3)
             poison_(out.data)
@@ -458,17 +460,25 @@ def test_page_ids_outside_the_cache_are_never_read(page, kernel_device, triton_b
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("out_kind,page,tensor_scale", [
-    ("bf16", 16, True), ("nvfp4", 16, True), ("bf16", 64, True), ("bf16", 64, False),
-], ids=["bf16-p16", "nvfp4-p16", "bf16-p64-tma-device-scale", "bf16-p64-tma-float-scale"])
-def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor_scale, triton_backend, monkeypatch):
+@pytest.mark.parametrize("out_kind,page,tensor_scale,fmt", [
+    ("bf16", 16, True, None), ("nvfp4", 16, True, None), ("bf16", 64, True, None), ("bf16", 64, False, None),
+    ("bf16", 64, True, "fp8"), ("bf16", 16, False, "nvfp4"),
+], ids=["bf16-p16", "nvfp4-p16", "bf16-p64-tma-device-scale", "bf16-p64-tma-float-scale",
+        "bf16q-fp8kv-p64-staged", "bf16q-nvfp4kv-p16-staged"])
+def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor_scale, fmt, triton_backend,
+                                                          monkeypatch):
     """Capture one call; write new lengths, query offsets, tables and cache in place; replay (pages
     of 64: TMA tiles, whose descriptors the graph holds; on Hopper the warp-specialised Gluon
-    kernel's); rows no request owns stay as they were."""
+    kernel's; a quantised cache's pages staged in the workspace first, by a launch the graph
+    holds too); rows no request owns stay as they were."""
     from kvattn import _device, _versions
     from kvattn.ops.prefill import gluon_ws as prefill_ws
+    from kvattn.ops.prefill import staging
 
     ws_launches = returns_of(monkeypatch, prefill_ws, "launch")
+    stagings = returns_of(monkeypatch, staging, "launch")
+    for fp8_query in (False, True):  # (staged whatever the rows)
+        monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, fp8_query, 0)
     device = torch.device("cuda")
     hkv, group, d, width, pool = 2, 4, 128, 200, 600
     lens, lq = [700, 40, 2500, 0], [700, 1, 300, 0]
@@ -476,7 +486,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     def make(lens, seed):
         used = sum((n + page - 1) // page for n in lens)
         return make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.bfloat16,
-                             layout="HND", device=device, seed=seed, pages_per_seq=width, extra_pages=pool - used)
+                             kv_format=fmt, layout="HND", device=device, seed=seed, pages_per_seq=width,
+                             extra_pages=pool - used)
 
     case = make(lens, 1)
     rows = 1200  # room for both steps' rows
@@ -485,7 +496,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     cq = torch.zeros(5, dtype=torch.int32, device=device)
     cq.copy_(cum(lq))
     ckv = cum(lens).to(device)
-    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+    # (room for the staged pages of a quantised cache: 4 x 200 pages of 2 heads, K and V, 16-bit)
+    ws = torch.zeros((1 << 20) + 4 * width * page * hkv * d * 4 if fmt else 1 << 20, dtype=torch.uint8, device=device)
     sinks = torch.randn(hkv * group, device=device)
     out = FP4Tensor.empty(rows, hkv * group, d, device) if out_kind == "nvfp4" else torch.empty_like(q)
     bmm1 = torch.tensor([0.1], device=device) if tensor_scale else 0.09
@@ -493,7 +505,7 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     def call():
         kvattn.prefill.trtllm_batch_context_with_kv_cache(
             q, case.kv_cache, ws, tables, seq_lens, 1000, width * page, bmm1, 1.0, 4, cq, ckv, out=out,
-            sinks=sinks)
+            sinks=sinks, kv_block_scales=case.kv_cache_sf)
 
     call()
     torch.cuda.synchronize()
@@ -503,6 +515,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     new_lens, new_lq = [1200, 0, 2400, 33], [1000, 0, 100, 33]
     new = make(new_lens, 2)
     case.kv_cache.copy_(new.kv_cache)
+    if fmt == "nvfp4":
+        case.kv_cache_sf.copy_(new.kv_cache_sf)
     seq_lens.copy_(new.seq_lens)
     tables.copy_(new.block_tables)
     cq.copy_(cum(new_lq))
@@ -516,7 +530,7 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     torch.cuda.synchronize()
     n = sum(new_lq)
     exact = dense.context(q[:n].cpu(), case.kv_cache.cpu(), tables.cpu(), seq_lens.cpu(), cq.cpu(), 0.09, 1.0,
-                          sinks=sinks.cpu())
+                          sinks=sinks.cpu(), kv_block_scales=cpu(case.kv_cache_sf))
     if out_kind == "nvfp4":  # within e2m1's own rounding of the exact values
         got = dequantize_nvfp4_output(out)[:n].cpu()
         ideal = FP4Tensor.empty(n, hkv * group, d, "cpu")
@@ -525,8 +539,11 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     else:
         assert relative_error(out[:n].cpu(), exact) <= 1e-2
         assert torch.isnan(out[n:].float()).all()  # rows past the batch: untouched
-    if out_kind == "bf16" and page == 64 and _device.is_hopper(device) and _versions.gluon_on():
+    hopper = _device.is_hopper(device) and _versions.gluon_on()
+    if out_kind == "bf16" and (page == 64 or fmt) and hopper:
         assert len(ws_launches) >= 2  # the warm-up call and the captured one
+    if fmt and hopper:
+        assert len(stagings) >= 2
 
 
 def test_torch_compile_traces_the_public_function(kernel_device, triton_backend):

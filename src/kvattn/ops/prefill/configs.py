@@ -118,6 +118,14 @@ _SM90_WS_FP8 = {("fp8", 64): WSConfig(128, 2, False), ("fp8", 128): _SM90_WS[128
                 ("fp8qk", 256): _SM90_WS[256]}
 
 
+# Staging an fp8 cache's pages (ops.prefill.staging) against converting them in the Gluon kernel:
+# the pass moves ~8 bytes a key and head element pair (4 for an fp8 query: V only) outside the
+# attention kernel, worth it where each key serves enough query rows (max_q_len x the GQA group)
+# to spread it over. Indexed by "fp8 query". benchmarks/NOTES.md "Prefill: pages dequantised once
+# a call".
+STAGE_MIN_ROWS = {False: 4096, True: 4096}
+
+
 def ws_config(head_dim: int, kind: str = "half") -> WSConfig | None:
     """The Gluon kernel's tiles for ``head_dim`` and operand ``kind`` (``"half"``, ``"fp8"``,
     ``"fp8qk"``, as :func:`config`); None: that launch stays on the Triton kernel."""

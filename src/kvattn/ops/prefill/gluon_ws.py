@@ -155,9 +155,9 @@ def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, p
 def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-              KV_FP8: gl.constexpr, MODE: gl.constexpr):
+              KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
-     num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+     num_rows, num_heads, batch, m_tiles, num_tiles, k_num_pages, v_num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
     (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr, logit_scale_ptr,
      out_scale_ptr) = ptrs
@@ -168,7 +168,7 @@ def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
         k_dst, k_full, k_free = k_raw, k_raw_ready, k_raw_empty
     else:
         k_dst, k_full, k_free = k_bufs, k_ready, k_empty
-    if KV_FP8:
+    if _converts_v(KV_FP8, V_STAGED):
         v_dst, v_full, v_free = v_raw, v_raw_ready, v_raw_empty
     else:
         v_dst, v_full, v_free = v_bufs, v_ready, v_empty
@@ -188,11 +188,11 @@ def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
                 # A fresh barrier passes a wait on parity 1: the first round finds every buffer free.
                 mbarrier.wait(k_free.index(slot), phase ^ 1)
                 _issue_tile(k_desc, k_dst.index(slot), k_full.index(slot), kt_row, stride_kt_p, n0, hi, kvh,
-                            num_pages, k_page_rows, k_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
+                            k_num_pages, k_page_rows, k_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
                             HEAD_DIM, MODE)
                 mbarrier.wait(v_free.index(slot), phase ^ 1)
                 _issue_tile(v_desc, v_dst.index(slot), v_full.index(slot), vt_row, stride_vt_p, n0, hi, kvh,
-                            num_pages, v_page_rows, v_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
+                            v_num_pages, v_page_rows, v_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
                             HEAD_DIM, MODE)
                 c += 1
 
@@ -210,6 +210,19 @@ def _converts_k(q_dtype, kv_fp8):
     """K goes through the converter where the cache is fp8 and the query is not: a 16-bit query's
     score product needs 16-bit keys, an fp8 query's takes the copied bytes."""
     return bool(getattr(kv_fp8, "value", kv_fp8)) and not getattr(q_dtype, "value", q_dtype).is_fp8()
+
+
+@triton.constexpr_function
+def _converts_v(kv_fp8, v_staged):
+    """V goes through the converter where the cache is fp8 and V is not staged (an fp8 query's V
+    may come as float16 pages from the workspace, :mod:`.staging`)."""
+    return bool(getattr(kv_fp8, "value", kv_fp8)) and not getattr(v_staged, "value", v_staged)
+
+
+@triton.constexpr_function
+def _converter_on(q_dtype, kv_fp8, v_staged):
+    """Whether the converter partition runs: something to convert (K or V)."""
+    return _converts_k(q_dtype, kv_fp8) or _converts_v(kv_fp8, v_staged)
 
 
 @triton.constexpr_function
@@ -303,13 +316,13 @@ def _pass_tile(src, dst, src_full, src_free, dst_full, dst_free, slot, phase, n0
 def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               KV_FP8: gl.constexpr, MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
     """fp8 caches: the copied e4m3 tiles into the 16-bit operands the tensor cores read (V always,
     K for a 16-bit query), off the consumers' path (benchmarks/NOTES.md "Prefill: fp8 caches in
     the warp-specialised kernel"). V rows past the request are zeroed here, so the consumers skip
     their own zeroing."""
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
-     num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+     num_rows, num_heads, batch, m_tiles, num_tiles, k_num_pages, v_num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
     (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr, logit_scale_ptr,
      out_scale_ptr) = ptrs
@@ -417,9 +430,9 @@ def _zero_rows_past(buf, n0, kv_len, zero_bar, zeroings, WG: gl.constexpr, BLOCK
 def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-              KV_FP8: gl.constexpr, MODE: gl.constexpr, WG: gl.constexpr):
+              KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr, WG: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
-     num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+     num_rows, num_heads, batch, m_tiles, num_tiles, k_num_pages, v_num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
     (q_ptr, out_ptr, k_desc, v_desc, k_table_ptr, v_table_ptr, seq_lens_ptr, cum_q_ptr, sinks_ptr, logit_scale_ptr,
      out_scale_ptr) = ptrs
@@ -570,18 +583,18 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
 def _consumer0(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               KV_FP8: gl.constexpr, MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
     _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
-              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE, 0)
+              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE, 0)
 
 
 @gluon.jit
 def _consumer1(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               KV_FP8: gl.constexpr, MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
     _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
-              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE, 1)
+              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE, 1)
 
 
 @gluon.jit
@@ -598,12 +611,13 @@ def prefill_ws_kernel(
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
-    num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+    num_rows, num_heads, batch, m_tiles, num_tiles, k_num_pages, v_num_pages, capacity, window_left,
     k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols,
     logit_factor, out_factor,
     HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr,
-    OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr, KV_FP8: gl.constexpr, MODE: gl.constexpr,
+    OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr, KV_FP8: gl.constexpr, V_STAGED: gl.constexpr,
+    MODE: gl.constexpr,
 ):
     dt: gl.constexpr = q_ptr.dtype.element_ty
     qk_dt: gl.constexpr = _k_dtype(dt, KV_FP8)
@@ -628,7 +642,7 @@ def prefill_ws_kernel(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     mbarrier.init(turn.index(2), count=2)
-    if KV_FP8:
+    if _converter_on(dt, KV_FP8, V_STAGED):
         # The rings of copied bytes the converter reads (K's only where it converts K).
         byte_smem: gl.constexpr = row_smem(HEAD_DIM, 1)
         v_raw = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], byte_smem)
@@ -655,35 +669,39 @@ def prefill_ws_kernel(
             logit_scale_ptr, out_scale_ptr)
     bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn)
     ints = (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
-            num_rows, num_heads, batch, m_tiles, num_tiles, num_pages, capacity, window_left,
+            num_rows, num_heads, batch, m_tiles, num_tiles, k_num_pages, v_num_pages, capacity, window_left,
             k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols)
-    if KV_FP8:
+    if _converter_on(dt, KV_FP8, V_STAGED):
         # A fourth partition, two converter warps beside the producer warp in the last warpgroup:
         # 40 registers there leave the consumers 232 each (12 warps at maxnreg 168).
         gl.warp_specialize([
             (_consumer0, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
             (_consumer1, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
             (_producer, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
             (_converter, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
         ], [4, 1, CONV_WARPS], [CONSUMER_REGS_FP8, CONVERTER_REGS, CONVERTER_REGS])
     else:
         gl.warp_specialize([
             (_consumer0, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
             (_consumer1, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
             (_producer, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, MODE)),
+                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
         ], [4, 1], [240, 24])  # registers: 12 warps at maxnreg 168; the producer's warpgroup keeps 24
 
 
 # ---------------------------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------------------------
+# Ring depths a converted (fp8, not staged) launch may take: more buffers gave NaN rows on the H100,
+# not understood yet (benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised kernel");
+# a diagnostic may widen it.
+CONVERTED_RING_STAGES = (2,)
 MAXNREG = 168  # 12 warps: 3 warpgroups x 128 threads x 168 = 64512 of the 65536 registers
 HEAD_DIMS = (64, 128, 256)
 
@@ -765,6 +783,16 @@ def pages_tile(page: int, block_n: int) -> bool:
     return page >= 8 and (block_n % page == 0 or page % block_n == 0)
 
 
+def values_fit(q_dtype, k_dtype, v_dtype) -> bool:
+    """Whether V's type goes with K's: the same, or float16 pages staged for an fp8 query over an
+    fp8 cache (:mod:`.staging`; its P.V product is float16)."""
+    import torch
+
+    from ...formats import FP8_DTYPE
+
+    return v_dtype == k_dtype or (q_dtype == FP8_DTYPE and k_dtype == FP8_DTYPE and v_dtype == torch.float16)
+
+
 def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
     """``(config, k_view, v_view)`` (:func:`config_for`, :func:`tma_view`) where this kernel takes
     the launch, else None."""
@@ -774,7 +802,7 @@ def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
         return None
     if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_versions.gluon_on(), q_dtype=query.dtype,
                     kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1], skip=skip,
-                    nvfp4_out=nvfp4_out) or v.dtype != k.dtype:
+                    nvfp4_out=nvfp4_out) or not values_fit(query.dtype, k.dtype, v.dtype):
         return None
     k_view, v_view = tma_view(k, k.shape[1]), tma_view(v, v.shape[1])
     if k_view is None or v_view is None or k_view[2:4] != v_view[2:4]:  # K and V in one form
@@ -796,14 +824,13 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
     batch = seq_lens.shape[0]
     page = k.shape[1]
     sub = min(page, cfg.block_n)
-    esize = k.element_size()  # 2, or 1 for fp8 caches
-    if esize == 1 and cfg.stages != 2:
-        # (more converted buffers a ring gave NaN rows on the H100, not understood yet:
-        # benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised kernel")
+    kv_fp8 = k.element_size() == 1  # fp8 K pages (16-bit V pages with them: V staged, see values_fit)
+    v_staged = kv_fp8 and v.element_size() == 2
+    if kv_fp8 and not v_staged and cfg.stages not in CONVERTED_RING_STAGES:
         raise ValueError(f"fp8 caches take 2 buffers a ring in the Gluon prefill kernel, got {cfg.stages}")
-    layout = row_smem(head_dim, esize)  # (the kernel's buffers the boxes land in)
-    box = [sub, _box_cols(head_dim, esize)]
-    descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], box, layout)
+    # (boxes of 128 bytes of a row, in the layout of the kernel's buffers they land in)
+    descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], [sub, _box_cols(head_dim, t.element_size())],
+                              row_smem(head_dim, t.element_size()))
              for t, view in ((k, k_view), (v, v_view))]
     m_tiles = -(-max_q_len // 128)
     num_tiles = num_heads * batch * m_tiles
@@ -815,7 +842,8 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
             stride_o_h=out.stride(1), stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
             stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
             num_rows=sum_q, num_heads=num_heads, batch=batch, m_tiles=m_tiles, num_tiles=num_tiles,
-            num_pages=k.shape[0], capacity=k_table.shape[1] * page, window_left=window_left,
+            k_num_pages=k.shape[0], v_num_pages=v.shape[0], capacity=k_table.shape[1] * page,
+            window_left=window_left,
             k_page_rows=k_view[0], v_page_rows=v_view[0], k_total_rows=k_view[1], v_total_rows=v_view[1],
             head_rows=k_view[2], head_cols=k_view[3],
         ),
@@ -823,7 +851,7 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
             HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n,
             STAGES=cfg.stages, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong,
-            KV_FP8=esize == 1, MODE=mode,
+            KV_FP8=kv_fp8, V_STAGED=v_staged, MODE=mode,
         ),
         options=dict(num_warps=4, maxnreg=MAXNREG),
     )

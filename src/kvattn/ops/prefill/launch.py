@@ -26,6 +26,7 @@ try:  # Gluon (Triton >= 3.6): the warp-specialised Hopper kernel for 16-bit cac
     from . import gluon_ws
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
     gluon_ws = None
+from . import staging
 
 
 def plan(query: torch.Tensor, kv_dtype: torch.dtype, skip: bool, interpreter: bool):
@@ -73,6 +74,25 @@ def tma_views(k: torch.Tensor, v: torch.Tensor, block_n: int):
     return (*descs, head_rows, head_cols)
 
 
+def _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len: int, skip: bool, nvfp4_out: bool,
+                interpreter: bool):
+    """``(config, k_view, v_view, staged, k, v, k_table, v_table)`` of a launch the warp-specialised
+    Gluon kernel takes (the caches and tables it reads), or None.
+
+    A quantised cache whose pages fit the workspace is staged there first (:mod:`.staging`: each
+    page dequantised once a call) and the kernel reads the staged pages; otherwise an fp8 cache
+    goes to the kernel as it is (its converter partition converts the tiles), and an NVFP4 one
+    keeps the Triton kernel (benchmarks/NOTES.md "Prefill: pages dequantised once a call")."""
+    staged = staging.plan(query, k, k_table, workspace, max_q_len) if not interpreter else None
+    if staged is not None:
+        sk, skt = (staged.k, staged.table) if staged.k is not None else (k, k_table)
+        got = gluon_ws.plan(query, sk, staged.v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter)
+        if got is not None:
+            return (*got, staged, sk, staged.v, skt, staged.table)
+    got = gluon_ws.plan(query, k, v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter)
+    return None if got is None else (*got, None, k, v, k_table, v_table)
+
+
 def launch_context(
     query: torch.Tensor,  # [sum_q, Hq, D]
     k: torch.Tensor,  # [P, page, Hkv, Ds] (NHD view of any layout)
@@ -97,6 +117,7 @@ def launch_context(
     sf_start: int = 0,
     skip_factor: float = 0.0,
     lse=None,  # [sum_q, Hq] float32 base-2 LSE (head stride 1), or None
+    workspace=None,  # uint8 scratch (pages of a quantised cache staged in it, see staging), or None
 ) -> None:
     """Launch paged causal context attention into ``out``, with the query's GPU current."""
     batch = seq_lens.shape[0]
@@ -120,15 +141,18 @@ def launch_context(
         nvfp4_out = out_sf is not None
         # 16-bit and fp8 pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0: off);
         # it stores no LSE, so a call that asks for one (return_lse) keeps the Triton kernel.
-        ws_plan = gluon_ws.plan(query, k, v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter) \
-            if gluon_ws is not None and lse is None else None
-        if ws_plan is not None:
-            ws_cfg, k_view, v_view = ws_plan
-            gluon_ws.launch(
-                ws_cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q,
-                sinks, out, max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,
-                logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left)
-            return
+        if gluon_ws is not None and lse is None:
+            ws = _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len, skip, nvfp4_out, interpreter)
+            if ws is not None:
+                ws_cfg, k_view, v_view, staged, ws_k, ws_v, ws_kt, ws_vt = ws
+                if staged is not None:
+                    staging.launch(staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q,
+                                   window_left=window_left, interpreter=interpreter)
+                gluon_ws.launch(
+                    ws_cfg, query, ws_k, ws_v, k_view, v_view, ws_kt, ws_vt, seq_lens, cum_seq_lens_q, sinks, out,
+                    max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,
+                    logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left)
+                return
         sf_flat = out_sf.view(torch.uint8).view(-1) if nvfp4_out else out
         sf_cols = out_sf.shape[1] if nvfp4_out else 4
         ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)

@@ -40,7 +40,7 @@ def context(
     """``out [sum_q, Hq, D] = out_scale * softmax(logit_scale * q.k) v`` over each request's pages
     (causal, the queries being each request's last tokens); an :class:`FP4Tensor` ``out`` gets the
     NVFP4 codes and swizzled block scales; ``lse [sum_q, Hq]`` (optional) the rows' base-2 LSE.
-    No workspace is needed (one pass, no split partials).
+    ``workspace`` may hold a quantised cache's pages, dequantised once a call (``ops.prefill.staging``).
     """
     if isinstance(out, FP4Tensor):
         data, sf, sf_start = out.data, out.scale, int(out.scale_start_index)
@@ -86,16 +86,18 @@ def context_impl(
     lse: Optional[torch.Tensor],
 ) -> None:
     """Paged causal prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``),
-    and the rows' base-2 LSE into ``lse``; see ops.prefill. The workspace is not used."""
+    and the rows' base-2 LSE into ``lse``; see ops.prefill. The workspace may be written (staged pages)."""
     launch_context(
         query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, out, out_sf,
         max_q_len=max_q_len, logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor,
         out_tensor=out_tensor, window_left=window_left, o_sf_scale=o_sf_scale, sf_start=sf_start,
-        skip_factor=skip_factor, lse=lse,
+        skip_factor=skip_factor, lse=lse, workspace=workspace,
     )
 
 
-context_op = torch.library.custom_op("kvattn::context", context_impl, mutates_args=("out", "out_sf", "lse"))
+# The workspace is written: pages of a quantised cache are staged there (ops.prefill.staging).
+context_op = torch.library.custom_op("kvattn::context", context_impl,
+                                     mutates_args=("out", "out_sf", "workspace", "lse"))
 
 
 @context_op.register_fake
