@@ -79,7 +79,7 @@ def _variant(name: str, head_dim: int):
         elif name == "nostage":  # quantised caches: no staging (fp8: the converter; NVFP4: Triton)
             staging.plan = lambda *a, **k: None
         elif name in ("stage", "stageonly", "qk3"):  # pages staged whatever the rows (where they fit)
-            prefill_configs.STAGE_MIN_ROWS.update({False: 0, True: 0})
+            prefill_configs.STAGE_MIN_ROWS.update(dict.fromkeys(prefill_configs.STAGE_MIN_ROWS, 0))
             if name == "stageonly":  # floor: the staging pass alone (the attention kernel not launched)
                 prefill_ws.launch = lambda *a, **k: None
         if name == "qk3":  # fp8 query, V staged: 3 buffers a ring
@@ -141,8 +141,9 @@ def main(argv=None) -> int:
         prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=args.workspace_mib)
         fns = [s.kvattn for s in prob.sets]
         names = [v for v in args.variants.split(",") if v]
-        if shape.kv_dtype == "bfloat16":  # (nothing to stage or convert)
-            names = [n for n in names if n not in QUANTISED_ONLY]
+        if shape.kv_dtype == "bfloat16":  # (nothing to convert; pages under 64 tokens may be staged)
+            names = [n for n in names if n not in QUANTISED_ONLY or (shape.page_size < 64 and n != "noconvert"
+                                                                   and n != "qk3")]
         elif shape.kv_dtype == "nvfp4":  # (no converter; staged or Triton)
             names = [n for n in names if n not in ("noconvert", "qk3")]
         if shape.q_dtype != "fp8":

@@ -200,7 +200,7 @@ def _staged(**kw):
     from kvattn.ops.prefill import configs as prefill_configs
 
     saved = dict(prefill_configs.STAGE_MIN_ROWS)
-    prefill_configs.STAGE_MIN_ROWS.update({False: 0, True: 0})
+    prefill_configs.STAGE_MIN_ROWS.update(dict.fromkeys(prefill_configs.STAGE_MIN_ROWS, 0))
     try:
         return _prefill(ws=torch.zeros(8 << 20, dtype=torch.uint8, device=DEV), **kw)
     finally:

@@ -90,6 +90,10 @@ def test_a_config_for_every_head_dim_within_shared_memory():
         total = qk * (2 * 64 * d + cfg.stages * cfg.block_n * d) + 2 * cfg.stages * cfg.block_n * d + byte_rings
         assert total <= 227 * 1024, (kind, d)
     assert prefill_configs.ws_config(256, "fp8") is None and prefill_configs.ws_config(128, "nvfp4") is None
+    # an fp8 query's V staged as float16: q and K bytes, V float16, no byte ring
+    for d in prefill_ws.HEAD_DIMS:
+        cfg = prefill_configs.ws_config(d, "fp8qk-staged")
+        assert 2 * 64 * d + cfg.stages * cfg.block_n * d * (1 + 2) <= 227 * 1024, d
 
 
 def test_tma_views_of_each_page_form():
@@ -342,10 +346,11 @@ def test_fp8_cache_kernel_compiles_to_its_schedule(q, kw, products):
 
 @pytest.mark.parametrize("kw,products", [
     ({}, {"m64n128k32.f32.e4m3.e4m3": 16, "m64n128k16.f32.f16.f16": 32}),
+    ({"STAGES": 3}, {"m64n128k32.f32.e4m3.e4m3": 16, "m64n128k16.f32.f16.f16": 32}),
     ({"HEAD_DIM": 256, "BLOCK_N": 64}, {"m64n64k32.f32.e4m3.e4m3": 32, "m64n256k16.f32.f16.f16": 16}),
     ({"HEAD_DIM": 64, "PAGE_SIZE": 16, "HAS_WINDOW": True, "STAGES": 3},
      {"m64n128k32.f32.e4m3.e4m3": 8, "m64n64k16.f32.f16.f16": 32}),
-], ids=["D128", "D256", "D64-p16-window-3-stages"])
+], ids=["D128", "D128-3-stages", "D256", "D64-p16-window-3-stages"])
 def test_staged_values_kernel_compiles_to_its_schedule(kw, products):
     """An fp8 query over an fp8 cache whose V pages are staged as float16 (``staging``): scores on
     e4m3 products over the copied K, P.V float16 over the staged V, no converter partition (the
@@ -478,13 +483,21 @@ WS_CASES = [
              tensor_scales=True, bmm1=-0.1, ws_bytes=STAGED_WS),
     ws_param("staged-fp8q-fp8kv-split-tables-window-sinks", lens=LENS, lq=LQ, split=True, form="tuple", page=64,
              d=128, qdt=FP8_DTYPE, window=127, sinks=True, tensor_scales=True, ws_bytes=STAGED_WS),
+    # 16-bit caches in pages under 64 tokens: staged in pages of 64
+    *[ws_param(f"staged-{name}-D{d}-{layout}-p{page}", lens=LENS, lq=LQ, d=d, page=page, layout=layout, qdt=qdt,
+               ws_bytes=STAGED_WS, seed=d + page + 17)
+      for name, qdt, d, layout, page in (("bf16", torch.bfloat16, 128, "HND", 16), ("bf16", torch.bfloat16, 64, "NHD", 8),
+                                         ("fp16", torch.float16, 256, "HND", 32), ("bf16", torch.bfloat16, 128, "NHD", 32))],
+    ws_param("staged-bf16-p16-split-tables-window-sinks-chunked", lens=[1, 16, 17, 64, 65, 200, 1100, 2000],
+             lq=[1, 16, 10, 64, 1, 200, 900, 70], split=True, form="tuple", page=16, d=128, qdt=torch.bfloat16,
+             window=127, sinks=True, tensor_scales=True, bmm1=-0.1, ws_bytes=STAGED_WS),
 ]
 
 
 def stage_always(monkeypatch):
     """Stage fp8 pages whatever the query rows (the table stages only calls with many)."""
-    for fp8_query in (False, True):
-        monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, fp8_query, 0)
+    for kind in prefill_configs.STAGE_MIN_ROWS:
+        monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, kind, 0)
 
 
 @pytest.mark.parametrize("kw", WS_CASES)

@@ -477,8 +477,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
 
     ws_launches = returns_of(monkeypatch, prefill_ws, "launch")
     stagings = returns_of(monkeypatch, staging, "launch")
-    for fp8_query in (False, True):  # (staged whatever the rows)
-        monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, fp8_query, 0)
+    for kind in prefill_configs.STAGE_MIN_ROWS:  # (staged whatever the rows)
+        monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, kind, 0)
     device = torch.device("cuda")
     hkv, group, d, width, pool = 2, 4, 128, 200, 600
     lens, lq = [700, 40, 2500, 0], [700, 1, 300, 0]

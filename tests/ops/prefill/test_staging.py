@@ -1,6 +1,7 @@
 """Pages of a quantised cache staged in the workspace (``kvattn.ops.prefill.staging``).
 
-CPU tier (the staging kernel in Triton's interpreter, float16 pages): every staged token equals
+The staging kernel (in Triton's interpreter on a CPU-only machine, float16 pages; compiled, with
+fp8 and NVFP4 read as words, where a GPU is present): every staged token equals
 the cache's dequantised value (``make_paged_kv``'s float32 tokens), tokens past a request's length
 and tokens of unusable page ids are zeros (the cache holds NaN there), chunks before a window's
 first key tile are left alone, and the table points each request's page at its staged copy. The
@@ -10,6 +11,8 @@ kernel against the oracles) is ``test_gluon_ws``'s staged cases.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -21,86 +24,101 @@ from kvattn.ops.prefill import staging
 from kvattn.testing import make_paged_kv
 
 
-def _case(fmt, layout, page, lens, lq, hkv=2, d=64, seed=0, split=False):
+# The interpreter on a CPU-only machine; the compiled kernel (fp8 and NVFP4 read as words) on a GPU.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _case(fmt, layout, page, lens, lq, hkv=2, d=64, seed=0, split=False, device=torch.device("cpu")):
     case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=fmt, layout=layout,
-                         form="tuple" if split else "stacked", seed=seed, split_tables=split)
-    kv = paged_kv_from_cache(case.kv_cache, case.block_tables, layout, d, torch.device("cpu"), kv_sf=case.kv_cache_sf,
+                         form="tuple" if split else "stacked", seed=seed, split_tables=split, device=device)
+    kv = paged_kv_from_cache(case.kv_cache, case.block_tables, layout, d, device, kv_sf=case.kv_cache_sf,
                              split_tables=split)
-    cum = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32)
+    cum = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device=device)
     return case, kv, cum
 
 
 @pytest.mark.parametrize("fmt,layout,page,window,qdt,split", [
-    ("fp8", "HND", 16, -1, torch.float16, False),
+    ("fp8", "HND", 16, -1, torch.float16, False),  # staged in pages of 64: a chunk spans 4 cache pages
     ("fp8", "NHD", 128, -1, torch.float16, False),  # two programs a page
     ("nvfp4", "HND", 32, -1, torch.float16, False),
     ("nvfp4", "NHD", 64, -1, torch.float16, True),
     ("fp8", "HND", 16, 130, torch.float16, False),  # chunked rows under a window: early chunks skipped
-    ("fp8", "NHD", 16, -1, FP8_DTYPE, True),  # fp8 query: V only, in K's form
+    ("fp8", "NHD", 16, -1, FP8_DTYPE, True),  # fp8 query: V only, in K's form and pages
+    ("float16", "NHD", 8, 70, torch.float16, True),  # a 16-bit cache in small pages, staged in pages of 64
 ], ids=["fp8-HND-p16", "fp8-NHD-p128", "nvfp4-HND-p32", "nvfp4-NHD-p64-split-tables", "fp8-HND-p16-window130",
-        "fp8q-fp8-NHD-p16-V-only"])
+        "fp8q-fp8-NHD-p16-V-only", "fp16-NHD-p8-window70-split-tables"])
 def test_staged_pages_are_the_dequantised_tokens(fmt, layout, page, window, qdt, split):
     lens, lq = [1, 300, 0, 77, 520], [1, 40, 0, 77, 9]
-    case, kv, cum = _case(fmt, layout, page, lens, lq, split=split, seed=page)
+    case, kv, cum = _case(fmt, layout, page, lens, lq, split=split, seed=page, device=DEVICE)
     # wild table entries on used pages: an id past the cache and a negative one (read as zeros)
     k_table = kv.k_table.clone()
     v_table = k_table if not split else kv.v_table.clone()
     k_table[1, 2] = kv.k.shape[0] + 5
     v_table[4, 1] = -3
-    q = torch.zeros(sum(lq), 8, 64, dtype=qdt)
-    ws = torch.zeros(COUNTER_BYTES + 64 + staging.staged_bytes(*k_table.shape, page, 2, 64, qdt != FP8_DTYPE),
-                     dtype=torch.uint8)
+    both = qdt != FP8_DTYPE
+    dst_page = staging.staged_page(page) if both else page
+    dst_pages = -(-k_table.shape[1] * page // dst_page)
+    q = torch.zeros(sum(lq), 8, 64, dtype=qdt, device=DEVICE)
+    ws = torch.zeros(COUNTER_BYTES + 64 + staging.staged_bytes(len(lens), dst_pages, dst_page, 2, 64, both),
+                     dtype=torch.uint8, device=DEVICE)
     staged = staging.plan(q, kv.k, k_table, ws, max_q_len=4096)
     assert staged is not None
-    assert (staged.k is None) == (qdt == FP8_DTYPE)
+    assert (staged.k is None) == (not both) and staged.v.shape == (len(lens) * dst_pages, dst_page, 2, 64)
     for t in (staged.k, staged.v):
         if t is not None:
             t.fill_(float("nan"))
     staging.launch(staged, q, kv.k, kv.v, kv.k_sf, kv.v_sf, k_table, v_table, case.seq_lens, cum,
-                   window_left=window, interpreter=True)
-    pps = k_table.shape[1]
-    assert torch.equal(staged.table, torch.arange(len(lens) * pps, dtype=torch.int32).view(len(lens), pps))
-    planes = [(staged.v, case.v_tokens, v_table)] + ([(staged.k, case.k_tokens, k_table)] if staged.k is not None else [])
+                   window_left=window, interpreter=DEVICE.type == "cpu")
+    k_table, v_table, staged = k_table.cpu(), v_table.cpu(), staging.Staged(
+        *(t.cpu() if t is not None else None for t in staged))
+    assert torch.equal(staged.table, torch.arange(len(lens) * dst_pages, dtype=torch.int32).view(len(lens), dst_pages))
+    chunk = math.gcd(dst_page, staging.TOKENS)  # tokens a program
+    planes = [(staged.v, case.v_tokens, v_table)] + ([(staged.k, case.k_tokens, k_table)] if both else [])
     for dst, tokens, table in planes:
         for b, n in enumerate(lens):
             first = 0 if window < 0 else max(n - lq[b] - window, 0) // staging.KEY_ALIGN * staging.KEY_ALIGN
-            for p in range(-(-n // page)):
-                got = dst[b * pps + p].float()  # [page, Hkv, D]
+            flat = dst[b * dst_pages:(b + 1) * dst_pages].flatten(0, 1).float()  # [tokens, Hkv, D]
+            for t0 in range(0, -(-n // dst_page) * dst_page, chunk):
+                got = flat[t0:t0 + chunk]
+                if t0 + chunk <= first:  # wholly before the window's first key tile: never read, not staged
+                    assert torch.isnan(got).all(), (b, t0)
+                    continue
                 want = torch.zeros_like(got)
-                lo, hi = p * page, min(n, (p + 1) * page)
-                bad = not (0 <= int(table[b, p]) < kv.k.shape[0])
-                if not bad:
-                    want[: hi - lo] = tokens[b][lo:hi]
-                # chunks of a page wholly before the window's first key tile are never read: not staged
-                chunk = min(page, staging.TOKENS)  # tokens a program
-                for c0 in range(0, page, chunk):
-                    rows = slice(c0, c0 + chunk)
-                    if lo + c0 + chunk <= first:
-                        assert torch.isnan(got[rows]).all(), (b, p, c0)
-                    else:
-                        assert torch.equal(got[rows], want[rows]), (b, p, c0)
-            assert first == 0 or torch.isnan(dst[b * pps]).all()
+                for i in range(chunk):
+                    t = t0 + i
+                    if t < n and 0 <= int(table[b, t // page]) < kv.k.shape[0]:
+                        want[i] = tokens[b][t].cpu()
+                assert torch.equal(got, want), (b, t0)
+            if first:
+                assert torch.isnan(flat[0]).all()
 
 
 def test_which_calls_stage():
     """A 16-bit query over an fp8 or NVFP4 cache stages K and V; an fp8 query over an fp8 cache V
-    only; 16-bit caches and an fp8 query over NVFP4 do not stage."""
-    assert staging.stages(torch.bfloat16, FP8_DTYPE) and staging.stages(torch.float16, torch.uint8)
-    assert staging.stages(FP8_DTYPE, FP8_DTYPE)
-    assert not staging.stages(torch.bfloat16, torch.bfloat16) and not staging.stages(FP8_DTYPE, torch.uint8)
+    only; a 16-bit cache of the query's type in pages under 64 tokens; not other 16-bit caches or
+    an fp8 query over NVFP4."""
+    assert staging.stages(torch.bfloat16, FP8_DTYPE, 64) and staging.stages(torch.float16, torch.uint8, 16)
+    assert staging.stages(FP8_DTYPE, FP8_DTYPE, 64)
+    assert staging.stages(torch.bfloat16, torch.bfloat16, 16) and staging.stages(torch.float16, torch.float16, 32)
+    assert not staging.stages(torch.bfloat16, torch.bfloat16, 64) and not staging.stages(FP8_DTYPE, torch.uint8, 64)
+    assert not staging.stages(torch.float16, torch.bfloat16, 16)
     assert staging.staged_dtype(torch.bfloat16) == torch.bfloat16 and staging.staged_dtype(FP8_DTYPE) == torch.float16
+    assert staging.staged_page(16) == 64 and staging.staged_page(128) == 128
 
 
-def test_staging_pays_for_nvfp4_always_and_for_fp8_with_enough_rows(monkeypatch):
-    """NVFP4's alternative is the Triton kernel: always staged. fp8's is the converter partition:
-    staged where max_q_len x the GQA group reaches the table's threshold."""
+def test_staging_pays_for_nvfp4_always_and_otherwise_with_enough_rows(monkeypatch):
+    """NVFP4's alternative is the Triton kernel: always staged. fp8's is the converter partition,
+    small 16-bit pages' a box a page: staged where max_q_len x the GQA group reaches the table's
+    threshold for the kind."""
     from kvattn.ops.prefill import configs as prefill_configs
 
-    monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, False, 1000)
-    monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, True, 500)
+    monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, "fp8", 1000)
+    monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, "fp8q", 500)
+    monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, "half", 2000)
     assert staging.pays(torch.bfloat16, torch.uint8, 1, 1)
     assert staging.pays(torch.bfloat16, FP8_DTYPE, 250, 4) and not staging.pays(torch.bfloat16, FP8_DTYPE, 249, 4)
     assert staging.pays(FP8_DTYPE, FP8_DTYPE, 125, 4) and not staging.pays(FP8_DTYPE, FP8_DTYPE, 124, 4)
+    assert staging.pays(torch.float16, torch.float16, 500, 4) and not staging.pays(torch.bfloat16, torch.bfloat16, 499, 4)
 
 
 def test_views_fit_the_workspace_after_the_counters():
@@ -109,7 +127,8 @@ def test_views_fit_the_workspace_after_the_counters():
     tile instead)."""
     _, kv, _ = _case("fp8", "HND", 16, [100, 30], [100, 30])
     b, pps = kv.k_table.shape
-    need = staging.staged_bytes(b, pps, 16, 2, 64, True)
+    dst_pages = -(-pps * 16 // 64)  # (pages of 16 staged in pages of 64)
+    need = staging.staged_bytes(b, dst_pages, 64, 2, 64, True)
     q = torch.zeros(130, 8, 64, dtype=torch.bfloat16)
     base = torch.zeros(COUNTER_BYTES + need + 64, dtype=torch.uint8)
     ws = base[3:]  # a misaligned start
@@ -122,9 +141,11 @@ def test_views_fit_the_workspace_after_the_counters():
         assert start >= lo and start + (last + 1) * t.element_size() <= ws.numel()
     for t in (staged.k, staged.v):
         assert (t.data_ptr() % staging.STAGE_ALIGN) == 0 and t.dtype == torch.bfloat16
-        assert t.shape == (b * pps, 16, 2, 64) and t.stride(1) == 64 and t.stride(2) == 16 * 64  # HND
+        assert t.shape == (b * dst_pages, 64, 2, 64) and t.stride(1) == 64 and t.stride(2) == 64 * 64  # HND
     short = base[: (-base.data_ptr()) % 16 + COUNTER_BYTES + need - 1]
     assert staging.plan(q, kv.k, kv.k_table, short, 4096) is None
     assert staging.plan(q, kv.k, kv.k_table, None, 4096) is None
     assert staging.plan(q, kv.k, kv.k_table, ws, 1) is None  # (fp8: one query row a head does not pay)
-    assert staging.plan(q.to(torch.float16), kv.k.view(torch.float16)[..., :32], kv.k_table, ws, 4096) is None  # 16-bit cache
+    half = kv.k.view(torch.float16)[..., :32]  # (a 16-bit cache in pages of 16)
+    assert staging.plan(q, half, kv.k_table, ws, 4096) is None  # of another type than the query's
+    assert staging.plan(q.to(torch.float16), half, kv.k_table, ws, 4096) is not None

@@ -119,18 +119,30 @@ _SM90_WS_FP8 = {("fp8", 64): WSConfig(128, 2, False), ("fp8", 128): _SM90_WS[128
 
 
 # Staging an fp8 cache's pages (ops.prefill.staging) against converting them in the Gluon kernel:
-# the pass moves ~8 bytes a key and head element pair (4 for an fp8 query: V only) outside the
-# attention kernel, worth it where each key serves enough query rows (max_q_len x the GQA group)
-# to spread it over. Indexed by "fp8 query". benchmarks/NOTES.md "Prefill: pages dequantised once
-# a call".
-STAGE_MIN_ROWS = {False: 4096, True: 4096}
+# the pass runs at copy bandwidth outside the attention kernel (~8 bytes a key's K and V element,
+# 4 for an fp8 query: V only), so it pays where each key serves enough query rows (max_q_len x the
+# GQA group) to spread it over; the converter costs the attention kernel ~15-25 % whatever the
+# rows. H100, 4 x 512 new rows over 16384 (rows x group = 2048): staged 940 us, converter 1045
+# (bf16 query); 793 / 842 (fp8 query). By cache kind. benchmarks/NOTES.md "Prefill: pages
+# dequantised once a call". "half": a 16-bit cache in pages of under 64 tokens, staged in pages of
+# 64 (the alternative: the Gluon kernel copying a box a page, ~10 % slower than pages of 64 at
+# 1 x 8192), the pass moving 8 bytes a K and V element.
+STAGE_MIN_ROWS = {"fp8": 2048, "fp8q": 2048, "half": 8192}
+
+
+# An fp8 query over an fp8 cache whose V pages are staged as float16 (no converter, so no limit on
+# the ring): D128 takes 3 buffers (H100, 1 x 8192: 780 us against 823 with 2; 4 x 2048: 288 / 281).
+_SM90_WS_STAGED_V = {64: _SM90_WS_FP8[("fp8qk", 64)], 128: WSConfig(128, 3, False), 256: _SM90_WS[256]}
 
 
 def ws_config(head_dim: int, kind: str = "half") -> WSConfig | None:
     """The Gluon kernel's tiles for ``head_dim`` and operand ``kind`` (``"half"``, ``"fp8"``,
-    ``"fp8qk"``, as :func:`config`); None: that launch stays on the Triton kernel."""
+    ``"fp8qk"``, as :func:`config`, and ``"fp8qk-staged"``: an fp8 query's V staged); None: that
+    launch stays on the Triton kernel."""
     if kind == "half":
         return _SM90_WS.get(head_dim)
+    if kind == "fp8qk-staged":
+        return _SM90_WS_STAGED_V.get(head_dim)
     return _SM90_WS_FP8.get((kind, head_dim))
 
 

@@ -807,17 +807,21 @@ def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
     k_view, v_view = tma_view(k, k.shape[1]), tma_view(v, v.shape[1])
     if k_view is None or v_view is None or k_view[2:4] != v_view[2:4]:  # K and V in one form
         return None
-    return config_for(query.dtype, k.dtype, query.shape[-1]), k_view, v_view
+    cfg = config_for(query.dtype, k.dtype, query.shape[-1])
+    if v.dtype != k.dtype:  # (an fp8 query's V staged as float16: values_fit)
+        cfg = ws_config(query.shape[-1], "fp8qk-staged")
+    return cfg, k_view, v_view
 
 
 def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q, sinks, out, *,
            max_q_len: int, sm_count: int, logit_factor: float, logit_tensor, out_factor: float, out_tensor,
-           window_left: int, mode: int = 0) -> None:
+           window_left: int, capacity: int | None = None, mode: int = 0) -> None:
     """Launch :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
     :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous), through a
     ``fast_launch.Launch`` (the compiled kernel's launcher; a call replayed from its metadata
     rebuilds the two descriptors on the new K/V pointers: NOTES.md "Host path: calls replayed from
-    their metadata")."""
+    their metadata"). ``capacity``: the tokens a request may hold, where its lengths are clamped
+    (the table's by default; staged pages keep the cache table's, :mod:`.staging`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     sum_q, num_heads, head_dim = query.shape
@@ -842,7 +846,8 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
             stride_o_h=out.stride(1), stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
             stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
             num_rows=sum_q, num_heads=num_heads, batch=batch, m_tiles=m_tiles, num_tiles=num_tiles,
-            k_num_pages=k.shape[0], v_num_pages=v.shape[0], capacity=k_table.shape[1] * page,
+            k_num_pages=k.shape[0], v_num_pages=v.shape[0],
+            capacity=k_table.shape[1] * page if capacity is None else capacity,
             window_left=window_left,
             k_page_rows=k_view[0], v_page_rows=v_view[0], k_total_rows=k_view[1], v_total_rows=v_view[1],
             head_rows=k_view[2], head_cols=k_view[3],

@@ -151,7 +151,8 @@ def launch_context(
                 gluon_ws.launch(
                     ws_cfg, query, ws_k, ws_v, k_view, v_view, ws_kt, ws_vt, seq_lens, cum_seq_lens_q, sinks, out,
                     max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,
-                    logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left)
+                    logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left,
+                    capacity=k_table.shape[1] * k.shape[1])
                 return
         sf_flat = out_sf.view(torch.uint8).view(-1) if nvfp4_out else out
         sf_cols = out_sf.shape[1] if nvfp4_out else 4

@@ -1,28 +1,31 @@
-"""Quantised pages dequantised once a call into the workspace, for the warp-specialised kernel.
+"""Pages staged once a call into the workspace, in the form the warp-specialised kernel reads best.
 
 Why. Inside :mod:`.gluon_ws` an fp8 page is converted to float16 by a converter partition every
 time a query tile reads it: at 1 x 8192 (Hq 32, Hkv 8, 64 query tiles) each page about 130 times,
 and two converter warps cannot keep up with the tensor cores (+15-17 % over a bf16 cache on the
-H100). Converting each page the call reads once, in a pass before the attention kernel, moves
-~50 MB at 1 x 8192 (~17 us) and leaves the attention kernel its 16-bit form (benchmarks/NOTES.md
-"Prefill: pages dequantised once a call").
+H100); NVFP4 pages have no converter at all (the Triton kernel, ~2x the bf16 time); and pages of
+fewer than 64 tokens make the kernel copy a key tile in many small boxes (~10 % slower at page 16).
+Staging each page the call reads once, in a pass at copy bandwidth before the attention kernel
+(~23 us at 1 x 8192, H100), leaves the attention kernel 16-bit pages of 64 tokens or more
+(benchmarks/NOTES.md "Prefill: pages dequantised once a call").
 
-What is staged, where. The pages of request ``b``'s table row, from the first key its first query
-tile can see (the window's start, rounded down to 128 keys) to its last page, as the pages of a
-cache ``[B * pages_per_seq, page, Hkv, D]`` in the workspace (request ``b``'s page ``p`` at
-``b * pages_per_seq + p``, in the query's 16-bit type; fp8 and NVFP4 values are exact in either),
-and a page table pointing at them. Slots past ``seq_lens[b]`` and tokens whose page id lies
-outside the cache are staged as zeros, so the attention kernel never meets a NaN the cache held
-in an unused slot. An fp8 query keeps its scores on e4m3 products over the cache's own K pages;
-only V is staged (float16).
+What is staged, where. Each request's keys from the first its first query tile can see (the
+window's start, rounded down to 128 keys) to its last, as the pages of a cache ``[B * dst_pages,
+DST_PAGE, Hkv, D]`` in the workspace (request ``b``'s tokens in order from page ``b * dst_pages``;
+``DST_PAGE`` the cache's page, at least 64 tokens), in the query's 16-bit type (fp8 and NVFP4
+values are exact in either), and a page table pointing at them. Tokens past ``seq_lens[b]`` and
+tokens whose page id lies outside the cache are staged as zeros, so the attention kernel never
+meets a NaN the cache held in an unused slot. An fp8 query keeps its scores on e4m3 products over
+the cache's own K pages; only V is staged (float16, in the cache's page size).
 
 The staged cache sits in the workspace after the decode kernels' merge counters
-(:mod:`..launch.workspace`), which stay zero at rest. A call whose copies do not fit keeps the
-in-kernel converter (fp8) or the Triton kernel (NVFP4).
+(:mod:`..launch.workspace`), which stay zero at rest. A call whose copies do not fit, or for which
+the pass does not pay (:func:`pays`), reads the cache as it is.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -35,19 +38,20 @@ from ...formats import FP8_DTYPE
 from ..common.dequant import load_kv_tile
 from ..common.paging import kv_token_offsets
 from ..launch import fast_launch
-from ..launch.common import cdiv, kv_format_code, words_aligned, words_allowed
+from ..launch.common import kv_format_code, words_aligned, words_allowed
 from ..launch.workspace import ALIGN, COUNTER_BYTES
 from . import configs as prefill_configs
 
 STAGE_ALIGN = 1024  # bytes: each staged cache starts on a 1024-byte boundary (TMA wants 16)
 KEY_ALIGN = 128  # keys: a query tile's first key tile starts on a multiple of its BLOCK_N (64 or 128)
-TOKENS = 64  # tokens a program stages (a page's, at most)
+TOKENS = 64  # tokens a program stages (at most; a divisor of the staged page)
+MIN_DST_PAGE = 64  # tokens a staged page holds at least
 NUM_WARPS = 4
 
 
 @triton.jit
 def stage_pages_kernel(
-    k_ptr,  # [P, page, Hkv, Ds] K cache elements (e4m3 bytes or NVFP4 codes), an NHD view of any layout
+    k_ptr,  # [P, page, Hkv, Ds] K cache elements (16-bit, e4m3 bytes or NVFP4 codes), an NHD view of any layout
     v_ptr,  # [P, page, Hkv, Ds] V cache elements
     k_sf_ptr,  # [P, page, Hkv, D / 16] e4m3 block scales of K (NVFP4), else k_ptr (unread)
     v_sf_ptr,  # [P, page, Hkv, D / 16] e4m3 block scales of V (NVFP4), else v_ptr (unread)
@@ -55,52 +59,56 @@ def stage_pages_kernel(
     v_table_ptr,  # [B, pages_per_seq] int32 page ids of V
     seq_lens_ptr,  # [B] int32 KV lengths
     cum_q_ptr,  # [B + 1] int32 / int64 query row offsets
-    k_dst_ptr,  # [B * pages_per_seq, page, Hkv, D] staged K pages, 16-bit (STAGE_K), else v_dst_ptr (unwritten)
-    v_dst_ptr,  # [B * pages_per_seq, page, Hkv, D] staged V pages, 16-bit
-    dst_table_ptr,  # [B, pages_per_seq] int32: b * pages_per_seq + p at [b, p]
+    k_dst_ptr,  # [B * dst_pages, DST_PAGE, Hkv, D] staged K pages, 16-bit (STAGE_K), else v_dst_ptr (unwritten)
+    v_dst_ptr,  # [B * dst_pages, DST_PAGE, Hkv, D] staged V pages, 16-bit
+    dst_table_ptr,  # [B, dst_pages] int32: b * dst_pages + p at [b, p]
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
     stride_d_p, stride_d_s, stride_d_h,
-    pages_per_seq, num_pages, capacity, window_left,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, TOKENS: tl.constexpr, KV_FORMAT: tl.constexpr,
-    STAGE_K: tl.constexpr, HAS_WINDOW: tl.constexpr, KEY_ALIGN: tl.constexpr,
+    dst_pages, num_pages, capacity, window_left,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, DST_PAGE: tl.constexpr, TOKENS: tl.constexpr,
+    KV_FORMAT: tl.constexpr, STAGE_K: tl.constexpr, HAS_WINDOW: tl.constexpr, KEY_ALIGN: tl.constexpr,
 ):
-    """One program a (chunk of ``TOKENS`` tokens of a table row, KV head, request)."""
+    """One program a (chunk of ``TOKENS`` tokens of a request, KV head, request); a chunk lies in
+    one staged page (``TOKENS`` divides ``DST_PAGE``) and may span several cache pages (each
+    token's page id read on its own)."""
     chunk = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
     tok0 = chunk * TOKENS
-    page = tok0 // PAGE_SIZE
-    dst_page = b.to(tl.int64) * pages_per_seq + page
-    if (kvh == 0) & (tok0 % PAGE_SIZE == 0):
-        tl.store(dst_table_ptr + b.to(tl.int64) * pages_per_seq + page, dst_page.to(tl.int32))
-    # The attention kernel's lengths (clamped into [0, capacity]) and its first query tile's first
-    # key (masks.causal_key_ranges at tile 0; later tiles start later): nothing before it is read.
+    dst_page = b.to(tl.int64) * dst_pages + tok0 // DST_PAGE
+    if (kvh == 0) & (tok0 % DST_PAGE == 0):
+        tl.store(dst_table_ptr + dst_page, dst_page.to(tl.int32))
+    # The attention kernel's lengths (clamped into [0, capacity], the cache table's) and its first
+    # query tile's first key (masks.causal_key_ranges at tile 0; later tiles start later): nothing
+    # before it is read.
     kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
     first = kv_len * 0
     if HAS_WINDOW:
         q_len = tl.load(cum_q_ptr + b + 1).to(tl.int32) - tl.load(cum_q_ptr + b).to(tl.int32)
         first = (tl.maximum(kv_len - q_len - window_left, 0) // KEY_ALIGN) * KEY_ALIGN
-    # A page holding no key of the request is never read (its tokens sit at or past kv_len, where
-    # the attention kernel reads no page id); a chunk wholly before `first` is never read either.
-    if (page * PAGE_SIZE < kv_len) & (tok0 + TOKENS > first):
+    # A staged page holding no key of the request is never read (its tokens sit at or past kv_len,
+    # where the attention kernel reads no page id); a chunk wholly before `first` is never read either.
+    if ((tok0 // DST_PAGE) * DST_PAGE < kv_len) & (tok0 + TOKENS > first):
         offs_t = tok0 + tl.arange(0, TOKENS)
+        tok_ok = offs_t < kv_len  # (the cache table is read for these only: kv_len <= its capacity)
         slot = (offs_t % PAGE_SIZE).to(tl.int64)
-        tok_ok = offs_t < kv_len
         offs_d = tl.arange(0, HEAD_DIM)
-        dst_off = dst_page * stride_d_p + slot * stride_d_s + kvh.to(tl.int64) * stride_d_h
+        dst_off = dst_page * stride_d_p + (offs_t % DST_PAGE).to(tl.int64) * stride_d_s + kvh.to(tl.int64) * stride_d_h
         dst = dst_off[:, None] + offs_d[None, :]
         OUT_DTYPE: tl.constexpr = v_dst_ptr.dtype.element_ty
-        pid = tl.load(v_table_ptr + b.to(tl.int64) * stride_vt_b + page * stride_vt_p)
-        ok = tok_ok & (pid >= 0) & (pid < num_pages)
+        pid = tl.load(v_table_ptr + b.to(tl.int64) * stride_vt_b + (offs_t // PAGE_SIZE) * stride_vt_p, mask=tok_ok,
+                      other=-1)
+        ok = (pid >= 0) & (pid < num_pages)
         src, sf_src = kv_token_offsets(tl.maximum(pid, 0).to(tl.int64), slot, kvh, stride_v_p, stride_v_s, stride_v_h,
                                        stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
         vals = load_kv_tile(v_ptr, v_sf_ptr, src, sf_src, ok, 0, HEAD_DIM, KV_FORMAT, OUT_DTYPE)
         tl.store(v_dst_ptr + dst, vals)
         if STAGE_K:
-            pid = tl.load(k_table_ptr + b.to(tl.int64) * stride_kt_b + page * stride_kt_p)
-            ok = tok_ok & (pid >= 0) & (pid < num_pages)
+            pid = tl.load(k_table_ptr + b.to(tl.int64) * stride_kt_b + (offs_t // PAGE_SIZE) * stride_kt_p,
+                          mask=tok_ok, other=-1)
+            ok = (pid >= 0) & (pid < num_pages)
             src, sf_src = kv_token_offsets(tl.maximum(pid, 0).to(tl.int64), slot, kvh, stride_k_p, stride_k_s,
                                            stride_k_h, stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
             vals = load_kv_tile(k_ptr, k_sf_ptr, src, sf_src, ok, 0, HEAD_DIM, KV_FORMAT, OUT_DTYPE)
@@ -112,8 +120,8 @@ def stage_pages_kernel(
 # ---------------------------------------------------------------------------------------------
 class Staged(NamedTuple):
     """Where a call's staged pages live: ``k`` (None for an fp8 query: its scores read the cache's
-    own K) and ``v`` ``[B * pages_per_seq, page, Hkv, D]`` (an NHD view, laid out as the cache's K:
-    HND or NHD, so the attention kernel reads both in one form), and ``table [B, pages_per_seq]``."""
+    own K) and ``v`` ``[B * dst_pages, DST_PAGE, Hkv, D]`` (an NHD view, laid out as the cache's K:
+    HND or NHD, so the attention kernel reads both in one form), and ``table [B, dst_pages]``."""
 
     k: torch.Tensor | None
     v: torch.Tensor
@@ -125,49 +133,63 @@ def staged_dtype(q_dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if q_dtype == FP8_DTYPE else q_dtype
 
 
-def stages(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
-    """Whether a call of this query over this cache stages its pages: a quantised cache (fp8,
-    NVFP4) under a 16-bit query, or an fp8 cache under an fp8 query (V only)."""
+def staged_page(page: int) -> int:
+    """Tokens a staged page holds where K and V are both staged: the cache's page, or
+    ``MIN_DST_PAGE`` for smaller pages (the attention kernel then copies key tiles in boxes of 64
+    rows instead of a box a page). An fp8 query's staged V keeps the cache's pages (its K is read
+    from the cache, in one page size with V)."""
+    return max(page, MIN_DST_PAGE)
+
+
+def stages(q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int) -> bool:
+    """Whether a call of this query over this cache may stage its pages: a quantised cache (fp8,
+    NVFP4) under a 16-bit query, an fp8 cache under an fp8 query (V only), a 16-bit cache of the
+    query's type in pages smaller than ``MIN_DST_PAGE``."""
     fmt = BY_DTYPE.get(kv_dtype)
-    if fmt is None or fmt.config_key == "half":
+    if fmt is None:
         return False
+    if fmt.config_key == "half":
+        return kv_dtype == q_dtype and page < MIN_DST_PAGE
     if q_dtype == FP8_DTYPE:
         return kv_dtype == FP8_DTYPE
     return q_dtype in (torch.float16, torch.bfloat16)
 
 
-def staged_bytes(batch: int, pages_per_seq: int, page: int, heads: int, head_dim: int, both: bool) -> int:
-    """Workspace bytes a staging needs past the counters: the staged caches (2-byte elements, each
-    from a ``STAGE_ALIGN`` boundary) and the table."""
-    cache = -(-batch * pages_per_seq * page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
-    return STAGE_ALIGN + (2 if both else 1) * cache + batch * pages_per_seq * 4
-
-
-def _views(workspace, batch, pages_per_seq, page, heads, head_dim, dtype, hnd, both):
-    start = (-workspace.data_ptr()) % ALIGN + COUNTER_BYTES
-    start += (-(workspace.data_ptr() + start)) % STAGE_ALIGN
-    n = batch * pages_per_seq
-    cache = -(-n * page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
-
-    def plane(offset):
-        flat = workspace[offset: offset + n * page * heads * head_dim * 2].view(dtype)
-        if hnd:  # [n, Hkv, page, D] seen as [n, page, Hkv, D]
-            return flat.view(n, heads, page, head_dim).transpose(1, 2)
-        return flat.view(n, page, heads, head_dim)
-
-    table_at = start + (2 if both else 1) * cache
-    table = workspace[table_at: table_at + n * 4].view(torch.int32).view(batch, pages_per_seq)
-    return (plane(start), table) + ((plane(start + cache),) if both else ())
-
-
 def pays(q_dtype: torch.dtype, kv_dtype: torch.dtype, max_q_len: int, group: int) -> bool:
     """Whether staging is worth its pass: always for NVFP4 (the alternative is the Triton kernel);
-    for fp8, where the converter partition is the alternative, only where the query rows a key
-    serves (``max_q_len`` x the GQA group, host-known) are enough to spread the pass's traffic over
-    (``configs.STAGE_MIN_ROWS``; benchmarks/NOTES.md "Prefill: pages dequantised once a call")."""
-    if kv_dtype != FP8_DTYPE:
+    for fp8 (the alternative: the converter partition) and small 16-bit pages (boxes of a page),
+    only where the query rows a key serves (``max_q_len`` x the GQA group, host-known) are enough
+    to spread the pass's traffic over (``configs.STAGE_MIN_ROWS``; benchmarks/NOTES.md "Prefill:
+    pages dequantised once a call")."""
+    fmt = BY_DTYPE[kv_dtype]
+    if fmt.scale_block:  # NVFP4
         return True
-    return max_q_len * group >= prefill_configs.STAGE_MIN_ROWS[q_dtype == FP8_DTYPE]
+    key = "half" if fmt.config_key == "half" else ("fp8q" if q_dtype == FP8_DTYPE else "fp8")
+    return max_q_len * group >= prefill_configs.STAGE_MIN_ROWS[key]
+
+
+def staged_bytes(batch: int, dst_pages: int, dst_page: int, heads: int, head_dim: int, both: bool) -> int:
+    """Workspace bytes a staging needs past the counters: the staged caches (2-byte elements, each
+    from a ``STAGE_ALIGN`` boundary) and the table."""
+    cache = -(-batch * dst_pages * dst_page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
+    return STAGE_ALIGN + (2 if both else 1) * cache + batch * dst_pages * 4
+
+
+def _views(workspace, batch, dst_pages, dst_page, heads, head_dim, dtype, hnd, both):
+    start = (-workspace.data_ptr()) % ALIGN + COUNTER_BYTES
+    start += (-(workspace.data_ptr() + start)) % STAGE_ALIGN
+    n = batch * dst_pages
+    cache = -(-n * dst_page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
+
+    def plane(offset):
+        flat = workspace[offset: offset + n * dst_page * heads * head_dim * 2].view(dtype)
+        if hnd:  # [n, Hkv, page, D] seen as [n, page, Hkv, D]
+            return flat.view(n, heads, dst_page, head_dim).transpose(1, 2)
+        return flat.view(n, dst_page, heads, head_dim)
+
+    table_at = start + (2 if both else 1) * cache
+    table = workspace[table_at: table_at + n * 4].view(torch.int32).view(batch, dst_pages)
+    return (plane(start), table) + ((plane(start + cache),) if both else ())
 
 
 def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace, max_q_len: int) -> Staged | None:
@@ -175,20 +197,22 @@ def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace,
     where the call does not stage (:func:`stages`, :func:`pays`) or its copies do not fit the
     workspace. The form (HND or NHD) is K's: an fp8 query reads K from the cache and V from the
     workspace in one form."""
-    if workspace is None or not stages(query.dtype, k.dtype) or k.shape[2] == 0 or \
-            not pays(query.dtype, k.dtype, max_q_len, query.shape[1] // k.shape[2]):
+    _, page, heads, _ = k.shape
+    if workspace is None or not stages(query.dtype, k.dtype, page) or heads == 0 or \
+            not pays(query.dtype, k.dtype, max_q_len, query.shape[1] // heads):
         return None
     batch, pages_per_seq = k_table.shape
-    _, page, heads, _ = k.shape
     head_dim = query.shape[-1]
     both = query.dtype != FP8_DTYPE
+    dst_page = staged_page(page) if both else page  # (an fp8 query's K keeps the cache's pages: V too)
+    dst_pages = -(-pages_per_seq * page // dst_page)
     usable = workspace.numel() - ((-workspace.data_ptr()) % ALIGN + COUNTER_BYTES)
-    if batch * pages_per_seq == 0 or staged_bytes(batch, pages_per_seq, page, heads, head_dim, both) > usable:
+    if batch * dst_pages == 0 or staged_bytes(batch, dst_pages, dst_page, heads, head_dim, both) > usable:
         return None
     # Both staged under a 16-bit query: HND (a head's slots of a page are one TMA box); an fp8
     # query's V takes K's form.
     hnd = True if both else (k.stride(1) == k.shape[3] and k.stride(2) == page * k.shape[3])
-    v, table, *k = cached_aliases(workspace, ("prefill-staged",), _views, batch, pages_per_seq, page, heads,
+    v, table, *k = cached_aliases(workspace, ("prefill-staged",), _views, batch, dst_pages, dst_page, heads,
                                   head_dim, staged_dtype(query.dtype), hnd, both)
     return Staged(k[0] if k else None, v, table)
 
@@ -205,12 +229,13 @@ _PER_CALL = dict(
 def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q, *,
            window_left: int, interpreter: bool) -> None:
     """Stage the pages a call reads into ``staged`` (:func:`plan`): one program a (chunk of
-    ``min(page, TOKENS)`` tokens of a table row, KV head, request), sized from the table's shape
-    (host-known); pages past a request's length return at once."""
-    batch, pages_per_seq = k_table.shape
+    ``TOKENS`` tokens, KV head, request), sized from the table's shape (host-known); chunks past a
+    request's length return at once."""
+    batch, dst_pages = staged.table.shape
     _, page, heads, _ = k.shape
+    dst_page = staged.v.shape[1]
     head_dim = query.shape[-1]
-    tokens = min(page, TOKENS)
+    tokens = math.gcd(dst_page, TOKENS)
     ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)
     vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
     words_ok = words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
@@ -219,18 +244,17 @@ def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, 
     ks, vs, ds = k.stride(), v.stride(), staged.v.stride()
     stage_k = staged.k is not None
     run = fast_launch.launch_of(
-        stage_pages_kernel, (cdiv(pages_per_seq * page, tokens), heads, batch), layout=_LAYOUT, per_call=_PER_CALL,
+        stage_pages_kernel, (dst_pages * dst_page // tokens, heads, batch), layout=_LAYOUT, per_call=_PER_CALL,
         fixed=dict(
             stride_k_p=ks[0], stride_k_s=ks[1], stride_k_h=ks[2], stride_v_p=vs[0], stride_v_s=vs[1],
             stride_v_h=vs[2], stride_ksf_p=ksf_s[0], stride_ksf_s=ksf_s[1], stride_ksf_h=ksf_s[2],
             stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
             stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1), stride_vt_b=v_table.stride(0),
             stride_vt_p=v_table.stride(1), stride_d_p=ds[0], stride_d_s=ds[1], stride_d_h=ds[2],
-            pages_per_seq=pages_per_seq, num_pages=k.shape[0], capacity=pages_per_seq * page,
-            window_left=window_left,
+            dst_pages=dst_pages, num_pages=k.shape[0], capacity=k_table.shape[1] * page, window_left=window_left,
         ),
-        constexprs=dict(HEAD_DIM=head_dim, PAGE_SIZE=page, TOKENS=tokens, KV_FORMAT=kv_code, STAGE_K=stage_k,
-                        HAS_WINDOW=window_left >= 0, KEY_ALIGN=KEY_ALIGN),
+        constexprs=dict(HEAD_DIM=head_dim, PAGE_SIZE=page, DST_PAGE=dst_page, TOKENS=tokens, KV_FORMAT=kv_code,
+                        STAGE_K=stage_k, HAS_WINDOW=window_left >= 0, KEY_ALIGN=KEY_ALIGN),
         options=dict(num_warps=NUM_WARPS),
     )
     call = fast_launch.call_args(
