@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import metrics, peers_flex, peers_sdpa, problems, shapes  # noqa: E402
+from benchmarks import metrics, peers_flex, peers_sdpa, problems, run, shapes  # noqa: E402
 from benchmarks.runner import Options, run_shape  # noqa: E402
 from benchmarks.shapes import Shape, mixed_prefill  # noqa: E402
 from benchmarks.timing import Timer  # noqa: E402
@@ -178,7 +178,7 @@ def test_run_shape_times_the_mixed_batch_beside_its_peers():
     assert "flex-gathered" not in by
 
 
-# -- the registry and the work -------------------------------------------------------------------
+# -- the registry, the work, the listing ----------------------------------------------------------
 
 
 def test_prefill_suite_times_the_chunked_and_mixed_steps_with_peers():
@@ -231,6 +231,15 @@ def test_mixed_shape_checks_its_pairs():
         mixed_prefill(())
 
 
+def test_run_list_names_the_new_rows_and_their_peers(capsys):
+    assert run.main(["--suite", "prefill", "--filter", "4x512x16384,mixed", "--list"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("prefill bf16 4x512x16384 p64 HND") and "kvattn + peers" in lines[0]
+    assert lines[1].startswith("prefill bf16 mixed8 ") and "kvattn + peers" in lines[1]
+    assert run.main(["--suite", "prefill", "--filter", "p16", "--list", "--no-peers"]) == 0
+    assert all("kvattn only" in x for x in capsys.readouterr().out.strip().splitlines())
+
 
 def test_flex_has_no_mixed_batch_form():
     prob = problems.build(MIXED, CPU, l2_bytes=1 << 40, workspace_mib=16)
@@ -240,3 +249,17 @@ def test_flex_has_no_mixed_batch_form():
     with pytest.raises(peers_flex.NotAvailable, match="mixed batch"):
         make()
     assert list(peers_flex.variants(specs, paged_failed=True)) == []
+
+
+def test_results_json_records_the_mixed_batch_pairs(monkeypatch, tmp_path):
+    """A result row names its shape by id; the document also keeps each shape's configuration."""
+    ceilings = {"copy_gbps": 1.0, "matmul_bf16_tflops": 1.0, "matmul_fp8_tflops": None, "errors": None}
+    monkeypatch.setattr(run.ceilings_mod, "measure", lambda dev, timer: dict(ceilings))
+    monkeypatch.setattr(run, "run_shape", lambda shape, *a, **k: [{"shape": shape.id, "impl": "kvattn",
+                                                                   "status": "ok"}])
+    path = tmp_path / "r.json"
+    run.run(["prefill"], out=str(path), smoke=True, filters=["mixed"], device="cpu", print_table=False)
+    doc = json.loads(path.read_text())
+    assert doc["done"] == [MIXED.id]
+    assert doc["shapes"][MIXED.id]["reqs"] == [list(p) for p in MIXED.reqs]
+    assert doc["shapes"][MIXED.id]["q_lens_sum"] == sum(MIXED.q_lens())
