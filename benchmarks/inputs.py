@@ -130,6 +130,32 @@ def gather_pages(pool: torch.Tensor, tables: torch.Tensor, layout: str) -> torch
     return g.permute(1, 0, 2, 3, 4).reshape(b, pool.shape[1], w * pool.shape[2], pool.shape[3])
 
 
+def token_index(tables: torch.Tensor, lens: list[int], page_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per request, the (physical page, row in page) of each of its ``lens[b]`` tokens, in order.
+
+    Built once from the page table (what an engine's slot mapping holds), so that a gather of one
+    request's K/V is one indexing op: :func:`gather_tokens`.
+    """
+    out = []
+    for b, n in enumerate(lens):
+        j = torch.arange(n, device=tables.device)
+        out.append((tables[b, j // page_size].long(), j % page_size))
+    return out
+
+
+def gather_tokens(pool: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor, layout: str) -> torch.Tensor:
+    """One request's K or V, exactly its tokens: ``[1, H, L, D]``, a view of one ``[L, H, D]`` copy.
+
+    That layout (sequence-major, heads inside) is what SDPA's kernels read natively, the same
+    layout as a query row view; ``pages``/``rows`` come from :func:`token_index`.
+    """
+    if layout == "NHD":
+        g = pool[pages, rows]  # [L, H, D]
+    else:
+        g = pool[pages, :, rows]  # advanced indices around a slice: [L, H, D]
+    return g.unsqueeze(0).transpose(1, 2)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e4, scale: float = 1.0) -> torch.Tensor:
     """Rotate-half (Llama) RoPE over the last dim of ``x [..., S, D]`` at ``positions [S]``, in float32."""
     d = x.shape[-1]

@@ -29,10 +29,10 @@ class Work:
     matmul_ceiling: str  # which matrix-rate ceiling applies: "matmul_bf16" or "matmul_fp8"
 
 
-def _allowed_pairs(lens: list[int], q_len: int) -> int:
-    """(query, key) pairs when each request's ``q_len`` queries are its last tokens, causal."""
+def _allowed_pairs(lens: list[int], q_lens: list[int]) -> int:
+    """(query, key) pairs when request ``b``'s ``q_lens[b]`` queries are its last tokens, causal."""
     total = 0
-    for n in lens:
+    for n, q_len in zip(lens, q_lens, strict=True):
         q = min(q_len, n)
         total += q * (n - q) + q * (q + 1) // 2
     return total
@@ -50,9 +50,10 @@ def work(shape: Shape) -> Work:
         flops = 2.0 * hq * tokens * (MLA_QK_DIM + MLA_V_DIM)
         return Work(nbytes, flops, "auto", matmul)
     kv_bytes = sum(lens) * hkv * BY_NAME[shape.kv_dtype].row_bytes(d) * 2
-    rows = shape.batch * shape.q_len
+    q_lens = shape.q_lens()  # per request: a mixed prefill batch lists them
+    rows = sum(q_lens)
     io_bytes = rows * hq * d * q_b + rows * hq * d * 2  # query in, bf16 output out
-    flops = 4.0 * d * hq * _allowed_pairs(lens, shape.q_len)
+    flops = 4.0 * d * hq * _allowed_pairs(lens, q_lens)
     bound = "compute" if shape.suite == "prefill" else "memory"
     return Work(kv_bytes + io_bytes, flops, bound, matmul)
 

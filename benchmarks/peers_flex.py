@@ -16,6 +16,9 @@ position through an inverse page table and applies ``key <= query position``.
 If the paged form fails to compile or run, flex runs on the gathered K/V instead (``flex-gathered``,
 timed with and without the gather). Single decode has no pages: flex runs on the contiguous K/V.
 Compilation happens on the first call (kept out of the timing, its duration recorded).
+
+A mixed prefill batch (per-request query lengths, ``AttnSpec.q_lens``) has no flex formulation
+here: both block masks above take one query length for the batch. Its record says so.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from .peers_sdpa import dense_kv, prep_label
 from .problems import AttnSpec
-from .variant import Variant
+from .variant import NotAvailable, Variant
 
 Q_BLOCK = 128
 _compiled = None
@@ -209,10 +212,18 @@ def earlier_failure(spec: AttnSpec, form: str) -> str | None:
     return _failed.get(signature(spec, form))
 
 
+def _no_mixed_batch() -> Variant:
+    raise NotAvailable("mixed batch (per-request query lengths): the flex block masks here take one query length")
+
+
 def variants(specs: list[AttnSpec], paged_failed: bool = False, always_gathered: bool = False
              ) -> Iterator[tuple[str, object]]:
     """``(name, build)`` pairs; the gathered form only where no paged one exists or it failed."""
     spec = specs[0]
+    if spec.q_lens is not None:
+        if not paged_failed:
+            yield "flex-paged", _no_mixed_batch
+        return
     paged = spec.pools is not None
     # flex wants one dtype for q, K and V: an fp8 pool cannot be read in place next to a bf16 query.
     same_dtype = paged and spec.pools.k.dtype == spec.q4.dtype

@@ -49,6 +49,11 @@ class AttnSpec:
     ``v4`` ``[1, H, L, D]`` views of contiguous K/V (single decode). Query row ``i`` of request ``b``
     sits at position ``lens[b] - q_len + i`` and sees keys ``j <= position`` (decode: all keys).
     ``to_common`` maps a peer output ``[B, Hq, Lq, Dv]`` to kvattn's output layout.
+
+    A mixed prefill batch sets ``q_lens`` (each request's query rows; ``q_len`` is then their
+    maximum): ``q4`` is the packed query as ``[1, Hq, sum(q_lens), Dqk]``, :meth:`q_parts` its
+    per-request ``[1, Hq, q_lens[b], Dqk]`` views, and ``to_common`` takes the list of per-request
+    outputs ``[1, Hq, q_lens[b], Dv]``.
     """
 
     q4: torch.Tensor
@@ -62,6 +67,16 @@ class AttnSpec:
     v_dim: int
     rope: bool
     to_common: Callable[[torch.Tensor], torch.Tensor]
+    q_lens: list[int] | None = None
+
+    def q_parts(self) -> list[torch.Tensor]:
+        """Per-request query views ``[1, Hq, q_lens[b], Dqk]`` of a mixed batch's packed rows."""
+        if self.q_lens is None:
+            raise ValueError("q_parts: this spec has one query length (q4 is [B, Hq, Lq, D])")
+        starts = [0]
+        for n in self.q_lens:
+            starts.append(starts[-1] + n)
+        return [self.q4[:, :, s : s + n] for s, n in zip(starts, self.q_lens)]
 
 
 @dataclass
@@ -159,11 +174,13 @@ def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
 
     b, lq, hq, d = shape.batch, shape.q_len, shape.num_qo_heads, shape.head_dim
     lens = shape.seq_lens()
+    q_lens = shape.q_lens()
+    rows = sum(q_lens)
     pools = inputs.make_pools(lens, num_heads=shape.num_kv_heads, head_dim=d, page_size=shape.page_size,
                               layout=shape.layout, dtype=inputs.torch_dtype(shape.kv_dtype), device=device, gen=gen)
-    q = inputs.randn((b * lq, hq, d), inputs.torch_dtype(shape.q_dtype), device, gen)
-    out = torch.empty((b * lq, hq, d), dtype=torch.bfloat16, device=device)
-    cum_q = (torch.arange(b + 1, dtype=torch.int32) * lq).to(device)
+    q = inputs.randn((rows, hq, d), inputs.torch_dtype(shape.q_dtype), device, gen)
+    out = torch.empty((rows, hq, d), dtype=torch.bfloat16, device=device)
+    cum_q = torch.tensor([0] + q_lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
     cum_kv = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
     scale = 1.0 / math.sqrt(d)
     max_kv = max(lens)
@@ -175,7 +192,15 @@ def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
             kv_block_scales=None if pools.k_sf is None else (pools.k_sf, pools.v_sf),
         )
 
-    return InputSet(call, _paged_spec(q, pools, shape, lens, lq, scale))
+    if not shape.reqs:
+        return InputSet(call, _paged_spec(q, pools, shape, lens, lq, scale))
+    spec = AttnSpec(
+        q4=q.view(1, rows, hq, d).transpose(1, 2), pools=pools, k4=None, v4=None,
+        num_kv_heads=shape.num_kv_heads, lens=lens, q_len=lq, scale=scale, v_dim=d, rope=False,
+        to_common=lambda outs: torch.cat([o.transpose(1, 2).reshape(-1, hq, o.shape[-1]) for o in outs]),
+        q_lens=q_lens,
+    )
+    return InputSet(call, spec)
 
 
 def _mla_set(shape: Shape, device, gen, ws) -> InputSet:

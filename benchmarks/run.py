@@ -5,6 +5,8 @@ Usage (on the device, from the repository root)::
     PYTHONPATH=src python benchmarks/run.py --suite decode,single_decode --out results.json --md results.md
     PYTHONPATH=src python benchmarks/run.py --quick --out results.json
     python benchmarks/run.py --device cpu          # smoke test of the harness (tiny shapes)
+    python benchmarks/run.py --suite prefill --filter mixed --list
+                                                   # which grid shapes a selection runs (no device)
     PYTHONPATH=src python benchmarks/run.py --suite decode,mla,prefill --batch-invariant --out inv.json
                                                    # the same suites in batch-invariant mode (its cost)
 
@@ -181,6 +183,7 @@ def run(
             raise
         doc["records"] += recs
         doc["done"].append(shape.id)
+        doc.setdefault("shapes", {})[shape.id] = shape.as_dict()  # the full configuration (a mixed batch's pairs)
         _save(doc, out)
         _log(f"[{time.time() - t_start:6.1f}s] ({i + 1}/{len(selected)}) {shape.id} ({time.time() - t0:.1f}s): "
              f"{_summary(recs)}")
@@ -191,6 +194,20 @@ def run(
     if print_table:
         print(report.table(doc), flush=True)
     return doc
+
+
+def list_shapes(suites=None, *, quick: bool = False, smoke: bool = False, filters=None, peers: bool = True,
+                all_peers: bool = False) -> list[str]:
+    """One line per shape the selection would run (the GPU grid unless ``smoke``): id, then whether
+    the peers are timed on it. Measures nothing, so it runs anywhere."""
+    grid = shapes.SMOKE if smoke else shapes.GRID
+    selected = shapes.select(grid, suites=suites, quick=quick and not smoke, filters=filters)
+    width = max((len(s.id) for s in selected), default=0)
+    lines = []
+    for s in selected:
+        who = "kvattn + peers" if peers and (s.peers or all_peers) else "kvattn only"
+        lines.append(f"{s.id:<{width}}  {who}{'  (quick)' if s.quick else ''}")
+    return lines
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -220,6 +237,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds after which peers are skipped (kvattn 60 s later), to fit the device's limit")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run kvattn in batch-invariant mode (KVATTN_BATCH_INVARIANT=1), to measure its cost")
+    p.add_argument("--list", action="store_true",
+                   help="print the selected shapes (the GPU grid unless --smoke) and whether peers run on each; "
+                   "measure nothing")
     p.add_argument("--resume", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -230,12 +250,18 @@ def main(argv=None) -> int:
         # Through the variable, so a restart (os.execv, same environment) keeps the mode.
         os.environ["KVATTN_BATCH_INVARIANT"] = "1"
     filters = [f.strip() for a in (args.filter or []) for f in a.split(",") if f.strip()] or None
+    suites = [s.strip() for s in args.suite.split(",") if s.strip()]
+    if args.list:
+        lines = list_shapes(suites, quick=args.quick, smoke=args.smoke, filters=filters, peers=args.peers,
+                            all_peers=args.all_peers)
+        print("\n".join(lines) if lines else "no shape matches", flush=True)
+        return 0
     options = dict(all_peers=args.all_peers, flex_gathered=args.flex_gathered, time_reference=args.time_reference,
                    check=args.check, workspace_mib=args.workspace_mib,
                    sdpa_backends=tuple(b for b in args.sdpa_backends.split(",") if b))
     command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        run([s.strip() for s in args.suite.split(",") if s.strip()], out=args.out, md=args.md, quick=args.quick,
+        run(suites, out=args.out, md=args.md, quick=args.quick,
             smoke=True if args.smoke else None, filters=filters, device=args.device, peers=args.peers,
             flex=args.flex, options=options, warmup_ms=args.warmup, rep_ms=args.rep,
             time_budget_s=args.time_budget, resume=args.resume, command=command)

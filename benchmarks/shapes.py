@@ -21,6 +21,25 @@ RAGGED_BATCH = 128
 RAGGED_MAX_LEN = 8192
 RAGGED_SEED = 20261122
 
+# A mixed prefill step, (new query rows, KV length including them) per request, as an engine with
+# chunked prefill and prefix caching schedules under a token budget of about 8k rows: two fresh
+# prompts, chunks of long prompts over their cached part, a prefix-cache hit, a short prompt, and a
+# few requests with tens of rows or fewer over long caches. 7981 query rows, 49124 keys, 29.0 M
+# causal (query, key) pairs: 4.75e11 FLOPs at Hq 32, D 128 (about 1 ms at 500 TFLOP/s, the other
+# prefill rows' size). KV lengths mostly off the 64-token page and the 128-row tile; those with more
+# keys than rows are multiples of 8, so the cuDNN peer's explicit masks have 16-byte rows
+# (benchmarks/peers_sdpa.py).
+MIXED_PREFILL = (
+    (4000, 4000),  # fresh prompt
+    (2000, 2000),  # fresh prompt
+    (1024, 9000),  # a 1024-row chunk of a long prompt, 7976 tokens already cached
+    (512, 16384),  # a 512-row chunk over a 15872-token cache
+    (300, 6440),  # a prefix-cache hit: 6140 cached tokens, 300 new
+    (100, 100),  # a short prompt
+    (37, 3000),  # the last rows of a chunked prompt
+    (8, 8200),  # a few rows over a long cache (a draft verification, a tiny chunk)
+)
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -29,9 +48,11 @@ class Shape:
     ``kv_len`` is each request's KV length (``seq_lens``, which includes the new tokens); for a
     ragged shape it is the upper bound and :meth:`seq_lens` draws the actual lengths. ``q_len`` is
     the number of query tokens per request (decode 1, speculative decode 2..8, prefill the new
-    tokens). ``peers`` says whether the peers (SDPA, FlexAttention) are timed on this shape: they do
-    not depend on kvattn's page size or layout choices, so the grid times them once per workload to
-    keep the full run short. ``quick`` marks the ``--quick`` subset.
+    tokens). ``reqs`` (prefill only) lists explicit per-request ``(q_len, kv_len)`` pairs for a
+    mixed batch; ``batch``, ``q_len`` and ``kv_len`` must then be their count and maxima (build one
+    with :func:`mixed_prefill`). ``peers`` says whether the peers (SDPA, FlexAttention) are timed
+    on this shape: they do not depend on kvattn's page size or layout choices, so the grid times
+    them once per workload to keep the full run short. ``quick`` marks the ``--quick`` subset.
     """
 
     suite: str
@@ -51,13 +72,36 @@ class Shape:
     peers: bool = True
     quick: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
+    reqs: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self):
+        if not self.reqs:
+            return
+        if self.suite != "prefill" or self.ragged:
+            raise ValueError(f"reqs: per-request (q_len, kv_len) pairs are for prefill shapes without ragged=True; "
+                             f"got suite {self.suite!r}, ragged={self.ragged}")
+        bad = [p for p in self.reqs if len(p) != 2 or not (1 <= p[0] <= p[1])]
+        if bad:
+            raise ValueError(f"reqs: each pair must be (q_len, kv_len) with 1 <= q_len <= kv_len; got {bad}")
+        want = (len(self.reqs), max(q for q, _ in self.reqs), max(n for _, n in self.reqs))
+        if (self.batch, self.q_len, self.kv_len) != want:
+            raise ValueError(f"reqs: batch, q_len, kv_len must be the pairs' count and maxima {want}; "
+                             f"got {(self.batch, self.q_len, self.kv_len)}")
 
     def seq_lens(self) -> list[int]:
         """KV length of each request (seeded uniform draws for a ragged shape)."""
+        if self.reqs:
+            return [n for _, n in self.reqs]
         if not self.ragged:
             return [self.kv_len] * self.batch
         rng = random.Random(RAGGED_SEED)
         return [rng.randint(1, self.kv_len) for _ in range(self.batch)]
+
+    def q_lens(self) -> list[int]:
+        """Query rows of each request (``q_len`` each unless ``reqs`` lists them)."""
+        if self.reqs:
+            return [q for q, _ in self.reqs]
+        return [self.q_len] * self.batch
 
     @property
     def group(self) -> int:
@@ -79,7 +123,11 @@ class Shape:
             return f"single_decode {kv} h{self.num_qo_heads}/{self.num_kv_heads} L{self.kv_len} {self.pos_encoding_mode}"
         if self.suite == "prefill":
             q = "fp8q " if self.q_dtype == "fp8" else ""
-            return f"prefill {q}{kv} {self.batch}x{self.q_len}x{self.kv_len} p{self.page_size} {self.layout}{heads}"
+            if self.reqs:  # the pairs are in the JSON record; the id names the batch by its totals
+                lens = f"mixed{self.batch} q{sum(self.q_lens())}/kv{sum(self.seq_lens())}"
+            else:
+                lens = f"{self.batch}x{self.q_len}x{self.kv_len}"
+            return f"prefill {q}{kv} {lens} p{self.page_size} {self.layout}{heads}"
         if self.suite == "mla":
             return f"mla {kv} Hq{self.num_qo_heads} {self.batch}x{self.kv_len} p{self.page_size}"
         raise ValueError(f"unknown suite {self.suite!r}")
@@ -88,12 +136,24 @@ class Shape:
         d = asdict(self)
         d["id"] = self.id
         d["tags"] = list(self.tags)
+        d["reqs"] = [list(p) for p in self.reqs]
+        if self.reqs:
+            d["q_lens_sum"] = sum(self.q_lens())
+            d["seq_lens_sum"] = sum(self.seq_lens())
         if self.ragged:
             lens = self.seq_lens()
             d["ragged_seed"] = RAGGED_SEED
             d["seq_lens_sum"] = sum(lens)
             d["seq_lens_max"] = max(lens)
         return d
+
+
+def mixed_prefill(reqs, **kw) -> Shape:
+    """A prefill :class:`Shape` of explicit ``(q_len, kv_len)`` pairs (batch and maxima filled in)."""
+    reqs = tuple((int(q), int(n)) for q, n in reqs)
+    if not reqs:
+        raise ValueError("reqs: at least one (q_len, kv_len) pair is needed")
+    return Shape("prefill", len(reqs), max(n for _, n in reqs), q_len=max(q for q, _ in reqs), reqs=reqs, **kw)
 
 
 def _decode_grid() -> list[Shape]:
@@ -144,12 +204,15 @@ def _prefill_grid() -> list[Shape]:
     # convert to float16 operands.
     for kv in ("fp8", "nvfp4"):
         shapes.append(Shape("prefill", 1, 8192, q_len=8192, page_size=64, layout="HND", kv_dtype=kv, peers=False))
-    # Pages of 16 tokens (vLLM's default block size; the target: within 5 % of page 64), and a
-    # chunked-prefill step (512 new rows a request over a 16384-token cache, the rows' keys mostly
-    # cached): kvattn alone (the SDPA peers take contiguous K/V with as many keys as queries).
+    # Pages of 16 tokens (vLLM's default block size; the target: within 5 % of page 64): kvattn
+    # alone (the peers were timed on the same workloads at page 64).
     for b, lq, lk in ((1, 8192, 8192), (4, 2048, 2048)):
         shapes.append(Shape("prefill", b, lk, q_len=lq, page_size=16, layout="HND", peers=False))
-    shapes.append(Shape("prefill", 4, 16384, q_len=512, page_size=64, layout="HND", peers=False))
+    # A chunked-prefill step (512 new rows a request over a 16384-token cache, the rows' keys mostly
+    # cached) and a mixed step (MIXED_PREFILL), with the peers on gathered K/V: query rows fewer than
+    # keys, causal aligned to the last key (peers_sdpa.py says how each SDPA backend is given that).
+    shapes.append(Shape("prefill", 4, 16384, q_len=512, page_size=64, layout="HND"))
+    shapes.append(mixed_prefill(MIXED_PREFILL, page_size=64, layout="HND"))
     return shapes
 
 
@@ -185,6 +248,8 @@ SMOKE: list[Shape] = [
     Shape("prefill", 2, 64, q_len=32, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND"),
     Shape("prefill", 1, 64, q_len=64, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND",
           kv_dtype="fp8", q_dtype="fp8"),
+    mixed_prefill(((40, 40), (24, 88), (1, 50), (9, 33)), num_qo_heads=4, num_kv_heads=2, head_dim=64,
+                  page_size=16, layout="HND"),
     Shape("mla", 2, 64, num_qo_heads=16, num_kv_heads=1, head_dim=576, page_size=16),
 ]
 
