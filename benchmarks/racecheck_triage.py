@@ -4,7 +4,8 @@ compute-sanitizer's racecheck reports each hazard as a block: ``Race reported be
 <kernel>+<offset> in <file>:<line>`` and one or more ``and <access> at ...`` lines. Three kinds:
 
 * **Triton's partition prologue**: every access of the block is on a kernel's ``def`` line or on its
-  ``gl.warp_specialize(`` call. Those lines hold no kvattn memory access: they are the code Triton
+  ``gl.warp_specialize(`` call (or on the ``if`` / ``else`` line that opens the call's branch, where
+  Triton puts the call's location when the branch's condition is a constexpr function's value). Those lines hold no kvattn memory access: they are the code Triton
   generates to start and stop the partitions (worker warps wait on a CTA barrier, read their
   partition's state byte from shared memory and loop; the default partition writes the states).
   The calibration kernels, which hold nothing but one exchange, get them too
@@ -71,7 +72,11 @@ class Sources:
                 continue
             if 1 <= line <= len(lines):
                 text = lines[line - 1]
-                return bool(re.match(rf"\s*def {re.escape(kernel)}\(", text)) or "warp_specialize(" in text
+                if re.match(rf"\s*def {re.escape(kernel)}\(", text) or "warp_specialize(" in text:
+                    return True
+                if re.match(r"\s*(if\b.*|else\s*):\s*(#.*)?$", text):  # the branch opening the call
+                    following = next((s for s in lines[line:] if s.strip() and not s.strip().startswith("#")), "")
+                    return "warp_specialize(" in following
         return False
 
 

@@ -85,6 +85,16 @@ def test_triage_sorts_hazards_by_place():
     # The same line numbers in MLA's kernel of the same file name are not prefill's def line.
     mla = _block(("mla_gluon_ws_kernel", "gluon_ws.py", WS_DEF))
     assert len(rt.triage(mla, sources)["kvattn"]) == 1
+    # The constexpr branch opening a warp_specialize call counts as the call; another branch does not.
+    lines = PREFILL_WS.read_text().splitlines()
+    opening = next(i for i, s in enumerate(lines, 1) if s.strip().startswith("if _converter_on(")
+                   and "warp_specialize(" in next(t for t in lines[i:] if t.strip() and not t.strip().startswith("#")))
+    other = next(i for i, s in enumerate(lines, 1) if s.strip().startswith("if ") and i > WS_DEF
+                 and "warp_specialize(" not in lines[i])
+    branch = _block(("prefill_ws_kernel", "gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "gluon_ws.py", opening))
+    assert len(rt.triage(branch, sources)["prologue"]) == 1
+    off = _block(("prefill_ws_kernel", "gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "gluon_ws.py", other))
+    assert len(rt.triage(off, sources)["kvattn"]) == 1
 
 
 def test_triage_fails_a_log_cut_short(tmp_path):

@@ -25,7 +25,7 @@ from kvattn.testing import make_paged_kv
 
 
 # The interpreter on a CPU-only machine; the compiled kernel (fp8 and NVFP4 read as words) on a GPU.
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _case(fmt, layout, page, lens, lq, hkv=2, d=64, seed=0, split=False, device=torch.device("cpu")):
@@ -61,7 +61,7 @@ def test_staged_pages_are_the_dequantised_tokens(fmt, layout, page, window, qdt,
     q = torch.zeros(sum(lq), 8, 64, dtype=qdt, device=DEVICE)
     ws = torch.zeros(COUNTER_BYTES + 64 + staging.staged_bytes(len(lens), dst_pages, dst_page, 2, 64, both),
                      dtype=torch.uint8, device=DEVICE)
-    staged = staging.plan(q, kv.k, k_table, ws, max_q_len=4096)
+    staged = staging.plan(q, kv.k, k_table, ws, max_q_len=4096, max_kv_len=10**6)
     assert staged is not None
     assert (staged.k is None) == (not both) and staged.v.shape == (len(lens) * dst_pages, dst_page, 2, 64)
     for t in (staged.k, staged.v):
@@ -106,6 +106,20 @@ def test_which_calls_stage():
     assert staging.staged_page(16) == 64 and staging.staged_page(128) == 128
 
 
+def test_room_follows_the_callers_bound_of_lengths():
+    """A request gets room for ``max_kv_len`` keys (rounded up to a staged page), not the table's
+    width, and its length is clamped there; a bound past the table keeps the table's capacity."""
+    _, kv, _ = _case("fp8", "HND", 16, [100, 30], [100, 30])
+    q = torch.zeros(130, 8, 64, dtype=torch.bfloat16)
+    ws = torch.zeros(64 << 20, dtype=torch.uint8)
+    width = kv.k_table.shape[1] * 16
+    for bound, room in ((100, 128), (64, 64), (10**6, -(-width // 64) * 64)):
+        staged = staging.plan(q, kv.k, kv.k_table, ws, 4096, bound)
+        assert staged.table.shape == (2, room // 64) and staged.v.shape[:2] == (2 * room // 64, 64)
+        assert staging.capacity(staged, kv.k_table, 16) == min(room, width)
+    assert staging.plan(q, kv.k, kv.k_table, ws, 4096, 0) is None
+
+
 def test_staging_pays_for_nvfp4_always_and_otherwise_with_enough_rows(monkeypatch):
     """NVFP4's alternative is the Triton kernel: always staged. fp8's is the converter partition,
     small 16-bit pages' a box a page: staged where max_q_len x the GQA group reaches the table's
@@ -132,7 +146,7 @@ def test_views_fit_the_workspace_after_the_counters():
     q = torch.zeros(130, 8, 64, dtype=torch.bfloat16)
     base = torch.zeros(COUNTER_BYTES + need + 64, dtype=torch.uint8)
     ws = base[3:]  # a misaligned start
-    staged = staging.plan(q, kv.k, kv.k_table, ws, 4096)
+    staged = staging.plan(q, kv.k, kv.k_table, ws, 4096, 10**6)
     assert staged is not None
     lo = (-ws.data_ptr()) % 16 + COUNTER_BYTES
     for t in (staged.k, staged.v, staged.table):
@@ -143,9 +157,9 @@ def test_views_fit_the_workspace_after_the_counters():
         assert (t.data_ptr() % staging.STAGE_ALIGN) == 0 and t.dtype == torch.bfloat16
         assert t.shape == (b * dst_pages, 64, 2, 64) and t.stride(1) == 64 and t.stride(2) == 64 * 64  # HND
     short = base[: (-base.data_ptr()) % 16 + COUNTER_BYTES + need - 1]
-    assert staging.plan(q, kv.k, kv.k_table, short, 4096) is None
-    assert staging.plan(q, kv.k, kv.k_table, None, 4096) is None
-    assert staging.plan(q, kv.k, kv.k_table, ws, 1) is None  # (fp8: one query row a head does not pay)
+    assert staging.plan(q, kv.k, kv.k_table, short, 4096, 10**6) is None
+    assert staging.plan(q, kv.k, kv.k_table, None, 4096, 10**6) is None
+    assert staging.plan(q, kv.k, kv.k_table, ws, 1, 10**6) is None  # (fp8: one query row a head does not pay)
     half = kv.k.view(torch.float16)[..., :32]  # (a 16-bit cache in pages of 16)
-    assert staging.plan(q, half, kv.k_table, ws, 4096) is None  # of another type than the query's
-    assert staging.plan(q.to(torch.float16), half, kv.k_table, ws, 4096) is not None
+    assert staging.plan(q, half, kv.k_table, ws, 4096, 10**6) is None  # of another type than the query's
+    assert staging.plan(q.to(torch.float16), half, kv.k_table, ws, 4096, 10**6) is not None

@@ -74,8 +74,8 @@ def tma_views(k: torch.Tensor, v: torch.Tensor, block_n: int):
     return (*descs, head_rows, head_cols)
 
 
-def _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len: int, skip: bool, nvfp4_out: bool,
-                interpreter: bool):
+def _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len: int, max_kv_len: int, skip: bool,
+                nvfp4_out: bool, interpreter: bool):
     """``(config, k_view, v_view, staged, k, v, k_table, v_table)`` of a launch the warp-specialised
     Gluon kernel takes (the caches and tables it reads), or None.
 
@@ -83,7 +83,7 @@ def _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len: int, s
     page dequantised once a call) and the kernel reads the staged pages; otherwise an fp8 cache
     goes to the kernel as it is (its converter partition converts the tiles), and an NVFP4 one
     keeps the Triton kernel (benchmarks/NOTES.md "Prefill: pages dequantised once a call")."""
-    staged = staging.plan(query, k, k_table, workspace, max_q_len) if not interpreter else None
+    staged = staging.plan(query, k, k_table, workspace, max_q_len, max_kv_len) if not interpreter else None
     if staged is not None:
         sk, skt = (staged.k, staged.table) if staged.k is not None else (k, k_table)
         got = gluon_ws.plan(query, sk, staged.v, out, skip=skip, nvfp4_out=nvfp4_out, interpreter=interpreter)
@@ -118,6 +118,7 @@ def launch_context(
     skip_factor: float = 0.0,
     lse=None,  # [sum_q, Hq] float32 base-2 LSE (head stride 1), or None
     workspace=None,  # uint8 scratch (pages of a quantised cache staged in it, see staging), or None
+    max_kv_len: int | None = None,  # host bound of seq_lens (None: the table's capacity)
 ) -> None:
     """Launch paged causal context attention into ``out``, with the query's GPU current."""
     batch = seq_lens.shape[0]
@@ -142,17 +143,21 @@ def launch_context(
         # 16-bit and fp8 pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0: off);
         # it stores no LSE, so a call that asks for one (return_lse) keeps the Triton kernel.
         if gluon_ws is not None and lse is None:
-            ws = _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len, skip, nvfp4_out, interpreter)
+            bound = k_table.shape[1] * k.shape[1] if max_kv_len is None else max_kv_len
+            ws = _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len, bound, skip, nvfp4_out,
+                             interpreter)
             if ws is not None:
                 ws_cfg, k_view, v_view, staged, ws_k, ws_v, ws_kt, ws_vt = ws
+                capacity = k_table.shape[1] * k.shape[1]
                 if staged is not None:
                     staging.launch(staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q,
                                    window_left=window_left, interpreter=interpreter)
+                    capacity = staging.capacity(staged, k_table, k.shape[1])
                 gluon_ws.launch(
                     ws_cfg, query, ws_k, ws_v, k_view, v_view, ws_kt, ws_vt, seq_lens, cum_seq_lens_q, sinks, out,
                     max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,
                     logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left,
-                    capacity=k_table.shape[1] * k.shape[1])
+                    capacity=capacity)
                 return
         sf_flat = out_sf.view(torch.uint8).view(-1) if nvfp4_out else out
         sf_cols = out_sf.shape[1] if nvfp4_out else 4

@@ -91,7 +91,7 @@ def context_impl(
         query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, out, out_sf,
         max_q_len=max_q_len, logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor,
         out_tensor=out_tensor, window_left=window_left, o_sf_scale=o_sf_scale, sf_start=sf_start,
-        skip_factor=skip_factor, lse=lse, workspace=workspace,
+        skip_factor=skip_factor, lse=lse, workspace=workspace, max_kv_len=max_kv_len,
     )
 
 

@@ -192,11 +192,14 @@ def _views(workspace, batch, dst_pages, dst_page, heads, head_dim, dtype, hnd, b
     return (plane(start), table) + ((plane(start + cache),) if both else ())
 
 
-def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace, max_q_len: int) -> Staged | None:
+def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace, max_q_len: int,
+         max_kv_len: int) -> Staged | None:
     """The staged caches of a call in ``workspace`` (views kept per workspace tensor), or None
     where the call does not stage (:func:`stages`, :func:`pays`) or its copies do not fit the
-    workspace. The form (HND or NHD) is K's: an fp8 query reads K from the cache and V from the
-    workspace in one form."""
+    workspace. Each request gets room for ``max_kv_len`` keys (the caller's bound: an engine's
+    table is often as wide as the longest context it serves), and its keys are clamped there
+    (:func:`capacity`). The form (HND or NHD) is K's: an fp8 query reads K from the cache and V
+    from the workspace in one form."""
     _, page, heads, _ = k.shape
     if workspace is None or not stages(query.dtype, k.dtype, page) or heads == 0 or \
             not pays(query.dtype, k.dtype, max_q_len, query.shape[1] // heads):
@@ -205,7 +208,7 @@ def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace,
     head_dim = query.shape[-1]
     both = query.dtype != FP8_DTYPE
     dst_page = staged_page(page) if both else page  # (an fp8 query's K keeps the cache's pages: V too)
-    dst_pages = -(-pages_per_seq * page // dst_page)
+    dst_pages = -(-min(pages_per_seq * page, max(max_kv_len, 0)) // dst_page)
     usable = workspace.numel() - ((-workspace.data_ptr()) % ALIGN + COUNTER_BYTES)
     if batch * dst_pages == 0 or staged_bytes(batch, dst_pages, dst_page, heads, head_dim, both) > usable:
         return None
@@ -224,6 +227,12 @@ _PER_CALL = dict(
     k_ptr="k", v_ptr="v", k_sf_ptr="k_sf", v_sf_ptr="v_sf", k_table_ptr="k_table", v_table_ptr="v_table",
     seq_lens_ptr="seq_lens", cum_q_ptr="cum_q", k_dst_ptr="k_dst", v_dst_ptr="v_dst", dst_table_ptr="dst_table",
 )
+
+
+def capacity(staged: Staged, k_table: torch.Tensor, page: int) -> int:
+    """The keys a request may hold when its pages are staged, where its length is clamped (by the
+    staging and the attention kernel alike): the cache table's, or the staged room if less."""
+    return min(k_table.shape[1] * page, staged.table.shape[1] * staged.v.shape[1])
 
 
 def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q, *,
@@ -251,7 +260,8 @@ def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, 
             stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
             stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1), stride_vt_b=v_table.stride(0),
             stride_vt_p=v_table.stride(1), stride_d_p=ds[0], stride_d_s=ds[1], stride_d_h=ds[2],
-            dst_pages=dst_pages, num_pages=k.shape[0], capacity=k_table.shape[1] * page, window_left=window_left,
+            dst_pages=dst_pages, num_pages=k.shape[0], capacity=capacity(staged, k_table, page),
+            window_left=window_left,
         ),
         constexprs=dict(HEAD_DIM=head_dim, PAGE_SIZE=page, DST_PAGE=dst_page, TOKENS=tokens, KV_FORMAT=kv_code,
                         STAGE_K=stage_k, HAS_WINDOW=window_left >= 0, KEY_ALIGN=KEY_ALIGN),
@@ -265,4 +275,4 @@ def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, 
     run(call)
 
 
-__all__ = ["Staged", "launch", "plan", "stage_pages_kernel", "staged_bytes", "stages"]
+__all__ = ["Staged", "capacity", "launch", "pays", "plan", "stage_pages_kernel", "staged_bytes", "stages"]
