@@ -309,6 +309,26 @@ def test_kernel_compiles_to_its_schedule(kw, n_by_shape):
         assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
 
 
+def assert_products(ptx: str, products: dict) -> None:
+    """The wgmma instructions of each shape (``products``: shape and types -> count), and no other."""
+    for shape, n in products.items():
+        assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.{re.escape(shape)}", ptx)) == n, shape
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == sum(products.values())
+
+
+def assert_fp8_schedule_fits(got: dict, sass: str) -> None:
+    """Loop bounds carried through the tile loop, within shared memory, and (where ptxas is the
+    one verified on a GPU) no spill in the key loops and the softmax under P.V in both consumers."""
+    assert bounds_fixed_before_the_loop(got["ttgir"]) == []
+    assert got["shared"] <= 227 * 1024
+    skip_unless_gpu_verified("ptxas 12.9 of Triton 3.9 spills 1-2 values in the key loops of D128 and D256, "
+                             "32-40 bytes of stack")
+    if "reg" in got:
+        assert got["stack"] <= 32
+        assert spills_in_key_loops(sass) == 0
+        assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
+
+
 @pytest.mark.parametrize("q,kw,products", [
     ("bf16", {}, {"m64n128k16.f32.f16.f16": 64}),
     ("fp16", {"HEAD_DIM": 64}, {"m64n128k16.f32.f16.f16": 16, "m64n64k16.f32.f16.f16": 32}),
@@ -324,9 +344,7 @@ def test_fp8_cache_kernel_compiles_to_its_schedule(q, kw, products):
     got = compile_ws(q, kv="fp8e4nv", **kw)
     ptx, sass = got["ptx"], got.get("sass", "")
     cfg = dict(WS_BASE, **kw)
-    for shape, n in products.items():
-        assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.{re.escape(shape)}", ptx)) == n, shape
-    assert len(re.findall(r"wgmma\.mma_async", ptx)) == sum(products.values())
+    assert_products(ptx, products)
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", ptx)
     assert "cvt.rn.f16x2.e4m3x2" in ptx
@@ -334,14 +352,7 @@ def test_fp8_cache_kernel_compiles_to_its_schedule(q, kw, products):
     sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
     copies = 2 * (cfg["BLOCK_N"] // sub) * max(1, cfg["HEAD_DIM"] // 128)  # 128-byte boxes of bytes
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
-    assert bounds_fixed_before_the_loop(got["ttgir"]) == []
-    assert got["shared"] <= 227 * 1024
-    skip_unless_gpu_verified("ptxas 12.9 of Triton 3.9 spills 1-2 values in the key loops of D128 and D256, "
-                             "32-40 bytes of stack")
-    if "reg" in got:
-        assert got["stack"] <= 32
-        assert spills_in_key_loops(sass) == 0
-        assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
+    assert_fp8_schedule_fits(got, sass)
 
 
 @pytest.mark.parametrize("kw,products", [
@@ -359,23 +370,14 @@ def test_staged_values_kernel_compiles_to_its_schedule(kw, products):
     got = compile_ws("fp8e4nv", kv="fp8e4nv", v="fp16", **kw)
     ptx, sass = got["ptx"], got.get("sass", "")
     cfg = dict(WS_BASE, **kw)
-    for shape, n in products.items():
-        assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.{re.escape(shape)}", ptx)) == n, shape
-    assert len(re.findall(r"wgmma\.mma_async", ptx)) == sum(products.values())
+    assert_products(ptx, products)
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     assert "cvt.rn.f16x2.e4m3x2" not in ptx
     sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
     copies = (cfg["BLOCK_N"] // sub) * (max(1, cfg["HEAD_DIM"] // 128) + cfg["HEAD_DIM"] // 64)
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
-    assert bounds_fixed_before_the_loop(got["ttgir"]) == []
-    assert got["shared"] <= 227 * 1024
-    skip_unless_gpu_verified("ptxas 12.9 of Triton 3.9 spills 1-2 values in the key loops of D128 and D256, "
-                             "32-40 bytes of stack")
-    if "reg" in got:
-        assert got["stack"] <= 32
-        assert spills_in_key_loops(sass) == 0
-        assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
+    assert_fp8_schedule_fits(got, sass)
 
 
 def spills_in_key_loops(sass: str) -> int:

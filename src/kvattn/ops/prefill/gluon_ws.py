@@ -38,14 +38,18 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   and dealt round robin, so the long diagonal-heavy tiles start in the first round and short
   ones fill the tail.
 
-Scope (host-checked in :func:`eligible`): fp16/bf16 query and cache of one dtype, head_dim 64 /
-128 / 256, pages of 8 tokens or more that tile the key tiles (see :func:`pages_tile`) and whose
-rows TMA can address, HND or NHD, shared or split page tables, window, sinks, float or
-device-tensor scales, fp16/bf16 outputs. Everything else (fp8 / NVFP4 caches or outputs,
-skip-softmax, other pages, ``KVATTN_GLUON=0``) takes the Triton kernel.
+Scope (host-checked in :func:`eligible`): fp16/bf16 query and cache of one dtype, or a 16-bit or
+fp8 query over an fp8 cache (``KV_FP8``: a converter partition turns the copied bytes into
+float16 operands; an fp8 query's V may instead come as float16 pages staged in the workspace,
+``V_STAGED``, see :mod:`.staging`, which also hands this kernel 16-bit copies of NVFP4 caches and of
+small pages), head_dim 64 / 128 / 256, pages of 8 tokens or more that tile the key tiles (see
+:func:`pages_tile`) and whose rows TMA can address, HND or NHD, shared or split page tables,
+window, sinks, float or device-tensor scales, fp16/bf16 outputs. Everything else (fp8 / NVFP4
+outputs, skip-softmax, other pages, ``KVATTN_GLUON=0``) takes the Triton kernel.
 
 ``MODE`` (timing floors only, never launched by the library): 1 = softmax off (P = S cast), 2 =
-copies off (the producer signals buffers without filling them).
+copies off (the producer signals buffers without filling them), 3 = conversion off (the converter
+signals its tiles converted without converting).
 """
 
 from __future__ import annotations
