@@ -34,9 +34,9 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   (a zero key and value, not yet the dropped token of docs/semantics.md: the consumer-side
   checks tried cost 3-11 %, benchmarks/NOTES.md "Hardening: unusable page ids and lengths").
 * **Scheduler**: persistent, one program an SM; tiles numbered longest first (the last query tile
-  of every request and head first, heads fastest so a KV head's query heads run side by side)
-  and dealt round robin, so the long diagonal-heavy tiles start in the first round and short
-  ones fill the tail.
+  of every request and head first, counted from each request's own end, heads fastest so a KV
+  head's query heads run side by side) and dealt round robin, so the long diagonal-heavy tiles
+  start in the first round and short ones fill the tail.
 
 Scope (host-checked in :func:`eligible`): fp16/bf16 query and cache of one dtype, or a 16-bit or
 fp8 query over an fp8 cache (``KV_FP8``: a converter partition turns the copied bytes into
@@ -100,8 +100,14 @@ def _box_cols(head_dim, esize):
 @gluon.jit
 def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left,
              BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr):
-    """Work tile ``t`` (heads fastest, then requests, query tiles from the last): its head,
-    request, query-tile index, rows and key runs. Every partition derives the same values.
+    """Work tile ``t`` (heads fastest, then requests, then query tiles counted from each
+    request's last): its head, request, query-tile index, rows and key runs. Every partition
+    derives the same values.
+
+    Counted from each request's own last tile, the first round holds every request's tile with the
+    most keys (its last rows see all of them), whatever the request's length: a request of a few
+    rows over a long cache is not left to the last round, where the longest tiles would run alone
+    (benchmarks/NOTES.md "Prefill: the tile order of ragged batches").
 
     Returns ``(h, b, mt, live, q_start, q_end, p0, kv_len, start, n_tiles, full_lo, full_hi)``:
     ``live`` whether the tile holds rows; keys ``[start, start + n_tiles * BLOCK_N)`` in tiles,
@@ -109,15 +115,17 @@ def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, ca
     h = t % num_heads
     rest = t // num_heads
     b = rest % batch
-    mt = m_tiles - 1 - rest // batch
     q_start = gl.load(cum_q_ptr + b).to(gl.int32)
     q_next = gl.load(cum_q_ptr + b + 1).to(gl.int32)
     q_len = q_next - q_start
+    # (a request longer than max_q_len, the caller's bound, gets its last m_tiles tiles; clamping
+    # its count here costs the producer's registers a spill)
+    mt = gl.cdiv(q_len, BLOCK_M) - 1 - rest // batch
     q_end = gl.minimum(q_next, num_rows)  # never write past `out`
     # Lengths clamped into [0, capacity] and rows kept inside [0, num_rows) (the two masks below
     # test q_rows >= 0 too): see context_kernel and benchmarks/NOTES.md "Device-side clamps".
     kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
-    live = mt * BLOCK_M < q_len
+    live = mt >= 0
     # Keys the tile's valid rows can see: [start, hi), whole in [full_lo, full_hi) (the Triton
     # kernel's ranges: one scalar @triton.jit piece serves both).
     p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, q_len, q_end - q_start, mt, window_left, BLOCK_M,
