@@ -349,7 +349,7 @@ def test_info_names_mla_kernels_on_hopper(gluon, ws, want, monkeypatch):
     assert text.endswith(want), text
 
 
-@pytest.mark.parametrize("gluon,want", [("1", "a warp-specialised Gluon kernel for 16-bit and fp8 caches"),
+@pytest.mark.parametrize("gluon,want", [("1", "staged once a call into the workspace"),
                                          ("0", "(pages of 64+ tokens by TMA on Hopper)")], ids=["gluon", "triton"])
 def test_info_names_the_prefill_kernel_on_hopper(gluon, want, monkeypatch):
     """On a Hopper GPU (faked) prefill's line names the Gluon kernel unless it is switched off."""

@@ -490,8 +490,9 @@ def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str
         if _env.gluon_ws():
             text += " (warp-specialised; also an fp8 query over fp8 caches with 17+ heads)"
     elif op == "context" and gluon:
-        text += ("; a warp-specialised Gluon kernel for 16-bit and fp8 caches with pages of 8+ tokens "
-                 "(NVFP4 caches, fp8 / NVFP4 outputs and skip-softmax keep the Triton kernel)")
+        text += ("; a warp-specialised Gluon kernel for 16-bit and fp8 caches with pages of 8+ tokens, "
+                 "NVFP4 / fp8 caches and pages under 64 tokens staged once a call into the workspace where "
+                 "they fit (fp8 / NVFP4 outputs and skip-softmax keep the Triton kernel)")
     return text
 
 
