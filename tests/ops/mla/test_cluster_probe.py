@@ -97,3 +97,27 @@ def test_slicing_a_multi_cta_buffer_needs_triton_3_9(split):
     else:
         with pytest.raises(pytest.fail.Exception, match="non-trivial block dimension not supported"):
             compile_it()
+
+
+@needs_multicast
+@pytest.mark.parametrize("mc", [False, True], ids=["pair", "multicast"])
+def test_copy_stand_in_compiles(mc):
+    """``benchmarks/mla_multicast_copy.py`` (the device script timing the copy floor with and
+    without multicast): per tile nine 64-column boxes, all multicast in the cluster form (issued
+    by CTA 0), one cluster barrier per tile released and none in the pair form; the two 72 KB tile
+    buffers fit one CTA an SM as the seesaw's do."""
+    cga = "[[0, 0]]" if mc else "[]"
+    layout = KV_SMEM.replace("cga_layout=[[0, 0]]", f"cga_layout={cga}")
+    got = compile_sm90("benchmarks.mla_multicast_copy.copy_pair_kernel", {"MC": mc}, ptrs={"out_ptr": "*fp32"},
+                       gluon=True, descs={"desc": f"tensordesc<bf16[64, 64],{layout}>"},
+                       options={"num_ctas": 2 if mc else 1})
+    ptx = got["ptx"]
+    copies = re.findall(r"cp\.async\.bulk\.tensor\.2d[^;]*;", ptx)
+    assert len(copies) == 4 * 9  # two tiles before the loop, two in it
+    assert all(("multicast::cluster" in c) == mc for c in copies)
+    # The loop's two releases and one before the first copy (3.9 adds its own at the exit).
+    waits = len(re.findall(r"barrier\.cluster\.wait", ptx))
+    assert (waits == 3 or (waits > 3 and VERSION >= (3, 9, 0))) if mc else waits == 0
+    assert 2 * 64 * 576 * 2 <= got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0
