@@ -100,10 +100,11 @@ def trtllm_batch_context_with_kv_cache(
         As in :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`, default layout HND. Dtype: the
         query's (float16/bfloat16), float8_e4m3fn, or uint8 NVFP4 with ``kv_block_scales``.
     workspace_buffer : torch.Tensor uint8
-        Scratch. On Hopper, an fp8 or NVFP4 cache's pages are dequantised into it once a call when
-        they fit (``B * pages_per_seq * page * Hkv * D * 4`` bytes past the first 16 KB, half that
-        under an fp8 query): about 34 MB for one 8192-token request of 8 KV heads of D 128. A
-        smaller workspace is correct too, and slower (the pages are converted tile by tile).
+        Scratch. On Hopper, the pages of an fp8 or NVFP4 cache (and of a 16-bit one in pages under
+        64 tokens) are copied into it once a call as 16-bit values when they fit
+        (``B * max_kv_len * Hkv * D * 4`` bytes past the first 16 KB, half that under an fp8 query):
+        about 34 MB for one 8192-token request of 8 KV heads of D 128. A smaller workspace is
+        correct too, and slower (the pages are read as they are).
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``, or ``[B, 2, pages_per_seq]`` (K, V page
         ids) with ``uses_shared_paged_kv_idx=False``
     seq_lens : torch.Tensor int32 or uint32 ``[B]``

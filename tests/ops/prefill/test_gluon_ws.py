@@ -74,6 +74,18 @@ def test_eligible_launches(change, expected):
     assert prefill_ws.eligible(**dict(BASE_FACTS, **change)) is expected
 
 
+def test_values_of_another_type_only_as_staged_float16_under_an_fp8_query():
+    """V's pages may differ from K's only as float16 pages staged for an fp8 query over an fp8
+    cache, which take their own tiles (``"fp8qk-staged"``)."""
+    f16, bf16 = torch.float16, torch.bfloat16
+    assert prefill_ws.values_fit(FP8_DTYPE, FP8_DTYPE, f16) and prefill_ws.values_fit(bf16, bf16, bf16)
+    assert not prefill_ws.values_fit(bf16, FP8_DTYPE, f16) and not prefill_ws.values_fit(FP8_DTYPE, FP8_DTYPE, bf16)
+    assert prefill_ws.kind_of(FP8_DTYPE, FP8_DTYPE, f16) == "fp8qk-staged"
+    assert prefill_ws.kind_of(FP8_DTYPE, FP8_DTYPE, FP8_DTYPE) == prefill_ws.kind_of(FP8_DTYPE, FP8_DTYPE) == "fp8qk"
+    assert prefill_ws.config_for(FP8_DTYPE, FP8_DTYPE, 128, f16) == prefill_configs.ws_config(128, "fp8qk-staged")
+    assert prefill_ws.config_for(FP8_DTYPE, FP8_DTYPE, 128) == prefill_configs.ws_config(128, "fp8qk")
+
+
 def test_a_config_for_every_head_dim_within_shared_memory():
     """Every head_dim the kernel takes has tiles, and they fit the 227 KB an H100 program gets
     (query 2 x [64, D] + K and V rings, 16-bit)."""

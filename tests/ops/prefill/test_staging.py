@@ -56,7 +56,7 @@ def test_staged_pages_are_the_dequantised_tokens(fmt, layout, page, window, qdt,
     k_table[1, 2] = kv.k.shape[0] + 5
     v_table[4, 1] = -3
     both = qdt != FP8_DTYPE
-    dst_page = staging.staged_page(page) if both else page
+    dst_page = staging.staged_page(page, both)
     dst_pages = -(-k_table.shape[1] * page // dst_page)
     q = torch.zeros(sum(lq), 8, 64, dtype=qdt, device=DEVICE)
     ws = torch.zeros(COUNTER_BYTES + 64 + staging.staged_bytes(len(lens), dst_pages, dst_page, 2, 64, both),
@@ -69,8 +69,9 @@ def test_staged_pages_are_the_dequantised_tokens(fmt, layout, page, window, qdt,
             t.fill_(float("nan"))
     staging.launch(staged, q, kv.k, kv.v, kv.k_sf, kv.v_sf, k_table, v_table, case.seq_lens, cum,
                    window_left=window, interpreter=DEVICE.type == "cpu")
-    k_table, v_table, staged = k_table.cpu(), v_table.cpu(), staging.Staged(
-        *(t.cpu() if t is not None else None for t in staged))
+    k_table, v_table = k_table.cpu(), v_table.cpu()
+    staged = staged._replace(**{f: getattr(staged, f).cpu() for f in ("k", "v", "table")
+                                if getattr(staged, f) is not None})
     assert torch.equal(staged.table, torch.arange(len(lens) * dst_pages, dtype=torch.int32).view(len(lens), dst_pages))
     chunk = math.gcd(dst_page, staging.TOKENS)  # tokens a program
     planes = [(staged.v, case.v_tokens, v_table)] + ([(staged.k, case.k_tokens, k_table)] if both else [])
@@ -103,7 +104,8 @@ def test_which_calls_stage():
     assert not staging.stages(torch.bfloat16, torch.bfloat16, 64) and not staging.stages(FP8_DTYPE, torch.uint8, 64)
     assert not staging.stages(torch.float16, torch.bfloat16, 16)
     assert staging.staged_dtype(torch.bfloat16) == torch.bfloat16 and staging.staged_dtype(FP8_DTYPE) == torch.float16
-    assert staging.staged_page(16) == 64 and staging.staged_page(128) == 128
+    assert staging.staged_page(16, True) == 64 and staging.staged_page(128, True) == 128
+    assert staging.staged_page(16, False) == 16  # (V alone: K's pages)
 
 
 def test_room_follows_the_callers_bound_of_lengths():
@@ -116,7 +118,7 @@ def test_room_follows_the_callers_bound_of_lengths():
     for bound, room in ((100, 128), (64, 64), (10**6, -(-width // 64) * 64)):
         staged = staging.plan(q, kv.k, kv.k_table, ws, 4096, bound)
         assert staged.table.shape == (2, room // 64) and staged.v.shape[:2] == (2 * room // 64, 64)
-        assert staging.capacity(staged, kv.k_table, 16) == min(room, width)
+        assert staged.capacity == min(room, width)
     assert staging.plan(q, kv.k, kv.k_table, ws, 4096, 0) is None
 
 
@@ -163,3 +165,34 @@ def test_views_fit_the_workspace_after_the_counters():
     half = kv.k.view(torch.float16)[..., :32]  # (a 16-bit cache in pages of 16)
     assert staging.plan(q, half, kv.k_table, ws, 4096, 10**6) is None  # of another type than the query's
     assert staging.plan(q.to(torch.float16), half, kv.k_table, ws, 4096, 10**6) is not None
+
+
+def test_the_launcher_stages_where_the_kernel_takes_the_copies(monkeypatch):
+    """The host's choice on a (faked) Hopper GPU: a call whose copies fit and pay launches the
+    staging pass and then the Gluon kernel on the copies, their table and their capacity; where the
+    kernel would not take the copies (here: an NVFP4 output), nothing is staged and the cache is
+    planned as it is; a workspace too small stages nothing."""
+    from kvattn.ops.prefill import gluon_ws as prefill_ws
+    from kvattn.ops.prefill import launch as prefill_launch
+
+    _, kv, _ = _case("fp8", "HND", 16, [100, 30], [100, 30])
+    q = torch.zeros(130, 8, 64, dtype=torch.bfloat16)
+    planned = []
+
+    def fake_plan(query, k, v, out, *, skip, nvfp4_out, interpreter):
+        planned.append((k.dtype, v.shape[1], nvfp4_out))
+        return None if nvfp4_out and k.dtype == torch.bfloat16 else ("cfg", "k_view", "v_view")
+
+    monkeypatch.setattr(prefill_ws, "plan", fake_plan)
+    ws = torch.zeros(64 << 20, dtype=torch.uint8)
+    got = prefill_launch._gluon_plan(q, kv.k, kv.v, kv.k_table, kv.v_table, q, ws, 4096, 100, False, False, False)
+    cfg, k_view, v_view, staged, k, v, k_table, v_table = got
+    assert staged is not None and k is staged.k and v is staged.v and k_table is v_table is staged.table
+    assert k.dtype == torch.bfloat16 and k.shape[1] == 64 and staged.capacity == 128  # (room for 100 keys)
+    planned.clear()
+    got = prefill_launch._gluon_plan(q, kv.k, kv.v, kv.k_table, kv.v_table, q, ws, 4096, 100, False, True, False)
+    assert planned == [(torch.bfloat16, 64, True), (FP8_DTYPE, 16, True)]  # the copies, then the cache
+    assert got[3] is None and got[4] is kv.k and got[6] is kv.k_table
+    small = torch.zeros(1 << 16, dtype=torch.uint8)
+    got = prefill_launch._gluon_plan(q, kv.k, kv.v, kv.k_table, kv.v_table, q, small, 4096, 100, False, False, False)
+    assert got[3] is None and got[4] is kv.k

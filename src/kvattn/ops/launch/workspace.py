@@ -19,8 +19,13 @@ COUNTER_BYTES = 16384
 MAX_COUNTERS = COUNTER_BYTES // 4
 
 
+def scratch_start(workspace: torch.Tensor) -> int:
+    """Byte offset in ``workspace`` of the scratch past the counters (split partials, staged pages)."""
+    return (-workspace.data_ptr()) % ALIGN + COUNTER_BYTES
+
+
 def _partials_views(workspace: torch.Tensor, numel_o: int, numel_lse: int):
-    start = (-workspace.data_ptr()) % ALIGN + COUNTER_BYTES
+    start = scratch_start(workspace)
     ws = workspace[start : start + 4 * (numel_o + numel_lse)].view(torch.float32)
     return ws[:numel_o], ws[numel_o:]
 

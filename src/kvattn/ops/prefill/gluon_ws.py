@@ -749,11 +749,12 @@ def tma_view(t, page: int):
     return rows_per_page, total_rows, head_rows, head_cols, cols, row_stride
 
 
-def kind_of(q_dtype, kv_dtype) -> str | None:
+def kind_of(q_dtype, kv_dtype, v_dtype=None) -> str | None:
     """The operand kind (the cache format's ``config_key``, or ``"fp8qk"``, as the Triton kernel's
     tables name them) of a query and cache this kernel reads, or None: ``"half"`` (16-bit query
     and cache of one dtype), ``"fp8"`` (16-bit query over an fp8 cache), ``"fp8qk"`` (fp8 query
-    and cache)."""
+    and cache), ``"fp8qk-staged"`` (the same with V as float16 pages, ``v_dtype``: see
+    :func:`values_fit`)."""
     import torch
 
     from ..._formats_table import BY_DTYPE
@@ -762,16 +763,19 @@ def kind_of(q_dtype, kv_dtype) -> str | None:
     fmt = BY_DTYPE.get(kv_dtype)
     key = fmt.config_key if fmt is not None else None
     if q_dtype == FP8_DTYPE:
-        return "fp8qk" if key == "fp8" else None
+        if key != "fp8":
+            return None
+        return "fp8qk-staged" if v_dtype is not None and v_dtype != kv_dtype else "fp8qk"
     if q_dtype not in (torch.float16, torch.bfloat16) or (key == "half" and kv_dtype != q_dtype):
         return None
     return key
 
 
-def config_for(q_dtype, kv_dtype, head_dim: int):
-    """This kernel's tiles (``configs.WSConfig``) for a query, a cache and a head_dim, or None
-    where it has none (NVFP4 caches, D256 under a 16-bit query over fp8, other head dims)."""
-    kind = kind_of(q_dtype, kv_dtype)
+def config_for(q_dtype, kv_dtype, head_dim: int, v_dtype=None):
+    """This kernel's tiles (``configs.WSConfig``) for a query, a cache (V's pages of ``v_dtype``
+    where they differ from K's) and a head_dim, or None where it has none (NVFP4 caches, D256
+    under a 16-bit query over fp8, other head dims)."""
+    kind = kind_of(q_dtype, kv_dtype, v_dtype)
     return ws_config(head_dim, kind) if kind is not None and head_dim in HEAD_DIMS else None
 
 
@@ -819,10 +823,7 @@ def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
     k_view, v_view = tma_view(k, k.shape[1]), tma_view(v, v.shape[1])
     if k_view is None or v_view is None or k_view[2:4] != v_view[2:4]:  # K and V in one form
         return None
-    cfg = config_for(query.dtype, k.dtype, query.shape[-1])
-    if v.dtype != k.dtype:  # (an fp8 query's V staged as float16: values_fit)
-        cfg = ws_config(query.shape[-1], "fp8qk-staged")
-    return cfg, k_view, v_view
+    return config_for(query.dtype, k.dtype, query.shape[-1], v.dtype), k_view, v_view
 
 
 def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q, sinks, out, *,

@@ -79,10 +79,11 @@ def _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len: int, m
     """``(config, k_view, v_view, staged, k, v, k_table, v_table)`` of a launch the warp-specialised
     Gluon kernel takes (the caches and tables it reads), or None.
 
-    A quantised cache whose pages fit the workspace is staged there first (:mod:`.staging`: each
-    page dequantised once a call) and the kernel reads the staged pages; otherwise an fp8 cache
-    goes to the kernel as it is (its converter partition converts the tiles), and an NVFP4 one
-    keeps the Triton kernel (benchmarks/NOTES.md "Prefill: pages dequantised once a call")."""
+    A cache whose pages :mod:`.staging` copies (quantised caches, 16-bit pages under 64 tokens),
+    where the copies fit the workspace and pay, is staged there first and the kernel reads the
+    copies; otherwise the kernel reads the cache as it is (an fp8 one through its converter
+    partition), or, where it cannot (NVFP4), the Triton kernel takes the launch (benchmarks/NOTES.md
+    "Prefill: pages dequantised once a call")."""
     staged = staging.plan(query, k, k_table, workspace, max_q_len, max_kv_len) if not interpreter else None
     if staged is not None:
         sk, skt = (staged.k, staged.table) if staged.k is not None else (k, k_table)
@@ -143,16 +144,15 @@ def launch_context(
         # 16-bit and fp8 pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0: off);
         # it stores no LSE, so a call that asks for one (return_lse) keeps the Triton kernel.
         if gluon_ws is not None and lse is None:
-            bound = k_table.shape[1] * k.shape[1] if max_kv_len is None else max_kv_len
-            ws = _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len, bound, skip, nvfp4_out,
-                             interpreter)
+            capacity = k_table.shape[1] * k.shape[1]
+            ws = _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len,
+                             capacity if max_kv_len is None else max_kv_len, skip, nvfp4_out, interpreter)
             if ws is not None:
                 ws_cfg, k_view, v_view, staged, ws_k, ws_v, ws_kt, ws_vt = ws
-                capacity = k_table.shape[1] * k.shape[1]
                 if staged is not None:
                     staging.launch(staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q,
                                    window_left=window_left, interpreter=interpreter)
-                    capacity = staging.capacity(staged, k_table, k.shape[1])
+                    capacity = staged.capacity
                 gluon_ws.launch(
                     ws_cfg, query, ws_k, ws_v, k_view, v_view, ws_kt, ws_vt, seq_lens, cum_seq_lens_q, sinks, out,
                     max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,

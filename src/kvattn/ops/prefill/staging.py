@@ -39,7 +39,7 @@ from ..common.dequant import load_kv_tile
 from ..common.paging import kv_token_offsets
 from ..launch import fast_launch
 from ..launch.common import kv_format_code, words_aligned, words_allowed
-from ..launch.workspace import ALIGN, COUNTER_BYTES
+from ..launch.workspace import scratch_start
 from . import configs as prefill_configs
 
 STAGE_ALIGN = 1024  # bytes: each staged cache starts on a 1024-byte boundary (TMA wants 16)
@@ -121,11 +121,14 @@ def stage_pages_kernel(
 class Staged(NamedTuple):
     """Where a call's staged pages live: ``k`` (None for an fp8 query: its scores read the cache's
     own K) and ``v`` ``[B * dst_pages, DST_PAGE, Hkv, D]`` (an NHD view, laid out as the cache's K:
-    HND or NHD, so the attention kernel reads both in one form), and ``table [B, dst_pages]``."""
+    HND or NHD, so the attention kernel reads both in one form), and ``table [B, dst_pages]``;
+    ``capacity``: the keys a request may hold, where its length is clamped by the staging and the
+    attention kernel alike (the cache table's, or the staged room if less)."""
 
     k: torch.Tensor | None
     v: torch.Tensor
     table: torch.Tensor
+    capacity: int
 
 
 def staged_dtype(q_dtype: torch.dtype) -> torch.dtype:
@@ -133,12 +136,12 @@ def staged_dtype(q_dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if q_dtype == FP8_DTYPE else q_dtype
 
 
-def staged_page(page: int) -> int:
-    """Tokens a staged page holds where K and V are both staged: the cache's page, or
+def staged_page(page: int, both: bool) -> int:
+    """Tokens a staged page holds. K and V both staged (``both``): the cache's page, or
     ``MIN_DST_PAGE`` for smaller pages (the attention kernel then copies key tiles in boxes of 64
-    rows instead of a box a page). An fp8 query's staged V keeps the cache's pages (its K is read
-    from the cache, in one page size with V)."""
-    return max(page, MIN_DST_PAGE)
+    rows instead of a box a page). V alone (an fp8 query): the cache's page, as its K, read from the
+    cache, must have the same."""
+    return max(page, MIN_DST_PAGE) if both else page
 
 
 def stages(q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int) -> bool:
@@ -171,15 +174,20 @@ def pays(q_dtype: torch.dtype, kv_dtype: torch.dtype, max_q_len: int, group: int
 def staged_bytes(batch: int, dst_pages: int, dst_page: int, heads: int, head_dim: int, both: bool) -> int:
     """Workspace bytes a staging needs past the counters: the staged caches (2-byte elements, each
     from a ``STAGE_ALIGN`` boundary) and the table."""
-    cache = -(-batch * dst_pages * dst_page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
-    return STAGE_ALIGN + (2 if both else 1) * cache + batch * dst_pages * 4
+    return STAGE_ALIGN + (2 if both else 1) * _plane_bytes(batch * dst_pages, dst_page, heads, head_dim) + \
+        batch * dst_pages * 4
+
+
+def _plane_bytes(pages: int, dst_page: int, heads: int, head_dim: int) -> int:
+    """Bytes one staged cache takes, to the next ``STAGE_ALIGN`` boundary."""
+    return -(-pages * dst_page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
 
 
 def _views(workspace, batch, dst_pages, dst_page, heads, head_dim, dtype, hnd, both):
-    start = (-workspace.data_ptr()) % ALIGN + COUNTER_BYTES
+    start = scratch_start(workspace)
     start += (-(workspace.data_ptr() + start)) % STAGE_ALIGN
     n = batch * dst_pages
-    cache = -(-n * dst_page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
+    cache = _plane_bytes(n, dst_page, heads, head_dim)
 
     def plane(offset):
         flat = workspace[offset: offset + n * dst_page * heads * head_dim * 2].view(dtype)
@@ -198,7 +206,7 @@ def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace,
     where the call does not stage (:func:`stages`, :func:`pays`) or its copies do not fit the
     workspace. Each request gets room for ``max_kv_len`` keys (the caller's bound: an engine's
     table is often as wide as the longest context it serves), and its keys are clamped there
-    (:func:`capacity`). The form (HND or NHD) is K's: an fp8 query reads K from the cache and V
+    (``Staged.capacity``). The form (HND or NHD) is K's: an fp8 query reads K from the cache and V
     from the workspace in one form."""
     _, page, heads, _ = k.shape
     if workspace is None or not stages(query.dtype, k.dtype, page) or heads == 0 or \
@@ -207,9 +215,9 @@ def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace,
     batch, pages_per_seq = k_table.shape
     head_dim = query.shape[-1]
     both = query.dtype != FP8_DTYPE
-    dst_page = staged_page(page) if both else page  # (an fp8 query's K keeps the cache's pages: V too)
+    dst_page = staged_page(page, both)
     dst_pages = -(-min(pages_per_seq * page, max(max_kv_len, 0)) // dst_page)
-    usable = workspace.numel() - ((-workspace.data_ptr()) % ALIGN + COUNTER_BYTES)
+    usable = workspace.numel() - scratch_start(workspace)
     if batch * dst_pages == 0 or staged_bytes(batch, dst_pages, dst_page, heads, head_dim, both) > usable:
         return None
     # Both staged under a 16-bit query: HND (a head's slots of a page are one TMA box); an fp8
@@ -217,7 +225,7 @@ def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace,
     hnd = True if both else (k.stride(1) == k.shape[3] and k.stride(2) == page * k.shape[3])
     v, table, *k = cached_aliases(workspace, ("prefill-staged",), _views, batch, dst_pages, dst_page, heads,
                                   head_dim, staged_dtype(query.dtype), hnd, both)
-    return Staged(k[0] if k else None, v, table)
+    return Staged(k[0] if k else None, v, table, min(pages_per_seq * page, dst_pages * dst_page))
 
 
 _LAYOUT = fast_launch.CallLayout(
@@ -227,12 +235,6 @@ _PER_CALL = dict(
     k_ptr="k", v_ptr="v", k_sf_ptr="k_sf", v_sf_ptr="v_sf", k_table_ptr="k_table", v_table_ptr="v_table",
     seq_lens_ptr="seq_lens", cum_q_ptr="cum_q", k_dst_ptr="k_dst", v_dst_ptr="v_dst", dst_table_ptr="dst_table",
 )
-
-
-def capacity(staged: Staged, k_table: torch.Tensor, page: int) -> int:
-    """The keys a request may hold when its pages are staged, where its length is clamped (by the
-    staging and the attention kernel alike): the cache table's, or the staged room if less."""
-    return min(k_table.shape[1] * page, staged.table.shape[1] * staged.v.shape[1])
 
 
 def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q, *,
@@ -260,7 +262,7 @@ def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, 
             stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
             stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1), stride_vt_b=v_table.stride(0),
             stride_vt_p=v_table.stride(1), stride_d_p=ds[0], stride_d_s=ds[1], stride_d_h=ds[2],
-            dst_pages=dst_pages, num_pages=k.shape[0], capacity=capacity(staged, k_table, page),
+            dst_pages=dst_pages, num_pages=k.shape[0], capacity=staged.capacity,
             window_left=window_left,
         ),
         constexprs=dict(HEAD_DIM=head_dim, PAGE_SIZE=page, DST_PAGE=dst_page, TOKENS=tokens, KV_FORMAT=kv_code,
@@ -275,4 +277,4 @@ def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, 
     run(call)
 
 
-__all__ = ["Staged", "capacity", "launch", "pays", "plan", "stage_pages_kernel", "staged_bytes", "stages"]
+__all__ = ["Staged", "launch", "pays", "plan", "stage_pages_kernel", "staged_bytes", "stages"]
