@@ -5,7 +5,7 @@ rows in 64-row tiles, 64-column TMA boxes, two tile buffers of 72 KB, 1 CTA an S
 what the multicast could buy before anyone rewrites the kernel for it
 (benchmarks/NOTES.md "MLA: TMA multicast across the head-block pair"):
 
-* ``pair``: two programs per (request, split) each copy every row (today's L2 traffic);
+* ``pair``: two programs per (request, split) each copy every row (the current kernel's L2 traffic);
 * ``multicast``: the two as one 2-CTA cluster, each tile copied once by CTA 0 and multicast into
   both, a buffer refilled after a cluster barrier (the only cross-CTA release Gluon 3.7.1 has).
 

@@ -1027,7 +1027,7 @@ def test_with_descriptors_replaces_tensors_and_pointers_and_keys_the_specialisat
         assert got.stream == call.stream and call.tensors == (a, b, c)
         assert (got.key is None) == (ptrs is None)
     # (the call's own key negative: the keys with descriptors are ids counted from 1, which may
-    # reach any positive number in a long test session)
+    # reach any positive number in a long pytest run)
     call = fast_launch.CallArgs((a, b, c), (), (), (1, 2, 3), -9, 7)
     key = fast_launch.with_descriptors(call, {1: d1}).key
     assert key != -9
