@@ -23,6 +23,7 @@ import re
 
 import pytest
 import torch
+from triton.experimental.gluon import language as gl
 
 import kvattn
 from kvattn.formats import FP8_DTYPE
@@ -92,20 +93,27 @@ def test_a_config_for_every_head_dim_within_shared_memory():
     for d in prefill_ws.HEAD_DIMS:
         cfg = prefill_configs.ws_config(d)
         assert cfg is not None and cfg.block_n % 64 == 0 and cfg.stages >= 2, d
-        assert 2 * (2 * 64 * d + 2 * cfg.stages * cfg.block_n * d) <= 227 * 1024, d
+        slots = prefill_ws._q_slots(gl.bfloat16, False, False, d, cfg.block_n, cfg.stages)
+        assert 2 * (2 * slots * 64 * d + 2 * cfg.stages * cfg.block_n * d) <= 227 * 1024, d
+    # the second query slot where it fits: D64 and D128, not D256 (its rings take 128 KB)
+    assert [prefill_ws._q_slots(gl.bfloat16, False, False, d, prefill_configs.ws_config(d).block_n,
+                                prefill_configs.ws_config(d).stages) for d in (64, 128, 256)] == [2, 2, 1]
     assert prefill_configs.ws_config(96) is None
     # fp8 caches add the converter's rings of bytes (K's only for a 16-bit query); an fp8 query's q
     # and K are bytes, its V float16.
     for (kind, d), cfg in prefill_configs._SM90_WS_FP8.items():
         qk = 1 if kind == "fp8qk" else 2
+        slots = prefill_ws._q_slots(gl.float8e4nv if kind == "fp8qk" else gl.bfloat16, True, False, d, cfg.block_n,
+                                    cfg.stages)
         byte_rings = (1 if kind == "fp8qk" else 2) * cfg.stages * cfg.block_n * d
-        total = qk * (2 * 64 * d + cfg.stages * cfg.block_n * d) + 2 * cfg.stages * cfg.block_n * d + byte_rings
+        total = qk * (2 * slots * 64 * d + cfg.stages * cfg.block_n * d) + 2 * cfg.stages * cfg.block_n * d + byte_rings
         assert total <= 227 * 1024, (kind, d)
     assert prefill_configs.ws_config(256, "fp8") is None and prefill_configs.ws_config(128, "nvfp4") is None
     # an fp8 query's V staged as float16: q and K bytes, V float16, no byte ring
     for d in prefill_ws.HEAD_DIMS:
         cfg = prefill_configs.ws_config(d, "fp8qk-staged")
-        assert 2 * 64 * d + cfg.stages * cfg.block_n * d * (1 + 2) <= 227 * 1024, d
+        slots = prefill_ws._q_slots(gl.float8e4nv, True, True, d, cfg.block_n, cfg.stages)
+        assert 2 * slots * 64 * d + cfg.stages * cfg.block_n * d * (1 + 2) <= 227 * 1024, d
 
 
 def test_tma_views_of_each_page_form():
@@ -308,8 +316,10 @@ def test_kernel_compiles_to_its_schedule(kw, n_by_shape):
     sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
     copies = 2 * (cfg["BLOCK_N"] // sub) * (cfg["HEAD_DIM"] // 64)
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
-    smem = 2 * (2 * 64 * cfg["HEAD_DIM"] + 2 * cfg["STAGES"] * cfg["BLOCK_N"] * cfg["HEAD_DIM"])
+    slots = query_slots(dtype, cfg)
+    smem = 2 * (2 * slots * 64 * cfg["HEAD_DIM"] + 2 * cfg["STAGES"] * cfg["BLOCK_N"] * cfg["HEAD_DIM"])
     assert smem <= got["shared"] <= 227 * 1024
+    assert_query_copies(ptx, cfg, 2, slots)
     skip_unless_gpu_verified("ptxas 12.9 of Triton 3.9 spills 1-2 values in the key loops of D128 and D256, "
                              "32-40 bytes of stack")
     if "reg" in got:
@@ -319,6 +329,23 @@ def test_kernel_compiles_to_its_schedule(kw, n_by_shape):
         assert got["stack"] <= 32
         assert spills_in_key_loops(sass) == 0
         assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
+
+
+def query_slots(q: str, cfg: dict, kv: str | None = None, v: str | None = None) -> int:
+    """The kernel's query slots a consumer warpgroup (``gluon_ws._q_slots``) for a compile's types."""
+    types = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}
+    kv = kv or q
+    return prefill_ws._q_slots(types[q], kv == "fp8e4nv", (v or kv) != kv, cfg["HEAD_DIM"], cfg["BLOCK_N"],
+                               cfg["STAGES"])
+
+
+def assert_query_copies(ptx: str, cfg: dict, q_bytes: int, slots: int) -> None:
+    """With two query slots, each consumer warpgroup copies its 64 rows of a tile by ``cp.async``
+    (16 bytes a thread an instruction) from three places: before the tile loop, under a tile's
+    first score product, and at the end of a tile without one; with one slot, none (the rows go
+    through registers)."""
+    per_site = 64 * cfg["HEAD_DIM"] * q_bytes // 16 // 128
+    assert len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)) == (3 * 2 * per_site if slots == 2 else 0)
 
 
 def assert_products(ptx: str, products: dict) -> None:
@@ -364,6 +391,8 @@ def test_fp8_cache_kernel_compiles_to_its_schedule(q, kw, products):
     sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
     copies = 2 * (cfg["BLOCK_N"] // sub) * max(1, cfg["HEAD_DIM"] // 128)  # 128-byte boxes of bytes
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
+    assert_query_copies(ptx, cfg, 1, query_slots(q, cfg, kv="fp8e4nv"))
+    assert (query_slots(q, cfg, kv="fp8e4nv") == 2) == (q == "fp8e4nv")  # a 16-bit query is converted
     assert_fp8_schedule_fits(got, sass)
 
 
@@ -389,6 +418,7 @@ def test_staged_values_kernel_compiles_to_its_schedule(kw, products):
     sub = min(cfg["PAGE_SIZE"], cfg["BLOCK_N"])
     copies = (cfg["BLOCK_N"] // sub) * (max(1, cfg["HEAD_DIM"] // 128) + cfg["HEAD_DIM"] // 64)
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == copies
+    assert_query_copies(ptx, cfg, 1, query_slots("fp8e4nv", cfg, kv="fp8e4nv", v="fp16"))
     assert_fp8_schedule_fits(got, sass)
 
 

@@ -9,6 +9,7 @@ kernels import these names instead of the moving ones (``benchmarks/NOTES.md``, 
 from __future__ import annotations
 
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
 # A barrier of the CTA's threads (orders their shared-memory accesses): ``gl.thread_barrier()`` in
@@ -19,3 +20,8 @@ cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 # ``tma.async_copy_global_to_shared(desc, coord, barrier, result, pred)`` in 3.6 and 3.7,
 # ``tma.async_load`` (same leading arguments) from 3.9, where the old name only raises.
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+# A per-thread asynchronous copy of a pointer tensor into shared memory (``cp.async``, counted by
+# ``async_copy.commit_group`` / ``wait_group``): ``async_copy.async_copy_global_to_shared(smem,
+# pointer, mask)`` in 3.6 and 3.7, ``async_copy.async_load`` (same leading arguments) from 3.9.
+cp_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared

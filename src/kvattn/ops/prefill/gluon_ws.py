@@ -24,8 +24,8 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
 * **Masks**: the tiles of a query tile split into the window's edge, the fully visible run and the
   causal diagonal, as in the Triton kernel; one tile-uniform branch applies the mask only to the
   edge and diagonal tiles. Full tiles keep the logits unscaled and fold scale and max shift into
-  one FMA before ``exp2``. A negative logit scale is folded into q as it is staged (q goes through
-  registers into shared memory anyway).
+  one FMA before ``exp2``. A negative logit scale is folded into q (its sign flipped as q goes
+  through registers, or in place in its slot once copied: a rare, tile-uniform branch).
 * **Slots past the request**: a page's slots past ``seq_lens[b]`` may hold anything, NaN too; the
   scores there are masked, but ``0 * NaN`` is NaN in ``P V``, so the warpgroups zero those rows of
   the last V tile in shared memory before their products, each its half of the rows, and meet on
@@ -35,8 +35,13 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   checks tried cost 3-11 %, benchmarks/NOTES.md "Hardening: unusable page ids and lengths").
 * **Scheduler**: persistent, one program an SM; tiles numbered longest first (the last query tile
   of every request and head first, counted from each request's own end, heads fastest so a KV
-  head's query heads run side by side) and dealt round robin, so the long diagonal-heavy tiles
-  start in the first round and short ones fill the tail.
+  head's query heads run side by side) and dealt in rounds of one tile a program, every other
+  round in reverse (serpentine), so the long diagonal-heavy tiles start in the first round, short
+  ones fill the tail, and no program takes the longest tile of every round.
+* **Query rows a tile ahead**: where two query slots fit beside the rings (16-bit D64 / D128, fp8
+  queries), each consumer warpgroup copies the next tile's rows (``cp.async``) under its tile's
+  first score product, so a tile starts on rows already in shared memory; otherwise the rows go
+  through registers as the tile starts (a 16-bit query over an fp8 cache is converted on the way).
 
 Scope (host-checked in :func:`eligible`): fp16/bf16 query and cache of one dtype, or a 16-bit or
 fp8 query over an fp8 cache (``KV_FP8``: a converter partition turns the copied bytes into
@@ -57,6 +62,7 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -65,7 +71,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..common import causal_key_ranges, float16_operand, full_tile_softmax
-from ..common.gluon_compat import cta_barrier, tma_load
+from ..common.gluon_compat import cp_async_load, cta_barrier, tma_load
 from ..common.gluon_dequant import f16_words, row_smem, words_view
 from ..launch import fast_launch
 from .configs import ws_config
@@ -98,11 +104,11 @@ def _box_cols(head_dim, esize):
 
 
 @gluon.jit
-def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left,
+def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left,
              BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr):
-    """Work tile ``t`` (heads fastest, then requests, then query tiles counted from each
-    request's last): its head, request, query-tile index, rows and key runs. Every partition
-    derives the same values.
+    """The work tile of a program's loop index ``t`` (tiles: heads fastest, then requests, then
+    query tiles counted from each request's last; see the serpentine rounds below): its head,
+    request, query-tile index, rows and key runs. Every partition derives the same values.
 
     Counted from each request's own last tile, the first round holds every request's tile with the
     most keys (its last rows see all of them), whatever the request's length: a request of a few
@@ -112,6 +118,14 @@ def _tile_of(t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, ca
     Returns ``(h, b, mt, live, q_start, q_end, p0, kv_len, start, n_tiles, full_lo, full_hi)``:
     ``live`` whether the tile holds rows; keys ``[start, start + n_tiles * BLOCK_N)`` in tiles,
     those in ``[full_lo, full_hi)`` seen whole by every row (no mask)."""
+    # Round r of the programs (tiles [r * P, (r + 1) * P)) is dealt in reverse when r is odd and
+    # whole: with tiles sorted longest first, round robin gives program 0 the longest tile of every
+    # round, the serpentine order evens the programs' totals (the partial last round stays as it
+    # is: every index must map to one tile). benchmarks/NOTES.md "Prefill: the tile order of
+    # ragged batches".
+    progs = gl.num_programs(0)
+    r = t // progs
+    t = gl.where(((r % 2) == 1) & ((r + 1) * progs <= num_tiles), (2 * r + 1) * progs - 1 - t, t)
     h = t % num_heads
     rest = t // num_heads
     b = rest % batch
@@ -187,7 +201,7 @@ def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
     c = 0  # tiles through the rings so far (buffer c % STAGES, its use number c // STAGES)
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
-            t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
+            t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
             HAS_WINDOW)
         if live:
             kvh = h // GROUP
@@ -255,6 +269,30 @@ def _pv_dtype(q_dtype, kv_fp8):
     would cost 1-2.5 % relative error, benchmarks/NOTES.md "Prefill: floors and the first Triton
     kernel"), else the query's."""
     return gl.float16 if getattr(kv_fp8, "value", kv_fp8) else getattr(q_dtype, "value", q_dtype)
+
+
+# Shared memory a program may fill with a second query slot (of the 227 KB an H100 program may
+# use, room left for the barriers and the compiler's own scratch).
+Q_RING_BUDGET = 200 * 1024
+
+
+@triton.constexpr_function
+def _q_slots(q_dtype, kv_fp8, v_staged, head_dim, block_n, stages):
+    """Query slots of each consumer warpgroup: 2 where the query goes into shared memory unchanged
+    (its type is the score product's) and a second slot fits beside the rings; then each tile's
+    rows are copied (``cp.async``) while the tile before runs, off the path between two tiles
+    (benchmarks/NOTES.md "Prefill: the query a tile ahead"). 1: the query goes through registers
+    (a 16-bit query over an fp8 cache is converted to float16 on the way) as the tile starts."""
+    q_dtype = getattr(q_dtype, "value", q_dtype)
+    head_dim, block_n, stages = (getattr(x, "value", x) for x in (head_dim, block_n, stages))
+    if _converts_k(q_dtype, kv_fp8):
+        return 1
+    qk_bytes = 1 if q_dtype.is_fp8() else 2
+    rings = stages * block_n * head_dim * (qk_bytes + 2)
+    if _converts_v(kv_fp8, v_staged):
+        rings += stages * block_n * head_dim  # the converter's ring of copied bytes
+    two_slots = 2 * 2 * WG_ROWS.value * head_dim * qk_bytes
+    return 2 if two_slots + rings <= Q_RING_BUDGET else 1
 
 
 @triton.constexpr_function
@@ -343,7 +381,7 @@ def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.con
     c = 0  # tiles through the rings (as the producer counts them)
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
-            t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
+            t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
             HAS_WINDOW)
         if live:
             # K runs a tile ahead of V: K_{j+1}'s buffer falls free when S_{j-1} retires, V_j's only
@@ -439,6 +477,26 @@ def _zero_rows_past(buf, n0, kv_len, zero_bar, zeroings, WG: gl.constexpr, BLOCK
 
 
 @gluon.jit
+def _fetch_q(dst, t, q_ptr, stride_q_t, stride_q_h, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr,
+             num_rows, capacity, window_left, BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr,
+             HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+    """Start copying this warpgroup's 64 query rows of the program's tile ``t`` into ``dst``
+    (``[64, D]``) as one ``cp.async`` group; rows outside the request, and a ``t`` past the last
+    tile, copy nothing (their slots are never read as rows of a result)."""
+    h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
+        t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
+        HAS_WINDOW)
+    VEC: gl.constexpr = 16 // (q_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    ld: gl.constexpr = gl.BlockedLayout([1, VEC], _row_threads(HEAD_DIM * 8 // VEC), [4, 1], [1, 0])
+    rows = q_start + mt * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, ld))
+    ok = (rows >= 0) & (rows < q_end) & live & (t < num_tiles)
+    ptr = q_ptr + (rows.to(gl.int64)[:, None] * stride_q_t + h * stride_q_h + cols[None, :])
+    cp_async_load(dst, ptr, mask=ok[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
@@ -461,7 +519,6 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
     q_ld: gl.constexpr = gl.BlockedLayout([1, 8], _row_threads(HEAD_DIM), [4, 1], [1, 0])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    my_q = q_smem.index(WG)
 
     logit = logit_factor
     if LOGIT_PTR:
@@ -478,26 +535,53 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
     c = 0  # tiles through the rings (as the producer counts them)
     pp = 0  # turns taken (PINGPONG)
     zeroings = 0  # calls of _zero_rows_past (both warpgroups count the same)
+    Q_SLOTS: gl.constexpr = _q_slots(dt, KV_FP8, V_STAGED, HEAD_DIM, BLOCK_N, STAGES)
+    if Q_SLOTS == 2:
+        _fetch_q(q_smem.index(WG), gl.program_id(0), q_ptr, stride_q_t, stride_q_h, num_tiles, num_heads, batch,
+                 m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N, HAS_WINDOW, HEAD_DIM,
+                 WG)
+    k = 0  # the program's tiles so far (the query slot of its next one: k % 2)
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
-            t, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
+            t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
             HAS_WINDOW)
-        if live:
-            row0 = mt * BLOCK_M + WG * WG_ROWS  # this warpgroup's first row within the request
-            # Stage q (rows past the request read as 0), the logit's sign folded in (exact).
-            q_rows = q_start + row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, q_ld))
-            q_off = q_rows.to(gl.int64)[:, None] * stride_q_t + h * stride_q_h + offs_qd[None, :]
-            q = gl.load(q_ptr + q_off, mask=((q_rows >= 0) & (q_rows < q_end))[:, None], other=0.0)
-            if dt.is_fp8():  # (no fp8 negation in Triton: the sign bit flipped)
-                q_bits = q.to(gl.int8, bitcast=True)
-                q = gl.where(logit < 0, q_bits ^ -128, q_bits).to(dt, bitcast=True)
-            else:
-                q = gl.where(logit < 0, -q, q)
-                if KV_FP8:
-                    q = float16_operand(q)
-            my_q.store(q)
+        if Q_SLOTS == 2:
+            # This tile's rows arrived (copied during the tile before); every thread's copies are
+            # in before any wgmma reads them, and every thread is past the tile before (whose
+            # products read the other slot) before that slot is refilled with the next tile's.
+            my_q = q_smem.index((k % 2) * 2 + WG)
+            async_copy.wait_group(0)
             fence_async_shared()
             cta_barrier()
+        else:
+            my_q = q_smem.index(WG)
+        if live:
+            row0 = mt * BLOCK_M + WG * WG_ROWS  # this warpgroup's first row within the request
+            if Q_SLOTS == 2:
+                if logit < 0:  # the logit's sign folded into q (exact), in place
+                    q = my_q.load(q_ld)
+                    if dt.is_fp8():  # (no fp8 negation in Triton: the sign bit flipped)
+                        q = (q.to(gl.int8, bitcast=True) ^ -128).to(dt, bitcast=True)
+                    else:
+                        q = -q
+                    my_q.store(q)
+                    fence_async_shared()
+                    cta_barrier()
+            else:
+                # Stage q (rows past the request read as 0), the logit's sign folded in (exact).
+                q_rows = q_start + row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, q_ld))
+                q_off = q_rows.to(gl.int64)[:, None] * stride_q_t + h * stride_q_h + offs_qd[None, :]
+                q = gl.load(q_ptr + q_off, mask=((q_rows >= 0) & (q_rows < q_end))[:, None], other=0.0)
+                if dt.is_fp8():  # (no fp8 negation in Triton: the sign bit flipped)
+                    q_bits = q.to(gl.int8, bitcast=True)
+                    q = gl.where(logit < 0, q_bits ^ -128, q_bits).to(dt, bitcast=True)
+                else:
+                    q = gl.where(logit < 0, -q, q)
+                    if KV_FP8:
+                        q = float16_operand(q)
+                my_q.store(q)
+                fence_async_shared()
+                cta_barrier()
 
             row_pos = p0 + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=s_rows)
             m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)
@@ -512,6 +596,10 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
                                       is_async=True)
                 _turn_pass(turn, WG, PINGPONG)
                 pp += 1
+                if Q_SLOTS == 2:  # the next tile's rows, their indices read under the first product
+                    _fetch_q(q_smem.index(((k + 1) % 2) * 2 + WG), t + gl.num_programs(0), q_ptr, stride_q_t,
+                             stride_q_h, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows,
+                             capacity, window_left, BLOCK_N, HAS_WINDOW, HEAD_DIM, WG)
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(slot))
                 if (start < full_lo) | (start >= full_hi):
@@ -586,6 +674,14 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
             o_off = o_rows_idx.to(gl.int64)[:, None] * stride_o_t + h * stride_o_h + offs_od[None, :]
             o_ok = (o_rows_idx >= 0) & (o_rows_idx < q_end)
             gl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=o_ok[:, None])
+        if Q_SLOTS == 2:
+            if (not live) | (n_tiles == 0):  # (no product to read the next tile's indices under)
+                _fetch_q(q_smem.index(((k + 1) % 2) * 2 + WG), t + gl.num_programs(0), q_ptr, stride_q_t, stride_q_h,
+                         num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity,
+                         window_left, BLOCK_N, HAS_WINDOW, HEAD_DIM, WG)
+        k += 1
+    if Q_SLOTS == 2:
+        async_copy.wait_group(0)  # (the copy past the program's last tile, which copies nothing)
 
 
 # One function a consumer partition: gl.warp_specialize takes a function per partition, and the
@@ -637,7 +733,9 @@ def prefill_ws_kernel(
     q_smem_layout: gl.constexpr = row_smem(HEAD_DIM, qk_dt.primitive_bitwidth // 8)
     pv_smem_layout: gl.constexpr = row_smem(HEAD_DIM, 2)
     # The consumers' operands: q and K in the score product's type, V in P's.
-    q_smem = gl.allocate_shared_memory(qk_dt, [2, WG_ROWS, HEAD_DIM], q_smem_layout)
+    # Query slots: [slot * 2 + warpgroup] (see _q_slots).
+    q_smem = gl.allocate_shared_memory(qk_dt, [2 * _q_slots(dt, KV_FP8, V_STAGED, HEAD_DIM, BLOCK_N, STAGES), WG_ROWS,
+                                               HEAD_DIM], q_smem_layout)
     k_bufs = gl.allocate_shared_memory(qk_dt, [STAGES, BLOCK_N, HEAD_DIM], q_smem_layout)
     v_bufs = gl.allocate_shared_memory(pv_dt, [STAGES, BLOCK_N, HEAD_DIM], pv_smem_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
