@@ -121,8 +121,8 @@ def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, n
     # Round r of the programs (tiles [r * P, (r + 1) * P)) is dealt in reverse when r is odd and
     # whole: with tiles sorted longest first, round robin gives program 0 the longest tile of every
     # round, the serpentine order evens the programs' totals (the partial last round stays as it
-    # is: every index must map to one tile). benchmarks/NOTES.md "Prefill: the tile order of
-    # ragged batches".
+    # is: every index must map to one tile). benchmarks/NOTES.md "Prefill: serpentine rounds and
+    # the query a tile ahead".
     progs = gl.num_programs(0)
     r = t // progs
     t = gl.where(((r % 2) == 1) & ((r + 1) * progs <= num_tiles), (2 * r + 1) * progs - 1 - t, t)
@@ -281,8 +281,9 @@ def _q_slots(q_dtype, kv_fp8, v_staged, head_dim, block_n, stages):
     """Query slots of each consumer warpgroup: 2 where the query goes into shared memory unchanged
     (its type is the score product's) and a second slot fits beside the rings; then each tile's
     rows are copied (``cp.async``) while the tile before runs, off the path between two tiles
-    (benchmarks/NOTES.md "Prefill: the query a tile ahead"). 1: the query goes through registers
-    (a 16-bit query over an fp8 cache is converted to float16 on the way) as the tile starts."""
+    (benchmarks/NOTES.md "Prefill: serpentine rounds and the query a tile ahead"). 1: the query
+    goes through registers (a 16-bit query over an fp8 cache is converted to float16 on the way)
+    as the tile starts."""
     q_dtype = getattr(q_dtype, "value", q_dtype)
     head_dim, block_n, stages = (getattr(x, "value", x) for x in (head_dim, block_n, stages))
     if _converts_k(q_dtype, kv_fp8):
