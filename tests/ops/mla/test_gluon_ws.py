@@ -52,6 +52,10 @@ WS_CASES = [
       for hq in (64, 128) for page in (64, 128, 256)],
     pytest.param(dict(lens=GPU_LENS, hq=96, seed=396), id="Hq96-padded-heads"),
     pytest.param(dict(lens=GPU_LENS, hq=40, seed=340), id="Hq40-padded-heads"),
+    # 17-32 heads take the kernel's 64-head programs (configs.padded_heads), rows past them padded
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=360 + hq), id=f"Hq{hq}-p{page}-padded-heads")
+      for hq, page in ((17, 64), (32, 128))],
+    pytest.param(dict(lens=ODD_EVEN, hq=24, seed=324, tensor_scales=True), id="Hq24-odd-even-tiles-tensor-scales"),
     pytest.param(dict(lens=ODD_EVEN, hq=128, seed=311), id="Hq128-odd-even-tiles"),
     pytest.param(dict(lens=ODD_EVEN, hq=64, page=128, seed=312), id="Hq64-p128-odd-even-tiles"),
     *[pytest.param(dict(lens=GPU_LENS, hq=hq, tensor_scales=True, seed=320 + hq), id=f"Hq{hq}-tensor-scales")
@@ -152,6 +156,25 @@ def test_ws_fp8_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_s
 # ---------------------------------------------------------------------------------------------
 # CPU: launch selection
 # ---------------------------------------------------------------------------------------------
+def test_17_to_32_heads_of_a_16_bit_cache_take_the_64_head_programs():
+    """sm90, 16-bit cache, 17-32 heads: the 64-head entry (the launcher gives it to the
+    warp-specialised kernel where that fits the pages); not 16 heads or fewer (heads in N serve
+    them), not 33+ (already 64 a program), not an fp8 query, not another GPU family, not under an
+    override (tuning and tests pick their own)."""
+    for hq in (17, 24, 32):
+        wide = mla_configs.padded_heads("sm90", "bfloat16", hq)
+        assert wide is not None and wide.block_h == 64 and mla_configs.warp_specialized("sm90", "bfloat16", 64)
+        assert mla_configs.config("sm90", "bfloat16", hq).block_h == 32  # (the table's own entry)
+    assert mla_configs.padded_heads("sm90", "float16", 20) is not None
+    for hq in (1, 16, 33, 64, 128):
+        assert mla_configs.padded_heads("sm90", "bfloat16", hq) is None, hq
+    assert mla_configs.padded_heads("sm90", "fp8", 24, True) is None
+    assert mla_configs.padded_heads("default", "bfloat16", 24) is None
+    assert mla_configs.padded_heads("interpreter", "bfloat16", 24) is None
+    with mla_configs.override(block_n=32):
+        assert mla_configs.padded_heads("sm90", "bfloat16", 24) is None
+
+
 def test_ws_kernel_takes_the_gluon_kernels_launches():
     """sm90, 16-bit cache, 64 heads a program: the launches mla/gluon.py serves (test_mla's _fits)
     take the warp-specialised kernel; no other entry does, and no other GPU family."""

@@ -167,6 +167,21 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
     return cfg
 
 
+def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig | None:
+    """The 64-head entry that a launch of 17-32 heads over a 16-bit cache takes on sm90 where the
+    warp-specialised kernel serves it (the launcher checks that), the rows past the heads padded:
+    H100, bf16 Hq 32, graph us 64x4096 / 128x8192 / 32x16384: BLOCK_H 32 (Triton) 146.5 / 511.2 /
+    271.8 against 130.1 / 426.6 / 229.2, Hq 24 alike (benchmarks/NOTES.md "MLA: 17-32 heads on the
+    seesaw"). None for other launches, and while an :func:`override` is in force."""
+    if arch != "sm90" or q_fp8 or _override:
+        return None
+    cfg = config(arch, kv_format, num_heads)
+    wide = config(arch, kv_format, 64)
+    if not MIN_BLOCK_H < cfg.block_h < wide.block_h or not warp_specialized(arch, kv_format, wide.block_h):
+        return None
+    return wide
+
+
 def warp_specialized(arch: str, kv_format: str, block_h: int, q_fp8: bool = False) -> bool:
     """Whether a launch the Gluon kernel serves takes the warp-specialised one (``WARP_SPECIALIZED``)."""
     return (_fmt(kv_format, q_fp8), block_h) in WARP_SPECIALIZED.get(arch, ())

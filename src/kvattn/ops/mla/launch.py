@@ -82,8 +82,20 @@ class _Plan:
         self.batch, self.num_heads = f.q_shape[0], f.q_shape[1]
         self.num_pages, self.page_size = f.kv_shape[0], f.kv_shape[1]
         self.kv_format = BY_DTYPE[f.kv_dtype].name
-        self.cfg = cfg = mla_configs.config(arch(f.device, f.interpreter), self.kv_format, self.num_heads,
-                                            f.q_dtype == FP8_DTYPE)
+        q_fp8 = f.q_dtype == FP8_DTYPE
+        on_sm90 = arch(f.device, f.interpreter) == "sm90"
+        # The warp-specialised kernel stores no final LSE: a call asking for one (return_lse) keeps
+        # the Gluon kernel (16-bit caches) or the Triton kernel (fp8).
+        ws_allowed = (f.gluon_on and f.gluon_ws_on and mla_gluon_ws_kernel is not None and f.lse_stride is None
+                      and on_sm90)
+        cfg = mla_configs.config(arch(f.device, f.interpreter), self.kv_format, self.num_heads, q_fp8)
+        # 17-32 heads over a 16-bit cache: the warp-specialised kernel's 64-head programs (rows past
+        # the heads padded) where it takes the launch, not the Triton kernel's 32-head ones.
+        wide = mla_configs.padded_heads(arch(f.device, f.interpreter), self.kv_format, self.num_heads, q_fp8)
+        if wide is not None and ws_allowed and mla_gluon_kernel is not None and _gluon_fits(
+                wide, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16):
+            cfg = wide
+        self.cfg = cfg
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
         words_ok = words_allowed(f.device, f.interpreter, f.aligned4)
         self.kv_code = BY_NAME["fp8"].kernel_code if cfg.qk_fp8 else kv_format_code(
@@ -105,12 +117,7 @@ class _Plan:
         self.gluon = (f.gluon_on and mla_gluon_kernel is not None and arch(f.device, f.interpreter) == "sm90"
                       and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
                                       f.aligned16))
-        # The warp-specialised kernel stores no final LSE: a call asking for one (return_lse) keeps
-        # the Gluon kernel (16-bit caches) or the Triton kernel (fp8).
-        q_fp8 = f.q_dtype == FP8_DTYPE
-        ws_on = (f.gluon_on and f.gluon_ws_on and mla_gluon_ws_kernel is not None and not self.has_lse
-                 and arch(f.device, f.interpreter) == "sm90"
-                 and mla_configs.warp_specialized("sm90", self.kv_format, cfg.block_h, q_fp8))
+        ws_on = ws_allowed and mla_configs.warp_specialized("sm90", self.kv_format, cfg.block_h, q_fp8)
         # An fp8 query over an fp8 cache: the warp-specialised kernel's e4m3 form where it fits, else
         # the Triton kernel (mla/gluon.py takes 16-bit caches only).
         self.fp8_ws = ws_on and _ws_fp8_fits(cfg, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16)
