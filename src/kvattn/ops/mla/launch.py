@@ -83,15 +83,15 @@ class _Plan:
         self.num_pages, self.page_size = f.kv_shape[0], f.kv_shape[1]
         self.kv_format = BY_DTYPE[f.kv_dtype].name
         q_fp8 = f.q_dtype == FP8_DTYPE
-        on_sm90 = arch(f.device, f.interpreter) == "sm90"
+        family = arch(f.device, f.interpreter)
         # The warp-specialised kernel stores no final LSE: a call asking for one (return_lse) keeps
         # the Gluon kernel (16-bit caches) or the Triton kernel (fp8).
         ws_allowed = (f.gluon_on and f.gluon_ws_on and mla_gluon_ws_kernel is not None and f.lse_stride is None
-                      and on_sm90)
-        cfg = mla_configs.config(arch(f.device, f.interpreter), self.kv_format, self.num_heads, q_fp8)
+                      and family == "sm90")
+        cfg = mla_configs.config(family, self.kv_format, self.num_heads, q_fp8)
         # 17-32 heads over a 16-bit cache: the warp-specialised kernel's 64-head programs (rows past
         # the heads padded) where it takes the launch, not the Triton kernel's 32-head ones.
-        wide = mla_configs.padded_heads(arch(f.device, f.interpreter), self.kv_format, self.num_heads, q_fp8)
+        wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8)
         if wide is not None and ws_allowed and mla_gluon_kernel is not None and _gluon_fits(
                 wide, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16):
             cfg = wide
@@ -114,7 +114,7 @@ class _Plan:
         self.has_lse, self.lse_stride = f.lse_stride is not None, f.lse_stride or 0
         self.row_stride = f.kv_stride[1]
         self.kv_dtype = f.kv_dtype
-        self.gluon = (f.gluon_on and mla_gluon_kernel is not None and arch(f.device, f.interpreter) == "sm90"
+        self.gluon = (f.gluon_on and mla_gluon_kernel is not None and family == "sm90"
                       and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
                                       f.aligned16))
         ws_on = ws_allowed and mla_configs.warp_specialized("sm90", self.kv_format, cfg.block_h, q_fp8)
