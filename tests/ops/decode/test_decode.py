@@ -126,6 +126,16 @@ CASES = [
     param("bf16-long-split-B1", lens=[30000], hkv=8, d=128, qdt=torch.bfloat16),
     param("bf16-ragged-splits", lens=[1, 5000, 17, 12000, 0, 333], hkv=4, d=128, qdt=torch.bfloat16),
     param("fp16-max_seq_len-above-lengths", lens=[100, 30], max_seq_len="capacity"),
+    # ragged batches (the balanced split, common.balance): one giant request among tiny ones, more
+    # requests than SMs with heavy-tailed lengths, fp8 on pages of 16, drafts
+    param("bf16-ragged-one-giant-among-tiny", lens=[1] * 30 + [0, 2, 60000, 17], hkv=8, d=128, qdt=torch.bfloat16),
+    param("bf16-ragged-300-requests-lognormal", lens=[0, 1] + [int(min(40000, 2 ** (6 + 9 * ((i * 37) % 101) / 100)))
+                                                               for i in range(298)],
+          hkv=8, d=128, qdt=torch.bfloat16, ws_bytes=1 << 26, seed=11),
+    param("fp8-ragged-p16", lens=[16, 15, 17, 9000, 1, 0, 3000, 20000], fmt="fp8", hkv=8, d=128,
+          qdt=torch.bfloat16, sinks=True, seed=12),
+    param("bf16-ragged-spec-Q3-mask", lens=[3, 5000, 4, 17000, 300], q_len=3, mask=True, hkv=4, d=128,
+          qdt=torch.bfloat16, seed=13),
     param("bf16-pdl", lens=GPU_LENS, qdt=torch.bfloat16, enable_pdl=True),
     param("fp16-tiny-workspace-no-split", lens=[20000, 3], ws_bytes=16),
     param("bf16-Hq8-Hkv1-D128", lens=[8192, 100], hkv=1, group=8, d=128, qdt=torch.bfloat16),
@@ -175,7 +185,7 @@ def test_split_kv_partials_combine_exactly(q_len, group, merge, kernel_device, t
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
     monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)  # merge in the kernel however many splits
     lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
-    with decode_configs.override(min_chunk=32, waves=64):
+    with decode_configs.override(min_chunk=32, waves=64, balance_waves=0):
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=True, window=60)
         decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, seed=3)
 
@@ -189,12 +199,32 @@ def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backe
     monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)
     ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
     lens = [150, 3, 0, 97] if not ON_GPU else [1500, 3, 0, 970, 64, 2049]
-    with decode_configs.override(min_chunk=32, waves=64):
+    with decode_configs.override(min_chunk=32, waves=64, balance_waves=0):
         for seed in range(3):
             decode_case(kernel_device, monkeypatch, lens=lens, group=4, sinks=seed == 1, seed=seed, workspace=ws)
     start = (-ws.data_ptr()) % ALIGN
     assert (ws[start : start + COUNTER_BYTES] == 0).all()
     assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: the launches did not split"
+
+
+@pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])
+@pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
+def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, triton_backend, monkeypatch):
+    """A ragged batch takes the balanced split (common.balance): one request of many units (more
+    than the in-kernel merge takes: merged by the combine launch), one of a few (merged by its last
+    program, or by the combine launch with ``KVATTN_FUSED_MERGE=0``), empty and one-key requests
+    (one unit, written directly). A batch of about equal lengths keeps the uniform split inside the
+    same kernel (partials laid out by unit)."""
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
+    built = []  # the split launches the plans build (plans are not cached under a config override)
+    real = decode_launch._split_launch
+    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    ragged = [600, 3, 0, 97, 1] if not ON_GPU else [6000, 3, 0, 970, 1, 64, 2049]
+    even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
+    with decode_configs.override(min_chunk=32, waves=64, balance_waves=4, balance_min_chunk=32):
+        decode_case(kernel_device, monkeypatch, lens=ragged, q_len=q_len, group=group, sinks=True)
+        decode_case(kernel_device, monkeypatch, lens=even, q_len=q_len, group=group, seed=3)
+        assert any(launch.constexprs["BALANCED"] for launch in built), "the calls did not take the balanced split"
 
 
 def test_empty_batch_all_zero(kernel_device, triton_backend, monkeypatch):

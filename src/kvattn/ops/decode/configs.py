@@ -31,6 +31,10 @@ class DecodeConfig:
     max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
     tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by ops/launch/ptx_hints.py)
     invariant_span: int = 1024  # keys a split in batch-invariant mode (rounded up to BLOCK_N; invariant_splits)
+    # Ragged batches (common.balance): the batch's keys cut into about balance_waves x resident
+    # programs' worth of units, none under balance_min_chunk keys; 0 keeps the uniform split only.
+    balance_waves: int = 8
+    balance_min_chunk: int = 512
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -195,6 +199,17 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     if max_programs is not None:
         splits = min(splits, max(1, max_programs // items))
     return max(1, splits)
+
+
+def balance_target(cfg: DecodeConfig, *, sm_count: int, programs_per_unit: int, kv_format: str, head_dim: int,
+                   rope_query: bool) -> int:
+    """Units the balanced split of a ragged batch aims at (``common.balance``): ``balance_waves``
+    waves of resident programs, a unit being ``programs_per_unit`` programs (KV heads x row
+    blocks)."""
+    per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
+    if cfg.max_per_sm:
+        per_sm = min(per_sm, cfg.max_per_sm)
+    return max(1, cfg.balance_waves * sm_count * per_sm // max(1, programs_per_unit))
 
 
 def invariant_span(cfg) -> int:

@@ -48,6 +48,7 @@ from ..common import (
     token_pages,
     window_causal_allowed,
 )
+from ..common.balance import balanced_unit, request_units
 from ..launch.ptx_hints import mark_copies_evict_first
 
 # KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies: their launches compile
@@ -57,6 +58,11 @@ try:  # grid dependency control (programmatic dependent launch); absent in old T
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
+
+
+# Balanced launches merge a request's partials in its last program up to this many rounds of
+# MERGE_BLOCK_S; past that the combine launch merges them (each round is an L2 round trip).
+BALANCED_MERGE_ROUNDS: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
@@ -103,7 +109,7 @@ def _decode_item(
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
     num_rows, num_splits, num_pages, fixed_len, window_left,
-    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -111,7 +117,8 @@ def _decode_item(
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr, BALANCED: tl.constexpr,
+    BLOCK_B: tl.constexpr, MIN_CHUNK: tl.constexpr,
 ):
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -125,16 +132,28 @@ def _decode_item(
 
     mb = item % M_BLOCKS
     rest = item // M_BLOCKS
-    split = rest % num_splits
-    bh = rest // num_splits
-    b = bh // NUM_KV_HEADS
-    kvh = bh % NUM_KV_HEADS
+    if BALANCED:
+        # Work units of the balanced plan (common.balance): a unit is one chunk of one request, for
+        # every KV head and row block; the request's own unit count replaces num_splits.
+        kvh = rest % NUM_KV_HEADS
+        unit = rest // NUM_KV_HEADS
+        b, split, n_splits, first_unit, active = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits,
+                                                               unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B)
+        bh = b * NUM_KV_HEADS + kvh
+    else:
+        split = rest % num_splits
+        bh = rest // num_splits
+        b = bh // NUM_KV_HEADS
+        kvh = bh % NUM_KV_HEADS
+        n_splits = num_splits
 
     kv_len, kv_lo = _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_LEN, PAGED,
                                       HAS_WINDOW, HAS_KV_START)
-    chunk = split_bounds(kv_len, kv_lo, num_splits, BLOCK_N, SPLIT_SPAN)
+    chunk = split_bounds(kv_len, kv_lo, n_splits, BLOCK_N, SPLIT_SPAN)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
+    if BALANCED:
+        end = tl.where(active, end, start)  # a unit past the plan's last reads nothing and stores nothing
     if PREFETCH > 0:
         # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
         # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
@@ -314,7 +333,9 @@ def _decode_item(
     # A launch with one split writes the final rows; with several, every split writes a partial
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
     # all num_splits of them without reading the request's length again.
-    final = num_splits == 1
+    final = n_splits == 1
+    if BALANCED:
+        final = final & active
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
     out_mult = out_factor
     if OUT_PTR:
@@ -325,9 +346,14 @@ def _decode_item(
         tl.store(lse_ptr + q_rows * stride_lse_t + heads, lse2, mask=as_mask(row_ok & final))
 
     # Partials leave out the sinks (the combine adds them once) and the output scale.
-    partial = num_splits > 1
+    partial = n_splits > 1
     o_part, _ = softmax_finalize(acc, m_i, l_i, sink2, False)
-    p_row = (split.to(tl.int64) * num_rows + q_rows) * NUM_HEADS + heads
+    if BALANCED:
+        # Partials by unit: [units, Q_LEN, Hq, D], a unit's rows those of its one request.
+        partial = partial & active
+        p_row = (unit.to(tl.int64) * Q_LEN + row_idx) * NUM_HEADS + heads
+    else:
+        p_row = (split.to(tl.int64) * num_rows + q_rows) * NUM_HEADS + heads
     tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o_part, mask=as_mask(row_ok[:, None] & partial))
     tl.store(part_lse_ptr + p_row, lse2, mask=as_mask(row_ok & partial))
 
@@ -335,18 +361,31 @@ def _decode_item(
         # The item's last split to finish merges all of them (no combine launch): each split
         # counts its arrival after its partial is written (the barrier orders every thread's
         # stores before the one thread's release), and the last resets the count for the next
-        # launch. Every split of an item runs, so the count always reaches num_splits.
+        # launch. Every split of an item runs, so the count always reaches n_splits. Balanced
+        # units of a one-unit request (or past the plan) wrote their rows and count nothing.
         tl.debug_barrier()
         count_ptr = counter_ptr + (bh * M_BLOCKS + mb)
-        arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
+        if BALANCED:
+            # Requests of more units than two merge rounds take are merged by the combine launch.
+            merging = partial & (n_splits <= BALANCED_MERGE_ROUNDS * MERGE_BLOCK_S)
+            arrived = tl.atomic_add(count_ptr, 1, mask=merging, sem="acq_rel", scope="gpu")
+            last = merging & (arrived == n_splits - 1)
+        else:
+            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            last = arrived == num_splits - 1
+        if last:
             tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
             # MERGE_ROWS: the tile's rows that can hold query rows (1 for one row, which the
             # tensor-core tile pads to 16), so the merge loads more splits at once instead.
             mg_ok, mg_idx, mg_heads, mg_rows = _tile_rows(mb * BLOCK_M + tl.arange(0, MERGE_ROWS), b, kvh, GROUP, Q_LEN)
-            split_stride = num_rows * NUM_HEADS
-            mg_m, mg_den, mg_acc = merge_partials(part_o_ptr, part_lse_ptr, mg_rows * NUM_HEADS + mg_heads, mg_ok,
-                                                  split_stride, num_splits, HEAD_DIM, MERGE_BLOCK_S, True)
+            if BALANCED:
+                split_stride = Q_LEN * NUM_HEADS
+                mg_first = (first_unit.to(tl.int64) * Q_LEN + mg_idx) * NUM_HEADS + mg_heads
+            else:
+                split_stride = num_rows * NUM_HEADS
+                mg_first = mg_rows * NUM_HEADS + mg_heads
+            mg_m, mg_den, mg_acc = merge_partials(part_o_ptr, part_lse_ptr, mg_first, mg_ok,
+                                                  split_stride, n_splits, HEAD_DIM, MERGE_BLOCK_S, True)
             mg_sink2 = sink_logits2(sinks_ptr, mg_heads, mg_ok, HAS_SINKS)
             mg_o, mg_lse2 = softmax_finalize(mg_acc, mg_m, mg_den, mg_sink2, HAS_SINKS)
             mg_off = mg_rows[:, None] * stride_o_t + mg_heads[:, None] * stride_o_h + offs_d[None, :]
@@ -381,7 +420,7 @@ def decode_split_kernel(
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
     stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
     num_items, num_rows, num_splits, num_pages, fixed_len, window_left,
-    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -391,7 +430,8 @@ def decode_split_kernel(
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
-    SPLIT_SPAN: tl.constexpr = 0,
+    SPLIT_SPAN: tl.constexpr = 0, BALANCED: tl.constexpr = False, BLOCK_B: tl.constexpr = 1,
+    MIN_CHUNK: tl.constexpr = 0,
 ):
     if KV_EVICT_FIRST and KV_TMA:
         mark_copies_evict_first()
@@ -413,11 +453,11 @@ def decode_split_kernel(
                 stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
                 stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
                 num_rows, num_splits, num_pages, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
                 HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
                 KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
             )
     else:
         _decode_item(
@@ -429,11 +469,11 @@ def decode_split_kernel(
             stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
             stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
             num_rows, num_splits, num_pages, fixed_len, window_left,
-            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
             HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
             KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
@@ -480,4 +520,46 @@ def decode_combine_kernel(
         tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
 
 
-__all__ = ["decode_split_kernel", "decode_combine_kernel"]
+@triton.jit
+def decode_balanced_combine_kernel(
+    part_o_ptr,  # [units, Q_LEN, Hq, D] float32 normalised unit outputs
+    part_lse_ptr,  # [units, Q_LEN, Hq] float32 unit LSEs (base 2)
+    seq_lens_ptr,  # [B] int32: the split launch's plan is read again from them
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8
+    lse_ptr,  # [B * Q_LEN, Hq] float32 (STORE_LSE; head stride 1)
+    stride_o_t, stride_o_h, stride_lse_t,
+    num_splits, out_factor, batch, capacity, unit_target,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
+    OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, USE_PDL: tl.constexpr,
+    Q_LEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MIN_CHUNK: tl.constexpr,
+    MERGED_MAX: tl.constexpr,
+):
+    """:func:`decode_combine_kernel` for a balanced split launch (common.balance): the plan is read
+    again for the row's request, whose units' partials are merged; rows of requests of at most
+    ``MERGED_MAX`` units were written by the split launch and are left alone."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    if USE_PDL:
+        gdc_wait()
+    heads = h + tl.zeros([1], dtype=tl.int32)
+    n_splits, first_unit = request_units(seq_lens_ptr, t // Q_LEN, batch, capacity, num_splits, unit_target,
+                                         MIN_CHUNK, BLOCK_N, BLOCK_B)
+    row_ok = (heads < NUM_HEADS) & (n_splits > MERGED_MAX)
+    p_row = (first_unit.to(tl.int64) * Q_LEN + t % Q_LEN) * NUM_HEADS + heads
+    m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, Q_LEN * NUM_HEADS, n_splits, HEAD_DIM,
+                                 BLOCK_S, False)
+    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
+    o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    offs_d = tl.arange(0, HEAD_DIM)
+    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
+                 o * out_mult, row_ok[:, None], OUT_FP8)
+    if STORE_LSE:
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
+
+
+__all__ = ["decode_split_kernel", "decode_combine_kernel", "decode_balanced_combine_kernel"]
