@@ -83,6 +83,11 @@ class Shape:
     label: str = ""  # a prefix of the id (the sweep numbers its rows)
 
     def __post_init__(self):
+        if self.len_dist not in ("uniform", "lognormal"):
+            raise ValueError(f"len_dist: expected 'uniform' or 'lognormal', got {self.len_dist!r}")
+        if self.len_dist == "lognormal" and not (self.ragged and self.len_median >= 1 and self.len_sigma > 0):
+            raise ValueError(f"len_dist='lognormal' needs ragged=True, len_median >= 1 and len_sigma > 0; got "
+                             f"ragged={self.ragged}, len_median={self.len_median}, len_sigma={self.len_sigma}")
         if not self.reqs:
             return
         if self.suite != "prefill" or self.ragged:
