@@ -35,7 +35,8 @@ def _kvattn(recs: list[dict]) -> dict:
 
 
 def _peers_ok(recs: list[dict]) -> list[dict]:
-    ok = [r for r in recs if r["family"] != "kvattn" and r["status"] == "ok" and r.get("fraction") is not None]
+    ok = [r for r in recs if r["family"] != "kvattn" and r["status"] == "ok" and r.get("fraction") is not None
+          and not r.get("check_failed")]
     return sorted(ok, key=lambda r: -r["fraction"])
 
 
@@ -191,10 +192,13 @@ def _peer_cell(recs: list[dict]) -> str:
     parts = [f"{r['impl']} {r['fraction']:.2f} ({_us(r['us'])} us)" for r in _peers_ok(recs)]
     na = [r["impl"] for r in recs if r["family"] != "kvattn" and r["status"] == "not available"]
     bad = [r["impl"] for r in recs if r["family"] != "kvattn" and r["status"] == "error"]
+    wrong = [r["impl"] for r in recs if r.get("check_failed")]
     if na:
         parts.append("n/a: " + ", ".join(na))
     if bad:
         parts.append("failed: " + ", ".join(bad))
+    if wrong:
+        parts.append("CHECK FAILED (output differs from kvattn's): " + ", ".join(wrong))
     return "; ".join(parts) if parts else "-"
 
 
