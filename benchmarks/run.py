@@ -193,8 +193,8 @@ def run(
         _log("FlashInfer peers: " + ("prebuilding ..." if fi_prebuild else "compiled on first use"))
         env["flashinfer"] = _flashinfer_env(selected if fi_prebuild else None)
         pre = env["flashinfer"].get("prebuild")
-        _log(f"  FlashInfer: {env['flashinfer'].get('version') or env['flashinfer'].get('error')}"
-             + (f"; prebuild {pre['seconds']} s, {len(pre['variants'])} variants {pre['error'] or ''}" if pre else ""))
+        built = f"; prebuild {pre['seconds']} s, {len(pre['variants'])} variants {pre['error'] or ''}" if pre else ""
+        _log(f"  FlashInfer: {env['flashinfer'].get('version') or env['flashinfer'].get('error')}{built}")
         _save(doc, out)
     if doc["ceilings"] is None:
         _log("measuring ceilings ...")

@@ -111,8 +111,9 @@ def _ratio_doc() -> dict:
     doc["records"] = []
     shapes = {}
     # (shape, class info, kvattn us, best FI us, kvattn copy fraction)
-    rows = [("d1", dict(suite="decode", kv_dtype="bfloat16", ragged=True, len_dist="lognormal", page_size=16), 120, 100, 0.7),
-            ("d2", dict(suite="decode", kv_dtype="bfloat16", ragged=True, len_dist="lognormal", page_size=64), 90, 100, 0.9),
+    lognorm = dict(suite="decode", kv_dtype="bfloat16", ragged=True, len_dist="lognormal")
+    rows = [("d1", dict(lognorm, page_size=16), 120, 100, 0.7),
+            ("d2", dict(lognorm, page_size=64), 90, 100, 0.9),
             ("d3", dict(suite="decode", kv_dtype="fp8", ragged=False, page_size=16), 100, 100, 0.8),
             ("m1", dict(suite="mla", kv_dtype="bfloat16", num_qo_heads=16, ragged=True, page_size=64), 130, 100, 0.75),
             ("n1", dict(suite="decode", kv_dtype="nvfp4", ragged=False, page_size=64), 50, None, 0.6)]
