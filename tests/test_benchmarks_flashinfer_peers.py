@@ -10,6 +10,7 @@ cache rows poisoned with NaN, lengths off the page, random page order).
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,122 @@ def test_run_without_flashinfer_says_so(no_flashinfer, tmp_path, monkeypatch):
     assert "FlashInfer not available" in (tmp_path / "r.md").read_text()
     assert doc["summary"][-1]["class"] == "all" and doc["summary"][-1]["rows"] == 1
     assert doc["selection"]["flashinfer"]
+
+
+# -- the peers' plumbing, against a stand-in FlashInfer --------------------------------------------
+
+
+class _FakeFlashInfer:
+    """A stand-in for ``flashinfer`` on a CPU: each entry point the peers call, with FlashInfer's
+    signature, computing FlashInfer's attention in float64 from the forms it is handed (the CSR
+    page list, the block table and lengths, XQA's draft mask). ``ignore_mask`` makes XQA let the
+    drafts see each other: a mis-set peer the check must catch."""
+
+    def __init__(self, ignore_mask: bool = False):
+        fake = self
+        self.ignore_mask = ignore_mask
+        self.calls: list[str] = []
+
+        class Decode:
+            def __init__(self, ws, layout, use_tensor_cores=False, backend="auto"):
+                self.layout = layout
+                fake.calls.append(f"decode tc={use_tensor_cores} backend={backend}")
+
+            def plan(self, indptr, indices, last, hq, hkv, d, page, *, q_data_type, kv_data_type, o_data_type,
+                     sm_scale, q_len_per_req):
+                self.csr, self.page, self.scale, self.q_len = (indptr, indices, last), page, sm_scale, q_len_per_req
+
+            def run(self, q, kv, out):
+                b = len(self.csr[2])
+                mask = torch.ones(self.q_len, self.q_len, dtype=torch.bool).tril().expand(b, -1, -1)
+                o = _fi_decode_attention(q, kv[0], kv[1], self.layout, self.csr, self.page, self.q_len, mask, self.scale)
+                return out.copy_(o)
+
+        def xqa_batch_decode_with_kv_cache(q, kv, ws, tables, seq, max_len, *, bmm1_scale, bmm2_scale, out,
+                                           kv_layout, q_len_per_req, mask):
+            fake.calls.append("xqa")
+            lens = seq.view(torch.int32).tolist()
+            page = kv[0].shape[1] if kv_layout == "NHD" else kv[0].shape[2]
+            bits = None
+            if q_len_per_req > 1:
+                bits = fi.mask_bits(mask.view(torch.int16), q_len_per_req)
+                if fake.ignore_mask:
+                    bits = torch.ones_like(bits)
+            csr = fi.csr_pages(tables, lens, page)
+            o = _fi_decode_attention(q, kv[0], kv[1], kv_layout, csr, page, q_len_per_req, bits, bmm1_scale)
+            return out.copy_(o)
+
+        class MLA:
+            def __init__(self, ws, backend="auto"):
+                fake.calls.append(f"mla backend={backend}")
+
+            def plan(self, *, metadata, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale,
+                     q_data_type, kv_data_type):
+                assert (head_dim_ckv, head_dim_kpe, q_data_type) == (512, 64, torch.bfloat16)
+                self.meta, self.page, self.scale = metadata, page_size, sm_scale
+
+            def run(self, *, query, kv_cache, out, **scales):
+                m = self.meta
+                outs = []
+                for b in range(query.shape[0]):
+                    lat = _mla_tokens(kv_cache, m, self.page, b)
+                    s = torch.einsum("hd,jd->hj", query[b].double(), lat) * self.scale
+                    outs.append(s.softmax(-1) @ lat[:, :512])
+                return out.copy_(torch.stack(outs))
+
+        class Meta:
+            @staticmethod
+            def csr(qo_indptr, kv_indptr, kv_indices, kv_len_arr):
+                return types.SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_len_arr)
+
+        self.BatchDecodeWithPagedKVCacheWrapper = Decode
+        self.decode = types.SimpleNamespace(xqa_batch_decode_with_kv_cache=xqa_batch_decode_with_kv_cache)
+        self.mla = types.SimpleNamespace(BatchMLAPagedAttentionWrapper=MLA, MLAPlanMetadata=Meta)
+        self.__version__ = "stand-in"
+
+
+def _mla_tokens(pool, meta, page, b):
+    """Request ``b``'s latent rows from FlashInfer's MLA CSR metadata (pages and lengths)."""
+    pages = meta.kv_indices[int(meta.kv_indptr[b]):int(meta.kv_indptr[b + 1])].tolist()
+    n = int(meta.kv_len_arr[b])
+    rows = [pool[p, r] for i, p in enumerate(pages) for r in range(min(page, n - i * page))]
+    return torch.stack(rows).double()
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    def install(**kw):
+        fake = _FakeFlashInfer(**kw)
+        monkeypatch.setitem(sys.modules, "flashinfer", fake)
+        monkeypatch.setitem(sys.modules, "flashinfer.mla", fake.mla)
+        fi.reset_import_state()
+        return fake
+
+    yield install
+    fi.reset_import_state()
+
+
+@pytest.mark.parametrize("shape", [DECODE[0], DECODE[1], DECODE[3], MLA], ids=lambda s: s.id)
+def test_peers_hand_flashinfer_kvattns_problem(fake_flashinfer, shape):
+    fake = fake_flashinfer()
+    timer = Timer(CPU, warmup_ms=1, rep_ms=1)
+    opt = Options(l2_bytes=1 << 40, workspace_mib=16, flex=False, sdpa_backends=())
+    recs = run_shape(shape, CPU, timer, {}, opt, log=lambda *a: None)
+    fi_recs = [r for r in recs if r["family"] == fi.FAMILY]
+    assert [r["impl"] for r in fi_recs] == [n for n, _ in fi.kernels(shape)[0] if n != "fi-fa2" or shape.q_len == 1]
+    for r in fi_recs:
+        assert r["status"] == "ok", r
+        assert r["check_against"] == "kvattn" and r["rel_err"] < 1e-2 and not r.get("check_failed")
+    assert recs[0]["check_against"] == fi_recs[0]["impl"]  # no torch peer ran: kvattn's check is FlashInfer's
+    if shape.suite != "mla":
+        assert "decode tc=True backend=fa2" in fake.calls and "xqa" in fake.calls
+
+
+def test_a_mis_set_peer_is_caught(fake_flashinfer):
+    fake_flashinfer(ignore_mask=True)
+    timer = Timer(CPU, warmup_ms=1, rep_ms=1)
+    opt = Options(l2_bytes=1 << 40, workspace_mib=16, flex=False, sdpa_backends=())
+    recs = run_shape(DECODE[3], CPU, timer, {}, opt, log=lambda *a: None)
+    by = {r["impl"]: r for r in recs}
+    assert not by["fi-fa2-tc"].get("check_failed")
+    assert by["fi-xqa"]["check_failed"] and "CHECK FAILED" in by["fi-xqa"]["note"]
