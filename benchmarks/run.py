@@ -135,8 +135,7 @@ def _flashinfer_env(prebuild_shapes) -> dict:
     except peers_flashinfer.NotAvailable as exc:
         info["error"] = str(exc)
     if prebuild_shapes is not None:
-        info["prebuild"] = peers_flashinfer.prebuild(prebuild_shapes, log=_log) if "version" in info else \
-            {"variants": [], "seconds": 0.0, "error": info["error"]}
+        info["prebuild"] = peers_flashinfer.prebuild(prebuild_shapes, log=_log)
     return info
 
 
