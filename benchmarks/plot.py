@@ -20,6 +20,7 @@ SERIES = (
     ("SDPA (K/V pre-gathered)", "#1f77b4", lambda r: r["family"] == "sdpa" and not r["includes"]),
     ("SDPA incl. gather", "#aec7e8", lambda r: r["family"] == "sdpa" and r["includes"]),
     ("FlexAttention", "#2ca02c", lambda r: r["family"] == "flex" and not r["includes"]),
+    ("FlashInfer", "#9467bd", lambda r: r["family"] == "flashinfer" and not r.get("check_failed")),
 )
 
 

@@ -9,7 +9,7 @@ without allocating) and an :class:`AttnSpec`: the same attention in peer-friendl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -54,6 +54,9 @@ class AttnSpec:
     maximum): ``q4`` is the packed query as ``[1, Hq, sum(q_lens), Dqk]``, :meth:`q_parts` its
     per-request ``[1, Hq, q_lens[b], Dqk]`` views, and ``to_common`` takes the list of per-request
     outputs ``[1, Hq, q_lens[b], Dv]``.
+
+    ``native`` holds kvattn's own inputs of the call by name (its query, lengths, scale...): the
+    FlashInfer peers take the same tensors, FlashInfer's signatures being kvattn's.
     """
 
     q4: torch.Tensor
@@ -68,6 +71,7 @@ class AttnSpec:
     rope: bool
     to_common: Callable[[torch.Tensor], torch.Tensor]
     q_lens: list[int] | None = None
+    native: dict = field(default_factory=dict)
 
     def q_parts(self) -> list[torch.Tensor]:
         """Per-request query views ``[1, Hq, q_lens[b], Dqk]`` of a mixed batch's packed rows."""
@@ -145,7 +149,9 @@ def _decode_set(shape: Shape, device, gen, ws) -> InputSet:
             kv_cache_sf=None if pools.k_sf is None else (pools.k_sf, pools.v_sf),
         )
 
-    return InputSet(call, _paged_spec(q, pools, shape, lens, q_len, scale))
+    spec = _paged_spec(q, pools, shape, lens, q_len, scale)
+    spec.native = dict(q=q, max_len=max_len, scale=scale)
+    return InputSet(call, spec)
 
 
 def _single_set(shape: Shape, device, gen, ws) -> InputSet:
@@ -164,7 +170,7 @@ def _single_set(shape: Shape, device, gen, ws) -> InputSet:
     spec = AttnSpec(
         q4=q.view(1, hq, 1, d), pools=None, k4=k.unsqueeze(0).transpose(1, 2), v4=v.unsqueeze(0).transpose(1, 2),
         num_kv_heads=hkv, lens=[n], q_len=1, scale=1.0 / math.sqrt(d), v_dim=d, rope=mode == "ROPE_LLAMA",
-        to_common=lambda o: o.reshape(hq, d),
+        to_common=lambda o: o.reshape(hq, d), native=dict(q=q, k=k, v=v, pos_encoding_mode=mode),
     )
     return InputSet(call, spec)
 
@@ -192,13 +198,16 @@ def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
             kv_block_scales=None if pools.k_sf is None else (pools.k_sf, pools.v_sf),
         )
 
+    native = dict(q=q, cum_q=cum_q, scale=scale)
     if not shape.reqs:
-        return InputSet(call, _paged_spec(q, pools, shape, lens, lq, scale))
+        spec = _paged_spec(q, pools, shape, lens, lq, scale)
+        spec.native = native
+        return InputSet(call, spec)
     spec = AttnSpec(
         q4=q.view(1, rows, hq, d).transpose(1, 2), pools=pools, k4=None, v4=None,
         num_kv_heads=shape.num_kv_heads, lens=lens, q_len=lq, scale=scale, v_dim=d, rope=False,
         to_common=lambda outs: torch.cat([o.transpose(1, 2).reshape(-1, hq, o.shape[-1]) for o in outs]),
-        q_lens=q_lens,
+        q_lens=q_lens, native=native,
     )
     return InputSet(call, spec)
 
@@ -224,5 +233,6 @@ def _mla_set(shape: Shape, device, gen, ws) -> InputSet:
     spec = AttnSpec(
         q4=q.transpose(1, 2), pools=pools, k4=None, v4=None, num_kv_heads=1, lens=lens, q_len=1,
         scale=MLA_SCALE, v_dim=MLA_V_DIM, rope=False, to_common=lambda o: o.reshape(b, hq, MLA_V_DIM),
+        native=dict(q=q),
     )
     return InputSet(call, spec)

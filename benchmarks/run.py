@@ -9,6 +9,8 @@ Usage (on the device, from the repository root)::
                                                    # which grid shapes a selection runs (no device)
     PYTHONPATH=src python benchmarks/run.py --suite decode,mla,prefill --batch-invariant --out inv.json
                                                    # the same suites in batch-invariant mode (its cost)
+    source .peers/flashinfer/activate.sh && PYTHONPATH=src:$PYTHONPATH python benchmarks/run.py \
+        --suite sweep --fi-prebuild --out sweep.json   # the sweep, FlashInfer beside (benchmarks/README.md)
 
 As a module: ``from benchmarks.run import run; doc = run(suites=["decode"], out="r.json")``.
 
@@ -39,11 +41,14 @@ except ImportError:
 import torch  # noqa: E402
 
 from benchmarks import ceilings as ceilings_mod  # noqa: E402
-from benchmarks import report, shapes  # noqa: E402
+from benchmarks import peers_flashinfer, report, shapes, sweep  # noqa: E402
 from benchmarks.runner import DeviceLost, Options, run_shape  # noqa: E402
 from benchmarks.timing import Timer  # noqa: E402
 
 MAX_RESTARTS = 4
+SUITES = (*shapes.SUITES, "sweep")
+# The sweep's timing unless --warmup / --rep are given: CUDA-graph replays only, short (many shapes).
+SWEEP_WARMUP_MS, SWEEP_REP_MS = 10, 30
 
 
 def _git_rev() -> str | None:
@@ -104,6 +109,36 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def select_shapes(suites=None, *, quick: bool = False, smoke: bool = False, filters=None) -> list:
+    """The shapes a selection runs: the grid's (or the smoke shapes') of the named suites, then the
+    sweep's rows if ``sweep`` is named (the sweep is never part of the default selection)."""
+    suites = list(suites or shapes.SUITES)
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; expected some of {SUITES}")
+    grid_suites = [s for s in suites if s != "sweep"]
+    out = []
+    if grid_suites:
+        out += shapes.select(shapes.SMOKE if smoke else shapes.GRID, suites=grid_suites, quick=quick and not smoke,
+                             filters=filters)
+    if "sweep" in suites:
+        out += sweep.select(sweep.SMOKE_SWEEP if smoke else sweep.SWEEP, filters=filters)
+    return out
+
+
+def _flashinfer_env(prebuild_shapes) -> dict:
+    """FlashInfer's version (or why it is not importable) and, if asked, the prebuild's outcome."""
+    info: dict = {}
+    try:
+        fi = peers_flashinfer.load()
+        info["version"] = getattr(fi, "__version__", "?")
+    except peers_flashinfer.NotAvailable as exc:
+        info["error"] = str(exc)
+    if prebuild_shapes is not None:
+        info["prebuild"] = peers_flashinfer.prebuild(prebuild_shapes, log=_log)
+    return info
+
+
 def _summary(recs: list[dict]) -> str:
     parts = []
     for r in recs:
@@ -132,6 +167,7 @@ def run(
     resume: str | None = None,
     command: str = "",
     print_table: bool = True,
+    fi_prebuild: bool = False,
 ) -> dict:
     """Run the benchmarks and return the results document (also written to ``out`` / ``md``)."""
     t_start = time.time()
@@ -147,8 +183,18 @@ def run(
         doc = {"env": environment(dev, command), "ceilings": None, "records": [], "done": [], "restarts": 0}
         doc["env"]["started"] = t_start
     env = doc["env"]
+    opt = Options(peers=peers, flex=flex, **(options or {}))
     doc["selection"] = {"suites": list(suites or shapes.SUITES), "quick": quick, "smoke": smoke,
-                        "filters": list(filters or []), "peers": peers, "flex": flex}
+                        "filters": list(filters or []), "peers": peers, "flex": flex,
+                        "flashinfer": opt.flashinfer, "graph_only": opt.graph_only}
+    selected = select_shapes(suites, quick=quick, smoke=smoke, filters=filters)
+    if peers and opt.flashinfer and "flashinfer" not in env:
+        _log("FlashInfer peers: " + ("prebuilding ..." if fi_prebuild else "compiled on first use"))
+        env["flashinfer"] = _flashinfer_env(selected if fi_prebuild else None)
+        pre = env["flashinfer"].get("prebuild")
+        built = f"; prebuild {pre['seconds']} s, {len(pre['variants'])} variants {pre['error'] or ''}" if pre else ""
+        _log(f"  FlashInfer: {env['flashinfer'].get('version') or env['flashinfer'].get('error')}{built}")
+        _save(doc, out)
     if doc["ceilings"] is None:
         _log("measuring ceilings ...")
         doc["ceilings"] = ceilings_mod.measure(dev, timer)
@@ -157,9 +203,6 @@ def run(
              f"fp8 {c.get('matmul_fp8_tflops')} TFLOP/s {c['errors'] or ''}")
         _save(doc, out)
 
-    grid = shapes.SMOKE if smoke else shapes.GRID
-    selected = shapes.select(grid, suites=suites, quick=quick and not smoke, filters=filters)
-    opt = Options(peers=peers, flex=flex, **(options or {}))
     opt.l2_bytes = env.get("l2_bytes") or (1 << 20)  # CPU: a nominal 1 MiB, so rotation is exercised
     opt.peers_deadline = t_start + time_budget_s
     opt.kvattn_deadline = t_start + time_budget_s + 60
@@ -188,6 +231,7 @@ def run(
         _log(f"[{time.time() - t_start:6.1f}s] ({i + 1}/{len(selected)}) {shape.id} ({time.time() - t0:.1f}s): "
              f"{_summary(recs)}")
     doc["env"]["elapsed_s"] = round(time.time() - t_start, 1)
+    doc["summary"] = report.summary(doc)
     _save(doc, out)
     if md:
         Path(md).write_text(report.markdown(doc))
@@ -197,23 +241,34 @@ def run(
 
 
 def list_shapes(suites=None, *, quick: bool = False, smoke: bool = False, filters=None, peers: bool = True,
-                all_peers: bool = False) -> list[str]:
-    """One line per shape the selection would run (the GPU grid unless ``smoke``): id, then whether
-    the peers are timed on it. Measures nothing, so it runs anywhere."""
-    grid = shapes.SMOKE if smoke else shapes.GRID
-    selected = shapes.select(grid, suites=suites, quick=quick and not smoke, filters=filters)
+                all_peers: bool = False, flashinfer: bool = True) -> list[str]:
+    """One line per shape the selection would run (the GPU grid unless ``smoke``): id, then which
+    peers are timed on it (torch's, FlashInfer's kernels). Measures nothing, so it runs anywhere."""
+    selected = select_shapes(suites, quick=quick, smoke=smoke, filters=filters)
     width = max((len(s.id) for s in selected), default=0)
     lines = []
     for s in selected:
-        who = "kvattn + peers" if peers and (s.peers or all_peers) else "kvattn only"
+        torch_peers = peers and (s.peers or all_peers)
+        fi = [name for name, _ in peers_flashinfer.kernels(s)[0]] if peers and flashinfer else []
+        who = "kvattn + peers" if torch_peers else ("kvattn" if fi else "kvattn only")
+        if fi:
+            who += f" + FlashInfer ({', '.join(fi)})"
         lines.append(f"{s.id:<{width}}  {who}{'  (quick)' if s.quick else ''}")
     return lines
+
+
+def fi_variants_text(suites=None, *, quick: bool = False, smoke: bool = False, filters=None) -> str:
+    """The FlashInfer JIT variants a selection compiles (``--list`` prints it on stderr)."""
+    keys = peers_flashinfer.variant_keys(select_shapes(suites, quick=quick, smoke=smoke, filters=filters))
+    return f"FlashInfer variants compiled for this selection: {len(keys)}" + (
+        ": " + "; ".join(peers_flashinfer.describe(k) for k in keys) if keys else "")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", default=",".join(shapes.SUITES), help=f"comma-separated, of {','.join(shapes.SUITES)}")
+    p.add_argument("--suite", default=",".join(shapes.SUITES),
+                   help=f"comma-separated, of {','.join(SUITES)} (default: all but sweep)")
     p.add_argument("--out", default="results.json", help="JSON output (rewritten after every shape)")
     p.add_argument("--md", default=None, help="also write the RESULTS.md block here")
     p.add_argument("--quick", action="store_true", help="the ~1-minute subset of the grid")
@@ -224,6 +279,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peers", dest="peers", action="store_true", default=True)
     p.add_argument("--no-peers", dest="peers", action="store_false", help="time kvattn only")
     p.add_argument("--no-flex", dest="flex", action="store_false", default=True, help="skip FlexAttention peers")
+    p.add_argument("--no-fi", dest="flashinfer", action="store_false", default=True, help="skip FlashInfer peers")
+    p.add_argument("--fi-prebuild", action="store_true",
+                   help="compile every FlashInfer variant the selection needs, in parallel, before timing")
+    p.add_argument("--fi-prebuild-only", action="store_true",
+                   help="only compile the FlashInfer variants the selection needs (in parallel), print the outcome")
+    p.add_argument("--graph-only", action="store_true", default=None,
+                   help="time CUDA-graph replays only, no eager calls (the default for --suite sweep)")
     p.add_argument("--all-peers", action="store_true", help="peers on every shape (not only one layout per workload)")
     p.add_argument("--flex-gathered", action="store_true", help="also time flex on gathered K/V when paged flex works")
     p.add_argument("--sdpa-backends", default=",".join(("flash", "cudnn", "efficient")))
@@ -231,8 +293,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-check", dest="check", action="store_false", default=True,
                    help="skip the output comparison between kvattn and the peers")
     p.add_argument("--workspace-mib", type=int, default=256)
-    p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
-    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--warmup", type=int, default=None, help="do_bench warm-up, ms (25; the sweep: 10)")
+    p.add_argument("--rep", type=int, default=None, help="do_bench repetition time, ms (100; the sweep: 30)")
     p.add_argument("--time-budget", type=float, default=480.0,
                    help="seconds after which peers are skipped (kvattn 60 s later), to fit the device's limit")
     p.add_argument("--batch-invariant", action="store_true",
@@ -253,18 +315,28 @@ def main(argv=None) -> int:
     suites = [s.strip() for s in args.suite.split(",") if s.strip()]
     if args.list:
         lines = list_shapes(suites, quick=args.quick, smoke=args.smoke, filters=filters, peers=args.peers,
-                            all_peers=args.all_peers)
+                            all_peers=args.all_peers, flashinfer=args.flashinfer)
         print("\n".join(lines) if lines else "no shape matches", flush=True)
+        if args.peers and args.flashinfer:
+            _log(fi_variants_text(suites, quick=args.quick, smoke=args.smoke, filters=filters))
         return 0
+    if args.fi_prebuild_only:
+        info = _flashinfer_env(select_shapes(suites, quick=args.quick, smoke=args.smoke, filters=filters))
+        print(json.dumps(info, indent=1), flush=True)
+        return 0 if not info.get("error") and not info["prebuild"].get("error") else 1
+    is_sweep = "sweep" in suites
+    graph_only = is_sweep if args.graph_only is None else args.graph_only
+    warmup = args.warmup if args.warmup is not None else (SWEEP_WARMUP_MS if is_sweep else 25)
+    rep = args.rep if args.rep is not None else (SWEEP_REP_MS if is_sweep else 100)
     options = dict(all_peers=args.all_peers, flex_gathered=args.flex_gathered, time_reference=args.time_reference,
-                   check=args.check, workspace_mib=args.workspace_mib,
-                   sdpa_backends=tuple(b for b in args.sdpa_backends.split(",") if b))
+                   check=args.check, workspace_mib=args.workspace_mib, flashinfer=args.flashinfer,
+                   graph_only=graph_only, sdpa_backends=tuple(b for b in args.sdpa_backends.split(",") if b))
     command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         run(suites, out=args.out, md=args.md, quick=args.quick,
             smoke=True if args.smoke else None, filters=filters, device=args.device, peers=args.peers,
-            flex=args.flex, options=options, warmup_ms=args.warmup, rep_ms=args.rep,
-            time_budget_s=args.time_budget, resume=args.resume, command=command)
+            flex=args.flex, options=options, warmup_ms=warmup, rep_ms=rep,
+            time_budget_s=args.time_budget, resume=args.resume, command=command, fi_prebuild=args.fi_prebuild)
     except DeviceLost:
         return _restart(args)
     return 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import metrics, peers_flex, peers_sdpa
+from . import metrics, peers_flashinfer, peers_flex, peers_sdpa, report
 from .problems import Problem, build
 from .shapes import Shape
 from .timing import Timer, sync
@@ -39,6 +39,8 @@ class DeviceLost(RuntimeError):
 class Options:
     peers: bool = True
     flex: bool = True
+    flashinfer: bool = True  # FlashInfer's kernels on every shape they serve (not only shape.peers)
+    graph_only: bool = False  # time CUDA-graph replays only (eager calls skipped; the sweep's mode)
     sdpa_backends: tuple[str, ...] = peers_sdpa.BACKENDS
     all_peers: bool = False  # time peers also on shapes the grid marks peers=False
     flex_gathered: bool = False  # also time flex on gathered K/V when the paged form works
@@ -96,13 +98,13 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
 
 
-def _time_variant(rec: dict, var: Variant, timer: Timer) -> None:
+def _time_variant(rec: dict, var: Variant, timer: Timer, graph_only: bool = False) -> None:
     t0 = time.perf_counter()
     with var.context():
         var.fns[0]()  # compiles / autotunes / picks kernels
     sync(timer.device)
     rec["first_call_s"] = round(time.perf_counter() - t0, 3)
-    if var.eager or not timer.cuda:
+    if (var.eager and not graph_only) or not timer.cuda:
         rec["eager_us"] = timer.eager(var.fns, var.context)
     if var.graph and timer.cuda:
         try:
@@ -112,6 +114,8 @@ def _time_variant(rec: dict, var: Variant, timer: Timer) -> None:
                 raise
             rec["graph_error"] = _short(exc)
             torch.cuda.synchronize()
+    if timer.cuda and rec.get("graph_us") is None and rec.get("eager_us") is None:
+        rec["eager_us"] = timer.eager(var.fns, var.context)  # graph-only, but no graph: an eager time
 
 
 def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, opt: Options,
@@ -130,12 +134,17 @@ def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, 
             return records
         ref, ref_name = _run_kvattn(shape, problem, device, timer, ceilings, opt, records)
         want_peers = opt.peers and (shape.peers or opt.all_peers)
-        if want_peers and time.time() > opt.peers_deadline:
+        want_fi = opt.peers and opt.flashinfer
+        if (want_peers or want_fi) and time.time() > opt.peers_deadline:
             records.append(_record(shape, problem, "peers", "peer", status="skipped",
                                    note="time budget spent: peers skipped"))
-        elif want_peers:
+            return records
+        if want_fi:
+            _run_flashinfer(shape, problem, timer, ceilings, opt, records, ref, ref_name)
+        if want_peers:
             _run_peers(shape, problem, timer, ceilings, opt, records, ref, ref_name)
-            _copy_check_to_kvattn(records)
+        _copy_check_to_kvattn(records)
+        report.attach_fi_ratio(records)
         return records
     except Exception as exc:  # noqa: BLE001
         if _is_fatal(exc):
@@ -156,8 +165,11 @@ def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, 
 def _copy_check_to_kvattn(records: list[dict]) -> None:
     """kvattn's check: its distance to the first peer that ran attention alone."""
     kv = records[0]
-    for rec in records[1:]:
-        if rec.get("rel_err") is not None and rec.get("check_against") == "kvattn" and not rec["includes"]:
+    # torch's peers first (an independent formulation), then FlashInfer's kernels that passed theirs
+    ordered = sorted(records[1:], key=lambda r: r["family"] == peers_flashinfer.FAMILY)
+    for rec in ordered:
+        if rec.get("rel_err") is not None and rec.get("check_against") == "kvattn" and not rec["includes"] \
+                and not rec.get("check_failed"):
             kv["rel_err"], kv["check_against"] = rec["rel_err"], rec["impl"]
             return
 
@@ -176,7 +188,7 @@ def _run_kvattn(shape, problem, device, timer, ceilings, opt, records):
         rec["note"] = "reference backend"
     var = Variant("kvattn", "kvattn", [s.kvattn for s in problem.sets])
     try:
-        _time_variant(rec, var, timer)
+        _time_variant(rec, var, timer, opt.graph_only)
         _add_rates(rec, problem, ceilings)
         out = problem.sets[0].kvattn()
         sync(device)
@@ -206,6 +218,24 @@ def _run_peers(shape, problem, timer, ceilings, opt, records, ref, ref_name):
             _flex_peer(shape, problem, name, make, timer, ceilings, opt, records, ref, ref_name)
 
 
+def _run_flashinfer(shape, problem, timer, ceilings, opt, records, ref, ref_name):
+    """FlashInfer's kernels for the shape, each checked against kvattn's output (or, without one,
+    against the first FlashInfer kernel that ran)."""
+    kernels, why = peers_flashinfer.kernels(shape)
+    if not kernels:
+        records.append(_record(shape, problem, "fi", peers_flashinfer.FAMILY, status="not available", note=why))
+        return
+    for name, make in peers_flashinfer.variants(problem):
+        ref, ref_name = _run_peer(shape, problem, name, peers_flashinfer.FAMILY, make, timer, ceilings, opt, records,
+                                  ref, ref_name)
+        rec = records[-1]
+        if peers_flashinfer.check_failed(rec):
+            rec["check_failed"] = True
+            rec["note"] = (rec["note"] + "; " if rec["note"] else "") + (
+                f"CHECK FAILED: rel_err {rec['rel_err']:.2e} against {rec['check_against']} "
+                f"(> {peers_flashinfer.CHECK_MAX}): not counted as FlashInfer's best")
+
+
 def _flex_peer(shape, problem, name, make, timer, ceilings, opt, records, ref, ref_name) -> str:
     """One flex variant, skipping a formulation that already failed to compile on an earlier shape."""
     spec = problem.sets[0].spec
@@ -229,11 +259,13 @@ def _run_peer(shape, problem, name, family, make, timer, ceilings, opt, records,
     try:
         var = make()
         rec.update(impl=var.name, includes=var.includes, note=var.note)
-        _time_variant(rec, var, timer)
+        _time_variant(rec, var, timer, opt.graph_only)
         _add_rates(rec, problem, ceilings)
         if opt.check and (not var.includes or ref is None):  # +prep variants compute the same output
             with var.context():
-                out = problem.sets[0].spec.to_common(var.unfold(var.fns[0]()))
+                raw = var.fns[0]()
+                # FlashInfer's outputs are already in kvattn's layout (same signatures)
+                out = raw if var.extra.get("native_out") else problem.sets[0].spec.to_common(var.unfold(raw))
             sync(timer.device)
             if ref is None:
                 ref, ref_name = out.clone(), var.name

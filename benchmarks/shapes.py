@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass, field
 
@@ -73,8 +74,20 @@ class Shape:
     quick: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
     reqs: tuple[tuple[int, int], ...] = ()
+    # A ragged shape's length draw: "uniform" in [max(1, q_len), kv_len], or "lognormal" with median
+    # len_median and shape len_sigma, clipped to that range; each from its own seeded generator.
+    len_dist: str = "uniform"
+    len_seed: int = RAGGED_SEED
+    len_median: int = 0
+    len_sigma: float = 0.0
+    label: str = ""  # a prefix of the id (the sweep numbers its rows)
 
     def __post_init__(self):
+        if self.len_dist not in ("uniform", "lognormal"):
+            raise ValueError(f"len_dist: expected 'uniform' or 'lognormal', got {self.len_dist!r}")
+        if self.len_dist == "lognormal" and not (self.ragged and self.len_median >= 1 and self.len_sigma > 0):
+            raise ValueError(f"len_dist='lognormal' needs ragged=True, len_median >= 1 and len_sigma > 0; got "
+                             f"ragged={self.ragged}, len_median={self.len_median}, len_sigma={self.len_sigma}")
         if not self.reqs:
             return
         if self.suite != "prefill" or self.ragged:
@@ -89,13 +102,27 @@ class Shape:
                              f"got {(self.batch, self.q_len, self.kv_len)}")
 
     def seq_lens(self) -> list[int]:
-        """KV length of each request (seeded uniform draws for a ragged shape)."""
+        """KV length of each request (seeded draws for a ragged shape, at least ``q_len`` each)."""
         if self.reqs:
             return [n for _, n in self.reqs]
         if not self.ragged:
             return [self.kv_len] * self.batch
-        rng = random.Random(RAGGED_SEED)
-        return [rng.randint(1, self.kv_len) for _ in range(self.batch)]
+        rng = random.Random(self.len_seed)
+        lo = min(max(1, self.q_len), self.kv_len)
+        if self.len_dist == "lognormal":
+            mu = math.log(self.len_median)
+            return [min(self.kv_len, max(lo, round(rng.lognormvariate(mu, self.len_sigma))))
+                    for _ in range(self.batch)]
+        return [rng.randint(lo, self.kv_len) for _ in range(self.batch)]
+
+    def _lens_text(self) -> str:
+        """``BxL``, or a ragged batch's count, range and distribution."""
+        if not self.ragged:
+            return f"{self.batch}x{self.kv_len}"
+        lo = min(max(1, self.q_len), self.kv_len)
+        if self.len_dist == "lognormal":
+            return f"lognormal{self.batch}x[{lo},{self.kv_len}]~{self.len_median}"
+        return f"ragged{self.batch}x[{lo},{self.kv_len}]"
 
     def q_lens(self) -> list[int]:
         """Query rows of each request (``q_len`` each unless ``reqs`` lists them)."""
@@ -110,15 +137,17 @@ class Shape:
     @property
     def id(self) -> str:
         """A compact unique name, also what ``--filter`` matches."""
+        return (self.label + " " if self.label else "") + self._base_id()
+
+    def _base_id(self) -> str:
         kv = {"fp8": "fp8", "nvfp4": "nvfp4"}.get(self.kv_dtype, "bf16")
         heads = "" if (self.num_qo_heads, self.num_kv_heads) == (32, 8) else f" h{self.num_qo_heads}/{self.num_kv_heads}"
         if self.suite != "mla" and self.head_dim != 128:
             heads += f" D{self.head_dim}"
         if self.suite == "decode":
-            lens = f"ragged{self.batch}x[1,{self.kv_len}]" if self.ragged else f"{self.batch}x{self.kv_len}"
-            return f"decode {kv} {lens} p{self.page_size} {self.layout}{heads}"
+            return f"decode {kv} {self._lens_text()} p{self.page_size} {self.layout}{heads}"
         if self.suite == "spec_decode":
-            return f"spec_decode q{self.q_len} {kv} {self.batch}x{self.kv_len} p{self.page_size} {self.layout}{heads}"
+            return f"spec_decode q{self.q_len} {kv} {self._lens_text()} p{self.page_size} {self.layout}{heads}"
         if self.suite == "single_decode":
             return f"single_decode {kv} h{self.num_qo_heads}/{self.num_kv_heads} L{self.kv_len} {self.pos_encoding_mode}"
         if self.suite == "prefill":
@@ -129,7 +158,7 @@ class Shape:
                 lens = f"{self.batch}x{self.q_len}x{self.kv_len}"
             return f"prefill {q}{kv} {lens} p{self.page_size} {self.layout}{heads}"
         if self.suite == "mla":
-            return f"mla {kv} Hq{self.num_qo_heads} {self.batch}x{self.kv_len} p{self.page_size}"
+            return f"mla {kv} Hq{self.num_qo_heads} {self._lens_text()} p{self.page_size}"
         raise ValueError(f"unknown suite {self.suite!r}")
 
     def as_dict(self) -> dict:
@@ -142,9 +171,10 @@ class Shape:
             d["seq_lens_sum"] = sum(self.seq_lens())
         if self.ragged:
             lens = self.seq_lens()
-            d["ragged_seed"] = RAGGED_SEED
+            d["ragged_seed"] = self.len_seed
             d["seq_lens_sum"] = sum(lens)
             d["seq_lens_max"] = max(lens)
+            d["seq_lens"] = lens  # the draw itself, so a later run or a reader needs no generator
         return d
 
 
