@@ -257,6 +257,23 @@ def list_shapes(suites=None, *, quick: bool = False, smoke: bool = False, filter
     return lines
 
 
+def parse_ab(text: str) -> tuple:
+    """``LABEL:FAMILY:FIELD=VALUE,...`` -> ``(label, family, {field: int / float / bool / str})``."""
+    label, family, assigns = text.split(":", 2)
+    fields = {}
+    for item in filter(None, assigns.split(",")):
+        key, value = item.split("=", 1)
+        for cast in (int, float):
+            try:
+                fields[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            fields[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return label, family, fields
+
+
 def fi_variants_text(suites=None, *, quick: bool = False, smoke: bool = False, filters=None) -> str:
     """The FlashInfer JIT variants a selection compiles (``--list`` prints it on stderr)."""
     keys = peers_flashinfer.variant_keys(select_shapes(suites, quick=quick, smoke=smoke, filters=filters))
@@ -299,6 +316,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds after which peers are skipped (kvattn 60 s later), to fit the device's limit")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run kvattn in batch-invariant mode (KVATTN_BATCH_INVARIANT=1), to measure its cost")
+    p.add_argument("--ab", action="append", default=[], metavar="LABEL:FAMILY:FIELD=VALUE[,FIELD=VALUE]",
+                   help="also time kvattn under a config override of FAMILY (decode, mla, prefill) as "
+                        "'kvattn-LABEL' (same-run A/B; e.g. uniform:decode:balance_waves=0)")
     p.add_argument("--list", action="store_true",
                    help="print the selected shapes (the GPU grid unless --smoke) and whether peers run on each; "
                    "measure nothing")
@@ -330,7 +350,8 @@ def main(argv=None) -> int:
     rep = args.rep if args.rep is not None else (SWEEP_REP_MS if is_sweep else 100)
     options = dict(all_peers=args.all_peers, flex_gathered=args.flex_gathered, time_reference=args.time_reference,
                    check=args.check, workspace_mib=args.workspace_mib, flashinfer=args.flashinfer,
-                   graph_only=graph_only, sdpa_backends=tuple(b for b in args.sdpa_backends.split(",") if b))
+                   graph_only=graph_only, sdpa_backends=tuple(b for b in args.sdpa_backends.split(",") if b),
+                   ab=tuple(parse_ab(a) for a in args.ab))
     command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         run(suites, out=args.out, md=args.md, quick=args.quick,

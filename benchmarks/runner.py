@@ -48,6 +48,9 @@ class Options:
     check: bool = True
     workspace_mib: int = 256
     l2_bytes: int = 50 << 20
+    # Same-run A/B of kvattn's own configurations: (label, family, {config field: value}) timed as
+    # "kvattn-<label>" beside "kvattn" under that family's config override (run.py --ab).
+    ab: tuple = ()
     peers_deadline: float = float("inf")  # time.time() after which peers are skipped
     kvattn_deadline: float = float("inf")
 
@@ -194,12 +197,45 @@ def _run_kvattn(shape, problem, device, timer, ceilings, opt, records):
         sync(device)
         if not torch.isfinite(out.float()).all():
             rec["note"] = (rec["note"] + "; " if rec["note"] else "") + "NON-FINITE OUTPUT"
-        return out.clone(), "kvattn"
+        out = out.clone()
+        for label, family, fields in opt.ab:
+            if problem.op in _FAMILY_OPS.get(family, ()):
+                _run_ab(shape, problem, device, timer, ceilings, opt, records, label, family, fields, out)
+        return out, "kvattn"
     except Exception as exc:  # noqa: BLE001
         if _is_fatal(exc):
             raise
         rec.update(status="error", error=_short(exc), traceback=traceback.format_exc()[-2000:])
         return None, None
+
+
+_FAMILY_OPS = {"decode": ("batch_decode", "single_decode"), "mla": ("mla_decode",), "prefill": ("context",)}
+
+
+def _config_override(family: str, fields: dict):
+    import importlib
+
+    configs = importlib.import_module(f"kvattn.ops.{family}.configs")
+    return lambda: configs.override(**fields)
+
+
+def _run_ab(shape, problem, device, timer, ceilings, opt, records, label, family, fields, ref):
+    """kvattn under a config override (``--ab``), checked against the plain call's output."""
+    rec = _record(shape, problem, f"kvattn-{label}", "kvattn-ab", backend="triton", note=f"{family}: {fields}")
+    records.append(rec)
+    var = Variant(rec["impl"], "kvattn-ab", [s.kvattn for s in problem.sets], context=_config_override(family, fields))
+    try:
+        _time_variant(rec, var, timer, True)
+        _add_rates(rec, problem, ceilings)
+        with var.context():
+            out = problem.sets[0].kvattn()
+        sync(device)
+        rec["rel_err"] = _rel_err(out, ref)
+        rec["check_against"] = "kvattn"
+    except Exception as exc:  # noqa: BLE001
+        if _is_fatal(exc):
+            raise
+        rec.update(status="error", error=_short(exc))
 
 
 def _run_peers(shape, problem, timer, ceilings, opt, records, ref, ref_name):

@@ -199,6 +199,10 @@ def _decode_grid() -> list[Shape]:
             shapes.append(Shape("decode", b, n, page_size=page_size, layout=layout, peers=peers, quick=quick))
         shapes.append(Shape("decode", RAGGED_BATCH, RAGGED_MAX_LEN, page_size=page_size, layout=layout,
                             ragged=True, peers=peers))
+    # An engine's ragged step (issue 40's row): 64 requests with lengths uniform in [1, 12000] on pages
+    # of 16, bf16 and fp8.
+    for kv in ("bfloat16", "fp8"):
+        shapes.append(Shape("decode", 64, 12000, page_size=16, ragged=True, kv_dtype=kv, peers=False))
     for b, n in ((64, 8192), (256, 1024)):
         shapes.append(Shape("decode", b, n, kv_dtype="fp8", quick=(b == 64)))
     # NVFP4 KV (not in the first grid, a target since; docs/benchmarking.md. No peer reads it: SDPA on
