@@ -210,21 +210,38 @@ def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backe
 @pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
 def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, triton_backend, monkeypatch):
-    """A ragged batch takes the balanced split (common.balance): one request of many units (more
-    than the in-kernel merge takes: merged by the combine launch), one of a few (merged by its last
-    program, or by the combine launch with ``KVATTN_FUSED_MERGE=0``), empty and one-key requests
-    (one unit, written directly). A batch of about equal lengths keeps the uniform split inside the
-    same kernel (partials laid out by unit)."""
+    """A ragged batch takes the balanced split (common.balance): one request of many units, one of
+    a few (merged by their last program), empty and one-key requests (one unit, written directly),
+    the units dealt to the programs by the counter. A batch of about equal lengths keeps the
+    uniform split inside the same kernel (partials laid out by unit). Without the in-kernel merge
+    (``KVATTN_FUSED_MERGE=0``) the launch keeps the uniform split and its combine launch."""
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
     built = []  # the split launches the plans build (plans are not cached under a config override)
     real = decode_launch._split_launch
     monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
     ragged = [600, 3, 0, 97, 1] if not ON_GPU else [6000, 3, 0, 970, 1, 64, 2049]
     even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
-    with decode_configs.override(min_chunk=32, waves=64, balance_waves=4, balance_min_chunk=32):
+    with decode_configs.override(min_chunk=32, waves=4, balance_waves=4, balance_min_chunk=32):
         decode_case(kernel_device, monkeypatch, lens=ragged, q_len=q_len, group=group, sinks=True)
         decode_case(kernel_device, monkeypatch, lens=even, q_len=q_len, group=group, seed=3)
-        assert any(launch.constexprs["BALANCED"] for launch in built), "the calls did not take the balanced split"
+    balanced = [launch.constexprs["BALANCED"] for launch in built]
+    assert (any(balanced) if merge == "in-kernel" else not any(balanced)), balanced
+
+
+def test_balanced_deal_leaves_its_counters_at_zero(kernel_device, triton_backend, monkeypatch):
+    """Ragged calls sharing one workspace stay exact: the dynamic deal's counter and finish count,
+    and every request's merge counter, read zero after each launch."""
+    from kvattn.ops.launch.workspace import ALIGN, COUNTER_BYTES
+
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
+    lens = [300, 3, 0, 97] if not ON_GPU else [9000, 3, 0, 970, 64, 2049]
+    with decode_configs.override(balance_waves=4, balance_min_chunk=32):
+        for seed in range(2):
+            decode_case(kernel_device, monkeypatch, lens=lens, group=4, sinks=seed == 1, seed=seed, workspace=ws)
+    start = (-ws.data_ptr()) % ALIGN
+    assert (ws[start : start + COUNTER_BYTES] == 0).all()
+    assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: no request was split"
 
 
 def test_empty_batch_all_zero(kernel_device, triton_backend, monkeypatch):

@@ -638,7 +638,7 @@ class FakeGPU:
         monkeypatch.setattr(fast_launch, "driver", fake_driver, raising=False)
         monkeypatch.setattr(fast_launch, "_on_gpu", lambda t: True)  # CPU tensors stand in for GPU ones
         monkeypatch.setattr(fast_launch, "_device", types.SimpleNamespace(is_interpreter=lambda: False))
-        for name in ("decode_split_kernel", "decode_combine_kernel", "decode_balanced_combine_kernel"):
+        for name in ("decode_split_kernel", "decode_combine_kernel"):
             monkeypatch.setattr(decode_launch, name, JITFunction(getattr(decode_launch, name).fn))
         monkeypatch.setattr(append_launch, "append_kv_kernel", JITFunction(append_launch.append_kv_kernel.fn))
         monkeypatch.setattr(decode_launch, "_PLANS", {})  # no plan of these kernels outlives the test

@@ -1,15 +1,15 @@
-"""The balanced split of a ragged batch, decided on the GPU by every program (``triton.jit``).
+"""The balanced split of a ragged batch, planned on the GPU (``triton.jit``).
 
-A launch over requests of very different lengths that splits every request into the same number
-of pieces leaves the longest request's programs running long after the rest are done. The
-balanced split cuts the batch's keys into *units* of about equal length instead: one chunk length
-for the whole launch, from the batch's total key count, so a long request gets many units and a
-short one a single unit. No host sync: every program reads the device-side lengths, derives the
-same plan and finds its own unit, so a captured CUDA graph replays with new lengths. The launch
-size comes from host bounds: with ``chunk >= total / unit_target`` a ragged plan has at most
-``unit_target + batch`` units (each request rounds up once), and programs past the plan's last
-unit find nothing to do. A batch of about equal lengths keeps the uniform split instead (see
-:func:`balanced_unit`). docs/performance.md, "Ragged batches", has the measurements.
+A launch that splits every request into the same number of pieces leaves the longest request's
+programs running long after the rest are done when the lengths differ a lot. The balanced split
+cuts a ragged batch's keys into *units* of about equal length instead: one chunk length for the
+whole launch, from the batch's total key count, so a long request gets several units and a short
+one a single unit; the launch's programs then take units from a shared counter as they finish
+(a dynamic deal), so no program waits on a long one. No host sync: every program reads the
+device-side lengths and derives the same plan, and the grid is the uniform split's, from host
+bounds, so a captured CUDA graph replays with new lengths. A batch of about equal lengths keeps
+the uniform split (each program its one item, as without the plan). docs/performance.md, "Ragged
+batches", has the measurements.
 """
 
 from __future__ import annotations
@@ -17,59 +17,64 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# A ragged batch: its longest request holds more than RAGGED_NUM / RAGGED_DEN of the mean's keys.
+RAGGED_NUM: tl.constexpr = tl.constexpr(5)
+RAGGED_DEN: tl.constexpr = tl.constexpr(4)
+# Units of one request at most: the chunk is at least the longest request's keys over this, so
+# a request's partials merge in a few rounds in its last program (no combine launch).
+MAX_UNITS: tl.constexpr = tl.constexpr(16)
+
 
 @triton.jit
 def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
-    """``(n [BLOCK_B], ends [BLOCK_B])``: each request's unit count and one past its last unit."""
+    """``(ragged, n [BLOCK_B], ends [BLOCK_B])``: whether the batch is ragged, each request's unit
+    count and one past its last unit (see :func:`balanced_unit`)."""
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < batch
     lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
     lens = tl.minimum(tl.maximum(lens, 0), capacity)
     total = tl.sum(lens.to(tl.int64), 0)
-    ragged = tl.max(lens, 0).to(tl.int64) * batch > 2 * total
-    chunk = tl.cdiv(tl.cdiv(total, unit_target), BLOCK_N) * BLOCK_N
-    chunk = tl.maximum(chunk, MIN_CHUNK).to(tl.int32)
+    longest = tl.max(lens, 0)
+    ragged = longest.to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * total
+    chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, MAX_UNITS)).to(tl.int32)
+    chunk = tl.maximum(tl.cdiv(chunk, BLOCK_N) * BLOCK_N, MIN_CHUNK)
     n = tl.where(ragged, tl.maximum(tl.cdiv(lens, chunk), 1), uniform_splits)
     n = tl.where(b_ok, n, 0)
-    return n, tl.cumsum(n, 0)
+    return ragged, n, tl.cumsum(n, 0)
+
+
+@triton.jit
+def balanced_plan(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """``(ragged, units)``: whether the batch takes the balanced split, and its unit count."""
+    ragged, n, ends = _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N,
+                                   BLOCK_B)
+    return ragged, tl.sum(n, 0)
 
 
 @triton.jit
 def balanced_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
-    """``(b, split, n_splits, first_unit, active)`` of work unit ``unit`` of the launch's plan.
+    """``(b, split, n_splits, first_unit)`` of work unit ``unit`` (``< units``) of the plan.
 
     ``seq_lens_ptr``: ``[batch]`` int32 key counts (clamped into ``[0, capacity]`` as the kernels
     clamp them); ``batch <= BLOCK_B``. Request ``b`` takes ``n_b`` consecutive units, request by
     request, and its keys are cut into ``n_b`` equal chunks (``split_bounds``):
 
-    * a batch whose longest request holds at most twice the mean's keys keeps the host's uniform
-      split, ``n_b = uniform_splits`` for every request (the split count planned in whole waves of
-      resident programs, which suits equal lengths best);
+    * a batch whose longest request holds at most 5/4 of the mean's keys keeps the host's uniform
+      split, ``n_b = uniform_splits`` for every request (planned in whole waves of resident
+      programs, which suits equal lengths best);
     * a ragged batch takes ``n_b = max(1, ceil(L_b / chunk))`` (an empty request still takes one
       unit: its rows are written, as zeros), with one ``chunk`` for the whole batch:
-      ``total / unit_target`` keys rounded up to whole ``BLOCK_N`` tiles, at least ``MIN_CHUNK``.
-
-    ``active`` is false for the units past the plan's last (``b`` is then clamped to a valid
-    request, and the caller reads and stores nothing).
+      ``total / unit_target`` keys, at least the longest over ``MAX_UNITS`` and ``MIN_CHUNK``,
+      rounded up to whole ``BLOCK_N`` tiles.
     """
-    n, ends = _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B)
+    ragged, n, ends = _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N,
+                                   BLOCK_B)
     offs_b = tl.arange(0, BLOCK_B)
-    b = tl.sum((ends <= unit).to(tl.int32), 0)  # requests wholly before this unit
-    active = b < batch
-    b = tl.minimum(b, batch - 1)
+    b = tl.minimum(tl.sum((ends <= unit).to(tl.int32), 0), batch - 1)  # requests wholly before this unit
     mine = offs_b == b
     n_b = tl.sum(tl.where(mine, n, 0), 0)
     first = tl.sum(tl.where(mine, ends, 0), 0) - n_b
-    return b, unit - first, n_b, first, active
-
-
-@triton.jit
-def request_units(seq_lens_ptr, b, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
-    """``(n_splits, first_unit)`` of request ``b`` in the plan :func:`balanced_unit` reads."""
-    n, ends = _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B)
-    mine = tl.arange(0, BLOCK_B) == b
-    n_b = tl.sum(tl.where(mine, n, 0), 0)
-    return n_b, tl.sum(tl.where(mine, ends, 0), 0) - n_b
+    return b, unit - first, n_b, first

@@ -32,8 +32,9 @@ class DecodeConfig:
     tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by ops/launch/ptx_hints.py)
     invariant_span: int = 1024  # keys a split in batch-invariant mode (rounded up to BLOCK_N; invariant_splits)
     # Ragged batches (common.balance): the batch's keys cut into about balance_waves x resident
-    # programs' worth of units, none under balance_min_chunk keys; 0 keeps the uniform split only.
-    balance_waves: int = 8
+    # programs' worth of units (at least the uniform split's count), none under balance_min_chunk
+    # keys; 0 keeps the uniform split only.
+    balance_waves: int = 4
     balance_min_chunk: int = 512
 
 

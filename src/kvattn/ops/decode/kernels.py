@@ -48,7 +48,7 @@ from ..common import (
     token_pages,
     window_causal_allowed,
 )
-from ..common.balance import balanced_unit, request_units
+from ..common.balance import balanced_plan, balanced_unit
 from ..launch.ptx_hints import mark_copies_evict_first
 
 # KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies: their launches compile
@@ -58,11 +58,6 @@ try:  # grid dependency control (programmatic dependent launch); absent in old T
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
-
-
-# Balanced launches merge a request's partials in its last program up to this many rounds of
-# MERGE_BLOCK_S; past that the combine launch merges them (each round is an L2 round trip).
-BALANCED_MERGE_ROUNDS: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
@@ -137,8 +132,8 @@ def _decode_item(
         # every KV head and row block; the request's own unit count replaces num_splits.
         kvh = rest % NUM_KV_HEADS
         unit = rest // NUM_KV_HEADS
-        b, split, n_splits, first_unit, active = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits,
-                                                               unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B)
+        b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits, unit_target,
+                                                       MIN_CHUNK, BLOCK_N, BLOCK_B)
         bh = b * NUM_KV_HEADS + kvh
     else:
         split = rest % num_splits
@@ -152,8 +147,6 @@ def _decode_item(
     chunk = split_bounds(kv_len, kv_lo, n_splits, BLOCK_N, SPLIT_SPAN)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
-    if BALANCED:
-        end = tl.where(active, end, start)  # a unit past the plan's last reads nothing and stores nothing
     if PREFETCH > 0:
         # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
         # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
@@ -334,8 +327,6 @@ def _decode_item(
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
     # all num_splits of them without reading the request's length again.
     final = n_splits == 1
-    if BALANCED:
-        final = final & active
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
     out_mult = out_factor
     if OUT_PTR:
@@ -350,7 +341,6 @@ def _decode_item(
     o_part, _ = softmax_finalize(acc, m_i, l_i, sink2, False)
     if BALANCED:
         # Partials by unit: [units, Q_LEN, Hq, D], a unit's rows those of its one request.
-        partial = partial & active
         p_row = (unit.to(tl.int64) * Q_LEN + row_idx) * NUM_HEADS + heads
     else:
         p_row = (split.to(tl.int64) * num_rows + q_rows) * NUM_HEADS + heads
@@ -362,14 +352,12 @@ def _decode_item(
         # counts its arrival after its partial is written (the barrier orders every thread's
         # stores before the one thread's release), and the last resets the count for the next
         # launch. Every split of an item runs, so the count always reaches n_splits. Balanced
-        # units of a one-unit request (or past the plan) wrote their rows and count nothing.
+        # units of a one-unit request wrote their rows and count nothing.
         tl.debug_barrier()
         count_ptr = counter_ptr + (bh * M_BLOCKS + mb)
         if BALANCED:
-            # Requests of more units than two merge rounds take are merged by the combine launch.
-            merging = partial & (n_splits <= BALANCED_MERGE_ROUNDS * MERGE_BLOCK_S)
-            arrived = tl.atomic_add(count_ptr, 1, mask=merging, sem="acq_rel", scope="gpu")
-            last = merging & (arrived == n_splits - 1)
+            arrived = tl.atomic_add(count_ptr, 1, mask=partial, sem="acq_rel", scope="gpu")
+            last = partial & (arrived == n_splits - 1)
         else:
             arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
             last = arrived == num_splits - 1
@@ -431,7 +419,7 @@ def decode_split_kernel(
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0, BALANCED: tl.constexpr = False, BLOCK_B: tl.constexpr = 1,
-    MIN_CHUNK: tl.constexpr = 0,
+    MIN_CHUNK: tl.constexpr = 0, DEAL_SLOT: tl.constexpr = 0,
 ):
     if KV_EVICT_FIRST and KV_TMA:
         mark_copies_evict_first()
@@ -441,7 +429,56 @@ def decode_split_kernel(
     # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
     # per SM and 20-25 % of its time on an H100 (benchmarks/NOTES.md, Single decode).
     pid = tl.program_id(0)
-    if PERSISTENT:
+    if BALANCED:
+        # A ragged batch (common.balance): after its own item, each program deals itself the next
+        # undealt item from the counter at DEAL_SLOT until the plan's items run out, so programs
+        # that drew short units take more; the last program to finish resets the counter (and its
+        # finish count at DEAL_SLOT + 1) for the next launch. Otherwise the uniform split: one item
+        # a program, as below.
+        ragged, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
+                                      BLOCK_B)
+        if ragged:
+            num_items_plan = units * NUM_KV_HEADS * M_BLOCKS
+            item = pid
+            while item < num_items_plan:
+                _decode_item(
+                    item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr,
+                    kv_start_ptr, mask_ptr,
+                    sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+                    counter_ptr,
+                    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+                    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+                    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+                    num_rows, num_splits, num_pages, fixed_len, window_left,
+                    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
+                    HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
+                    KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                    OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                    MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
+                )
+                item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
+            finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
+            if finished == tl.num_programs(0) - 1:
+                tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
+        else:
+            _decode_item(
+                pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
+                mask_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+                stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
+                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+                stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
+                num_rows, num_splits, num_pages, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
+                HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
+                KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
+            )
+    elif PERSISTENT:
         # A capped grid (xqa's sm_count): each program walks the work items.
         for item in range(pid, num_items, tl.num_programs(0)):
             _decode_item(
@@ -520,46 +557,4 @@ def decode_combine_kernel(
         tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
 
 
-@triton.jit
-def decode_balanced_combine_kernel(
-    part_o_ptr,  # [units, Q_LEN, Hq, D] float32 normalised unit outputs
-    part_lse_ptr,  # [units, Q_LEN, Hq] float32 unit LSEs (base 2)
-    seq_lens_ptr,  # [B] int32: the split launch's plan is read again from them
-    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
-    out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8
-    lse_ptr,  # [B * Q_LEN, Hq] float32 (STORE_LSE; head stride 1)
-    stride_o_t, stride_o_h, stride_lse_t,
-    num_splits, out_factor, batch, capacity, unit_target,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
-    OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, USE_PDL: tl.constexpr,
-    Q_LEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MIN_CHUNK: tl.constexpr,
-    MERGED_MAX: tl.constexpr,
-):
-    """:func:`decode_combine_kernel` for a balanced split launch (common.balance): the plan is read
-    again for the row's request, whose units' partials are merged; rows of requests of at most
-    ``MERGED_MAX`` units were written by the split launch and are left alone."""
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    if USE_PDL:
-        gdc_wait()
-    heads = h + tl.zeros([1], dtype=tl.int32)
-    n_splits, first_unit = request_units(seq_lens_ptr, t // Q_LEN, batch, capacity, num_splits, unit_target,
-                                         MIN_CHUNK, BLOCK_N, BLOCK_B)
-    row_ok = (heads < NUM_HEADS) & (n_splits > MERGED_MAX)
-    p_row = (first_unit.to(tl.int64) * Q_LEN + t % Q_LEN) * NUM_HEADS + heads
-    m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, Q_LEN * NUM_HEADS, n_splits, HEAD_DIM,
-                                 BLOCK_S, False)
-    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
-    o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
-    out_mult = out_factor
-    if OUT_PTR:
-        out_mult = out_mult * tl.load(out_scale_ptr)
-    offs_d = tl.arange(0, HEAD_DIM)
-    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
-                 o * out_mult, row_ok[:, None], OUT_FP8)
-    if STORE_LSE:
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
-
-
-__all__ = ["decode_split_kernel", "decode_combine_kernel", "decode_balanced_combine_kernel"]
+__all__ = ["decode_split_kernel", "decode_combine_kernel"]

@@ -27,13 +27,13 @@ from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as decode_configs
 from ..launch import fast_launch
-from .kernels import decode_balanced_combine_kernel, decode_combine_kernel, decode_split_kernel
+from .kernels import decode_combine_kernel, decode_split_kernel
 from ..launch.common import (
     arch, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_aligned, words_allowed,
 )
 from ..launch.plans import cached_plan
 from ..launch.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
-from .kernels import BALANCED_MERGE_ROUNDS
+from ..common.balance import MAX_UNITS
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -273,23 +273,21 @@ class _Plan:
         return self.merge and splits > 1 and cdiv(splits, _merge_block_s(self, cfg, splits)) <= MAX_MERGE_ROUNDS
 
     def balance(self, cfg: decode_configs.DecodeConfig, splits: int) -> Balance | None:
-        """The balanced launch's sizes for ``splits`` uniform splits, or None where the plan or
-        the workspace does not allow one."""
-        if not self.balance_ok or cfg.balance_waves <= 0:
+        """The balanced launch's sizes for ``splits`` uniform splits, or None where the plan does
+        not allow one (common.balance): its programs merge in the kernel (counters, with two more
+        for the dynamic deal) and its partials fit the workspace."""
+        if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
+                or not (splits == 1 or self.merges(cfg, splits))):
             return None
-        target = decode_configs.balance_target(
+        target = max(self.batch * splits, decode_configs.balance_target(
             cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
-            kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query)
+            kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
         # A ragged plan has at most target + batch units (each request rounds up once), a uniform one
-        # batch x splits; a request at most target + 1 (ragged) or splits.
-        units = max(self.batch * splits, target + self.batch)
+        # batch x splits; a request at most MAX_UNITS (ragged) or splits.
+        units = target + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
-        most = max(splits, target + 1)
-        merge_s = _merge_block_s(self, cfg, most)
-        merged = self.merge
-        merged_max = BALANCED_MERGE_ROUNDS.value * merge_s if merged else 1
-        return Balance(target, units, most, merge_s, merged, most > merged_max, merged_max)
+        return Balance(target, units, _merge_block_s(self, cfg, max(splits, MAX_UNITS.value)))
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
@@ -304,8 +302,7 @@ class _Plan:
             bal = self.balance(cfg, splits)
             if bal is not None:
                 rows = bal.units * self.q_len * self.num_heads
-                combine = _balanced_combine_launch(self, splits, bal, cfg) if bal.combine else None
-                hit = (_split_launch(self, cfg, splits, bal), combine, rows * self.head_dim, rows, bal.merged)
+                hit = (_split_launch(self, cfg, splits, bal), None, rows * self.head_dim, rows, True)
             else:
                 numel_o = splits * self.rows_total * self.num_heads * self.head_dim
                 numel_lse = splits * self.rows_total * self.num_heads
@@ -326,12 +323,8 @@ class Balance(NamedTuple):
     """Sizes of a balanced launch (``common.balance``)."""
 
     target: int  # units a ragged plan aims at
-    units: int  # the launch's units (programs / (KV heads x row blocks)): the plans' bound
-    most: int  # units of one request, at most
+    units: int  # units a plan has at most (the partials' room)
     merge_block_s: int  # partials the in-kernel merge loads a round
-    merged: bool  # the split launch merges requests of up to merged_max units itself
-    combine: bool  # a combine launch merges the requests of more units
-    merged_max: int
 
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
@@ -356,7 +349,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
                   bal: Balance | None = None) -> fast_launch.Launch:
     """The split kernel's launch, every argument by its parameter's name (``bal``: balanced)."""
     s, has = plan.strides, plan.has
-    num_items = plan.items * splits if bal is None else bal.units * plan.num_kv_heads * plan.m_blocks
+    num_items = plan.items * splits  # (balanced: the uniform split's grid; a ragged plan deals its units)
     tma = cfg.tma and plan.tma_ok
     persistent = plan.max_programs is not None and num_items > plan.max_programs
     return fast_launch.Launch(
@@ -393,13 +386,13 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
             SOFT_CAP=plan.soft_cap, USE_DOT=plan.use_dot, PAGE_AHEAD=cfg.page_ahead,
             PREFETCH=0 if plan.paged or tma else cfg.prefetch, KV_EVICT_FIRST=cfg.evict_first, KV_TMA=tma,
-            MERGE=bal.merged if bal else plan.merges(cfg, splits), MERGE_ROWS=plan.merge_rows,
+            MERGE=bal is not None or plan.merges(cfg, splits), MERGE_ROWS=plan.merge_rows,
             MERGE_BLOCK_S=bal.merge_block_s if bal else _merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
             USE_PDL=plan.gdc, HAS_KV_START=has["kv_start"],
             SPLIT_SPAN=decode_configs.invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
-            MIN_CHUNK=cfg.balance_min_chunk if bal else 0,
+            MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -432,28 +425,6 @@ def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:
             NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim,
             BLOCK_S=combine_block_s(splits, plan.head_dim, plan.invariant), HAS_SINKS=has["sinks"],
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], USE_PDL=plan.gdc,
-        ),
-        options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
-    )
-
-
-def _balanced_combine_launch(plan: _Plan, splits: int, bal: Balance,
-                             cfg: decode_configs.DecodeConfig) -> fast_launch.Launch:
-    """The balanced split launch's combine (``cfg``: the split launch's config, whose plan it reads)."""
-    s, has = plan.strides, plan.has
-    return fast_launch.Launch(
-        decode_balanced_combine_kernel, (plan.rows_total, plan.num_heads),
-        layout=plan.layout,
-        per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", seq_lens_ptr="seq_lens",
-                      sinks_ptr=_given(plan, "sinks"), out_scale_ptr=_given(plan, "out_scale"), out_ptr="out",
-                      lse_ptr=_given(plan, "lse"), capacity="fixed_len", out_factor="out_factor"),
-        fixed=dict(stride_o_t=s["out"][0], stride_o_h=s["out"][1], stride_lse_t=s["lse"], num_splits=splits,
-                   batch=plan.batch, unit_target=bal.target),
-        constexprs=dict(
-            NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim, BLOCK_S=combine_block_s(bal.most, plan.head_dim, False),
-            HAS_SINKS=has["sinks"], OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"],
-            USE_PDL=plan.gdc, Q_LEN=plan.q_len, BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(plan.batch),
-            MIN_CHUNK=cfg.balance_min_chunk, MERGED_MAX=bal.merged_max,
         ),
         options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
     )
