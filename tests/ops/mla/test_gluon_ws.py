@@ -314,10 +314,11 @@ def test_ws_switch_reaches_the_plan_facts(raw, want, monkeypatch):
 
 
 def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
-    """``benchmarks/tune_mla.py``'s ``ws_*`` variants replace the warp-specialised launch's
-    schedule constexprs (and only inside the variant), and ``gluon`` switches the kernel off."""
+    """``benchmarks/tune_mla.py``'s ``ws_*`` variants launch a timing floor (a patched copy of the
+    kernel's source, ``benchmarks/mla_ws_floors.py``) in place of the library's kernel, only
+    inside the variant, with the same options; ``gluon`` switches the kernel off."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
-    from benchmarks import tune_mla, tuning
+    from benchmarks import mla_ws_floors, tune_mla, tuning
 
     contexts = {}
 
@@ -328,12 +329,15 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
     monkeypatch.setattr(tuning, "time_variants", collect)
     assert tune_mla.main([]) == 0
     base = dict(num_warps=4, maxnreg=168)
-    for name, want in (("default", {}), ("ws_first", dict(STAGGER=False, PA_REGS=False)),
-                       ("ws_nocopies", dict(FLOOR=2)), ("ws_noscores", dict(FLOOR=4)),
-                       ("ws_noconvert", dict(FLOOR=5))):
+    library = mla_launch.mla_gluon_ws_kernel
+    for name, floor in (("default", None), ("ws_nocopies", "nocopies"), ("ws_nopv", "nopv"),
+                        ("ws_noscores", "noscores"), ("ws_noconvert", "noconvert")):
         with contexts[name]():
-            assert _plan(monkeypatch).launches(4096)[0].options() == dict(base, **want), name
-    assert _plan(monkeypatch).launches(4096)[0].options() == base
+            split = _plan(monkeypatch).launches(4096)[0]
+            want = library if floor is None else mla_ws_floors.floor_kernel(floor)
+            assert split.kernel() is want and split.options() == base, name
+            assert floor is None or want is not library
+    assert mla_launch.mla_gluon_ws_kernel is library
     with contexts["gluon"]():
         from kvattn import _env
         assert not _env.gluon_ws()

@@ -9,7 +9,6 @@ The partials are merged by the decode family's :func:`~..decode.kernels.decode_c
 
 from __future__ import annotations
 
-import inspect
 from typing import NamedTuple
 
 import torch
@@ -251,7 +250,7 @@ class _GluonSplit:
         return mla_gluon_kernel
 
     def options(self) -> dict:
-        """The launch's options (and, in a subclass, schedule constexprs), by name."""
+        """The launch's options, by name."""
         return dict(num_warps=8)
 
     def lse_args(self) -> tuple[dict, dict, dict]:
@@ -266,7 +265,7 @@ class _GluonSplit:
         self.splits = splits
         self.plan = plan
         self.layout = _row_layout(plan.kv_dtype)
-        self._launches: dict = {}  # options -> fast_launch.Launch (tuning variants change the options)
+        self._launches: dict = {}  # options -> fast_launch.Launch
 
     def launch(self) -> fast_launch.Launch:
         """This split's launch with the current :meth:`options`."""
@@ -282,11 +281,6 @@ class _GluonSplit:
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
             SPLIT_SPAN=plan.split_span, Q_LEN=plan.q_len, **lse_constexprs,
         )
-        names = {p.name for p in kernel.params if p.is_constexpr}
-        constexprs.update((n, v) for n, v in options.items() if n in names)  # schedule variants
-        for p in kernel.params:  # the other schedule constexprs at their defaults
-            if p.is_constexpr and p.name not in constexprs and p.default is not inspect.Parameter.empty:
-                constexprs[p.name] = p.default
         st = plan.strides
         hit = self._launches[key] = fast_launch.Launch(
             kernel, self.grid, layout=_LAYOUT,
@@ -299,7 +293,7 @@ class _GluonSplit:
                        batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits, num_pages=plan.num_pages,
                        **lse_fixed),
             constexprs=constexprs,
-            options={n: v for n, v in options.items() if n not in names},
+            options=options,
         )
         return hit
 
@@ -313,19 +307,15 @@ class _GluonSplit:
 
 class _WarpSpecializedSplit(_GluonSplit):
     """The same launch on :func:`~.gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
-    kernel's, plus schedule constexprs with defaults): 4 warps a partition, and the registers a
-    thread its ``warp_specialize`` redistributes (``MAXNREG``)."""
-
-    # Schedule constexprs replacing the kernel's defaults (tuning and timing floors:
-    # benchmarks/tune_mla.py's ws_* variants); empty in the library.
-    CONSTEXPRS: dict = {}
+    kernel's but the final LSE's): 4 warps a partition, and the registers a thread its
+    ``warp_specialize`` redistributes (``MAXNREG``)."""
 
     @staticmethod
     def kernel():
         return mla_gluon_ws_kernel
 
     def options(self) -> dict:
-        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value, **self.CONSTEXPRS)
+        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
 
     def lse_args(self) -> tuple[dict, dict, dict]:
         return {}, {}, {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
