@@ -189,3 +189,41 @@ def test_ws_fp8_timing_floors_compile():
             assert got["stack"] == 0
         assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", got["ptx"])) == (0 if floor == "noconvert" else 256)
         assert len(re.findall(r"cp\.async\.bulk\.tensor", got["ptx"])) == (0 if floor == "nocopies" else 18)
+
+# ---------------------------------------------------------------------------------------------
+# Multi-token prediction (Q_LEN > 1): the per-row key limits cost no product, register or buffer
+# ---------------------------------------------------------------------------------------------
+def test_ws_kernel_with_four_tokens_keeps_its_schedule():
+    """Q_LEN 4 (16 heads x 4 tokens in the 64 rows): the same products, TMA boxes, registers and
+    shared memory as one token, no spill; the per-row limits are a mask, not a second schedule."""
+    got = compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4), ptrs=GLUON_PTRS,
+                       floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    assert {"240", "24"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert 216 * 1024 < got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+
+
+def test_ws_fp8_kernel_with_four_tokens_keeps_its_schedule():
+    got = _compile_fp8(Q_LEN=4)
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", ptx)) == 36
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16", ptx)) == 16
+    assert 200 * 1024 < got["shared"] <= 216 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+
+
+def test_gluon_kernel_with_four_tokens_keeps_its_schedule():
+    got = compile_sm90("kvattn.ops.mla.gluon.mla_gluon_kernel", dict(GLUON_BASE, Q_LEN=4, STORE_LSE=True),
+                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=8, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", got["ptx"])) == 36
+    assert got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255

@@ -197,9 +197,10 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
 
 
 def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, q_dtype=None,
-          lse_stride=None):
+          lse_stride=None, q_len=1):
     """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576] of
-    ``q_dtype`` (default ``dtype``), a [100, page, 576] cache of ``dtype``."""
+    ``q_dtype`` (default ``dtype``; ``hq`` counts the rows, Q tokens x heads, with ``q_len``), a
+    [100, page, 576] cache of ``dtype``."""
     from kvattn import _device
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
     facts = mla_launch.MLAFacts(
@@ -207,7 +208,7 @@ def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torc
         q_dtype=q_dtype or dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
         table_stride=(10, 1), out_stride=(hq * 512, 512, 1), ws_numel=64 << 20, has_logit=False,
         has_out_scale=False, aligned4=dtype == FP8_DTYPE, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
-        lse_stride=lse_stride,
+        lse_stride=lse_stride, q_len=q_len,
     )
     return mla_launch._Plan(facts)
 
@@ -341,3 +342,22 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
     with contexts["gluon"]():
         from kvattn import _env
         assert not _env.gluon_ws()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("q_len,hq", [(4, 16), (2, 16), (2, 64)], ids=["Q4-Hq16", "Q2-Hq16", "Q2-Hq64"])
+def test_mtp_rows_fill_the_ws_kernels_tile(q_len, hq, dtype, monkeypatch):
+    """Multi-token prediction folds (token, head) into the rows: 16 heads x 4 tokens take the
+    warp-specialised kernel's 64-row programs as 64 heads do (x 2 tokens: 32 rows, padded), with
+    the token count as its ``Q_LEN``; one token of 16 heads keeps the Triton kernel."""
+    plan = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, dtype=dtype)
+    split = plan.launches(4096)[0]
+    assert type(split) is mla_launch._WarpSpecializedSplit and plan.cfg.block_h == 64
+    launch = split.launch()
+    assert launch.constexprs["Q_LEN"] == q_len and launch.fixed["num_heads"] == q_len * hq
+    assert not isinstance(_plan(monkeypatch, hq=16, dtype=dtype).launches(4096)[0], mla_launch._GluonSplit)
+    # A call asking for the LSE: mla/gluon.py's kernel (16-bit, 64 rows and more) or the Triton kernel.
+    lse = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, lse_stride=q_len * hq, dtype=dtype).launches(4096)[0]
+    gluon = dtype == torch.bfloat16 and q_len * hq >= 64
+    assert (type(lse) is mla_launch._GluonSplit) is gluon
+    assert (lse.launch() if gluon else lse).constexprs["Q_LEN"] == q_len
