@@ -12,9 +12,10 @@ Gluon kernel)"):
 * each multiplies both tiles' probabilities with its half of both tiles' values, the other
   warpgroup's P arriving through shared memory.
 
-The right warpgroup issues S_B once S_A is issued, so the tensor cores run S_A, then S_B while the left softmax runs, then the four half-width P.V products while
-the right softmax runs, and the next pair's S_A queues behind them. Each warpgroup's tensor work a
-pair is one score tile and two half P.V tiles, the same as the other's. A fifth partition, one
+The right warpgroup issues S_B once S_A is issued, so the tensor cores run S_A, then S_B while
+the left softmax runs, then the four half-width P.V products while the right softmax runs, and
+the next pair's S_A queues behind them. Each warpgroup's tensor work a pair is one score tile and
+two half P.V tiles, the same as the other's. A fifth partition, one
 warp, issues the TMA copies of the latent rows.
 
 Shared memory (227 KB a program): the query (72 KB), two row buffers of 64 rows x 576 (144 KB,
@@ -70,6 +71,9 @@ Multi-token prediction (``Q_LEN > 1``): the rows are ``Q_LEN * Hq`` (token, head
 token-major, as in :mod:`.kernels`; both warpgroups mask their scores with each row's own key
 limit (:func:`.gluon.mtp_row_ends`), which differs from the split's end only in a request's last
 keys. ``Q_LEN == 1`` compiles as the one-token kernel always did.
+
+The kernel has no timing switch: ``benchmarks/mla_ws_floors.py`` builds its floors (no copies,
+no P.V, no scores, no value conversion) from a patched copy of this source.
 """
 
 from __future__ import annotations
@@ -636,7 +640,7 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
 
 @gluon.jit
 def mla_gluon_ws_kernel(
-    q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major (last dim contiguous), 16-bit or e4m3
+    q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major, 16-bit or e4m3 (last dim contiguous)
     kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [64, 64]
     table_ptr,  # [B, pages_per_seq] int32 page ids
     seq_lens_ptr,  # [B] int32
