@@ -161,7 +161,7 @@ def _mla(query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_r
     logit = to_scale(bmm1_scale, "bmm1_scale", device)
     out_scale = to_scale(bmm2_scale, "bmm2_scale", device)
     rows = q_len * num_heads  # (token, head) folded into one row axis, token-major
-    four_d = q_len > 1 or (out is not None and isinstance(out, torch.Tensor) and out.dim() == 4)
+    four_d = q_len > 1 or (isinstance(out, torch.Tensor) and out.dim() == 4)  # [B, Q, Hq, 512]
     out_shape = (batch, q_len, num_heads, KV_LORA_RANK) if four_d else (batch, num_heads, KV_LORA_RANK)
     lse_shape = out_shape[:-1]
     if out is None:
