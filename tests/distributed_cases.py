@@ -162,7 +162,8 @@ def mla_case(rank, world, device, dtype, *, lens, scheme="round_robin", span=Non
     kv, tables = kd.shard_kv_cache(cache, case.block_tables, case.seq_lens, sharding, rank, extra_pages=2)
     heads = slice(rank * hq // world, (rank + 1) * hq // world) if scatter else slice(None)
     out_heads = hq // world if scatter else hq
-    ws_local = torch.zeros(2 << 20, dtype=torch.uint8, device=device)
+    # (the merge's buffers grow with the rows: Q tokens x the requests, times the ranks gathered)
+    ws_local = torch.zeros((2 << 20) * q_len, dtype=torch.uint8, device=device)
     o32, lse = kd.mla_decode(q, kv, ws_local, tables, case.seq_lens, max_len, sharding=sharding,
                              out=torch.empty(*tokens, out_heads, 512, device=device), return_lse=True,
                              scatter_heads=scatter, **args)
