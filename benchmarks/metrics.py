@@ -46,8 +46,9 @@ def work(shape: Shape) -> Work:
     matmul = "matmul_fp8" if shape.q_dtype == "fp8" else "matmul_bf16"
     if shape.suite == "mla":
         tokens = sum(lens)
-        nbytes = tokens * MLA_QK_DIM * kv_b + shape.batch * hq * (MLA_QK_DIM * q_b + MLA_V_DIM * 2)
-        flops = 2.0 * hq * tokens * (MLA_QK_DIM + MLA_V_DIM)
+        rows = shape.batch * shape.q_len * hq  # (multi-token prediction: q_len query tokens a request)
+        nbytes = tokens * MLA_QK_DIM * kv_b + rows * (MLA_QK_DIM * q_b + MLA_V_DIM * 2)
+        flops = 2.0 * hq * _allowed_pairs(lens, shape.q_lens()) * (MLA_QK_DIM + MLA_V_DIM)
         return Work(nbytes, flops, "auto", matmul)
     kv_bytes = sum(lens) * hkv * BY_NAME[shape.kv_dtype].row_bytes(d) * 2
     q_lens = shape.q_lens()  # per request: a mixed prefill batch lists them

@@ -215,13 +215,15 @@ def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
 def _mla_set(shape: Shape, device, gen, ws) -> InputSet:
     import kvattn
 
-    b, hq = shape.batch, shape.num_qo_heads
+    b, hq, q_len = shape.batch, shape.num_qo_heads, shape.q_len
     lens = shape.seq_lens()
     dtype = inputs.torch_dtype(shape.kv_dtype)
     pools = inputs.make_pools(lens, num_heads=1, head_dim=MLA_QK_DIM, page_size=shape.page_size, layout="NHD",
                               dtype=dtype, device=device, gen=gen, mla=True)
-    q = inputs.randn((b, 1, hq, MLA_QK_DIM), inputs.torch_dtype(shape.q_dtype), device, gen)
-    out = torch.empty((b, hq, MLA_V_DIM), dtype=torch.bfloat16, device=device)
+    q = inputs.randn((b, q_len, hq, MLA_QK_DIM), inputs.torch_dtype(shape.q_dtype), device, gen)
+    # [B, Hq, 512] for one token a request, [B, Q, Hq, 512] for several (multi-token prediction)
+    out_shape = (b, q_len, hq, MLA_V_DIM) if q_len > 1 else (b, hq, MLA_V_DIM)
+    out = torch.empty(out_shape, dtype=torch.bfloat16, device=device)
     max_len = max(lens)
 
     def call():
@@ -231,8 +233,8 @@ def _mla_set(shape: Shape, device, gen, ws) -> InputSet:
         )
 
     spec = AttnSpec(
-        q4=q.transpose(1, 2), pools=pools, k4=None, v4=None, num_kv_heads=1, lens=lens, q_len=1,
-        scale=MLA_SCALE, v_dim=MLA_V_DIM, rope=False, to_common=lambda o: o.reshape(b, hq, MLA_V_DIM),
+        q4=q.transpose(1, 2), pools=pools, k4=None, v4=None, num_kv_heads=1, lens=lens, q_len=q_len,
+        scale=MLA_SCALE, v_dim=MLA_V_DIM, rope=False, to_common=lambda o: o.transpose(1, 2).reshape(out_shape),
         native=dict(q=q),
     )
     return InputSet(call, spec)

@@ -120,14 +120,14 @@ def single_decode_rope():
 # ---------------------------------------------------------------------------------------------
 # MLA
 # ---------------------------------------------------------------------------------------------
-def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None, fp8=False):
+def _mla(*, gluon="1", ws="1", lens=(200, 64, 0), hq=64, page=64, seq_lens=None, max_len=None, fp8=False, q_len=1):
     # (KVATTN_GLUON=1 asks for the Gluon kernels, as the GPU-verified Tritons run them by default;
-    # fp8: an e4m3 query and cache, the bf16 draws converted)
+    # fp8: an e4m3 query and cache, the bf16 draws converted; q_len: query tokens a request)
     with _env.switches(KVATTN_GLUON=gluon, KVATTN_GLUON_WS=ws):
         case = make_paged_kv(list(lens), num_kv_heads=1, head_dim=576, page_size=page, dtype=BF16, form="shared",
                              device=DEV, seed=4)
         cache = case.kv_cache[:, 0, :, 0]
-        q = torch.randn(len(lens), 1, hq, 576, device=DEV).to(BF16)
+        q = torch.randn(len(lens), q_len, hq, 576, device=DEV).to(BF16)
         if fp8:
             cache, q = cache.to(torch.float8_e4m3fn), q.to(torch.float8_e4m3fn)
         return kvattn.mla.xqa_batch_decode_with_kv_cache_mla(
@@ -149,6 +149,27 @@ def mla_gluon_ws():
 
 def mla_gluon_ws_fp8():
     _finite(_mla(fp8=True))
+
+
+# Multi-token prediction: 16 heads x 4 tokens in the 64-row programs (per-row key limits), a request
+# exactly 4 long and one shorter (rows at negative positions), on each kernel.
+MTP_LENS = (200, 4, 2, 0, 129)
+
+
+def mla_mtp_triton():
+    _finite(_mla(gluon="0", hq=16, q_len=3, lens=MTP_LENS))
+
+
+def mla_mtp_gluon():
+    _finite(_mla(ws="0", hq=16, q_len=4, lens=MTP_LENS))
+
+
+def mla_mtp_gluon_ws():
+    _finite(_mla(hq=16, q_len=4, lens=MTP_LENS))
+
+
+def mla_mtp_gluon_ws_fp8():
+    _finite(_mla(fp8=True, hq=16, q_len=4, lens=MTP_LENS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,6 +351,7 @@ def invariant_decode_mla():
 VARIANTS = [
     decode_one_split, decode_split_fused_merge, decode_split_combine, decode_fp8_cache, decode_spec_q3,
     xqa_persistent, single_decode, single_decode_rope, mla_triton, mla_gluon, mla_gluon_ws, mla_gluon_ws_fp8,
+    mla_mtp_triton, mla_mtp_gluon, mla_mtp_gluon_ws, mla_mtp_gluon_ws_fp8,
     prefill_triton,
     prefill_gluon_ws, prefill_gluon_ws_small_pages, prefill_gluon_ws_fp8, prefill_gluon_ws_fp8q,
     prefill_staged_fp8, prefill_staged_fp8q, prefill_staged_nvfp4, append, merge, guard_decode_lengths, guard_decode_page_ids,

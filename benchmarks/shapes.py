@@ -158,7 +158,8 @@ class Shape:
                 lens = f"{self.batch}x{self.q_len}x{self.kv_len}"
             return f"prefill {q}{kv} {lens} p{self.page_size} {self.layout}{heads}"
         if self.suite == "mla":
-            return f"mla {kv} Hq{self.num_qo_heads} {self._lens_text()} p{self.page_size}"
+            q = f" q{self.q_len}" if self.q_len > 1 else ""  # (multi-token prediction)
+            return f"mla {kv} Hq{self.num_qo_heads}{q} {self._lens_text()} p{self.page_size}"
         raise ValueError(f"unknown suite {self.suite!r}")
 
     def as_dict(self) -> dict:
@@ -265,6 +266,13 @@ def _mla_grid() -> list[Shape]:
     # Hq 32 (DeepSeek's 128 heads over four GPUs): half a 64-head program, bf16, one shape.
     shapes.append(Shape("mla", 64, 4096, num_qo_heads=32, num_kv_heads=1, head_dim=576, page_size=64,
                         kv_dtype="bfloat16", q_dtype="bfloat16", peers=False))
+    # Multi-token prediction (issue 41's targets: 16 heads x Q = 2 within 1.10x of Q = 1 on the same
+    # lengths, Q = 4 within 1.25x): the Q = 1 baselines are the 16-head rows above.
+    for dtype in ("bfloat16", "fp8"):
+        for q_len in (2, 4):
+            shapes.append(Shape("mla", 128, 8192, q_len=q_len, num_qo_heads=16, num_kv_heads=1, head_dim=576,
+                                page_size=64, kv_dtype=dtype, q_dtype=dtype, peers=False,
+                                quick=dtype == "bfloat16" and q_len == 4))
     return shapes
 
 
@@ -285,6 +293,7 @@ SMOKE: list[Shape] = [
     mixed_prefill(((40, 40), (24, 88), (1, 50), (9, 33)), num_qo_heads=4, num_kv_heads=2, head_dim=64,
                   page_size=16, layout="HND"),
     Shape("mla", 2, 64, num_qo_heads=16, num_kv_heads=1, head_dim=576, page_size=16),
+    Shape("mla", 2, 64, q_len=3, num_qo_heads=16, num_kv_heads=1, head_dim=576, page_size=16, peers=False),
 ]
 
 

@@ -144,34 +144,46 @@ def batch_decode_case(rank, world, device, dtype, *, lens, scheme="round_robin",
 # MLA
 # ---------------------------------------------------------------------------------------------
 def mla_case(rank, world, device, dtype, *, lens, scheme="round_robin", span=None, page=16, hq=16, scatter=False,
-             seed=0):
+             q_len=1, seed=0):
     sharding = kd.PageSharding(world, page, scheme, span)
     case = make_paged_kv(lens, num_kv_heads=1, head_dim=576, page_size=page, dtype=dtype, form="shared",
                          device=device, seed=seed)
     cache = case.kv_cache[:, 0, :, 0]  # [P, page, 576]
     g = torch.Generator().manual_seed(seed + 1)
-    q = torch.randn(len(lens), 1, hq, 576, generator=g).to(device=device, dtype=dtype)
+    q = torch.randn(len(lens), q_len, hq, 576, generator=g).to(device=device, dtype=dtype)
     max_len = max(max(lens), 1)
     args = dict(bmm1_scale=192**-0.5, bmm2_scale=1.25)
     ws = torch.zeros(2 << 20, dtype=torch.uint8, device=device)
+    tokens = (len(lens), q_len) if q_len > 1 else (len(lens),)
     ref_o, ref_lse = _mla_call(q, cache, ws, case.block_tables, case.seq_lens, max_len,
-                               torch.empty(len(lens), hq, 512, device=device), **args)
+                               torch.empty(*tokens, hq, 512, device=device), **args)
     ref16 = kvattn.xqa_batch_decode_with_kv_cache_mla(q, cache, ws, 128, 512, 64, case.block_tables, case.seq_lens,
                                                       max_len, **args)
     kv, tables = kd.shard_kv_cache(cache, case.block_tables, case.seq_lens, sharding, rank, extra_pages=2)
     heads = slice(rank * hq // world, (rank + 1) * hq // world) if scatter else slice(None)
     out_heads = hq // world if scatter else hq
-    ws_local = torch.zeros(2 << 20, dtype=torch.uint8, device=device)
+    # (the merge's buffers grow with the rows: Q tokens x the requests, times the ranks gathered)
+    ws_local = torch.zeros((2 << 20) * q_len, dtype=torch.uint8, device=device)
     o32, lse = kd.mla_decode(q, kv, ws_local, tables, case.seq_lens, max_len, sharding=sharding,
-                             out=torch.empty(len(lens), out_heads, 512, device=device), return_lse=True,
+                             out=torch.empty(*tokens, out_heads, 512, device=device), return_lse=True,
                              scatter_heads=scatter, **args)
     o16 = kd.mla_decode(q, kv, ws_local, tables, case.seq_lens, max_len, sharding=sharding, scatter_heads=scatter,
                         **args)
 
     def exact():
-        return dense.mla(q.cpu(), cache.cpu(), case.block_tables.cpu(), case.seq_lens.cpu(), **args)[:, heads]
+        # token r: a one-token decode over the first L - (Q - 1 - r) keys (zero where none)
+        lens_cpu = case.seq_lens.cpu().to(torch.int64)
+        per_token = []
+        for r in range(q_len):
+            seen = (lens_cpu - (q_len - 1 - r)).clamp(min=0)
+            o = dense.mla(q[:, r : r + 1].cpu(), cache.cpu(), case.block_tables.cpu(), seen.to(torch.int32), **args)
+            per_token.append(torch.where((seen == 0)[:, None, None], 0.0, o))
+        o = torch.stack(per_token, 1) if q_len > 1 else per_token[0]
+        return o[..., heads, :]
 
-    check_results("mla", dtype, o32, o16, lse, ref_o[:, heads], ref16[:, heads], ref_lse[:, heads], exact)
+    cut = (slice(None),) * (len(tokens) - 1)
+    check_results("mla", dtype, o32, o16, lse, ref_o[cut + (slice(None), heads)], ref16[cut + (slice(None), heads)],
+                  ref_lse[cut + (slice(None), heads)], exact)
 
 
 def _mla_call(q, cache, ws, tables, lens, max_len, out, **args):
@@ -231,6 +243,10 @@ def cases(world: int, quick: bool):
         ("decode-rr-scatter-heads", batch_decode_case, dict(lens=RAGGED, sinks=True, scatter=True)),
         ("mla-rr", mla_case, dict(lens=[0, 50, 97, 16])),
         ("mla-contig-scatter", mla_case, dict(lens=[50, 97, 5], scheme="contiguous", span=span, scatter=True)),
+        # three tokens a request: one exactly Q long, one shorter, drafts across page (rank) boundaries
+        ("mla-rr-mtp", mla_case, dict(lens=[3, 50, 2, 33, 0], q_len=3)),
+        ("mla-contig-mtp-scatter", mla_case, dict(lens=[4, 97, 31], q_len=4, scheme="contiguous", span=span,
+                                                  scatter=True)),
         ("single", single_decode_case, dict(length=300)),
         ("single-window-hnd", single_decode_case, dict(length=257, window=100, layout="HND")),
         ("single-alibi-window", single_decode_case, dict(length=190, mode="ALIBI", window=150)),
@@ -238,11 +254,12 @@ def cases(world: int, quick: bool):
         # one rank with no key at all, one holding everything
         ("single-uneven", single_decode_case, dict(length=64, shares=[(0, 0)] + [(0, 64)] + [(64, 64)] * (world - 2))),
     ]
-    keep = ("decode-rr-sinks-window", "decode-contig-sinks-window", "decode-rr-spec-mask", "mla-rr",
+    keep = ("decode-rr-sinks-window", "decode-contig-sinks-window", "decode-rr-spec-mask", "mla-rr", "mla-rr-mtp",
             "single-window-hnd", "single-uneven")
     if quick == "gpu":  # 2 GPUs: the quick cases, scattered heads, MLA on Hopper's Gluon kernel, long requests
         out = [c for c in out if c[0] in keep + ("decode-rr-scatter-heads",)]
         out.append(("mla-rr-gluon", mla_case, dict(lens=[0, 500, 1200, 64], hq=64, page=64)))
+        out.append(("mla-rr-gluon-mtp", mla_case, dict(lens=[2, 500, 1200, 64], hq=16, q_len=4, page=64)))
         out.append(("decode-long", batch_decode_case, dict(lens=[5000, 1, 20000, 777], d=128, hkv=8, sinks=True)))
     elif quick:  # one case of each function and scheme
         out = [c for c in out if c[0] in keep]

@@ -185,6 +185,8 @@ DEBUG_CASES = [
     ("mla", "negative-length", _set("seq_lens", 1, -64), "seq_lens"),
     ("mla", "max_seq_len-below-a-length", _replace(max_seq_len=63), "max_seq_len"),
     ("mla", "bmm2_scale-nan", _replace(bmm2_scale=torch.tensor([float("nan")])), "bmm2_scale"),
+    ("mla", "length-shorter-than-tokens", _replace(query=torch.randn(2, 3, 16, 576, dtype=BF16),
+                                                   seq_lens=torch.tensor([2, 64], dtype=torch.int32)), "seq_lens"),
 ]
 _FUNCS = {"decode": (kvattn.xqa_batch_decode_with_kv_cache, _decode_args),
           "prefill": (kvattn.trtllm_batch_context_with_kv_cache, _prefill_args),
@@ -227,3 +229,10 @@ def test_debug_accepts_empty_requests_among_drafts(debug_on):
     _spec(kw)
     kw["seq_lens"][0] = 0  # an empty (padding) request: no drafts to count
     kvattn.xqa_batch_decode_with_kv_cache(**kw)
+
+
+def test_mla_request_exactly_q_long_or_empty_is_not_reported(debug_on):
+    """Q tokens over a request of exactly Q keys, beside an empty one: well formed, no report."""
+    kw = _mla_args()
+    kw.update(query=torch.randn(2, 3, 16, 576, dtype=BF16), seq_lens=torch.tensor([3, 0], dtype=torch.int32))
+    assert kvattn.xqa_batch_decode_with_kv_cache_mla(**kw).shape == (2, 3, 16, 512)

@@ -544,42 +544,70 @@ def mla_decode(
 
     Parameters
     ----------
-    query : torch.Tensor ``[B, 1, Hq, 576]``, the same on every rank
+    query : torch.Tensor ``[B, Q, Hq, 576]``, the same on every rank
+        ``Q`` 1 to 4 query tokens a request; token ``r`` sees the keys at global positions
+        ``0 .. L - Q + r`` (as the local function).
     kv_cache : this rank's latent pool ``[P, page_size, 576]`` (or ``[P, 1, page_size, 576]``)
     workspace_buffer, block_tables, seq_lens, max_seq_len, sharding, group, scatter_heads
         As :func:`batch_decode`.
-    out : torch.Tensor ``[B, Hq, 512]``, optional
-        bfloat16 (default) or float32.
+    out : torch.Tensor ``[B, Hq, 512]`` (``Q = 1``; ``[B, 1, Hq, 512]`` also accepted) or ``[B, Q, Hq, 512]``, optional
+        bfloat16 (default) or float32; ``Hq / R`` heads with ``scatter_heads``. Its token and head
+        dims must fold into one.
     bmm1_scale, bmm2_scale : float or one-element float32 tensor
     return_lse : bool
-        Also return the merged base-2 LSE ``[B, Hq]``.
-    lse : torch.Tensor float32 ``[B, Hq]``, optional
+        Also return the merged base-2 LSE ``[B, Hq]`` (``[B, Q, Hq]`` with a 4-D ``out``).
+    lse : torch.Tensor float32, the LSE's shape, optional
 
     Returns
     -------
-    torch.Tensor ``[B, Hq, 512]``, and with ``return_lse`` the LSE.
+    torch.Tensor ``[B, Hq, 512]`` or ``[B, Q, Hq, 512]``, and with ``return_lse`` the LSE.
+
+    Notes
+    -----
+    A rank holds an arbitrary subset of a request's last keys, so with ``Q > 1`` the local call
+    runs once a token (each with the local count of the keys its token sees): ``Q`` reads of the
+    local pages instead of one.
     """
     check_tensor(query, "query", ndim=4)
-    batch, _, heads, _ = query.shape
+    batch, q_len, heads, _ = query.shape
+    if not 1 <= q_len <= mla.MAX_Q_LEN:
+        raise ValueError(f"query: expected q_len_per_request 1 to {mla.MAX_Q_LEN} (shape [B, Q, Hq, 576]), "
+                         f"got {list(query.shape)}")
     world, rank = _check_group(group, sharding, scatter_heads, heads)
     device = query.device
     check_tensor(seq_lens, "seq_lens", dtypes=(torch.int32, torch.uint32), device=device)
     check_workspace(workspace_buffer, "workspace_buffer", device)
     dim = mla.KV_LORA_RANK
     out_heads = heads // world if scatter_heads else heads
-    out = _check_out(out, (batch, out_heads, dim), torch.bfloat16, device)
-    lse = check_lse_out(lse, return_lse, batch, out_heads, device)
-    bufs = _Buffers(workspace_buffer, device, world, batch, heads, dim, scatter_heads, (4 * batch,))
+    four_d = q_len > 1 or (isinstance(out, torch.Tensor) and out.dim() == 4)
+    token_dims = (batch, q_len) if four_d else (batch,)
+    out = _check_out(out, (*token_dims, out_heads, dim), torch.bfloat16, device)
+    lse = check_lse_out(lse, return_lse, batch, out_heads, device, shape=(*token_dims, out_heads))
+    rows = batch * q_len
+    for t, name in ((out, "out"), (lse, "lse")):
+        if t is not None and q_len > 1 and t.stride(1) != out_heads * t.stride(2):
+            raise ValueError(f"{name}: expected its token and head dims to fold into one (stride(1) == "
+                             f"{out_heads} * stride(2)), got strides {list(t.stride())}")
+    bufs = _Buffers(workspace_buffer, device, world, rows, heads, dim, scatter_heads, (4 * batch * (q_len + 1),))
     lens = seq_lens.reshape(batch)
     if lens.dtype == torch.uint32:
         lens = lens.view(torch.int32)
-    local_lens, _ = _local_lengths(sharding, lens, rank, bufs.extra[0].view(torch.int32), None, -1)
-    mla.xqa_batch_decode_with_kv_cache_mla(
-        query, kv_cache, bufs.rest, mla.QK_NOPE_HEAD_DIM, dim, mla.QK_ROPE_HEAD_DIM, block_tables, local_lens,
-        sharding.local_max_seq_len(max_seq_len, rank), out=bufs.part_o, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-        return_lse=True, lse=bufs.part_lse,
-    )
-    return _merge(bufs, group, world, rank, None, out, lse, scatter_heads, return_lse)
+    counts = bufs.extra[0].view(torch.int32)
+    part_o = bufs.part_o.view(batch, q_len, heads, dim)
+    part_lse = bufs.part_lse.view(batch, q_len, heads)
+    local_max = sharding.local_max_seq_len(max_seq_len, rank)
+    for r in range(q_len):  # (tokens, not requests: at most MAX_Q_LEN local calls)
+        # Token r sees the first L - (Q - 1 - r) global keys (none below 0): their local count.
+        seen = lens if r == q_len - 1 else (lens - (q_len - 1 - r)).clamp(min=0)
+        local_lens, _ = _local_lengths(sharding, seen, rank, counts[r * batch : (r + 1) * batch], None, -1)
+        mla.xqa_batch_decode_with_kv_cache_mla(
+            query[:, r : r + 1], kv_cache, bufs.rest, mla.QK_NOPE_HEAD_DIM, dim, mla.QK_ROPE_HEAD_DIM, block_tables,
+            local_lens, local_max, out=part_o[:, r], bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
+            return_lse=True, lse=part_lse[:, r],
+        )
+    _merge(bufs, group, world, rank, None, out.view(rows, out_heads, dim),
+           lse.view(rows, out_heads) if lse is not None else None, scatter_heads, return_lse)
+    return (out, lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------------------

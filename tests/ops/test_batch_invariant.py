@@ -205,7 +205,8 @@ def test_single_decode_is_bitwise_the_same_on_any_gpu(rope, kernel_device, trito
 MLA_DIM, MLA_V = 576, 512
 
 
-def _mla_target(mates, device, hq=16, seed=21):
+def _mla_target(mates, device, hq=16, seed=21, q_len=1):
+    """Request 0's rows (``q_len`` tokens x ``hq`` heads, token-major) beside ``mates``."""
     lens = [TARGET_LEN] + list(mates)
     case = make_paged_kv(lens, num_kv_heads=1, head_dim=MLA_DIM, page_size=PAGE, dtype=torch.float16,
                          form="shared", device=device, seed=seed + len(lens))
@@ -215,16 +216,17 @@ def _mla_target(mates, device, hq=16, seed=21):
     n0 = -(-TARGET_LEN // PAGE)
     cache[case.block_tables[0, :n0].long()] = ref.kv_cache[:, 0, :, 0][ref.block_tables[0, :n0].long()]
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(len(lens), hq, MLA_DIM, generator=g)
-    q[0] = torch.randn(hq, MLA_DIM, generator=torch.Generator().manual_seed(seed + 1))
+    rows = q_len * hq
+    q = torch.randn(len(lens), rows, MLA_DIM, generator=g)
+    q[0] = torch.randn(rows, MLA_DIM, generator=torch.Generator().manual_seed(seed + 1))
     q = q.to(device, torch.float16)
     pages = cache.unsqueeze(2)
     kv = _inputs.PagedKV(pages, pages, case.block_tables, case.block_tables, MLA_DIM, MLA_V)
-    out = poison_(torch.empty(len(lens), hq, MLA_V, dtype=torch.float16, device=device))
-    lse = torch.empty(len(lens), hq, dtype=torch.float32, device=device)
+    out = poison_(torch.empty(len(lens), rows, MLA_V, dtype=torch.float16, device=device))
+    lse = torch.empty(len(lens), rows, dtype=torch.float32, device=device)
     ws = torch.zeros(WS, dtype=torch.uint8, device=device)
     mla_op.mla_decode(q, kv, case.seq_lens, out, ws, max_seq_len=max(lens), logit_scale=_inputs.Scale(0.07),
-                      out_scale=_inputs.Scale(1.0), lse=lse)
+                      out_scale=_inputs.Scale(1.0), lse=lse, q_len=q_len)
     return out[0].clone(), lse[0].clone()
 
 
@@ -237,6 +239,16 @@ def test_mla_request_is_bitwise_the_same_whatever_its_batch(kernel_device, trito
         results = [_mla_target(m, kernel_device) for m in MLA_MATES]
         _sm_count(monkeypatch, 1)
         results.append(_mla_target(MLA_MATES[2], kernel_device))
+    assert _bitwise_same(results)
+
+
+def test_mla_mtp_request_is_bitwise_the_same_whatever_its_batch(kernel_device, triton_backend, short_spans,
+                                                               monkeypatch):
+    """Three tokens a request (multi-token prediction): the per-row key limits change no split."""
+    with kvattn.batch_invariant():
+        results = [_mla_target(m, kernel_device, hq=8, q_len=3) for m in MLA_MATES]
+        _sm_count(monkeypatch, 1)
+        results.append(_mla_target(MLA_MATES[2], kernel_device, hq=8, q_len=3))
     assert _bitwise_same(results)
 
 

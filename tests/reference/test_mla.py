@@ -77,3 +77,117 @@ def test_returns_b_hq_512_when_out_is_none():
     o = xqa_batch_decode_with_kv_cache_mla(q, cache, workspace(), 128, 512, 64, table, lens, 5, bmm1_scale=0.04)
     assert o.shape == (1, 16, 512) and o.dtype == torch.bfloat16
     assert_close(o, dense.mla(q, cache, table, lens, bmm1_scale=0.04))
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-token prediction: Q query tokens a request, token r at position L - Q + r
+# ---------------------------------------------------------------------------------------------
+def exact_mtp(query, cache, table, lens, bmm1, bmm2):
+    """float64 ``(o [B, Q, Hq, 512], lse [B, Q, Hq])``, written out token by token from the rule
+    (docs/semantics.md, MLA): token ``r`` sees the keys at positions ``0 .. L - Q + r``; a token
+    that sees none is zero with LSE -inf. Independent of kvattn (plain torch, one token at a time)."""
+    if cache.dim() == 4:
+        cache = cache[:, 0]
+    batch, q_len, heads, _ = query.shape
+    page = cache.shape[1]
+    o = torch.zeros(batch, q_len, heads, 512, dtype=torch.float64)
+    lse = torch.full((batch, q_len, heads), float("-inf"), dtype=torch.float64)
+    for b in range(batch):
+        length = int(lens[b])
+        keys = torch.stack([cache[int(table[b, j // page]), j % page].double() for j in range(length)]) if length \
+            else torch.zeros(0, 576, dtype=torch.float64)
+        for r in range(q_len):
+            seen = length - q_len + r + 1
+            if seen <= 0:
+                continue
+            k = keys[:seen]
+            s = (query[b, r].double() @ k.T) * bmm1  # [Hq, seen]
+            m = s.max(dim=1, keepdim=True).values
+            p = torch.exp(s - m)
+            o[b, r] = (p @ k[:, :512]) / p.sum(dim=1, keepdim=True) * bmm2
+            lse[b, r] = (m[:, 0] + torch.log(p.sum(dim=1))) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    return o, lse
+
+
+def run_mtp(query, cache, table, lens, bmm1=0.05, bmm2=1.1, **kw):
+    b, q_len, hq, _ = query.shape
+    out = poisoned(b, q_len, hq, 512, dtype=torch.bfloat16)
+    lse = torch.full((b, q_len, hq), float("nan"))
+    got, got_lse = xqa_batch_decode_with_kv_cache_mla(query, cache, workspace(), 128, 512, 64, table, lens,
+                                                      max(int(lens.max()), 1), out=out, bmm1_scale=bmm1,
+                                                      bmm2_scale=bmm2, return_lse=True, lse=lse, **kw)
+    assert got is out and got_lse is lse
+    return out, lse, exact_mtp(query, cache, table, lens, bmm1, bmm2)
+
+
+def assert_lse_close(lse, ref):
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(lse), inf) and not torch.isnan(lse).any()
+    assert torch.allclose(lse[~inf].double(), ref[~inf], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("q_len", [1, 2, 3, 4], ids=lambda q: f"Q{q}")
+@pytest.mark.parametrize("hq", [16, 32], ids=lambda h: f"Hq{h}")
+def test_mtp_tokens_see_keys_up_to_their_position(q_len, hq):
+    """Ragged lengths: one exactly Q long, an empty one, lengths on and off page bounds."""
+    lens = [q_len, 45, 0, 64, 33]
+    cache, table, lens_t = make_case(lens, seed=10 * q_len + hq)
+    q = randq(len(lens), q_len, hq, DIM, seed=q_len + hq)
+    out, lse, (ref, ref_lse) = run_mtp(q, cache, table, lens_t)
+    assert_close(out, ref)
+    assert_lse_close(lse, ref_lse)
+    assert (out[2].float() == 0).all() and torch.isinf(lse[2]).all()
+    # the drafts differ: token r sees one key more than token r - 1
+    if q_len > 1:
+        assert not torch.equal(out[1, 0], out[1, 1])
+
+
+@pytest.mark.parametrize("q_len", [2, 4], ids=lambda q: f"Q{q}")
+def test_mtp_request_shorter_than_q(q_len):
+    """Rows at negative positions see no key: zero output, LSE -inf (the rows after them as usual)."""
+    lens = [1, 40] if q_len == 2 else [2, 3, 40]
+    cache, table, lens_t = make_case(lens, seed=q_len)
+    q = randq(len(lens), q_len, 16, DIM, seed=q_len)
+    out, lse, (ref, ref_lse) = run_mtp(q, cache, table, lens_t)
+    assert_close(out, ref)
+    assert_lse_close(lse, ref_lse)
+    hidden = q_len - lens[0]
+    assert (out[0, :hidden].float() == 0).all() and torch.isinf(lse[0, :hidden]).all()
+    assert torch.isfinite(lse[0, hidden:]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+def test_mtp_dtypes_4d_cache_and_allocated_output(dtype):
+    lens = [70, 3, 129]
+    cache, table, lens_t = make_case(lens, dtype=dtype, four_d=True, page=64, seed=5)
+    q = randq(3, 3, 16, DIM, dtype=dtype, seed=5)
+    o = xqa_batch_decode_with_kv_cache_mla(q, cache, workspace(), 128, 512, 64, table, lens_t, 129, bmm1_scale=0.03)
+    assert o.shape == (3, 3, 16, 512) and o.dtype == torch.bfloat16
+    assert_close(o, exact_mtp(q, cache, table, lens_t, 0.03, 1.0)[0])
+    o, lse = xqa_batch_decode_with_kv_cache_mla(q, cache, workspace(), 128, 512, 64, table, lens_t, 129,
+                                                bmm1_scale=0.03, return_lse=True)
+    assert lse.shape == (3, 3, 16)
+
+
+def test_q1_takes_a_4d_output_as_a_view():
+    """Q = 1 with ``out [B, 1, Hq, 512]`` (and ``lse [B, 1, Hq]``): the same values as the 3-D form."""
+    cache, table, lens = make_case([30, 5], seed=8)
+    q = randq(2, 1, 16, DIM, seed=8)
+    out4, lse4 = poisoned(2, 1, 16, 512, dtype=torch.bfloat16), torch.empty(2, 1, 16)
+    got = xqa_batch_decode_with_kv_cache_mla(q, cache, workspace(), 128, 512, 64, table, lens, 30, out=out4,
+                                             bmm1_scale=0.05, return_lse=True, lse=lse4)
+    assert got[0] is out4 and got[1] is lse4
+    out3, lse3 = xqa_batch_decode_with_kv_cache_mla(q, cache, workspace(), 128, 512, 64, table, lens, 30,
+                                                    bmm1_scale=0.05, return_lse=True)
+    assert out3.shape == (2, 16, 512) and lse3.shape == (2, 16)
+    assert torch.equal(out4[:, 0], out3) and torch.equal(lse4[:, 0], lse3)
+
+
+def test_mtp_query_whose_tokens_and_heads_do_not_fold():
+    """A query view whose token and head dims cannot merge (heads sliced out of a wider tensor)."""
+    cache, table, lens = make_case([50, 9], seed=9)
+    wide = randq(2, 2, 32, DIM, seed=9)
+    q = wide[:, :, :16]
+    out, lse, (ref, ref_lse) = run_mtp(q, cache, table, lens)
+    assert_close(out, ref)
+    assert_lse_close(lse, ref_lse)

@@ -197,9 +197,10 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
 
 
 def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, q_dtype=None,
-          lse_stride=None):
+          lse_stride=None, q_len=1):
     """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576] of
-    ``q_dtype`` (default ``dtype``), a [100, page, 576] cache of ``dtype``."""
+    ``q_dtype`` (default ``dtype``; ``hq`` counts the rows, Q tokens x heads, with ``q_len``), a
+    [100, page, 576] cache of ``dtype``."""
     from kvattn import _device
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
     facts = mla_launch.MLAFacts(
@@ -207,7 +208,7 @@ def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torc
         q_dtype=q_dtype or dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
         table_stride=(10, 1), out_stride=(hq * 512, 512, 1), ws_numel=64 << 20, has_logit=False,
         has_out_scale=False, aligned4=dtype == FP8_DTYPE, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
-        lse_stride=lse_stride,
+        lse_stride=lse_stride, q_len=q_len,
     )
     return mla_launch._Plan(facts)
 
@@ -314,10 +315,11 @@ def test_ws_switch_reaches_the_plan_facts(raw, want, monkeypatch):
 
 
 def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
-    """``benchmarks/tune_mla.py``'s ``ws_*`` variants replace the warp-specialised launch's
-    schedule constexprs (and only inside the variant), and ``gluon`` switches the kernel off."""
+    """``benchmarks/tune_mla.py``'s ``ws_*`` variants launch a timing floor (a patched copy of the
+    kernel's source, ``benchmarks/mla_ws_floors.py``) in place of the library's kernel, only
+    inside the variant, with the same options; ``gluon`` switches the kernel off."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
-    from benchmarks import tune_mla, tuning
+    from benchmarks import mla_ws_floors, tune_mla, tuning
 
     contexts = {}
 
@@ -328,12 +330,34 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
     monkeypatch.setattr(tuning, "time_variants", collect)
     assert tune_mla.main([]) == 0
     base = dict(num_warps=4, maxnreg=168)
-    for name, want in (("default", {}), ("ws_first", dict(STAGGER=False, PA_REGS=False)),
-                       ("ws_nocopies", dict(FLOOR=2)), ("ws_noscores", dict(FLOOR=4)),
-                       ("ws_noconvert", dict(FLOOR=5))):
+    library = mla_launch.mla_gluon_ws_kernel
+    for name, floor in (("default", None), ("ws_nocopies", "nocopies"), ("ws_nopv", "nopv"),
+                        ("ws_noscores", "noscores"), ("ws_noconvert", "noconvert")):
         with contexts[name]():
-            assert _plan(monkeypatch).launches(4096)[0].options() == dict(base, **want), name
-    assert _plan(monkeypatch).launches(4096)[0].options() == base
+            split = _plan(monkeypatch).launches(4096)[0]
+            want = library if floor is None else mla_ws_floors.floor_kernel(floor)
+            assert split.kernel() is want and split.options() == base, name
+            assert floor is None or want is not library
+    assert mla_launch.mla_gluon_ws_kernel is library
     with contexts["gluon"]():
         from kvattn import _env
         assert not _env.gluon_ws()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("q_len,hq", [(4, 16), (2, 16), (2, 64)], ids=["Q4-Hq16", "Q2-Hq16", "Q2-Hq64"])
+def test_mtp_rows_fill_the_ws_kernels_tile(q_len, hq, dtype, monkeypatch):
+    """Multi-token prediction folds (token, head) into the rows: 16 heads x 4 tokens take the
+    warp-specialised kernel's 64-row programs as 64 heads do (x 2 tokens: 32 rows, padded), with
+    the token count as its ``Q_LEN``; one token of 16 heads keeps the Triton kernel."""
+    plan = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, dtype=dtype)
+    split = plan.launches(4096)[0]
+    assert type(split) is mla_launch._WarpSpecializedSplit and plan.cfg.block_h == 64
+    launch = split.launch()
+    assert launch.constexprs["Q_LEN"] == q_len and launch.fixed["num_heads"] == q_len * hq
+    assert not isinstance(_plan(monkeypatch, hq=16, dtype=dtype).launches(4096)[0], mla_launch._GluonSplit)
+    # A call asking for the LSE: mla/gluon.py's kernel (16-bit, 64 rows and more) or the Triton kernel.
+    lse = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, lse_stride=q_len * hq, dtype=dtype).launches(4096)[0]
+    gluon = dtype == torch.bfloat16 and q_len * hq >= 64
+    assert (type(lse) is mla_launch._GluonSplit) is gluon
+    assert (lse.launch() if gluon else lse).constexprs["Q_LEN"] == q_len

@@ -22,6 +22,9 @@ Scope: 16-bit caches with a query of the same dtype, ``BLOCK_H = 64`` query head
 can address as one ``[pages * page, 576]`` view. Every other launch takes :mod:`.kernels`
 (the ``KVATTN_GLUON=0`` switch too).
 
+Multi-token prediction (``Q_LEN > 1``): the rows are ``Q_LEN * Hq`` (token, head) pairs,
+token-major, as in :mod:`.kernels`; the score mask takes each row's own key limit.
+
 Per tile ``j`` (8 warps; the accumulator ``[64, 512]`` split by columns between the warpgroups):
 
 1. wait for tile ``j``'s copy (an mbarrier a buffer); a request's last tile gets its rows past the
@@ -50,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
+from .kernels import mla_row_ends
 
 
 @gluon.jit
@@ -91,6 +95,15 @@ def split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS: gl.constexpr, BLOCK
     end = gl.minimum(start + chunk, kv_len)
     num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
     return b, hb, split, start, end, num_tiles
+
+
+@gluon.jit
+def mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H: gl.constexpr, Q_LEN: gl.constexpr, layout: gl.constexpr):
+    """Multi-token prediction: the key limit ``[BLOCK_H]`` (in ``layout``) of each row of head
+    block ``hb`` over the ``num_heads = Q_LEN * Hq`` token-major rows (:func:`.kernels.mla_row_ends`),
+    at most the split's ``end``."""
+    rows = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=layout)
+    return gl.minimum(mla_row_ends(kv_len, rows, num_heads, Q_LEN), end)
 
 
 @gluon.jit
@@ -164,22 +177,22 @@ def store_final_lse(m_i, l_i, lse_ptr, b, hb, num_heads, num_splits, stride_lse_
 
 @gluon.jit
 def mla_gluon_kernel(
-    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
+    q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major (last dim contiguous)
     kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [BLOCK_N, 64]
     table_ptr,  # [B, pages_per_seq] int32 page ids
     seq_lens_ptr,  # [B] int32
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
-    lse_ptr,  # [B, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
+    out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2)
+    lse_ptr,  # [B, Q_LEN * Hq] float32 base-2 LSE (STORE_LSE; row stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
     batch, num_heads, num_splits, num_pages, capacity, stride_lse_b,
     logit_factor, out_factor,
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-    STORE_LSE: gl.constexpr = False, SPLIT_SPAN: gl.constexpr = 0,
+    STORE_LSE: gl.constexpr = False, SPLIT_SPAN: gl.constexpr = 0, Q_LEN: gl.constexpr = 1,
 ):
     dt: gl.constexpr = q_ptr.dtype.element_ty
     # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
@@ -194,6 +207,10 @@ def mla_gluon_kernel(
 
     b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
     total_rows = num_pages * PAGE_SIZE
+    row_end = end
+    if Q_LEN > 1:  # (rows are (token, head) pairs: each token's own key limit)
+        kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
+        row_end = mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H, Q_LEN, gl.SliceLayout(1, s_layout))
 
     qn_smem = gl.allocate_shared_memory(dt, [BLOCK_H, CKV_DIM], row_smem)
     qr_smem = gl.allocate_shared_memory(dt, [BLOCK_H, KPE_DIM], row_smem)
@@ -247,8 +264,11 @@ def mla_gluon_kernel(
         s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(qn_smem, ckv_buf.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
-        valid = (n0 + offs_sn) < end
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        if Q_LEN == 1:
+            valid = (n0 + offs_sn) < end
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        else:
+            s = gl.where((n0 + offs_sn)[None, :] < row_end[:, None], s * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
         # Each warpgroup holds all of P, in the rows it owns in the P.V product: no exchange.
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))

@@ -12,10 +12,10 @@ Gluon kernel)"):
 * each multiplies both tiles' probabilities with its half of both tiles' values, the other
   warpgroup's P arriving through shared memory.
 
-With ``STAGGER`` (the default) the right warpgroup issues S_B once S_A is issued, so the tensor
-cores run S_A, then S_B while the left softmax runs, then the four half-width P.V products while
-the right softmax runs, and the next pair's S_A queues behind them. Each warpgroup's tensor work a
-pair is one score tile and two half P.V tiles, the same as the other's. A fifth partition, one
+The right warpgroup issues S_B once S_A is issued, so the tensor cores run S_A, then S_B while
+the left softmax runs, then the four half-width P.V products while the right softmax runs, and
+the next pair's S_A queues behind them. Each warpgroup's tensor work a pair is one score tile and
+two half P.V tiles, the same as the other's. A fifth partition, one
 warp, issues the TMA copies of the latent rows.
 
 Shared memory (227 KB a program): the query (72 KB), two row buffers of 64 rows x 576 (144 KB,
@@ -29,14 +29,14 @@ Per pair (``m``: the running row max in base-2 logits, the same in both warpgrou
 ``l_1``: the row sums of the left's and the right's P, relative to ``m``):
 
 left                                            right
-S_A = q k_A^T                                   S_B = q k_B^T (STAGGER: issued after S_A)
+S_A = q k_A^T                                   S_B = q k_B^T (issued after S_A)
 m_A = max(m, rowmax S_A), P_A = 2^(S_A - m_A)
 publish m_A and P_A (the P buffer)   ------>    O_R = O_R 2^(m - m_A) + P_A V_A[:, 256:]
 O_L = O_L 2^(m - m_A) + P_A V_A[:, :256]        m_B = max(m_A, rowmax S_B), P_B = 2^(S_B - m_B)
                                      <------    publish m_B and P_B (the P buffer)
 g = 2^(m_A - m_B): O_L = O_L g + P_B V_B[:, :256]   O_R = O_R g + P_B V_B[:, 256:]
 
-(``PA_REGS``: the right warpgroup reads P_A into registers first, so P_B may overwrite it at once.)
+(The right warpgroup reads P_A into registers first, so P_B may overwrite it at once.)
 Every P.V product retires before the loop's back edge: one in flight across it made ptxas
 serialise all the kernel's wgmmas.
 
@@ -65,9 +65,15 @@ memory 214 KB (the query 36, rows 72, three converted halves 96, P 8, row vector
 Scope: 16-bit caches with a query of the same dtype (Hq >= 33 in the launcher's tables), or an
 e4m3 query over an e4m3 cache (Hq >= 17), 64 query heads a program (rows past Hq padded), pages of
 a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA view, as :mod:`.gluon`. The
-output is the 16-bit query's dtype, bfloat16 for e4m3. ``FLOOR`` (timing only, never launched by
-the library): 1 drops the softmax arithmetic (P = S), 2 the copies (the copy warp signals empty
-buffers as full), 3 the P.V products, 4 the score products, 5 (e4m3) the value conversion.
+output is the 16-bit query's dtype, bfloat16 for e4m3.
+
+Multi-token prediction (``Q_LEN > 1``): the rows are ``Q_LEN * Hq`` (token, head) pairs,
+token-major, as in :mod:`.kernels`; both warpgroups mask their scores with each row's own key
+limit (:func:`.gluon.mtp_row_ends`), which differs from the split's end only in a request's last
+keys. ``Q_LEN == 1`` compiles as the one-token kernel always did.
+
+The kernel has no timing switch: ``benchmarks/mla_ws_floors.py`` builds its floors (no copies,
+no P.V, no scores, no value conversion) from a patched copy of this source.
 """
 
 from __future__ import annotations
@@ -78,14 +84,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..common.gluon_dequant import f16_words, words_view
 from ..common import load_page_ids, online_softmax_step
-from .gluon import logit_scale2, split_work, stage_query, store_rows
+from .gluon import logit_scale2, mtp_row_ends, split_work, stage_query, store_rows
 
 # Barrier slots (one [N_BARS, 1] allocation). full / empty come per buffer (0: tile A, 1: tile B)
 # and per part: K = the rope columns, L / R = value columns [0, 256) / [256, 512).
@@ -98,7 +103,7 @@ EMPTY_L = gl.constexpr(9)
 EMPTY_R = gl.constexpr(11)
 BAR_MA = gl.constexpr(13)  # m_A and P_A published (left -> right)
 BAR_PB = gl.constexpr(14)  # m_B and P_B published (right -> left)
-BAR_SA = gl.constexpr(15)  # S_A issued (left -> right; STAGGER)
+BAR_SA = gl.constexpr(15)  # S_A issued (left -> right: S_B waits for it)
 BAR_DONE = gl.constexpr(16)  # both warpgroups past their last read of the row maxima (both)
 BAR_L = gl.constexpr(17)  # the row sums exchanged at the end (both)
 N_BARS = gl.constexpr(18)
@@ -167,23 +172,19 @@ def _tile_row(table_row, stride_t_p, n0, end, num_pages, total_rows, PAGE_SIZE: 
 
 @gluon.jit
 def _copy_part(kv_desc, dst, bar_full, bar_empty, ph, row, COL0: gl.constexpr, COLS: gl.constexpr,
-               BLOCK_N: gl.constexpr, NO_COPIES: gl.constexpr):
+               BLOCK_N: gl.constexpr):
     """Wait until the part ``dst [BLOCK_N, COLS]`` of a buffer is free (``bar_empty``, parity
     ``ph ^ 1``: a fresh barrier passes), then copy columns ``[COL0, COL0 + COLS)`` of rows
     ``row ..`` into it in 64-column boxes, ``bar_full`` counting the bytes."""
     mbarrier.wait(bar_empty, ph ^ 1)
-    if NO_COPIES:
-        mbarrier.arrive(bar_full, count=1)
-    else:
-        mbarrier.expect(bar_full, BLOCK_N * COLS * dst.dtype.primitive_bitwidth // 8)
-        for c in gl.static_range(COLS // 64):
-            tma_load(kv_desc, [row, COL0 + c * 64], bar_full, dst.slice(c * 64, 64, dim=1))
+    mbarrier.expect(bar_full, BLOCK_N * COLS * dst.dtype.primitive_bitwidth // 8)
+    for c in gl.static_range(COLS // 64):
+        tma_load(kv_desc, [row, COL0 + c * 64], bar_full, dst.slice(c * 64, 64, dim=1))
 
 
 @gluon.jit
 def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs, num_pages,
-                    total_rows, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-                    NO_COPIES: gl.constexpr):
+                    total_rows, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
     """The copy warp: per pair, the parts of tiles A (buffer 0) and B (buffer 1) in the order the
     warpgroups free them (the rope parts after the score products, A's values mid-pair, B's at
     the pair's end, see the module docstring); page ids one pair ahead."""
@@ -198,48 +199,43 @@ def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, st
         ckv_a = ckv_smem.index(0)
         ckv_b = ckv_smem.index(1)
         _copy_part(kv_desc, kpe_smem.index(0), bars.index(FULL_K), bars.index(EMPTY_K), ph, row_a, CKV_DIM, 64,
-                   BLOCK_N, NO_COPIES)
+                   BLOCK_N)
         _copy_part(kv_desc, kpe_smem.index(1), bars.index(FULL_K + 1), bars.index(EMPTY_K + 1), ph, row_b, CKV_DIM,
-                   64, BLOCK_N, NO_COPIES)
+                   64, BLOCK_N)
         _copy_part(kv_desc, ckv_a.slice(0, HALF, dim=1), bars.index(FULL_L), bars.index(EMPTY_L), ph, row_a, 0,
-                   HALF, BLOCK_N, NO_COPIES)
+                   HALF, BLOCK_N)
         _copy_part(kv_desc, ckv_a.slice(HALF, HALF, dim=1), bars.index(FULL_R), bars.index(EMPTY_R), ph, row_a,
-                   HALF, HALF, BLOCK_N, NO_COPIES)
+                   HALF, HALF, BLOCK_N)
         _copy_part(kv_desc, ckv_b.slice(0, HALF, dim=1), bars.index(FULL_L + 1), bars.index(EMPTY_L + 1), ph,
-                   row_b, 0, HALF, BLOCK_N, NO_COPIES)
+                   row_b, 0, HALF, BLOCK_N)
         _copy_part(kv_desc, ckv_b.slice(HALF, HALF, dim=1), bars.index(FULL_R + 1), bars.index(EMPTY_R + 1), ph,
-                   row_b, HALF, HALF, BLOCK_N, NO_COPIES)
+                   row_b, HALF, HALF, BLOCK_N)
         row_a = next_a
         row_b = next_b
 
 
 @gluon.jit
 def _issue_scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED: gl.constexpr,
-                  SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr, NO_S: gl.constexpr):
+                  SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr):
     """Issue the raw score tile ``q k^T`` of buffer ``buf`` (in flight when it returns): the rope
     part, the left values, the right values, each product issued as its copy lands.
 
     ``WAIT_ISSUED``: issue nothing before ``bar_issued`` (parity ``ph``) completes;
     ``SIGNAL_ISSUED``: arrive on it once the last product is issued (the stagger, see
-    :func:`_right_partition`). ``NO_S`` (the FLOOR 4 timing variant): no products, zeros."""
+    :func:`_right_partition`)."""
     qn_smem = qn3.index(z)
     qr_smem = qr3.index(z)
     if WAIT_ISSUED:
         mbarrier.wait(bar_issued, ph)
     mbarrier.wait(bars.index(FULL_K + buf), ph)
-    if NO_S:
-        s = warpgroup_mma_init(gl.zeros([64, 64], gl.float32, s_layout))
-    else:
-        s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout),
-                          use_acc=False, is_async=True)
+    s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout),
+                      use_acc=False, is_async=True)
     mbarrier.wait(bars.index(FULL_L + buf), ph)
-    if not NO_S:
-        s = warpgroup_mma(qn_smem.slice(0, HALF, dim=1), ckv_buf.slice(0, HALF, dim=1).permute((1, 0)), s,
-                          is_async=True)
+    s = warpgroup_mma(qn_smem.slice(0, HALF, dim=1), ckv_buf.slice(0, HALF, dim=1).permute((1, 0)), s,
+                      is_async=True)
     mbarrier.wait(bars.index(FULL_R + buf), ph)
-    if not NO_S:
-        s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,
-                          is_async=True)
+    s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,
+                      is_async=True)
     if SIGNAL_ISSUED:
         mbarrier.arrive(bar_issued, count=1)
     return s
@@ -247,10 +243,10 @@ def _issue_scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT
 
 @gluon.jit
 def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED: gl.constexpr,
-            SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr, NO_S: gl.constexpr):
+            SIGNAL_ISSUED: gl.constexpr, HALF: gl.constexpr, s_layout: gl.constexpr):
     """:func:`_issue_scores`, retired; the rope part of ``buf`` released (its only reader)."""
     s = _issue_scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUED, SIGNAL_ISSUED, HALF,
-                      s_layout, NO_S)
+                      s_layout)
     s = warpgroup_mma_wait(0, deps=[s])
     # The rope part is read by this product only.
     mbarrier.arrive(bars.index(EMPTY_K + buf), count=1)
@@ -258,24 +254,23 @@ def _scores(qn3, qr3, z, ckv_buf, kpe_buf, bars, buf, ph, bar_issued, WAIT_ISSUE
 
 
 @gluon.jit
-def _pv(p, v, o, SKIP: gl.constexpr):
-    """``o + p v`` issued asynchronously (``SKIP``, the FLOOR 3 timing variant: ``o`` as it is)."""
-    if SKIP:
-        acc = warpgroup_mma_init(o)
-    else:
-        acc = warpgroup_mma(p, v, o, is_async=True)
+def _pv(p, v, o):
+    """``o + p v`` issued asynchronously."""
+    acc = warpgroup_mma(p, v, o, is_async=True)
     return acc
 
 
 @gluon.jit
-def _masked_logits(s, n0, end, qk_scale, s_layout: gl.constexpr, NO_SOFTMAX: gl.constexpr):
-    """Base-2 logits of the tile of tokens ``[n0, n0 + 64)``: -inf past ``end``. ``NO_SOFTMAX``: 0
-    there instead."""
+def _masked_logits(s, n0, end, qk_scale, s_layout: gl.constexpr, Q_LEN: gl.constexpr):
+    """Base-2 logits of the tile of tokens ``[n0, n0 + 64)``: -inf past ``end``, a scalar, or with
+    ``Q_LEN > 1`` past each row's own limit, ``end [64]`` (:func:`.gluon.mtp_row_ends`)."""
     offs = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
-    valid = offs < end
-    if NO_SOFTMAX:
-        return gl.where(valid[None, :], s, 0.0)
-    return gl.where(valid[None, :], s * qk_scale, float("-inf"))
+    if Q_LEN == 1:
+        valid = offs < end
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+    else:
+        s = gl.where(offs[None, :] < end[:, None], s * qk_scale, float("-inf"))
+    return s
 
 
 @gluon.jit
@@ -315,11 +310,10 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
 
 @gluon.jit
 def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
-                    out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
-                    num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h, logit_factor,
-                    out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
-                    BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr,
-                    STAGGER: gl.constexpr, NO_S: gl.constexpr, NO_PV: gl.constexpr):
+                    out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs,
+                    batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h,
+                    logit_factor, out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
+                    BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr):
     """Warpgroup 0 (the default partition): stages the query, then per pair the scores of tile A
     and the output columns ``[0, 256)``."""
     HALF: gl.constexpr = CKV_DIM // 2
@@ -337,6 +331,9 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
     mbarrier.arrive(bars.index(BAR_Q), count=1)
 
     qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
+    row_end = end  # the key limit of the rows: the split's end, or each token's own (Q_LEN > 1)
+    if Q_LEN > 1:
+        row_end = mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H, Q_LEN, x_layout)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
@@ -350,16 +347,11 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         ckv_b = ckv_smem.index(1 + z)
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
-        # S_A (STAGGER: the other warpgroup's S_B is issued after this one).
-        s = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, bars.index(BAR_SA), False, STAGGER,
-                    HALF, s_layout, NO_S)
-        s = _masked_logits(s, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
-        if NO_SOFTMAX:
-            m_a = m_i
-            p_a = s
-            alpha = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            m_a, l_i, p_a, alpha = online_softmax_step(m_i, l_i, s)
+        # S_A (the other warpgroup's S_B is issued after this one).
+        s = _scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, bars.index(BAR_SA), False, True,
+                    HALF, s_layout)
+        s = _masked_logits(s, n_a, row_end, qk_scale, s_layout, Q_LEN)
+        m_a, l_i, p_a, alpha = online_softmax_step(m_i, l_i, s)
         # m_A and P_A (relative to m_A) to the other warpgroup.
         p_al = p_a.to(dt)
         _publish_rows(x_smem, X_MA, m_a)
@@ -370,14 +362,11 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         _zero_tail(ckv_a, n_a, end, 0, HALF, ld_layout)
         p_op = gl.convert_layout(p_al, p_layout)
         o = o * gl.convert_layout(alpha, o_rows)[:, None]
-        o_acc = _pv(p_op, ckv_a.slice(0, HALF, dim=1), o, NO_PV)
+        o_acc = _pv(p_op, ckv_a.slice(0, HALF, dim=1), o)
         # m_B and P_B (relative to m_B, in the P buffer) from the other warpgroup.
         mbarrier.wait(bars.index(BAR_PB), ph)
         m_b = _read_rows(x_smem, X_MB, x_layout)
-        if NO_SOFTMAX:
-            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            g = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))
+        g = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))
         l_i = l_i * g
         m_i = m_b
         # P_A V_A[:, :256] retires (A's left values are free); then P_B V_B[:, :256].
@@ -385,7 +374,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         mbarrier.arrive(bars.index(EMPTY_L), count=1)
         _zero_tail(ckv_b, n_b, end, 0, HALF, ld_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
-        o_acc = _pv(p_smem, ckv_b.slice(0, HALF, dim=1), o, NO_PV)
+        o_acc = _pv(p_smem, ckv_b.slice(0, HALF, dim=1), o)
         # It retires before the loop's back edge (B's left values and the P buffer are free): with
         # a product in flight across the back edge or the loop's exit, ptxas serialises every
         # wgmma of the kernel (C7514 / C7515, benchmarks/NOTES.md "MLA: seesaw (warp-specialised
@@ -400,16 +389,15 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
 
 @gluon.jit
 def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
-                     out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
-                     num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor,
+                     out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs,
+                     batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor,
                      CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
-                     OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, PA_REGS: gl.constexpr,
-                     NO_S: gl.constexpr, NO_PV: gl.constexpr):
+                     OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr):
     """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``.
 
-    ``STAGGER``: S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
+    S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
     overlaps S_B, and B's parts, freed last in the previous pair, have S_A's time to arrive).
-    ``PA_REGS``: P_A is read from the P buffer into registers, so P_B may overwrite it without
+    P_A is read from the P buffer into registers, so P_B may overwrite it without
     waiting for P_A V_A[:, 256:] to retire."""
     HALF: gl.constexpr = CKV_DIM // 2
     dt: gl.constexpr = ckv_smem.dtype
@@ -421,6 +409,9 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
+    row_end = end  # the key limit of the rows: the split's end, or each token's own (Q_LEN > 1)
+    if Q_LEN > 1:
+        row_end = mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H, Q_LEN, x_layout)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
@@ -433,58 +424,36 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
         ckv_b = ckv_smem.index(1 + z)
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
-        s = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, bars.index(BAR_SA), STAGGER,
-                    False, HALF, s_layout, NO_S)
-        s = _masked_logits(s, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
+        s = _scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, bars.index(BAR_SA), True,
+                    False, HALF, s_layout)
+        s = _masked_logits(s, n_b, row_end, qk_scale, s_layout, Q_LEN)
         # m_A and P_A from the other warpgroup: O_R to m_A, then P_A V_A[:, 256:], while this
         # warpgroup's softmax runs.
         mbarrier.wait(bars.index(BAR_MA), ph)
         m_a = _read_rows(x_smem, X_MA, x_layout)
-        if NO_SOFTMAX:
-            beta = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            beta = gl.exp2(m_i - gl.where(m_a == float("-inf"), 0.0, m_a))
+        beta = gl.exp2(m_i - gl.where(m_a == float("-inf"), 0.0, m_a))
         _zero_tail(ckv_a, n_a, end, HALF, HALF, ld_layout)
         o = o * gl.convert_layout(beta, o_rows)[:, None]
-        if PA_REGS:
-            p_a = p_smem.load(p_layout)
-            o_acc = _pv(p_a, ckv_a.slice(HALF, HALF, dim=1), o, NO_PV)
-        else:
-            o_acc = _pv(p_smem, ckv_a.slice(HALF, HALF, dim=1), o, NO_PV)
-        if NO_SOFTMAX:
-            m_b = m_a
-            p_b = s
-            l_new = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
-            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            # From m_A with an empty sum: (m_B, rowsum P_B, P_B, 2^(m_A - m_B)).
-            m_b, l_new, p_b, g = online_softmax_step(m_a, gl.zeros([BLOCK_H], gl.float32, layout=x_layout), s)
+        p_a = p_smem.load(p_layout)
+        o_acc = _pv(p_a, ckv_a.slice(HALF, HALF, dim=1), o)
+        # From m_A with an empty sum: (m_B, rowsum P_B, P_B, 2^(m_A - m_B)).
+        m_b, l_new, p_b, g = online_softmax_step(m_a, gl.zeros([BLOCK_H], gl.float32, layout=x_layout), s)
         l_i = l_i * beta * g + l_new
         m_i = m_b
         p_bl = p_b.to(dt)
-        if PA_REGS:
-            # m_B and P_B go out (P_A is in registers), then P_A V_A[:, 256:] retires: A's right
-            # values are free.
-            _publish_rows(x_smem, X_MB, m_b)
-            p_smem.store(p_bl)
-            fence_async_shared()
-            cta_barrier()
-            mbarrier.arrive(bars.index(BAR_PB), count=1)
-            o, p_a = warpgroup_mma_wait(0, deps=[o_acc, p_a])
-            mbarrier.arrive(bars.index(EMPTY_R), count=1)
-        else:
-            # P_A V_A[:, 256:] retires (A's right values and the P buffer are free); m_B and P_B go out.
-            o = warpgroup_mma_wait(0, deps=[o_acc])
-            mbarrier.arrive(bars.index(EMPTY_R), count=1)
-            _publish_rows(x_smem, X_MB, m_b)
-            p_smem.store(p_bl)
-            fence_async_shared()
-            cta_barrier()
-            mbarrier.arrive(bars.index(BAR_PB), count=1)
+        # m_B and P_B go out (P_A is in registers), then P_A V_A[:, 256:] retires: A's right
+        # values are free.
+        _publish_rows(x_smem, X_MB, m_b)
+        p_smem.store(p_bl)
+        fence_async_shared()
+        cta_barrier()
+        mbarrier.arrive(bars.index(BAR_PB), count=1)
+        o, p_a = warpgroup_mma_wait(0, deps=[o_acc, p_a])
+        mbarrier.arrive(bars.index(EMPTY_R), count=1)
         _zero_tail(ckv_b, n_b, end, HALF, HALF, ld_layout)
         p_op = gl.convert_layout(p_bl, p_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
-        o_acc = _pv(p_op, ckv_b.slice(HALF, HALF, dim=1), o, NO_PV)
+        o_acc = _pv(p_op, ckv_b.slice(HALF, HALF, dim=1), o)
         # It retires before the back edge (see _left_partition): B's right values are free.
         o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
         mbarrier.arrive(bars.index(EMPTY_R + 1), count=1)
@@ -495,31 +464,29 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
 
 
 @gluon.jit
-def _convert_values(src, dst, n0, end, SKIP: gl.constexpr):
+def _convert_values(src, dst, n0, end):
     """``dst [64, COLS]`` (float16, the P.V operand) = ``src [64, COLS]`` (e4m3 bytes of the tile
     of tokens ``[n0, n0 + 64)``), rows past ``end`` zero (they may hold NaN: ``0 * NaN`` is NaN in
     a product). e4m3 converts to float16 exactly (one instruction a pair). Each thread moves 16
     bytes of a row at a time (8 threads a 128-byte row pair: no bank conflict under either
-    swizzle). ``SKIP`` (the FLOOR 5 timing variant): nothing. The caller fences and synchronises
+    swizzle). The caller fences and synchronises
     its warpgroup before the product reads ``dst`` or the copy warp may overwrite ``src``."""
-    if not SKIP:
-        # As 32-bit words (ops/common/gluon_dequant): a 64-column block is one 64-byte swizzle span
-        # of the bytes and one 128-byte span of the float16 values.
-        for c in gl.static_range(src.shape[1] // 64):
-            w = words_view(src.slice(c * 64, 64, dim=1), 64, 64, 1).load(CW_LAYOUT)
-            v = f16_words(w)
-            offs_r = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, v.type.layout))
-            v = gl.where((offs_r < end)[:, None], v, 0)
-            words_view(dst.slice(c * 64, 64, dim=1), 64, 64, 2).store(v)
+    # As 32-bit words (ops/common/gluon_dequant): a 64-column block is one 64-byte swizzle span
+    # of the bytes and one 128-byte span of the float16 values.
+    for c in gl.static_range(src.shape[1] // 64):
+        w = words_view(src.slice(c * 64, 64, dim=1), 64, 64, 1).load(CW_LAYOUT)
+        v = f16_words(w)
+        offs_r = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, v.type.layout))
+        v = gl.where((offs_r < end)[:, None], v, 0)
+        words_view(dst.slice(c * 64, 64, dim=1), 64, 64, 2).store(v)
 
 
 @gluon.jit
 def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr,
-              out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch, num_heads,
-              num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h, logit_factor, out_factor,
-              CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-              LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr,
-              NO_S: gl.constexpr, NO_PV: gl.constexpr, NO_CONVERT: gl.constexpr):
+              out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs, batch,
+              num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h, logit_factor,
+              out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+              LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr):
     """Warpgroup 0 of the fp8 kernel: the left's schedule (tile A's scores on e4m3 wgmmas, output
     columns ``[0, 256)``), with its values converted into one float16 buffer (``v_smem`` slot 0):
     A's while S_A runs, B's while the right's softmax runs (the left waits for P_B then anyway)."""
@@ -535,6 +502,9 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
     mbarrier.arrive(bars.index(BAR_Q), count=1)
 
     qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
+    row_end = end  # the key limit of the rows: the split's end, or each token's own (Q_LEN > 1)
+    if Q_LEN > 1:
+        row_end = mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H, Q_LEN, x_layout)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
@@ -548,22 +518,17 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
         s = _issue_scores(qn_smem, qr_smem, z, ckv_a, kpe_smem.index(z), bars, 0, ph, bars.index(BAR_SA), False,
-                          STAGGER, HALF, s_layout, NO_S)
+                          True, HALF, s_layout)
         # V_A[:, :256] to float16 while S_A runs (v_l is free: the last pair's products retired).
-        _convert_values(ckv_a.slice(0, HALF, dim=1), v_l, n_a, end, NO_CONVERT)
+        _convert_values(ckv_a.slice(0, HALF, dim=1), v_l, n_a, end)
         fence_async_shared()
         cta_barrier()
         s = warpgroup_mma_wait(0, deps=[s])
         # A's rope and left value bytes are read (S_A, the conversion).
         mbarrier.arrive(bars.index(EMPTY_K), count=1)
         mbarrier.arrive(bars.index(EMPTY_L), count=1)
-        s = _masked_logits(s, n_a, end, qk_scale, s_layout, NO_SOFTMAX)
-        if NO_SOFTMAX:
-            m_a = m_i
-            p_a = s
-            alpha = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            m_a, l_i, p_a, alpha = online_softmax_step(m_i, l_i, s)
+        s = _masked_logits(s, n_a, row_end, qk_scale, s_layout, Q_LEN)
+        m_a, l_i, p_a, alpha = online_softmax_step(m_i, l_i, s)
         p_al = p_a.to(gl.float16)
         _publish_rows(x_smem, X_MA, m_a)
         p_smem.store(p_al)
@@ -572,25 +537,22 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
         mbarrier.arrive(bars.index(BAR_MA), count=1)
         p_op = gl.convert_layout(p_al, p_layout)
         o = o * gl.convert_layout(alpha, o_rows)[:, None]
-        o_acc = _pv(p_op, v_l, o, NO_PV)
+        o_acc = _pv(p_op, v_l, o)
         o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
         # V_B[:, :256] into the same buffer while the right's softmax of B runs.
         mbarrier.wait(bars.index(FULL_L + 1), ph)
-        _convert_values(ckv_b.slice(0, HALF, dim=1), v_l, n_b, end, NO_CONVERT)
+        _convert_values(ckv_b.slice(0, HALF, dim=1), v_l, n_b, end)
         fence_async_shared()
         cta_barrier()
         mbarrier.wait(bars.index(BAR_PB), ph)
         # B's left value bytes are read (the right's S_B retired before it published P_B).
         mbarrier.arrive(bars.index(EMPTY_L + 1), count=1)
         m_b = _read_rows(x_smem, X_MB, x_layout)
-        if NO_SOFTMAX:
-            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            g = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))
+        g = gl.exp2(m_a - gl.where(m_b == float("-inf"), 0.0, m_b))
         l_i = l_i * g
         m_i = m_b
         o = o * gl.convert_layout(g, o_rows)[:, None]
-        o_acc = _pv(p_smem, v_l, o, NO_PV)
+        o_acc = _pv(p_smem, v_l, o)
         # Retired before the back edge (see _left_partition).
         o = warpgroup_mma_wait(0, deps=[o_acc])
 
@@ -601,11 +563,10 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
 
 @gluon.jit
 def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr, out_scale_ptr,
-               out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch, num_heads, num_splits,
-               num_pages, stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr,
+               out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs, batch, num_heads,
+               num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr,
                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-               NO_SOFTMAX: gl.constexpr, STAGGER: gl.constexpr, NO_S: gl.constexpr, NO_PV: gl.constexpr,
-               NO_CONVERT: gl.constexpr):
+               Q_LEN: gl.constexpr):
     """Warpgroup 1 of the fp8 kernel: the right's schedule (tile B's scores on e4m3 wgmmas,
     output columns ``[256, 512)``, P_A read into registers), with both tiles' right values
     converted into float16 buffers of their own (``v_smem`` slots 1 and 2) while S_B runs."""
@@ -617,6 +578,9 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
+    row_end = end  # the key limit of the rows: the split's end, or each token's own (Q_LEN > 1)
+    if Q_LEN > 1:
+        row_end = mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H, Q_LEN, x_layout)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=x_layout)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
@@ -632,36 +596,27 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
         n_a = start + 2 * i * BLOCK_N
         n_b = n_a + BLOCK_N
         s = _issue_scores(qn_smem, qr_smem, z, ckv_b, kpe_smem.index(1 + z), bars, 1, ph, bars.index(BAR_SA),
-                          STAGGER, False, HALF, s_layout, NO_S)
+                          True, False, HALF, s_layout)
         # Both tiles' right values to float16 while S_B runs (A's bytes landed before B's).
         mbarrier.wait(bars.index(FULL_R), ph)
-        _convert_values(ckv_a.slice(HALF, HALF, dim=1), v_ra, n_a, end, NO_CONVERT)
-        _convert_values(ckv_b.slice(HALF, HALF, dim=1), v_rb, n_b, end, NO_CONVERT)
+        _convert_values(ckv_a.slice(HALF, HALF, dim=1), v_ra, n_a, end)
+        _convert_values(ckv_b.slice(HALF, HALF, dim=1), v_rb, n_b, end)
         fence_async_shared()
         cta_barrier()
         s = warpgroup_mma_wait(0, deps=[s])
         # B's rope and right value bytes are read (S_B, the conversion).
         mbarrier.arrive(bars.index(EMPTY_K + 1), count=1)
         mbarrier.arrive(bars.index(EMPTY_R + 1), count=1)
-        s = _masked_logits(s, n_b, end, qk_scale, s_layout, NO_SOFTMAX)
+        s = _masked_logits(s, n_b, row_end, qk_scale, s_layout, Q_LEN)
         mbarrier.wait(bars.index(BAR_MA), ph)
         # A's right value bytes are read (the left's S_A retired before it published P_A).
         mbarrier.arrive(bars.index(EMPTY_R), count=1)
         m_a = _read_rows(x_smem, X_MA, x_layout)
-        if NO_SOFTMAX:
-            beta = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            beta = gl.exp2(m_i - gl.where(m_a == float("-inf"), 0.0, m_a))
+        beta = gl.exp2(m_i - gl.where(m_a == float("-inf"), 0.0, m_a))
         o = o * gl.convert_layout(beta, o_rows)[:, None]
         p_a = p_smem.load(p_layout)
-        o_acc = _pv(p_a, v_ra, o, NO_PV)
-        if NO_SOFTMAX:
-            m_b = m_a
-            p_b = s
-            l_new = gl.zeros([BLOCK_H], gl.float32, layout=x_layout)
-            g = gl.full([BLOCK_H], 1.0, gl.float32, layout=x_layout)
-        else:
-            m_b, l_new, p_b, g = online_softmax_step(m_a, gl.zeros([BLOCK_H], gl.float32, layout=x_layout), s)
+        o_acc = _pv(p_a, v_ra, o)
+        m_b, l_new, p_b, g = online_softmax_step(m_a, gl.zeros([BLOCK_H], gl.float32, layout=x_layout), s)
         l_i = l_i * beta * g + l_new
         m_i = m_b
         p_bl = p_b.to(gl.float16)
@@ -674,7 +629,7 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
         o, p_a = warpgroup_mma_wait(0, deps=[o_acc, p_a])
         p_op = gl.convert_layout(p_bl, p_layout)
         o = o * gl.convert_layout(g, o_rows)[:, None]
-        o_acc = _pv(p_op, v_rb, o, NO_PV)
+        o_acc = _pv(p_op, v_rb, o)
         # Retired before the back edge (see _left_partition).
         o, p_op = warpgroup_mma_wait(0, deps=[o_acc, p_op])
 
@@ -685,22 +640,21 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
 
 @gluon.jit
 def mla_gluon_ws_kernel(
-    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous), 16-bit or e4m3
+    q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major, 16-bit or e4m3 (last dim contiguous)
     kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [64, 64]
     table_ptr,  # [B, pages_per_seq] int32 page ids
     seq_lens_ptr,  # [B] int32
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B, Hq, CKV_DIM] the query's 16-bit dtype, bfloat16 for an e4m3 query (last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
+    out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] the query's 16-bit dtype, bfloat16 for an e4m3 query (last dim contiguous)
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
     batch, num_heads, num_splits, num_pages, capacity,
     logit_factor, out_factor,
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-    FLOOR: gl.constexpr = 0, STAGGER: gl.constexpr = True, PA_REGS: gl.constexpr = True,
-    SPLIT_SPAN: gl.constexpr = 0,
+    SPLIT_SPAN: gl.constexpr = 0, Q_LEN: gl.constexpr = 1,
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
     dt: gl.constexpr = q_ptr.dtype.element_ty
@@ -711,6 +665,11 @@ def mla_gluon_ws_kernel(
     num_pairs = (num_tiles + 1) // 2
     total_rows = num_pages * PAGE_SIZE
     table_row = table_ptr + b.to(gl.int64) * stride_t_b
+    # The request's length, for the tokens' own key limits (Q_LEN > 1; a constant otherwise, which
+    # the partitions never read).
+    kv_len = 0
+    if Q_LEN > 1:
+        kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
 
     if FP8:
         # e4m3 bytes: a 64-column box is 64 bytes, the rows' swizzle span (benchmarks/NOTES.md "MLA:
@@ -739,30 +698,28 @@ def mla_gluon_ws_kernel(
         v_smem = gl.allocate_shared_memory(gl.float16, [3, BLOCK_N, CKV_DIM // 2], half_smem)
         gl.warp_specialize([
             (_left_fp8, (q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr,
-                         out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs, batch,
-                         num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h,
-                         logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR,
-                         FLOOR == 1, STAGGER, FLOOR == 4, FLOOR == 3, FLOOR == 5)),
+                         out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
+                         num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
+                         stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR,
+                         OUT_PTR, Q_LEN)),
             (_right_fp8, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr,
-                          out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs,
-                          batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor,
-                          CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER, FLOOR == 4,
-                          FLOOR == 3, FLOOR == 5)),
+                          out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
+                          num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
+                          out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN)),
             (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
-                               num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
+                               num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N)),
         ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
     else:
         gl.warp_specialize([
             (_left_partition, (q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
-                               out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs,
-                               batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
-                               stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR,
-                               OUT_PTR, FLOOR == 1, STAGGER, FLOOR == 4, FLOOR == 3)),
+                               out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
+                               num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h,
+                               stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N,
+                               LOGIT_PTR, OUT_PTR, Q_LEN)),
             (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
-                                out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, num_pairs,
-                                batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
-                                out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, FLOOR == 1, STAGGER,
-                                PA_REGS, FLOOR == 4, FLOOR == 3)),
+                                out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
+                                num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h,
+                                logit_factor, out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN)),
             (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
-                               num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N, FLOOR == 2)),
+                               num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N)),
         ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])

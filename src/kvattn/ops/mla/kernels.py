@@ -32,6 +32,13 @@ products accumulated in float32, and converts the tile once, to the float16 P.V 
 Otherwise fp8 rows convert to float16 for both products; BLOCK_H 16 / 32 run on mma.sync (M < 64)
 and are bound by the row reads for 16-bit caches.
 
+Multi-token prediction (``Q_LEN`` tokens a request, 1 to 4): the launcher passes the query, the
+output and the LSE as ``Q_LEN * Hq`` token-major rows (row ``r * Hq + h``), which take the place
+of the heads in M, so each row tile read serves every token and head (16 heads x 4 tokens fill
+the 64-row tile as 64 heads do). Token ``r`` sees keys up to its position ``L - Q_LEN + r``
+(:func:`mla_row_ends`): a per-row limit on the score mask, which differs from the split's end only
+in a request's last keys. ``Q_LEN == 1`` compiles exactly as before (the mask stays a column mask).
+
 ``HEADS_AS_N`` swaps the operands of both products, ``S^T = ckv q_nope^T + kpe q_rope^T`` and
 ``O^T = ckv^T P^T``: the keys fill wgmma's M (64 rows and more) and the heads are its N (16 is
 enough), so few heads need no padding to 64 rows. With fp8 scores at Hq <= 16 this cuts the tensor
@@ -60,13 +67,25 @@ from ..common import (
 
 
 @triton.jit
-def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, stride_kv_p, stride_kv_s,
+def mla_row_ends(kv_len, rows, num_rows, Q_LEN: tl.constexpr):
+    """Multi-token prediction: the key limit of each row ``rows [M]`` of a request of ``kv_len``
+    keys whose ``num_rows = Q_LEN * Hq`` rows are token-major (row ``r * Hq + h``). Token ``r``
+    sits at position ``kv_len - Q_LEN + r`` and sees keys ``[0, kv_len - (Q_LEN - 1 - r))``; a
+    negative limit (a request shorter than ``Q_LEN``) sees no key. Rows past ``num_rows`` (padding)
+    get limits past ``kv_len``, which the caller clips to its split's end."""
+    token = rows // (num_rows // Q_LEN)
+    return kv_len - (Q_LEN - 1 - token)
+
+
+@triton.jit
+def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, row_end, live, qk_scale, stride_kv_p, stride_kv_s,
                      CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_FORMAT: tl.constexpr,
-                     sdt: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr):
+                     sdt: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr, Q_LEN: tl.constexpr):
     """``(ckv [N, CKV_DIM], s)``: one tile's rows and its base-2 logits ``(q_nope ckv^T + q_rope
     kpe^T) * qk_scale`` as ``s [M, N]``, or transposed, ``s [N, M] = (ckv q_nope^T + ...) * qk_scale``,
-    with ``HEADS_AS_N``; -inf for tokens past ``end``. A token of an unusable page id reads as a
-    zero row and keeps that row's logit (docs/semantics.md, "Unusable page ids").
+    with ``HEADS_AS_N``; -inf for tokens past ``end`` (``Q_LEN > 1``: past each row's own limit
+    ``row_end [M]``, at most ``end``). A token of an unusable page id reads as a zero row and keeps
+    that row's logit (docs/semantics.md, "Unusable page ids").
 
     ``SPLIT_SCORES``: the two ``if live:`` blocks are layout fences (``live`` is the loop's own
     condition: true whenever this runs, which the compiler cannot know). Triton 3.6 gives a wgmma
@@ -86,10 +105,16 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, s
     kpe = load_kv_tile(kv_ptr, kv_ptr, row_off, row_off, ok, CKV_DIM, KPE_DIM, KV_FORMAT, sdt)
     seen = offs_n < end
     if HEADS_AS_N:
-        ok_s = seen[:, None]
+        if Q_LEN == 1:
+            ok_s = seen[:, None]
+        else:
+            ok_s = offs_n[:, None] < row_end[None, :]
         s = tl.dot(kpe, tl.trans(q_rope))
     else:
-        ok_s = seen[None, :]
+        if Q_LEN == 1:
+            ok_s = seen[None, :]
+        else:
+            ok_s = offs_n[None, :] < row_end[:, None]
         s = tl.dot(q_rope, tl.trans(kpe))
     if SPLIT_SCORES:
         if live:
@@ -108,23 +133,23 @@ def _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, live, qk_scale, s
 
 @triton.jit
 def mla_split_kernel(
-    q_ptr,  # [B, Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope] (last dim contiguous)
+    q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major (last dim contiguous)
     kv_ptr,  # [num_pages, PAGE_SIZE, CKV_DIM + KPE_DIM] latent rows [ckv | kpe] (last dim contiguous)
     table_ptr,  # [B, pages_per_seq] int32 page ids
     seq_lens_ptr,  # [B] int32
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B, Hq, CKV_DIM] bfloat16 (or the query's 16-bit dtype, or float32; last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Hq, CKV_DIM] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B, Hq] float32 split LSEs (base 2)
-    lse_ptr,  # [B, Hq] float32 base-2 LSE (STORE_LSE; head stride 1)
+    out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] bfloat16 (or the query's 16-bit dtype, or float32; last dim contiguous)
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2)
+    lse_ptr,  # [B, Q_LEN * Hq] float32 base-2 LSE (STORE_LSE; row stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_kv_p, stride_kv_s, stride_t_b, stride_t_p,
     batch, num_heads, num_splits, num_pages, capacity, stride_lse_b,
     logit_factor, out_factor,
     CKV_DIM: tl.constexpr, KPE_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
     OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr,
-    STORE_LSE: tl.constexpr = False, SPLIT_SPAN: tl.constexpr = 0,
+    STORE_LSE: tl.constexpr = False, SPLIT_SPAN: tl.constexpr = 0, Q_LEN: tl.constexpr = 1,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -147,8 +172,11 @@ def mla_split_kernel(
     start = split * chunk
     end = tl.minimum(start + chunk, kv_len)
 
-    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)  # rows: (token, head) pairs with Q_LEN > 1
     head_ok = heads < num_heads
+    row_end = end
+    if Q_LEN > 1:
+        row_end = tl.minimum(mla_row_ends(kv_len, heads, num_heads, Q_LEN), end)
     offs_c = tl.arange(0, CKV_DIM)
     offs_r = CKV_DIM + tl.arange(0, KPE_DIM)
     q_off = b.to(tl.int64) * stride_q_b + heads[:, None].to(tl.int64) * stride_q_h
@@ -178,8 +206,9 @@ def mla_split_kernel(
     ids = load_page_ids(table_row, stride_t_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, True)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        ckv, s = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, start_n < end, qk_scale, stride_kv_p,
-                                  stride_kv_s, CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt, HEADS_AS_N, SPLIT_SCORES)
+        ckv, s = _mla_tile_scores(kv_ptr, q_nope, q_rope, ids, offs_n, end, row_end, start_n < end, qk_scale,
+                                  stride_kv_p, stride_kv_s, CKV_DIM, KPE_DIM, PAGE_SIZE, KV_FORMAT, sdt, HEADS_AS_N,
+                                  SPLIT_SCORES, Q_LEN)
         if HEADS_AS_N:
             m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, True)
             acc = acc * alpha[None, :] + tl.dot(tl.trans(ckv.to(cdt)), p.to(cdt))
@@ -208,4 +237,4 @@ def mla_split_kernel(
     tl.store(part_lse_ptr + p_row, lse2, mask=as_mask(head_ok & partial))
 
 
-__all__ = ["mla_split_kernel"]
+__all__ = ["mla_row_ends", "mla_split_kernel"]

@@ -9,7 +9,6 @@ The partials are merged by the decode family's :func:`~..decode.kernels.decode_c
 
 from __future__ import annotations
 
-import inspect
 from typing import NamedTuple
 
 import torch
@@ -55,7 +54,7 @@ class MLAFacts(NamedTuple):
 
     device: torch.device
     interpreter: bool
-    q_shape: tuple  # [B, Hq, 576]
+    q_shape: tuple  # [B, Q * Hq, 576] (token-major rows)
     q_stride: tuple
     q_dtype: torch.dtype
     kv_shape: tuple  # [P, page, 576] or [P, page, 1, 576]
@@ -72,6 +71,7 @@ class MLAFacts(NamedTuple):
     gluon_ws_on: bool  # KVATTN_GLUON_WS
     lse_stride: int | None = None  # the LSE's row stride (return_lse), None without one
     batch_invariant: bool = False  # kvattn.set_batch_invariant / KVATTN_BATCH_INVARIANT
+    q_len: int = 1  # query tokens a request (their rows folded with the heads into q_shape[1])
 
 
 class _Plan:
@@ -79,7 +79,9 @@ class _Plan:
 
     def __init__(self, facts: MLAFacts):
         f = facts
-        self.batch, self.num_heads = f.q_shape[0], f.q_shape[1]
+        # num_heads counts rows: Q tokens x Hq heads, which the kernels take as one M axis (the
+        # per-row key limit of a token derived from its row, see kernels.py "Multi-token prediction").
+        self.batch, self.num_heads, self.q_len = f.q_shape[0], f.q_shape[1], f.q_len
         self.num_pages, self.page_size = f.kv_shape[0], f.kv_shape[1]
         self.kv_format = BY_DTYPE[f.kv_dtype].name
         q_fp8 = f.q_dtype == FP8_DTYPE
@@ -178,7 +180,7 @@ class _Plan:
                 CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
-                STORE_LSE=self.has_lse, SPLIT_SPAN=self.split_span,
+                STORE_LSE=self.has_lse, SPLIT_SPAN=self.split_span, Q_LEN=self.q_len,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
@@ -248,7 +250,7 @@ class _GluonSplit:
         return mla_gluon_kernel
 
     def options(self) -> dict:
-        """The launch's options (and, in a subclass, schedule constexprs), by name."""
+        """The launch's options, by name."""
         return dict(num_warps=8)
 
     def lse_args(self) -> tuple[dict, dict, dict]:
@@ -263,7 +265,7 @@ class _GluonSplit:
         self.splits = splits
         self.plan = plan
         self.layout = _row_layout(plan.kv_dtype)
-        self._launches: dict = {}  # options -> fast_launch.Launch (tuning variants change the options)
+        self._launches: dict = {}  # options -> fast_launch.Launch
 
     def launch(self) -> fast_launch.Launch:
         """This split's launch with the current :meth:`options`."""
@@ -277,13 +279,8 @@ class _GluonSplit:
         constexprs = dict(
             CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
             BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            SPLIT_SPAN=plan.split_span, **lse_constexprs,
+            SPLIT_SPAN=plan.split_span, Q_LEN=plan.q_len, **lse_constexprs,
         )
-        names = {p.name for p in kernel.params if p.is_constexpr}
-        constexprs.update((n, v) for n, v in options.items() if n in names)  # schedule variants
-        for p in kernel.params:  # the other schedule constexprs at their defaults
-            if p.is_constexpr and p.name not in constexprs and p.default is not inspect.Parameter.empty:
-                constexprs[p.name] = p.default
         st = plan.strides
         hit = self._launches[key] = fast_launch.Launch(
             kernel, self.grid, layout=_LAYOUT,
@@ -296,7 +293,7 @@ class _GluonSplit:
                        batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits, num_pages=plan.num_pages,
                        **lse_fixed),
             constexprs=constexprs,
-            options={n: v for n, v in options.items() if n not in names},
+            options=options,
         )
         return hit
 
@@ -310,19 +307,15 @@ class _GluonSplit:
 
 class _WarpSpecializedSplit(_GluonSplit):
     """The same launch on :func:`~.gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
-    kernel's, plus schedule constexprs with defaults): 4 warps a partition, and the registers a
-    thread its ``warp_specialize`` redistributes (``MAXNREG``)."""
-
-    # Schedule constexprs replacing the kernel's defaults (tuning and timing floors:
-    # benchmarks/tune_mla.py's ws_* variants); empty in the library.
-    CONSTEXPRS: dict = {}
+    kernel's but the final LSE's): 4 warps a partition, and the registers a thread its
+    ``warp_specialize`` redistributes (``MAXNREG``)."""
 
     @staticmethod
     def kernel():
         return mla_gluon_ws_kernel
 
     def options(self) -> dict:
-        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value, **self.CONSTEXPRS)
+        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
 
     def lse_args(self) -> tuple[dict, dict, dict]:
         return {}, {}, {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
@@ -336,11 +329,11 @@ def _plan(facts: MLAFacts) -> _Plan:
 
 
 def launch_mla(
-    query: torch.Tensor,  # [B, Hq, 576]
+    query: torch.Tensor,  # [B, Q * Hq, 576]
     kv: torch.Tensor,  # [P, page, 576] or [P, page, 1, 576] latent rows
     table: torch.Tensor,  # [B, pages_per_seq] int32
     seq_lens: torch.Tensor,  # [B] int32 / uint32
-    out: torch.Tensor,  # [B, Hq, 512]
+    out: torch.Tensor,  # [B, Q * Hq, 512]
     *,
     max_seq_len: int,
     logit_factor: float = 1.0,
@@ -348,7 +341,8 @@ def launch_mla(
     out_factor: float = 1.0,
     out_tensor=None,
     workspace=None,  # None: the split partials are allocated
-    lse=None,  # [B, Hq] float32 base-2 LSE (head stride 1)
+    lse=None,  # [B, Q * Hq] float32 base-2 LSE (row stride 1)
+    q_len: int = 1,  # query tokens a request: query / out / lse rows are Q * Hq, token-major
 ) -> None:
     """Launch MLA decode into ``out``, with the query's GPU current."""
     if not query.numel():  # an empty batch (validation rejects zero heads): nothing to write or plan
@@ -371,7 +365,7 @@ def launch_mla(
         facts = MLAFacts._make((
             device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,
             out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, gluon_ws_on, lse_stride,
-            batch_invariant,
+            batch_invariant, q_len,
         ))
         plan = _plan(facts)
         # The table's capacity in tokens: every kernel clamps the lengths to it

@@ -29,16 +29,18 @@ def mla_decode(
     logit_scale: Scale,
     out_scale: Scale,
     lse=None,
+    q_len: int = 1,
 ) -> None:
-    """``out [B, Hq, 512] = out_scale * softmax(logit_scale * q.kv) ckv`` over each request's pages.
+    """``out [B, Q * Hq, 512] = out_scale * softmax(logit_scale * q.kv) ckv`` over each request's pages.
 
-    ``query [B, Hq, 576]``; ``kv.k`` the ``[P, page, 1, 576]`` latent rows (``kv.v`` is the same
-    view); split-KV partials use ``workspace``; the base-2 LSE goes to ``lse [B, Hq]`` when given.
-    Nothing waits for the device.
+    ``query [B, Q * Hq, 576]``, token-major rows (row ``r * Hq + h``: token ``r``, head ``h``; ``Q =
+    q_len``, token ``r`` seeing keys ``0 .. L - Q + r``); ``kv.k`` the ``[P, page, 1, 576]`` latent
+    rows (``kv.v`` is the same view); split-KV partials use ``workspace``; the base-2 LSE goes to
+    ``lse [B, Q * Hq]`` when given. Nothing waits for the device.
     """
     entry(mla_decode_op, mla_decode_impl)(
         query, kv.k, kv.k_table, seq_lens, logit_scale.factor, logit_scale.tensor, out_scale.factor,
-        out_scale.tensor, out, workspace, max_seq_len, lse,
+        out_scale.tensor, out, workspace, max_seq_len, q_len, lse,
     )
 
 
@@ -57,15 +59,17 @@ def mla_decode_impl(
     out: torch.Tensor,
     workspace: torch.Tensor,
     max_seq_len: int,
+    q_len: int,
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
     # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
     lse: Optional[torch.Tensor],
 ) -> None:
-    """MLA decode into ``out [B, Hq, 512]`` (and the base-2 LSE into ``lse [B, Hq]``) over latent
-    rows ``kv [P, page, 1, 576]`` (see ops.mla)."""
+    """MLA decode into ``out [B, Q * Hq, 512]`` (and the base-2 LSE into ``lse [B, Q * Hq]``) over
+    latent rows ``kv [P, page, 1, 576]``, ``Q = q_len`` tokens a request (see ops.mla)."""
     launch_mla(
         query, kv, table, seq_lens, out, max_seq_len=max_seq_len, logit_factor=logit_factor,
         logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, workspace=workspace, lse=lse,
+        q_len=q_len,
     )
 
 
@@ -75,5 +79,5 @@ mla_decode_op = torch.library.custom_op("kvattn::mla_decode", mla_decode_impl,
 
 @mla_decode_op.register_fake
 def _mla_decode_fake(query, kv, table, seq_lens, logit_factor, logit_tensor, out_factor, out_tensor, out,
-                     workspace, max_seq_len, lse) -> None:
+                     workspace, max_seq_len, q_len, lse) -> None:
     return None

@@ -1,0 +1,100 @@
+"""Timing floors of the warp-specialised MLA kernel, built from a patched copy of its source.
+
+The library's kernel (``src/kvattn/ops/mla/gluon_ws.py``) has no experiment switch. A floor is
+that source with one part of the work taken out by a textual patch, loaded as a sibling module
+of the kernel (so its relative imports resolve) from a file in a temporary folder (Gluon reads a
+kernel's source from its file). The results are wrong by design: for timing only.
+
+* ``nocopies``: the copy warp signals each part full without copying (the buffers keep whatever
+  they held): the time without the HBM reads.
+* ``nopv``: no P.V products (the accumulators pass through).
+* ``noscores``: no score products (zero scores).
+* ``noconvert``: the e4m3 form's values are not converted to float16 (P.V reads stale buffers).
+
+Each patch names the exact text it replaces, so an edit of the kernel that moves it fails here
+loudly rather than timing the unpatched kernel. :func:`floor_kernel` returns the patched
+``mla_gluon_ws_kernel``; ``benchmarks/tune_mla.py``'s ``ws_no*`` variants launch it in place of
+the library's (``kvattn.ops.mla.launch.mla_gluon_ws_kernel``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+# floor -> [(text of the kernel's source, its replacement)]; each text must occur exactly once.
+PATCHES = {
+    "nocopies": [(
+        "    mbarrier.expect(bar_full, BLOCK_N * COLS * dst.dtype.primitive_bitwidth // 8)\n"
+        "    for c in gl.static_range(COLS // 64):\n"
+        "        tma_load(kv_desc, [row, COL0 + c * 64], bar_full, dst.slice(c * 64, 64, dim=1))\n",
+        "    mbarrier.arrive(bar_full, count=1)\n",
+    )],
+    "nopv": [
+        ("    warpgroup_mma,\n", "    warpgroup_mma,\n    warpgroup_mma_init,\n"),
+        ("    acc = warpgroup_mma(p, v, o, is_async=True)\n", "    acc = warpgroup_mma_init(o)\n"),
+    ],
+    "noscores": [
+        ("    warpgroup_mma,\n", "    warpgroup_mma,\n    warpgroup_mma_init,\n"),
+        ("    s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout),\n"
+         "                      use_acc=False, is_async=True)\n",
+         "    s = warpgroup_mma_init(gl.zeros([64, 64], gl.float32, s_layout))\n"),
+        ("    s = warpgroup_mma(qn_smem.slice(0, HALF, dim=1), ckv_buf.slice(0, HALF, dim=1).permute((1, 0)), s,\n"
+         "                      is_async=True)\n", ""),
+        ("    s = warpgroup_mma(qn_smem.slice(HALF, HALF, dim=1), ckv_buf.slice(HALF, HALF, dim=1).permute((1, 0)), s,\n"
+         "                      is_async=True)\n", ""),
+    ],
+    "noconvert": [(
+        "    for c in gl.static_range(src.shape[1] // 64):\n"
+        "        w = words_view(",
+        "    for c in gl.static_range(0):\n"
+        "        w = words_view(",
+    )],
+}
+
+
+def patched_source(floor: str) -> str:
+    """The kernel's source with ``floor``'s patches applied (each anchor found exactly once)."""
+    from kvattn.ops.mla import gluon_ws
+
+    text = Path(gluon_ws.__file__).read_text()
+    for old, new in PATCHES[floor]:
+        if text.count(old) != 1:
+            raise RuntimeError(f"floor {floor!r}: the kernel source has {text.count(old)} copies of the patched text "
+                               f"{old.splitlines()[0].strip()!r} (expected 1): update benchmarks/mla_ws_floors.py")
+        text = text.replace(old, new)
+    return text
+
+
+_FOLDER = None
+
+
+@functools.lru_cache(maxsize=None)
+def floor_kernel(floor: str):
+    """``mla_gluon_ws_kernel`` of the patched source of ``floor`` (one module per floor and process)."""
+    global _FOLDER
+    if _FOLDER is None:
+        _FOLDER = tempfile.TemporaryDirectory(prefix="kvattn-mla-floors-")
+    name = f"gluon_ws_floor_{floor}"
+    path = Path(_FOLDER.name) / f"{name}.py"
+    path.write_text(patched_source(floor))
+    spec = importlib.util.spec_from_file_location(f"kvattn.ops.mla.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.mla_gluon_ws_kernel
+
+
+__all__ = ["PATCHES", "floor_kernel", "patched_source"]
+
+
+def __getattr__(name: str):
+    """``floor_kernel_<floor>``: :func:`floor_kernel` by attribute (how ``tests/ops/sm90.py``
+    names a kernel to compile: ``"benchmarks.mla_ws_floors.floor_kernel_nocopies"``)."""
+    prefix = "floor_kernel_"
+    if name.startswith(prefix) and name[len(prefix):] in PATCHES:
+        return floor_kernel(name[len(prefix):])
+    raise AttributeError(name)
