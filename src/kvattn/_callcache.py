@@ -84,6 +84,7 @@ _is_compiling = torch.compiler.is_compiling
 _suspended = 0  # > 0 while a config override is active (plans then depend on more than the facts)
 _caches: list["CallCache"] = []
 _fast_launch = _workspace = None  # kvattn.ops.launch's modules, once a call has been recorded (_load)
+_forgotten = [0]  # times every recording was forgotten: a recording across one is not kept
 
 
 class Bypass(Exception):
@@ -107,6 +108,7 @@ def clear() -> None:
 def _forget_recordings() -> None:
     """Forget every entry (and failed recording), keeping the keys seen: a kept buffer was
     replaced, so recordings hold stale addresses, but a key seen is still worth recording."""
+    _forgotten[0] += 1
     for cache in _caches:
         cache.entries.clear()
         cache.failures.clear()
@@ -511,9 +513,13 @@ class CallCache:
                 return call()
         if self.capture_sensitive and _fast_launch.capturing():
             return call()
-        record = Record()
+        record, forgotten = Record(), _forgotten[0]
         with _fast_launch.recording(record), _Watch(record):
             result = call()
+        if _forgotten[0] != forgotten:
+            # A kept buffer was replaced inside the call (single decode's partials, grown): its
+            # allocation would be taken for one of the call's own. Recorded again next time.
+            return result
         entry = _build(record, args, result)
         del record  # (its allocations: the result holds what the caller gets)
         if entry is None:

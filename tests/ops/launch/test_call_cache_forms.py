@@ -203,3 +203,25 @@ def test_a_result_that_is_a_view_of_an_allocation_is_not_recorded():
         _callcache._returns(t[1:], (), [t])
     with pytest.raises(_callcache.Bypass):
         _callcache._returns(t.view(32), (), [t])
+
+
+def test_a_kept_buffer_replaced_inside_a_recording_is_not_taken_for_an_allocation(monkeypatch):
+    """Single decode's partials, kept per stream, made afresh inside the recorded call (grown, or a
+    new stream's): that recording is dropped, and the next one reads the kept buffer as such (no
+    allocation made on every replay)."""
+    from kvattn.ops.launch import workspace
+
+    fake = _start(monkeypatch, "single")
+    fn, args, kwargs = BUILDERS["single"]()
+    cache = cache_of(fn)
+    fn(*args, **kwargs)  # compiles; seen
+    monkeypatch.setattr(workspace, "_STREAM_PARTIALS", {})  # the partials made again in the next call
+    fn(*args, **kwargs)
+    assert not cache.entries
+    fn(*args, **kwargs)  # recorded
+    (entry,) = cache.entries.values()
+    assert not entry.allocs and entry.constants
+    hits = cache.hits
+    fn(*args, **kwargs)
+    assert cache.hits == hits + 1
+    fake.launches()
