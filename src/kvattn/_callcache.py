@@ -476,17 +476,17 @@ class CallCache:
         entry = self.entries.get(key)
         if entry is not None and (not self.capture_sensitive or not _fast_launch.capturing()):
             pool = args
-            made = ()
+            made = []
             if entry.allocs:  # the output / LSE the call allocates, made again
-                made = tuple(make() for make in entry.allocs)
+                made = [make() for make in entry.allocs]
                 more = list(map(_data_ptr, made))
                 if tuple(map(_low_bits, more)) == entry.alloc_bits:
                     ptrs += more
-                    pool = args + made
+                    pool = (*args, *made)
                 else:  # (another alignment: another compiled kernel, maybe)
                     ptrs = None
             if entry.fills and ptrs is not None:
-                tensors = _tensors(args) + list(made)
+                tensors = _tensors(args) + made
                 for j, value in entry.fills:
                     tensors[j].fill_(value)
             if ptrs is not None and _fast_launch.replay(entry, ptrs):

@@ -225,3 +225,32 @@ def test_a_kept_buffer_replaced_inside_a_recording_is_not_taken_for_an_allocatio
     fn(*args, **kwargs)
     assert cache.hits == hits + 1
     fake.launches()
+
+
+def test_only_the_allocations_the_launches_or_the_result_use_are_made_again(monkeypatch):
+    """A call that allocates a tensor nothing reads: the replay makes only the output, and returns it
+    where the ordinary call returned its own."""
+    fake = _start(monkeypatch, "batch-p16")
+    _, args, kwargs = BUILDERS["batch-p16"]()
+    cache = _callcache.CallCache("synthetic")
+    try:
+        def call():
+            torch.empty(7)  # allocated first, never read: the output is the second allocation
+            out = torch.empty_like(args[0])
+            kvattn.decode._batch_decode(*args, out=out)
+            return None, out
+
+        for _ in range(2):  # compiles (seen), then recorded
+            cache.run(args, call)
+        (entry,) = cache.entries.values()
+        assert len(entry.allocs) == 1 and entry.returns == (None, len(args))
+        fake.launches()
+        hits = cache.hits
+        none, out = cache.run(args, call)
+        assert cache.hits == hits + 1 and none is None
+        assert _geometry(out) == _geometry(args[0])
+        launches = fake.launches()
+        assert launches == ordinary(fake, monkeypatch, kvattn.decode.xqa_batch_decode_with_kv_cache, args,
+                                    dict(kwargs, out=out))
+    finally:
+        _callcache._caches.remove(cache)
