@@ -498,13 +498,20 @@ class CallCache:
                     return pool[returns]
                 return tuple(None if j is None else pool[j] for j in returns)
         self.misses += 1
-        # (KVATTN_DEBUG=1: its raw value is in the key, and nothing is recorded under it.)
-        if entry is not None or self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks():
+        if entry is not None:
             return call()
-        if key not in self.seen:  # recorded when it comes back (module docstring)
-            if len(self.seen) >= MAX_SEEN:
-                self.seen.clear()
-            self.seen[key] = None
+        # Recorded when it comes back (module docstring). A key hashes anew at every dict lookup,
+        # so a first sighting costs one: setdefault, and the size tells whether it was there.
+        seen = self.seen
+        count = len(seen)
+        seen.setdefault(key)
+        if len(seen) != count:
+            if count >= MAX_SEEN:
+                seen.clear()
+                seen[key] = None
+            return call()
+        # (KVATTN_DEBUG=1: its raw value is in the key, and nothing is recorded under it.)
+        if self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks():
             return call()
         if _fast_launch is None:
             try:
