@@ -19,9 +19,10 @@ makes. The record becomes an entry only if nothing in the call escapes replay:
 * the call ran no device op but views, allocations and fills before its first launch (a
   :class:`~torch.utils._python_dispatch.TorchDispatchMode` watches the recorded call): no copy. A
   fill of a whole argument or allocation with a constant (prefill's LSE at ``-inf``) is replayed
-  as such, before the launches. An allocation (``torch.empty``, ``empty_like``, ``empty_strided``, ``new_empty``: the
-  output or LSE of a call that gives none) is recorded by its shape, strides, dtype and device,
-  functions of the key's metadata, and made again with ``torch.empty`` on every replay;
+  as such, before the launches. An allocation (``torch.empty``, ``empty_like``,
+  ``empty_strided``, ``new_empty``: the output or LSE of a call that gives none) is recorded by
+  its shape, strides, dtype and device, functions of the key's metadata, and made again with
+  ``torch.empty_strided`` on every replay (only those a launch reads, the call fills or returns);
 * every pointer a launch received lies in exactly one tensor argument's or allocation's storage
   (it is then that tensor's data pointer plus an offset fixed by the metadata), or is a buffer
   kvattn keeps per stream (single decode's merge counters, :mod:`.ops.launch.workspace`): such an
@@ -40,12 +41,12 @@ A hit checks what the key does not hold (the fast path still on: no Triton launc
 Triton debug knobs, each launch's compiled kernel still current, the same CUDA device; the
 current stream is read afresh), makes the recorded allocations (their 16-byte alignment must be
 the recorded one: compiled kernels specialise on it), then launches each recorded launch with
-the new pointers. Calls
-bypass the cache while ``torch.compile`` traces, while a config override is active (tuning), with
-``KVATTN_DEBUG=1`` (its device-value checks then run on every call), while a CUDA graph is being
-captured where the entry's function is capture-sensitive, and for tensor subclasses and argument
-types the key does not model. See ``benchmarks/NOTES.md``, "Host path: calls replayed from their
-metadata".
+the new pointers, and fills what the call filled. Calls bypass the cache while ``torch.compile``
+traces, while a config override is active (tuning), with ``KVATTN_DEBUG=1`` (its device-value
+checks then run on every call), while a CUDA graph is being captured where the entry's function
+is capture-sensitive, and for tensor subclasses and argument types the key does not model. See
+``benchmarks/NOTES.md``, "Host path: calls replayed from their metadata" and "Host path: every
+call form replayed".
 
 A check added to a public function that reads anything else of a tensor (its storage size, its
 pointer beyond 16-byte alignment, a device value) must add that fact to :func:`_flatten`'s key.
@@ -295,7 +296,7 @@ class _Entry:
         self.knobs = knobs
         self.returns = returns  # None, an index into args + allocations, or a tuple of those / None
         self.launches = launches  # the Launch objects (for tests and tools)
-        self.allocs = allocs  # per allocation the call made: a function making it again (torch.empty)
+        self.allocs = allocs  # per allocation made again: a function making it (torch.empty_strided)
         self.alloc_bits = alloc_bits  # each recorded allocation's data pointer modulo 16
         self.fills = fills  # ((index into the tensor arguments + allocations, value), ...): fill_ first
 

@@ -38,8 +38,9 @@ def xqa_case(page, kv_fmt, device):
     q = torch.randn(len(LENS), 1, 16, 128, device=device).to(torch.bfloat16)
     k, v = (case.kv_cache[:, i].reshape(-1, 128).clone() for i in (0, 1))
     lens = case.seq_lens.view(-1, 1).to(torch.uint32)
-    args = (q, k, v, case.block_tables, lens, torch.empty_like(q), torch.zeros(32 << 20, dtype=torch.uint8, device=device),
-            torch.zeros(8 * 16, dtype=torch.uint32, device=device), 2, page)
+    ws = torch.zeros(32 << 20, dtype=torch.uint8, device=device)
+    semaphores = torch.zeros(128, dtype=torch.uint32, device=device)
+    args = (q, k, v, case.block_tables, lens, torch.empty_like(q), ws, semaphores, 2, page)
     return kvattn.xqa.xqa, args, {}, (len(LENS), 1, 16)
 
 
