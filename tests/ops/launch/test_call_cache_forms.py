@@ -100,7 +100,7 @@ def test_allocating_forms_are_replayed_with_fresh_allocations(name, form, monkey
     want = _parts(fn, fn(*args, **kw), kw)  # the ordinary call's allocations
     monkeypatch.setenv("KVATTN_CALL_CACHE", "1")
     fake.launches()
-    seen = []
+    seen, alive = [], []  # (every result kept alive: no later allocation reuses its memory)
     for _ in range(2):  # new memory under every argument, each time
         args, kw = fresh(args), {k: fresh(v) for k, v in kw.items()}
         hits = cache.hits
@@ -121,7 +121,7 @@ def test_allocating_forms_are_replayed_with_fresh_allocations(name, form, monkey
         if fn is not kvattn.xqa.xqa:
             given["out"] = out
         assert launches and launches == ordinary(fake, monkeypatch, fn, args, given)
-        seen_alive = parts  # noqa: F841  (kept alive: its memory is not handed out again this round)
+        alive.append(parts)
 
 
 @pytest.mark.parametrize("name", ["batch-p16", "prefill-p64", "mla-p16"])
@@ -131,7 +131,6 @@ def test_a_shape_change_allocates_its_own_shape(name, monkeypatch):
     fake = _start(monkeypatch, name)
     fn, args, kwargs = BUILDERS[name]()
     kw = _form(fn, args, kwargs, "out+lse")
-    small = dict(args=None)
     if name.startswith("batch"):
         small = (args[0][:2], args[1], args[2], args[3][:2], args[4][:2], *args[5:])
     elif name.startswith("prefill"):  # the first request alone
