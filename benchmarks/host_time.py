@@ -12,8 +12,19 @@ from the same inputs, and from copies at new addresses (``replay``: "same bits",
 differs). ``--cold`` first times each function's first call in a fresh Triton cache directory
 (compile and load: the cold start ``kvattn.warmup`` moves to start-up).
 
+The forms table (``--forms-only`` prints it alone, in well under a minute with the kernels
+compiled: ``--form-calls`` calls a form) times every call form of each function, in the same run:
+its output given (``out``) or allocated by kvattn (``no out``), with the LSE given, allocated
+(``lse``) or not asked for, over pages of 16 and 64 tokens and a bf16 and an fp8 cache (single
+decode: contiguous K/V, no pages; MLA also at 128 heads, the Gluon kernel on Hopper). Each cell is
+the median host time (us) and its ratio to the same call with everything given; ``*`` marks a form
+whose timed calls were not all replayed. ``bits`` says whether each allocating form returned the
+bits of the same call with everything given. A last line times single decode over a length that
+grows every call (a key never seen twice: never recorded, the ordinary call plus the key).
+
 Usage (on the GPU machine, from the repository root; about 2 minutes with --cold)::
 
+    PYTHONPATH=src python benchmarks/host_time.py --forms-only          # the forms table alone
     PYTHONPATH=src python benchmarks/host_time.py --cold --json host_time.json
     PYTHONPATH=src python benchmarks/host_time.py --breakdown --calls 300 --json host_time.json
     PYTHONPATH=src python benchmarks/host_time.py --fake-gpu       # any machine: Python only
@@ -136,6 +147,185 @@ def cases(device: torch.device) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# every call form
+# ---------------------------------------------------------------------------------------------
+FORMS = ("out", "no out", "out+lse", "lse", "no out+lse")
+# What each form gives: out (the output), lse (the LSE); "out+lse" gives both, "lse" gives the
+# output and lets kvattn allocate the LSE, "no out+lse" gives neither. The same call with
+# everything given, each form's baseline:
+BASELINE = {"out": "out", "no out": "out", "out+lse": "out+lse", "lse": "out+lse", "no out+lse": "out+lse"}
+
+
+def _form_kwargs(form: str, out, lse) -> dict:
+    kw = {"out": None if form.startswith("no out") else out}
+    if "lse" in form:
+        kw["return_lse"] = True
+        kw["lse"] = lse if form == "out+lse" else None
+    return kw
+
+
+def form_cases(device: torch.device) -> list:
+    """``[(function, page, kv dtype, call(**form kwargs), out, lse), ...]``: one call of each function
+    at a small shape, with prebuilt inputs, its output and LSE buffers."""
+    import kvattn
+
+    bf16, fp8, g = torch.bfloat16, torch.float8_e4m3fn, torch.Generator(device="cpu").manual_seed(1)
+
+    def rnd(*shape, dtype=bf16):
+        return torch.randn(*shape, generator=g).to(device).to(dtype)
+
+    hq, hkv, d, length = 32, 8, 128, 4096
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=device)
+    lens = torch.tensor([length], dtype=torch.int32, device=device)
+    rows = []
+    for page in (16, 64):
+        pages = length // page
+        table = torch.randperm(pages, generator=g).to(device, torch.int32).view(1, pages)
+        for kv_name, kv_dtype in (("bf16", bf16), ("fp8", fp8)):
+            q = rnd(1, hq, d)
+            kv = rnd(pages, 2, page, hkv, d, dtype=kv_dtype)
+
+            def decode(q=q, kv=kv, table=table, **kw):
+                return kvattn.decode.xqa_batch_decode_with_kv_cache(q, kv, ws, table, lens, length,
+                                                                    bmm1_scale=d ** -0.5, **kw)
+
+            rows.append(("batch decode", page, kv_name, decode, torch.empty_like(q),
+                         torch.empty(1, hq, dtype=torch.float32, device=device)))
+
+            xq = rnd(1, 1, hq, d)
+            k, v = (rnd(pages * page * hkv, d, dtype=kv_dtype) for _ in range(2))
+            sem, xlens = torch.zeros(8, dtype=torch.uint32, device=device), lens.view(1, 1)
+
+            def xqa(xq=xq, k=k, v=v, table=table, sem=sem, page=page, out=None, **kw):
+                # (xqa writes into a given output only: "no out" forms are not its)
+                return kvattn.xqa.xqa(xq, k, v, table, xlens, out, ws, sem, hkv, page, **kw)
+
+            rows.append(("xqa", page, kv_name, xqa, torch.empty_like(xq),
+                         torch.empty(1, 1, hq, dtype=torch.float32, device=device)))
+
+            ql = 16
+            pq = rnd(ql, hq, d)
+            pkv = rnd(pages, 2, hkv, page, d, dtype=kv_dtype)  # HND, prefill's default
+            cum_q = torch.tensor([0, ql], dtype=torch.int32, device=device)
+            cum_kv = torch.tensor([0, length], dtype=torch.int32, device=device)
+
+            def prefill(pq=pq, pkv=pkv, table=table, cum_q=cum_q, cum_kv=cum_kv, **kw):
+                return kvattn.prefill.trtllm_batch_context_with_kv_cache(
+                    pq, pkv, ws, table, lens, ql, length, d ** -0.5, 1.0, 1, cum_q, cum_kv, **kw)
+
+            rows.append(("prefill 16 rows", page, kv_name, prefill, torch.empty_like(pq),
+                         torch.empty(ql, hq, dtype=torch.float32, device=device)))
+
+            for heads in (16, 128) if page == 64 else (16,):
+                mq = rnd(1, 1, heads, 576)
+                mcache = rnd(pages, page, 576, dtype=kv_dtype)
+
+                def mla(mq=mq, mcache=mcache, table=table, **kw):
+                    return kvattn.mla.xqa_batch_decode_with_kv_cache_mla(mq, mcache, ws, 128, 512, 64, table, lens,
+                                                                         length, bmm1_scale=192 ** -0.5, **kw)
+
+                rows.append((f"MLA h{heads}", page, kv_name, mla,
+                             torch.empty(1, heads, 512, dtype=bf16, device=device),
+                             torch.empty(1, heads, dtype=torch.float32, device=device)))
+    for kv_name, kv_dtype in (("bf16", bf16), ("fp8", fp8)):
+        sq = rnd(hq, d)
+        sk, sv = (rnd(length, hkv, d, dtype=kv_dtype) for _ in range(2))
+
+        def single(sq=sq, sk=sk, sv=sv, **kw):
+            return kvattn.decode.single_decode_with_kv_cache(sq, sk, sv, **kw)
+
+        rows.append(("single decode", None, kv_name, single, torch.empty_like(sq),
+                     torch.empty(hq, dtype=torch.float32, device=device)))
+    order = ["batch decode", "xqa", "single decode", "MLA h16", "MLA h128", "prefill 16 rows"]
+    rows.sort(key=lambda r: (order.index(r[0]), r[1] or 0, r[2]))
+    return rows
+
+
+def _bits_of(result) -> torch.Tensor:
+    parts = result if isinstance(result, tuple) else (result,)
+    return torch.cat([t.reshape(-1).view(torch.uint8) for t in parts if t is not None])
+
+
+def time_forms(rows: list, calls: int, fake: bool) -> list[dict]:
+    """Each row's forms timed (median / p90 us), their ratios to the same call with everything
+    given, whether every timed call was replayed, and whether each form gave the baseline's bits."""
+    out_rows = []
+    for function, page, kv_name, call, out, lse in rows:
+        row = {"function": function, "page": page, "kv": kv_name, "forms": {}}
+        forms = [f for f in FORMS if not (function == "xqa" and f.startswith("no out"))]
+        try:
+            results = {}
+            for form in forms:
+                kw = _form_kwargs(form, out, lse)
+                fn = (lambda kw=kw: call(**kw))
+                for _ in range(3):  # compiled, seen, recorded
+                    fn()
+                hits = _cache_hits()
+                median, p90 = host_times(fn, calls)
+                replayed = _cache_hits() - hits == calls + 20  # (host_times' 20 warm-up calls, then the timed ones)
+                row["forms"][form] = {"median": median, "p90": p90, "replayed": replayed}
+                got = fn()
+                if function == "xqa":  # (it writes into its given output, and returns the LSE or None)
+                    got = (out, got)
+                results[form] = None if fake else _bits_of(got).clone()
+        except (TypeError, ValueError, RuntimeError) as exc:  # a form this build does not take
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            out_rows.append(row)
+            continue
+        for form, got in row["forms"].items():
+            got["ratio"] = got["median"] / row["forms"][BASELINE[form]]["median"]
+        if not fake:
+            row["bits"] = all(torch.equal(results[f], results[BASELINE[f]]) for f in forms)
+        out_rows.append(row)
+    return out_rows
+
+
+def print_forms(rows: list, floor_us: float) -> None:
+    print(f"\nhost time a call by form, median us (x the same call with everything given; * not all replayed); "
+          f"torch.add floor {floor_us:.1f}")
+    print(f"{'function':16s} {'page':>4s} {'kv':4s} " + " ".join(f"{f:>13s}" for f in FORMS) + "  bits")
+    for row in rows:
+        head = f"{row['function']:16s} {row['page'] or '-':>4} {row['kv']:4s} "
+        if "error" in row:
+            print(head + row["error"])
+            continue
+        cells = []
+        for form in FORMS:
+            got = row["forms"].get(form)
+            if got is None:
+                cells.append(f"{'-':>13s}")
+                continue
+            mark = " " if got["replayed"] else "*"
+            ratio = "" if BASELINE[form] == form else f" {got['ratio']:4.2f}x"
+            cells.append(f"{got['median']:6.1f}{ratio}{mark}".rjust(13))
+        bits = {True: "same", False: "DIFFER"}.get(row.get("bits"), "-")
+        print(head + " ".join(cells) + f"  {bits}", flush=True)
+
+
+def growing_single(device: torch.device, calls: int) -> dict:
+    """Single decode over a length that grows every call (a key never seen twice), with and without
+    ``out``, and with the cache off: what a call the cache cannot serve costs."""
+    import kvattn
+
+    hq, hkv, d = 32, 8, 128
+    q = torch.randn(hq, d, device=device).to(torch.bfloat16)
+    k, v = (torch.randn(4096 + calls + 40, hkv, d, device=device).to(torch.bfloat16) for _ in range(2))
+    o = torch.empty_like(q)
+    got = {}
+    for name, mode, kw in (("out", "1", {"out": o}), ("no out", "1", {}), ("out, cache off", "0", {"out": o})):
+        os.environ["KVATTN_CALL_CACHE"] = mode
+        length = [4096]
+
+        def call(kw=kw):
+            length[0] += 1
+            kvattn.decode.single_decode_with_kv_cache(q, k[: length[0]], v[: length[0]], **kw)
+
+        got[name] = host_times(call, calls)[0]
+    os.environ["KVATTN_CALL_CACHE"] = "1"
+    return got
+
+
 def _cache_hits() -> int:
     try:
         from kvattn import _callcache
@@ -225,6 +415,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--breakdown", action="store_true",
                     help="also split each replayed call: key, replay of its launches, each launcher alone")
+    ap.add_argument("--forms-only", action="store_true", help="the forms table alone (and the torch.add floor)")
+    ap.add_argument("--form-calls", type=int, default=200, help="timed calls of each form")
     args = ap.parse_args(argv)
     if args.cold and not args.fake_gpu:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvattn-cold-")  # before Triton is imported
@@ -240,11 +432,15 @@ def main(argv=None) -> int:
     import kvattn  # noqa: F401  (after the Triton cache is chosen)
     import triton
 
-    calls = cases(device)
     doc = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (faked GPU)",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "triton": triton.__version__, "calls": args.calls, "rows": []}
-    if args.cold:
+    a = torch.randn(1024, device=device)
+    b, c = torch.randn_like(a), torch.empty_like(a)
+    doc["floor_us"] = host_times(lambda: torch.add(a, b, out=c), args.calls)
+    print(f"{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}")
+    calls = None if args.forms_only else cases(device)
+    if args.cold:  # (first: the forms table compiles most kernels)
         doc["cold_start_s"] = {}
         for name, (fn, _) in calls.items():
             _sync()
@@ -253,18 +449,26 @@ def main(argv=None) -> int:
             _sync()
             doc["cold_start_s"][name] = time.perf_counter() - t0
             print(f"cold start {name:28s} {doc['cold_start_s'][name]:6.2f} s", flush=True)
+    os.environ["KVATTN_CALL_CACHE"] = "1"
+    t0 = time.perf_counter()
+    doc["forms"] = time_forms(form_cases(device), args.form_calls, args.fake_gpu)
+    print_forms(doc["forms"], doc["floor_us"][0])
+    doc["growing_single"] = g = growing_single(device, args.form_calls)
+    print(f"single decode, a new length every call (never replayed): out {g['out']:.1f}, no out {g['no out']:.1f}, "
+          f"out with the cache off {g['out, cache off']:.1f} us   (forms: {time.perf_counter() - t0:.0f} s)")
+    if args.forms_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        return 0
     doc["replay"] = {name: check_replay(fn, copies, args.fake_gpu) for name, (fn, copies) in calls.items()}
 
-    a = torch.randn(1024, device=device)
-    b, c = torch.randn_like(a), torch.empty_like(a)
-    doc["floor_us"] = host_times(lambda: torch.add(a, b, out=c), args.calls)
     sq = torch.randn(1, 32, 1, 128, device=device, dtype=torch.bfloat16)
     sk, sv = (torch.randn(1, 32, 4096, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     doc["sdpa_us"] = host_times(lambda: sdpa(sq, sk, sv), args.calls)
 
-    print(f"\n{doc['device']}, torch {doc['torch']}, triton {doc['triton']}, {doc['date']}")
-    print(f"{'function':28s} {'cache on':>16s} {'cache off':>16s}   replay (median / p90 us)")
+    print(f"\n{'function':28s} {'cache on':>16s} {'cache off':>16s}   replay (median / p90 us)")
     rows = [(name, fn, name, {}) for name, (fn, _) in calls.items()]
     # The Gluon kernels' rows (Hopper, a TMA descriptor a call, rebuilt by the replay) beside the
     # same calls on the Triton kernels (prefill's with TMA descriptors of its own on Hopper).

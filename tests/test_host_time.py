@@ -1,5 +1,6 @@
 """``benchmarks/host_time.py --breakdown`` on the faked GPU (any machine): every function's replayed
-call is split into its key, the replay of its launches and each launcher alone."""
+call is split into its key, the replay of its launches and each launcher alone; the forms table
+times every call form of each function, every one replayed."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_breakdown_splits_every_replayed_call(tmp_path):
     out = tmp_path / "host_time.json"
     got = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "host_time.py"), "--fake-gpu", "--breakdown", "--calls", "30",
-         "--json", str(out)],
+         "--form-calls", "20", "--json", str(out)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )
     assert got.returncode == 0, got.stderr[-2000:]
@@ -39,3 +40,14 @@ def test_breakdown_splits_every_replayed_call(tmp_path):
         assert abs(row["whole"] - row["key"] - row["replay"] - row["rest"]) < 1e-6
         assert f"{name:28s} {row['whole']:6.1f} {row['key']:6.1f}" in got.stdout
     assert "torch.add floor" in got.stdout
+    forms = doc["forms"]
+    assert {row["function"] for row in forms} == {"batch decode", "xqa", "single decode", "MLA h16", "MLA h128",
+                                                  "prefill 16 rows"}
+    for row in forms:
+        assert "error" not in row, row
+        expected = 3 if row["function"] == "xqa" else 5  # (xqa's output is always given)
+        assert len(row["forms"]) == expected and all(f["replayed"] for f in row["forms"].values()), row
+        line = next(x for x in got.stdout.splitlines() if x.startswith(f"{row['function']:16s} {row['page'] or '-':>4}"
+                                                                      f" {row['kv']:4s}"))
+        assert "*" not in line
+    assert "a new length every call" in got.stdout

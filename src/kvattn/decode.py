@@ -142,9 +142,7 @@ def xqa_batch_decode_with_kv_cache(
     """
     args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
             window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, return_lse, lse)
-    if out is not None:  # (without out the call allocates it: nothing to replay)
-        return _BATCH_CACHE.run(args, lambda: _batch_decode(*args[:17], return_lse=return_lse, lse=lse))
-    return _batch_decode(*args[:17], return_lse=return_lse, lse=lse)
+    return _BATCH_CACHE.run(args, lambda: _batch_decode(*args[:17], return_lse=return_lse, lse=lse))
 
 
 # Calls replayed from their metadata (kvattn._callcache; benchmarks/NOTES.md "Host path: calls
@@ -334,9 +332,7 @@ def single_decode_with_kv_cache(
     """
     args = (q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale, window_left,
             logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse, out, lse)
-    if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
-        return _SINGLE_CACHE.run(args, lambda: _single_decode(*args))
-    return _single_decode(*args)
+    return _SINGLE_CACHE.run(args, lambda: _single_decode(*args))
 
 
 def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale, window_left,

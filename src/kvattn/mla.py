@@ -112,9 +112,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     """
     args = (query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables,
             seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse)
-    if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
-        return _CACHE.run(args, lambda: _mla(*args))
-    return _mla(*args)
+    return _CACHE.run(args, lambda: _mla(*args))
 
 
 # Calls replayed from their metadata (kvattn._callcache).

@@ -163,9 +163,7 @@ def trtllm_batch_context_with_kv_cache(
             batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
             kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,
             uses_shared_paged_kv_idx, return_lse, lse)
-    if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
-        return _CACHE.run(args, lambda: _prefill(*args))
-    return _prefill(*args)
+    return _CACHE.run(args, lambda: _prefill(*args))
 
 
 # Calls replayed from their metadata (kvattn._callcache; its TMA descriptors rebuilt on the new

@@ -144,9 +144,7 @@ def xqa(
     """
     args = (q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
             sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse)
-    if lse is not None or return_lse is False:  # (else the call allocates the LSE)
-        return _CACHE.run(args, lambda: _xqa(*args))
-    return _xqa(*args)
+    return _CACHE.run(args, lambda: _xqa(*args))
 
 
 # Calls replayed from their metadata (kvattn._callcache).

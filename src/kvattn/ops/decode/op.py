@@ -75,9 +75,9 @@ def single_decode(
     args = (q, k, v, logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor,
             pos_encoding_mode, window_left, float(logits_soft_cap or 0.0), float(rope_scale), float(rope_theta),
             bool(use_tensor_cores))
-    if out is None and lse is None:
-        return entry(single_decode_op, single_decode_impl)(*args)
-    if out is None:
+    if out is None and lse is None and torch.compiler.is_compiling():
+        return single_decode_op(*args)  # (traced: the functional op)
+    if out is None:  # (eager: the output alone, no LSE the caller drops)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     # (no LSE asked for: the kernel stores none, and nothing is allocated with out given)
     entry(single_decode_into_op, single_decode_into_impl)(*args, out, lse)
