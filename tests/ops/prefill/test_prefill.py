@@ -61,7 +61,7 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None, tiles=None, misalign=None, ws_bytes=1 << 16,
+    bmm2=None, tiles=None, misalign=None, ws_bytes=1 << 16, causal=True,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
@@ -72,6 +72,9 @@ def prefill_case(
     4-byte boundary, so a GPU reads them byte by byte instead of as words.
     ``ws_bytes``: the workspace's size (a quantised cache's pages are staged in it where they fit,
     ``ops.prefill.staging``; the default 64 KB fits none of the GPU cases).
+    ``causal=False``: bidirectional (FlashInfer 0.7.2.post1), against the dense oracle run with
+    every query row as a one-row request of its request's length (a row at the last position sees
+    every key).
     """
     if tiles is not None and not ON_GPU:
         from kvattn.ops.prefill import configs as prefill_configs
@@ -112,15 +115,22 @@ def prefill_case(
             poison_(out.data)
         else:
             out = poison_(torch.empty(q.shape, dtype=kind, device=device))
+        extra = {} if causal else dict(causal=False)
         got = kvattn.prefill.trtllm_batch_context_with_kv_cache(
             q, case.kv_cache, ws, case.block_tables, seq_lens, mq, mkv, scales[0], scales[1], len(lens), cq, ckv,
-            out=out, o_sf_scale=o_sf_scale, **kw)
+            out=out, o_sf_scale=o_sf_scale, **kw, **extra)
         assert got is out
         return out
 
     out, ref_out = run_both(call, monkeypatch)
-    exact = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens), cpu(cq),
-                          bmm1, bmm2, **{k: cpu(v) for k, v in kw.items()})
+    if causal:
+        exact = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens), cpu(cq),
+                              bmm1, bmm2, **{k: cpu(v) for k, v in kw.items()})
+    else:
+        owner = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lq))
+        exact = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables)[owner], cpu(case.seq_lens)[owner],
+                              torch.arange(q.shape[0] + 1, dtype=torch.int32), bmm1, bmm2,
+                              **{k: cpu(v) for k, v in kw.items()})
     if skip:  # not vacuous: some tiles are skipped (the float64 oracle's result moves at all)
         kw_exact = {k: cpu(v) for k, v in kw.items() if k != "skip_softmax_threshold_scale_factor"}
         full = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens), cpu(cq), bmm1,
@@ -227,6 +237,30 @@ CASES = [
     param("bf16-tensor-scales-uint32-int64-cum", lens=GPU_LENS, lq=GPU_LQ, tensor_scales=True, uint32=True,
           cum_dtype=torch.int64, qdt=torch.bfloat16),
 ]
+
+
+# causal=False (FlashInfer 0.7.2.post1): each row sees all its request's keys, on both kernels (the
+# Gluon one on Hopper for 16-bit and fp8 pages of 64 tokens, the Triton one elsewhere).
+CAUSAL_FALSE_CASES = [
+    param("noncausal-fp16-HND-p16-D64", True, lens=SMALL_LENS, lq=SMALL_LQ, causal=False),
+    param("noncausal-fp16-NHD-tuple-sinks-tile32", True, lens=SMALL_LENS, lq=SMALL_LQ, layout="NHD", form="tuple",
+          sinks=True, tiles=(16, 32), causal=False),
+    param("noncausal-nvfp4kv-tensor-scales", True, lens=[19, 33], lq=[3, 33], fmt="nvfp4", tensor_scales=True,
+          causal=False),
+    *[param(f"noncausal-bf16-{layout}-p{page}-D{d}", lens=GPU_LENS, lq=GPU_LQ, layout=layout, page=page, d=d,
+            qdt=torch.bfloat16, causal=False, seed=d + page)
+      for layout in ("NHD", "HND") for page in (16, 64) for d in (64, 128, 256)],
+    *[param(f"noncausal-{fmt}-kv-{dt}-q-p64", lens=GPU_LENS, lq=GPU_LQ, fmt=fmt, page=64, d=128,
+            qdt=FP8_DTYPE if dt == "fp8" else torch.bfloat16, causal=False, ws_bytes=64 << 20)
+      for fmt in ("fp8", "nvfp4") for dt in ("bf16", "fp8") if not (fmt == "nvfp4" and dt == "fp8")],
+    param("noncausal-bf16-split-tables-sinks-lse-G8", lens=GPU_LENS, lq=GPU_LQ, split=True, sinks=True, group=8,
+          hkv=1, d=128, page=64, qdt=torch.bfloat16, causal=False),
+]
+
+
+@pytest.mark.parametrize("kw", CAUSAL_FALSE_CASES)
+def test_causal_false_matches_oracles(kw, kernel_device, triton_backend, monkeypatch):
+    prefill_case(kernel_device, monkeypatch, **kw)
 
 
 @pytest.mark.parametrize("kw", CASES)
