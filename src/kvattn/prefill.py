@@ -189,15 +189,16 @@ def trtllm_batch_context_with_kv_cache(
     >>> o.shape
     torch.Size([69, 8, 64])
     """
+    sf_name = "kv_cache_sf"  # (errors name the argument as the caller wrote it)
     if kv_block_scales is not None:
         if kv_cache_sf is not None:
             raise TypeError("kv_block_scales: the seed's name of kv_cache_sf; expected one of the two, got both")
-        kv_cache_sf = kv_block_scales
+        kv_cache_sf, sf_name = kv_block_scales, "kv_block_scales"
     args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
             batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
             kv_layout, enable_pdl, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
             uses_shared_paged_kv_idx, return_lse, lse, causal, multi_ctas_kv_counter_buffer, use_fp16_softmax,
-            uses_spcompress, backend)
+            uses_spcompress, backend, sf_name)
     if out is not None and (lse is not None or return_lse is False):  # (else the call allocates)
         return _CACHE.run(args, lambda: _prefill(*args))
     return _prefill(*args)
@@ -212,7 +213,7 @@ def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_le
              batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
              kv_layout, enable_pdl, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
              uses_shared_paged_kv_idx, return_lse, lse, causal=True, multi_ctas_kv_counter_buffer=None,
-             use_fp16_softmax=None, uses_spcompress=None, backend="trtllm-gen"):
+             use_fp16_softmax=None, uses_spcompress=None, backend="trtllm-gen", sf_name="kv_cache_sf"):
     """:func:`trtllm_batch_context_with_kv_cache`, the ordinary way."""
     check_tensor(query, "query", dtypes=(*HALF_DTYPES, FP8_DTYPE), ndim=3)
     check_last_dim_contiguous(query, "query")
@@ -225,7 +226,7 @@ def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_le
     kv_dtypes = QUANTISED_DTYPES if query.dtype == FP8_DTYPE else (query.dtype, *QUANTISED_DTYPES)
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
-        kv_sf=kv_cache_sf, sf_name="kv_cache_sf", split_tables=not uses_shared_paged_kv_idx,
+        kv_sf=kv_cache_sf, sf_name=sf_name, split_tables=not uses_shared_paged_kv_idx,
         allowed_dtypes=kv_dtypes, query_dtype=query.dtype,
     )
     check_paged_heads(query.shape[-2], "query", kv, kv_cache, kv_layout)
