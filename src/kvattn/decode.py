@@ -264,7 +264,8 @@ def debug_check_drafts(q_cu_seq_lens: torch.Tensor, seq_lens: torch.Tensor, tota
 
 
 def run_batch_decode(query, kv, seq_lens, out, workspace, *, q_len, max_seq_len, logit_scale, out_scale, window_left,
-                     sinks, mask, enable_pdl=False, lse=None, kv_start=None, max_programs=None, q_cu_seq_lens=None):
+                     sinks, mask, enable_pdl=False, lse=None, kv_start=None, max_programs=None, q_cu_seq_lens=None,
+                     cache_name="kv_cache"):
     """Checked arguments to the backend: padded rows ``[B * q_len, Hq, D]``, or packed ragged rows
     with ``q_cu_seq_lens`` (the kernels run them padded, :mod:`kvattn.ops.decode.ragged`)."""
     ops = _backend.triton_entry("batch_decode", device=query.device)
@@ -273,7 +274,7 @@ def run_batch_decode(query, kv, seq_lens, out, workspace, *, q_len, max_seq_len,
                                window_left=window_left, sinks=sinks, mask=mask, lse=lse, kv_start=kv_start,
                                q_cu_seq_lens=q_cu_seq_lens)
         return
-    check_interpretable(("kv_cache", kv.k.dtype))
+    check_interpretable((cache_name, kv.k.dtype))
     if q_cu_seq_lens is None:
         ops.batch_decode(
             query, kv, seq_lens, out, workspace, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit_scale,

@@ -76,11 +76,13 @@ def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, last_dim: 
 
 
 def _rows_view(t: torch.Tensor, rows_shape: tuple):
-    """``t`` seen as ``rows_shape`` without a copy, or None where its strides do not allow it."""
-    try:
-        return t.view(rows_shape)
-    except RuntimeError:
+    """``t`` (``[..., H, D]``) seen as ``rows_shape`` (``[rows, H, D]``) without a copy, or None
+    where its leading dims do not collapse into one (read from the strides: no exception path, so
+    torch.compile traces it)."""
+    lead = [(n, st) for n, st in zip(t.shape[:-len(rows_shape) + 1], t.stride()) if n != 1]
+    if any(a[1] != b[0] * b[1] for a, b in zip(lead, lead[1:])):
         return None
+    return t.view(rows_shape)
 
 
 def xqa(
@@ -342,6 +344,7 @@ def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, se
         q_rows, kv, seq_lens.reshape(batch), out_rows, workspace_buffer, q_len=q_len, max_seq_len=kv.capacity,
         logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask_rows,
         enable_pdl=bool(enable_pdl), lse=lse_rows, max_programs=sm_count, q_cu_seq_lens=q_cu_seq_lens,
+        cache_name="k_cache",
     )
     if out_tmp:
         output.copy_(out_rows.view(shape))

@@ -233,3 +233,24 @@ def test_ragged_drafts_replay_in_a_cuda_graph(triton_backend):
     out.zero_()
     call()
     assert torch.equal(want, out)
+
+
+def test_torch_compile_traces_ragged_drafts(kernel_device, triton_backend):
+    """The ragged path (device-side index maps, the padded operator, the gather back) traces whole."""
+    from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
+
+    case = make_paged_kv([40, 23, 9], num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16,
+                         device=kernel_device, seed=8)
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(6, 8, 64, generator=g).to(torch.float16).to(kernel_device)
+    mask = random_mask(6, 4, g).to(kernel_device)
+    cu = torch.tensor([0, 3, 3, 6], dtype=torch.int32, device=kernel_device)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=kernel_device)
+
+    def step(q, kv, tables, lens, cu, mask):
+        return kvattn.decode.xqa_batch_decode_with_kv_cache(q, kv, ws, tables, lens, 40, bmm1_scale=0.125,
+                                                            q_len_per_req=4, mask=mask, q_cu_seq_lens=cu)
+
+    eager, got = eager_and_compiled(step, (q, case.kv_cache, case.block_tables, case.seq_lens, cu, mask),
+                                    compile_backend(ON_GPU))
+    assert_close_to_eager(got, eager)

@@ -192,20 +192,32 @@ def test_release_arguments_are_checked():
         call(q4, out=torch.empty(q4.shape, dtype=FP8_DTYPE))
 
 
-@pytest.mark.skipif(not ON_GPU, reason="torch.compile of the kernels needs a GPU")
-def test_xqa_spec_decode_under_torch_compile(triton_backend):
-    dev = torch.device("cuda")
-    case = make_paged_kv([300, 90], num_kv_heads=2, head_dim=128, page_size=16, dtype=torch.bfloat16,
-                         form="tuple", device=dev)
-    k, v, _ = pools(case, 128)
-    q = torch.randn(2, 1, 4, 8, 128, dtype=torch.bfloat16, device=dev)
-    lens = case.seq_lens.view(-1, 1)
-    ws, sem = torch.zeros(1 << 24, dtype=torch.uint8, device=dev), torch.zeros(8, dtype=torch.uint32, device=dev)
+def test_xqa_spec_decode_under_torch_compile(kernel_device, triton_backend):
+    """q_seq_len > 1 traces whole (the rows view read from the strides, the batch decode's operator)."""
+    from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
 
-    def f(q, out):
-        kvattn.xqa.xqa(q, k, v, case.block_tables, lens, out, ws, sem, 2, 16, q_seq_len=4)
+    case = make_paged_kv([60, 19], num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16, form="tuple",
+                         device=kernel_device, seed=9)
+    k, v, _ = pools(case, 64)
+    q = torch.randn(2, 1, 4, 8, 64, dtype=torch.float16).to(kernel_device)
+    lens = case.seq_lens.view(-1, 1)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=kernel_device)
+    sem = torch.zeros(8, dtype=torch.uint32, device=kernel_device)
+
+    def step(q, k, v, tables, lens):
+        out = torch.empty_like(q)
+        kvattn.xqa.xqa(q, k, v, tables, lens, out, ws, sem, 2, 16, q_seq_len=4)
         return out
 
-    eager = f(q, torch.empty_like(q))
-    compiled = torch.compile(f, fullgraph=True)(q, torch.empty_like(q))
-    assert torch.equal(eager, compiled)
+    eager, got = eager_and_compiled(step, (q, k, v, case.block_tables, lens), compile_backend(ON_GPU))
+    assert_close_to_eager(got, eager)
+
+
+def test_rows_view_only_where_the_strides_allow():
+    from kvattn.xqa import _rows_view
+
+    t = torch.randn(3, 1, 4, 8, 64)
+    assert _rows_view(t, (12, 8, 64)).data_ptr() == t.data_ptr()
+    assert _rows_view(t.transpose(0, 2), (12, 8, 64)) is None
+    assert _rows_view(torch.randn(4, 3, 8, 64)[:, :2], (8, 8, 64)) is None
+    assert _rows_view(torch.randn(3, 1, 8, 64), (3, 8, 64)) is not None

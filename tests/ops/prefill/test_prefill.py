@@ -599,3 +599,27 @@ def test_torch_compile_traces_the_public_function(kernel_device, triton_backend)
     eager, got = eager_and_compiled(step, args, compile_backend(ON_GPU))
     assert_close_to_eager(got[0], eager[0])
     assert torch.equal(got[1], eager[1]) and torch.equal(got[2].view(torch.uint8), eager[2].view(torch.uint8))
+
+
+def test_torch_compile_traces_causal_false(kernel_device, triton_backend):
+    """causal=False (FlashInfer 0.7.2.post1) goes through the traced operator (its schema carries
+    the flag): the compiled call equals the eager one, and differs from the causal call."""
+    lens, lq = [50, 3], [20, 3]
+    case = make_paged_kv(lens, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16,
+                         layout="HND", device=kernel_device, seed=5)
+    q = torch.randn(23, 8, 64, device=kernel_device, dtype=torch.float16)
+    cq, ckv = cum(lq).to(kernel_device), cum(lens).to(kernel_device)
+    ws = torch.zeros(16, dtype=torch.uint8, device=kernel_device)
+
+    def step(q, kv, tables, lens_t, cq):
+        bidir = kvattn.prefill.trtllm_batch_context_with_kv_cache(q, kv, ws, tables, lens_t, 20, 50, 0.125, 1.0, 2,
+                                                                  cq, ckv, causal=False)
+        causal = kvattn.prefill.trtllm_batch_context_with_kv_cache(q, kv, ws, tables, lens_t, 20, 50, 0.125, 1.0, 2,
+                                                                   cq, ckv)
+        return bidir, causal
+
+    args = (q, case.kv_cache, case.block_tables, case.seq_lens, cq)
+    eager, got = eager_and_compiled(step, args, compile_backend(ON_GPU))
+    assert_close_to_eager(got[0], eager[0])
+    assert_close_to_eager(got[1], eager[1])
+    assert not torch.allclose(got[0].float(), got[1].float(), atol=1e-2)
