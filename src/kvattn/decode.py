@@ -149,6 +149,12 @@ def xqa_batch_decode_with_kv_cache(
     ...                                                       return_lse=True)
     >>> lse.shape, lse.dtype
     (torch.Size([2, 8]), torch.float32)
+    >>> # Ragged drafts (FlashInfer 0.7.2.post1): 3 draft rows for request 0, 1 for request 1, packed.
+    >>> drafts = torch.randn(4, Hq, D, dtype=torch.bfloat16)
+    >>> cu = torch.tensor([0, 3, 4], dtype=torch.int32)
+    >>> kvattn.decode.xqa_batch_decode_with_kv_cache(drafts, kv, ws, tables, lens, 64, bmm1_scale=D ** -0.5,
+    ...                                              q_len_per_req=3, q_cu_seq_lens=cu).shape
+    torch.Size([4, 8, 128])
     """
     args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
             window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, return_lse, lse,

@@ -107,7 +107,7 @@ def trtllm_batch_context_with_kv_cache(
         ``j <= p`` (and ``p - j <= window_left`` when ``window_left >= 0``).
     kv_cache : torch.Tensor or (torch.Tensor, torch.Tensor)
         As in :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`, default layout HND. Dtype: the
-        query's (float16/bfloat16), float8_e4m3fn, or uint8 NVFP4 with ``kv_block_scales``.
+        query's (float16/bfloat16), float8_e4m3fn, or uint8 NVFP4 with ``kv_cache_sf``.
     workspace_buffer : torch.Tensor uint8
         Scratch. On Hopper, the pages of an fp8 or NVFP4 cache (and of a 16-bit one in pages under
         64 tokens) are copied into it once a call as 16-bit values when they fit
@@ -188,6 +188,12 @@ def trtllm_batch_context_with_kv_cache(
     ...     cum_q, cum_kv)
     >>> o.shape
     torch.Size([69, 8, 64])
+    >>> # Bidirectional (FlashInfer 0.7.2.post1's causal=False): every row sees all its request's keys.
+    >>> b = kvattn.prefill.trtllm_batch_context_with_kv_cache(
+    ...     q, kv, torch.zeros(1 << 20, dtype=torch.uint8), tables, lens, 64, 64, D ** -0.5, 1.0, 2,
+    ...     cum_q, cum_kv, causal=False)
+    >>> bool(torch.equal(b[5:], o[5:])), bool(torch.equal(b[-1], o[-1]))  # (the last row sees every key either way)
+    (False, True)
     """
     sf_name = "kv_cache_sf"  # (errors name the argument as the caller wrote it)
     if kv_block_scales is not None:

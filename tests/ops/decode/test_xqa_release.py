@@ -221,3 +221,15 @@ def test_rows_view_only_where_the_strides_allow():
     assert _rows_view(t.transpose(0, 2), (12, 8, 64)) is None
     assert _rows_view(torch.randn(4, 3, 8, 64)[:, :2], (8, 8, 64)) is None
     assert _rows_view(torch.randn(3, 1, 8, 64), (3, 8, 64)) is not None
+
+
+def test_ragged_offsets_checked_in_debug_mode(monkeypatch):
+    """xqa's q_cu_seq_lens under KVATTN_DEBUG=1: a run past q_seq_len is named against q_seq_len."""
+    monkeypatch.setenv("KVATTN_DEBUG", "1")
+    case = make_paged_kv([40, 9], num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16, form="tuple")
+    k, v, _ = pools(case, 64)
+    q = torch.randn(5, 8, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="^q_cu_seq_lens: request 0 has 4 query rows, more than q_seq_len=3"):
+        kvattn.xqa.xqa(q, k, v, case.block_tables, case.seq_lens.view(-1, 1), torch.empty_like(q),
+                       torch.zeros(1 << 20, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint32), 2, 16,
+                       q_seq_len=3, q_cu_seq_lens=torch.tensor([0, 4, 5], dtype=torch.int32))
