@@ -120,6 +120,8 @@ def xqa_batch_decode_with_kv_cache(
         with each request's rows over its own drafts. ``B`` is ``block_tables.shape[0]``. The
         offsets are read on the device only (checked with ``KVATTN_DEBUG=1``: starting at 0,
         non-decreasing, ending at ``total_q``, no run past ``q_len_per_req`` or the request's length).
+        The kernels run the rows padded to ``q_len_per_req`` a request, in ``B * q_len_per_req``-row
+        temporaries allocated by the call (even with ``out`` given).
     return_lse : bool, keyword-only
         Also return each row's base-2 log-sum-exp of its scaled logits over its visible keys,
         float32 ``[B * q_len_per_req, Hq]``: ``-inf`` for a row that sees no key (an empty
