@@ -292,25 +292,14 @@ def run_batch_decode(query, kv, seq_lens, out, workspace, *, q_len, max_seq_len,
         return
     from .ops.decode import ragged
 
-    total, batch = query.shape[0], q_cu_seq_lens.shape[0] - 1
-    if total == 0 or batch == 0:
-        return
-    src, dst = ragged.row_maps(q_cu_seq_lens, batch, q_len, total)
-    rows = batch * q_len
-    out_p = torch.empty((rows, *out.shape[1:]), dtype=out.dtype, device=out.device)
-    lse_p = torch.empty((rows, lse.shape[1]), dtype=lse.dtype, device=lse.device) if lse is not None else None
-    # (a window needs a mask even without one: the padded kernels would not window the columns
-    # before a request's own drafts)
-    need_mask = mask is not None or window_left >= 0
-    mask_p = ragged.padded_mask(mask, q_cu_seq_lens, src, batch, q_len, window_left) if need_mask else None
-    ops.batch_decode(
-        query.index_select(0, src), kv, seq_lens, out_p, workspace, q_len=q_len, max_seq_len=max_seq_len,
-        logit_scale=logit_scale, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask_p,
-        enable_pdl=enable_pdl, lse=lse_p, kv_start=kv_start, max_programs=max_programs,
-    )
-    out.copy_(out_p.index_select(0, dst))
-    if lse is not None:
-        lse.copy_(lse_p.index_select(0, dst))
+    def padded(q_pad, *, out, lse, mask, q_len, window_left):
+        ops.batch_decode(
+            q_pad, kv, seq_lens, out, workspace, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit_scale,
+            out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=enable_pdl, lse=lse,
+            kv_start=kv_start, max_programs=max_programs,
+        )
+
+    ragged.run_padded(padded, query, q_cu_seq_lens, mask, out, lse, q_len=q_len, window_left=window_left)
 
 
 @overload
