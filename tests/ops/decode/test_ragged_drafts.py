@@ -254,3 +254,29 @@ def test_torch_compile_traces_ragged_drafts(kernel_device, triton_backend):
     eager, got = eager_and_compiled(step, (q, case.kv_cache, case.block_tables, case.seq_lens, cu, mask),
                                     compile_backend(ON_GPU))
     assert_close_to_eager(got, eager)
+
+
+@pytest.mark.parametrize("masked,window", [(True, -1), (False, 2), (True, 1)], ids=["mask", "causal-window2",
+                                                                                   "mask-window1"])
+def test_pack_kernel_matches_the_torch_mapping(masked, window, kernel_device, triton_backend):
+    """The kernels' packing (ragged_pack_kernel) and the elementwise torch mapping that
+    kvattn.distributed uses give the same padded query rows and mask words."""
+    from kvattn.ops.decode import ragged
+
+    g = torch.Generator().manual_seed(12)
+    drafts, q_max = [3, 0, 5, 1], 5
+    total, batch = sum(drafts), len(drafts)
+    q = torch.randn(total, 2, 64, generator=g).to(torch.float16).to(kernel_device)
+    cu = cum(drafts).to(kernel_device)
+    mask = random_mask(total, q_max, g).to(kernel_device) if masked else None
+    q_pad = poison_(torch.empty(batch * q_max, 2, 64, dtype=torch.float16, device=kernel_device))
+    mask_pad = torch.empty(batch, q_max, 2, dtype=torch.uint16, device=kernel_device)
+    ragged.pack(q, cu, mask, q_pad, mask_pad, q_max, window)
+    src, _ = ragged.row_maps(cu, batch, q_max, total)
+    want_mask = ragged.padded_mask(mask, cu, src, batch, q_max, window)
+    shift = torch.tensor([q_max - n for n in drafts]).repeat_interleave(q_max)
+    held = (torch.arange(batch * q_max) % q_max >= shift).to(kernel_device)  # slots holding a packed row
+    assert torch.equal(q_pad[held], q.index_select(0, src)[held])
+    assert (q_pad[~held] == 0).all()
+    got_bits, want_bits = mask_pad.view(torch.int16).view(-1, 2), want_mask.view(torch.int16).view(-1, 2)
+    assert torch.equal(got_bits[held], want_bits[held])
