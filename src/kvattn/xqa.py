@@ -285,7 +285,8 @@ def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, se
     quantised = kv_dtype in (FP8_DTYPE, NVFP4_DTYPE)
     check_out(output, "output", shape, (q_dtype, FP8_DTYPE, torch.float32), device)
     if output.dtype == FP8_DTYPE and not quantised:
-        raise TypeError(f"output: a float8_e4m3fn output needs a quantised (fp8 or NVFP4) cache, got a {kv_dtype} cache")
+        raise TypeError(f"output: a float8_e4m3fn output needs a quantised (fp8 or NVFP4) cache, "
+                        f"got a {kv_dtype} cache")
     check_workspace(workspace_buffer, "workspace_buffer", device)
     check_tensor(semaphores, "semaphores", dtypes=(torch.uint32,), device=device)
     if sinks is not None:
