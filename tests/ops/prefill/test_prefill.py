@@ -623,3 +623,51 @@ def test_torch_compile_traces_causal_false(kernel_device, triton_backend):
     assert_close_to_eager(got[0], eager[0])
     assert_close_to_eager(got[1], eager[1])
     assert not torch.allclose(got[0].float(), got[1].float(), atol=1e-2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("page", [16, 64], ids=["p16-triton", "p64-tma-or-gluon"])
+def test_cuda_graph_replay_causal_false(page, triton_backend):
+    """causal=False captured once and replayed with new lengths, offsets and tables written in place."""
+    device = torch.device("cuda")
+    hkv, group, d, cap = 2, 4, 128, 2048  # cap: the tokens a table row holds
+    lens, lq = [700, 40, 1500], [700, 1, 300]
+
+    def make(lens, seed):
+        used = sum((n + page - 1) // page for n in lens)
+        return make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.bfloat16,
+                             layout="HND", device=device, seed=seed, pages_per_seq=cap // page,
+                             extra_pages=3 * cap // page - used)
+
+    case = make(lens, 1)
+    q = torch.randn(1100, hkv * group, d, device=device, dtype=torch.bfloat16)
+    seq_lens, tables = case.seq_lens.clone(), case.block_tables.clone()
+    cq = cum(lq).to(device)
+    ckv = cum(lens).to(device)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+    out = torch.empty_like(q)
+
+    def call():
+        kvattn.prefill.trtllm_batch_context_with_kv_cache(
+            q, case.kv_cache, ws, tables, seq_lens, 1000, cap, 0.09, 1.0, 3, cq, ckv, out=out, causal=False)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    new_lens, new_lq = [1000, 33, 900], [1000, 33, 2]
+    new = make(new_lens, 2)
+    case.kv_cache.copy_(new.kv_cache)
+    seq_lens.copy_(new.seq_lens)
+    tables.copy_(new.block_tables)
+    cq.copy_(cum(new_lq))
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    n = sum(new_lq)
+    owner = torch.repeat_interleave(torch.arange(3), torch.tensor(new_lq))
+    exact = dense.context(q[:n].cpu(), case.kv_cache.cpu(), tables.cpu()[owner], seq_lens.cpu()[owner],
+                          torch.arange(n + 1, dtype=torch.int32), 0.09, 1.0)
+    assert relative_error(out[:n].cpu(), exact) <= 1e-2
+    assert torch.isnan(out[n:].float()).all()  # rows past the batch: untouched
