@@ -6,10 +6,9 @@ matmul ceiling measured in the same process before and after. Variants:
 
 * ``old``: the Triton kernel (``KVATTN_GLUON=0``); ``new``: the Gluon kernel as shipped;
 * ``pp``: with ping-pong; ``s3``: 3 buffers a ring; ``n64``: 64-key tiles (4 buffers);
-* floors: ``nosoftmax`` (P = S, no exponentials or max), ``noloads`` (no copies; the buffers are
-  signalled full as they are), ``noconvert`` (fp8 caches, not staged: the converter signals its
-  tiles converted without converting): the time the kernel's other work alone takes;
-  ``stageonly`` (quantised caches: the staging pass alone, the attention kernel not launched);
+* floor: ``stageonly`` (quantised caches: the staging pass alone, the attention kernel not
+  launched). (The kernel's own timing floors, a ``MODE`` switch, are gone: shipped kernels carry no
+  experiment switches; benchmarks/NOTES.md keeps the floors measured with them.)
 * quantised caches: ``nostage`` (pages not staged: fp8 through the converter partition, NVFP4 on
   the Triton kernel); ``stage`` (staged whatever the query rows, where they fit the workspace);
   ``qk3`` (fp8 query, V staged: 3 buffers a ring).
@@ -43,9 +42,8 @@ import torch  # noqa: E402
 from benchmarks import ceilings, problems, shapes  # noqa: E402
 from benchmarks.timing import Timer  # noqa: E402
 
-VARIANTS = ("old", "new", "pp", "s3", "n64", "nosoftmax", "noloads", "noconvert", "nostage", "stage", "stageonly",
-            "qk3")
-QUANTISED_ONLY = ("noconvert", "nostage", "stage", "stageonly", "qk3")  # variants of quantised caches alone
+VARIANTS = ("old", "new", "pp", "s3", "n64", "nostage", "stage", "stageonly", "qk3")
+QUANTISED_ONLY = ("nostage", "stage", "stageonly", "qk3")  # variants of quantised caches alone
 
 
 @contextlib.contextmanager
@@ -71,11 +69,6 @@ def _variant(name: str, head_dim: int):
             prefill_configs._SM90_WS[head_dim] = dataclasses.replace(saved_cfg, stages=int(name[1]))
         elif name == "n64":
             prefill_configs._SM90_WS[head_dim] = dataclasses.replace(saved_cfg, block_n=64, stages=4)
-        elif name in ("nosoftmax", "noloads", "noconvert"):
-            mode = {"nosoftmax": 1, "noloads": 2, "noconvert": 3}[name]
-            prefill_ws.launch = functools.partial(saved_launch, mode=mode)
-            if name == "noconvert":  # (the converter's floor: pages not staged)
-                staging.plan = lambda *a, **k: None
         elif name == "nostage":  # quantised caches: no staging (fp8: the converter; NVFP4: Triton)
             staging.plan = lambda *a, **k: None
         elif name in ("stage", "stageonly", "qk3"):  # pages staged whatever the rows (where they fit)
@@ -122,8 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workspace-mib", type=int, default=128, help="the workspace (staged pages must fit it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    # Every call planned afresh: a call replayed from the call cache would keep the launch (and its
-    # floor mode) of the first variant that made it.
+    # Every call planned afresh: a call replayed from the call cache would keep the launch of the
+    # first variant that made it.
     os.environ["KVATTN_CALL_CACHE"] = "0"
     device = torch.device("cuda")
     timer = Timer(device, warmup_ms=25, rep_ms=args.rep)

@@ -29,12 +29,13 @@ class Work:
     matmul_ceiling: str  # which matrix-rate ceiling applies: "matmul_bf16" or "matmul_fp8"
 
 
-def _allowed_pairs(lens: list[int], q_lens: list[int]) -> int:
-    """(query, key) pairs when request ``b``'s ``q_lens[b]`` queries are its last tokens, causal."""
+def _allowed_pairs(lens: list[int], q_lens: list[int], causal: bool = True) -> int:
+    """(query, key) pairs when request ``b``'s ``q_lens[b]`` queries are its last tokens, causal
+    (or, ``causal=False``, each seeing all ``lens[b]`` keys)."""
     total = 0
     for n, q_len in zip(lens, q_lens, strict=True):
         q = min(q_len, n)
-        total += q * (n - q) + q * (q + 1) // 2
+        total += q * n if not causal else q * (n - q) + q * (q + 1) // 2
     return total
 
 
@@ -54,7 +55,7 @@ def work(shape: Shape) -> Work:
     q_lens = shape.q_lens()  # per request: a mixed prefill batch lists them
     rows = sum(q_lens)
     io_bytes = rows * hq * d * q_b + rows * hq * d * 2  # query in, bf16 output out
-    flops = 4.0 * d * hq * _allowed_pairs(lens, q_lens)
+    flops = 4.0 * d * hq * _allowed_pairs(lens, q_lens, shape.causal)
     bound = "compute" if shape.suite == "prefill" else "memory"
     return Work(kv_bytes + io_bytes, flops, bound, matmul)
 

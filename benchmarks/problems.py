@@ -86,7 +86,7 @@ class AttnSpec:
 @dataclass
 class InputSet:
     kvattn: Callable[[], torch.Tensor]
-    spec: AttnSpec
+    spec: AttnSpec | None  # None: a shape no peer computes (peers=False)
 
 
 @dataclass
@@ -137,18 +137,24 @@ def _decode_set(shape: Shape, device, gen, ws) -> InputSet:
     lens = shape.seq_lens()
     pools = inputs.make_pools(lens, num_heads=shape.num_kv_heads, head_dim=d, page_size=shape.page_size,
                               layout=shape.layout, dtype=inputs.torch_dtype(shape.kv_dtype), device=device, gen=gen)
-    q = inputs.randn((b * q_len, hq, d), torch.bfloat16, device, gen)
+    q_lens = shape.q_lens()
+    q = inputs.randn((sum(q_lens), hq, d), torch.bfloat16, device, gen)
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(d)
     max_len = max(lens)
+    cu = None
+    if shape.ragged_drafts:  # packed rows, request b's at cu[b] : cu[b + 1]
+        cu = torch.tensor([0] + q_lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
 
     def call():
         return kvattn.decode.xqa_batch_decode_with_kv_cache(
             q, (pools.k, pools.v), ws, pools.tables, pools.seq_lens, max_len,
             bmm1_scale=scale, bmm2_scale=1.0, out=out, kv_layout=shape.layout, q_len_per_req=q_len,
-            kv_cache_sf=None if pools.k_sf is None else (pools.k_sf, pools.v_sf),
+            kv_cache_sf=None if pools.k_sf is None else (pools.k_sf, pools.v_sf), q_cu_seq_lens=cu,
         )
 
+    if shape.ragged_drafts:  # (ragged drafts: no peer formulation, the shape is kvattn's alone)
+        return InputSet(call, None)
     spec = _paged_spec(q, pools, shape, lens, q_len, scale)
     spec.native = dict(q=q, max_len=max_len, scale=scale)
     return InputSet(call, spec)
@@ -195,7 +201,7 @@ def _prefill_set(shape: Shape, device, gen, ws) -> InputSet:
         return kvattn.prefill.trtllm_batch_context_with_kv_cache(
             q, (pools.k, pools.v), ws, pools.tables, pools.seq_lens, lq, max_kv, scale, 1.0, b, cum_q, cum_kv,
             out=out, kv_layout=shape.layout,
-            kv_block_scales=None if pools.k_sf is None else (pools.k_sf, pools.v_sf),
+            kv_cache_sf=None if pools.k_sf is None else (pools.k_sf, pools.v_sf), causal=shape.causal,
         )
 
     native = dict(q=q, cum_q=cum_q, scale=scale)

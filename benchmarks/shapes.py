@@ -69,7 +69,8 @@ class Shape:
     q_dtype: str = "bfloat16"  # "bfloat16" or "fp8" (prefill / MLA only)
     ragged: bool = False
     pos_encoding_mode: str = "NONE"  # single decode: "NONE" or "ROPE_LLAMA"
-    causal: bool = True
+    causal: bool = True  # prefill: False is bidirectional (FlashInfer 0.7.2.post1's causal=False)
+    ragged_drafts: bool = False  # spec_decode: request b brings q_len - b % q_len drafts (q_cu_seq_lens)
     peers: bool = True
     quick: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
@@ -125,9 +126,12 @@ class Shape:
         return f"ragged{self.batch}x[{lo},{self.kv_len}]"
 
     def q_lens(self) -> list[int]:
-        """Query rows of each request (``q_len`` each unless ``reqs`` lists them)."""
+        """Query rows of each request (``q_len`` each unless ``reqs`` lists them, or ragged drafts:
+        ``q_len``, ``q_len - 1``, .., 1, again, the maximum ``q_len``)."""
         if self.reqs:
             return [q for q, _ in self.reqs]
+        if self.ragged_drafts:
+            return [self.q_len - b % self.q_len for b in range(self.batch)]
         return [self.q_len] * self.batch
 
     @property
@@ -147,7 +151,8 @@ class Shape:
         if self.suite == "decode":
             return f"decode {kv} {self._lens_text()} p{self.page_size} {self.layout}{heads}"
         if self.suite == "spec_decode":
-            return f"spec_decode q{self.q_len} {kv} {self._lens_text()} p{self.page_size} {self.layout}{heads}"
+            q = f"q{self.q_len}" + (" ragged-drafts" if self.ragged_drafts else "")
+            return f"spec_decode {q} {kv} {self._lens_text()} p{self.page_size} {self.layout}{heads}"
         if self.suite == "single_decode":
             return f"single_decode {kv} h{self.num_qo_heads}/{self.num_kv_heads} L{self.kv_len} {self.pos_encoding_mode}"
         if self.suite == "prefill":
@@ -156,7 +161,8 @@ class Shape:
                 lens = f"mixed{self.batch} q{sum(self.q_lens())}/kv{sum(self.seq_lens())}"
             else:
                 lens = f"{self.batch}x{self.q_len}x{self.kv_len}"
-            return f"prefill {q}{kv} {lens} p{self.page_size} {self.layout}{heads}"
+            bidir = "" if self.causal else " bidirectional"
+            return f"prefill {q}{kv} {lens} p{self.page_size} {self.layout}{heads}{bidir}"
         if self.suite == "mla":
             q = f" q{self.q_len}" if self.q_len > 1 else ""  # (multi-token prediction)
             return f"mla {kv} Hq{self.num_qo_heads}{q} {self._lens_text()} p{self.page_size}"
@@ -216,7 +222,11 @@ def _decode_grid() -> list[Shape]:
 
 def _spec_grid() -> list[Shape]:
     # q_len 1 is the baseline of the "q_len 4 within 1.2x of q_len 1" target.
-    return [Shape("spec_decode", 64, 4096, q_len=q, quick=q in (1, 4)) for q in (1, 2, 4, 8)]
+    shapes = [Shape("spec_decode", 64, 4096, q_len=q, quick=q in (1, 4)) for q in (1, 2, 4, 8)]
+    # Ragged drafts (q_cu_seq_lens, FlashInfer 0.7.2.post1) beside the padded rows of the same maximum:
+    # 4, 3, 2, 1 drafts a request (kvattn alone: the peers take padded batches).
+    shapes += [Shape("spec_decode", 64, 4096, q_len=q, ragged_drafts=True, peers=False) for q in (4, 8)]
+    return shapes
 
 
 def _single_grid() -> list[Shape]:
@@ -248,6 +258,10 @@ def _prefill_grid() -> list[Shape]:
     # keys, causal aligned to the last key (peers_sdpa.py says how each SDPA backend is given that).
     shapes.append(Shape("prefill", 4, 16384, q_len=512, page_size=64, layout="HND"))
     shapes.append(mixed_prefill(MIXED_PREFILL, page_size=64, layout="HND"))
+    # causal=False (FlashInfer 0.7.2.post1) beside causal rows of the same shapes (kvattn alone):
+    # every row sees all its request's keys (twice the work of a square causal shape).
+    shapes.append(Shape("prefill", 4, 2048, q_len=2048, page_size=64, layout="HND", causal=False, peers=False))
+    shapes.append(Shape("prefill", 4, 16384, q_len=512, page_size=64, layout="HND", causal=False, peers=False))
     return shapes
 
 
@@ -285,11 +299,15 @@ SMOKE: list[Shape] = [
     Shape("decode", 3, 80, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, ragged=True),
     Shape("decode", 2, 64, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, kv_dtype="fp8"),
     Shape("spec_decode", 2, 64, q_len=2, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16),
+    Shape("spec_decode", 3, 64, q_len=3, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
+          ragged_drafts=True, peers=False),
     Shape("single_decode", 1, 128, num_qo_heads=4, num_kv_heads=4, head_dim=64),
     Shape("single_decode", 1, 128, num_qo_heads=4, num_kv_heads=4, head_dim=64, pos_encoding_mode="ROPE_LLAMA"),
     Shape("prefill", 2, 64, q_len=32, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND"),
     Shape("prefill", 1, 64, q_len=64, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND",
           kv_dtype="fp8", q_dtype="fp8"),
+    Shape("prefill", 2, 64, q_len=32, num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16, layout="HND",
+          causal=False, peers=False),
     mixed_prefill(((40, 40), (24, 88), (1, 50), (9, 33)), num_qo_heads=4, num_kv_heads=2, head_dim=64,
                   page_size=16, layout="HND"),
     Shape("mla", 2, 64, num_qo_heads=16, num_kv_heads=1, head_dim=576, page_size=16),

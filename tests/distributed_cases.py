@@ -95,13 +95,14 @@ def _rank_slice(global_case, sharding, rank, device, seed):
 # ---------------------------------------------------------------------------------------------
 def batch_decode_case(rank, world, device, dtype, *, lens, scheme="round_robin", span=None, page=16, hkv=2,
                       group=4, d=64, sinks=False, window=-1, q_len=1, mask=False, scatter=False, seed=0,
-                      layout="NHD"):
+                      layout="NHD", drafts=None):
+    """``drafts``: ragged drafts (q_cu_seq_lens), request b's count, at most ``q_len``."""
     sharding = kd.PageSharding(world, page, scheme, span)
     case = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=dtype, layout=layout,
                          device=device, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     hq = hkv * group
-    rows = len(lens) * q_len
+    rows = len(lens) * q_len if drafts is None else sum(drafts)
     q = torch.randn(rows, hq, d, generator=g).to(device=device, dtype=dtype)
     snk = (torch.randn(hq, generator=g) * 2).to(device) if sinks else None
     mk = None
@@ -113,8 +114,15 @@ def batch_decode_case(rank, world, device, dtype, *, lens, scheme="round_robin",
         for c in range(q_len):
             packed[:, :, c // 16] |= bits[:, :, c] << (c % 16)
         mk = packed.to(torch.int16).view(torch.uint16).to(device)
+        if drafts is not None:  # request b's rows: the first drafts[b] rows of its [q_len, words] block
+            mk = torch.cat([mk[b, :n] for b, n in enumerate(drafts)])
     args = dict(bmm1_scale=d**-0.5, bmm2_scale=0.75, window_left=window, sinks=snk, kv_layout=layout,
                 q_len_per_req=q_len, mask=mk)
+    if drafts is not None:
+        cu = [0]
+        for n in drafts:
+            cu.append(cu[-1] + n)
+        args["q_cu_seq_lens"] = torch.tensor(cu, dtype=torch.int32, device=device)
     max_len = max(max(lens), 1)
     ws = torch.zeros(2 << 20, dtype=torch.uint8, device=device)
     ref_o, ref_lse = kvattn.xqa_batch_decode_with_kv_cache(
@@ -134,8 +142,19 @@ def batch_decode_case(rank, world, device, dtype, *, lens, scheme="round_robin",
 
     def exact():
         cpu = {k: v.cpu() if torch.is_tensor(v) else v for k, v in args.items()}
-        return dense.batch_decode(q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(), case.seq_lens.cpu(),
-                                  **cpu)[:, heads]
+        if drafts is None:
+            return dense.batch_decode(q.cpu(), case.kv_cache.cpu(), case.block_tables.cpu(), case.seq_lens.cpu(),
+                                      **cpu)[:, heads]
+        cu = cpu.pop("q_cu_seq_lens").tolist()
+        m = cpu.pop("mask")
+        parts = []
+        for b, n in enumerate(drafts):  # each request by itself, its drafts as its q_len_per_req
+            if n:
+                r = slice(cu[b], cu[b + 1])
+                parts.append(dense.batch_decode(
+                    q[r].cpu(), case.kv_cache.cpu(), case.block_tables[b:b + 1].cpu(), case.seq_lens[b:b + 1].cpu(),
+                    **dict(cpu, q_len_per_req=n, mask=None if m is None else m[r].reshape(1, n, -1)))[:, heads])
+        return torch.cat(parts)
 
     check_results("batch_decode", dtype, o32, o16, lse, ref_o[:, heads], ref16[:, heads], ref_lse[:, heads], exact)
 
@@ -238,6 +257,8 @@ def cases(world: int, quick: bool):
         ("decode-contig-sinks-window", batch_decode_case, dict(lens=RAGGED, scheme="contiguous", span=span, sinks=True,
                                                               window=25)),
         ("decode-rr-spec-mask", batch_decode_case, dict(lens=[3, 40, 66, 18], q_len=3, mask=True, sinks=True)),
+        ("decode-rr-ragged-drafts-mask", batch_decode_case, dict(lens=[3, 40, 66, 18], q_len=4, drafts=[2, 4, 0, 3],
+                                                                 mask=True, sinks=True)),
         ("decode-contig-spec-causal", batch_decode_case, dict(lens=[2, 40, 66], q_len=2, scheme="contiguous",
                                                               span=span, layout="HND")),
         ("decode-rr-scatter-heads", batch_decode_case, dict(lens=RAGGED, sinks=True, scatter=True)),
@@ -257,7 +278,7 @@ def cases(world: int, quick: bool):
     keep = ("decode-rr-sinks-window", "decode-contig-sinks-window", "decode-rr-spec-mask", "mla-rr", "mla-rr-mtp",
             "single-window-hnd", "single-uneven")
     if quick == "gpu":  # 2 GPUs: the quick cases, scattered heads, MLA on Hopper's Gluon kernel, long requests
-        out = [c for c in out if c[0] in keep + ("decode-rr-scatter-heads",)]
+        out = [c for c in out if c[0] in keep + ("decode-rr-scatter-heads", "decode-rr-ragged-drafts-mask")]
         out.append(("mla-rr-gluon", mla_case, dict(lens=[0, 500, 1200, 64], hq=64, page=64)))
         out.append(("mla-rr-gluon-mtp", mla_case, dict(lens=[2, 500, 1200, 64], hq=16, q_len=4, page=64)))
         out.append(("decode-long", batch_decode_case, dict(lens=[5000, 1, 20000, 777], d=128, hkv=8, sinks=True)))

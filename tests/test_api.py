@@ -16,11 +16,18 @@ SEEDS = {
         ("max_seq_len", _), ("bmm1_scale", 1.0), ("bmm2_scale", 1.0), ("window_left", -1), ("out", None),
         ("sinks", None), ("kv_layout", "NHD"), ("enable_pdl", None), ("q_len_per_req", 1), ("o_scale", 1.0),
         ("mask", None), ("kv_cache_sf", None),
+        # FlashInfer 0.7.2.post1
+        ("q_cu_seq_lens", None),
     ],
+    # The seed's position 14 is sm_count; FlashInfer 0.7.2.post1's (below) is kv_layout, and an int
+    # there is taken as the seed's sm_count (test_xqa_release.py).
     "xqa.xqa": [
         ("q", _), ("k_cache", _), ("v_cache", _), ("page_table", _), ("seq_lens", _), ("output", _),
         ("workspace_buffer", _), ("semaphores", _), ("num_kv_heads", _), ("page_size", _), ("sinks", None),
-        ("q_scale", 1.0), ("kv_scale", None), ("sliding_win_size", 0), ("sm_count", None),
+        ("q_scale", 1.0), ("kv_scale", None), ("sliding_win_size", 0),
+        # FlashInfer 0.7.2.post1
+        ("kv_layout", "NHD"), ("sm_count", None), ("enable_pdl", None), ("rcp_out_scale", 1.0), ("q_seq_len", 1),
+        ("mask", None),
     ],
     "decode.single_decode_with_kv_cache": [
         ("q", _), ("k", _), ("v", _), ("kv_layout", "NHD"), ("pos_encoding_mode", "NONE"),
@@ -38,9 +45,19 @@ SEEDS = {
         ("max_q_len", _), ("max_kv_len", _), ("bmm1_scale", _), ("bmm2_scale", _), ("batch_size", _),
         ("cum_seq_lens_q", _), ("cum_seq_lens_kv", _), ("window_left", -1), ("out", None), ("out_dtype", None),
         ("o_sf_scale", None), ("o_sf_vec_size", None), ("kv_layout", "HND"), ("enable_pdl", None),
-        ("sinks", None), ("kv_block_scales", None), ("skip_softmax_threshold_scale_factor", None),
+        ("sinks", None),
+        # position 20: the seed's kv_block_scales (still a keyword), FlashInfer 0.7.2.post1's kv_cache_sf
+        ("kv_cache_sf", None), ("skip_softmax_threshold_scale_factor", None),
         ("uses_shared_paged_kv_idx", True),
+        # FlashInfer 0.7.2.post1
+        ("causal", True), ("lse", None), ("return_lse", False), ("multi_ctas_kv_counter_buffer", None),
+        ("use_fp16_softmax", None), ("uses_spcompress", None), ("backend", "trtllm-gen"),
     ],
+}
+# FlashInfer 0.7.2.post1's keyword-only arguments (besides kvattn's own keyword-only extras).
+RELEASE_KEYWORD_ONLY = {
+    "xqa.xqa": ("q_cu_seq_lens", "k_sf_cache", "v_sf_cache"),
+    "prefill.trtllm_batch_context_with_kv_cache": ("kv_block_scales",),
 }
 
 
@@ -62,6 +79,8 @@ def test_signature_matches_seed(path):
     # Extra arguments (SPEC: newer FlashInfer keywords) must be keyword-only with defaults.
     for p in params[len(seed):]:
         assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty, p.name
+    names = [p.name for p in params]
+    assert all(n in names for n in RELEASE_KEYWORD_ONLY.get(path, ()))
 
 
 @pytest.mark.parametrize("name", ["xqa_batch_decode_with_kv_cache", "single_decode_with_kv_cache",

@@ -234,9 +234,11 @@ def test_mixed_shape_checks_its_pairs():
 def test_run_list_names_the_new_rows_and_their_peers(capsys):
     assert run.main(["--suite", "prefill", "--filter", "4x512x16384,mixed", "--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith("prefill bf16 4x512x16384 p64 HND") and "kvattn + peers" in lines[0]
+    assert len(lines) == 3
+    assert lines[0].startswith("prefill bf16 4x512x16384 p64 HND ") and "kvattn + peers" in lines[0]
     assert lines[1].startswith("prefill bf16 mixed8 ") and "kvattn + peers" in lines[1]
+    # causal=False beside it: kvattn alone (the peers' formulations are causal)
+    assert lines[2].startswith("prefill bf16 4x512x16384 p64 HND bidirectional") and "kvattn only" in lines[2]
     assert run.main(["--suite", "prefill", "--filter", "p16", "--list", "--no-peers"]) == 0
     assert all("kvattn only" in x for x in capsys.readouterr().out.strip().splitlines())
 

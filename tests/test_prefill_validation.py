@@ -80,8 +80,21 @@ CASES = [
                                                torch.empty(8, 32, dtype=FP8))), ValueError, "out.scale"),
     case("kv_block_scales-with-bf16-cache", set_args(kv_block_scales=lambda kw: kw["kv_cache"].to(FP8)[..., :4]),
          ValueError, "kv_block_scales"),
+    # (missing scales: named by the release's name, kv_cache_sf, whichever the call used)
     case("kv_block_scales-missing", lambda kw: (_nvfp4(kw), kw.pop("kv_block_scales")), ValueError,
-         "kv_block_scales"),
+         "kv_cache_sf"),
+    case("kv_cache_sf-with-bf16-cache", set_args(kv_cache_sf=lambda kw: kw["kv_cache"].to(FP8)[..., :4]),
+         ValueError, "kv_cache_sf"),
+    case("kv_cache_sf-and-kv_block_scales", lambda kw: (_nvfp4(kw), kw.update(kv_cache_sf=kw["kv_block_scales"])),
+         TypeError, "kv_block_scales"),
+    case("causal-int", set_args(causal=1), TypeError, "causal"),
+    case("causal-false-with-window", set_args(causal=False, window_left=16), ValueError, "window_left"),
+    case("use_fp16_softmax-str", set_args(use_fp16_softmax="yes"), TypeError, "use_fp16_softmax"),
+    case("uses_spcompress-int", set_args(uses_spcompress=0), TypeError, "uses_spcompress"),
+    case("multi_ctas_kv_counter_buffer-float", set_args(multi_ctas_kv_counter_buffer=torch.zeros(8)), TypeError,
+         "multi_ctas_kv_counter_buffer"),
+    case("backend", set_args(backend="fa3"), ValueError, "backend"),
+    case("return_lse-int", set_args(return_lse=1), TypeError, "return_lse"),
     case("enable_pdl", set_args(enable_pdl="on"), TypeError, "enable_pdl"),
     case("bmm1_scale-none", set_args(bmm1_scale=None), TypeError, "bmm1_scale"),
     case("query-zero-heads", set_args(query=torch.randn(15, 0, 64, dtype=BF16)), ValueError, "query"),
@@ -107,3 +120,22 @@ def test_error(mutate, exc, name):
     kw = valid()
     mutate(kw)
     expect(trtllm_batch_context_with_kv_cache, kw, exc, name)
+
+
+def test_release_positional_call_with_lse_at_24():
+    """A call written for FlashInfer 0.7.2.post1 (every argument positional, kv_cache_sf at 20, causal
+    at 23, lse at 24 without return_lse): runs, writes the LSE it is given, returns the output only."""
+    kw = valid()
+    lse = torch.full((15, 8), float("nan"))
+    names = ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_q_len", "max_kv_len",
+             "bmm1_scale", "bmm2_scale", "batch_size", "cum_seq_lens_q", "cum_seq_lens_kv")
+    args = [kw[n] for n in names] + [-1, None, None, None, None, "HND", None, None, None, None, True, True, lse,
+                                     False, torch.zeros(64, dtype=torch.uint8), False, False, "trtllm-gen"]
+    assert len(args) == 30 and args[23] is True and args[24] is lse
+    got = trtllm_batch_context_with_kv_cache(*args)
+    want, want_lse = trtllm_batch_context_with_kv_cache(**dict(kw, return_lse=True))
+    assert isinstance(got, torch.Tensor) and torch.equal(got, want)
+    assert torch.equal(lse, want_lse)
+    # causal=False at 23: another result (rows see keys past their position)
+    args[23] = False
+    assert not torch.equal(trtllm_batch_context_with_kv_cache(*args), want)

@@ -59,11 +59,13 @@ def xqa_batch_decode_with_kv_cache(
     o_scale: Optional[float] = 1.0,
     mask: Optional[torch.Tensor] = None,
     kv_cache_sf: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
+    q_cu_seq_lens: Optional[torch.Tensor] = None,
     *,
     return_lse: bool = False,
     lse: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Paged batch decode: each request's ``q_len_per_req`` query tokens over its paged KV cache.
+    """Paged batch decode: each request's ``q_len_per_req`` query tokens (or, with
+    ``q_cu_seq_lens``, its own number of them) over its paged KV cache.
 
     Parameters
     ----------
@@ -110,6 +112,16 @@ def xqa_batch_decode_with_kv_cache(
         conversion (sm_89+), caches whose code and scale rows start on 4-byte boundaries (any
         contiguous cache with D a multiple of 64) are read as 32-bit words, about twice as fast
         as the byte path other layouts take.
+    q_cu_seq_lens : torch.Tensor int32 or uint32 ``[B + 1]``, optional
+        FlashInfer 0.7.2.post1: ragged drafts. Request ``b`` owns query rows ``q_cu_seq_lens[b] :
+        q_cu_seq_lens[b + 1]`` (``q_b`` of them, 0 to ``q_len_per_req``, which is then the
+        maximum); row ``r`` sits at position ``L - q_b + r``. ``query``, ``out`` and the LSE are
+        packed ``[total_q, Hq, ...]``, ``mask`` (if any) ``[total_q, 2 * ceil(q_len_per_req / 32)]``
+        with each request's rows over its own drafts. ``B`` is ``block_tables.shape[0]``. The
+        offsets are read on the device only (checked with ``KVATTN_DEBUG=1``: starting at 0,
+        non-decreasing, ending at ``total_q``, no run past ``q_len_per_req`` or the request's length).
+        The kernels run the rows padded to ``q_len_per_req`` a request, in ``B * q_len_per_req``-row
+        temporaries allocated by the call (even with ``out`` given).
     return_lse : bool, keyword-only
         Also return each row's base-2 log-sum-exp of its scaled logits over its visible keys,
         float32 ``[B * q_len_per_req, Hq]``: ``-inf`` for a row that sees no key (an empty
@@ -139,10 +151,18 @@ def xqa_batch_decode_with_kv_cache(
     ...                                                       return_lse=True)
     >>> lse.shape, lse.dtype
     (torch.Size([2, 8]), torch.float32)
+    >>> # Ragged drafts (FlashInfer 0.7.2.post1): 3 draft rows for request 0, 1 for request 1, packed.
+    >>> drafts = torch.randn(4, Hq, D, dtype=torch.bfloat16)
+    >>> cu = torch.tensor([0, 3, 4], dtype=torch.int32)
+    >>> kvattn.decode.xqa_batch_decode_with_kv_cache(drafts, kv, ws, tables, lens, 64, bmm1_scale=D ** -0.5,
+    ...                                              q_len_per_req=3, q_cu_seq_lens=cu).shape
+    torch.Size([4, 8, 128])
     """
     args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-            window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, return_lse, lse)
-    return _BATCH_CACHE.run(args, lambda: _batch_decode(*args[:17], return_lse=return_lse, lse=lse))
+            window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, return_lse, lse,
+            q_cu_seq_lens)
+    return _BATCH_CACHE.run(args, lambda: _batch_decode(*args[:17], return_lse=return_lse, lse=lse,
+                                                        q_cu_seq_lens=q_cu_seq_lens))
 
 
 # Calls replayed from their metadata (kvattn._callcache; benchmarks/NOTES.md "Host path: calls
@@ -154,7 +174,7 @@ _SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)
 def _batch_decode(
     query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale=1.0, bmm2_scale=1.0,
     window_left=-1, out=None, sinks=None, kv_layout="NHD", enable_pdl=None, q_len_per_req=1, o_scale=1.0,
-    mask=None, kv_cache_sf=None, *, return_lse=False, lse=None, kv_start=None,
+    mask=None, kv_cache_sf=None, *, return_lse=False, lse=None, kv_start=None, q_cu_seq_lens=None,
 ):
     """:func:`xqa_batch_decode_with_kv_cache`, and ``kv_start`` (int32 ``[B]``, on the query's
     device, optional): request ``b`` attends to no key before ``kv_start[b]``, which keeps a
@@ -163,11 +183,18 @@ def _batch_decode(
     device, shape = query.device, query.shape
     head_dim = check_head_dim(shape[2], "query")
     q_len = 1 if q_len_per_req is None else check_int(q_len_per_req, "q_len_per_req", minimum=1)
-    if shape[0] % q_len:
+    ragged = q_cu_seq_lens is not None
+    if ragged:
+        check_tensor(block_tables, "block_tables", ndim=(2, 3))
+        batch = block_tables.shape[0]
+        check_tensor(q_cu_seq_lens, "q_cu_seq_lens", dtypes=(torch.int32, torch.uint32), ndim=1, device=device)
+        check_shape(q_cu_seq_lens, "q_cu_seq_lens", (batch + 1,))
+    elif shape[0] % q_len:
         raise ValueError(
             f"q_len_per_req: expected a divisor of query.shape[0]={shape[0]} (B * q_len_per_req rows), got {q_len}"
         )
-    batch = shape[0] // q_len
+    else:
+        batch = shape[0] // q_len
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
         kv_sf=kv_cache_sf, allowed_dtypes=(query.dtype, *QUANTISED_DTYPES), query_dtype=query.dtype,
@@ -190,7 +217,8 @@ def _batch_decode(
         raise ValueError(f"o_scale: expected a finite non-zero float, got {o_scale!r}")
     if mask is not None:
         check_tensor(mask, "mask", dtypes=(torch.uint16,), device=device)
-        check_shape(mask, "mask", (batch, q_len, 2 * ((q_len + 31) // 32)))
+        words = 2 * ((q_len + 31) // 32)
+        check_shape(mask, "mask", (shape[0], words) if ragged else (batch, q_len, words))
     logit = to_scale(bmm1_scale, "bmm1_scale", device)
     bmm2 = to_scale(bmm2_scale, "bmm2_scale", device)
 
@@ -208,21 +236,68 @@ def _batch_decode(
     if kv_start is not None:
         check_tensor(kv_start, "kv_start", dtypes=(torch.int32,), device=device)
         check_shape(kv_start, "kv_start", (batch,))
-    debug_check_pages(kv, seq_lens, max_len=max_seq_len, q_len=q_len,
+    debug_check_pages(kv, seq_lens, max_len=max_seq_len, q_len=1 if ragged else q_len,
                       scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", bmm2.tensor)))
-
-    ops = _backend.triton_entry("batch_decode", device)
-    if ops is not None:
-        check_interpretable(("kv_cache", kv.k.dtype))
-        ops.batch_decode(
-            query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit,
-            out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=bool(enable_pdl),
-            lse=lse, kv_start=kv_start,
-        )
-    else:
-        reference.batch_decode(query, kv, seq_lens, out, q_len=q_len, logit_scale=logit, out_scale=out_scale,
-                               window_left=window_left, sinks=sinks, mask=mask, lse=lse, kv_start=kv_start)
+    if ragged:
+        debug_check_drafts(q_cu_seq_lens, seq_lens, shape[0], q_len)
+    run_batch_decode(query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len,
+                     logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask,
+                     enable_pdl=bool(enable_pdl), lse=lse, kv_start=kv_start, q_cu_seq_lens=q_cu_seq_lens)
     return (out, lse) if return_lse else out
+
+
+def debug_check_drafts(q_cu_seq_lens: torch.Tensor, seq_lens: torch.Tensor, total: int, q_len: int,
+                       q_len_name: str = "q_len_per_req") -> None:
+    """Device-value checks of ragged draft offsets (synchronising): only with ``KVATTN_DEBUG=1``."""
+    from . import _env
+    from ._inputs import _debug_check_cum, _lengths_as_read
+
+    if not _env.debug_checks():
+        return
+    cu = q_cu_seq_lens.reshape(-1)
+    cu = (cu.view(torch.int32) if cu.dtype == torch.uint32 else cu).to(torch.int64).cpu()
+    runs = _debug_check_cum(cu, "q_cu_seq_lens", total, "the query's rows")
+    if bool((runs > q_len).any()):
+        b = int((runs > q_len).nonzero()[0, 0])
+        raise ValueError(f"q_cu_seq_lens: request {b} has {int(runs[b])} query rows, more than "
+                         f"{q_len_name}={q_len} (the maximum)")
+    lens, _ = _lengths_as_read(seq_lens)
+    short = (runs > 0) & (lens < runs)
+    if bool(short.any()):
+        b = int(short.nonzero()[0, 0])
+        raise ValueError(f"seq_lens: request {b} has length {int(lens[b])}, fewer than its {int(runs[b])} query rows "
+                         f"(a length counts them)")
+
+
+def run_batch_decode(query, kv, seq_lens, out, workspace, *, q_len, max_seq_len, logit_scale, out_scale, window_left,
+                     sinks, mask, enable_pdl=False, lse=None, kv_start=None, max_programs=None, q_cu_seq_lens=None,
+                     cache_name="kv_cache"):
+    """Checked arguments to the backend: padded rows ``[B * q_len, Hq, D]``, or packed ragged rows
+    with ``q_cu_seq_lens`` (the kernels run them padded, :mod:`kvattn.ops.decode.ragged`)."""
+    ops = _backend.triton_entry("batch_decode", device=query.device)
+    if ops is None:
+        reference.batch_decode(query, kv, seq_lens, out, q_len=q_len, logit_scale=logit_scale, out_scale=out_scale,
+                               window_left=window_left, sinks=sinks, mask=mask, lse=lse, kv_start=kv_start,
+                               q_cu_seq_lens=q_cu_seq_lens)
+        return
+    check_interpretable((cache_name, kv.k.dtype))
+    if q_cu_seq_lens is None:
+        ops.batch_decode(
+            query, kv, seq_lens, out, workspace, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit_scale,
+            out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=enable_pdl,
+            lse=lse, kv_start=kv_start, max_programs=max_programs,
+        )
+        return
+    from .ops.decode import ragged
+
+    def padded(q_pad, *, out, lse, mask, q_len, window_left):
+        ops.batch_decode(
+            q_pad, kv, seq_lens, out, workspace, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit_scale,
+            out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=enable_pdl, lse=lse,
+            kv_start=kv_start, max_programs=max_programs,
+        )
+
+    ragged.run_padded(padded, query, q_cu_seq_lens, mask, out, lse, q_len=q_len, window_left=window_left)
 
 
 @overload

@@ -419,6 +419,7 @@ def batch_decode(
     return_lse: bool = False,
     lse: Optional[torch.Tensor] = None,
     scatter_heads: bool = False,
+    q_cu_seq_lens: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Context-parallel :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`: every rank of
     ``group`` calls it with its own slice of the cache, and gets the whole result.
@@ -458,6 +459,10 @@ def batch_decode(
     scatter_heads : bool
         Rank ``r`` gets only heads ``r * Hq / R .. (r + 1) * Hq / R - 1`` (for a head-parallel next
         layer): one all-to-all of the states instead of the all-gather, ``R`` times fewer bytes in.
+    q_cu_seq_lens : torch.Tensor int32 or uint32 ``[B + 1]``, optional
+        Ragged drafts, as the local function's (FlashInfer 0.7.2.post1): ``query``, ``out``, the
+        LSE and ``mask`` packed by these offsets. Run as the padded call (each request's rows at the
+        end of its ``q_len_per_req`` slots, on the device) into temporaries, then gathered back.
 
     Returns
     -------
@@ -481,6 +486,13 @@ def batch_decode(
     """
     check_tensor(query, "query", ndim=3)
     rows, heads, dim = query.shape
+    if q_cu_seq_lens is not None:
+        return _ragged_batch_decode(
+            query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, sharding=sharding, group=group,
+            bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, window_left=window_left, out=out, sinks=sinks,
+            kv_layout=kv_layout, enable_pdl=enable_pdl, q_len_per_req=q_len_per_req, o_scale=o_scale, mask=mask,
+            kv_cache_sf=kv_cache_sf, return_lse=return_lse, lse=lse, scatter_heads=scatter_heads,
+            q_cu_seq_lens=q_cu_seq_lens)
     world, rank = _check_group(group, sharding, scatter_heads, heads)
     device = query.device
     q_len = 1 if q_len_per_req is None else check_int(q_len_per_req, "q_len_per_req", minimum=1)
@@ -517,6 +529,45 @@ def batch_decode(
         kv_cache_sf, return_lse=True, lse=bufs.part_lse, kv_start=kv_start,
     )
     return _merge(bufs, group, world, rank, sinks, out, lse, scatter_heads, return_lse)
+
+
+def _ragged_batch_decode(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, *, sharding, group,
+                         mask, out, lse, return_lse, q_cu_seq_lens, q_len_per_req, scatter_heads, **kw):
+    """:func:`batch_decode` with ``q_cu_seq_lens``: the padded call, its rows gathered back."""
+    from .ops.decode import ragged
+
+    rows, heads, dim = query.shape
+    device = query.device
+    world, _ = _check_group(group, sharding, scatter_heads, heads)
+    q_len = 1 if q_len_per_req is None else check_int(q_len_per_req, "q_len_per_req", minimum=1)
+    check_tensor(seq_lens, "seq_lens", dtypes=(torch.int32, torch.uint32), device=device)
+    batch = seq_lens.numel()
+    check_tensor(q_cu_seq_lens, "q_cu_seq_lens", dtypes=(torch.int32, torch.uint32), ndim=1, device=device)
+    if tuple(q_cu_seq_lens.shape) != (batch + 1,):
+        raise ValueError(f"q_cu_seq_lens: expected shape [{batch + 1}], got {list(q_cu_seq_lens.shape)}")
+    words = 2 * ((q_len + 31) // 32)
+    if mask is not None:
+        check_tensor(mask, "mask", dtypes=(torch.uint16,), device=device)
+        if tuple(mask.shape) != (rows, words):
+            raise ValueError(f"mask: expected shape {[rows, words]}, got {list(mask.shape)}")
+    out_heads = heads // world if scatter_heads else heads
+    out = _check_out(out, (rows, out_heads, dim), query.dtype, device)
+    lse = check_lse_out(lse, return_lse, rows, out_heads, device)
+    if rows and batch:
+        src, dst = ragged.row_maps(q_cu_seq_lens, batch, q_len, rows)
+        window_left = kw.get("window_left", -1)
+        padded_mask = None
+        if mask is not None or (window_left >= 0 and q_len > 1):
+            padded_mask = ragged.padded_mask(mask, q_cu_seq_lens, src, batch, q_len, window_left)
+        o_pad = torch.empty((batch * q_len, out_heads, dim), dtype=out.dtype, device=device)  # (out's dtype)
+        got = batch_decode(query.index_select(0, src), kv_cache, workspace_buffer, block_tables, seq_lens,
+                           max_seq_len, sharding=sharding, group=group, q_len_per_req=q_len, mask=padded_mask,
+                           out=o_pad, return_lse=lse is not None, scatter_heads=scatter_heads, **kw)
+        o_pad, lse_pad = got if lse is not None else (got, None)
+        out.copy_(o_pad.index_select(0, dst))
+        if lse is not None:
+            lse.copy_(lse_pad.index_select(0, dst))
+    return (out, lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------------------

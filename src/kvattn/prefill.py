@@ -81,14 +81,23 @@ def trtllm_batch_context_with_kv_cache(
     kv_layout: str = "HND",
     enable_pdl: Optional[bool] = None,
     sinks: Optional[List[torch.Tensor]] = None,
-    kv_block_scales: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
+    kv_cache_sf: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
     skip_softmax_threshold_scale_factor: Optional[float] = None,
     uses_shared_paged_kv_idx: bool = True,
-    *,
-    return_lse: bool = False,
+    causal: bool = True,
     lse: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+    multi_ctas_kv_counter_buffer: Optional[torch.Tensor] = None,
+    use_fp16_softmax: Optional[bool] = None,
+    uses_spcompress: Optional[bool] = None,
+    backend: str = "trtllm-gen",
+    *,
+    kv_block_scales: Optional[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]] = None,
 ) -> Union[torch.Tensor, FP4Tensor, Tuple[Union[torch.Tensor, FP4Tensor], torch.Tensor]]:
-    """Causal attention of each request's new query tokens over its paged KV cache.
+    """Causal (or bidirectional) attention of each request's new query tokens over its paged KV cache.
+
+    The signature is FlashInfer 0.7.2.post1's; the seed's ``kv_block_scales`` (its name at
+    position 20) is accepted as a keyword too.
 
     Parameters
     ----------
@@ -98,7 +107,7 @@ def trtllm_batch_context_with_kv_cache(
         ``j <= p`` (and ``p - j <= window_left`` when ``window_left >= 0``).
     kv_cache : torch.Tensor or (torch.Tensor, torch.Tensor)
         As in :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`, default layout HND. Dtype: the
-        query's (float16/bfloat16), float8_e4m3fn, or uint8 NVFP4 with ``kv_block_scales``.
+        query's (float16/bfloat16), float8_e4m3fn, or uint8 NVFP4 with ``kv_cache_sf``.
     workspace_buffer : torch.Tensor uint8
         Scratch. On Hopper, the pages of an fp8 or NVFP4 cache (and of a 16-bit one in pages under
         64 tokens) are copied into it once a call as 16-bit values when they fit
@@ -126,18 +135,39 @@ def trtllm_batch_context_with_kv_cache(
     kv_layout : {"HND", "NHD"}
     enable_pdl : bool, optional (accepted; unused by Triton launches)
     sinks : float32 ``[Hq]`` tensor (or a list of one), optional
-    kv_block_scales : NVFP4 block scales, ``(k_sf, v_sf)`` or one tensor with a size-2 dim 1
+    kv_cache_sf : NVFP4 block scales, ``(k_sf, v_sf)`` or one tensor with a size-2 dim 1
+        (FlashInfer 0.7.2.post1's name; the seed's, ``kv_block_scales``, is accepted as a keyword,
+        not both at once)
     skip_softmax_threshold_scale_factor : float, optional
         ``f > 0``: approximate attention that skips KV tiles whose scores are all below
         ``running_max + ln(f / L)``; tiles are 128 query rows x 128 keys
         (``kvattn.reference.SKIP_SOFTMAX_TILE_M/N``). None or 0: exact.
     uses_shared_paged_kv_idx : bool
-    return_lse : bool, keyword-only
-        Also return each query row's base-2 log-sum-exp of its scaled logits over its visible keys,
-        float32 ``[sum_q, Hq]``: sinks excluded, ``-inf`` for a row that sees no key; with skip-softmax,
-        over the keys of the tiles kept.
-    lse : torch.Tensor float32 ``[sum_q, Hq]``, keyword-only, optional
-        Where to write it (with ``return_lse``); allocated if None.
+    causal : bool
+        True: the causal rule above. False (FlashInfer 0.7.2.post1): every row of a request sees all
+        ``L`` of its keys (bidirectional); needs ``window_left == -1``.
+    lse : torch.Tensor float32 ``[sum_q, Hq]``, optional
+        Where to write each query row's base-2 log-sum-exp of its scaled logits over its visible
+        keys: sinks excluded, ``-inf`` for a row that sees no key; with skip-softmax, over the keys
+        of the tiles kept. Written whenever given (as FlashInfer 0.7.2.post1 does), returned only
+        with ``return_lse``.
+    return_lse : bool
+        Also return the LSE (allocated when ``lse`` is None).
+    multi_ctas_kv_counter_buffer : torch.Tensor, optional (uint8, int32, uint32 or int64)
+        FlashInfer 0.7.2.post1: the counters of trtllm-gen's multi-CTA KV split. kvattn's prefill
+        kernels never split a row's keys across programs, so the buffer is checked (an integer
+        tensor on the query's device) and left untouched.
+    use_fp16_softmax : bool, optional
+        FlashInfer 0.7.2.post1: trtllm-gen's kernels with a float16 softmax accumulator. kvattn
+        keeps its float32 softmax whatever the value (a result at least as exact); checked to be
+        a bool or None.
+    uses_spcompress : bool, optional
+        FlashInfer 0.7.2.post1: trtllm-gen's sparse-compression kernels, an implementation choice
+        with no effect on the result; checked to be a bool or None, no effect on kvattn.
+    backend : {"trtllm-gen", "cake"}
+        FlashInfer 0.7.2.post1's choice of its own implementation; kvattn's kernels serve both.
+    kv_block_scales : keyword-only, optional
+        The seed's name of ``kv_cache_sf``.
 
     Returns
     -------
@@ -158,11 +188,23 @@ def trtllm_batch_context_with_kv_cache(
     ...     cum_q, cum_kv)
     >>> o.shape
     torch.Size([69, 8, 64])
+    >>> # Bidirectional (FlashInfer 0.7.2.post1's causal=False): every row sees all its request's keys.
+    >>> b = kvattn.prefill.trtllm_batch_context_with_kv_cache(
+    ...     q, kv, torch.zeros(1 << 20, dtype=torch.uint8), tables, lens, 64, 64, D ** -0.5, 1.0, 2,
+    ...     cum_q, cum_kv, causal=False)
+    >>> bool(torch.equal(b[5:], o[5:])), bool(torch.equal(b[-1], o[-1]))  # (the last row sees every key either way)
+    (False, True)
     """
+    sf_name = "kv_cache_sf"  # (errors name the argument as the caller wrote it)
+    if kv_block_scales is not None:
+        if kv_cache_sf is not None:
+            raise TypeError("kv_block_scales: the seed's name of kv_cache_sf; expected one of the two, got both")
+        kv_cache_sf, sf_name = kv_block_scales, "kv_block_scales"
     args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
             batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
-            kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,
-            uses_shared_paged_kv_idx, return_lse, lse)
+            kv_layout, enable_pdl, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
+            uses_shared_paged_kv_idx, return_lse, lse, causal, multi_ctas_kv_counter_buffer, use_fp16_softmax,
+            uses_spcompress, backend, sf_name)
     return _CACHE.run(args, lambda: _prefill(*args))
 
 
@@ -173,8 +215,9 @@ _CACHE = CallCache("trtllm_batch_context_with_kv_cache")
 
 def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
              batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
-             kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,
-             uses_shared_paged_kv_idx, return_lse, lse):
+             kv_layout, enable_pdl, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
+             uses_shared_paged_kv_idx, return_lse, lse, causal=True, multi_ctas_kv_counter_buffer=None,
+             use_fp16_softmax=None, uses_spcompress=None, backend="trtllm-gen", sf_name="kv_cache_sf"):
     """:func:`trtllm_batch_context_with_kv_cache`, the ordinary way."""
     check_tensor(query, "query", dtypes=(*HALF_DTYPES, FP8_DTYPE), ndim=3)
     check_last_dim_contiguous(query, "query")
@@ -187,7 +230,7 @@ def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_le
     kv_dtypes = QUANTISED_DTYPES if query.dtype == FP8_DTYPE else (query.dtype, *QUANTISED_DTYPES)
     kv = paged_kv_from_cache(
         kv_cache, block_tables, kv_layout, head_dim, device,
-        kv_sf=kv_block_scales, sf_name="kv_block_scales", split_tables=not uses_shared_paged_kv_idx,
+        kv_sf=kv_cache_sf, sf_name=sf_name, split_tables=not uses_shared_paged_kv_idx,
         allowed_dtypes=kv_dtypes, query_dtype=query.dtype,
     )
     check_paged_heads(query.shape[-2], "query", kv, kv_cache, kv_layout)
@@ -206,6 +249,19 @@ def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_le
         check_shape(t, n, (batch + 1,))
     check_workspace(workspace_buffer, "workspace_buffer", device)
     window_left = check_window(window_left)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if not causal and window_left >= 0:
+        raise ValueError(f"window_left: causal=False takes no window (FlashInfer 0.7.2.post1's rule): expected -1, "
+                         f"got {window_left}")
+    for flag, flag_name in ((use_fp16_softmax, "use_fp16_softmax"), (uses_spcompress, "uses_spcompress")):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{flag_name}: expected a bool or None, got {type(flag).__name__}")
+    if multi_ctas_kv_counter_buffer is not None:
+        check_tensor(multi_ctas_kv_counter_buffer, "multi_ctas_kv_counter_buffer",
+                     dtypes=(torch.uint8, torch.int32, torch.uint32, torch.int64), device=device)
+    if backend not in ("trtllm-gen", "cake"):
+        raise ValueError(f"backend: expected 'trtllm-gen' or 'cake', got {backend!r}")
     sinks = check_sinks(sinks, "sinks", query.shape[1], device)
     if enable_pdl is not None and not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
@@ -249,13 +305,16 @@ def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_le
             out = torch.empty(sum_q, num_heads, head_dim, dtype=kind, device=device)
         else:
             check_out(out, "out", (sum_q, num_heads, head_dim), (kind,), device)
-    lse = check_lse_out(lse, return_lse, sum_q, num_heads, device)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    # (an lse given is written whatever return_lse says, as in FlashInfer 0.7.2.post1)
+    lse = check_lse_out(lse, return_lse or lse is not None, sum_q, num_heads, device)
     debug_check_pages(kv, seq_lens, max_len=max_kv_len, max_len_name="max_kv_len", cum_q=cum_seq_lens_q,
                       num_rows=sum_q, max_q_len=max_q_len, cum_kv=cum_seq_lens_kv,
                       scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", out_scale.tensor)))
 
     args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
-                skip_softmax_threshold_scale_factor=f or None)
+                skip_softmax_threshold_scale_factor=f or None, causal=causal)
     ops = _backend.triton_entry("context", device)
     if ops is not None:
         check_interpretable(("kv_cache", kv.k.dtype))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import sys
 import types
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
-from . import _backend, reference
+from . import decode
 from ._callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
@@ -19,10 +19,10 @@ from ._inputs import (
     check_half_match,
     check_head_dim,
     check_int,
-    check_interpretable,
     check_layout,
     check_lse_out,
     check_out,
+    check_shape,
     check_query_heads,
     check_sinks,
     check_tensor,
@@ -30,7 +30,10 @@ from ._inputs import (
     debug_check_pages,
     to_scale,
 )
-from .formats import FP8_DTYPE
+from ._formats_table import BY_NAME
+from .formats import FP8_DTYPE, NVFP4_BLOCK
+
+NVFP4_DTYPE = BY_NAME["nvfp4"].dtype  # uint8
 
 XQA_PAGE_SIZES = (16, 32, 64, 128)
 
@@ -43,14 +46,16 @@ def _hnd_pages(pages: torch.Tensor) -> torch.Tensor:
     return pages.transpose(1, 2)
 
 
-def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: int, layout: str, q_dtype, device):
-    """``[pages, page_size, Hkv, D]`` view of xqa's flat head pool (or of 4-D NHD/HND pages)."""
-    if name == "k_cache" and isinstance(cache, torch.Tensor):  # (a V unlike K is reported as such below)
-        check_half_match(q_dtype, "q", cache.dtype, name)
-    check_tensor(cache, name, dtypes=(q_dtype, FP8_DTYPE), ndim=(2, 4), device=device, contiguous_last=True)
+def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, last_dim: int, layout: str, q_dtype, device,
+                 dtypes=None, what: str = "head_dim"):
+    """``[pages, page_size, Hkv, last_dim]`` view of xqa's flat head pool (or of 4-D NHD/HND pages)."""
+    if name == "k_cache" and isinstance(cache, torch.Tensor) and cache.dtype not in (FP8_DTYPE, NVFP4_DTYPE):
+        check_half_match(q_dtype, "q", cache.dtype, name)  # (a V unlike K is reported as such below)
+    dtypes = (q_dtype, FP8_DTYPE, NVFP4_DTYPE) if dtypes is None else dtypes
+    check_tensor(cache, name, dtypes=dtypes, ndim=(2, 4), device=device, contiguous_last=True)
     shape = cache.shape
-    if shape[-1] != head_dim:
-        raise ValueError(f"{name}: expected head_dim {head_dim} (the query's) in the last dim, got {shape[-1]}")
+    if shape[-1] != last_dim:
+        raise ValueError(f"{name}: expected {what} {last_dim} in the last dim, got {shape[-1]}")
     if len(shape) == 2:
         per_page = page_size * num_kv_heads
         if shape[0] % per_page:
@@ -70,6 +75,16 @@ def _cache_pages(cache, name: str, num_kv_heads: int, page_size: int, head_dim: 
     return pages
 
 
+def _rows_view(t: torch.Tensor, rows_shape: tuple):
+    """``t`` (``[..., H, D]``) seen as ``rows_shape`` (``[rows, H, D]``) without a copy, or None
+    where its leading dims do not collapse into one (read from the strides: no exception path, so
+    torch.compile traces it)."""
+    lead = [(n, st) for n, st in zip(t.shape[:-len(rows_shape) + 1], t.stride()) if n != 1]
+    if any(a[1] != b[0] * b[1] for a, b in zip(lead, lead[1:])):
+        return None
+    return t.view(rows_shape)
+
+
 def xqa(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -82,47 +97,84 @@ def xqa(
     num_kv_heads: int,
     page_size: int,
     sinks: Optional[torch.Tensor] = None,
-    q_scale: float = 1.0,
-    kv_scale: Optional[torch.Tensor] = None,
+    q_scale: Union[float, torch.Tensor] = 1.0,
+    kv_scale: Optional[Union[float, torch.Tensor]] = None,
     sliding_win_size: int = 0,
+    kv_layout: Union[str, int] = "NHD",
     sm_count: Optional[int] = None,
+    enable_pdl: Optional[bool] = None,
+    rcp_out_scale: float = 1.0,
+    q_seq_len: int = 1,
+    mask: Optional[torch.Tensor] = None,
     *,
-    kv_layout: str = "NHD",
+    q_cu_seq_lens: Optional[torch.Tensor] = None,
+    k_sf_cache: Optional[torch.Tensor] = None,
+    v_sf_cache: Optional[torch.Tensor] = None,
     return_lse: bool = False,
     lse: Optional[torch.Tensor] = None,
 ) -> Optional[torch.Tensor]:
-    """Paged decode writing ``output`` in place (one query token per request).
+    """Paged decode writing ``output`` in place.
+
+    The signature is FlashInfer 0.7.2.post1's; a call written for the seed, whose position 14 is
+    ``sm_count``, runs too: an int at ``kv_layout``'s position is taken as ``sm_count``.
 
     Parameters
     ----------
-    q : torch.Tensor ``[B, 1, Hq, D]``, float16 or bfloat16 (beam_width 1)
+    q : torch.Tensor, float16 or bfloat16
+        ``[B, 1, Hq, D]`` (beam_width 1); ``[B, 1, q_seq_len, Hq, D]`` with ``q_seq_len > 1``
+        (speculative decoding: request ``b``'s drafts are its last ``q_seq_len`` tokens); packed
+        ``[total_q, Hq, D]`` with ``q_cu_seq_lens``.
     k_cache, v_cache : torch.Tensor ``[total_num_cache_heads, D]``
         Pools of head vectors: token slot ``s`` of page ``p``, KV head ``h`` is row
         ``(p * page_size + s) * num_kv_heads + h``. 4-D page tensors in ``kv_layout`` are accepted
-        too. The query's dtype or float8_e4m3fn.
+        too. The query's dtype, float8_e4m3fn, or uint8 NVFP4 (last dim ``D / 2``, with
+        ``k_sf_cache`` / ``v_sf_cache``).
     page_table : torch.Tensor int32 ``[B, pages_per_seq]`` (shared by K and V)
     seq_lens : torch.Tensor uint32 or int32 ``[B, 1]``
-    output : torch.Tensor ``[B, 1, Hq, D]``, the query's dtype (or float8_e4m3fn with an fp8 cache, or
-        float32 for unrounded partial results to merge)
+        Each request's KV length, its draft tokens included.
+    output : torch.Tensor, the query's shape
+        The query's dtype, float8_e4m3fn with a quantised cache (stored times ``rcp_out_scale``),
+        or float32 (unrounded partial results to merge).
     workspace_buffer : torch.Tensor uint8 (zeroed before first use)
     semaphores : torch.Tensor uint32 (checked; kvattn's split-KV merge keeps its counters in the workspace)
     num_kv_heads : int
     page_size : int in 16, 32, 64, 128
     sinks : torch.Tensor float32 ``[num_kv_heads, Hq / num_kv_heads]``, optional
     q_scale : float or one-element float32 tensor
-    kv_scale : torch.Tensor float32 ``[1]``, optional
-        Dequant scale of an fp8 cache (ignored for float16/bfloat16 caches).
+    kv_scale : float or one-element float32 tensor, optional
+        Dequant scale of a quantised (fp8 or NVFP4) cache: it multiplies the logits and the output
+        (ignored for float16/bfloat16 caches).
     sliding_win_size : int
-        ``W > 0``: each query sees its last ``W`` keys; 0: all.
+        ``W > 0``: each query row sees the keys of its last ``W`` positions (drafts before it
+        included only through ``mask``); 0: all.
+    kv_layout : {"NHD", "HND"}, or an int: the seed's ``sm_count`` at this position
+        Layout of 4-D page tensors (the flat pool is always NHD).
     sm_count : int, optional
         Caps the number of programs launched.
-    kv_layout : {"NHD", "HND"}, keyword-only
-        Layout of 4-D page tensors (the flat pool is always NHD).
+    enable_pdl : bool, optional
+        As :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`'s (Hopper: programmatic dependent
+        launch).
+    rcp_out_scale : float
+        FlashInfer 0.7.2.post1: a float8_e4m3fn output is stored times this (the reciprocal of
+        the output's scale); other outputs ignore it.
+    q_seq_len : int
+        FlashInfer 0.7.2.post1: draft tokens per request (speculative decoding), the maximum with
+        ``q_cu_seq_lens``. Draft row ``r`` of ``n`` sits at position ``L - n + r``.
+    mask : torch.Tensor uint16, optional
+        ``[B, q_seq_len, 2 * ceil(q_seq_len / 32)]`` (``[total_q, ...]`` with ``q_cu_seq_lens``):
+        bit ``c % 16`` of word ``c // 16`` of row ``r`` lets draft row ``r`` see draft ``c`` (the
+        convention of :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`); None: causal.
+    q_cu_seq_lens : torch.Tensor int32 or uint32 ``[B + 1]``, keyword-only, optional
+        FlashInfer 0.7.2.post1: ragged drafts, request ``b`` owns packed rows ``cu[b] : cu[b + 1]``
+        (0 to ``q_seq_len`` of them); see :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`.
+    k_sf_cache, v_sf_cache : torch.Tensor, keyword-only, optional
+        FlashInfer 0.7.2.post1: the NVFP4 caches' e4m3 block scales (uint8 or float8_e4m3fn), the
+        caches' form with last dim ``D / 16``.
     return_lse : bool, keyword-only
-        Also write and return each row's base-2 log-sum-exp, float32 ``[B, 1, Hq]`` (as
-        :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`'s: sinks excluded, ``-inf`` for an
-        empty request).
-    lse : torch.Tensor float32 ``[B, 1, Hq]``, keyword-only, optional
+        Also write and return each row's base-2 log-sum-exp, float32 of the query's shape without
+        its last dim (as :func:`kvattn.decode.xqa_batch_decode_with_kv_cache`'s: sinks excluded,
+        ``-inf`` for an empty request).
+    lse : torch.Tensor float32, keyword-only, optional
         Where to write it (with ``return_lse``); allocated if None.
 
     Returns
@@ -141,9 +193,19 @@ def xqa(
     >>> out = torch.empty_like(q)
     >>> kvattn.xqa.xqa(q, k, v, table, lens, out, torch.zeros(1 << 20, dtype=torch.uint8),
     ...                torch.zeros(8, dtype=torch.uint32), Hkv, page)
+    >>> # Speculative decoding: 3 drafts a request, [B, 1, 3, Hq, D], causal among them.
+    >>> q3 = torch.randn(B, 1, 3, Hq, D, dtype=torch.float16)
+    >>> out3 = torch.empty_like(q3)
+    >>> kvattn.xqa.xqa(q3, k, v, table, lens, out3, torch.zeros(1 << 20, dtype=torch.uint8),
+    ...                torch.zeros(8, dtype=torch.uint32), Hkv, page, q_seq_len=3)
     """
+    if isinstance(kv_layout, int) and not isinstance(kv_layout, bool):  # the seed's sm_count at position 14
+        if sm_count is not None:
+            raise TypeError(f"kv_layout: an int here is the seed's sm_count, but sm_count={sm_count!r} is given too")
+        kv_layout, sm_count = "NHD", kv_layout
     args = (q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
-            sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse)
+            sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse, enable_pdl,
+            rcp_out_scale, q_seq_len, mask, q_cu_seq_lens, k_sf_cache, v_sf_cache)
     return _CACHE.run(args, lambda: _xqa(*args))
 
 
@@ -152,19 +214,33 @@ _CACHE = CallCache("xqa")
 
 
 def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
-         sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse):
+         sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse, enable_pdl=None,
+         rcp_out_scale=1.0, q_seq_len=1, mask=None, q_cu_seq_lens=None, k_sf_cache=None, v_sf_cache=None):
     """:func:`xqa`, the ordinary way."""
-    check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=4, contiguous_last=True)
+    q_len = check_int(q_seq_len, "q_seq_len", minimum=1)
+    ragged = q_cu_seq_lens is not None
+    ndim = 3 if ragged else (5 if q_len > 1 else 4)
+    form = {3: "[total_q, Hq, D] (packed, with q_cu_seq_lens)", 4: "[B, 1, Hq, D]",
+            5: "[B, 1, q_seq_len, Hq, D] (q_seq_len > 1)"}[ndim]
+    check_tensor(q, "q", dtypes=HALF_DTYPES, contiguous_last=True)
+    if q.dim() != ndim:
+        raise ValueError(f"q: expected shape {form}, got {list(q.shape)}")
     device, shape, q_dtype = q.device, q.shape, q.dtype
-    if shape[1] != 1:
-        raise ValueError(f"q: expected beam_width 1 (shape [B, 1, Hq, D]), got {list(shape)}")
-    head_dim = check_head_dim(shape[3], "q")
+    if ndim > 3 and shape[1] != 1:
+        raise ValueError(f"q: expected beam_width 1 (shape {form}), got {list(shape)}")
+    if ndim == 5 and shape[2] != q_len:
+        raise ValueError(f"q: expected q_seq_len={q_len} rows a request in dim 2, got {list(shape)}")
+    head_dim = check_head_dim(shape[-1], "q")
+    num_heads = shape[-2]
     num_kv_heads = check_int(num_kv_heads, "num_kv_heads", minimum=1)
     page_size = check_int(page_size, "page_size", choices=XQA_PAGE_SIZES)
     layout = check_layout(kv_layout)
-    group = check_query_heads(shape[2], "q", num_kv_heads)
-    k = _cache_pages(k_cache, "k_cache", num_kv_heads, page_size, head_dim, layout, q_dtype, device)
-    v = _cache_pages(v_cache, "v_cache", num_kv_heads, page_size, head_dim, layout, q_dtype, device)
+    group = check_query_heads(num_heads, "q", num_kv_heads)
+    nvfp4 = isinstance(k_cache, torch.Tensor) and k_cache.dtype == NVFP4_DTYPE
+    stored = head_dim // 2 if nvfp4 else head_dim
+    what = "head_dim / 2 (NVFP4 packs 2 values a byte)" if nvfp4 else "head_dim (the query's)"
+    k = _cache_pages(k_cache, "k_cache", num_kv_heads, page_size, stored, layout, q_dtype, device, what=what)
+    v = _cache_pages(v_cache, "v_cache", num_kv_heads, page_size, stored, layout, q_dtype, device, what=what)
     kv_dtype = k_cache.dtype
     if kv_dtype != v_cache.dtype:
         raise TypeError(f"v_cache: expected the dtype of k_cache ({kv_dtype}), got {v_cache.dtype}")
@@ -175,54 +251,102 @@ def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, se
             f"v_cache: expected at least as many pages as k_cache ({k.shape[0]} of {page_size} tokens), "
             f"got {v.shape[0]} (shape {list(v_cache.shape)})"
         )
-    batch = shape[0]
+    k_sf = v_sf = None
+    if nvfp4:
+        if head_dim % NVFP4_BLOCK:
+            raise ValueError(f"k_cache: NVFP4 needs head_dim a multiple of {NVFP4_BLOCK}, got {head_dim}")
+        sf_dtypes = (torch.uint8, FP8_DTYPE)
+        for t, n in ((k_sf_cache, "k_sf_cache"), (v_sf_cache, "v_sf_cache")):
+            if t is None:
+                raise ValueError(f"{n}: expected the block scales of an NVFP4 (uint8) cache, got None")
+        k_sf, v_sf = (_cache_pages(t, n, num_kv_heads, page_size, head_dim // NVFP4_BLOCK, layout, q_dtype, device,
+                                   dtypes=sf_dtypes, what="head_dim / 16")
+                      for t, n in ((k_sf_cache, "k_sf_cache"), (v_sf_cache, "v_sf_cache")))
+        k_sf, v_sf = (t.view(FP8_DTYPE) if t.dtype == torch.uint8 else t for t in (k_sf, v_sf))
+        for t, pages, n in ((k_sf, k, "k_sf_cache"), (v_sf, v, "v_sf_cache")):
+            if t.shape[0] < pages.shape[0]:
+                raise ValueError(f"{n}: expected scales of at least {pages.shape[0]} pages, got {t.shape[0]}")
+    else:
+        for t, n in ((k_sf_cache, "k_sf_cache"), (v_sf_cache, "v_sf_cache")):
+            if t is not None:
+                raise ValueError(f"{n}: block scales are only for NVFP4 (uint8) caches, got a {kv_dtype} cache")
     check_tensor(page_table, "page_table", dtypes=(torch.int32,), ndim=2, device=device)
+    batch = page_table.shape[0] if ragged else shape[0]
     if page_table.shape[0] != batch:
         raise ValueError(f"page_table: expected {batch} rows (one per request), got {page_table.shape[0]}")
     check_tensor(seq_lens, "seq_lens", dtypes=(torch.uint32, torch.int32), device=device)
     if seq_lens.numel() != batch:
         raise ValueError(f"seq_lens: expected shape [{batch}, 1], got {list(seq_lens.shape)}")
+    if ragged:
+        check_tensor(q_cu_seq_lens, "q_cu_seq_lens", dtypes=(torch.int32, torch.uint32), ndim=1, device=device)
+        check_shape(q_cu_seq_lens, "q_cu_seq_lens", (batch + 1,))
+    quantised = kv_dtype in (FP8_DTYPE, NVFP4_DTYPE)
     check_out(output, "output", shape, (q_dtype, FP8_DTYPE, torch.float32), device)
-    if output.dtype == FP8_DTYPE and kv_dtype != FP8_DTYPE:
-        raise TypeError(f"output: a float8_e4m3fn output needs an fp8 cache, got a {kv_dtype} cache")
+    if output.dtype == FP8_DTYPE and not quantised:
+        raise TypeError(f"output: a float8_e4m3fn output needs a quantised (fp8 or NVFP4) cache, "
+                        f"got a {kv_dtype} cache")
     check_workspace(workspace_buffer, "workspace_buffer", device)
     check_tensor(semaphores, "semaphores", dtypes=(torch.uint32,), device=device)
     if sinks is not None:
         check_tensor(sinks, "sinks", dtypes=(torch.float32,), device=device)
         if tuple(sinks.shape) != (num_kv_heads, group):
             raise ValueError(f"sinks: expected shape [{num_kv_heads}, {group}], got {list(sinks.shape)}")
-        sinks = check_sinks(sinks, "sinks", shape[2], device)
+        sinks = check_sinks(sinks, "sinks", num_heads, device)
     win = check_int(sliding_win_size, "sliding_win_size", minimum=0)
     if sm_count is not None:
         sm_count = check_int(sm_count, "sm_count", minimum=1)
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
+    if isinstance(rcp_out_scale, bool) or not isinstance(rcp_out_scale, (int, float)):
+        raise TypeError(f"rcp_out_scale: expected a float, got {type(rcp_out_scale).__name__}")
+    if not math.isfinite(rcp_out_scale) or rcp_out_scale == 0:
+        raise ValueError(f"rcp_out_scale: expected a finite non-zero float, got {rcp_out_scale!r}")
+    words = 2 * ((q_len + 31) // 32)
+    if mask is not None:
+        check_tensor(mask, "mask", dtypes=(torch.uint16,), device=device)
+        check_shape(mask, "mask", (shape[0], words) if ragged else (batch, q_len, words))
     qs = to_scale(q_scale, "q_scale", device)
-    if kv_dtype == FP8_DTYPE:
+    if quantised:
         kv_eff = to_scale(kv_scale, "kv_scale", device, allow_none_as=1.0)
     else:
         if kv_scale is not None:
             to_scale(kv_scale, "kv_scale", device)
         kv_eff = Scale(1.0)
     logit = qs.times(kv_eff).times(1.0 / math.sqrt(head_dim))
+    out_scale = kv_eff.times(float(rcp_out_scale)) if output.dtype == FP8_DTYPE else kv_eff
 
-    lse = check_lse_out(lse, return_lse, batch, shape[2], device, shape=(batch, 1, shape[2]))
-    lse_rows = lse[:, 0] if lse is not None else None
+    lse = check_lse_out(lse, return_lse, 0, 0, device, shape=tuple(shape[:-1]))
 
-    kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim)
-    debug_check_pages(kv, seq_lens, "page_table", pool_name="k_cache",
+    # The rows as the batch decode takes them: [B * q_seq_len or total_q, Hq, D] (views).
+    rows = shape[0] * (q_len if ndim == 5 else 1)
+    q_rows = _rows_view(q, (rows, num_heads, head_dim))
+    if q_rows is None:
+        q_rows = q.reshape(rows, num_heads, head_dim)
+    out_rows = _rows_view(output, (rows, num_heads, head_dim))
+    out_tmp = out_rows is None  # (an output whose strides allow no such view: written through a copy)
+    if out_tmp:
+        out_rows = torch.empty((rows, num_heads, head_dim), dtype=output.dtype, device=device)
+    lse_rows = None
+    if lse is not None:
+        lse_rows = _rows_view(lse, (rows, num_heads))
+        if lse_rows is None:
+            raise ValueError(f"lse: expected strides that view it as [{rows}, {num_heads}] rows, got {lse.stride()}")
+    mask_rows = mask
+
+    kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim, k_sf, v_sf)
+    debug_check_pages(kv, seq_lens, "page_table", pool_name="k_cache", q_len=1 if ragged else q_len,
                       scales=(("q_scale", qs.tensor), ("kv_scale", kv_eff.tensor)))
+    if ragged:
+        decode.debug_check_drafts(q_cu_seq_lens, seq_lens, shape[0], q_len, q_len_name="q_seq_len")
     window_left = win - 1 if win > 0 else -1
-    ops = _backend.triton_entry("batch_decode", device)
-    if ops is not None:
-        check_interpretable(("k_cache", kv_dtype))
-        # The launcher takes [B, 1, Hq, D] queries/outputs and [B, 1] lengths as they are.
-        ops.batch_decode(
-            q, kv, seq_lens, output, workspace_buffer, q_len=1, max_seq_len=kv.capacity,
-            logit_scale=logit, out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None,
-            max_programs=sm_count, lse=lse_rows,
-        )
-    else:
-        reference.batch_decode(q[:, 0], kv, seq_lens.reshape(batch), output[:, 0], q_len=1, logit_scale=logit,
-                               out_scale=kv_eff, window_left=window_left, sinks=sinks, mask=None, lse=lse_rows)
+    decode.run_batch_decode(
+        q_rows, kv, seq_lens.reshape(batch), out_rows, workspace_buffer, q_len=q_len, max_seq_len=kv.capacity,
+        logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask_rows,
+        enable_pdl=bool(enable_pdl), lse=lse_rows, max_programs=sm_count, q_cu_seq_lens=q_cu_seq_lens,
+        cache_name="k_cache",
+    )
+    if out_tmp:
+        output.copy_(out_rows.view(shape))
     return lse
 
 

@@ -50,6 +50,7 @@ def batch_decode(
     mask: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     kv_start: torch.Tensor | None = None,
+    q_cu_seq_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged decode of ``B`` requests with ``q_len`` query rows each (speculative decode).
 
@@ -57,19 +58,37 @@ def batch_decode(
     ``out_scale * softmax(logit_scale * q.k) v`` in ``out``'s dtype, and with ``lse`` (float32
     ``[B * q_len, Hq]``) the rows' base-2 LSE (sinks excluded, -inf for a row that sees no key).
     ``kv_start [B]`` (int32, optional): request ``b`` attends to no key before ``kv_start[b]``.
+    ``q_cu_seq_lens [B + 1]`` (optional, ragged drafts): request ``b`` owns the packed rows
+    ``cu[b] : cu[b + 1]`` (at most ``q_len``), the last of its keys, and ``mask`` is
+    ``[total_q, words]``, each row's bits over its request's own drafts.
     """
-    batch = query.shape[0] // q_len
+    if q_cu_seq_lens is not None:
+        cu = q_cu_seq_lens.reshape(-1)
+        cu = (cu.view(torch.int32) if cu.dtype == torch.uint32 else cu).to(torch.int64).tolist()
+        batch = len(cu) - 1
+        # (offsets past the query's rows are cut to them, as the kernels' clamped indices keep them)
+        spans = [(max(0, min(cu[b], query.shape[0])), max(0, min(cu[b + 1], query.shape[0]))) for b in range(batch)]
+    else:
+        batch = query.shape[0] // q_len
+        spans = [(b * q_len, (b + 1) * q_len) for b in range(batch)]
     lens = usable_lengths(seq_lens, kv.capacity)
     starts = kv_start.to(torch.int64).tolist() if kv_start is not None else [0] * batch
     out_mult = _scalar(out_scale, query.device)
     for b in range(batch):
-        rows = slice(b * q_len, (b + 1) * q_len)
+        lo, hi = spans[b]
+        if hi <= lo:
+            continue
+        rows = slice(lo, hi)
         length = lens[b]
         if length == 0:
             empty_rows(out, lse, rows)
             continue
         k, v = paged_request_kv(kv, b, length)
-        allowed = spec_decode_allowed(length, q_len, window_left, None if mask is None else mask[b], query.device)
+        if q_cu_seq_lens is not None:
+            words = None if mask is None else mask[rows]
+        else:
+            words = None if mask is None else mask[b]
+        allowed = spec_decode_allowed(length, hi - lo, window_left, words, query.device)
         if starts[b] > 0:
             allowed = allowed & (torch.arange(length, device=query.device) >= starts[b])
         o, row_lse = attend(query[rows], k, v, allowed, logit_scale, sinks=sinks)

@@ -19,10 +19,13 @@ SKIP_SOFTMAX_TILE_M = 128
 SKIP_SOFTMAX_TILE_N = 128
 
 
-def context_allowed(length: int, q_len: int, window_left: int, device, rows: range | None = None) -> torch.Tensor:
+def context_allowed(length: int, q_len: int, window_left: int, device, rows: range | None = None,
+                    causal: bool = True) -> torch.Tensor:
     """bool ``[q_len, length]``: row ``i`` at ``p = L - q_len + i`` sees ``j <= p`` within the window
-    (``rows``: only those rows ``i``)."""
+    (``rows``: only those rows ``i``); ``causal=False``: every row sees every key (no window)."""
     rows = range(q_len) if rows is None else rows
+    if not causal:
+        return torch.ones(len(rows), length, dtype=torch.bool, device=device)
     p = (length - q_len + torch.arange(rows.start, rows.stop, device=device)).unsqueeze(1)
     j = torch.arange(length, device=device).unsqueeze(0)
     allowed = j <= p
@@ -93,11 +96,13 @@ def context(
     sinks: torch.Tensor | None = None,
     skip_softmax_threshold_scale_factor: float | None = None,
     lse: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
     """float32 ``[sum_q, Hq, Dv]`` = ``out_scale * softmax(logit_scale * q.k) v`` (the caller stores it).
 
     Request ``b`` owns query rows ``cum_seq_lens_q[b] : cum_seq_lens_q[b + 1]``, the last tokens of
-    its ``seq_lens[b]`` keys. ``lse`` (float32 ``[sum_q, Hq]``, optional) receives each row's
+    its ``seq_lens[b]`` keys; each sees the keys up to its own position, or with ``causal=False``
+    all of them. ``lse`` (float32 ``[sum_q, Hq]``, optional) receives each row's
     base-2 LSE (sinks excluded; -inf for a row that sees no key).
     """
     lens = usable_lengths(seq_lens, kv.capacity)
@@ -115,7 +120,7 @@ def context(
         if r1 <= r0 or length == 0:
             continue
         k, v = paged_request_kv(kv, b, length)
-        allowed = context_allowed(length, hi - lo, window_left, query.device, range(r0 - lo, r1 - lo))
+        allowed = context_allowed(length, hi - lo, window_left, query.device, range(r0 - lo, r1 - lo), causal)
         if f:
             o, row_lse = _attend_skip_softmax(query[r0:r1], k, v, allowed, logit_scale, sinks, f / length)
         else:

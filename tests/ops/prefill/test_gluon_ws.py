@@ -194,7 +194,7 @@ ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank
 WS_PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "cum_q_ptr": "*i32",
            "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32"}
 WS_BASE = dict(HEAD_DIM=128, PAGE_SIZE=64, GROUP=4, BLOCK_N=128, STAGES=2, HAS_WINDOW=False, HAS_SINKS=False,
-               LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, KV_FP8=False, V_STAGED=False, MODE=0)
+               LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, KV_FP8=False, V_STAGED=False, CAUSAL=True)
 
 
 def compile_ws(dtype: str = "bf16", kv: str | None = None, v: str | None = None, **constexprs) -> dict:
@@ -295,8 +295,9 @@ def test_bound_check_catches_a_bound_from_before_the_loop():
     ({"dtype": "fp16"}, {"m64n128k16": 64}),
     ({"PAGE_SIZE": 16}, {"m64n128k16": 64}),
     ({"PAGE_SIZE": 8, "HAS_WINDOW": True}, {"m64n128k16": 64}),
+    ({"CAUSAL": False}, {"m64n128k16": 64}),
 ], ids=["D128-p64", "D64-p64", "D256-p64", "D128-pingpong", "D128-p128",
-        "D128-p256-window-sinks-device-scales", "fp16", "D128-p16", "D128-p8-window"])
+        "D128-p256-window-sinks-device-scales", "fp16", "D128-p16", "D128-p8-window", "D128-p64-noncausal"])
 def test_kernel_compiles_to_its_schedule(kw, n_by_shape):
     kw = dict(kw)
     dtype = kw.pop("dtype", "bf16")
@@ -532,6 +533,16 @@ WS_CASES = [
                ws_bytes=STAGED_WS, seed=d + page + 17)
       for name, qdt, d, layout, page in (("bf16", torch.bfloat16, 128, "HND", 16), ("bf16", torch.bfloat16, 64, "NHD", 8),
                                          ("fp16", torch.float16, 256, "HND", 32), ("bf16", torch.bfloat16, 128, "NHD", 32))],
+    # causal=False (FlashInfer 0.7.2.post1): every row over all its request's keys
+    *[ws_param(f"noncausal-bf16-D{d}-{layout}-p{page}", lens=LENS, lq=LQ, d=d, page=page, layout=layout,
+               qdt=torch.bfloat16, causal=False, seed=d + page + 19)
+      for d, layout, page in ((64, "NHD", 64), (128, "HND", 64), (256, "HND", 128), (128, "NHD", 16))],
+    ws_param("noncausal-bf16q-fp8kv-sinks", lens=LENS, lq=LQ, page=64, d=128, qdt=torch.bfloat16, fmt="fp8",
+             sinks=True, causal=False),
+    ws_param("noncausal-fp8q-fp8kv-device-scales", lens=LENS, lq=LQ, page=64, d=128, qdt=FP8_DTYPE,
+             tensor_scales=True, causal=False),
+    ws_param("noncausal-staged-bf16q-nvfp4kv", lens=LENS, lq=LQ, page=64, d=128, qdt=torch.bfloat16, fmt="nvfp4",
+             causal=False, ws_bytes=STAGED_WS),
     ws_param("staged-bf16-p16-split-tables-window-sinks-chunked", lens=[1, 16, 17, 64, 65, 200, 1100, 2000],
              lq=[1, 16, 10, 64, 1, 200, 900, 70], split=True, form="tuple", page=16, d=128, qdt=torch.bfloat16,
              window=127, sinks=True, tensor_scales=True, bmm1=-0.1, ws_bytes=STAGED_WS),

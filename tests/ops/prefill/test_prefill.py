@@ -61,7 +61,7 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None, tiles=None, misalign=None, ws_bytes=1 << 16,
+    bmm2=None, tiles=None, misalign=None, ws_bytes=1 << 16, causal=True,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
@@ -72,6 +72,9 @@ def prefill_case(
     4-byte boundary, so a GPU reads them byte by byte instead of as words.
     ``ws_bytes``: the workspace's size (a quantised cache's pages are staged in it where they fit,
     ``ops.prefill.staging``; the default 64 KB fits none of the GPU cases).
+    ``causal=False``: bidirectional (FlashInfer 0.7.2.post1), against the dense oracle run with
+    every query row as a one-row request of its request's length (a row at the last position sees
+    every key).
     """
     if tiles is not None and not ON_GPU:
         from kvattn.ops.prefill import configs as prefill_configs
@@ -112,15 +115,22 @@ def prefill_case(
             poison_(out.data)
         else:
             out = poison_(torch.empty(q.shape, dtype=kind, device=device))
+        extra = {} if causal else dict(causal=False)
         got = kvattn.prefill.trtllm_batch_context_with_kv_cache(
             q, case.kv_cache, ws, case.block_tables, seq_lens, mq, mkv, scales[0], scales[1], len(lens), cq, ckv,
-            out=out, o_sf_scale=o_sf_scale, **kw)
+            out=out, o_sf_scale=o_sf_scale, **kw, **extra)
         assert got is out
         return out
 
     out, ref_out = run_both(call, monkeypatch)
-    exact = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens), cpu(cq),
-                          bmm1, bmm2, **{k: cpu(v) for k, v in kw.items()})
+    if causal:
+        exact = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens), cpu(cq),
+                              bmm1, bmm2, **{k: cpu(v) for k, v in kw.items()})
+    else:
+        owner = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lq))
+        exact = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables)[owner], cpu(case.seq_lens)[owner],
+                              torch.arange(q.shape[0] + 1, dtype=torch.int32), bmm1, bmm2,
+                              **{k: cpu(v) for k, v in kw.items()})
     if skip:  # not vacuous: some tiles are skipped (the float64 oracle's result moves at all)
         kw_exact = {k: cpu(v) for k, v in kw.items() if k != "skip_softmax_threshold_scale_factor"}
         full = dense.context(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens), cpu(cq), bmm1,
@@ -227,6 +237,30 @@ CASES = [
     param("bf16-tensor-scales-uint32-int64-cum", lens=GPU_LENS, lq=GPU_LQ, tensor_scales=True, uint32=True,
           cum_dtype=torch.int64, qdt=torch.bfloat16),
 ]
+
+
+# causal=False (FlashInfer 0.7.2.post1): each row sees all its request's keys, on both kernels (the
+# Gluon one on Hopper for 16-bit and fp8 pages of 64 tokens, the Triton one elsewhere).
+CAUSAL_FALSE_CASES = [
+    param("noncausal-fp16-HND-p16-D64", True, lens=SMALL_LENS, lq=SMALL_LQ, causal=False),
+    param("noncausal-fp16-NHD-tuple-sinks-tile32", True, lens=SMALL_LENS, lq=SMALL_LQ, layout="NHD", form="tuple",
+          sinks=True, tiles=(16, 32), causal=False),
+    param("noncausal-nvfp4kv-tensor-scales", True, lens=[19, 33], lq=[3, 33], fmt="nvfp4", tensor_scales=True,
+          causal=False),
+    *[param(f"noncausal-bf16-{layout}-p{page}-D{d}", lens=GPU_LENS, lq=GPU_LQ, layout=layout, page=page, d=d,
+            qdt=torch.bfloat16, causal=False, seed=d + page)
+      for layout in ("NHD", "HND") for page in (16, 64) for d in (64, 128, 256)],
+    *[param(f"noncausal-{fmt}-kv-{dt}-q-p64", lens=GPU_LENS, lq=GPU_LQ, fmt=fmt, page=64, d=128,
+            qdt=FP8_DTYPE if dt == "fp8" else torch.bfloat16, causal=False, ws_bytes=64 << 20)
+      for fmt in ("fp8", "nvfp4") for dt in ("bf16", "fp8") if not (fmt == "nvfp4" and dt == "fp8")],
+    param("noncausal-bf16-split-tables-sinks-lse-G8", lens=GPU_LENS, lq=GPU_LQ, split=True, sinks=True, group=8,
+          hkv=1, d=128, page=64, qdt=torch.bfloat16, causal=False),
+]
+
+
+@pytest.mark.parametrize("kw", CAUSAL_FALSE_CASES)
+def test_causal_false_matches_oracles(kw, kernel_device, triton_backend, monkeypatch):
+    prefill_case(kernel_device, monkeypatch, **kw)
 
 
 @pytest.mark.parametrize("kw", CASES)
@@ -565,3 +599,75 @@ def test_torch_compile_traces_the_public_function(kernel_device, triton_backend)
     eager, got = eager_and_compiled(step, args, compile_backend(ON_GPU))
     assert_close_to_eager(got[0], eager[0])
     assert torch.equal(got[1], eager[1]) and torch.equal(got[2].view(torch.uint8), eager[2].view(torch.uint8))
+
+
+def test_torch_compile_traces_causal_false(kernel_device, triton_backend):
+    """causal=False (FlashInfer 0.7.2.post1) goes through the traced operator (its schema carries
+    the flag): the compiled call equals the eager one, and differs from the causal call."""
+    lens, lq = [50, 3], [20, 3]
+    case = make_paged_kv(lens, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16,
+                         layout="HND", device=kernel_device, seed=5)
+    q = torch.randn(23, 8, 64, device=kernel_device, dtype=torch.float16)
+    cq, ckv = cum(lq).to(kernel_device), cum(lens).to(kernel_device)
+    ws = torch.zeros(16, dtype=torch.uint8, device=kernel_device)
+
+    def step(q, kv, tables, lens_t, cq):
+        bidir = kvattn.prefill.trtllm_batch_context_with_kv_cache(q, kv, ws, tables, lens_t, 20, 50, 0.125, 1.0, 2,
+                                                                  cq, ckv, causal=False)
+        causal = kvattn.prefill.trtllm_batch_context_with_kv_cache(q, kv, ws, tables, lens_t, 20, 50, 0.125, 1.0, 2,
+                                                                   cq, ckv)
+        return bidir, causal
+
+    args = (q, case.kv_cache, case.block_tables, case.seq_lens, cq)
+    eager, got = eager_and_compiled(step, args, compile_backend(ON_GPU))
+    assert_close_to_eager(got[0], eager[0])
+    assert_close_to_eager(got[1], eager[1])
+    assert not torch.allclose(got[0].float(), got[1].float(), atol=1e-2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("page", [16, 64], ids=["p16-triton", "p64-tma-or-gluon"])
+def test_cuda_graph_replay_causal_false(page, triton_backend):
+    """causal=False captured once and replayed with new lengths, offsets and tables written in place."""
+    device = torch.device("cuda")
+    hkv, group, d, cap = 2, 4, 128, 2048  # cap: the tokens a table row holds
+    lens, lq = [700, 40, 1500], [700, 1, 300]
+
+    def make(lens, seed):
+        used = sum((n + page - 1) // page for n in lens)
+        return make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, dtype=torch.bfloat16,
+                             layout="HND", device=device, seed=seed, pages_per_seq=cap // page,
+                             extra_pages=3 * cap // page - used)
+
+    case = make(lens, 1)
+    q = torch.randn(1100, hkv * group, d, device=device, dtype=torch.bfloat16)
+    seq_lens, tables = case.seq_lens.clone(), case.block_tables.clone()
+    cq = cum(lq).to(device)
+    ckv = cum(lens).to(device)
+    ws = torch.zeros(1 << 20, dtype=torch.uint8, device=device)
+    out = torch.empty_like(q)
+
+    def call():
+        kvattn.prefill.trtllm_batch_context_with_kv_cache(
+            q, case.kv_cache, ws, tables, seq_lens, 1000, cap, 0.09, 1.0, 3, cq, ckv, out=out, causal=False)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    new_lens, new_lq = [1000, 33, 900], [1000, 33, 2]
+    new = make(new_lens, 2)
+    case.kv_cache.copy_(new.kv_cache)
+    seq_lens.copy_(new.seq_lens)
+    tables.copy_(new.block_tables)
+    cq.copy_(cum(new_lq))
+    poison_(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    n = sum(new_lq)
+    owner = torch.repeat_interleave(torch.arange(3), torch.tensor(new_lq))
+    exact = dense.context(q[:n].cpu(), case.kv_cache.cpu(), tables.cpu()[owner], seq_lens.cpu()[owner],
+                          torch.arange(n + 1, dtype=torch.int32), 0.09, 1.0)
+    assert relative_error(out[:n].cpu(), exact) <= 1e-2
+    assert torch.isnan(out[n:].float()).all()  # rows past the batch: untouched

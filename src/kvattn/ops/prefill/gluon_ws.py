@@ -52,9 +52,8 @@ small pages), head_dim 64 / 128 / 256, pages of 8 tokens or more that tile the k
 window, sinks, float or device-tensor scales, fp16/bf16 outputs. Everything else (fp8 / NVFP4
 outputs, skip-softmax, other pages, ``KVATTN_GLUON=0``) takes the Triton kernel.
 
-``MODE`` (timing floors only, never launched by the library): 1 = softmax off (P = S cast), 2 =
-copies off (the producer signals buffers without filling them), 3 = conversion off (the converter
-signals its tiles converted without converting).
+``CAUSAL`` False (``causal=False``, no window): every row of a request sees all its keys, as its
+last row does under the causal rule (the same key runs, each row masked at ``kv_len - 1``).
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ def _box_cols(head_dim, esize):
 
 @gluon.jit
 def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left,
-             BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr):
+             BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr, CAUSAL: gl.constexpr):
     """The work tile of a program's loop index ``t`` (tiles: heads fastest, then requests, then
     query tiles counted from each request's last; see the serpentine rounds below): its head,
     request, query-tile index, rows and key runs. Every partition derives the same values.
@@ -142,8 +141,11 @@ def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, n
     live = mt >= 0
     # Keys the tile's valid rows can see: [start, hi), whole in [full_lo, full_hi) (the Triton
     # kernel's ranges: one scalar @triton.jit piece serves both).
-    p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, q_len, q_end - q_start, mt, window_left, BLOCK_M,
-                                                        BLOCK_N, HAS_WINDOW)
+    if CAUSAL:
+        p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, q_len, q_end - q_start, mt, window_left,
+                                                            BLOCK_M, BLOCK_N, HAS_WINDOW)
+    else:  # bidirectional (no window): every row sees what one row at the last position sees
+        p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, 1, 1, 0, window_left, BLOCK_M, BLOCK_N, False)
     n_tiles = gl.maximum(gl.cdiv(hi - start, BLOCK_N), 0)
     return h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi
 
@@ -153,8 +155,7 @@ def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, n
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
 def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, page_rows, total_rows,
-                head_rows, head_cols, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                MODE: gl.constexpr):
+                head_rows, head_cols, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Start the copy of the key tile ``[n0, n0 + BLOCK_N)`` into ``buf [BLOCK_N, HEAD_DIM]``;
     ``bar`` counts its bytes. One box of ``SUB`` tokens x one 128-byte swizzle span of columns
     (64 16-bit values, up to 128 fp8 ones) at a time; a box's page id is read only where its
@@ -163,25 +164,22 @@ def _issue_tile(desc, buf, bar, table_row, stride_t_p, n0, hi, kvh, num_pages, p
     SUB: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
     ESIZE: gl.constexpr = buf.dtype.primitive_bitwidth // 8
     BOX: gl.constexpr = _box_cols(HEAD_DIM, ESIZE)
-    if MODE == 2:
-        mbarrier.arrive(bar)
-    else:
-        mbarrier.expect(bar, BLOCK_N * HEAD_DIM * ESIZE)
-        for c in gl.static_range(BLOCK_N // SUB):
-            tok = n0 + c * SUB
-            pid = gl.load(table_row + (tok // PAGE_SIZE) * stride_t_p, mask=tok < hi, other=-1)
-            ok = (pid >= 0) & (pid < num_pages)
-            row = gl.where(ok, pid * page_rows + kvh * head_rows + tok % PAGE_SIZE, total_rows)
-            part = buf.slice(c * SUB, SUB, dim=0)
-            for d in gl.static_range(HEAD_DIM // BOX):
-                tma_load(desc, [row, kvh * head_cols + d * BOX], bar, part.slice(d * BOX, BOX, dim=1))
+    mbarrier.expect(bar, BLOCK_N * HEAD_DIM * ESIZE)
+    for c in gl.static_range(BLOCK_N // SUB):
+        tok = n0 + c * SUB
+        pid = gl.load(table_row + (tok // PAGE_SIZE) * stride_t_p, mask=tok < hi, other=-1)
+        ok = (pid >= 0) & (pid < num_pages)
+        row = gl.where(ok, pid * page_rows + kvh * head_rows + tok % PAGE_SIZE, total_rows)
+        part = buf.slice(c * SUB, SUB, dim=0)
+        for d in gl.static_range(HEAD_DIM // BOX):
+            tma_load(desc, [row, kvh * head_cols + d * BOX], bar, part.slice(d * BOX, BOX, dim=1))
 
 
 @gluon.jit
 def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-              KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
+              KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, CAUSAL: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
      num_rows, num_heads, batch, m_tiles, num_tiles, k_num_pages, v_num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
@@ -202,7 +200,7 @@ def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
             t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
-            HAS_WINDOW)
+            HAS_WINDOW, CAUSAL)
         if live:
             kvh = h // GROUP
             kt_row = k_table_ptr + b.to(gl.int64) * stride_kt_b
@@ -215,11 +213,11 @@ def _producer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
                 mbarrier.wait(k_free.index(slot), phase ^ 1)
                 _issue_tile(k_desc, k_dst.index(slot), k_full.index(slot), kt_row, stride_kt_p, n0, hi, kvh,
                             k_num_pages, k_page_rows, k_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
-                            HEAD_DIM, MODE)
+                            HEAD_DIM)
                 mbarrier.wait(v_free.index(slot), phase ^ 1)
                 _issue_tile(v_desc, v_dst.index(slot), v_full.index(slot), vt_row, stride_vt_p, n0, hi, kvh,
                             v_num_pages, v_page_rows, v_total_rows, head_rows, head_cols, PAGE_SIZE, BLOCK_N,
-                            HEAD_DIM, MODE)
+                            HEAD_DIM)
                 c += 1
 
 
@@ -343,20 +341,19 @@ def _convert_tile(src, dst, n0, kv_len, ZERO_PAST: gl.constexpr, BLOCK_N: gl.con
 
 @gluon.jit
 def _pass_tile(src, dst, src_full, src_free, dst_full, dst_free, slot, phase, n0, kv_len, ZERO_PAST: gl.constexpr,
-               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, MODE: gl.constexpr):
+               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Take a copied tile from the ring of bytes, convert it into the consumers' ring, free the
     one and fill the other. Every converter warp's stores are fenced for the tensor cores' reads
     and met at a barrier before the one arrival each."""
     mbarrier.wait(src_full.index(slot), phase)
     mbarrier.wait(dst_free.index(slot), phase ^ 1)
-    if MODE != 3:  # floor 3: conversion off
-        if ZERO_PAST:
-            if n0 + BLOCK_N > kv_len:
-                _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, True, BLOCK_N, HEAD_DIM)
-            else:
-                _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, False, BLOCK_N, HEAD_DIM)
+    if ZERO_PAST:
+        if n0 + BLOCK_N > kv_len:
+            _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, True, BLOCK_N, HEAD_DIM)
         else:
             _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, False, BLOCK_N, HEAD_DIM)
+    else:
+        _convert_tile(src.index(slot), dst.index(slot), n0, kv_len, False, BLOCK_N, HEAD_DIM)
     fence_async_shared()
     cta_barrier()
     mbarrier.arrive(src_free.index(slot))
@@ -367,7 +364,7 @@ def _pass_tile(src, dst, src_full, src_free, dst_full, dst_free, slot, phase, n0
 def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, CAUSAL: gl.constexpr):
     """fp8 caches: the copied e4m3 tiles into the 16-bit operands the tensor cores read (V always,
     K for a 16-bit query), off the consumers' path (benchmarks/NOTES.md "Prefill: fp8 caches in
     the warp-specialised kernel"). V rows past the request are zeroed here, so the consumers skip
@@ -383,7 +380,7 @@ def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.con
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
             t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
-            HAS_WINDOW)
+            HAS_WINDOW, CAUSAL)
         if live:
             # K runs a tile ahead of V: K_{j+1}'s buffer falls free when S_{j-1} retires, V_j's only
             # when P_{j-2} V_{j-2} does, at the end of the consumers' iteration j - 1; converted in
@@ -393,15 +390,15 @@ def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.con
             if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
                 if n_tiles > 0:
                     _pass_tile(k_raw, k_bufs, k_raw_ready, k_raw_empty, k_ready, k_empty, c % STAGES,
-                               (c // STAGES) & 1, start, kv_len, False, BLOCK_N, HEAD_DIM, MODE)
+                               (c // STAGES) & 1, start, kv_len, False, BLOCK_N, HEAD_DIM)
             for j in range(n_tiles):
                 n0 = start + j * BLOCK_N
                 if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
                     if j + 1 < n_tiles:
                         _pass_tile(k_raw, k_bufs, k_raw_ready, k_raw_empty, k_ready, k_empty, (c + 1) % STAGES,
-                                   ((c + 1) // STAGES) & 1, n0 + BLOCK_N, kv_len, False, BLOCK_N, HEAD_DIM, MODE)
+                                   ((c + 1) // STAGES) & 1, n0 + BLOCK_N, kv_len, False, BLOCK_N, HEAD_DIM)
                 _pass_tile(v_raw, v_bufs, v_raw_ready, v_raw_empty, v_ready, v_empty, c % STAGES, (c // STAGES) & 1,
-                           n0, kv_len, True, BLOCK_N, HEAD_DIM, MODE)
+                           n0, kv_len, True, BLOCK_N, HEAD_DIM)
                 c += 1
 
 
@@ -424,8 +421,7 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW: gl.constexpr,
-                    MODE: gl.constexpr):
+def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW: gl.constexpr):
     """Online-softmax step of a masked score tile (window edge, diagonal): ``s [64, BLOCK_N]``
     unscaled ``q.k`` of keys from ``n0``. Returns ``(m_i, l_i, p, alpha)`` in base-2 units; a row
     without a visible key so far keeps m = -inf, p = 0, alpha = 0."""
@@ -435,8 +431,6 @@ def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW:
     if HAS_WINDOW:
         ok = ok & (dist <= window_left)
     s = gl.where(ok, s * qk_scale, float("-inf"))
-    if MODE == 1:  # floor: no softmax
-        return m_i, l_i, s, gl.full(m_i.shape, 1.0, gl.float32, layout=m_i.type.layout)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s - m_safe[:, None])
@@ -446,11 +440,9 @@ def _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left, HAS_WINDOW:
 
 
 @gluon.jit
-def _softmax_full(s, m_i, l_i, qk_scale, MODE: gl.constexpr):
+def _softmax_full(s, m_i, l_i, qk_scale):
     """The same for a tile every row sees whole (the shared :func:`full_tile_softmax`: logits stay
     unscaled until the exponent's FMA)."""
-    if MODE == 1:
-        return m_i, l_i, s, gl.full(m_i.shape, 1.0, gl.float32, layout=m_i.type.layout)
     return full_tile_softmax(m_i, l_i, s, qk_scale)
 
 
@@ -486,7 +478,7 @@ def _fetch_q(dst, t, q_ptr, stride_q_t, stride_q_h, num_tiles, num_heads, batch,
     tile, copy nothing (their slots are never read as rows of a result)."""
     h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
         t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
-        HAS_WINDOW)
+        HAS_WINDOW, True)  # (the rows only: the key runs go unused)
     VEC: gl.constexpr = 16 // (q_ptr.dtype.element_ty.primitive_bitwidth // 8)
     ld: gl.constexpr = gl.BlockedLayout([1, VEC], _row_threads(HEAD_DIM * 8 // VEC), [4, 1], [1, 0])
     rows = q_start + mt * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ld))
@@ -501,7 +493,7 @@ def _fetch_q(dst, t, q_ptr, stride_q_t, stride_q_h, num_tiles, num_heads, batch,
 def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
               GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
               HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-              KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr, WG: gl.constexpr):
+              KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr):
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
      num_rows, num_heads, batch, m_tiles, num_tiles, k_num_pages, v_num_pages, capacity, window_left,
      k_page_rows, v_page_rows, k_total_rows, v_total_rows, head_rows, head_cols) = ints
@@ -545,7 +537,7 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         h, b, mt, live, q_start, q_end, p0, kv_len, hi, start, n_tiles, full_lo, full_hi = _tile_of(
             t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, num_rows, capacity, window_left, BLOCK_N,
-            HAS_WINDOW)
+            HAS_WINDOW, CAUSAL)
         if Q_SLOTS == 2:
             # This tile's rows arrived (copied during the tile before); every thread's copies are
             # in before any wgmma reads them, and every thread is past the tile before (whose
@@ -584,7 +576,10 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
                 fence_async_shared()
                 cta_barrier()
 
-            row_pos = p0 + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=s_rows)
+            if CAUSAL:
+                row_pos = p0 + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=s_rows)
+            else:  # every row masked as the last one: keys past the request only
+                row_pos = gl.full([WG_ROWS], 0, gl.int32, layout=s_rows) + (kv_len - 1)
             m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=s_rows)
             l_i = gl.zeros([WG_ROWS], gl.float32, layout=s_rows)
             acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
@@ -605,9 +600,9 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
                 mbarrier.arrive(k_empty.index(slot))
                 if (start < full_lo) | (start >= full_hi):
                     m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, start, row_pos, qk_scale, window_left,
-                                                         HAS_WINDOW, MODE)
+                                                         HAS_WINDOW)
                 else:
-                    m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
+                    m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale)
                 p_op = gl.convert_layout(p.to(pv_dt), p_layout)
                 prev = slot
                 prev_phase = (c // STAGES) & 1
@@ -637,9 +632,9 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
                     # "Prefill: warp-specialised Gluon kernel").
                     if (n0 < full_lo) | (n0 >= full_hi):
                         m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left,
-                                                             HAS_WINDOW, MODE)
+                                                             HAS_WINDOW)
                     else:
-                        m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale, MODE)
+                        m_i, l_i, p, alpha = _softmax_full(s, m_i, l_i, qk_scale)
                     acc = warpgroup_mma_wait(0, deps=[o_tok])
                     mbarrier.arrive(v_empty.index(prev))
                     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
@@ -692,18 +687,18 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
 def _consumer0(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, CAUSAL: gl.constexpr):
     _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
-              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE, 0)
+              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL, 0)
 
 
 @gluon.jit
 def _consumer1(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr,
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
-               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, MODE: gl.constexpr):
+               KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, CAUSAL: gl.constexpr):
     _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP, BLOCK_N, STAGES, HAS_WINDOW,
-              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE, 1)
+              HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL, 1)
 
 
 @gluon.jit
@@ -726,7 +721,7 @@ def prefill_ws_kernel(
     HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr,
     OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr, KV_FP8: gl.constexpr, V_STAGED: gl.constexpr,
-    MODE: gl.constexpr,
+    CAUSAL: gl.constexpr,
 ):
     dt: gl.constexpr = q_ptr.dtype.element_ty
     qk_dt: gl.constexpr = _k_dtype(dt, KV_FP8)
@@ -787,22 +782,22 @@ def prefill_ws_kernel(
         # 40 registers there leave the consumers 232 each (12 warps at maxnreg 168).
         gl.warp_specialize([
             (_consumer0, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL)),
             (_consumer1, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL)),
             (_producer, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
+                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL)),
             (_converter, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL)),
         ], [4, 1, CONV_WARPS], [CONSUMER_REGS_FP8, CONVERTER_REGS, CONVERTER_REGS])
     else:
         gl.warp_specialize([
             (_consumer0, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL)),
             (_consumer1, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
+                          BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL)),
             (_producer, (ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM, PAGE_SIZE, GROUP,
-                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, MODE)),
+                         BLOCK_N, STAGES, HAS_WINDOW, HAS_SINKS, LOGIT_PTR, OUT_PTR, PINGPONG, KV_FP8, V_STAGED, CAUSAL)),
         ], [4, 1], [240, 24])  # registers: 12 warps at maxnreg 168; the producer's warpgroup keeps 24
 
 
@@ -927,7 +922,7 @@ def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
 
 def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q, sinks, out, *,
            max_q_len: int, sm_count: int, logit_factor: float, logit_tensor, out_factor: float, out_tensor,
-           window_left: int, capacity: int | None = None, mode: int = 0) -> None:
+           window_left: int, capacity: int | None = None, causal: bool = True) -> None:
     """Launch :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
     :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous), through a
     ``fast_launch.Launch`` (the compiled kernel's launcher; a call replayed from its metadata
@@ -968,7 +963,7 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
             HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n,
             STAGES=cfg.stages, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
             LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong,
-            KV_FP8=kv_fp8, V_STAGED=v_staged, MODE=mode,
+            KV_FP8=kv_fp8, V_STAGED=v_staged, CAUSAL=causal,
         ),
         options=dict(num_warps=4, maxnreg=MAXNREG),
     )

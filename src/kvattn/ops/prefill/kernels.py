@@ -252,7 +252,7 @@ def context_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, QK_FP8: tl.constexpr,
     SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, SKIP: tl.constexpr,
     LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, OUT_NVFP4: tl.constexpr,
-    TMA: tl.constexpr, Q_SIGN: tl.constexpr, STORE_LSE: tl.constexpr = False,
+    TMA: tl.constexpr, Q_SIGN: tl.constexpr, STORE_LSE: tl.constexpr = False, CAUSAL: tl.constexpr = True,
 ):
     h = tl.program_id(0)
     b = tl.program_id(1)
@@ -272,7 +272,10 @@ def context_kernel(
     offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = q_start + offs_m
     row_ok = (rows >= 0) & (rows < q_end)
-    row_pos = kv_len - q_len + offs_m
+    if CAUSAL:
+        row_pos = kv_len - q_len + offs_m
+    else:  # bidirectional (no window): every row masked as the request's last one, at kv_len - 1
+        row_pos = tl.zeros_like(offs_m) + (kv_len - 1)
     offs_d = tl.arange(0, HEAD_DIM)
     rows64 = rows.to(tl.int64)
 
@@ -302,8 +305,11 @@ def context_kernel(
     skip_lambda = skip_factor / tl.maximum(kv_len, 1).to(tl.float32)
 
     # Keys the tile's valid rows can see: [start, hi), whole in [full_lo, full_hi).
-    p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, q_len, q_end - q_start, mt, window_left, BLOCK_M,
-                                                        BLOCK_N, HAS_WINDOW)
+    if CAUSAL:
+        p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, q_len, q_end - q_start, mt, window_left, BLOCK_M,
+                                                            BLOCK_N, HAS_WINDOW)
+    else:  # the key runs of one row at the last position: all the request's keys
+        p0, hi, start, full_lo, full_hi = causal_key_ranges(kv_len, 1, 1, 0, window_left, BLOCK_M, BLOCK_N, False)
     a_hi = tl.minimum(full_lo, hi)
     c_lo = tl.maximum(full_hi, a_hi)
 

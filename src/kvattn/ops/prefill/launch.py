@@ -120,8 +120,10 @@ def launch_context(
     lse=None,  # [sum_q, Hq] float32 base-2 LSE (head stride 1), or None
     workspace=None,  # uint8 scratch (pages of a quantised cache staged in it, see staging), or None
     max_kv_len: int | None = None,  # host bound of seq_lens (None: the table's capacity)
+    causal: bool = True,  # False: each row sees all its request's keys (no window then)
 ) -> None:
-    """Launch paged causal context attention into ``out``, with the query's GPU current."""
+    """Launch paged context attention (causal, or bidirectional with ``causal=False``) into ``out``,
+    with the query's GPU current."""
     batch = seq_lens.shape[0]
     sum_q, num_heads, head_dim = query.shape
     num_kv_heads = k.shape[2]
@@ -157,7 +159,7 @@ def launch_context(
                     ws_cfg, query, ws_k, ws_v, k_view, v_view, ws_kt, ws_vt, seq_lens, cum_seq_lens_q, sinks, out,
                     max_q_len=max_q_len, sm_count=_device.sm_count(query.device), logit_factor=logit_factor,
                     logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, window_left=window_left,
-                    capacity=capacity)
+                    capacity=capacity, causal=causal)
                 return
         sf_flat = out_sf.view(torch.uint8).view(-1) if nvfp4_out else out
         sf_cols = out_sf.shape[1] if nvfp4_out else 4
@@ -207,7 +209,7 @@ def launch_context(
                 SKIP=skip, LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None,
                 OUT_FP8=out.dtype == FP8_DTYPE, OUT_NVFP4=nvfp4_out, TMA=tma is not None,
                 Q_SIGN=0 if logit_tensor is not None else (1 if logit_factor >= 0 else -1),
-                STORE_LSE=lse is not None,
+                STORE_LSE=lse is not None, CAUSAL=causal,
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )

@@ -36,9 +36,11 @@ def context(
     sinks,
     skip_softmax_threshold_scale_factor,
     lse=None,
+    causal: bool = True,
 ) -> None:
     """``out [sum_q, Hq, D] = out_scale * softmax(logit_scale * q.k) v`` over each request's pages
-    (causal, the queries being each request's last tokens); an :class:`FP4Tensor` ``out`` gets the
+    (causal, the queries being each request's last tokens; ``causal=False``: every row sees all
+    its request's keys); an :class:`FP4Tensor` ``out`` gets the
     NVFP4 codes and swizzled block scales; ``lse [sum_q, Hq]`` (optional) the rows' base-2 LSE.
     ``workspace`` may hold a quantised cache's pages, dequantised once a call (``ops.prefill.staging``).
     """
@@ -50,7 +52,7 @@ def context(
         query, kv.k, kv.v, kv.k_table, kv.v_table, kv.k_sf, kv.v_sf, seq_lens, cum_seq_lens_q, sinks,
         logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor, data, sf, workspace,
         max_q_len, max_kv_len, window_left, float(1.0 if o_sf_scale is None else o_sf_scale), sf_start,
-        float(skip_softmax_threshold_scale_factor or 0.0), lse,
+        float(skip_softmax_threshold_scale_factor or 0.0), lse, bool(causal),
     )
 
 
@@ -84,14 +86,15 @@ def context_impl(
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
     # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
     lse: Optional[torch.Tensor],
+    causal: bool = True,
 ) -> None:
-    """Paged causal prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``),
+    """Paged causal (or, ``causal=False``, bidirectional) prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``),
     and the rows' base-2 LSE into ``lse``; see ops.prefill. The workspace may be written (staged pages)."""
     launch_context(
         query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, out, out_sf,
         max_q_len=max_q_len, logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor,
         out_tensor=out_tensor, window_left=window_left, o_sf_scale=o_sf_scale, sf_start=sf_start,
-        skip_factor=skip_factor, lse=lse, workspace=workspace, max_kv_len=max_kv_len,
+        skip_factor=skip_factor, lse=lse, workspace=workspace, max_kv_len=max_kv_len, causal=causal,
     )
 
 
@@ -103,5 +106,5 @@ context_op = torch.library.custom_op("kvattn::context", context_impl,
 @context_op.register_fake
 def _context_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, logit_factor,
                   logit_tensor, out_factor, out_tensor, out, out_sf, workspace, max_q_len, max_kv_len, window_left,
-                  o_sf_scale, sf_start, skip_factor, lse) -> None:
+                  o_sf_scale, sf_start, skip_factor, lse, causal=True) -> None:
     return None

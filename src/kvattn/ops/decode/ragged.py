@@ -1,0 +1,233 @@
+"""Ragged speculative decode (``q_cu_seq_lens``) on the padded decode kernels.
+
+Request ``b`` brings ``q_b = cu[b + 1] - cu[b]`` query rows (0 .. ``Q``, ``Q`` = ``q_len_per_req``),
+packed ``[total_q, Hq, D]``; its row ``r`` sits at position ``L - q_b + r`` (docs/semantics.md,
+"Ragged drafts"). The padded kernels take ``Q`` rows a request, row ``r'`` at ``L - Q + r'``. Placing
+the ``q_b`` rows at the END of the request's ``Q`` slots (``r' = Q - q_b + r``) gives every packed
+row its own position, so the padded kernels compute the ragged result unchanged: the slots before
+them (``r' < Q - q_b``) are computed and dropped. A ragged mask row (bits over the request's own
+``q_b`` drafts) becomes a padded row whose first ``Q - q_b`` draft columns, which are older keys of
+the request, are visible and whose bits follow, shifted by ``Q - q_b``.
+
+The kernels' path (:func:`run_padded`) is two small launches around the padded decode, one
+program a (padded slot, head): :func:`ragged_pack_kernel` fills the padded query (and mask) rows,
+:func:`ragged_unpack_kernel` writes the packed output (and LSE) rows back; every index comes from
+the offsets on the device, of sizes fixed by the host-known ``B``, ``Q`` and ``total_q``, so a call
+can be captured in a CUDA graph and replayed with new offsets. :func:`row_maps` and
+:func:`padded_mask` are the same mapping in elementwise torch (``kvattn.distributed`` runs its
+padded call through them). Offsets the caller got wrong (unchecked without ``KVATTN_DEBUG=1``)
+give wrong rows, never an access outside the tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch.common import device_guard, entry, next_power_of_2
+
+
+def row_maps(q_cu: torch.Tensor, batch: int, q_max: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` int64: ``src [B * Q]`` the packed row each padded slot reads (any row for a
+    slot before the request's rows), ``dst [total]`` the padded slot each packed row comes from.
+    ``total > 0``."""
+    device = q_cu.device
+    cu = q_cu.to(torch.int64)
+    shift = q_max - (cu[1:] - cu[:-1])  # [B]: the slots before each request's rows
+    slots = torch.arange(q_max, device=device)
+    src = (cu[:-1, None] + slots[None, :] - shift[:, None]).clamp_(0, total - 1).reshape(-1)
+    rows = torch.arange(total, device=device)
+    owner = torch.searchsorted(cu[1:].contiguous(), rows, right=True).clamp_(0, batch - 1)
+    dst = (owner * q_max + shift[owner] + rows - cu[owner]).clamp_(0, batch * q_max - 1)
+    return src, dst
+
+
+def padded_mask(mask: torch.Tensor | None, q_cu: torch.Tensor, src: torch.Tensor, batch: int, q_max: int,
+                window_left: int) -> torch.Tensor:
+    """uint16 ``[B, Q, W]`` padded mask (``W = 2 * ceil(Q / 32)``) of a ragged one (uint16
+    ``[total_q, W]``, bit ``c % 16`` of word ``c // 16`` of a row: its request's draft ``c``
+    visible), or of the causal rule among each request's drafts (``mask`` None).
+
+    The padded kernels apply the window to keys before the ``Q`` draft columns only; the columns
+    before a request's own drafts are older keys of the request, so their bits carry the window
+    (``r' - c' <= window_left``), as the ragged rule does."""
+    device = q_cu.device
+    words = 2 * ((q_max + 31) // 32)
+    bit = torch.arange(16, device=device, dtype=torch.int32)
+    cu = q_cu.to(torch.int64)
+    shift = q_max - (cu[1:] - cu[:-1])  # [B]
+    slot = torch.arange(q_max, device=device)
+    col = slot[None, None, :] - shift[:, None, None]  # [B, 1, Q]: the draft each padded column is
+    if mask is None:
+        taken = (slot[None, None, :] <= slot[None, :, None]).to(torch.int32).expand(batch, q_max, q_max)
+    else:
+        bits = (mask.view(torch.int16).to(torch.int32)[:, :, None] >> bit) & 1  # [total, W, 16]
+        bits = bits.reshape(mask.shape[0], -1)[:, :q_max]  # [total, Q]: column c, draft c
+        rows = bits[src].view(batch, q_max, q_max)  # [B, Q slots, Q columns]
+        taken = torch.gather(rows, 2, col.clamp(0, q_max - 1).expand(batch, q_max, q_max))
+    older = torch.ones_like(taken)
+    if window_left >= 0:  # row r' sees column c' (an older key) when r' - c' <= window_left
+        older = (slot[None, :, None] - slot[None, None, :] <= window_left).to(torch.int32).expand_as(taken)
+    padded = torch.where(col < 0, older, taken)
+    padded = torch.nn.functional.pad(padded, (0, words * 16 - q_max)).view(batch, q_max, words, 16)
+    value = (padded << bit).sum(-1, dtype=torch.int32)  # [B, Q, W] in [0, 65535]
+    return torch.where(value >= 32768, value - 65536, value).to(torch.int16).view(torch.uint16)
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels' path: two launches, each program one (padded slot, head)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _slot_source(cu_ptr, slot, total, Q_LEN: tl.constexpr):
+    """``(src, valid, shift)`` of padded slot ``slot`` (request ``slot // Q_LEN``): the packed row it
+    holds, whether it holds one, and the slots before its request's rows."""
+    b = slot // Q_LEN
+    r = slot % Q_LEN
+    lo = tl.load(cu_ptr + b).to(tl.int32)
+    shift = Q_LEN - (tl.load(cu_ptr + b + 1).to(tl.int32) - lo)
+    src = lo + r - shift
+    valid = (r >= shift) & (src >= 0) & (src < total)
+    return src, valid, shift
+
+
+@triton.jit
+def ragged_pack_kernel(
+    q_ptr,  # [total, Hq, D] packed query rows (last dim contiguous)
+    cu_ptr,  # [B + 1] int32 / uint32 draft offsets
+    mask_ptr,  # [total, WORDS] int16 view of the uint16 ragged mask (HAS_MASK)
+    q_pad_ptr,  # [B * Q_LEN, Hq, D] padded query rows (contiguous)
+    mask_pad_ptr,  # [B * Q_LEN, WORDS] int16 view of the padded uint16 mask (MAKE_MASK)
+    stride_q_t, stride_q_h, stride_m_t, total, num_heads, window_left,
+    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, BLOCK_W: tl.constexpr,
+    HAS_MASK: tl.constexpr, MAKE_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    h = tl.program_id(1)
+    src, valid, shift = _slot_source(cu_ptr, slot, total, Q_LEN)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row = tl.where(valid, src, 0).to(tl.int64)
+    x = tl.load(q_ptr + row * stride_q_t + h * stride_q_h + offs_d, mask=valid & (offs_d < HEAD_DIM), other=0.0)
+    tl.store(q_pad_ptr + (slot.to(tl.int64) * num_heads + h) * HEAD_DIM + offs_d, x)
+    if MAKE_MASK:
+        if h == 0:
+            r = slot % Q_LEN
+            # column c of the padded row: an older key of the request (c < shift), else its draft c - shift
+            offs_w = tl.arange(0, BLOCK_W)
+            c = offs_w[:, None] * 16 + tl.arange(0, 16)[None, :]  # [BLOCK_W, 16]
+            older = c < shift
+            if HAS_WINDOW:
+                older = older & (r - c <= window_left)
+            cr = c - shift  # the request's own draft index
+            in_q = (c < Q_LEN) & (cr >= 0)
+            if HAS_MASK:
+                ld = in_q & valid
+                word = tl.load(mask_ptr + row * stride_m_t + tl.where(ld, cr, 0) // 16, mask=ld, other=0)
+                draft = ((word.to(tl.int32) & 0xFFFF) >> (tl.where(ld, cr, 0) % 16)) & 1
+            else:
+                draft = (c <= r).to(tl.int32)
+            bits = tl.where(c < Q_LEN, tl.where(older, 1, tl.where(in_q, draft, 0)), 0)
+            words = tl.sum(bits << tl.arange(0, 16)[None, :], axis=1)  # [BLOCK_W] in [0, 65535]
+            tl.store(mask_pad_ptr + slot.to(tl.int64) * WORDS + offs_w, words.to(tl.int16), mask=offs_w < WORDS)
+
+
+@triton.jit
+def ragged_unpack_kernel(
+    out_pad_ptr,  # [B * Q_LEN, Hq, D] padded output rows (contiguous)
+    lse_pad_ptr,  # [B * Q_LEN, Hq] float32 padded LSE (HAS_LSE; contiguous)
+    cu_ptr,  # [B + 1] int32 / uint32 draft offsets
+    out_ptr,  # [total, Hq, D] packed output rows (last dim contiguous)
+    lse_ptr,  # [total, Hq] float32 packed LSE (HAS_LSE; last dim contiguous)
+    stride_o_t, stride_o_h, stride_l_t, total, num_heads,
+    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_LSE: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    h = tl.program_id(1)
+    src, valid, shift = _slot_source(cu_ptr, slot, total, Q_LEN)
+    if valid:
+        offs_d = tl.arange(0, HEAD_DIM)
+        pad = slot.to(tl.int64) * num_heads + h
+        x = tl.load(out_pad_ptr + pad * HEAD_DIM + offs_d)
+        tl.store(out_ptr + src.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, x)
+        if HAS_LSE:
+            tl.store(lse_ptr + src.to(tl.int64) * stride_l_t + h, tl.load(lse_pad_ptr + pad))
+
+
+def pack(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> None:
+    """Padded rows (and mask rows, ``mask_pad`` given) of the packed ``query`` / ``mask``: one launch."""
+    rows, heads, dim = query.shape
+    slots = q_pad.shape[0]
+    if slots == 0 or heads == 0:
+        return
+    words = 2 * ((q_len + 31) // 32)
+    dev = query.get_device()
+    with device_guard(dev):
+        ragged_pack_kernel[(slots, heads)](
+            query, q_cu, mask.view(torch.int16) if mask is not None else query,
+            q_pad, mask_pad.view(torch.int16) if mask_pad is not None else q_pad,
+            query.stride(0), query.stride(1), mask.stride(0) if mask is not None else 0, rows, heads, window_left,
+            Q_LEN=q_len, HEAD_DIM=dim, WORDS=words, BLOCK_W=next_power_of_2(words),
+            HAS_MASK=mask is not None, MAKE_MASK=mask_pad is not None, HAS_WINDOW=window_left >= 0, num_warps=1,
+        )
+
+
+def unpack(out_pad, lse_pad, q_cu, out, lse, q_len: int) -> None:
+    """The packed rows of ``out`` (and ``lse``) from the padded ones: one launch."""
+    rows, heads, dim = out.shape
+    slots = out_pad.shape[0]
+    if slots == 0 or heads == 0 or rows == 0:
+        return
+    with device_guard(out.get_device()):
+        ragged_unpack_kernel[(slots, heads)](
+            out_pad, lse_pad if lse_pad is not None else out_pad, q_cu, out, lse if lse is not None else out,
+            out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, rows, heads,
+            Q_LEN=q_len, HEAD_DIM=dim, HAS_LSE=lse is not None, num_warps=1,
+        )
+
+
+def _pack_fake(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> None:
+    return None
+
+
+def _unpack_fake(out_pad, lse_pad, q_cu, out, lse, q_len: int) -> None:
+    return None
+
+
+def _pack_impl(query: torch.Tensor, q_cu: torch.Tensor, mask: Optional[torch.Tensor], q_pad: torch.Tensor,
+               mask_pad: Optional[torch.Tensor], q_len: int, window_left: int) -> None:
+    pack(query, q_cu, mask, q_pad, mask_pad, q_len, window_left)
+
+
+def _unpack_impl(out_pad: torch.Tensor, lse_pad: Optional[torch.Tensor], q_cu: torch.Tensor, out: torch.Tensor,
+                 lse: Optional[torch.Tensor], q_len: int) -> None:
+    unpack(out_pad, lse_pad, q_cu, out, lse, q_len)
+
+
+pack_op = torch.library.custom_op("kvattn::ragged_pack", _pack_impl, mutates_args=("q_pad", "mask_pad"))
+pack_op.register_fake(_pack_fake)
+unpack_op = torch.library.custom_op("kvattn::ragged_unpack", _unpack_impl, mutates_args=("out", "lse"))
+unpack_op.register_fake(_unpack_fake)
+
+
+def run_padded(batch_decode, query, q_cu, mask, out, lse, *, q_len: int, window_left: int, **launch) -> None:
+    """Ragged rows through the padded decode (``batch_decode``: :func:`kvattn.ops.decode.op.batch_decode`):
+    pack (one launch), the decode, unpack (one launch). The padded temporaries are allocated here."""
+    rows, heads, dim = query.shape
+    batch = q_cu.shape[0] - 1
+    if rows == 0 or batch == 0:
+        return
+    slots = batch * q_len
+    device = query.device
+    q_pad = torch.empty((slots, heads, dim), dtype=query.dtype, device=device)
+    # (a window needs the padded mask even without one: the padded kernels do not window the
+    # columns before a request's own drafts)
+    mask_pad = None
+    if mask is not None or window_left >= 0:
+        mask_pad = torch.empty((batch, q_len, 2 * ((q_len + 31) // 32)), dtype=torch.uint16, device=device)
+    entry(pack_op, _pack_impl)(query, q_cu, mask, q_pad, mask_pad, q_len, window_left)
+    out_pad = torch.empty((slots, heads, out.shape[2]), dtype=out.dtype, device=device)
+    lse_pad = torch.empty((slots, heads), dtype=torch.float32, device=device) if lse is not None else None
+    batch_decode(q_pad, out=out_pad, lse=lse_pad, mask=mask_pad, q_len=q_len, window_left=window_left, **launch)
+    entry(unpack_op, _unpack_impl)(out_pad, lse_pad, q_cu, out, lse, q_len)
