@@ -2,7 +2,8 @@
 # One device call of a measuring round beside FlashInfer: the staged FlashInfer (carry [".peers"])
 # compiles the variants a selection needs in the background while the GPU tests run, then the
 # benchmark runs with FlashInfer as a peer. Every stage is optional, by variable:
-#   PREBUILD="--suite ... [--filter ...]"   run.py selection whose FlashInfer variants to compile
+#   PREBUILD="--suite ... [--filter ...]"   run.py selection whose FlashInfer variants to compile (shell words:
+#                                           quote a filter with spaces inside the variable)
 #   TESTS="tests/... -k ..."                pytest arguments (NPROC xdist workers, default 8)
 #   BENCH="--suite ... [run.py args]"       the benchmark ($OUT/bench.json, $OUT/bench.md)
 # Logs go to $OUT (or ./out). The machine keeps FlashInfer's and Triton's caches while it stays
@@ -17,7 +18,7 @@ export PYTHONPATH=${TRITON_SITE:+$TRITON_SITE:}src:${PYTHONPATH:-} PYTHONUNBUFFE
 cat "$OUT/env.txt"
 status=0
 if [ -n "${PREBUILD:-}" ]; then
-  (timeout "${PREBUILD_TIMEOUT:-360}" python3 benchmarks/run.py $PREBUILD --fi-prebuild-only > "$OUT/prebuild.txt" 2>&1) &
+  (eval timeout "${PREBUILD_TIMEOUT:-360}" python3 benchmarks/run.py "$PREBUILD" --fi-prebuild-only > "$OUT/prebuild.txt" 2>&1) &
 fi
 if [ -n "${TESTS:-}" ]; then
   OMP_NUM_THREADS=1 timeout -s INT "${TEST_TIMEOUT:-300}" python3 -m pytest -q -rfE -p no:cacheprovider \
@@ -27,7 +28,7 @@ fi
 wait
 [ -f "$OUT/prebuild.txt" ] && tail -n 3 "$OUT/prebuild.txt"
 if [ -n "${BENCH:-}" ]; then
-  timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/run.py $BENCH --out "$OUT/bench.json" --md "$OUT/bench.md" \
+  eval timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/run.py "$BENCH" --out "$OUT/bench.json" --md "$OUT/bench.md" \
     2> "$OUT/bench.err" || status=1
   tail -n 5 "$OUT/bench.err"
 fi
