@@ -118,9 +118,8 @@ def make_paged_kv(
     used = torch.zeros(total, planes, page_size, dtype=torch.bool)
     for b in range(batch):
         for which, plane in ((0, 0), (num_tables - 1, planes - 1)):  # K's and V's (table, plane)
-            tab = tables[b, which]
-            for t in range(lens[b]):
-                used[int(tab[t // page_size]), plane, t % page_size] = True
+            t = torch.arange(lens[b])
+            used[tables[b, which].to(torch.int64)[t // page_size], plane, t % page_size] = True
     fmt = BY_NAME[kv_format]
     data, sf = fmt.quantize(vals)
     vals = fmt.dequantize(data, sf)
