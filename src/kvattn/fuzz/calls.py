@@ -363,7 +363,7 @@ def _mla(spec, device) -> Call:
     g = seeded(spec["seed"] + 1)
     dt = DTYPES[spec["dtype"]]
     hq, bsz = spec["heads"], spec["batch"]
-    c = _pages(spec, device, "fp8" if dt == FP8_DTYPE else "bfloat16", num_kv_heads=1, head_dim=576, form="shared")
+    c = _pages(spec, device, spec["kv_dtype"], num_kv_heads=1, head_dim=576, form="shared")
     cache = c.kv_cache[:, 0, :, 0] if spec["cache_dims"] == 3 else c.kv_cache[:, :, :, 0]
     if spec["view"] == "strided":
         cache = widen(cache, g)
@@ -377,6 +377,7 @@ def _mla(spec, device) -> Call:
     kw = dict(query=query, kv_cache=cache, workspace_buffer=_workspace(device), qk_nope_head_dim=128,
               kv_lora_rank=512, qk_rope_head_dim=64, block_tables=tables, seq_lens=seq_lens,
               max_seq_len=_host_bound(spec), out=out, bmm1_scale=bmm1, bmm2_scale=bmm2,
+              sinks=None,  # the only legal value: MLA decode takes no sinks (docs/semantics.md)
               enable_pdl=spec["enable_pdl"], return_lse=spec["return_lse"], lse=lse)
 
     def exact(kw=kw):
@@ -442,6 +443,7 @@ def _prefill(spec, device) -> Call:
               seq_lens=seq_lens, max_q_len=max(q_lens + [0]), max_kv_len=max_kv, bmm1_scale=bmm1,
               bmm2_scale=bmm2, batch_size=bsz, cum_seq_lens_q=cum_q, cum_seq_lens_kv=cum_kv,
               window_left=spec["window_left"], out=out, out_dtype=out_dtype, o_sf_scale=spec["o_sf_scale"],
+              o_sf_vec_size=spec["o_sf_vec_size"],
               kv_layout=spec["layout"], enable_pdl=spec["enable_pdl"], sinks=sinks, kv_block_scales=sf,
               skip_softmax_threshold_scale_factor=spec["skip_softmax"], uses_shared_paged_kv_idx=not split,
               return_lse=spec["return_lse"], lse=lse)

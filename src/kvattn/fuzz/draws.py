@@ -36,7 +36,7 @@ class Env:
         """Longest ordinary request; one long request may be several times this."""
         if self.interpreter:
             return 80
-        return 300 if self.device == "cpu" else 4096
+        return 160 if self.device == "cpu" else 2048
 
 
 def tile_sizes() -> dict:
@@ -92,7 +92,8 @@ def edge_length(rng, page: int, tiles, env: Env) -> int:
 
 def lengths(rng, n: int, page: int, tiles, env: Env, minimum: int = 0) -> list:
     """``n`` lengths on edges; sometimes one request far longer than the rest."""
-    out = [max(minimum, edge_length(rng, page, tiles, env)) for _ in range(n)]
+    # 0 always stays legal: an empty request (a padding slot), whatever its query rows.
+    out = [n and max(minimum, n) for n in (edge_length(rng, page, tiles, env) for _ in range(n))]
     if n and rng.random() < 0.2:
         out[rng.randrange(n)] = rng.randint(env.max_len, 4 * env.max_len)
     return out
@@ -101,7 +102,9 @@ def lengths(rng, n: int, page: int, tiles, env: Env, minimum: int = 0) -> list:
 def _batch(rng, spec, env):
     if env.sm_count and rng.random() < 0.1:
         return env.sm_count + rng.randint(1, env.sm_count)  # more requests than SMs
-    return rng.choice([0, 1, 1, 2, 3, 5] if env.interpreter else [0, 1, 2, 3, 4, 7, 16])
+    if env.interpreter:
+        return rng.choice([0, 1, 1, 2, 3])
+    return rng.choice([0, 1, 2, 3, 5, 8] if env.tiny else [0, 1, 2, 3, 4, 7, 16, 33])
 
 
 def _scale(base):
@@ -139,11 +142,51 @@ def _window(key="lens"):
     return draw
 
 
+# The float64 oracle pads every request to the longest one: the padded batch of one K (or V)
+# tensor and of the logits stays under this many elements (128 MB a float64 tensor; 8 MB where
+# the calls themselves run on the CPU), so a batch of more requests than SMs gets short requests
+# and a long request comes in a small batch.
+ORACLE_ELEMENTS = 1 << 24
+ORACLE_ELEMENTS_CPU = 1 << 20
+
+
+def oracle_elements(env: Env) -> int:
+    return ORACLE_ELEMENTS_CPU if env.tiny else ORACLE_ELEMENTS
+
+
+def fit(lens: list, width: int, minimum: int = 0, budget: int = ORACLE_ELEMENTS) -> list:
+    """``lens`` cut so that ``len(lens) * max(lens) * width`` stays under ``budget``."""
+    if not lens:
+        return lens
+    cap = max(budget // (len(lens) * max(width, 1)), minimum, 1)
+    return [min(n, cap) for n in lens]
+
+
+def _oracle_width(spec) -> int:
+    """Elements a padded token costs the oracle: its K row or its logits, whichever is larger."""
+    if spec["function"] == "mla":
+        return max(576, spec["heads"])
+    heads = spec["kv_heads"] * spec["group"]
+    return max(spec["kv_heads"] * spec["head_dim"], heads * spec.get("q_len", 1))
+
+
 def _lens_for(family, minimum=lambda spec: 0):
     def draw(rng, spec, env):
-        return lengths(rng, spec["batch"], spec["page"], env.tiles.get(family, [16]), env, minimum(spec))
+        lens = lengths(rng, spec["batch"], spec["page"], env.tiles.get(family, [16]), env, minimum(spec))
+        return fit(lens, _oracle_width(spec), minimum(spec), oracle_elements(env))
 
     return draw
+
+
+def _q_lens(rng, spec, env):
+    """Prefill query rows a request: none, one, all its tokens, or some; the padded logits
+    ``B * Hq * max(q) * max(L)`` kept under the oracle's budget."""
+    q = [rng.choice([0, 1, n, rng.randint(0, n)]) if n else 0 for n in spec["lens"]]
+    if q and spec["lens"]:
+        heads = spec["kv_heads"] * spec["group"]
+        cap = max(oracle_elements(env) // (len(q) * heads * max(max(spec["lens"]), 1)), 1)
+        q = [min(n, cap) for n in q]
+    return q
 
 
 def _extra_pages(rng, spec, env):
@@ -249,6 +292,9 @@ ARGS = {
     ),
     "mla": (
         ("dtype", lambda rng, spec, env: rng.choice(["bfloat16", "bfloat16", "fp8"])),
+        # An fp8 query reads an fp8 cache; the interpreter has no bfloat16 cache arithmetic.
+        ("kv_dtype", lambda rng, spec, env: "fp8" if spec["dtype"] == "fp8" or env.interpreter
+         else rng.choice(["bfloat16", "bfloat16", "fp8"])),
         ("heads", lambda rng, spec, env: rng.choice([1, 2, 8, 16] if env.tiny else [1, 8, 16, 17, 24, 32, 64, 128])),
         ("page", lambda rng, spec, env: rng.choice([16, 32] if env.tiny else [16, 32, 64, 64, 128])),
         ("batch", _batch),
@@ -274,7 +320,7 @@ ARGS = {
         ("page", _page),
         ("batch", _batch),
         ("lens", _lens_for("prefill")),
-        ("q_lens", lambda rng, spec, env: [rng.choice([0, 1, n, rng.randint(0, n)]) if n else 0 for n in spec["lens"]]),
+        ("q_lens", _q_lens),
         ("extra_pages", _extra_pages),
         ("layout", _choice("HND", "HND", "NHD")),
         ("form", _form),
@@ -288,6 +334,7 @@ ARGS = {
         ("out_dtype", lambda rng, spec, env: rng.choice(["none", "none", "query", "fp8", "nvfp4"])),
         ("out", _chance(0.5)),
         ("o_sf_scale", lambda rng, spec, env: None if spec["out_dtype"] != "nvfp4" or rng.random() < 0.5 else rng.choice([0.5, 4.0])),
+        ("o_sf_vec_size", _choice(None, 16)),
         ("skip_softmax", _choice(None, None, None, 0.0, 0.01, 1.0)),
         ("return_lse", _chance(0.4)),
         ("lse_given", lambda rng, spec, env: spec["return_lse"] and rng.random() < 0.5),
@@ -317,7 +364,7 @@ OPTIONS = {
     "prefill": {"kv_format": "half", "fp8_query": False, "layout": "HND", "form": "stacked",
                 "split_tables": False, "view": "contiguous", "seq_lens_dtype": "int32", "extra_pages": 0,
                 "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": None,
-                "out_dtype": "none", "out": False, "o_sf_scale": None, "skip_softmax": None,
+                "out_dtype": "none", "out": False, "o_sf_scale": None, "o_sf_vec_size": None, "skip_softmax": None,
                 "return_lse": False, "lse_given": False, "enable_pdl": None, "head_dim": 64, "page": 16},
 }
 
@@ -343,7 +390,7 @@ def normalise(spec: dict) -> dict:
         s["batch"] = len(s["lens"])
     if fn == "batch_decode":
         if s["q_len"] > 1:
-            s["lens"] = [max(n, s["q_len"]) for n in s["lens"]]
+            s["lens"] = [n and max(n, s["q_len"]) for n in s["lens"]]
         else:
             s["mask"] = False
         if s["out"] == "fp8" and s["kv_format"] != "fp8":
@@ -353,6 +400,8 @@ def normalise(spec: dict) -> dict:
             s["out"] = "query"
         if s["kv_format"] != "fp8":
             s["kv_scale"] = False
+    if fn == "mla" and s["dtype"] == "fp8":
+        s["kv_dtype"] = "fp8"
     if fn == "prefill":
         s["q_lens"] = [min(q, n) for q, n in zip(s["q_lens"], s["lens"])]
         if s["kv_format"] not in ("fp8", "nvfp4"):
