@@ -99,6 +99,12 @@ def test_only_is_repeatable_and_seconds_bounds_the_run(capsys, reference_backend
     assert out.strip().splitlines()[-1].startswith("fuzz: ")
 
 
+def test_tolerances_are_the_checks():
+    from kvattn.fuzz import oracle
+
+    assert (oracle.TOL_16BIT, oracle.TOL_NVFP4) == (cli.TOL_16BIT, cli.TOL_NVFP4)
+
+
 def test_same_seed_same_calls():
     env = draws.Env()
     a = [draws.draw(f, random.Random(3), env) for f in draws.FUNCTIONS]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .._console import FUNCTION_KEYS, UsageError, positive_int, write_json, writable
-from .modes import MODES
+from .draws import MODES
 
 DESCRIPTION = (
     "Draw random legal calls of the five public functions from a seed, run each on the device in "

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, field
 
 FUNCTIONS = ("batch_decode", "xqa", "single_decode", "mla", "prefill")
+MODES = ("plain", "graph", "determinism", "invariant")  # how a call is run: kvattn.fuzz.modes
 
 
 @dataclass

@@ -20,9 +20,8 @@ import torch
 
 from ..invariance import batch_invariant
 from .calls import Call, build, public, request_rows
+from .draws import MODES
 from .oracle import compare
-
-MODES = ("plain", "graph", "determinism", "invariant")
 
 
 def applicable(mode: str, function: str, device: torch.device) -> bool:
