@@ -269,8 +269,11 @@ def test_request_rows_pick_the_request(reference_backend):
         spec = draws.normalise(spec)
         call = build(spec, "cpu")
         whole, _ = call.run()
-        alone, _ = call.request(2).run()
-        torch.testing.assert_close(whole[request_rows(call, 2)].float(), alone.float(), equal_nan=False)
+        alone_call = call.request(2)
+        alone, _ = alone_call.run()
+        rows = request_rows(call, 2)
+        torch.testing.assert_close(whole[rows].float(), alone.float(), equal_nan=False)
+        torch.testing.assert_close(call.expected()[0][rows], alone_call.expected()[0])
 
 
 def test_shrink_candidates_are_smaller():
@@ -295,9 +298,12 @@ def test_fixed_seed_run_in_the_interpreter(triton_backend):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs and the compiled kernels need a GPU")
 def test_short_fuzz_on_gpu_in_every_mode(triton_backend):
-    report = fuzz(torch.device("cuda"), calls=200, seed=0, quiet=True)
+    # Round-robin over the 19 (function, mode) pairs: three calls each (most of the time goes to
+    # compiling the kernels each new shape needs).
+    report = fuzz(torch.device("cuda"), calls=57, seed=0, quiet=True)
     failures = [(f["function"], f["mode"], f["outcome"]["why"], f.get("snippet")) for f in report.failures]
     assert not report.failed, failures
     for function in draws.FUNCTIONS:
         modes = set(report.counts[function])
-        assert {"plain", "graph", "determinism"} <= modes, (function, modes)
+        want = {"plain", "graph", "determinism"} | ({"invariant"} if function != "single_decode" else set())
+        assert modes == want, (function, modes)

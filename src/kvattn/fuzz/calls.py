@@ -230,7 +230,7 @@ def _batch_decode(spec, device) -> Call:
                    mask=None if mask is None else mask[b:b + 1],
                    out=None if out is None else torch.empty_like(out[rows]),
                    lse=None if lse is None else torch.empty_like(lse[rows]))
-        return _call(spec, sub, exact, out_kind, [sub["out"], sub["lse"]], stored, 1)
+        return _call(spec, sub, lambda: exact(sub), out_kind, [sub["out"], sub["lse"]], stored, 1)
 
     out_kind = _kind(out_dtype or qdt)
     stored = spec["o_scale"] if out_dtype == FP8_DTYPE else 1.0
@@ -311,7 +311,7 @@ def _xqa(spec, device) -> Call:
         sub = dict(kw)
         sub.update(q=q[b:b + 1], page_table=tables[b:b + 1], seq_lens=seq_lens[b:b + 1],
                    output=torch.empty_like(output[b:b + 1]), lse=None if lse is None else torch.empty_like(lse[b:b + 1]))
-        return _call(spec, sub, exact, _kind(out_dtype), [sub["output"], sub["lse"]])
+        return _call(spec, sub, lambda: exact(sub), _kind(out_dtype), [sub["output"], sub["lse"]])
 
     call = _call(spec, kw, exact, _kind(out_dtype), [output, lse], batch=bsz)
     call.request = request
@@ -390,7 +390,7 @@ def _mla(spec, device) -> Call:
         sub.update(query=query[b:b + 1], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1],
                    out=None if out is None else torch.empty_like(out[b:b + 1]),
                    lse=None if lse is None else torch.empty_like(lse[b:b + 1]))
-        return _call(spec, sub, exact, "half", [sub["out"], sub["lse"]])
+        return _call(spec, sub, lambda: exact(sub), "half", [sub["out"], sub["lse"]])
 
     call = _call(spec, kw, exact, "half", [out, lse], batch=bsz)
     call.request = request
@@ -471,7 +471,7 @@ def _prefill(spec, device) -> Call:
                    cum_seq_lens_q=torch.tensor([0, r1 - r0], dtype=torch.int32, device=device),
                    cum_seq_lens_kv=torch.tensor([0, spec["lens"][b]], dtype=torch.int32, device=device),
                    out=sub_out, lse=None if lse is None else torch.empty_like(lse[r0:r1]))
-        return _call(spec, sub, exact, out_kind, bufs + [sub["lse"]], o_sf_scale=sf_scale)
+        return _call(spec, sub, lambda: exact(sub), out_kind, bufs + [sub["lse"]], o_sf_scale=sf_scale)
 
     call = _call(spec, kw, exact, out_kind, buffers + [lse], batch=bsz, o_sf_scale=sf_scale)
     call.request = request

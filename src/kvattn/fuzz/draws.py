@@ -12,6 +12,7 @@ value in ``OPTIONS`` (so the shrinker can drop it), and its use in the function'
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -88,7 +89,9 @@ def edge_length(rng, page: int, tiles, env: Env) -> int:
     edges = [0, 1, 2, page - 1, page, page + 1, tile - 1, tile, tile + 1, 2 * tile + 1, 3 * page - 1]
     if rng.random() < 0.5:
         return max(0, rng.choice(edges))
-    return rng.randint(0, env.max_len)
+    # Log-uniform up to the environment's length: short requests are common (and cheap for the
+    # oracle), long ones still come up.
+    return int(math.exp(rng.uniform(0.0, math.log(env.max_len + 1)))) - 1 + rng.randint(0, 1)
 
 
 def lengths(rng, n: int, page: int, tiles, env: Env, minimum: int = 0) -> list:
