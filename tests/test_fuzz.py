@@ -15,6 +15,7 @@ import kvattn
 from kvattn import cli
 from kvattn.fuzz import draws, fuzz, run_spec
 from kvattn.fuzz.calls import build, request_rows
+from kvattn.fuzz.oracle import compare
 from kvattn.fuzz.runner import environment
 from kvattn.fuzz.shrink import candidates
 
@@ -276,6 +277,35 @@ def test_request_rows_pick_the_request(reference_backend):
         rows = request_rows(call, 2)
         torch.testing.assert_close(whole[rows].float(), alone.float(), equal_nan=False)
         torch.testing.assert_close(call.expected()[0][rows], alone_call.expected()[0])
+
+
+@pytest.mark.parametrize("function", draws.FUNCTIONS)
+def test_graph_mode_rewrites_stay_legal(function, monkeypatch, reference_backend):
+    """The CUDA-graph mode's in-place step (permuted table rows, shorter lengths, new scale values)
+    leaves a legal call (the debug checks pass) whose oracle follows the new values."""
+    monkeypatch.setenv("KVATTN_DEBUG", "1")
+    rng = random.Random(8)
+    for _ in range(3):
+        spec = draws.draw(function, rng, draws.Env(interpreter=True))
+        call = build(spec, "cpu")
+        call.rewrite(random.Random(1))
+        out, lse = call.run()
+        exact, exact_lse = call.expected()
+        assert compare(call, out, lse, exact, exact_lse)["ok"]
+    if function != "single_decode":  # (its step draws new query values)
+        spec = draws.normalise(dict(spec, lens=[40, 25], q_lens=[3, 2]))
+        call = build(spec, "cpu")
+        before = call.expected()[0].clone()
+        call.rewrite(random.Random(1))
+        assert not torch.equal(before, call.expected()[0])
+
+
+def test_old_reproducers_still_build():
+    """A spec without an option registered later builds with that option off."""
+    spec = draws.draw("batch_decode", random.Random(0), draws.Env())
+    del spec["enable_pdl"], spec["o_scale"]
+    call = build(spec, "cpu")
+    assert call.kwargs["enable_pdl"] is None and call.kwargs["o_scale"] == 1.0
 
 
 def test_shrink_candidates_are_smaller():

@@ -485,7 +485,11 @@ BUILDERS = {"batch_decode": _batch_decode, "xqa": _xqa, "single_decode": _single
 
 
 def build(spec: dict, device="cpu") -> Call:
-    """The call a spec describes, its tensors on ``device``."""
+    """The call a spec describes, its tensors on ``device``. Options the spec lacks take their
+    "off" values, so a reproducer written before an argument was registered still runs."""
+    from .draws import OPTIONS
+
+    spec = {**OPTIONS[spec["function"]], **spec}
     return BUILDERS[spec["function"]](spec, torch.device(device))
 
 
