@@ -127,6 +127,33 @@ def widen(t, g):
     return view
 
 
+def pad_last(t):
+    """``t`` as a view of a buffer with a longer last dim: its last dim stays contiguous, every
+    other stride grows (what the query, ``out`` and ``lse`` allow)."""
+    if t is None or not isinstance(t, torch.Tensor):
+        return t
+    buf = torch.empty(*t.shape[:-1], t.shape[-1] + 8, dtype=t.dtype, device=t.device)
+    view = buf[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def spread(t):
+    """``t`` as every other element of a buffer twice as long in its last dim (page tables and
+    lengths take any strides)."""
+    buf = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=torch.int64, device=t.device)
+    buf[..., ::2] = t.to(torch.int64)
+    return buf.to(t.dtype)[..., ::2]
+
+
+def _views(spec, **tensors):
+    """The tensors as views (``arg_views``): int tensors spread, float ones padded."""
+    if not spec.get("arg_views"):
+        return tensors.values()
+    return [None if t is None else spread(t) if not t.is_floating_point() else pad_last(t)
+            for t in tensors.values()]
+
+
 def _pages(spec, device, kv_format, *, num_kv_heads, head_dim, layout="NHD", form="stacked", split_tables=False,
            dtype=torch.float16):
     lens, page = spec["lens"], spec["page"]
@@ -213,6 +240,7 @@ def _batch_decode(spec, device) -> Call:
     out_dtype = {"none": None, "query": qdt, "float32": torch.float32, "fp8": FP8_DTYPE}[spec["out"]]
     out = None if out_dtype is None else torch.empty(bsz * nq, hq, d, dtype=out_dtype, device=device)
     lse = torch.empty(bsz * nq, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    query, tables, seq_lens, out, lse = _views(spec, query=query, tables=tables, seq_lens=seq_lens, out=out, lse=lse)
     ws = _workspace(device)
     kw = dict(query=query, kv_cache=cache, workspace_buffer=ws, block_tables=tables, seq_lens=seq_lens,
               max_seq_len=_host_bound(spec), bmm1_scale=bmm1, bmm2_scale=bmm2, window_left=spec["window_left"],
@@ -295,6 +323,7 @@ def _xqa(spec, device) -> Call:
         kv_scale = torch.tensor([random.Random(spec["seed"]).uniform(0.5, 2.0)], dtype=torch.float32, device=device)
     sinks = randn(hkv, group, generator=g, scale=2.0).to(device) if spec["sinks"] else None
     lse = torch.empty(bsz, 1, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    q, tables, seq_lens, output, lse = _views(spec, q=q, tables=tables, seq_lens=seq_lens, output=output, lse=lse)
     kw = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=tables, seq_lens=seq_lens, output=output,
               workspace_buffer=_workspace(device), semaphores=torch.zeros(64, dtype=torch.uint32, device=device),
               num_kv_heads=hkv, page_size=page, sinks=sinks, q_scale=q_scale, kv_scale=kv_scale,
@@ -338,6 +367,7 @@ def _single_decode(spec, device) -> Call:
     out_dtype = {"none": None, "query": qdt, "float32": torch.float32}[spec["out"]]
     out = None if out_dtype is None else torch.empty(hq, d, dtype=out_dtype, device=device)
     lse = torch.empty(hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    q, out = _views(spec, q=q, out=out)  # (a 1-D lse has only its contiguous last dim)
     kw = dict(q=q, k=k, v=v, kv_layout=spec["layout"], pos_encoding_mode=spec["pos_encoding_mode"],
               use_tensor_cores=spec["use_tensor_cores"], q_scale=spec["q_scale"], k_scale=spec["k_scale"],
               v_scale=spec["v_scale"], window_left=spec["window_left"], logits_soft_cap=spec["logits_soft_cap"],
@@ -374,6 +404,7 @@ def _mla(spec, device) -> Call:
     bmm2 = _scale(spec["bmm2_scale"], device, 1.0)
     out = torch.empty(bsz, hq, 512, dtype=torch.bfloat16, device=device) if spec["out"] == "query" else None
     lse = torch.empty(bsz, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    query, tables, seq_lens, out, lse = _views(spec, query=query, tables=tables, seq_lens=seq_lens, out=out, lse=lse)
     kw = dict(query=query, kv_cache=cache, workspace_buffer=_workspace(device), qk_nope_head_dim=128,
               kv_lora_rank=512, qk_rope_head_dim=64, block_tables=tables, seq_lens=seq_lens,
               max_seq_len=_host_bound(spec), out=out, bmm1_scale=bmm1, bmm2_scale=bmm2,
@@ -438,6 +469,12 @@ def _prefill(spec, device) -> Call:
             out = torch.empty(sum_q, hq, d, dtype=out_dtype or qdt, device=device)
             buffers.append(out)
     lse = torch.empty(sum_q, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    plain_out = out if isinstance(out, torch.Tensor) else None
+    query, tables, seq_lens, plain_out, lse = _views(spec, query=query, tables=tables, seq_lens=seq_lens,
+                                                     out=plain_out, lse=lse)
+    if isinstance(out, torch.Tensor):
+        out = plain_out
+        buffers = [out]
     max_kv = _host_bound(spec)
     kw = dict(query=query, kv_cache=cache, workspace_buffer=_workspace(device), block_tables=tables,
               seq_lens=seq_lens, max_q_len=max(q_lens + [0]), max_kv_len=max_kv, bmm1_scale=bmm1,

@@ -135,6 +135,10 @@ def _view(rng, spec, env):
     return "strided" if rng.random() < 0.3 else "contiguous"
 
 
+# "arg_views": the other tensors as views too, where legal: the query, out and lse with only their
+# last dim contiguous, the page tables and lengths with a stride of 2 in their last dim.
+
+
 def _window(key="lens"):
     def draw(rng, spec, env):
         if rng.random() < 0.7:
@@ -237,6 +241,7 @@ ARGS = {
         ("layout", _choice("NHD", "HND")),
         ("form", _form),
         ("view", _view),
+        ("arg_views", _chance(0.25)),
         ("seq_lens_dtype", _choice("int32", "int32", "uint32")),
         ("bmm1_scale", _scale(lambda spec: spec["head_dim"] ** -0.5)),
         ("bmm2_scale", _scale(lambda spec: 1.0)),
@@ -261,6 +266,7 @@ ARGS = {
         ("extra_pages", _extra_pages),
         ("pool", _choice("flat", "flat", "NHD", "HND")),
         ("view", _view),
+        ("arg_views", _chance(0.25)),
         ("seq_lens_dtype", _choice("uint32", "uint32", "int32")),
         ("q_scale", _scale(lambda spec: 1.0)),
         ("kv_scale", lambda rng, spec, env: spec["kv_format"] == "fp8" and rng.random() < 0.7),
@@ -280,6 +286,7 @@ ARGS = {
         ("length", lambda rng, spec, env: lengths(rng, 1, 16, env.tiles.get("decode", [16]), env)[0]),
         ("layout", _choice("NHD", "HND")),
         ("view", _view),
+        ("arg_views", _chance(0.25)),
         ("pos_encoding_mode", _choice("NONE", "NONE", "ROPE_LLAMA", "ALIBI")),
         ("use_tensor_cores", _chance(0.5)),
         ("q_scale", _choice(None, None, 0.5, 1.5)),
@@ -306,6 +313,7 @@ ARGS = {
         ("extra_pages", _extra_pages),
         ("cache_dims", _choice(3, 4)),
         ("view", _view),
+        ("arg_views", _chance(0.25)),
         ("seq_lens_dtype", _choice("int32", "int32", "uint32")),
         ("bmm1_scale", _scale(lambda spec: 192 ** -0.5)),
         ("bmm2_scale", _scale(lambda spec: 1.0)),
@@ -330,6 +338,7 @@ ARGS = {
         ("form", _form),
         ("split_tables", _chance(0.25)),
         ("view", _view),
+        ("arg_views", _chance(0.25)),
         ("seq_lens_dtype", _choice("int32", "int32", "uint32")),
         ("bmm1_scale", _scale(lambda spec: spec["head_dim"] ** -0.5)),
         ("bmm2_scale", _scale(lambda spec: 1.0)),
@@ -349,24 +358,24 @@ ARGS = {
 # The value of each option that means "off" (as if the caller left it out): the shrinker tries
 # each of them in turn. Shapes (batch, lengths, heads) are shrunk separately.
 OPTIONS = {
-    "batch_decode": {"kv_format": "half", "layout": "NHD", "form": "stacked", "view": "contiguous",
+    "batch_decode": {"kv_format": "half", "layout": "NHD", "form": "stacked", "view": "contiguous", "arg_views": False,
                      "seq_lens_dtype": "int32", "extra_pages": 0, "q_len": 1, "o_scale": 1.0,
                      "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": False,
                      "mask": False, "out": "none", "return_lse": False, "lse_given": False, "enable_pdl": None,
                      "head_dim": 64, "page": 16},
-    "xqa": {"kv_format": "half", "pool": "flat", "view": "contiguous", "seq_lens_dtype": "uint32",
+    "xqa": {"kv_format": "half", "pool": "flat", "view": "contiguous", "arg_views": False, "seq_lens_dtype": "uint32",
             "extra_pages": 0, "q_scale": "plain", "kv_scale": False, "sliding_win_size": 0, "sinks": False,
             "sm_count": None, "out": "query", "return_lse": False, "lse_given": False, "head_dim": 64,
             "page": 16},
-    "single_decode": {"kv_format": "half", "layout": "NHD", "view": "contiguous", "pos_encoding_mode": "NONE",
+    "single_decode": {"kv_format": "half", "layout": "NHD", "view": "contiguous", "arg_views": False, "pos_encoding_mode": "NONE",
                       "use_tensor_cores": False, "q_scale": None, "k_scale": None, "v_scale": None,
                       "window_left": -1, "logits_soft_cap": None, "sm_scale": None, "rope_scale": None,
                       "rope_theta": None, "out": "none", "return_lse": False, "lse_given": False, "head_dim": 64},
-    "mla": {"cache_dims": 3, "view": "contiguous", "seq_lens_dtype": "int32", "extra_pages": 0,
+    "mla": {"cache_dims": 3, "view": "contiguous", "arg_views": False, "seq_lens_dtype": "int32", "extra_pages": 0,
             "bmm1_scale": "plain", "bmm2_scale": "plain", "out": "none", "return_lse": False,
             "lse_given": False, "enable_pdl": None, "page": 32},
     "prefill": {"kv_format": "half", "fp8_query": False, "layout": "HND", "form": "stacked",
-                "split_tables": False, "view": "contiguous", "seq_lens_dtype": "int32", "extra_pages": 0,
+                "split_tables": False, "view": "contiguous", "arg_views": False, "seq_lens_dtype": "int32", "extra_pages": 0,
                 "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": None,
                 "out_dtype": "none", "out": False, "o_sf_scale": None, "o_sf_vec_size": None, "skip_softmax": None,
                 "return_lse": False, "lse_given": False, "enable_pdl": None, "head_dim": 64, "page": 16},
