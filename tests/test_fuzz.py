@@ -190,7 +190,8 @@ def test_planted_bug_is_caught_shrunk_and_reproduced(capsys, monkeypatch, refere
     _plant_long_request_bug(monkeypatch)
     report = fuzz(torch.device("cpu"), calls=6, seed=11, only=("batch_decode",), modes=("plain",), quiet=True)
     assert report.mismatches >= 1 and report.failed
-    shrunk = next(f for f in report.failures if "snippet" in f)
+    assert all("snippet" in f for f in report.failures)
+    shrunk = next(f for f in report.failures if "shrunk_spec" in f)
     small = shrunk["shrunk_spec"]
     assert small["batch"] == 1 and 20 < small["lens"][0] <= 40, small
     for key, off in draws.OPTIONS["batch_decode"].items():

@@ -15,7 +15,7 @@ from .draws import FUNCTIONS, Env, draw, tile_sizes
 from .modes import MODES, applicable, run_spec
 from .shrink import shrink, snippet
 
-SHRINK_PER_KIND = 2  # failures shrunk per (function, mode, result); the rest are recorded as drawn
+SHRINK_PER_KIND = 2  # failures shrunk per (function, mode, result); the rest are recorded as drawn, with snippets
 SHRINK_BUDGET = 150  # tries per shrink
 
 
@@ -131,12 +131,15 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
             key = "mismatches" if outcome["result"] == "mismatch" else "errors"
             cell[key] += 1
             setattr(report, key, getattr(report, key) + 1)
-            record = {"function": function, "mode": mode, "mode_seed": mode_seed, "spec": spec, "outcome": outcome}
+            record = {"function": function, "mode": mode, "mode_seed": mode_seed, "spec": spec, "outcome": outcome,
+                      "snippet": snippet(spec, mode, device.type, mode_seed, outcome["why"])}
             kind = (function, mode, outcome["result"], outcome.get("error_type"))
             if shrunk.get(kind, 0) < SHRINK_PER_KIND:
                 shrunk[kind] = shrunk.get(kind, 0) + 1
+                # With a time budget, shrinking gets at most a tenth of it past the end.
+                deadline = None if seconds is None else t0 + seconds * 1.1
                 small, small_outcome, tries = shrink(spec, outcome, lambda s: run_spec(s, mode, device, mode_seed),
-                                                     shrink_budget)
+                                                     shrink_budget, deadline)
                 record.update(shrunk_spec=small, shrunk_outcome=small_outcome, shrink_tries=tries,
                               snippet=snippet(small, mode, device.type, mode_seed, small_outcome["why"]))
                 if check_reference:
@@ -157,7 +160,7 @@ def print_report(report: Report, out=None) -> None:
                           for m, c in per_mode.items())
         print(f"  {function:<14s} {cells}", file=out)
     for i, f in enumerate(report.failures):
-        if "snippet" not in f:
+        if "shrunk_spec" not in f:
             continue
         print(f"\nfailure {i + 1}: {f['function']} ({f['mode']}): {f['outcome']['why']}", file=out)
         print(f"shrunk in {f['shrink_tries']} tries to: {f['shrunk_outcome']['why']}", file=out)
@@ -166,7 +169,7 @@ def print_report(report: Report, out=None) -> None:
             print(f"the CPU reference on the shrunk call: {ref['result']}" + (f" ({ref['why']})" if ref["why"] else ""),
                   file=out)
         print(f["snippet"], file=out)
-    unshrunk = sum("snippet" not in f for f in report.failures)
+    unshrunk = sum("shrunk_spec" not in f for f in report.failures)
     if unshrunk:
-        print(f"({unshrunk} more failures recorded unshrunk; see --json)", file=out)
+        print(f"({unshrunk} more failures recorded unshrunk, each with its snippet; see --json)", file=out)
     print(report.summary, file=out)

@@ -10,6 +10,7 @@ result as a Python program that rebuilds the call and checks it (:func:`kvattn.f
 from __future__ import annotations
 
 import pprint
+import time
 from typing import Callable, Iterator
 
 from .draws import DEPENDENT, OPTIONS, normalise
@@ -62,13 +63,17 @@ def candidates(spec: dict) -> Iterator[dict]:
             yield c
 
 
-def shrink(spec: dict, failure: dict, run: Callable[[dict], dict], budget: int = 200) -> tuple:
-    """The smallest spec found that fails like ``failure``; returns ``(spec, outcome, tries)``."""
+def shrink(spec: dict, failure: dict, run: Callable[[dict], dict], budget: int = 200,
+           deadline: float | None = None) -> tuple:
+    """The smallest spec found that fails like ``failure``, within ``budget`` tries and before
+    ``deadline`` (``time.perf_counter()``); returns ``(spec, outcome, tries)``."""
     best, best_outcome, tries = spec, failure, 0
     improved = True
     while improved and tries < budget:
         improved = False
         for cand in candidates(best):
+            if deadline is not None and time.perf_counter() > deadline:
+                return best, best_outcome, tries
             cand = normalise(cand)
             if cand == best:
                 continue
