@@ -5,8 +5,13 @@ mode."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +25,7 @@ from kvattn.fuzz.runner import environment
 from kvattn.fuzz.shrink import candidates
 
 ON_GPU = torch.cuda.is_available()
+SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +110,32 @@ def test_tolerances_are_the_checks():
     from kvattn.fuzz import oracle
 
     assert (oracle.TOL_16BIT, oracle.TOL_NVFP4) == (cli.TOL_16BIT, cli.TOL_NVFP4)
+
+
+def test_python_dash_m(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVATTN_")}
+    env.update(KVATTN_BACKEND="reference", PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "kvattn", "fuzz", "--device", "cpu", "--calls", "2", "--only",
+                           "single_decode", "--modes", "plain"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "fuzz: 2 calls, 0 mismatches, 0 errors"
+
+
+def test_progress_bar_redraws_on_a_terminal_and_steps_elsewhere(reference_backend):
+    class Stream(io.StringIO):
+        def __init__(self, tty):
+            super().__init__()
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    tty, log = Stream(True), Stream(False)
+    fuzz(torch.device("cpu"), calls=3, seed=0, only=("single_decode",), modes=("plain",), stream=tty)
+    fuzz(torch.device("cpu"), calls=3, seed=0, only=("single_decode",), modes=("plain",), stream=log)
+    assert "\r" in tty.getvalue() and "fuzz [" in tty.getvalue()
+    lines = log.getvalue().splitlines()
+    assert lines and "\r" not in log.getvalue() and lines[-1].startswith("fuzz [####################] 3 calls")
 
 
 def test_same_seed_same_calls():
