@@ -106,6 +106,15 @@ def test_only_is_repeatable_and_seconds_bounds_the_run(capsys, reference_backend
     assert out.strip().splitlines()[-1].startswith("fuzz: ")
 
 
+@pytest.mark.parametrize("module", ["kvattn.fuzz", "kvattn.fuzz.runner"])
+def test_docstring_examples(module, reference_backend):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
 def test_tolerances_are_the_checks():
     from kvattn.fuzz import oracle
 

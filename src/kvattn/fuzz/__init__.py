@@ -43,6 +43,14 @@ def replay(spec: dict, mode: str = "plain", device: str = "cpu", mode_seed: int 
     -------
     dict
         The outcome (``result`` "ok"), when the call passes.
+
+    Examples
+    --------
+    >>> import random
+    >>> from kvattn.fuzz import Env, draw, replay
+    >>> spec = draw("single_decode", random.Random(0), Env())
+    >>> outcome = replay(spec, mode="determinism")
+    single_decode (determinism): ok
     """
     outcome = run_spec(spec, mode, torch.device(device), mode_seed)
     print(f"{spec['function']} ({mode}): {outcome['result']}" + (f": {outcome['why']}" if outcome["why"] else ""))

@@ -104,7 +104,41 @@ def reference_outcome(spec: dict, mode_seed: int) -> dict:
 
 def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | None = None, seed: int = 0,
          only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET) -> Report:
-    """Run random legal calls until ``calls`` are done or ``seconds`` have passed."""
+    """Run random legal calls until ``calls`` are done or ``seconds`` have passed.
+
+    Parameters
+    ----------
+    device : torch.device
+        Where the calls run (CPU: the reference, or the kernels in Triton's interpreter with
+        ``KVATTN_BACKEND=triton`` and ``TRITON_INTERPRET=1``).
+    calls, seconds : int or float, optional
+        The budget: at least one of them.
+    seed : int
+        Seed of the draws: the same seed draws the same calls.
+    only : tuple of str
+        Functions to fuzz (``kvattn.fuzz.FUNCTIONS``); the calls go round them and the modes in turn.
+    modes : tuple of str
+        Of ``kvattn.fuzz.MODES``; a mode a function or device cannot take is left out for it.
+    stream : file, optional
+        Where the progress bar goes (default stderr); ``quiet`` turns it off.
+    shrink_budget : int
+        Tries a shrink may take.
+
+    Returns
+    -------
+    Report
+        Counts per function and mode, and the failures with their specs and snippets.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from kvattn.fuzz import fuzz
+    >>> report = fuzz(torch.device("cpu"), calls=4, seed=2, only=("xqa", "mla"), modes=("plain",), quiet=True)
+    >>> report.summary, sorted(report.counts)
+    ('fuzz: 4 calls, 0 mismatches, 0 errors', ['mla', 'xqa'])
+    """
+    if calls is None and seconds is None:
+        raise ValueError("calls, seconds: expected a budget, got neither")
     env = environment(device)
     use = [(f, m) for f in only for m in modes if applicable(m, f, device)]
     report = Report(str(device), seed, tuple(modes), tuple(only))
