@@ -75,8 +75,9 @@ def test_help_lists_every_option(capsys):
     (("--seed", "x"), ("--seed",)),
     (("--json", "/nonexistent-folder/x.json"), ("--json", "does not exist")),
     (("--device", "cpu", "--modes", "graph"), ("--modes graph", "cuda")),
+    (("--device", "cpu", "--modes", "invariant", "--only", "single_decode"), ("--modes invariant", "single_decode")),
 ], ids=["calls-0", "calls-and-seconds", "negative-seconds", "bad-function", "bad-mode", "bad-seed", "bad-json",
-        "graph-on-cpu"])
+        "graph-on-cpu", "invariant-single-decode"])
 def test_argument_errors_exit_2(capsys, argv, words):
     rc, out, err = run_cli(capsys, "fuzz", *argv)
     assert rc == 2 and out == "" and err.count("\n") == 1, (rc, out, err)

@@ -74,6 +74,11 @@ def main(args, device) -> int:
     if "graph" in args.modes and len(args.modes) == 1 and device.type != "cuda":
         raise UsageError("--modes graph: CUDA graphs need --device cuda")
     only = tuple(dict.fromkeys(args.only)) if args.only else FUNCTION_KEYS
+    from .modes import applicable
+
+    if not any(applicable(m, f, device) for f in only for m in args.modes):
+        raise UsageError(f"--modes {','.join(args.modes)}: none of them applies to {', '.join(only)} on {device.type} "
+                         "(graph needs cuda; invariant needs a batch: not single_decode)")
     calls = args.calls if args.calls is not None or args.seconds is not None else 200
     report = fuzz(device, calls=calls, seconds=args.seconds, seed=args.seed, only=only, modes=args.modes)
     print_report(report)
