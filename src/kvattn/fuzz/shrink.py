@@ -87,13 +87,58 @@ def shrink(spec: dict, failure: dict, run: Callable[[dict], dict], budget: int =
     return best, best_outcome, tries
 
 
+def _describe(value) -> str:
+    import torch
+
+    from ..formats import FP4Tensor
+
+    if isinstance(value, torch.Tensor):
+        text = f"{str(value.dtype).replace('torch.', '')} {list(value.shape)}"
+        if value.numel() == 1 and value.dim() <= 1:
+            text += f" = {value.flatten()[0].item():.6g}"
+        elif not value.is_contiguous():
+            text += f" strides {list(value.stride())}"
+        return text
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_describe(v) for v in value) + ")"
+    if isinstance(value, FP4Tensor):
+        return f"FP4Tensor {list(value.data.shape)}"
+    return repr(value)
+
+
+def describe(spec: dict) -> list:
+    """The call a spec makes, one ``# name: value`` comment line an argument (tensors as dtype,
+    shape and, for views, strides; the lengths and tables in full when short)."""
+    import torch
+
+    from .calls import build
+
+    try:
+        call = build(spec, "cpu")
+    except Exception as exc:  # the builder itself failing is the finding then
+        return [f"# (the call could not be built: {type(exc).__name__}: {exc})"]
+    lines = []
+    for name, value in call.kwargs.items():
+        text = _describe(value)
+        if name in ("seq_lens", "block_tables", "page_table", "cum_seq_lens_q") and value.numel() <= 16:
+            text += f" {value.to(torch.int64).tolist()}"
+        lines.append(f"#   {name}: {text}")
+    return lines
+
+
 def snippet(spec: dict, mode: str, device: str, mode_seed: int, why: str) -> str:
     """A Python program reproducing one failure: rebuilds the call from its spec, runs it in its
-    mode and raises AssertionError while the failure is still there."""
+    mode and raises AssertionError while the failure is still there. Comments list the call's
+    arguments."""
     body = pprint.pformat(spec, width=100, sort_dicts=False)
+    public = {"batch_decode": "kvattn.decode.xqa_batch_decode_with_kv_cache", "xqa": "kvattn.xqa.xqa",
+              "single_decode": "kvattn.decode.single_decode_with_kv_cache",
+              "mla": "kvattn.mla.xqa_batch_decode_with_kv_cache_mla",
+              "prefill": "kvattn.prefill.trtllm_batch_context_with_kv_cache"}[spec["function"]]
     return (
         f"# kvattn fuzz reproducer: {spec['function']}, mode {mode}, on {device}\n"
         f"# {why}\n"
+        f"# {public}(\n" + "\n".join(describe(spec)) + "\n# )\n"
         "from kvattn.fuzz import replay\n\n"
         f"spec = {body}\n"
         f"replay(spec, mode={mode!r}, device={device!r}, mode_seed={mode_seed})\n"
