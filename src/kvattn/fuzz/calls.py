@@ -161,7 +161,8 @@ def _pages(spec, device, kv_format, *, num_kv_heads, head_dim, layout="NHD", for
     width = max(max(need + [0]) + spec["extra_pages"], 1)
     return make_paged_kv(lens, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page, dtype=dtype,
                          kv_format=kv_format, layout=layout, form=form, device=device, seed=spec["seed"],
-                         pages_per_seq=width, split_tables=split_tables, extra_pages=1 + spec["extra_pages"])
+                         pages_per_seq=width, split_tables=split_tables, extra_pages=1 + spec["extra_pages"],
+                         tokens=False)
 
 
 def _seq_lens(lens: torch.Tensor, name: str) -> torch.Tensor:

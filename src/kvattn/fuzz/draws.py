@@ -150,11 +150,11 @@ def _window(key="lens"):
     return draw
 
 
-# The float64 oracle pads every request to the longest one: the padded batch of one K (or V)
-# tensor and of the logits stays under this many elements (128 MB a float64 tensor; 8 MB where
-# the calls themselves run on the CPU), so a batch of more requests than SMs gets short requests
-# and a long request comes in a small batch.
-ORACLE_ELEMENTS = 1 << 24
+# The float64 oracle pads every request to the longest one and spreads V over the query heads:
+# its largest tensor, ``B * max(L) * Hq * D`` (or the logits), stays under this many elements
+# (32 MB of float64; 8 MB where the calls themselves run on the CPU), so the oracle keeps up with
+# the GPU: a batch of more requests than SMs gets short requests, a long request a small batch.
+ORACLE_ELEMENTS = 1 << 22
 ORACLE_ELEMENTS_CPU = 1 << 20
 
 
@@ -171,11 +171,12 @@ def fit(lens: list, width: int, minimum: int = 0, budget: int = ORACLE_ELEMENTS)
 
 
 def _oracle_width(spec) -> int:
-    """Elements a padded token costs the oracle: its K row or its logits, whichever is larger."""
+    """Elements a padded token costs the oracle: its values spread over the query heads, or its
+    logits, whichever is larger."""
     if spec["function"] == "mla":
-        return max(576, spec["heads"])
+        return max(576, spec["heads"] * 512)
     heads = spec["kv_heads"] * spec["group"]
-    return max(spec["kv_heads"] * spec["head_dim"], heads * spec.get("q_len", 1))
+    return heads * max(spec["head_dim"], spec.get("q_len", 1))
 
 
 def _lens_for(family, minimum=lambda spec: 0):
