@@ -156,3 +156,11 @@ def test_fp4tensor_output_round_trip_by_hand():
     assert back[1, 0, :2].tolist() == [3.0, -0.75]
     # 0.4 / 0.0703125 = 5.69 -> 6 (code 7) -> 6 * 0.0703125 / 4
     assert back[0, 0, 16].item() == 6 * 0.0703125 / 4
+
+
+def test_dequantize_nvfp4_output_of_zero_rows():
+    # Found by `kvattn fuzz` (prefill of an empty batch with out_dtype="nvfp4"): the dequantiser
+    # inferred the scale columns from zero elements and raised.
+    empty = FP4Tensor.empty(0, 2, 64, "cpu")
+    out = formats.dequantize_nvfp4_output(empty)
+    assert out.shape == (0, 2, 64) and out.dtype == torch.float32

@@ -9,6 +9,10 @@
                     which version-gated fast paths are on.
 ``kvattn bench``    times the five functions beside the attention torch provides (SDPA backends,
                     FlexAttention) on this machine's GPU (:mod:`kvattn.bench`).
+``kvattn fuzz``     random legal calls of the five functions against the float64 formulation, in
+                    plain, CUDA-graph, determinism and batch-invariant modes; failures shrunk to
+                    Python snippets (:mod:`kvattn.fuzz`, docs/fuzzing.md). Exit status 1 on any
+                    mismatch or error.
 
 A mistake on the command line (a device this machine lacks, a bad number, a bad switch value) ends
 in one line on stderr and exit status 2, never a traceback.
@@ -554,10 +558,10 @@ def info(device: torch.device) -> int:
 # main
 # ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvattn", description="Attention kernels for LLM inference: check, info, bench.",
+    parser = _Parser(prog="kvattn", description="Attention kernels for LLM inference: check, info, bench, fuzz.",
                      epilog="Functions: " + "; ".join(f"{s} = {p}" for s, p, _ in FUNCTIONS))
     parser.add_argument("--version", action="version", version=f"kvattn {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{check,info,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{check,info,bench,fuzz}")
 
     p = sub.add_parser("check", help="run every function, compare with float64, print a table",
                        description="Run each public function on a few shapes and compare with an independent "
@@ -584,6 +588,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Time the five functions on this machine's GPU beside the attention torch "
                                    "provides (scaled_dot_product_attention backends, FlexAttention).")
     add_arguments(p)
+
+    from .fuzz.command import DESCRIPTION as FUZZ_DESCRIPTION, add_arguments as add_fuzz_arguments
+
+    p = sub.add_parser("fuzz", help="random legal calls against float64, shrunk reproducers",
+                       description=FUZZ_DESCRIPTION)
+    add_fuzz_arguments(p)
     return parser
 
 
@@ -620,6 +630,10 @@ def _run(args) -> int:
             raise UsageError("KVATTN_BACKEND=triton: kvattn bench times compiled kernels on a GPU; on a CPU it times "
                              "the reference (unset KVATTN_BACKEND)")
         return bench.main(args, device)
+    if args.command == "fuzz":
+        from .fuzz import command
+
+        return command.main(args, resolve_device(args.device))
     raise AssertionError(args.command)
 
 

@@ -215,6 +215,7 @@ def dequantize_nvfp4_output(t: FP4Tensor, o_sf_scale: float = 1.0) -> torch.Tens
     m = torch.arange(rows, device=t.data.device).unsqueeze(1) + t.scale_start_index
     k = torch.arange(hq * d // NVFP4_BLOCK, device=t.data.device).unsqueeze(0)
     off = swizzled_scale_offset(m, k, cols)
-    sf = t.scale.view(torch.uint8).reshape(-1)[off.reshape(-1)].view(FP8_DTYPE).reshape(rows, -1)
+    # Explicit column count: a zero-row output (an empty batch) has no -1 to infer.
+    sf = t.scale.view(torch.uint8).reshape(-1)[off.reshape(-1)].view(FP8_DTYPE).reshape(rows, hq * d // NVFP4_BLOCK)
     vals = dequantize_nvfp4(t.data.reshape(rows, hq * d // 2), sf)
     return (vals / o_sf_scale).reshape(rows, hq, d)

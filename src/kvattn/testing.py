@@ -75,6 +75,7 @@ def make_paged_kv(
     pages_per_seq: int | None = None,
     split_tables: bool = False,
     scale: float = 1.0,
+    tokens: bool = True,
 ) -> PagedCase:
     """Build a random paged cache holding ``seq_lens[b]`` tokens for request ``b``.
 
@@ -90,6 +91,8 @@ def make_paged_kv(
     pages_per_seq : table width (default: enough for the longest request, plus one)
     split_tables : ``block_tables`` ``[B, 2, P]`` with different K and V page ids
     scale : standard deviation of the values
+    tokens : also gather each request's values into ``k_tokens`` / ``v_tokens`` (False: empty
+        lists, for callers with an oracle of their own, such as ``kvattn fuzz``)
     """
     kv_format = kv_format or {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
     if kv_format not in NAMES:
@@ -118,26 +121,25 @@ def make_paged_kv(
     used = torch.zeros(total, planes, page_size, dtype=torch.bool)
     for b in range(batch):
         for which, plane in ((0, 0), (num_tables - 1, planes - 1)):  # K's and V's (table, plane)
-            tab = tables[b, which]
-            for t in range(lens[b]):
-                used[int(tab[t // page_size]), plane, t % page_size] = True
+            t = torch.arange(lens[b])
+            used[tables[b, which].to(torch.int64)[t // page_size], plane, t % page_size] = True
     fmt = BY_NAME[kv_format]
     data, sf = fmt.quantize(vals)
-    vals = fmt.dequantize(data, sf)
+    vals = fmt.dequantize(data, sf) if tokens else None
     if sf is not None:  # block scales (e4m3): a NaN scale poisons its whole block
         if nan_fill:
             sf = sf.view(torch.uint8).clone()
-            sf[~used] = 0x7F  # e4m3fn NaN
+            sf.masked_fill_(~used[..., None, None], 0x7F)  # e4m3fn NaN
             sf = sf.view(FP8_DTYPE)
     else:
         if nan_fill:
             bits = data.view(torch.uint8 if data.element_size() == 1 else torch.int16).clone()
             nan = data.new_full((), float("nan")).view(bits.dtype)
-            bits[~used] = nan
+            bits.masked_fill_(~used[..., None, None], nan)
             data = bits.view(data.dtype)
 
     k_tokens, v_tokens = [], []
-    for b in range(batch):
+    for b in range(batch if tokens else 0):
         for which, plane, dst in ((0, 0, k_tokens), (num_tables - 1, planes - 1, v_tokens)):
             tab = tables[b, which].to(torch.int64)
             t = torch.arange(lens[b])

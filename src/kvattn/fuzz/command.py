@@ -1,0 +1,89 @@
+"""``kvattn fuzz``: its arguments and what it runs (registered by :mod:`kvattn.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .._console import FUNCTION_KEYS, UsageError, positive_int, write_json, writable
+from .draws import MODES
+
+DESCRIPTION = (
+    "Draw random legal calls of the five public functions from a seed, run each on the device in "
+    "the chosen modes and compare it with the independent float64 formulation (kvattn.dense). A "
+    "failing call is shrunk and printed as a Python snippet. Ends with the line 'fuzz: N calls, M "
+    "mismatches, K errors'; exit status 1 on any mismatch or error. On a CPU the reference backend "
+    "runs, or the Triton kernels in Triton's interpreter with KVATTN_BACKEND=triton TRITON_INTERPRET=1."
+)
+
+
+def _modes(text: str) -> tuple:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(MODES)}, got {text!r}")
+    return modes
+
+
+def _function(text: str) -> str:
+    if text not in FUNCTION_KEYS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(FUNCTION_KEYS)}, got {text!r}")
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--calls", type=positive_int, default=None, metavar="N",
+                        help="stop after N calls (default 200 when --seconds is not given)")
+    budget.add_argument("--seconds", type=_seconds, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the draws (default 0)")
+    p.add_argument("--only", type=_function, action="append", default=None, metavar="FUNCTION",
+                   help=f"fuzz only this function (repeatable): one of {', '.join(FUNCTION_KEYS)}")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
+    p.add_argument("--modes", type=_modes, default=MODES, metavar="LIST",
+                   help=f"comma-separated subset of {','.join(MODES)} (default all; graph runs on cuda only)")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="write the report as JSON (counts per function and mode, every failure with its "
+                        "spec, shrunk spec and snippet)")
+
+
+def main(args, device) -> int:
+    from .. import _env
+    from .._version import __version__
+    from .runner import fuzz, print_report
+
+    writable(args.json, "--json")
+    if device.type == "cpu" and _env.backend_override() == "triton" and not _env.triton_interpret():
+        raise UsageError("KVATTN_BACKEND=triton on a CPU needs Triton's interpreter: set TRITON_INTERPRET=1")
+    if "graph" in args.modes and len(args.modes) == 1 and device.type != "cuda":
+        raise UsageError("--modes graph: CUDA graphs need --device cuda")
+    only = tuple(dict.fromkeys(args.only)) if args.only else FUNCTION_KEYS
+    from .modes import applicable
+
+    if not any(applicable(m, f, device) for f in only for m in args.modes):
+        raise UsageError(f"--modes {','.join(args.modes)}: none of them applies to {', '.join(only)} on {device.type} "
+                         "(graph needs cuda; invariant needs a batch: not single_decode)")
+    calls = args.calls if args.calls is not None or args.seconds is not None else 200
+    report = fuzz(device, calls=calls, seconds=args.seconds, seed=args.seed, only=only, modes=args.modes)
+    print_report(report)
+    if args.json:
+        doc = report.as_json()
+        doc["kvattn"] = __version__
+        write_json(args.json, doc)
+    return 1 if report.failed else 0

@@ -1,0 +1,209 @@
+"""The fuzz loop: draw, run, check, shrink the failures, count, report."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import _env
+from .draws import FUNCTIONS, Env, draw, tile_sizes
+from .modes import MODES, applicable, run_spec
+from .shrink import shrink, snippet
+
+SHRINK_PER_KIND = 2  # failures shrunk per (function, mode, result); the rest are recorded as drawn, with snippets
+SHRINK_BUDGET = 150  # tries per shrink
+
+
+@dataclass
+class Report:
+    device: str
+    seed: int
+    modes: tuple
+    only: tuple
+    calls: int = 0
+    mismatches: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    counts: dict = field(default_factory=dict)  # function -> mode -> {"calls", "mismatches", "errors"}
+    failures: list = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        return f"fuzz: {self.calls} calls, {self.mismatches} mismatches, {self.errors} errors"
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.mismatches or self.errors)
+
+    def as_json(self) -> dict:
+        return {"command": "fuzz", "device": self.device, "seed": self.seed, "modes": list(self.modes),
+                "only": list(self.only), "calls": self.calls, "mismatches": self.mismatches, "errors": self.errors,
+                "seconds": round(self.seconds, 2), "counts": self.counts, "failures": self.failures}
+
+
+class Ticker:
+    """A progress bar on stderr: redrawn in place on a terminal (at most 10 times a second), a
+    line every tenth of the way (or every 30 s) otherwise."""
+
+    def __init__(self, calls: int | None, seconds: float | None, stream=None, quiet: bool = False):
+        self.stream = stream if stream is not None else sys.stderr
+        self.calls, self.seconds, self.quiet = calls, seconds, quiet
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.t0 = self.last = time.perf_counter()
+        self.last_fraction = 0.0
+
+    def fraction(self, done: int) -> float:
+        if self.calls:
+            return done / self.calls
+        return min((time.perf_counter() - self.t0) / self.seconds, 1.0) if self.seconds else 0.0
+
+    def update(self, report: Report, label: str) -> None:
+        if self.quiet:
+            return
+        now = time.perf_counter()
+        f = self.fraction(report.calls)
+        if self.tty:
+            if now - self.last < 0.1 and f < 1.0:
+                return
+        elif f - self.last_fraction < 0.1 and now - self.last < 30 and f < 1.0:
+            return
+        self.last, self.last_fraction = now, f
+        filled = int(20 * f)
+        text = (f"fuzz [{'#' * filled}{'.' * (20 - filled)}] {report.calls} calls, {report.mismatches} mismatches, "
+                f"{report.errors} errors, {now - self.t0:.0f} s  {label}")
+        if self.tty:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            self.stream.write("\r" + text[:width].ljust(width))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            self.stream.write("\r" + " " * (shutil.get_terminal_size((100, 20)).columns - 1) + "\r")
+            self.stream.flush()
+
+
+def environment(device: torch.device) -> Env:
+    interpreter = device.type == "cpu" and _env.backend_override() == "triton" and _env.triton_interpret()
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+    return Env(device=device.type, interpreter=interpreter, sm_count=sm_count, tiles=tile_sizes())
+
+
+def reference_outcome(spec: dict, mode_seed: int) -> dict:
+    """The same spec on the CPU reference backend, plain: tells a kernel bug (the reference passes)
+    from a generator or oracle problem (it fails too)."""
+    with _env.switches(KVATTN_BACKEND="reference"):
+        return run_spec(spec, "plain", "cpu", mode_seed)
+
+
+def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | None = None, seed: int = 0,
+         only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET) -> Report:
+    """Run random legal calls until ``calls`` are done or ``seconds`` have passed.
+
+    Parameters
+    ----------
+    device : torch.device
+        Where the calls run (CPU: the reference, or the kernels in Triton's interpreter with
+        ``KVATTN_BACKEND=triton`` and ``TRITON_INTERPRET=1``).
+    calls, seconds : int or float, optional
+        The budget: at least one of them.
+    seed : int
+        Seed of the draws: the same seed draws the same calls.
+    only : tuple of str
+        Functions to fuzz (``kvattn.fuzz.FUNCTIONS``); the calls go round them and the modes in turn.
+    modes : tuple of str
+        Of ``kvattn.fuzz.MODES``; a mode a function or device cannot take is left out for it.
+    stream : file, optional
+        Where the progress bar goes (default stderr); ``quiet`` turns it off.
+    shrink_budget : int
+        Tries a shrink may take.
+
+    Returns
+    -------
+    Report
+        Counts per function and mode, and the failures with their specs and snippets.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from kvattn.fuzz import fuzz
+    >>> report = fuzz(torch.device("cpu"), calls=4, seed=2, only=("xqa", "mla"), modes=("plain",), quiet=True)
+    >>> report.summary, sorted(report.counts)
+    ('fuzz: 4 calls, 0 mismatches, 0 errors', ['mla', 'xqa'])
+    """
+    if calls is None and seconds is None:
+        raise ValueError("calls, seconds: expected a budget, got neither")
+    env = environment(device)
+    use = [(f, m) for f in only for m in modes if applicable(m, f, device)]
+    report = Report(str(device), seed, tuple(modes), tuple(only))
+    if not use:
+        return report
+    rng = random.Random(seed)
+    ticker = Ticker(calls, seconds, stream, quiet)
+    shrunk: dict = {}
+    t0 = time.perf_counter()
+    check_reference = device.type == "cuda" or env.interpreter
+    while True:
+        if calls is not None and report.calls >= calls:
+            break
+        if seconds is not None and time.perf_counter() - t0 >= seconds:
+            break
+        function, mode = use[report.calls % len(use)]
+        spec = draw(function, rng, env)
+        mode_seed = rng.randrange(2**31)
+        outcome = run_spec(spec, mode, device, mode_seed)
+        cell = report.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
+        cell["calls"] += 1
+        report.calls += 1
+        if outcome["result"] != "ok":
+            key = "mismatches" if outcome["result"] == "mismatch" else "errors"
+            cell[key] += 1
+            setattr(report, key, getattr(report, key) + 1)
+            record = {"function": function, "mode": mode, "mode_seed": mode_seed, "spec": spec, "outcome": outcome,
+                      "snippet": snippet(spec, mode, device.type, mode_seed, outcome["why"])}
+            kind = (function, mode, outcome["result"], outcome.get("error_type"))
+            if shrunk.get(kind, 0) < SHRINK_PER_KIND:
+                shrunk[kind] = shrunk.get(kind, 0) + 1
+                # With a time budget, shrinking gets at most a tenth of it past the end.
+                deadline = None if seconds is None else t0 + seconds * 1.1
+                small, small_outcome, tries = shrink(spec, outcome, lambda s: run_spec(s, mode, device, mode_seed),
+                                                     shrink_budget, deadline)
+                record.update(shrunk_spec=small, shrunk_outcome=small_outcome, shrink_tries=tries,
+                              snippet=snippet(small, mode, device.type, mode_seed, small_outcome["why"]))
+                if check_reference:
+                    record["reference"] = reference_outcome(small, mode_seed)
+            report.failures.append(record)
+        ticker.update(report, f"{function} ({mode})")
+    report.seconds = time.perf_counter() - t0
+    ticker.done()
+    return report
+
+
+def print_report(report: Report, out=None) -> None:
+    out = out or sys.stdout
+    print(f"device: {report.device}, seed {report.seed}, {report.seconds:.1f} s", file=out)
+    for function, per_mode in report.counts.items():
+        cells = ", ".join(f"{m} {c['calls']}" + (f" ({c['mismatches']} mismatches, {c['errors']} errors)"
+                                                 if c["mismatches"] or c["errors"] else "")
+                          for m, c in per_mode.items())
+        print(f"  {function:<14s} {cells}", file=out)
+    for i, f in enumerate(report.failures):
+        if "shrunk_spec" not in f:
+            continue
+        print(f"\nfailure {i + 1}: {f['function']} ({f['mode']}): {f['outcome']['why']}", file=out)
+        print(f"shrunk in {f['shrink_tries']} tries to: {f['shrunk_outcome']['why']}", file=out)
+        if "reference" in f:
+            ref = f["reference"]
+            print(f"the CPU reference on the shrunk call: {ref['result']}" + (f" ({ref['why']})" if ref["why"] else ""),
+                  file=out)
+        print(f["snippet"], file=out)
+    unshrunk = sum("shrunk_spec" not in f for f in report.failures)
+    if unshrunk:
+        print(f"({unshrunk} more failures recorded unshrunk, each with its snippet; see --json)", file=out)
+    print(report.summary, file=out)
