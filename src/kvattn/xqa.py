@@ -206,6 +206,8 @@ def xqa(
     args = (q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
             sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse, enable_pdl,
             rcp_out_scale, q_seq_len, mask, q_cu_seq_lens, k_sf_cache, v_sf_cache)
+    if q_cu_seq_lens is not None:  # ragged drafts run the ordinary way (see decode.xqa_batch_decode_with_kv_cache)
+        return _xqa(*args)
     return _CACHE.run(args, lambda: _xqa(*args))
 
 

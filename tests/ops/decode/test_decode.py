@@ -221,7 +221,9 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, tr
     monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
     ragged = [600, 3, 0, 97, 1] if not ON_GPU else [6000, 3, 0, 970, 1, 64, 2049]
     even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
-    with decode_configs.override(min_chunk=32, waves=4, balance_waves=4, balance_min_chunk=32):
+    # (max_splits: the uniform split the plan falls back to merges in the kernel, which the
+    # balanced launch needs)
+    with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32):
         decode_case(kernel_device, monkeypatch, lens=ragged, q_len=q_len, group=group, sinks=True)
         decode_case(kernel_device, monkeypatch, lens=even, q_len=q_len, group=group, seed=3)
     balanced = [launch.constexprs["BALANCED"] for launch in built]
