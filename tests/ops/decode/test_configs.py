@@ -242,3 +242,15 @@ def test_rope_stream_config_is_ropes_tiles_read_by_tma_with_the_hint():
     assert stream.tma and stream.evict_first and not rope.tma and not rope.evict_first
     for kind in ("main", "long", "short", "stream", "contig"):
         assert not dc.config("sm90", "bfloat16", 128, 16, False, kind).tma
+
+
+@pytest.mark.parametrize("table,items,pays", [
+    ("main", 1024, True),  # two programs an SM, 3.9 waves (ragged 128 requests x 8 heads)
+    ("main", 3584, False),  # 6.8 waves: the block scheduler balances them
+    ("long", 128, True),  # one program an SM, one wave (a few long requests)
+    ("long", 1024, False),  # one program an SM over several waves
+], ids=["main-1024-items", "main-3584-items", "long-128-items", "long-1024-items"])
+def test_balanced_split_only_where_it_was_measured_to_pay(table, items, pays):
+    cfg = dc.config("sm90", "bfloat16", 128, 16, False, table)
+    assert dc.balance_pays(cfg, items=items, sm_count=132, kv_format="bfloat16", head_dim=128,
+                                       rope_query=False) is pays

@@ -36,6 +36,7 @@ class DecodeConfig:
     # keys; 0 keeps the uniform split only.
     balance_waves: int = 4
     balance_min_chunk: int = 512
+    balance_max_waves: int = 4  # launches of more items than this many waves keep the uniform split
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -200,6 +201,25 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     if max_programs is not None:
         splits = min(splits, max(1, max_programs // items))
     return max(1, splits)
+
+
+def balance_pays(cfg: DecodeConfig, *, items: int, sm_count: int, kv_format: str, head_dim: int,
+                 rope_query: bool) -> bool:
+    """Whether a launch may take the balanced split of a ragged batch (``common.balance``).
+
+    Measured on an H200 beside the uniform split in one run (docs/performance.md, "Ragged
+    batches"): it pays where two or more programs share an SM (a program's next unit then starts
+    while the other streams: ragged 128 x [1, 8192] p16 634 -> 592 us, 64 x [1, 12000] p16 541 ->
+    477, log-normal batches 0.2-0.95x), and with one program an SM where the items fit one wave
+    (a few requests, one of them long: 45 log-normal requests at 8/1 heads 367 -> 78 us, 22
+    requests up to 88k 273 -> 220; equal 16 x 4096 pays 82 -> 87); it loses with one program an SM
+    over several waves (the long tiles of pages of 64: ragged 128 x [1, 8192] p64 593 -> 640) and
+    where the items already fill many waves, which the hardware's block scheduler balances by
+    itself (112 one-row MHA requests, 6.8 waves: 604 -> 672; equal 256 x 1024: 282 -> 286)."""
+    per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
+    if cfg.max_per_sm:
+        per_sm = min(per_sm, cfg.max_per_sm)
+    return (per_sm >= 2 or items <= sm_count) and items <= cfg.balance_max_waves * sm_count * per_sm
 
 
 def balance_target(cfg: DecodeConfig, *, sm_count: int, programs_per_unit: int, kv_format: str, head_dim: int,

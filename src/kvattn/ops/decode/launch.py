@@ -275,9 +275,14 @@ class _Plan:
     def balance(self, cfg: decode_configs.DecodeConfig, splits: int) -> Balance | None:
         """The balanced launch's sizes for ``splits`` uniform splits, or None where the plan does
         not allow one (common.balance): its programs merge in the kernel (counters, with two more
-        for the dynamic deal) and its partials fit the workspace."""
+        for the dynamic deal), its partials fit the workspace, and the launch is of the kind the
+        balanced split was measured to pay on (``configs.balance_pays``; not the short-request
+        tiles, whose spans are too short to be unbalanced)."""
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
-                or not (splits == 1 or self.merges(cfg, splits))):
+                or not (splits == 1 or self.merges(cfg, splits)) or cfg is self.cfg_short):
+            return None
+        if not decode_configs.balance_pays(cfg, items=self.items, sm_count=self.sm_count, kv_format=self.kv_format,
+                                           head_dim=self.head_dim, rope_query=self.rope_query):
             return None
         target = max(self.batch * splits, decode_configs.balance_target(
             cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
