@@ -8,7 +8,8 @@ become :class:`Scale` (a host float times an optional one-element device tensor)
 backend applies exactly two scales: a logit multiplier and an output multiplier.
 
 All checks here read shapes, dtypes, strides and devices only: nothing synchronises with the
-device. Checks that need device values live in :func:`debug_check_pages` (``KVATTN_DEBUG=1``).
+device. Checks that need device values live in :func:`debug_check_pages` (on for CPU tensors,
+``KVATTN_DEBUG=1`` for CUDA tensors).
 """
 
 from __future__ import annotations
@@ -543,7 +544,10 @@ def debug_check_pages(
     scales=(),
     pool_name: str | None = None,
 ) -> None:
-    """Device-value checks (synchronising): run only with ``KVATTN_DEBUG=1``.
+    """Device-value checks: by default for CPU tensors only, where reading a value costs no wait;
+    ``KVATTN_DEBUG=1`` runs them for CUDA tensors too (they then synchronise), ``KVATTN_DEBUG=0``
+    nowhere. Skipped while ``torch.compile`` traces, unless
+    ``KVATTN_DEBUG=1`` asks for them (data-dependent checks break the graph).
 
     Lengths: none below 0 (as the kernels read them: int32), none past the table's capacity or the
     host bound ``max_len`` (named ``max_len_name``), none shorter than the request's query rows
@@ -552,7 +556,8 @@ def debug_check_pages(
     the lengths. Every page a request uses must be a valid page id (``pool_name``: the argument
     whose size bounds them, for the message). ``scales``: ``(name, tensor or None)`` pairs, finite.
     """
-    if not _env.debug_checks():
+    forced = _env.debug_checks()
+    if not forced and (forced is False or seq_lens.device.type != "cpu" or torch.compiler.is_compiling()):
         return
     lens, given = _lengths_as_read(seq_lens)
     if bool((lens < 0).any()):
