@@ -214,10 +214,24 @@ def check_interpretable(*named) -> None:
             )
 
 
-def check_workspace(workspace, name: str, device) -> torch.Tensor:
+# The fixed head of every workspace (kvattn.ops.launch.workspace: up to ALIGN = 16 bytes to its
+# first 16-byte boundary, then COUNTER_BYTES = 16384 of merge counters); split partials and staged
+# pages come after it. tests/test_workspace.py holds this to that module's constants.
+MIN_WORKSPACE_BYTES = 16 + 16384
+
+
+def check_workspace(workspace, name: str, device, minimum: int = MIN_WORKSPACE_BYTES) -> torch.Tensor:
+    """A contiguous uint8 buffer on ``device`` of at least ``minimum`` bytes: below the workspace's
+    fixed head nothing of a call fits, so a smaller buffer is a mistake (a size in elements of
+    another dtype, a placeholder) on every device. Above it a workspace smaller than
+    :func:`kvattn.workspace_size` gives the same results, more slowly (docs/semantics.md,
+    "Workspace")."""
     check_tensor(workspace, name, dtypes=(torch.uint8,), device=device)
     if not workspace.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(workspace.stride())}")
+    if workspace.numel() < minimum:
+        raise ValueError(f"{name}: expected at least {minimum} bytes (the workspace's fixed head; "
+                         f"kvattn.workspace_size(...) gives the bytes a call can use), got {workspace.numel()}")
     return workspace
 
 

@@ -156,11 +156,13 @@ _SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)
 def _batch_decode(
     query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale=1.0, bmm2_scale=1.0,
     window_left=-1, out=None, sinks=None, kv_layout="NHD", enable_pdl=None, q_len_per_req=1, o_scale=1.0,
-    mask=None, kv_cache_sf=None, *, return_lse=False, lse=None, kv_start=None,
+    mask=None, kv_cache_sf=None, *, return_lse=False, lse=None, kv_start=None, local_slice=False,
 ):
     """:func:`xqa_batch_decode_with_kv_cache`, and ``kv_start`` (int32 ``[B]``, on the query's
     device, optional): request ``b`` attends to no key before ``kv_start[b]``, which keeps a
-    request's keys a window cuts off out of a local slice (:mod:`kvattn.distributed`)."""
+    request's keys a window cuts off out of a local slice (:mod:`kvattn.distributed`);
+    ``local_slice``: ``seq_lens`` are a rank's local lengths, which may hold fewer keys than the
+    drafts (those lie on other ranks)."""
     check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3, contiguous_last=True)
     device, shape = query.device, query.shape
     head_dim = check_head_dim(shape[2], "query")
@@ -210,7 +212,7 @@ def _batch_decode(
     if kv_start is not None:
         check_tensor(kv_start, "kv_start", dtypes=(torch.int32,), device=device)
         check_shape(kv_start, "kv_start", (batch,))
-    debug_check_pages(kv, seq_lens, max_len=max_seq_len, q_len=q_len,
+    debug_check_pages(kv, seq_lens, max_len=max_seq_len, q_len=1 if local_slice else q_len,
                       scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", bmm2.tensor)))
 
     ops = _backend.triton_entry("batch_decode", device)
