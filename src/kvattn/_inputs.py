@@ -15,6 +15,7 @@ device. Checks that need device values live in :func:`debug_check_pages` (on for
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import weakref
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None, contiguou
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if dtypes is not None and x.dtype not in dtypes:
-        raise TypeError(f"{name}: expected dtype in ({_dtype_names(dtypes)}), got {str(x.dtype).replace('torch.', '')}")
+        raise TypeError(f"{name}: expected dtype in ({_dtype_names(dtypes)}), got {str(x.dtype).replace('torch.', '')}"
+                        + (INT64_RULE if x.dtype == torch.int64 and torch.int32 in dtypes else ""))
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if x.dim() not in allowed:
@@ -60,6 +62,14 @@ def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None, contiguou
     if contiguous_last and x.dim():  # (a 0-d tensor is left to the caller's shape check)
         check_last_dim_contiguous(x, name)
     return x
+
+
+# Index tensors (docs/semantics.md, "Index tensors"): page tables and lengths are int32 (lengths
+# also uint32), as the kernels read them; an int64 one would need a converted copy each call, an
+# allocation on the hot path, so it is rejected with this hint. Row offsets (cum_seq_lens_q / kv)
+# and the append's token indices are read in the dtype given, int32 or int64.
+INT64_RULE = (" (page tables and lengths are read as 32-bit values: convert them once where they are made, "
+              "with .to(torch.int32), rather than on every call)")
 
 
 def check_shape(x: torch.Tensor, name: str, expected: tuple) -> None:
@@ -233,6 +243,74 @@ def check_workspace(workspace, name: str, device, minimum: int = MIN_WORKSPACE_B
         raise ValueError(f"{name}: expected at least {minimum} bytes (the workspace's fixed head; "
                          f"kvattn.workspace_size(...) gives the bytes a call can use), got {workspace.numel()}")
     return workspace
+
+
+# ---------------------------------------------------------------------------------------------
+# swapped arguments
+# ---------------------------------------------------------------------------------------------
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.uint8:
+        return "byte"
+    if dtype in (torch.uint16, torch.uint32, torch.uint64):
+        return "uint"
+    return "float" if dtype.is_floating_point else "int"
+
+
+def looks(kinds: str, ndims: tuple, pair_ndims: tuple = ()) -> Callable[[object], bool]:
+    """What an argument looks like, for :func:`hint_swaps`: a tensor of a dtype kind in ``kinds``
+    (``"float"``, ``"int"``: signed, ``"uint"``: unsigned but uint8, ``"byte"``: uint8; space-separated) with a rank in ``ndims``, or a
+    pair of such tensors of a rank in ``pair_ndims``."""
+    allowed = kinds.split()
+
+    def match(x) -> bool:
+        if isinstance(x, (tuple, list)):
+            return len(x) == 2 and all(isinstance(t, torch.Tensor) and t.dim() in pair_ndims and
+                                       _kind(t.dtype) in allowed for t in x)
+        return isinstance(x, torch.Tensor) and x.dim() in ndims and _kind(x.dtype) in allowed
+
+    return match
+
+
+def _swap_hint(message: str, bound: dict, shapes: dict) -> str | None:
+    name = message.split(":", 1)[0]
+    if name not in shapes or name not in bound:
+        return None
+    given, like = bound[name], shapes[name]
+    if like(given):
+        return None  # (what was given looks right: the error is about something else)
+    others = [o for o, o_like in shapes.items()
+              if o != name and o in bound and o_like(given) and like(bound[o])]
+    if len(others) != 1:
+        return None
+    return f" ({name} got what looks like {others[0]}, and {others[0]} what looks like {name}: are they swapped?)"
+
+
+def hint_swaps(**shapes: Callable[[object], bool]):
+    """Decorate a function whose errors name its arguments (``"name: ..."``): an error about an
+    argument that does not look as it should (``shapes[name]``, see :func:`looks`) while exactly
+    one other argument looks like it, and it like that one, gets a hint that the two are swapped.
+    Costs nothing until an error: the hint is worked out then."""
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except (TypeError, ValueError) as error:
+                if len(error.args) == 1 and isinstance(error.args[0], str):
+                    try:
+                        hint = _swap_hint(error.args[0], signature.bind(*args, **kwargs).arguments, shapes)
+                    except TypeError:  # (arguments that do not bind: the error is about that)
+                        hint = None
+                    if hint is not None:
+                        error.args = (error.args[0] + hint,)
+                raise
+
+        return call
+
+    return wrap
 
 
 # ---------------------------------------------------------------------------------------------

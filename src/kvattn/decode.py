@@ -1,6 +1,7 @@
 """Decode attention: paged batch decode and single-request decode.
 
-Both functions keep FlashInfer's signatures exactly; their semantics are kvattn's SPEC.
+Both functions keep FlashInfer's signatures exactly; what they compute is stated
+in docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from ._callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     Scale,
+    check_half_match,
     check_head_dim,
     check_int,
-    check_half_match,
     check_interpretable,
     check_layout,
-    check_max_seq_len,
     check_lse_out,
+    check_max_seq_len,
     check_out,
     check_paged_heads,
     check_query_heads,
@@ -32,6 +33,8 @@ from ._inputs import (
     check_window,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     paged_kv_from_cache,
     to_scale,
 )
@@ -113,7 +116,7 @@ def xqa_batch_decode_with_kv_cache(
     return_lse : bool, keyword-only
         Also return each row's base-2 log-sum-exp of its scaled logits over its visible keys,
         float32 ``[B * q_len_per_req, Hq]``: ``-inf`` for a row that sees no key (an empty
-        request), and sinks never included (SPEC), so ``(out, lse)`` of a call without sinks is an
+        request), and sinks never included (docs/semantics.md), so ``(out, lse)`` of a call without sinks is an
         attention state :func:`kvattn.merge_states` merges exactly (see :mod:`kvattn.merge` for
         applying sinks once after a merge).
     lse : torch.Tensor float32 ``[B * q_len_per_req, Hq]``, keyword-only, optional
@@ -153,6 +156,8 @@ _BATCH_CACHE = CallCache("xqa_batch_decode_with_kv_cache")
 _SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)
 
 
+@hint_swaps(query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)), block_tables=looks("int", (2,)),
+            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _batch_decode(
     query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale=1.0, bmm2_scale=1.0,
     window_left=-1, out=None, sinks=None, kv_layout="NHD", enable_pdl=None, q_len_per_req=1, o_scale=1.0,

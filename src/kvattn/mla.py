@@ -13,14 +13,16 @@ from ._inputs import (
     check_int,
     check_interpretable,
     check_last_dim_contiguous,
-    check_max_seq_len,
     check_lse_out,
+    check_max_seq_len,
     check_out,
     check_seq_lens,
     check_shape,
     check_tensor,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     to_scale,
 )
 from .formats import FP8_DTYPE
@@ -105,6 +107,8 @@ def xqa_batch_decode_with_kv_cache_mla(
 _CACHE = CallCache("xqa_batch_decode_with_kv_cache_mla")
 
 
+@hint_swaps(query=looks("float", (3, 4)), kv_cache=looks("float", (3, 4)), block_tables=looks("int", (2,)),
+            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _mla(query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables, seq_lens,
          max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse):
     """:func:`xqa_batch_decode_with_kv_cache_mla`, the ordinary way."""

@@ -24,6 +24,8 @@ from ._inputs import (
     check_window,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     paged_kv_from_cache,
     to_scale,
 )
@@ -173,6 +175,8 @@ def trtllm_batch_context_with_kv_cache(
 _CACHE = CallCache("trtllm_batch_context_with_kv_cache")
 
 
+@hint_swaps(query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)), block_tables=looks("int", (2, 3)),
+            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
              batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
              kv_layout, enable_pdl, sinks, kv_block_scales, skip_softmax_threshold_scale_factor,

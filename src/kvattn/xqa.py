@@ -28,6 +28,8 @@ from ._inputs import (
     check_tensor,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     to_scale,
 )
 from .formats import FP8_DTYPE
@@ -153,6 +155,8 @@ def xqa(
 _CACHE = CallCache("xqa")
 
 
+@hint_swaps(q=looks("float", (4,)), k_cache=looks("float", (2, 4)), page_table=looks("int", (2,)),
+            seq_lens=looks("int uint", (1, 2)), workspace_buffer=looks("byte", (1,)))
 def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
          sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse):
     """:func:`xqa`, the ordinary way."""
