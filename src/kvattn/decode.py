@@ -81,7 +81,8 @@ def xqa_batch_decode_with_kv_cache(
         Scratch: its first 16 KB are the arrival counters of the split-KV merge (every call leaves
         them at zero), the split-KV partials follow. Zero it before its first use, and give calls
         that may run at the same time (other streams) workspaces of their own. Nothing else is
-        allocated when ``out`` is given.
+        allocated when ``out`` is given. At least 16400 bytes; :func:`kvattn.workspace_size` gives
+        the bytes with which it never limits the split count (docs/semantics.md, "Workspace").
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``
     seq_lens : torch.Tensor int32 or uint32 ``[B]``
         KV length of each request, including its ``q_len_per_req`` new tokens. 0 gives a zero output.

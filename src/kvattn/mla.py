@@ -61,6 +61,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     kv_cache : torch.Tensor ``[P, page_size, 576]`` or ``[P, 1, page_size, 576]`` = ``[ckv | kpe]``
         bfloat16 or float8_e4m3fn; row ``j`` is key ``j`` (all 576) and value ``j`` (first 512).
     workspace_buffer : torch.Tensor uint8 (zeroed before first use)
+        At least 16400 bytes; :func:`kvattn.workspace_size` gives the bytes a call can use.
     qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim : int
         Must be 128, 512, 64.
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``

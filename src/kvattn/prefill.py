@@ -106,7 +106,8 @@ def trtllm_batch_context_with_kv_cache(
         64 tokens) are copied into it once a call as 16-bit values when they fit
         (``B * max_kv_len * Hkv * D * 4`` bytes past the first 16 KB, half that under an fp8 query):
         about 34 MB for one 8192-token request of 8 KV heads of D 128. A smaller workspace is
-        correct too, and slower (the pages are read as they are).
+        correct too, and slower (the pages are read as they are). At least 16400 bytes;
+        :func:`kvattn.workspace_size` gives the bytes a call can use.
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``, or ``[B, 2, pages_per_seq]`` (K, V page
         ids) with ``uses_shared_paged_kv_idx=False``
     seq_lens : torch.Tensor int32 or uint32 ``[B]``

@@ -107,6 +107,7 @@ def xqa(
     output : torch.Tensor ``[B, 1, Hq, D]``, the query's dtype (or float8_e4m3fn with an fp8 cache, or
         float32 for unrounded partial results to merge)
     workspace_buffer : torch.Tensor uint8 (zeroed before first use)
+        At least 16400 bytes; :func:`kvattn.workspace_size` gives the bytes a call can use.
     semaphores : torch.Tensor uint32 (checked; kvattn's split-KV merge keeps its counters in the workspace)
     num_kv_heads : int
     page_size : int in 16, 32, 64, 128
