@@ -180,8 +180,9 @@ def _decode_cases(device, big: bool, half) -> list[Case]:
         (half_fmt, "NHD", 16, 1), (half_fmt, "HND", 64, 1), ("fp8", "NHD", 16, 1), ("nvfp4", "HND", 32, 1),
         (half_fmt, "NHD", 16, 4),
     )):
-        c = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=fmt, layout=layout,
-                          device=device, seed=i)
+        # (a request holds at least its q_len new tokens: the checks refuse shorter ones)
+        c = make_paged_kv([max(n, q_len) for n in lens], num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=fmt,
+                          layout=layout, device=device, seed=i)
         q = randn(len(lens) * q_len, hq, d, dtype=half, device=device, generator=seeded(99))
         out = torch.empty_like(q)
         kw = dict(bmm1_scale=d ** -0.5, bmm2_scale=1.0, kv_layout=layout, q_len_per_req=q_len,
