@@ -46,7 +46,7 @@ def test_changelog_keeps_a_changelog_form():
     for heading in versions[1:]:
         assert re.fullmatch(r"\[\d+\.\d+\.\d+\] - \d{4}-\d{2}-\d{2}", heading), heading
     assert versions[1].startswith(f"[{kvattn.__version__}]")  # the version the package reports has its section
-    kinds = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security", "Requirements")
+    kinds = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
     for section in re.split(r"^## .*$", text, flags=re.M)[1:]:
         subs = re.findall(r"^### (.*)$", section, flags=re.M)
         assert len(subs) == len(set(subs)), subs  # each kind of change once a version
