@@ -258,8 +258,8 @@ def _kind(dtype: torch.dtype) -> str:
 
 def looks(kinds: str, ndims: tuple, pair_ndims: tuple = ()) -> Callable[[object], bool]:
     """What an argument looks like, for :func:`hint_swaps`: a tensor of a dtype kind in ``kinds``
-    (``"float"``, ``"int"``: signed, ``"uint"``: unsigned but uint8, ``"byte"``: uint8; space-separated) with a rank in ``ndims``, or a
-    pair of such tensors of a rank in ``pair_ndims``."""
+    (space-separated: ``"float"``, ``"int"`` signed, ``"uint"`` unsigned but uint8, ``"byte"``
+    uint8) with a rank in ``ndims``, or a pair of such tensors of a rank in ``pair_ndims``."""
     allowed = kinds.split()
 
     def match(x) -> bool:
@@ -638,8 +638,8 @@ def debug_check_pages(
 ) -> None:
     """Device-value checks: by default for CPU tensors only, where reading a value costs no wait;
     ``KVATTN_DEBUG=1`` runs them for CUDA tensors too (they then synchronise), ``KVATTN_DEBUG=0``
-    nowhere. Skipped while ``torch.compile`` traces, unless
-    ``KVATTN_DEBUG=1`` asks for them (data-dependent checks break the graph).
+    nowhere. Skipped while ``torch.compile`` traces, unless ``KVATTN_DEBUG=1`` asks for them
+    (data-dependent checks break the graph).
 
     Lengths: none below 0 (as the kernels read them: int32), none past the table's capacity or the
     host bound ``max_len`` (named ``max_len_name``), none shorter than the request's query rows
