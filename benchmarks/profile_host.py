@@ -186,6 +186,9 @@ def fake_gpu() -> None:
         fast_launch._on_gpu = lambda t: True
     os.environ["TRITON_INTERPRET"] = "1"  # kvattn: CPU tensors may take the Triton backend
     os.environ["KVATTN_BACKEND"] = "triton"
+    # Its tensors are CPU tensors, on which kvattn checks device values by default: check them as
+    # on a GPU (only when asked), or the checks' own ops would keep calls from being replayed.
+    os.environ.setdefault("KVATTN_DEBUG", "0")
     from kvattn import _inputs
 
     if hasattr(_inputs, "_kernels_interpreted"):  # compiled-mode kernels: bfloat16 caches are fine

@@ -11,11 +11,22 @@ The same batch of requests runs through transformers' continuous batching (``gen
 twice: with ``attn_implementation="kvattn"`` and with transformers' default paged implementation
 (flash attention when installed, else paged SDPA), and the script prints the tokens/s of each
 (generated tokens over the wall time of ``generate_batch``, after a warm-up batch).
+
+Then it checks that the two compute the same attention, in two ways:
+
+* teacher forcing: each request's prompt and kvattn's tokens go through the model once with each
+  implementation (the same token history for both), and the script prints the largest relative
+  difference of the logits per step (``max |a - b| / max |b|`` over the vocabulary) against the
+  dtype's rounding tolerance, and at how many steps the two pick the same next token;
+* greedy tokens: whether the two ``generate_batch`` runs produced the same tokens. Run in float16
+  (the default) or float32 (CPU) this is meaningful; in bfloat16 a random model's near-ties break
+  either way under its coarser rounding, so a mismatch there says little (the logits say more).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
@@ -28,6 +39,17 @@ import transformers  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from kvattn.integrations import transformers as kvattn_tf  # noqa: E402
+
+
+# The relative logit difference two correct implementations stay within, per dtype: a few of its
+# rounding steps, through every layer of the model.
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def quiet_transformers() -> None:
+    """transformers' continuous batching logs a warning each time a persistent manager is kept
+    (advice for reusing it on another workload): not this example's concern."""
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
 
 
 def load(args, device, dtype):
@@ -78,6 +100,25 @@ def run(model, impl, prompts, warm, new_tokens, page_size):
     return tokens, sum(map(len, tokens)) / seconds
 
 
+@torch.no_grad()
+def teacher_forced_logits(model, impl, prompts, generated):
+    """float32 logits ``[new tokens, vocab]`` a request: the model run once over its prompt and
+    ``generated`` tokens with ``impl``, the rows that predict each generated token."""
+    model.set_attn_implementation(impl)
+    out = []
+    for prompt, new in zip(prompts, generated):
+        ids = torch.tensor([prompt + new], device=model.device)
+        out.append(model(ids).logits[0, len(prompt) - 1: len(prompt) + len(new) - 1].float())
+    return out
+
+
+def compare_logits(ours, theirs):
+    """Max relative difference per step (over all requests' steps) and the steps of equal argmax."""
+    rel = torch.cat([(a - b).abs().amax(-1) / b.abs().amax(-1) for a, b in zip(ours, theirs)])
+    same = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(ours, theirs))
+    return rel, same
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="local checkpoint directory (default: random Llama-style model)")
@@ -86,11 +127,15 @@ def main(argv=None):
     p.add_argument("--prompt-len", type=int, default=128, help="random prompt length without a tokenizer")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--page-size", type=int, default=256)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="model dtype (float32: CPU only, where kvattn runs its reference)")
     args = p.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
+    if dtype == torch.float32 and device == "cuda":
+        p.error("--dtype float32: kvattn's GPU kernels take float16 or bfloat16 models")
+    quiet_transformers()
     name = kvattn_tf.register()
     model, tok = load(args, device, dtype)
     vocab = model.config.vocab_size
@@ -112,10 +157,20 @@ def main(argv=None):
     first = results["kvattn"][0]
     text = tok.decode(first) if tok is not None else str(first[:32])
     print(f"\nrequest 0 through kvattn: {text}")
-    other = next(v for k, v in results.items() if k != "kvattn")
-    same = sum(a == b for a, b in zip(results["kvattn"], other))
-    print(f"requests whose greedy tokens match transformers' implementation: {same} / {len(other)}"
-          " (a random model has near-ties that bf16 rounding may break either way)")
+
+    label = next(k for k in results if k != "kvattn")
+    ours = teacher_forced_logits(model, name, prompts, results["kvattn"])
+    theirs = teacher_forced_logits(model, default, prompts, results["kvattn"])
+    rel, same_next = compare_logits(ours, theirs)
+    tol = TOLERANCE[dtype]
+    verdict = "within" if float(rel.max()) <= tol else "BEYOND"
+    print(f"teacher-forced logits, kvattn vs {label}: max relative difference per step {float(rel.max()):.1e} "
+          f"(median {float(rel.median()):.1e}, {rel.numel()} steps), {verdict} the {args.dtype} tolerance {tol:.0e}; "
+          f"same next token at {same_next} / {rel.numel()} steps")
+    same = sum(a == b for a, b in zip(results["kvattn"], results[label]))
+    note = (" (bfloat16 rounding breaks a random model's near-ties either way: the logits above are the "
+            "comparison that counts)" if dtype == torch.bfloat16 else "")
+    print(f"requests whose greedy tokens match {label}: {same} / {len(prompts)}{note}")
 
 
 if __name__ == "__main__":

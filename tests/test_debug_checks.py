@@ -1,7 +1,9 @@
-"""``KVATTN_DEBUG=1``: device-value checks (page ids inside the cache, seq_lens within capacity).
+"""Device-value checks (page ids inside the cache, seq_lens within capacity, prefill's offsets).
 
-Off by default: validation then reads no device values, so a bad page id or length raises nothing
-at the boundary (the backend is stubbed out here, since what it computes is then undefined).
+On by default for CPU tensors (reading a value there waits for no GPU), off by default for CUDA
+tensors; ``KVATTN_DEBUG=1`` turns them on everywhere, ``KVATTN_DEBUG=0`` off everywhere (then a bad
+page id or length raises nothing at the boundary: the backend is stubbed out here, since what it
+computes is then undefined). Any other value of ``KVATTN_DEBUG`` is an error.
 """
 
 import pytest
@@ -15,7 +17,7 @@ from kvattn import reference
 def _decode_args():
     c = paged(lens=(5, 20))
     return dict(query=torch.randn(2, 8, 64, dtype=BF16), kv_cache=c.kv_cache,
-                workspace_buffer=torch.zeros(1024, dtype=torch.uint8), block_tables=c.block_tables.clone(),
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), block_tables=c.block_tables.clone(),
                 seq_lens=c.seq_lens.clone(), max_seq_len=20)
 
 
@@ -32,7 +34,7 @@ def _prefill_args():
     cq = torch.tensor([0, 5, 15], dtype=torch.int32)
     ckv = torch.tensor([0, 5, 25], dtype=torch.int32)
     return dict(query=torch.randn(15, 8, 64, dtype=BF16), kv_cache=c.kv_cache,
-                workspace_buffer=torch.zeros(1024, dtype=torch.uint8), block_tables=c.block_tables.clone(),
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), block_tables=c.block_tables.clone(),
                 seq_lens=c.seq_lens.clone(), max_q_len=10, max_kv_len=20, bmm1_scale=0.1, bmm2_scale=1.0,
                 batch_size=2, cum_seq_lens_q=cq, cum_seq_lens_kv=ckv, uses_shared_paged_kv_idx=False)
 
@@ -76,7 +78,7 @@ def test_xqa_page_table_checked(debug_on):
     kw = dict(q=torch.randn(2, 1, 8, 64, dtype=BF16), k_cache=torch.randn(pool, 64, dtype=BF16),
               v_cache=torch.randn(pool, 64, dtype=BF16), page_table=torch.tensor([[3, 9], [0, 2]], dtype=torch.int32),
               seq_lens=torch.tensor([[20], [32]], dtype=torch.uint32), output=torch.empty(2, 1, 8, 64, dtype=BF16),
-              workspace_buffer=torch.zeros(64, dtype=torch.uint8), semaphores=torch.zeros(1, dtype=torch.uint32),
+              workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), semaphores=torch.zeros(1, dtype=torch.uint32),
               num_kv_heads=2, page_size=16)
     with pytest.raises(ValueError, match="^page_table:"):
         kvattn.xqa(**kw)
@@ -85,19 +87,52 @@ def test_xqa_page_table_checked(debug_on):
 def test_mla_seq_len_checked(debug_on):
     with pytest.raises(ValueError, match="^seq_lens:"):
         kvattn.xqa_batch_decode_with_kv_cache_mla(
-            torch.randn(1, 1, 16, 576, dtype=BF16), torch.randn(2, 32, 576, dtype=BF16), torch.zeros(8, dtype=torch.uint8),
+            torch.randn(1, 1, 16, 576, dtype=BF16), torch.randn(2, 32, 576, dtype=BF16), torch.zeros(1 << 15, dtype=torch.uint8),
             128, 512, 64, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([65], dtype=torch.int32), 64)
 
 
-@pytest.mark.parametrize("breaker", [_bad_page, _bad_len], ids=["page-id-outside-cache", "seq_len-over-capacity"])
-def test_off_by_default(monkeypatch, breaker):
+@pytest.mark.parametrize("breaker, name", [(_bad_page, "block_tables"), (_bad_len, "seq_lens")],
+                         ids=["page-id-outside-cache", "seq_len-over-capacity"])
+def test_cpu_tensors_checked_by_default(monkeypatch, breaker, name):
     monkeypatch.delenv("KVATTN_DEBUG", raising=False)
+    kw = _decode_args()
+    breaker(kw)
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        kvattn.xqa_batch_decode_with_kv_cache(**kw)
+
+
+@pytest.mark.parametrize("breaker", [_bad_page, _bad_len], ids=["page-id-outside-cache", "seq_len-over-capacity"])
+def test_debug_zero_turns_cpu_checks_off(monkeypatch, breaker):
+    monkeypatch.setenv("KVATTN_DEBUG", "0")
     calls = []
     monkeypatch.setattr(reference, "batch_decode", lambda *a, **k: calls.append(1))
     kw = _decode_args()
     breaker(kw)
     kvattn.xqa_batch_decode_with_kv_cache(**kw)  # validation raises nothing
     assert calls == [1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA tensors are unchecked by default")
+def test_cuda_tensors_unchecked_by_default(monkeypatch):
+    """A page id outside the cache on CUDA tensors: no check (it would wait for the GPU); the
+    kernels never read outside the cache whatever the table holds."""
+    monkeypatch.delenv("KVATTN_DEBUG", raising=False)
+    monkeypatch.delenv("KVATTN_BACKEND", raising=False)
+    kw = _decode_args()
+    _bad_page(kw)
+    kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    kvattn.xqa_batch_decode_with_kv_cache(**kw)
+    torch.cuda.synchronize()
+    monkeypatch.setenv("KVATTN_DEBUG", "1")
+    with pytest.raises(ValueError, match="^block_tables:"):
+        kvattn.xqa_batch_decode_with_kv_cache(**kw)
+
+
+@pytest.mark.parametrize("value", ["2", "debug", "-1"])
+def test_debug_other_values_are_an_error(monkeypatch, value):
+    monkeypatch.setenv("KVATTN_DEBUG", value)
+    with pytest.raises(ValueError, match=f"^KVATTN_DEBUG: expected 1 or 0 .*got '{value}'"):
+        kvattn.xqa_batch_decode_with_kv_cache(**_decode_args())
 
 
 def test_debug_zero_is_off(monkeypatch):
@@ -116,13 +151,13 @@ def _xqa_args():
     return dict(q=torch.randn(2, 1, 8, 64, dtype=BF16), k_cache=torch.randn(pool, 64, dtype=BF16),
                 v_cache=torch.randn(pool, 64, dtype=BF16), page_table=torch.tensor([[3, 1], [0, 2]], dtype=torch.int32),
                 seq_lens=torch.tensor([[20], [32]], dtype=torch.uint32), output=torch.empty(2, 1, 8, 64, dtype=BF16),
-                workspace_buffer=torch.zeros(64, dtype=torch.uint8), semaphores=torch.zeros(1, dtype=torch.uint32),
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), semaphores=torch.zeros(1, dtype=torch.uint32),
                 num_kv_heads=2, page_size=16)
 
 
 def _mla_args():
     return dict(query=torch.randn(2, 1, 16, 576, dtype=BF16), kv_cache=torch.randn(4, 32, 576, dtype=BF16),
-                workspace_buffer=torch.zeros(64, dtype=torch.uint8), qk_nope_head_dim=128, kv_lora_rank=512,
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), qk_nope_head_dim=128, kv_lora_rank=512,
                 qk_rope_head_dim=64, block_tables=torch.tensor([[3, 1], [0, 2]], dtype=torch.int32),
                 seq_lens=torch.tensor([40, 64], dtype=torch.int32), max_seq_len=64)
 
@@ -204,9 +239,10 @@ def test_debug_reports(debug_on, func, mutate, name):
 
 @pytest.mark.parametrize("func, mutate, name", [pytest.param(f, m, n, id=f"{f}-{i}") for f, i, m, n in DEBUG_CASES])
 def test_debug_cases_pass_validation_when_off(monkeypatch, func, mutate, name):
-    """Each case above is a device value only debug mode reads: without it, validation passes
-    (the computation is stubbed: what it gives for such values is docs/semantics.md's business)."""
-    monkeypatch.delenv("KVATTN_DEBUG", raising=False)
+    """Each case above is a device value only the device-value checks read: with them off,
+    validation passes (the computation is stubbed: what it gives for such values is
+    docs/semantics.md's business)."""
+    monkeypatch.setenv("KVATTN_DEBUG", "0")
     monkeypatch.setenv("KVATTN_BACKEND", "reference")
     calls = []
     for op in ("batch_decode", "context", "mla_decode"):

@@ -10,7 +10,7 @@ from kvattn.decode import xqa_batch_decode_with_kv_cache
 def valid():
     c = paged()
     return dict(query=torch.randn(2, 8, 64, dtype=BF16), kv_cache=c.kv_cache,
-                workspace_buffer=torch.zeros(1024, dtype=torch.uint8), block_tables=c.block_tables,
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), block_tables=c.block_tables,
                 seq_lens=c.seq_lens, max_seq_len=20)
 
 

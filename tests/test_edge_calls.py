@@ -21,6 +21,14 @@ F16 = torch.float16
 BACKENDS = ("reference", "triton")
 
 
+@pytest.fixture(autouse=True)
+def _device_checks_off(monkeypatch):
+    """The values here are the ones the device-value checks reject (on by default for CPU
+    tensors; tests/test_debug_checks.py tests them): what is tested is what each backend does
+    with them, so the checks are off."""
+    monkeypatch.setenv("KVATTN_DEBUG", "0")
+
+
 def on(backend, monkeypatch, fn, *args, **kwargs):
     monkeypatch.setenv("KVATTN_BACKEND", backend)
     return fn(*args, **kwargs)

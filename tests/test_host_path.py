@@ -22,7 +22,7 @@ def test_switches_follow_every_change(monkeypatch):
         monkeypatch.setenv("KVATTN_DEBUG", f"{' ' * (i % 7)}{'on' if i % 2 else 'off'}{' ' * (i // 7)}")
         assert _env.debug_checks() is bool(i % 2)
     monkeypatch.delenv("KVATTN_DEBUG")
-    assert _env.debug_checks() is False
+    assert _env.debug_checks() is None  # (unset: the tensors' device decides)
     monkeypatch.setenv("KVATTN_FAST_LAUNCH", "off")
     assert _env.fast_launch() is False
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -117,8 +117,8 @@ CHECKS = [
                  id="check_seq_lens"),
     pytest.param(lambda x: _inputs.check_seq_lens(x, "seq_lens", 3, torch.device("cpu")), (3, 1), torch.uint32,
                  id="check_seq_lens-2d"),
-    pytest.param(lambda x: _inputs.check_workspace(x, "workspace", torch.device("cpu")), (64,), torch.uint8,
-                 id="check_workspace"),
+    pytest.param(lambda x: _inputs.check_workspace(x, "workspace", torch.device("cpu")),
+                 (_inputs.MIN_WORKSPACE_BYTES,), torch.uint8, id="check_workspace"),
     pytest.param(lambda x: check_tensor(x, "kv_cache", dtypes=(torch.float16, FP8_DTYPE), device=torch.device("cpu"),
                                         contiguous_last=True),
                  (5, 16, 2, 8), torch.float16, id="check_tensor-pages"),

@@ -9,7 +9,7 @@ from kvattn.mla import xqa_batch_decode_with_kv_cache_mla
 
 def valid():
     return dict(query=torch.randn(2, 1, 16, 576, dtype=BF16), kv_cache=torch.randn(4, 32, 576, dtype=BF16),
-                workspace_buffer=torch.zeros(1024, dtype=torch.uint8), qk_nope_head_dim=128, kv_lora_rank=512,
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), qk_nope_head_dim=128, kv_lora_rank=512,
                 qk_rope_head_dim=64, block_tables=torch.tensor([[3, 1], [0, 2]], dtype=torch.int32),
                 seq_lens=torch.tensor([40, 64], dtype=torch.int32), max_seq_len=64)
 

@@ -13,7 +13,7 @@ def valid():
     cq = torch.tensor([0, 5, 15], dtype=torch.int32)
     ckv = torch.tensor([0, 5, 25], dtype=torch.int32)
     return dict(query=torch.randn(15, 8, 64, dtype=BF16), kv_cache=c.kv_cache,
-                workspace_buffer=torch.zeros(1024, dtype=torch.uint8), block_tables=c.block_tables,
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), block_tables=c.block_tables,
                 seq_lens=c.seq_lens, max_q_len=10, max_kv_len=20, bmm1_scale=0.125, bmm2_scale=1.0, batch_size=2,
                 cum_seq_lens_q=cq, cum_seq_lens_kv=ckv)
 

@@ -68,7 +68,9 @@ def test_batch_decode_lse(backend, split, kw, monkeypatch):
     monkeypatch.setenv("KVATTN_BACKEND", backend)
     device = _device(backend)
     q_len = kw.get("q_len", 1)
-    lens = [0, 1, 37, 100] if not ON_GPU else [0, 1, 37, 1500, 4099]
+    # (a request holds at least its q_len drafts, or is empty: the device-value checks, on for CPU
+    # tensors, refuse shorter ones)
+    lens = [0, q_len, 37, 100] if not ON_GPU else [0, q_len, 37, 1500, 4099]
     case = make_paged_kv(lens, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16, device=device,
                          seed=len(kw))
     g = torch.Generator().manual_seed(7)

@@ -12,7 +12,7 @@ def valid():
     return dict(q=torch.randn(2, 1, 8, 64, dtype=BF16), k_cache=torch.randn(pool, 64, dtype=BF16),
                 v_cache=torch.randn(pool, 64, dtype=BF16), page_table=torch.tensor([[3, 1], [0, 2]], dtype=torch.int32),
                 seq_lens=torch.tensor([[20], [32]], dtype=torch.uint32), output=torch.empty(2, 1, 8, 64, dtype=BF16),
-                workspace_buffer=torch.zeros(1024, dtype=torch.uint8), semaphores=torch.zeros(8, dtype=torch.uint32),
+                workspace_buffer=torch.zeros(1 << 15, dtype=torch.uint8), semaphores=torch.zeros(8, dtype=torch.uint32),
                 num_kv_heads=2, page_size=16)
 
 

@@ -1,6 +1,7 @@
 """kvattn: attention kernels for LLM inference, in Python and Triton.
 
-The five public functions keep FlashInfer's signatures; their semantics are kvattn's SPEC.
+The five public functions keep FlashInfer's signatures; what they compute is stated in
+docs/semantics.md.
 
 >>> import kvattn
 >>> sorted(n for n in kvattn.__all__ if not n[0].isupper())[:3]
@@ -18,6 +19,7 @@ from .mla import xqa_batch_decode_with_kv_cache_mla
 from .prefill import trtllm_batch_context_with_kv_cache
 from ._version import __version__
 from ._warmup import warmup
+from ._workspace import workspace_size
 
 __all__ = [
     "cache",
@@ -37,6 +39,7 @@ __all__ = [
     "FP4Tensor",
     "append_paged_kv_cache",
     "warmup",
+    "workspace_size",
     "set_batch_invariant",
     "is_batch_invariant",
     "batch_invariant",

@@ -13,8 +13,10 @@
     mode"). :func:`kvattn.set_batch_invariant` and :func:`kvattn.batch_invariant` override it
     from Python.
 ``KVATTN_DEBUG``
-    ``1`` turns on the checks that need device values (page ids inside the cache, ``seq_lens``
-    within the page table's capacity). They synchronise with the host, so they are off by default.
+    The checks that need device values (page ids inside the cache, ``seq_lens`` within the page
+    table's capacity and ``max_seq_len``, prefill's offsets). Unset: on for CPU tensors, where
+    reading a value costs no wait, and off for CUDA tensors, where it would synchronise with the
+    GPU. ``1`` turns them on everywhere, ``0`` off everywhere.
 ``KVATTN_CALL_CACHE``
     ``0`` runs every eager call the ordinary way (validation, planning, launch binding) instead of
     replaying a recorded call of the same metadata (:mod:`kvattn._callcache`); on by default.
@@ -34,6 +36,9 @@
     (:mod:`kvattn.ops.mla.gluon_ws`) would run; on by default (``KVATTN_GLUON=0`` turns both off).
 ``TRITON_INTERPRET``
     Triton's own switch; kvattn only reads it to know that kernels run on the CPU.
+
+Every on/off switch takes ``1``/``0`` (or ``true``/``false``, ``yes``/``no``, ``on``/``off``, in any
+case); any other value raises a ValueError naming the variable, as ``KVATTN_BACKEND=foo`` does.
 
 The switches are read on every call (tests and users change them at run time), but cheaply: the
 raw value is looked up in ``os.environ``'s own dict and its parsed meaning is memoised per raw
@@ -111,37 +116,42 @@ def _parse_backend(raw) -> str | None:
     return value
 
 
-def _parse_flag(raw, default: bool) -> bool:
+def _parse_flag(raw, default, name: str):
+    """``default`` when unset or blank, else True / False; any other value raises."""
     value = _text(raw)
     if not value:
         return default
-    return value in _TRUE if default is False else value not in _FALSE
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}: expected 1 or 0 (or one of {_TRUE[1:] + _FALSE[1:]}), got {_text(raw)!r}")
+
+
+def _flag(name: str, default):
+    return lambda raw: _parse_flag(raw, default, name)
 
 
 backend_override = _switch("KVATTN_BACKEND", _parse_backend, "backend_override",
                            "The backend forced by ``KVATTN_BACKEND``, or None when unset.")
-debug_checks = _switch("KVATTN_DEBUG", lambda raw: _parse_flag(raw, False), "debug_checks",
-                       "Whether the device-value checks (``KVATTN_DEBUG=1``) are on.")
-call_cache = _switch("KVATTN_CALL_CACHE", lambda raw: _parse_flag(raw, True), "call_cache",
+debug_checks = _switch("KVATTN_DEBUG", _flag("KVATTN_DEBUG", None), "debug_checks",
+                       "``KVATTN_DEBUG`` as True / False, or None when unset (then the device-value checks run "
+                       "for CPU tensors only: :func:`kvattn._inputs.debug_check_pages`).")
+call_cache = _switch("KVATTN_CALL_CACHE", _flag("KVATTN_CALL_CACHE", True), "call_cache",
                      "Whether eager calls may be replayed from their metadata (``KVATTN_CALL_CACHE``, default on).")
-fast_launch = _switch("KVATTN_FAST_LAUNCH", lambda raw: _parse_flag(raw, True), "fast_launch",
+fast_launch = _switch("KVATTN_FAST_LAUNCH", _flag("KVATTN_FAST_LAUNCH", True), "fast_launch",
                       "Whether kernels may launch through their compiled launcher (``KVATTN_FAST_LAUNCH``, default on).")
-fused_merge = _switch("KVATTN_FUSED_MERGE", lambda raw: _parse_flag(raw, True), "fused_merge",
+fused_merge = _switch("KVATTN_FUSED_MERGE", _flag("KVATTN_FUSED_MERGE", True), "fused_merge",
                       "Whether decode's last split program merges the partials (``KVATTN_FUSED_MERGE``, default on).")
-def _parse_tristate(raw):
-    value = _text(raw)
-    if not value:
-        return None
-    return value not in _FALSE
 
 
-gluon = _switch("KVATTN_GLUON", _parse_tristate, "gluon",
+gluon = _switch("KVATTN_GLUON", _flag("KVATTN_GLUON", None), "gluon",
                 "``KVATTN_GLUON`` as True / False, or None when unset (then :func:`kvattn._versions.gluon_on` "
                 "decides by the Triton release).")
-gluon_ws = _switch("KVATTN_GLUON_WS", lambda raw: _parse_flag(raw, True), "gluon_ws",
+gluon_ws = _switch("KVATTN_GLUON_WS", _flag("KVATTN_GLUON_WS", True), "gluon_ws",
                    "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
 _batch_invariant_env = _switch(
-    "KVATTN_BATCH_INVARIANT", lambda raw: _parse_flag(raw, False), "_batch_invariant_env",
+    "KVATTN_BATCH_INVARIANT", _flag("KVATTN_BATCH_INVARIANT", False), "_batch_invariant_env",
     "Whether ``KVATTN_BATCH_INVARIANT`` asks for batch-invariant kernels (default off).")
 # The Python override of KVATTN_BATCH_INVARIANT (kvattn.set_batch_invariant): None follows the
 # variable. A one-item list, so that readers see a set made after their import.
@@ -155,7 +165,12 @@ def batch_invariant() -> bool:
     return _batch_invariant_env() if forced is None else forced
 
 
-triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",
+def _parse_interpret(raw) -> bool:
+    # Triton's own switch, read as Triton reads it (only an "on" word is on): not kvattn's to reject.
+    return _text(raw) in _TRUE
+
+
+triton_interpret = _switch("TRITON_INTERPRET", _parse_interpret, "triton_interpret",
                            "Whether Triton runs its interpreter (``TRITON_INTERPRET=1``).")
 
 

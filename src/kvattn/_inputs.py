@@ -8,12 +8,14 @@ become :class:`Scale` (a host float times an optional one-element device tensor)
 backend applies exactly two scales: a logit multiplier and an output multiplier.
 
 All checks here read shapes, dtypes, strides and devices only: nothing synchronises with the
-device. Checks that need device values live in :func:`debug_check_pages` (``KVATTN_DEBUG=1``).
+device. Checks that need device values live in :func:`debug_check_pages` (on for CPU tensors,
+``KVATTN_DEBUG=1`` for CUDA tensors).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import weakref
 from dataclasses import dataclass
@@ -49,7 +51,8 @@ def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None, contiguou
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if dtypes is not None and x.dtype not in dtypes:
-        raise TypeError(f"{name}: expected dtype in ({_dtype_names(dtypes)}), got {str(x.dtype).replace('torch.', '')}")
+        raise TypeError(f"{name}: expected dtype in ({_dtype_names(dtypes)}), got {str(x.dtype).replace('torch.', '')}"
+                        + (INT64_RULE if x.dtype == torch.int64 and torch.int32 in dtypes else ""))
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if x.dim() not in allowed:
@@ -59,6 +62,14 @@ def check_tensor(x, name: str, *, dtypes=None, ndim=None, device=None, contiguou
     if contiguous_last and x.dim():  # (a 0-d tensor is left to the caller's shape check)
         check_last_dim_contiguous(x, name)
     return x
+
+
+# Index tensors (docs/semantics.md, "Index tensors"): page tables and lengths are int32 (lengths
+# also uint32), as the kernels read them; an int64 one would need a converted copy each call, an
+# allocation on the hot path, so it is rejected with this hint. Row offsets (cum_seq_lens_q / kv)
+# and the append's token indices are read in the dtype given, int32 or int64.
+INT64_RULE = (" (page tables and lengths are read as 32-bit values: convert them once where they are made, "
+              "with .to(torch.int32), rather than on every call)")
 
 
 def check_shape(x: torch.Tensor, name: str, expected: tuple) -> None:
@@ -213,11 +224,93 @@ def check_interpretable(*named) -> None:
             )
 
 
-def check_workspace(workspace, name: str, device) -> torch.Tensor:
+# The fixed head of every workspace (kvattn.ops.launch.workspace: up to ALIGN = 16 bytes to its
+# first 16-byte boundary, then COUNTER_BYTES = 16384 of merge counters); split partials and staged
+# pages come after it. tests/test_workspace.py holds this to that module's constants.
+MIN_WORKSPACE_BYTES = 16 + 16384
+
+
+def check_workspace(workspace, name: str, device, minimum: int = MIN_WORKSPACE_BYTES) -> torch.Tensor:
+    """A contiguous uint8 buffer on ``device`` of at least ``minimum`` bytes: below the workspace's
+    fixed head nothing of a call fits, so a smaller buffer is a mistake (a size in elements of
+    another dtype, a placeholder) on every device. Above it a workspace smaller than
+    :func:`kvattn.workspace_size` gives the same results, more slowly (docs/semantics.md,
+    "Workspace")."""
     check_tensor(workspace, name, dtypes=(torch.uint8,), device=device)
     if not workspace.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(workspace.stride())}")
+    if workspace.numel() < minimum:
+        raise ValueError(f"{name}: expected at least {minimum} bytes (the workspace's fixed head; "
+                         f"kvattn.workspace_size(...) gives the bytes a call can use), got {workspace.numel()}")
     return workspace
+
+
+# ---------------------------------------------------------------------------------------------
+# swapped arguments
+# ---------------------------------------------------------------------------------------------
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.uint8:
+        return "byte"
+    if dtype in (torch.uint16, torch.uint32, torch.uint64):
+        return "uint"
+    return "float" if dtype.is_floating_point else "int"
+
+
+def looks(kinds: str, ndims: tuple, pair_ndims: tuple = ()) -> Callable[[object], bool]:
+    """What an argument looks like, for :func:`hint_swaps`: a tensor of a dtype kind in ``kinds``
+    (space-separated: ``"float"``, ``"int"`` signed, ``"uint"`` unsigned but uint8, ``"byte"``
+    uint8) with a rank in ``ndims``, or a pair of such tensors of a rank in ``pair_ndims``."""
+    allowed = kinds.split()
+
+    def match(x) -> bool:
+        if isinstance(x, (tuple, list)):
+            return len(x) == 2 and all(isinstance(t, torch.Tensor) and t.dim() in pair_ndims and
+                                       _kind(t.dtype) in allowed for t in x)
+        return isinstance(x, torch.Tensor) and x.dim() in ndims and _kind(x.dtype) in allowed
+
+    return match
+
+
+def _swap_hint(message: str, bound: dict, shapes: dict) -> str | None:
+    name = message.split(":", 1)[0]
+    if name not in shapes or name not in bound:
+        return None
+    given, like = bound[name], shapes[name]
+    if like(given):
+        return None  # (what was given looks right: the error is about something else)
+    others = [o for o, o_like in shapes.items()
+              if o != name and o in bound and o_like(given) and like(bound[o])]
+    if len(others) != 1:
+        return None
+    return f" ({name} got what looks like {others[0]}, and {others[0]} what looks like {name}: are they swapped?)"
+
+
+def hint_swaps(**shapes: Callable[[object], bool]):
+    """Decorate a function whose errors name its arguments (``"name: ..."``): an error about an
+    argument that does not look as it should (``shapes[name]``, see :func:`looks`) while exactly
+    one other argument looks like it, and it like that one, gets a hint that the two are swapped.
+    Costs nothing until an error: the hint is worked out then."""
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except (TypeError, ValueError) as error:
+                if len(error.args) == 1 and isinstance(error.args[0], str):
+                    try:
+                        hint = _swap_hint(error.args[0], signature.bind(*args, **kwargs).arguments, shapes)
+                    except TypeError:  # (arguments that do not bind: the error is about that)
+                        hint = None
+                    if hint is not None:
+                        error.args = (error.args[0] + hint,)
+                raise
+
+        return call
+
+    return wrap
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +636,10 @@ def debug_check_pages(
     scales=(),
     pool_name: str | None = None,
 ) -> None:
-    """Device-value checks (synchronising): run only with ``KVATTN_DEBUG=1``.
+    """Device-value checks: by default for CPU tensors only, where reading a value costs no wait;
+    ``KVATTN_DEBUG=1`` runs them for CUDA tensors too (they then synchronise), ``KVATTN_DEBUG=0``
+    nowhere. Skipped while ``torch.compile`` traces, unless ``KVATTN_DEBUG=1`` asks for them
+    (data-dependent checks break the graph).
 
     Lengths: none below 0 (as the kernels read them: int32), none past the table's capacity or the
     host bound ``max_len`` (named ``max_len_name``), none shorter than the request's query rows
@@ -552,7 +648,8 @@ def debug_check_pages(
     the lengths. Every page a request uses must be a valid page id (``pool_name``: the argument
     whose size bounds them, for the message). ``scales``: ``(name, tensor or None)`` pairs, finite.
     """
-    if not _env.debug_checks():
+    forced = _env.debug_checks()
+    if not forced and (forced is False or seq_lens.device.type != "cpu" or torch.compiler.is_compiling()):
         return
     lens, given = _lengths_as_read(seq_lens)
     if bool((lens < 0).any()):

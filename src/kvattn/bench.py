@@ -29,6 +29,7 @@ import json
 import platform
 import statistics
 import sys
+import textwrap
 import time
 import warnings
 from contextlib import nullcontext
@@ -538,16 +539,43 @@ def table_rows(doc: dict) -> list[tuple]:
 
 
 HEADER = ("function", "shape", "impl", "us graph", "us eager", "rate", "time / kvattn's", "err vs kvattn", "note")
+WIDTH = 120  # columns of the default table (--wide: one line a record, as long as it takes)
 
 
-def print_report(doc: dict, out=None) -> None:
+def print_report(doc: dict, out=None, wide: bool = False) -> None:
     out = out or sys.stdout
     env = doc["env"]
-    print(f"kvattn {env['kvattn']} bench on {env['device']}, {env['date'][:16].replace('T', ' ')} UTC, "
-          f"torch {env['torch']}, triton {env['triton']}", file=out)
-    print(doc["method"], file=out)
+    head = (f"kvattn {env['kvattn']} bench on {env['device']}, {env['date'][:16].replace('T', ' ')} UTC, "
+            f"torch {env['torch']}, triton {env['triton']}")
+    if wide:
+        print(head, file=out)
+        print(doc["method"], file=out)
+        print(file=out)
+        print_table(table_rows(doc), HEADER, out=out)
+        return
+    for text in (head, doc["method"]):
+        print(textwrap.fill(text, WIDTH), file=out)
     print(file=out)
-    print_table(table_rows(doc), HEADER, out=out)
+    _print_narrow(table_rows(doc), out)
+
+
+def _print_narrow(rows: list[tuple], out) -> None:
+    """The table in ``WIDTH`` columns: a title line a function (its shape), then a line a record
+    with the numbers, its note wrapped beneath it."""
+    cells = [r[2:-1] for r in rows]
+    header = HEADER[2:-1]
+    widths = [max(len(str(c[i])) for c in cells + [header]) for i in range(len(header))]
+
+    def line(values):
+        return ("  " + "  ".join(str(v).ljust(w) for v, w in zip(values, widths))).rstrip()
+
+    print(line(header), file=out)
+    for r, c in zip(rows, cells):
+        if r[0]:
+            print(textwrap.fill(f"{r[0]}: {r[1]}", WIDTH, subsequent_indent="  "), file=out)
+        print(line(c), file=out)
+        if r[-1]:
+            print(textwrap.fill(r[-1], WIDTH, initial_indent="      ", subsequent_indent="      "), file=out)
 
 
 def plot(doc: dict, path: str) -> None:
@@ -592,13 +620,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rep-ms", type=positive_int, default=100, help="time spent measuring each call, ms")
     p.add_argument("--json", metavar="FILE", default=None, help="write the results document (JSON)")
     p.add_argument("--plot", metavar="FILE", default=None, help="write a bar chart (PNG; needs matplotlib)")
+    p.add_argument("--wide", action="store_true",
+                   help=f"one table line a record, shapes and notes in their own columns (default: {WIDTH} columns)")
 
 
 def main(args, device: torch.device) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
     doc = run(device, args.only, peers=args.peers, flex=args.flex, rep_ms=args.rep_ms)
-    print_report(doc)
+    print_report(doc, wide=args.wide)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=str)

@@ -61,6 +61,22 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an argument no parser knows is reported by the subcommand it was
+        given to (``kvattn check --bogus`` points to ``kvattn check --help``)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = getattr(parsed, "command", None)
+            sub = self._subcommands().get(command) if command else None
+            (sub or self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+    def _subcommands(self) -> dict:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
 
 def resolve_device(text: str | None) -> torch.device:
     """``--device``: cuda, cuda:N or cpu; default CUDA when present. Raises UsageError."""
@@ -86,7 +102,9 @@ def resolve_device(text: str | None) -> torch.device:
 def check_switches() -> None:
     """Parse every ``KVATTN_*`` switch now, so a bad value is one line and not a traceback later."""
     try:
-        _env.backend_override()
+        for read in (_env.backend_override, _env.debug_checks, _env.call_cache, _env.fast_launch, _env.fused_merge,
+                     _env.gluon, _env.gluon_ws, _env._batch_invariant_env):
+            read()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -166,8 +184,9 @@ def _decode_cases(device, big: bool, half) -> list[Case]:
         (half_fmt, "NHD", 16, 1), (half_fmt, "HND", 64, 1), ("fp8", "NHD", 16, 1), ("nvfp4", "HND", 32, 1),
         (half_fmt, "NHD", 16, 4),
     )):
-        c = make_paged_kv(lens, num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=fmt, layout=layout,
-                          device=device, seed=i)
+        # (a request holds at least its q_len new tokens: the checks refuse shorter ones)
+        c = make_paged_kv([max(n, q_len) for n in lens], num_kv_heads=hkv, head_dim=d, page_size=page, kv_format=fmt,
+                          layout=layout, device=device, seed=i)
         q = randn(len(lens) * q_len, hq, d, dtype=half, device=device, generator=seeded(99))
         out = torch.empty_like(q)
         kw = dict(bmm1_scale=d ** -0.5, bmm2_scale=1.0, kv_layout=layout, q_len_per_req=q_len,
@@ -458,16 +477,29 @@ def check(device: torch.device, big: bool, reps: int, interpret: bool = False, j
 # ---------------------------------------------------------------------------------------------
 # kvattn info
 # ---------------------------------------------------------------------------------------------
+def _debug_meaning() -> str:
+    forced = _env.debug_checks()
+    if forced is None:
+        return "on for CPU tensors, off for CUDA tensors (there the checks would wait for the GPU)"
+    return "on (device-value checks; on CUDA tensors they synchronise)" if forced else "off (no device-value checks)"
+
+
+# (name, what it does now, whether it only acts on compiled GPU launches)
 _SWITCHES = (
-    ("KVATTN_BACKEND", lambda: _env.backend_override() or "unset: Triton for CUDA tensors, reference for CPU tensors"),
-    ("KVATTN_BATCH_INVARIANT", lambda: "on (outputs independent of the batch)" if _env.batch_invariant() else "off"),
-    ("KVATTN_DEBUG", lambda: "on (device-value checks; they synchronise)" if _env.debug_checks() else "off"),
-    ("KVATTN_CALL_CACHE", lambda: "on" if _env.call_cache() else "off (every eager call validated and planned afresh)"),
-    ("KVATTN_FAST_LAUNCH", lambda: "on" if _env.fast_launch() else "off"),
-    ("KVATTN_FUSED_MERGE", lambda: "on" if _env.fused_merge() else "off (a second launch merges the splits)"),
-    ("KVATTN_GLUON", lambda: "on" if _versions.gluon_on() else "off (Triton kernels where a Gluon one exists)"),
-    ("KVATTN_GLUON_WS", lambda: "on" if _env.gluon_ws() else "off (MLA's Gluon kernel without warp specialisation)"),
-    ("TRITON_INTERPRET", lambda: "on (Triton's interpreter runs the kernels)" if _env.triton_interpret() else "off"),
+    ("KVATTN_BACKEND", lambda: _env.backend_override() or "unset: Triton for CUDA tensors, reference for CPU tensors",
+     False),
+    ("KVATTN_BATCH_INVARIANT", lambda: "on (outputs independent of the batch)" if _env.batch_invariant() else "off",
+     False),
+    ("KVATTN_DEBUG", _debug_meaning, False),
+    ("KVATTN_CALL_CACHE", lambda: "on" if _env.call_cache() else "off (every eager call validated and planned afresh)",
+     True),
+    ("KVATTN_FAST_LAUNCH", lambda: "on" if _env.fast_launch() else "off", True),
+    ("KVATTN_FUSED_MERGE", lambda: "on" if _env.fused_merge() else "off (a second launch merges the splits)", True),
+    ("KVATTN_GLUON", lambda: "on" if _versions.gluon_on() else "off (Triton kernels where a Gluon one exists)", True),
+    ("KVATTN_GLUON_WS", lambda: "on" if _env.gluon_ws() else "off (MLA's Gluon kernel without warp specialisation)",
+     True),
+    ("TRITON_INTERPRET", lambda: "on (Triton's interpreter runs the kernels)" if _env.triton_interpret() else "off",
+     False),
 )
 
 _KERNELS = {
@@ -521,7 +553,10 @@ def info(device: torch.device) -> int:
         from ._versions import support
 
         triton_version = triton.__version__
-        triton_line = f"{triton_version} ({support(triton_version)})"
+        if device.type == "cuda":
+            triton_line = f"{triton_version} ({support(triton_version)})"
+        else:  # (what kvattn verified elsewhere is no fact about this machine)
+            triton_line = f"{triton_version} (no GPU here: used only by the interpreter, --interpret / TRITON_INTERPRET=1)"
     except ImportError:
         triton_version = triton_line = "not installed (every function runs the reference)"
     try:
@@ -539,15 +574,23 @@ def info(device: torch.device) -> int:
           f"triton {triton_line}, numpy {numpy_version}")
     print(f"device: {describe_device(device)}")
     print("switches:")
-    for name, meaning in _SWITCHES:
+    width = max(len(name) for name, _, _ in _SWITCHES)
+    for name, meaning, gpu_only in _SWITCHES:
         raw = os.environ.get(name)
-        print(f"  {name:<19s} {'unset' if raw is None else repr(raw):<10s} {meaning()}")
-    paths = _fast_paths()
+        text = meaning()  # (check_switches has refused bad values)
+        if gpu_only and device.type != "cuda":
+            text = f"{text} (no effect here: it acts on compiled GPU launches)"
+        print(f"  {name:<{width}s} {'unset' if raw is None else repr(raw):<10s} {text}")
+    paths = _fast_paths() if device.type == "cuda" else {}
     print(f"functions on {device}:")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for short, public, op in FUNCTIONS:
             print(f"  {public:<51s} {_served_by(op, device, paths)}")
+    if device.type != "cuda":
+        print(f"fast paths: none apply on {device} (fast launch, PTX hints and the Gluon kernels serve compiled "
+              "launches on a GPU)")
+        return 0
     print(f"fast paths (Triton {triton_version}):" + ("" if paths else " not reported by this kvattn"))
     for name, state in paths.items():
         print(f"  {name:<12s} {state}")

@@ -1,6 +1,7 @@
 """Decode attention: paged batch decode and single-request decode.
 
-Both functions keep FlashInfer's signatures exactly; their semantics are kvattn's SPEC.
+Both functions keep FlashInfer's signatures exactly; what they compute is stated
+in docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from ._inputs import (
     check_window,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     paged_kv_from_cache,
     to_scale,
 )
@@ -80,7 +83,8 @@ def xqa_batch_decode_with_kv_cache(
         Scratch: its first 16 KB are the arrival counters of the split-KV merge (every call leaves
         them at zero), the split-KV partials follow. Zero it before its first use, and give calls
         that may run at the same time (other streams) workspaces of their own. Nothing else is
-        allocated when ``out`` is given.
+        allocated when ``out`` is given. At least 16400 bytes; :func:`kvattn.workspace_size` gives
+        the bytes with which it never limits the split count (docs/semantics.md, "Workspace").
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``
     seq_lens : torch.Tensor int32 or uint32 ``[B]``
         KV length of each request, including its ``q_len_per_req`` new tokens. 0 gives a zero output.
@@ -125,7 +129,7 @@ def xqa_batch_decode_with_kv_cache(
     return_lse : bool, keyword-only
         Also return each row's base-2 log-sum-exp of its scaled logits over its visible keys,
         float32 ``[B * q_len_per_req, Hq]``: ``-inf`` for a row that sees no key (an empty
-        request), and sinks never included (SPEC), so ``(out, lse)`` of a call without sinks is an
+        request), and sinks never included (docs/semantics.md), so ``(out, lse)`` of a call without sinks is an
         attention state :func:`kvattn.merge_states` merges exactly (see :mod:`kvattn.merge` for
         applying sinks once after a merge).
     lse : torch.Tensor float32 ``[B * q_len_per_req, Hq]``, keyword-only, optional
@@ -175,14 +179,19 @@ _BATCH_CACHE = CallCache("xqa_batch_decode_with_kv_cache")
 _SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)
 
 
+@hint_swaps(query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)), block_tables=looks("int", (2,)),
+            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _batch_decode(
     query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale=1.0, bmm2_scale=1.0,
     window_left=-1, out=None, sinks=None, kv_layout="NHD", enable_pdl=None, q_len_per_req=1, o_scale=1.0,
     mask=None, kv_cache_sf=None, *, return_lse=False, lse=None, kv_start=None, q_cu_seq_lens=None,
+    local_slice=False,
 ):
     """:func:`xqa_batch_decode_with_kv_cache`, and ``kv_start`` (int32 ``[B]``, on the query's
     device, optional): request ``b`` attends to no key before ``kv_start[b]``, which keeps a
-    request's keys a window cuts off out of a local slice (:mod:`kvattn.distributed`)."""
+    request's keys a window cuts off out of a local slice (:mod:`kvattn.distributed`);
+    ``local_slice``: ``seq_lens`` are a rank's local lengths, which may hold fewer keys than the
+    drafts (those lie on other ranks)."""
     check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3, contiguous_last=True)
     device, shape = query.device, query.shape
     head_dim = check_head_dim(shape[2], "query")
@@ -240,7 +249,7 @@ def _batch_decode(
     if kv_start is not None:
         check_tensor(kv_start, "kv_start", dtypes=(torch.int32,), device=device)
         check_shape(kv_start, "kv_start", (batch,))
-    debug_check_pages(kv, seq_lens, max_len=max_seq_len, q_len=1 if ragged else q_len,
+    debug_check_pages(kv, seq_lens, max_len=max_seq_len, q_len=1 if ragged or local_slice else q_len,
                       scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", bmm2.tensor)))
     if ragged:
         debug_check_drafts(q_cu_seq_lens, seq_lens, shape[0], q_len)

@@ -1,6 +1,6 @@
 """An independent dense float64 formulation of the five kvattn functions (the test oracle).
 
-Written from ``SPEC.md`` separately from :mod:`kvattn.reference`, and deliberately in a different
+Written from docs/semantics.md separately from :mod:`kvattn.reference`, and deliberately in a different
 style: no per-request loops. Every request's tokens are gathered at once into padded float64
 tensors ``[B, Lmax, Hkv, D]``; one boolean mask ``[B, Q, Lmax]`` says which key each query row sees
 (causal / speculative-decode bits / window / ragged prefill / ``seq_len``); the logits get the ALiBi
@@ -188,7 +188,7 @@ def _softmax_attention(q, k, v, visible, scale, *, bias=None, soft_cap=None, sin
 # positional pieces
 # ---------------------------------------------------------------------------------------------
 def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """float64 ``[num_heads]`` ALiBi slopes (SPEC section 3)."""
+    """float64 ``[num_heads]`` ALiBi slopes (docs/semantics.md, single decode)."""
     n = 1 << (num_heads.bit_length() - 1)  # largest power of two <= num_heads
     out = []
     for h in range(num_heads):
@@ -431,7 +431,7 @@ def mla(
 # 5. context (prefill)
 # ---------------------------------------------------------------------------------------------
 def skip_softmax_kept_tiles(logits, visible, lam, tile_m: int = 128, tile_n: int = 128):
-    """Which (row, key) survive skip-softmax for one request, re-derived from SPEC.
+    """Which (row, key) survive skip-softmax for one request, re-derived from docs/semantics.md.
 
     Parameters
     ----------

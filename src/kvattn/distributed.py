@@ -526,7 +526,7 @@ def batch_decode(
     decode._batch_decode(
         query, kv_cache, bufs.rest, block_tables, local_lens, sharding.local_max_seq_len(max_seq_len, rank),
         bmm1_scale, bmm2_scale, -1, bufs.part_o, None, kv_layout, enable_pdl, q_len, o_scale, local_mask,
-        kv_cache_sf, return_lse=True, lse=bufs.part_lse, kv_start=kv_start,
+        kv_cache_sf, return_lse=True, lse=bufs.part_lse, kv_start=kv_start, local_slice=True,
     )
     return _merge(bufs, group, world, rank, sinks, out, lse, scatter_heads, return_lse)
 
@@ -753,8 +753,8 @@ def single_decode(
     if mode == "ALIBI" and logits_soft_cap:
         raise ValueError("logits_soft_cap: not supported with ALIBI across ranks (the cap does not commute with "
                          "the bias offset)")
-    if workspace_buffer is not None:
-        check_workspace(workspace_buffer, "workspace_buffer", device)
+    if workspace_buffer is not None:  # (exchange buffers only: no fixed head)
+        check_workspace(workspace_buffer, "workspace_buffer", device, minimum=0)
     out_heads = heads // world if scatter_heads else heads
     out = _check_out(out, (out_heads, dim), q.dtype, device)
     lse = check_lse_out(lse, return_lse, 1, out_heads, device, shape=(out_heads,))

@@ -1,6 +1,6 @@
 """Quantised formats: fp8-e4m3 and NVFP4 (e2m1 values with e4m3 block scales).
 
-NVFP4 as kvattn stores it (``../SPEC.md``): two e2m1 codes per byte, element ``2i`` in the low
+NVFP4 as kvattn stores it (docs/semantics.md, "Formats"): two e2m1 codes per byte, element ``2i`` in the low
 nibble and ``2i + 1`` in the high nibble; a code is a sign bit (bit 3) and an index 0..7 into
 ``E2M1_VALUES``. Each run of 16 consecutive elements along the last dim has one float8_e4m3fn block
 scale, and a value is ``e2m1 * block_scale`` (times a global scale the caller folds elsewhere).

@@ -21,6 +21,8 @@ from ._inputs import (
     check_tensor,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     to_scale,
 )
 from .formats import FP8_DTYPE
@@ -66,6 +68,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     kv_cache : torch.Tensor ``[P, page_size, 576]`` or ``[P, 1, page_size, 576]`` = ``[ckv | kpe]``
         bfloat16 or float8_e4m3fn; row ``j`` is key ``j`` (all 576) and value ``j`` (first 512).
     workspace_buffer : torch.Tensor uint8 (zeroed before first use)
+        At least 16400 bytes; :func:`kvattn.workspace_size` gives the bytes a call can use.
     qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim : int
         Must be 128, 512, 64.
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``
@@ -119,6 +122,8 @@ def xqa_batch_decode_with_kv_cache_mla(
 _CACHE = CallCache("xqa_batch_decode_with_kv_cache_mla")
 
 
+@hint_swaps(query=looks("float", (3, 4)), kv_cache=looks("float", (3, 4)), block_tables=looks("int", (2,)),
+            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _mla(query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables, seq_lens,
          max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse):
     """:func:`xqa_batch_decode_with_kv_cache_mla`, the ordinary way."""

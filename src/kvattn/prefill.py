@@ -24,6 +24,8 @@ from ._inputs import (
     check_window,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     paged_kv_from_cache,
     to_scale,
 )
@@ -113,7 +115,8 @@ def trtllm_batch_context_with_kv_cache(
         64 tokens) are copied into it once a call as 16-bit values when they fit
         (``B * max_kv_len * Hkv * D * 4`` bytes past the first 16 KB, half that under an fp8 query):
         about 34 MB for one 8192-token request of 8 KV heads of D 128. A smaller workspace is
-        correct too, and slower (the pages are read as they are).
+        correct too, and slower (the pages are read as they are). At least 16400 bytes;
+        :func:`kvattn.workspace_size` gives the bytes a call can use.
     block_tables : torch.Tensor int32 ``[B, pages_per_seq]``, or ``[B, 2, pages_per_seq]`` (K, V page
         ids) with ``uses_shared_paged_kv_idx=False``
     seq_lens : torch.Tensor int32 or uint32 ``[B]``
@@ -213,6 +216,8 @@ def trtllm_batch_context_with_kv_cache(
 _CACHE = CallCache("trtllm_batch_context_with_kv_cache")
 
 
+@hint_swaps(query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)), block_tables=looks("int", (2, 3)),
+            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
              batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
              kv_layout, enable_pdl, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,

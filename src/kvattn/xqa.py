@@ -28,6 +28,8 @@ from ._inputs import (
     check_tensor,
     check_workspace,
     debug_check_pages,
+    hint_swaps,
+    looks,
     to_scale,
 )
 from ._formats_table import BY_NAME
@@ -136,6 +138,7 @@ def xqa(
         The query's dtype, float8_e4m3fn with a quantised cache (stored times ``rcp_out_scale``),
         or float32 (unrounded partial results to merge).
     workspace_buffer : torch.Tensor uint8 (zeroed before first use)
+        At least 16400 bytes; :func:`kvattn.workspace_size` gives the bytes a call can use.
     semaphores : torch.Tensor uint32 (checked; kvattn's split-KV merge keeps its counters in the workspace)
     num_kv_heads : int
     page_size : int in 16, 32, 64, 128
@@ -215,6 +218,8 @@ def xqa(
 _CACHE = CallCache("xqa")
 
 
+@hint_swaps(q=looks("float", (4,)), k_cache=looks("float", (2, 4)), page_table=looks("int", (2,)),
+            seq_lens=looks("int uint", (1, 2)), workspace_buffer=looks("byte", (1,)))
 def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
          sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse, enable_pdl=None,
          rcp_out_scale=1.0, q_seq_len=1, mask=None, q_cu_seq_lens=None, k_sf_cache=None, v_sf_cache=None):

@@ -63,7 +63,8 @@ def test_nvfp4_output(kv_format, o_sf_scale):
     q = randq(36, 4, 64, dtype=torch.float16 if kv_format == "nvfp4" else torch.bfloat16, seed=3)
     cq = torch.tensor([0, 30, 30, 36], dtype=torch.int32)
     out = trtllm_batch_context_with_kv_cache(
-        q, case.kv_cache, workspace(), case.block_tables, case.seq_lens, 30, 70, 0.125, 1.5, 3, cq, cq,
+        q, case.kv_cache, workspace(), case.block_tables, case.seq_lens, 30, 70, 0.125, 1.5, 3, cq,
+        torch.tensor([0, 30, 30, 100], dtype=torch.int32),
         out_dtype="nvfp4", o_sf_scale=o_sf_scale, o_sf_vec_size=16, kv_block_scales=case.kv_cache_sf)
     assert isinstance(out, FP4Tensor)
     assert out.scale.shape == (128, 16) and out.scale.dtype == FP8_DTYPE

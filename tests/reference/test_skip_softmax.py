@@ -41,7 +41,7 @@ def call(case, q, f, window_left=-1, sinks=None):
     cq = torch.tensor([0, LQ[0], sum(LQ)], dtype=torch.int32)
     out = trtllm_batch_context_with_kv_cache(
         q, case.kv_cache, workspace(), case.block_tables, case.seq_lens, max(LQ), max(LENS), SCALE, 1.0, 2, cq,
-        cq, window_left=window_left, kv_layout="NHD", sinks=sinks, skip_softmax_threshold_scale_factor=f)
+        torch.tensor([0, LENS[0], sum(LENS)], dtype=torch.int32), window_left=window_left, kv_layout="NHD", sinks=sinks, skip_softmax_threshold_scale_factor=f)
     return out, cq
 
 

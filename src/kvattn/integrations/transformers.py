@@ -140,9 +140,10 @@ def attend_paged(
             sinks=sinks, kv_layout="NHD",
         )
     out = torch.zeros_like(q)  # rows past cu_q[B] (CUDA-graph padding) stay finite
+    if cu_k is None:  # (prefill checks it against seq_lens: their prefix sums)
+        cu_k = torch.nn.functional.pad(seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
     return trtllm_batch_context_with_kv_cache(
-        q, (k_pages, v_pages), ws, tables, seq_lens, max_q, max_k, scale, 1.0, batch, cu_q,
-        cu_q if cu_k is None else cu_k,
+        q, (k_pages, v_pages), ws, tables, seq_lens, max_q, max_k, scale, 1.0, batch, cu_q, cu_k,
         window_left=window_left, out=out, kv_layout="NHD", sinks=sinks,
     )
 
@@ -360,10 +361,11 @@ def _dense_forward(module, query, key, value, scale, window_left, sinks):
     tables = (torch.arange(batch, device=dev, dtype=torch.int32).unsqueeze(1) * row
               + torch.arange(lk, device=dev, dtype=torch.int32).unsqueeze(0))
     seq_lens = torch.full((batch,), lk, dtype=torch.int32, device=dev)
-    cu_q = torch.arange(batch + 1, device=dev, dtype=torch.int32) * lq
+    steps = torch.arange(batch + 1, device=dev, dtype=torch.int32)
+    cu_q, cu_k = steps * lq, steps * lk
     q = query.transpose(1, 2).reshape(batch * lq, hq, d)
     out = attend_paged(q, k_pages, v_pages, tables, seq_lens, cu_q, max_q=lq, max_k=lk, scale=scale,
-                       window_left=window_left, sinks=sinks)
+                       window_left=window_left, sinks=sinks, cu_k=cu_k)
     return out.view(batch, lq, hq, d), None
 
 

@@ -1,4 +1,4 @@
-"""Plain-PyTorch implementation of every kvattn function, written from SPEC for clarity.
+"""Plain-PyTorch implementation of every kvattn function, written from docs/semantics.md for clarity.
 
 It is the CPU backend and the oracle the Triton kernels are tested against. It loops over the
 batch in Python and synchronises with the device freely: clarity, not speed.

@@ -638,6 +638,9 @@ class FakeGPU:
         monkeypatch.setattr(fast_launch, "driver", fake_driver, raising=False)
         monkeypatch.setattr(fast_launch, "_on_gpu", lambda t: True)  # CPU tensors stand in for GPU ones
         monkeypatch.setattr(fast_launch, "_device", types.SimpleNamespace(is_interpreter=lambda: False))
+        # Device values checked as on a GPU (only when asked): on these CPU tensors the checks would
+        # run by default, and their ops would keep calls from being recorded.
+        monkeypatch.setenv("KVATTN_DEBUG", "0")
         for name in ("decode_split_kernel", "decode_combine_kernel"):
             monkeypatch.setattr(decode_launch, name, JITFunction(getattr(decode_launch, name).fn))
         monkeypatch.setattr(append_launch, "append_kv_kernel", JITFunction(append_launch.append_kv_kernel.fn))

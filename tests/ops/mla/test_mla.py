@@ -18,7 +18,7 @@ import torch
 
 import kvattn
 from kvattn import dense, reference
-from kvattn._inputs import PagedKV, Scale
+from kvattn._inputs import MIN_WORKSPACE_BYTES, PagedKV, Scale
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import op as mla_op
@@ -108,7 +108,7 @@ GPU_CASES = [
     param("bf16-Hq128-long-split", lens=[16384, 5, 9000], hq=128, seed=5),
     param("bf16-Hq16-long-split-B1", lens=[30000], hq=16, seed=6),
     param("fp8-Hq128-ragged", lens=[1, 5000, 17, 12000, 0, 333], hq=128, kv_format="fp8", seed=7),
-    param("bf16-Hq16-tiny-workspace-no-split", lens=[20000, 3], hq=16, ws_bytes=16),
+    param("bf16-Hq16-tiny-workspace-no-split", lens=[20000, 3], hq=16, ws_bytes=MIN_WORKSPACE_BYTES),
     param("bf16-Hq128-workspace-two-splits", lens=[8000, 700], hq=128,
           ws_bytes=COUNTER_BYTES + 2 * 2 * 128 * 513 * 4 + 64),
     param("bf16-max_seq_len-capacity", lens=[100, 30, 0], hq=32, max_seq_len="capacity"),

@@ -345,7 +345,7 @@ def context_kernel(
         offs_b = tl.arange(0, HEAD_DIM // 2)
         tl.store(out_ptr + rows64[:, None] * stride_o_t + h * stride_o_h + offs_b[None, :], packed,
                  mask=row_ok[:, None])
-        # 128x4 swizzle (SPEC 5): row m (+ the tensor's start index), column k = h * D/16 + block.
+        # 128x4 swizzle (docs/semantics.md, "Formats"): row m (+ the tensor's start index), column k = h * D/16 + block.
         m = (rows + sf_row0).to(tl.int64)[:, None]
         kcol = (h * BLOCKS + tl.arange(0, BLOCKS)).to(tl.int64)[None, :]
         sf_off = (m // 128) * (sf_cols // 4) * 512 + (kcol // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 \
