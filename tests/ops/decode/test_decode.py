@@ -220,7 +220,7 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, tr
     built = []  # the split launches the plans build (plans are not cached under a config override)
     real = decode_launch._split_launch
     monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
-    ragged = [600, 3, 0, 97, 1] if not ON_GPU else [6000, 3, 0, 970, 1, 64, 2049]
+    ragged = [600, 3, 0, 97, 5] if not ON_GPU else [6000, 3, 0, 970, 5, 64, 2049]  # (lengths count the drafts)
     even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
     # (max_splits: the uniform split the plan falls back to merges in the kernel, which the
     # balanced launch needs)

@@ -16,13 +16,13 @@ import kvattn  # noqa: F401  (registers the ops)
 
 # the ops that write into their arguments (single_decode returns new tensors)
 OPS = ["batch_decode", "single_decode_into", "mla_decode", "context", "merge_states",
-       "append_paged_kv"]
+       "append_paged_kv", "ragged_pack", "ragged_unpack"]
 
 
 @pytest.mark.parametrize("name", OPS)
 def test_no_mutated_argument_has_a_default(name):
     import kvattn.ops.append.op, kvattn.ops.decode.op, kvattn.ops.merge.op, kvattn.ops.mla.op  # noqa: E401,F401
-    import kvattn.ops.prefill.op  # noqa: F401
+    import kvattn.ops.decode.ragged, kvattn.ops.prefill.op  # noqa: E401,F401
 
     schema = getattr(torch.ops.kvattn, name).default._schema
     mutated = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
@@ -32,7 +32,7 @@ def test_no_mutated_argument_has_a_default(name):
 
 def test_every_registered_op_is_listed():
     import kvattn.ops.append.op, kvattn.ops.decode.op, kvattn.ops.merge.op, kvattn.ops.mla.op  # noqa: E401,F401
-    import kvattn.ops.prefill.op  # noqa: F401
+    import kvattn.ops.decode.ragged, kvattn.ops.prefill.op  # noqa: E401,F401
 
     registered = {name for name in dir(torch.ops.kvattn) if isinstance(getattr(torch.ops.kvattn, name, None),
                                                                       torch._ops.OpOverloadPacket)}
