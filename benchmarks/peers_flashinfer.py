@@ -348,7 +348,7 @@ def _prefill_fns(fi, spec: AttnSpec, shape: Shape) -> callable:
     indptr, indices, last = csr_pages(p.tables, p.lens, p.page_size)
     w = fi.BatchPrefillWithPagedKVCacheWrapper(workspace(q.device, "wrapper"), p.layout, backend="fa3")
     _plan(lambda: w.plan(spec.native["cum_q"], indptr, indices, last, shape.num_qo_heads, shape.num_kv_heads,
-                         shape.head_dim, p.page_size, causal=True, sm_scale=spec.native["scale"],
+                         shape.head_dim, p.page_size, causal=shape.causal, sm_scale=spec.native["scale"],
                          q_data_type=q.dtype, kv_data_type=p.k.dtype, o_data_type=torch.bfloat16))
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     kv = (p.k, p.v)

@@ -265,7 +265,7 @@ def cases(world: int, quick: bool):
         ("mla-rr", mla_case, dict(lens=[0, 50, 97, 16])),
         ("mla-contig-scatter", mla_case, dict(lens=[50, 97, 5], scheme="contiguous", span=span, scatter=True)),
         # three tokens a request: one exactly Q long, one shorter, drafts across page (rank) boundaries
-        ("mla-rr-mtp", mla_case, dict(lens=[3, 50, 2, 33, 0], q_len=3)),
+        ("mla-rr-mtp", mla_case, dict(lens=[3, 50, 4, 33, 0], q_len=3)),
         ("mla-contig-mtp-scatter", mla_case, dict(lens=[4, 97, 31], q_len=4, scheme="contiguous", span=span,
                                                   scatter=True)),
         ("single", single_decode_case, dict(length=300)),

@@ -237,8 +237,9 @@ def test_run_list_names_the_new_rows_and_their_peers(capsys):
     assert len(lines) == 3
     assert lines[0].startswith("prefill bf16 4x512x16384 p64 HND ") and "kvattn + peers" in lines[0]
     assert lines[1].startswith("prefill bf16 mixed8 ") and "kvattn + peers" in lines[1]
-    # causal=False beside it: kvattn alone (the peers' formulations are causal)
-    assert lines[2].startswith("prefill bf16 4x512x16384 p64 HND bidirectional") and "kvattn only" in lines[2]
+    # causal=False beside it: no SDPA / flex peer (their formulations are causal), FlashInfer's fa3
+    # prefill with causal=False where it can be imported
+    assert lines[2].startswith("prefill bf16 4x512x16384 p64 HND bidirectional") and "+ peers" not in lines[2]
     assert run.main(["--suite", "prefill", "--filter", "p16", "--list", "--no-peers"]) == 0
     assert all("kvattn only" in x for x in capsys.readouterr().out.strip().splitlines())
 

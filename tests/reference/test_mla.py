@@ -143,8 +143,10 @@ def test_mtp_tokens_see_keys_up_to_their_position(q_len, hq):
 
 
 @pytest.mark.parametrize("q_len", [2, 4], ids=lambda q: f"Q{q}")
-def test_mtp_request_shorter_than_q(q_len):
-    """Rows at negative positions see no key: zero output, LSE -inf (the rows after them as usual)."""
+def test_mtp_request_shorter_than_q(q_len, monkeypatch):
+    """Rows at negative positions see no key: zero output, LSE -inf (the rows after them as usual).
+    (Such a request is a caller error that the checks report on CPU tensors by default: off here.)"""
+    monkeypatch.setenv("KVATTN_DEBUG", "0")
     lens = [1, 40] if q_len == 2 else [2, 3, 40]
     cache, table, lens_t = make_case(lens, seed=q_len)
     q = randq(len(lens), q_len, 16, DIM, seed=q_len)

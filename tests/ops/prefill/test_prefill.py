@@ -612,7 +612,7 @@ def test_torch_compile_traces_causal_false(kernel_device, triton_backend):
                          layout="HND", device=kernel_device, seed=5)
     q = torch.randn(23, 8, 64, device=kernel_device, dtype=torch.float16)
     cq, ckv = cum(lq).to(kernel_device), cum(lens).to(kernel_device)
-    ws = torch.zeros(16, dtype=torch.uint8, device=kernel_device)
+    ws = torch.zeros(1 << 16, dtype=torch.uint8, device=kernel_device)
 
     def step(q, kv, tables, lens_t, cq):
         bidir = kvattn.prefill.trtllm_batch_context_with_kv_cache(q, kv, ws, tables, lens_t, 20, 50, 0.125, 1.0, 2,
