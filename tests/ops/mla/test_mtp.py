@@ -106,7 +106,7 @@ def test_mla_mtp_heads_as_n(q_len, kernel_device):
     # (the production heads-as-N entry's tile and stages: 64 keys, 3 stages; the float16 table's own
     # would not fit a Hopper's shared memory with heads in N)
     with mla_configs.override(block_h=16, heads_as_n=True, **({"block_n": 16} if not ON_GPU else
-                                                               {"block_n": 64, "stages": 3, "warps": 8})):
+                                                               {"block_n": 64, "num_stages": 3, "num_warps": 8})):
         ops_mtp_case(kernel_device, lens=[q_len, 40, 0], q_len=q_len, hq=16 // q_len, page=16, seed=4)
 
 
