@@ -161,7 +161,7 @@ def fake_gpu() -> None:
     from kvattn.ops.decode import launch as decode_launch
 
     try:
-        from kvattn.ops.launch import fast_launch
+        from kvattn.runtime import fast_launch
     except ImportError:  # a kvattn from before the fast path (to compare with)
         fast_launch = None
     if not isinstance(decode_launch.decode_split_kernel, jit.JITFunction):
@@ -221,7 +221,7 @@ def triton_runs():
 
 def launches_of(fn) -> list:
     """The fast-path launches one call of ``fn`` makes, as ``(launch, call)`` to replay."""
-    from kvattn.ops.launch import fast_launch
+    from kvattn.runtime import fast_launch
 
     seen, call_launch = [], fast_launch.Launch.__call__
 

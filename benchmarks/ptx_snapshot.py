@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script
 # Where each kernel lives (the only thing to edit when a kernel moves).
 KERNELS = {
     "decode_split": "kvattn.ops.decode.kernels.decode_split_kernel",
-    "decode_combine": "kvattn.ops.decode.kernels.decode_combine_kernel",
+    "decode_combine": "kvattn.ops.common.combine.decode_combine_kernel",
     "ragged_pack": "kvattn.ops.decode.ragged.ragged_pack_kernel",
     "ragged_unpack": "kvattn.ops.decode.ragged.ragged_unpack_kernel",
     "mla_split": "kvattn.ops.mla.kernels.mla_split_kernel",

@@ -170,7 +170,7 @@ VARIANTS.update({
     "stream64w8nohint": {"block_n": 64, "num_warps": 8, "num_stages": 1, "evict_first": False},
 })
 # Contiguous 16-bit caches read by TMA (the table's tiles, and pipelined tiles that lost to the
-# hinted streaming ones), with and without the L2 evict_first hint (ops/launch/ptx_hints.py).
+# hinted streaming ones), with and without the L2 evict_first hint (runtime/ptx_hints.py).
 VARIANTS.update({
     "tma": {"tma": True},
     "tma_hint": {"tma": True, "evict_first": True},

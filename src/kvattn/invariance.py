@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Optional
 
-from . import _env
+from .runtime import env as _env
 
 
 def set_batch_invariant(enabled: Optional[bool]) -> None:
@@ -44,7 +44,7 @@ def set_batch_invariant(enabled: Optional[bool]) -> None:
     """
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"enabled: expected a bool or None, got {type(enabled).__name__}")
-    _env._BATCH_INVARIANT[0] = enabled
+    _env.force_batch_invariant(enabled)
 
 
 def is_batch_invariant() -> bool:
@@ -77,12 +77,11 @@ def batch_invariant(enabled: bool = True) -> Iterator[None]:
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
-    old = _env._BATCH_INVARIANT[0]
-    _env._BATCH_INVARIANT[0] = enabled
+    old = _env.force_batch_invariant(enabled)
     try:
         yield
     finally:
-        _env._BATCH_INVARIANT[0] = old
+        _env.force_batch_invariant(old)
 
 
 __all__ = ["set_batch_invariant", "is_batch_invariant", "batch_invariant"]

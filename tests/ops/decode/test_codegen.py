@@ -14,7 +14,7 @@ import re
 import pytest
 
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.launch import ptx_hints
+from kvattn.runtime import ptx_hints
 
 from ..sm90 import compile_sm90, gpu_verified_fact
 
@@ -109,10 +109,10 @@ def test_contig_one_row_tiles_fit_four_programs_an_sm():
 
 
 @pytest.mark.skipif(not ptx_hints.HOOK_SUPPORTED, reason="the TMA copies' L2 hint is gated to the stages hook "
-                    "of Triton 3.6 / 3.7 (ops/launch/ptx_hints.py); this Triton compiles them unhinted")
+                    "of Triton 3.6 / 3.7 (runtime/ptx_hints.py); this Triton compiles them unhinted")
 def test_rope_stream_tiles_copy_by_tma_with_a_policy_ptxas_writes():
     """RoPE's streaming tiles (the one-row kernel, K and V by TMA, KV_EVICT_FIRST): every TMA copy
-    carries the L2 policy created once at the entry (ops/launch/ptx_hints.py), no copy is a plain
+    carries the L2 policy created once at the entry (runtime/ptx_hints.py), no copy is a plain
     cp.async (which ptxas 12.8 miscompiles with a policy: an LDGSTS reading a descriptor register
     nothing writes), and in the SASS every UTMALDG's descriptor register pair is written before
     it. Registers stay at 4 programs an SM."""

@@ -23,7 +23,7 @@ import pytest
 import triton
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-from kvattn import _versions
+from kvattn.runtime import versions as _versions
 
 from ..sm90 import compile_sm90
 

@@ -22,7 +22,7 @@ from kvattn._inputs import PagedKV, Scale
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import op as mla_op
-from kvattn.ops.launch.workspace import COUNTER_BYTES
+from kvattn.runtime.workspace import COUNTER_BYTES
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled

@@ -138,7 +138,7 @@ def test_tma_views_of_each_page_form():
 def test_launch_names_every_kernel_parameter(monkeypatch):
     """The launch passes every kernel parameter by its name, once (per call from the call's values,
     fixed, or constexpr), and the options apart: ``fast_launch.Launch`` accepts it."""
-    from kvattn.ops.launch import fast_launch
+    from kvattn.runtime import fast_launch
 
     seen = []
 
@@ -580,7 +580,7 @@ def test_persistent_programs_walk_many_tiles(sms, variant, qdt, fmt, triton_back
     """A grid of a few programs, each taking dozens of tiles in turn: the rings' buffers and phases
     and the warpgroups' turns carry over from tile to tile (and over tiles without rows); other
     ring depths and tiles too; the converter's rings of an fp8 cache likewise."""
-    monkeypatch.setattr(kvattn._device, "sm_count", lambda device: sms)
+    monkeypatch.setattr(kvattn.runtime.device, "sm_count", lambda device: sms)
     if variant is not None:
         monkeypatch.setitem(prefill_configs._SM90_WS, 128, variant)
         for kind in ("fp8", "fp8qk"):
@@ -595,7 +595,7 @@ def test_persistent_programs_walk_many_tiles(sms, variant, qdt, fmt, triton_back
 def test_staging_leaves_the_decode_counters_at_zero(triton_backend, monkeypatch):
     """A staged call writes the workspace past the decode kernels' merge counters only: a decode
     call sharing the workspace then finds them at zero, as they must be at rest."""
-    from kvattn.ops.launch.workspace import ALIGN, COUNTER_BYTES
+    from kvattn.runtime.workspace import ALIGN, COUNTER_BYTES
     from kvattn.testing import make_paged_kv
 
     stage_always(monkeypatch)

@@ -19,7 +19,7 @@ import torch
 
 from kvattn._inputs import paged_kv_from_cache
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops.launch.workspace import COUNTER_BYTES
+from kvattn.runtime.workspace import COUNTER_BYTES
 from kvattn.ops.prefill import staging
 from kvattn.testing import make_paged_kv
 

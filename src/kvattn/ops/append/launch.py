@@ -15,9 +15,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..._formats_table import BY_DTYPE, BY_NAME
-from ..launch import fast_launch
-from ..launch.common import cdiv, device_guard, next_power_of_2
-from ..launch.plans import cached_plan
+from ...runtime import fast_launch
+from ...runtime.common import cdiv, device_guard, next_power_of_2
+from ...runtime.plans import cached_plan
 from .kernels import append_kv_kernel
 
 # Elements of one program's [BLOCK_H, BLOCK_D] tile: a few rows of a few hundred bytes each keep

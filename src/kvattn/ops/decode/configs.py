@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..._formats_table import BY_NAME
-from ..launch.plans import config_override
+from ...runtime.plans import config_override
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class DecodeConfig:
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
     evict_first: bool = False  # K/V marked evict_first in L2 (Triton keeps it on unpipelined loads; TMA: ptx_hints)
     max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
-    tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by ops/launch/ptx_hints.py)
+    tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by runtime/ptx_hints.py)
     invariant_span: int = 1024  # keys a split in batch-invariant mode (rounded up to BLOCK_N; invariant_splits)
     # Ragged batches (common.balance): the batch's keys cut into about balance_waves x resident
     # programs' worth of units (at least the uniform split's count), none under balance_min_chunk
@@ -115,7 +115,7 @@ _SM90_CONTIG = {
 # RoPE's streaming tiles: one query row an item (MHA single decode) over a contiguous 16-bit cache,
 # within the streaming spans. RoPE's tiles stay pipelined (its per-key query rotation needs the
 # copies in flight), read by TMA with the L2 evict_first hint that the streaming tiles get from
-# register loads (ops/launch/ptx_hints.py puts it on the TMA copies; Triton cannot). Measured on an H100
+# register loads (runtime/ptx_hints.py puts it on the TMA copies; Triton cannot). Measured on an H100
 # (NOTES.md "Single decode: the L2 hint on pipelined copies"): single decode RoPE 4096 38.4 -> 36.3 us (NONE 34.2); TMA
 # without the hint 39.9, 64-key tiles 37.1; past the streaming spans the hint loses (32768 191.5
 # -> 201.4). The entry is RoPE's own tile before config() halves it: 32 keys, 4 warps, 3 stages.
@@ -231,21 +231,6 @@ def balance_target(cfg: DecodeConfig, *, sm_count: int, programs_per_unit: int, 
     if cfg.max_per_sm:
         per_sm = min(per_sm, cfg.max_per_sm)
     return max(1, cfg.balance_waves * sm_count * per_sm // max(1, programs_per_unit))
-
-
-def invariant_span(cfg) -> int:
-    """Keys a split takes in batch-invariant mode: ``cfg.invariant_span`` rounded up to whole
-    tiles (a decode or MLA config). Fixed per config, which in that mode depends on the shape
-    class only (benchmarks/NOTES.md "Batch-invariant mode")."""
-    return -(-cfg.invariant_span // cfg.block_n) * cfg.block_n
-
-
-def invariant_splits(cfg, span: int) -> int:
-    """Splits a batch-invariant launch of key bound ``span`` (max_seq_len) has: enough spans of
-    :func:`invariant_span` keys for the longest request, and at least two, so every request's
-    output goes through the same merge (a one-split launch writes its rows straight from the
-    split, which rounds otherwise when sinks add to the denominator)."""
-    return max(2, -(-span // invariant_span(cfg)))
 
 
 def _fmt(kv_format: str) -> str:

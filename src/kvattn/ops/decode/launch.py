@@ -22,18 +22,19 @@ from typing import NamedTuple
 
 import torch
 
-from ... import _device, _env
+from ...runtime import device as _device, env as _env
 from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as decode_configs
-from ..launch import fast_launch
+from ...runtime import fast_launch
 from .kernels import decode_combine_kernel, decode_split_kernel
-from ..launch.common import (
+from ...runtime.common import (
     arch, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_aligned, words_allowed,
 )
-from ..launch.plans import cached_plan
-from ..launch.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
+from ...runtime.plans import cached_plan
+from ...runtime.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
 from ..common.balance import MAX_UNITS
+from ..common.splits import combine_block_s, invariant_span, invariant_splits
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -254,12 +255,12 @@ class _Plan:
     def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
         if self.invariant:
             cfg = cfg or self.config_for(span)
-            splits = decode_configs.invariant_splits(cfg, span)
+            splits = invariant_splits(cfg, span)
             if self.has_workspace and splits > self.fit:
                 per_split = self.rows_total * self.num_heads * (self.head_dim + 1) * 4
                 raise ValueError(
                     f"workspace_buffer: batch-invariant mode needs {splits} splits of "
-                    f"{decode_configs.invariant_span(cfg)} keys for max_seq_len={span}, at least "
+                    f"{invariant_span(cfg)} keys for max_seq_len={span}, at least "
                     f"{16 + 16384 + splits * per_split} bytes, got a workspace with room for {self.fit}")
             return splits
         return decode_configs.num_splits(
@@ -395,7 +396,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             MERGE_BLOCK_S=bal.merge_block_s if bal else _merge_block_s(plan, cfg, splits),
             PERSISTENT=persistent,
             USE_PDL=plan.gdc, HAS_KV_START=has["kv_start"],
-            SPLIT_SPAN=decode_configs.invariant_span(cfg) if plan.invariant else 0,
+            SPLIT_SPAN=invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
         ),
@@ -405,14 +406,6 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
         ),
         ptx_hints=tma and cfg.evict_first,
     )
-
-
-def combine_block_s(splits: int, head_dim: int, invariant: bool) -> int:
-    """Splits the combine kernel merges a round. Batch-invariant mode: a number fixed by the head
-    dim, so a request's splits fall into the same rounds (the same rounding) whatever the launch's
-    split count; the splits past a request's own are empty and merge exactly as no-ops."""
-    cap = max(1, 8192 // head_dim)
-    return min(16, cap) if invariant else min(next_power_of_2(splits), cap)
 
 
 def _combine_launch(plan: _Plan, splits: int) -> fast_launch.Launch:

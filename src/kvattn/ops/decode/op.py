@@ -6,7 +6,7 @@ arguments, then call :func:`batch_decode` or :func:`single_decode`, which unpack
 ``torch.ops.kvattn.batch_decode`` / ``single_decode``. Each operator is a ``torch.library.custom_op``
 with a fake implementation and exact ``mutates_args``, so ``torch.compile`` traces through the
 public functions (the kernels stay opaque calls); eager calls run the same launcher without the
-dispatcher (:func:`kvattn.ops.launch.common.entry`).
+dispatcher (:func:`kvattn.runtime.common.entry`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from ..._inputs import PagedKV, Scale
-from ..launch.common import entry
+from ...runtime.common import entry
 from .launch import launch_decode
 
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch.common import device_guard, entry, next_power_of_2
+from ...runtime.common import device_guard, entry, next_power_of_2
 
 
 def row_maps(q_cu: torch.Tensor, batch: int, q_max: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:

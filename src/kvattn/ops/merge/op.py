@@ -3,7 +3,7 @@
 :mod:`kvattn.merge` validates and flattens its arguments to rows, then calls :func:`merge_states`
 here. Registered with a fake implementation and its exact ``mutates_args`` (``out``,
 ``out_lse``), so ``torch.compile`` traces through the public functions; eager calls skip the
-dispatcher (:func:`kvattn.ops.launch.common.entry`), as the other families do.
+dispatcher (:func:`kvattn.runtime.common.entry`), as the other families do.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from ..launch.common import entry
+from ...runtime.common import entry
 from .launch import launch_local_lengths, launch_merge
 
 
@@ -39,7 +39,7 @@ def _merge_states_fake(o, lse, o_b, lse_b, sinks, out, out_lse) -> None:
 
 
 def merge_states(o, lse, o_b, lse_b, sinks, out, out_lse) -> None:
-    """The entry point (``kvattn._backend.TRITON_OPS["merge_states"]``): the operator while
+    """The entry point (``kvattn.runtime.backend.TRITON_OPS["merge_states"]``): the operator while
     ``torch.compile`` traces, else the launcher itself."""
     entry(merge_states_op, merge_states_impl)(o, lse, o_b, lse_b, sinks, out, out_lse)
 

@@ -13,8 +13,8 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..._formats_table import BY_NAME
-from ..launch.common import next_power_of_2
-from ..launch.plans import config_override
+from ...runtime.common import next_power_of_2
+from ...runtime.plans import config_override
 
 MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
 MIN_BLOCK_H = 16  # tl.dot's smallest M
@@ -33,7 +33,7 @@ class MLAConfig:
     qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, on wgmma)
     heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
     split_scores: bool = False  # score products unchained (layout fences): each warpgroup computes half of N
-    invariant_span: int = 1024  # keys a split in batch-invariant mode (decode_configs.invariant_splits)
+    invariant_span: int = 1024  # keys a split in batch-invariant mode (ops/common/splits.py)
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,

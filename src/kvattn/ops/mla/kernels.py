@@ -6,7 +6,7 @@ packs ``BLOCK_H`` heads into the M dim of its tensor-core products and streams i
 q_rope kpe^T``, the online softmax, then ``acc += P ckv`` with the ckv tile already loaded for S
 (the values are the keys' first 512 columns: one read of each row serves both products). Like
 the decode kernel it writes the final rows when the launch has one split, else a normalised
-partial ``(o, lse)`` per split that :func:`~..decode.kernels.decode_combine_kernel` merges.
+partial ``(o, lse)`` per split that :func:`~..common.combine.decode_combine_kernel` merges.
 
 Cost model (local sm_90a compiles and the H100 runs recorded in mla/configs.py). BLOCK_H 64
 (Hq >= 64) runs on wgmma with 8 warps, which the ``[64, 512]`` float32 accumulator needs (128

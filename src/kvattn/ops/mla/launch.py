@@ -4,7 +4,7 @@ Host-side facts only (shapes, strides, dtypes, the SM count, the bound ``max_seq
 waits for the device, and with a large enough workspace nothing is allocated, so a call can be
 captured in a CUDA graph and replayed with new lengths and tables. What a call derives from its
 facts is a :class:`_Plan`, cached under them; the split count is memoised per ``max_seq_len``.
-The partials are merged by the decode family's :func:`~..decode.kernels.decode_combine_kernel`.
+The partials are merged by the decode family's :func:`~..common.combine.decode_combine_kernel`.
 """
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ from typing import NamedTuple
 
 import torch
 
-from ... import _device, _env, _versions
+from ...runtime import device as _device, env as _env, versions as _versions
 from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as mla_configs
-from ..launch import fast_launch
-from ..decode import configs as decode_configs
-from ..decode.kernels import decode_combine_kernel
-from ..decode.launch import combine_block_s
-from ..launch.common import arch, device_guard, int32_lengths, kv_format_code, words_allowed
-from ..launch.plans import cached_plan
-from ..launch.workspace import partials_fit, split_partials
+from ...runtime import fast_launch
+from ..common.combine import decode_combine_kernel
+from ..common.splits import combine_block_s, invariant_span, invariant_splits
+from ...runtime.common import arch, device_guard, int32_lengths, kv_format_code, words_allowed
+from ...runtime.plans import cached_plan
+from ...runtime.workspace import partials_fit, split_partials
 from .kernels import mla_split_kernel
 
 try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
@@ -127,14 +126,14 @@ class _Plan:
         self.gluon = self.gluon or self.fp8_ws  # (a launch that takes a TMA descriptor of the cache)
         # Batch-invariant mode: fixed-span splits (the config depends on the shape class only).
         self.invariant = f.batch_invariant
-        self.split_span = decode_configs.invariant_span(cfg) if self.invariant else 0
+        self.split_span = invariant_span(cfg) if self.invariant else 0
         self.has_workspace = f.ws_numel is not None
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
     def num_splits(self, span: int) -> int:
         if self.invariant:
-            splits = decode_configs.invariant_splits(self.cfg, span)
+            splits = invariant_splits(self.cfg, span)
             if self.has_workspace and splits > self.fit:
                 per_split = self.batch * self.num_heads * (CKV_DIM + 1) * 4
                 raise ValueError(

@@ -4,7 +4,7 @@
 calls :func:`mla_decode`, which unpacks :class:`~kvattn._inputs.PagedKV` and
 :class:`~kvattn._inputs.Scale` into the flat operator ``torch.ops.kvattn.mla_decode`` (a
 ``torch.library.custom_op`` with a fake implementation and exact ``mutates_args``; eager calls
-skip the dispatcher, :func:`kvattn.ops.launch.common.entry`).
+skip the dispatcher, :func:`kvattn.runtime.common.entry`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..._inputs import PagedKV, Scale
-from ..launch.common import entry
+from ...runtime.common import entry
 from .launch import launch_mla
 
 

@@ -72,7 +72,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..common import causal_key_ranges, float16_operand, full_tile_softmax
 from ..common.gluon_compat import cp_async_load, cta_barrier, tma_load
 from ..common.gluon_dequant import f16_words, row_smem, words_view
-from ..launch import fast_launch
+from ...runtime import fast_launch
 from .configs import ws_config
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -906,7 +906,7 @@ def values_fit(q_dtype, k_dtype, v_dtype) -> bool:
 def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
     """``(config, k_view, v_view)`` (:func:`config_for`, :func:`tma_view`) where this kernel takes
     the launch, else None."""
-    from ... import _device, _versions
+    from ...runtime import device as _device, versions as _versions
 
     if interpreter or query.device.type != "cuda":
         return None

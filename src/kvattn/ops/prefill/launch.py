@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from ... import _device, _env
+from ...runtime import device as _device, env as _env
 from ..._formats_table import BY_DTYPE
 from ...formats import FP8_DTYPE
 from . import configs as prefill_configs
-from ..launch import fast_launch
-from ..launch.common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
+from ...runtime import fast_launch
+from ...runtime.common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
 from .kernels import context_kernel
 
 try:  # Triton >= 3.4
@@ -185,7 +185,7 @@ def launch_context(
         grid = (num_heads, batch, cdiv(max_q_len, cfg.block_m))
         ks, vs = k.stride(), v.stride()
         # Through a fast_launch.Launch (the compiled kernel's launcher; a call replayed from its
-        # metadata, kvattn._callcache, launches it again with new pointers and the TMA descriptors
+        # metadata, kvattn.runtime.callcache, launches it again with new pointers and the TMA descriptors
         # rebuilt on them: NOTES.md "Host path: calls replayed from their metadata").
         launch = fast_launch.launch_of(
             context_kernel, grid, layout=LAYOUT,

@@ -4,7 +4,7 @@ The public function :func:`kvattn.prefill.trtllm_batch_context_with_kv_cache` va
 normalises its arguments, then calls :func:`context`, which unpacks :class:`~kvattn._inputs.PagedKV`,
 :class:`~kvattn._inputs.Scale` and :class:`~kvattn.formats.FP4Tensor` into the flat operator
 ``torch.ops.kvattn.context`` (a ``torch.library.custom_op`` with a fake implementation and exact
-``mutates_args``; eager calls skip the dispatcher, :func:`kvattn.ops.launch.common.entry`).
+``mutates_args``; eager calls skip the dispatcher, :func:`kvattn.runtime.common.entry`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from ..._inputs import PagedKV, Scale
 from ...formats import FP4Tensor
-from ..launch.common import entry
+from ...runtime.common import entry
 from .launch import launch_context
 
 

@@ -37,9 +37,9 @@ from ..._inputs import cached_aliases
 from ...formats import FP8_DTYPE
 from ..common.dequant import load_kv_tile
 from ..common.paging import kv_token_offsets
-from ..launch import fast_launch
-from ..launch.common import kv_format_code, words_aligned, words_allowed
-from ..launch.workspace import scratch_start
+from ...runtime import fast_launch
+from ...runtime.common import kv_format_code, words_aligned, words_allowed
+from ...runtime.workspace import scratch_start
 from . import configs as prefill_configs
 
 STAGE_ALIGN = 1024  # bytes: each staged cache starts on a 1024-byte boundary (TMA wants 16)

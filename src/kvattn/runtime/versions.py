@@ -65,7 +65,7 @@ def gluon_verified(version: str | None = None) -> bool:
 def gluon_on() -> bool:
     """Whether launches may take a Gluon kernel where one exists: ``KVATTN_GLUON`` when set, else
     on with the GPU-verified Tritons only (Gluon's API and code generation move between releases)."""
-    from . import _env
+    from . import env as _env
 
     flag = _env.gluon()
     return gluon_verified() if flag is None else flag
@@ -77,7 +77,7 @@ def fast_paths() -> dict[str, str]:
     if version == "not installed":
         return {name: "off (no Triton: the reference backend serves every call)"
                 for name in ("fast_launch", "ptx_hints", "gluon")}
-    from .ops.launch import fast_launch, ptx_hints
+    from . import fast_launch, ptx_hints
 
     out = {}
     out["fast_launch"] = (f"on (Triton {version}: compiled launchers called directly)" if fast_launch.TRITON_SUPPORTED
@@ -85,7 +85,7 @@ def fast_paths() -> dict[str, str]:
     out["ptx_hints"] = ("on (stages hook set only around kvattn's marked launches)" if ptx_hints.HOOK_SUPPORTED
                         else f"off (hook protocol verified on Triton 3.6 / 3.7; {version} copies run unhinted)")
     try:
-        from .ops.common import gluon_compat  # noqa: F401
+        from ..ops.common import gluon_compat  # noqa: F401
     except ImportError as exc:
         out["gluon"] = f"off (Gluon unavailable: {exc})"
     else:

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from . import _env
+from . import env as _env
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._inputs import cached_aliases
+from .._inputs import cached_aliases
 
 ALIGN = 16  # bytes: the workspace's views start on its first 16-byte boundary
 # From there, the workspace's first COUNTER_BYTES are the int32 arrival counters of the decode
@@ -81,9 +81,9 @@ def launch_counters(workspace, device: torch.device, count: int) -> torch.Tensor
 
 # Partials of launches without a workspace (single decode), kept per (device, stream) like the
 # counters above (calls on one stream run in order, so they may share them), grown when a call needs
-# more. Recorded calls (kvattn._callcache) hold their address: growing one forgets every recording.
+# more. Recorded calls (kvattn.runtime.callcache) hold their address: growing one forgets every recording.
 _STREAM_PARTIALS: dict[tuple, torch.Tensor] = {}
-KEPT_CHANGED: list = []  # called when a kept buffer is replaced (kvattn._callcache forgets its recordings)
+KEPT_CHANGED: list = []  # called when a kept buffer is replaced (kvattn.runtime.callcache forgets its recordings)
 
 
 def split_partials(needed: bool, workspace, numel_o: int, numel_lse: int, out: torch.Tensor):

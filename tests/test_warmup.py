@@ -12,7 +12,7 @@ import kvattn
 from kvattn import _warmup
 from kvattn.testing import make_paged_kv
 
-from .test_fast_launch import FAST_PATH_TRITON, GPU_ONLY, FakeGPU
+from runtime.test_fast_launch import FAST_PATH_TRITON, GPU_ONLY, FakeGPU
 
 CPU = torch.device("cpu")
 CONFIG = dict(dtype=torch.float16, num_qo_heads=16, num_kv_heads=2, head_dim=128, page_size=16, batch_sizes=[1, 3],

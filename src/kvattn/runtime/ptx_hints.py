@@ -30,7 +30,7 @@ import re
 import triton
 import triton.language as tl
 
-from ..._device import is_interpreter
+from .device import is_interpreter
 
 # Bump the version when the rewrite changes (here and in mark_copies_evict_first's asm): the
 # marker's text is in the kernel's source, hence in its Triton cache key.

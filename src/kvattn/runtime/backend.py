@@ -1,7 +1,7 @@
 """Which implementation runs a call: the Triton kernels or the plain-PyTorch reference.
 
 Default: Triton for CUDA tensors, the reference for CPU tensors. ``KVATTN_BACKEND`` overrides
-(see :mod:`kvattn._env`). An op whose Triton kernel does not exist yet runs the reference and says
+(see :mod:`kvattn.runtime.env`). An op whose Triton kernel does not exist yet runs the reference and says
 so once, so the API is complete on every device.
 
 Which ops have Triton kernels is the static table :data:`TRITON_OPS` (op name -> the module of
@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from . import _env
+from . import env as _env
 
 # op -> the module holding its Triton entry point (a function of the op's name). A new kernel
 # family adds its ops here.

@@ -13,8 +13,8 @@ import contextlib
 
 import torch
 
-from ... import _device
-from ..._formats_table import BY_DTYPE, BY_NAME
+from . import device as _device
+from .._formats_table import BY_DTYPE, BY_NAME
 
 _CURRENT_DEVICE = contextlib.nullcontext()  # (reusable: it holds no state)
 

@@ -1,4 +1,4 @@
-"""Every call form of the five public functions replayed on the GPU (kvattn._callcache): output
+"""Every call form of the five public functions replayed on the GPU (kvattn.runtime.callcache): output
 given or allocated, LSE not asked for, allocated or given, pages of 16 and 64, a bf16 and an fp8
 cache. Each form is replayed (the cache's hit count grows), gives the bits of the same call with
 the cache off, and agrees with the reference backend on CPU copies; allocated outputs are fresh
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import _callcache
+from kvattn.runtime import callcache as _callcache
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 ON_GPU = torch.cuda.is_available()

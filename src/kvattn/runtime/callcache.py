@@ -11,7 +11,7 @@ How. A :class:`CallCache` per public function keys calls on :func:`_flatten`: pe
 its shape, strides, dtype, device and data pointer modulo 16 (Triton specialises on 16-byte
 alignment; the checks read no finer alignment); per other argument its value and type (so that
 ``True`` and ``1``, ``1`` and ``1.0`` differ); the raw values of kvattn's environment switches.
-On a miss the call runs as always, while :mod:`.ops.launch.fast_launch` records every launch it
+On a miss the call runs as always, while :mod:`.fast_launch` records every launch it
 makes. The record becomes an entry only if nothing in the call escapes replay:
 
 * every launch went through the fast path to an already compiled kernel (the first call of each
@@ -25,7 +25,7 @@ makes. The record becomes an entry only if nothing in the call escapes replay:
   ``torch.empty_strided`` on every replay (only those a launch reads, the call fills or returns);
 * every pointer a launch received lies in exactly one tensor argument's or allocation's storage
   (it is then that tensor's data pointer plus an offset fixed by the metadata), or is a buffer
-  kvattn keeps per stream (single decode's merge counters, :mod:`.ops.launch.workspace`): such an
+  kvattn keeps per stream (single decode's merge counters, :mod:`.workspace`): such an
   entry is valid on its stream only. A TMA tensor descriptor counts by its base pointer; a replay
   rebuilds it on the new pointer with the recorded shape, strides and block (functions of the
   key's metadata);
@@ -63,7 +63,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _env
+from . import env as _env
 
 MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache starts over
 MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
@@ -84,7 +84,7 @@ _MISSING = object()
 _is_compiling = torch.compiler.is_compiling
 _suspended = 0  # > 0 while a config override is active (plans then depend on more than the facts)
 _caches: list["CallCache"] = []
-_fast_launch = _workspace = None  # kvattn.ops.launch's modules, once a call has been recorded (_load)
+_fast_launch = _workspace = None  # kvattn.runtime's modules, once a call has been recorded (_load)
 _forgotten = [0]  # times every recording was forgotten: a recording across one is not kept
 
 
@@ -248,7 +248,7 @@ class _Watch(TorchDispatchMode):
 
 
 class Record:
-    """What one ordinary call launched (filled by :mod:`.ops.launch.fast_launch`), and why it may not
+    """What one ordinary call launched (filled by :mod:`.fast_launch`), and why it may not
     be replayed (``spoiled``)."""
 
     def __init__(self):
@@ -304,7 +304,7 @@ class _Entry:
 def _load() -> None:
     """Import the launch modules (they import Triton: not before a call is recorded)."""
     global _fast_launch, _workspace
-    from .ops.launch import fast_launch, workspace
+    from . import fast_launch, workspace
 
     workspace.KEPT_CHANGED.append(_forget_recordings)  # recordings hold the kept buffers' addresses
     _fast_launch, _workspace = fast_launch, workspace
@@ -312,7 +312,7 @@ def _load() -> None:
 
 def _kept_buffers() -> list:
     """``(start, end)`` of the buffers kvattn keeps per stream (single decode's counters and
-    partials, :mod:`.ops.launch.workspace`)."""
+    partials, :mod:`.workspace`)."""
     workspace = _workspace
     return [(b, b + t.untyped_storage().nbytes()) for t in workspace.kept_buffers() for b in (t.data_ptr(),)]
 

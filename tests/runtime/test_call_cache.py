@@ -1,4 +1,4 @@
-"""Calls replayed from their metadata (kvattn._callcache), over the faked GPU of test_fast_launch:
+"""Calls replayed from their metadata (kvattn.runtime.callcache), over the faked GPU of test_fast_launch:
 a replay hands the launcher exactly what the ordinary path hands it for the same tensors; any
 change of metadata, scalar, switch or stream misses; errors, debug checks and config overrides are
 never replayed. (Calls that allocate their output or LSE: test_call_cache_forms.py.)"""
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import _callcache
+from kvattn.runtime import callcache as _callcache
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.launch import fast_launch
+from kvattn.runtime import fast_launch
 from kvattn.testing import make_paged_kv
 
 from .test_fast_launch import FAST_PATH_TRITON, FakeGPU, _as_seen
@@ -85,7 +85,7 @@ def fake_hopper(monkeypatch):
     """The launchers plan for a Hopper GPU (over FakeGPU's CPU tensors): MLA's and prefill's Gluon
     kernels, and prefill's Triton kernel with TMA descriptors (KVATTN_GLUON=0), take the launches
     their GPU tests prove they take there."""
-    from kvattn.ops.launch import common as launch_common
+    from kvattn.runtime import common as launch_common
     from kvattn.ops.mla import launch as mla_launch
     from kvattn.ops.prefill import gluon_ws as prefill_ws
     from kvattn.ops.prefill import launch as prefill_launch
@@ -99,7 +99,7 @@ def fake_hopper(monkeypatch):
     monkeypatch.setattr(prefill_launch, "words_allowed", lambda *args: False)
 
     def plan(query, k, v, out, *, skip, nvfp4_out, interpreter):  # gluon_ws.plan less its "on a GPU" test
-        if not prefill_ws.eligible(hopper=True, gluon_on=kvattn._versions.gluon_on(), q_dtype=query.dtype,
+        if not prefill_ws.eligible(hopper=True, gluon_on=kvattn.runtime.versions.gluon_on(), q_dtype=query.dtype,
                                    kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1],
                                    skip=skip, nvfp4_out=nvfp4_out):
             return None
@@ -303,7 +303,7 @@ def test_the_python_batch_invariant_override_misses(monkeypatch):
 
     fake, fn, args, kwargs = setup(monkeypatch, "batch")
     cache = cache_of(fn)
-    monkeypatch.setattr(kvattn._env, "_BATCH_INVARIANT", kvattn._env._BATCH_INVARIANT)
+    monkeypatch.setattr(kvattn.runtime.env, "_BATCH_INVARIANT", kvattn.runtime.env._BATCH_INVARIANT)
     try:
         kvattn.set_batch_invariant(True)
         hits = cache.hits
@@ -315,7 +315,7 @@ def test_the_python_batch_invariant_override_misses(monkeypatch):
 
 
 def test_every_switch_is_in_the_key():
-    from kvattn import _callcache, _env
+    from kvattn.runtime import callcache as _callcache, env as _env
 
     assert set(_env.SWITCH_NAMES) <= set(_callcache._ENV_NAMES)
     assert "KVATTN_BATCH_INVARIANT" in _env.SWITCH_NAMES
@@ -524,7 +524,7 @@ def test_a_replay_asks_is_compiling_once_and_parses_no_switch(monkeypatch):
     """A replayed call checks torch.compile once and parses no switch: their raw values are in the
     key (read once per call), KVATTN_CALL_CACHE's meaning is kept per raw values, and the fast
     path was on when the entry was recorded under the same values."""
-    from kvattn import _env
+    from kvattn.runtime import env as _env
 
     fake, fn, args, kwargs = setup(monkeypatch, "batch")
     replayed(fake, fn, args, kwargs)  # (KVATTN_CALL_CACHE's meaning for these values, kept)

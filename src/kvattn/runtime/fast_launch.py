@@ -59,11 +59,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 import triton
 
-from ... import _device, _env
+from . import device as _device, env as _env
 from .ptx_hints import applied as ptx_hints_applied
 
 # The Triton versions whose specialisation rules and launcher this module was verified against
-# (tests/ops/launch/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
+# (tests/runtime/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
 # 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher's C
 # entry point takes the kernel's parameters as one sequence (see :func:`_c_launcher`).
 FAST_LAUNCH_VERSIONS = ("3.6", "3.7")
@@ -805,9 +805,9 @@ def launch_of(kernel, grid: Sequence[int], *, layout: CallLayout, per_call: dict
 
 
 # ---------------------------------------------------------------------------------------------
-# recording a call's launches and replaying them (kvattn._callcache)
+# recording a call's launches and replaying them (kvattn.runtime.callcache)
 # ---------------------------------------------------------------------------------------------
-_RECORDER = None  # the kvattn._callcache.Record of the call being recorded, if any
+_RECORDER = None  # the kvattn.runtime.callcache.Record of the call being recorded, if any
 _add = operator.add
 
 
@@ -857,11 +857,11 @@ _cuda_get_device = getattr(torch._C, "_cuda_getDevice", _torch_current_device)  
 
 
 def replay(entry, ptrs: list):
-    """Launch a recorded call's launches (``kvattn._callcache._Entry``) for a call whose tensor
+    """Launch a recorded call's launches (``kvattn.runtime.callcache._Entry``) for a call whose tensor
     arguments have the data pointers ``ptrs``: True, or False (nothing
     launched) where the fast path would not launch them all as recorded now.
 
-    Only for a call whose key (``kvattn._callcache._flatten``) equals the recorded call's: the key
+    Only for a call whose key (``kvattn.runtime.callcache._flatten``) equals the recorded call's: the key
     holds the raw value of every switch, so ``KVATTN_FAST_LAUNCH`` and ``TRITON_INTERPRET`` read as
     they did while the call was recorded (the fast path was on: :func:`fast_path_enabled` less its
     launch hooks). Checked here, what the key does not hold: no launch hooks, Triton's debug knobs,

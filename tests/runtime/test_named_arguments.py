@@ -13,7 +13,7 @@ import torch
 import kvattn
 from kvattn.ops.append import launch as append_launch
 from kvattn.ops.decode import launch as decode_launch
-from kvattn.ops.launch import fast_launch
+from kvattn.runtime import fast_launch
 from kvattn.ops.mla import launch as mla_launch
 from kvattn.testing import make_paged_kv
 

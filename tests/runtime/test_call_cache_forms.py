@@ -1,4 +1,4 @@
-"""Every call form replayed (kvattn._callcache), over the faked GPU of test_fast_launch: calls
+"""Every call form replayed (kvattn.runtime.callcache), over the faked GPU of test_fast_launch: calls
 that let kvattn allocate their output and / or LSE are recorded with their allocations and
 replayed with fresh ones of the same shape, strides, dtype and device; a replay hands the launcher
 what the ordinary call hands it for the tensors it returned; a shape change misses and allocates
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import _callcache
+from kvattn.runtime import callcache as _callcache
 from kvattn.testing import make_paged_kv
 
 from .test_call_cache import CASES, HOPPER, cache_of, fake_hopper, fresh, ordinary
@@ -208,7 +208,7 @@ def test_a_kept_buffer_replaced_inside_a_recording_is_not_taken_for_an_allocatio
     """Single decode's partials, kept per stream, made afresh inside the recorded call (grown, or a
     new stream's): that recording is dropped, and the next one reads the kept buffer as such (no
     allocation made on every replay)."""
-    from kvattn.ops.launch import workspace
+    from kvattn.runtime import workspace
 
     fake = _start(monkeypatch, "single")
     fn, args, kwargs = BUILDERS["single"]()

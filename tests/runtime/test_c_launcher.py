@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 
-from kvattn.ops.launch import fast_launch
+from kvattn.runtime import fast_launch
 
 from .test_fast_launch import FAST_PATH_TRITON
 

@@ -155,6 +155,14 @@ def batch_invariant() -> bool:
     return _batch_invariant_env() if forced is None else forced
 
 
+def force_batch_invariant(enabled: bool | None) -> bool | None:
+    """Set the Python override of ``KVATTN_BATCH_INVARIANT`` (None: follow the variable) and
+    return the override it replaces (:mod:`kvattn.invariance`)."""
+    old = _BATCH_INVARIANT[0]
+    _BATCH_INVARIANT[0] = enabled
+    return old
+
+
 triton_interpret = _switch("TRITON_INTERPRET", lambda raw: _parse_flag(raw, False), "triton_interpret",
                            "Whether Triton runs its interpreter (``TRITON_INTERPRET=1``).")
 

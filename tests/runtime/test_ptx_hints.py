@@ -1,5 +1,5 @@
 """The PTX rewrite that puts an L2 evict-first policy on a marked kernel's TMA copies
-(``kvattn.ops.launch.ptx_hints``), on PTX text (CPU). What ptxas makes of it is pinned on an sm_90a
+(``kvattn.runtime.ptx_hints``), on PTX text (CPU). What ptxas makes of it is pinned on an sm_90a
 compile in ``tests/ops/decode/test_codegen.py``, its speed in ``benchmarks/NOTES.md``
 "Single decode: the L2 hint on pipelined copies"."""
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 import triton
 
-from kvattn.ops.launch import ptx_hints
+from kvattn.runtime import ptx_hints
 
 COPY = ("@%p2 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
         "[%r8], [%rd3, {%r31, %r9, %r275}], [%r6];")
@@ -123,7 +123,7 @@ def test_applied_is_a_no_op_on_versions_it_was_not_verified_with(monkeypatch):
 
 def test_importing_kvattn_sets_no_hook():
     """A fresh interpreter: importing every kvattn module leaves Triton's process-wide hook unset."""
-    code = ("import triton, kvattn, kvattn.ops, kvattn.ops.decode.kernels, kvattn.ops.launch.fast_launch; "
+    code = ("import triton, kvattn, kvattn.ops, kvattn.ops.decode.kernels, kvattn.runtime.fast_launch; "
             "assert triton.knobs.runtime.add_stages_inspection_hook is None")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -29,7 +29,7 @@ def config_override(state: dict, cache_clear: Callable[[], None]):
 
     @contextlib.contextmanager
     def override(**fields) -> Iterator[None]:
-        from ..._callcache import suspend  # recorded calls hold the plans of the table as it was
+        from .callcache import suspend  # recorded calls hold the plans of the table as it was
 
         old = dict(state)
         state.update(fields)
