@@ -49,7 +49,7 @@ QUANTISED_ONLY = ("nostage", "stage", "stageonly", "qk3")  # variants of quantis
 @contextlib.contextmanager
 def _variant(name: str, head_dim: int):
     from kvattn.ops.prefill import configs as prefill_configs
-    from kvattn.ops.prefill import gluon_ws as prefill_ws
+    from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
     from kvattn.ops.prefill import staging
 
     saved_env = os.environ.get("KVATTN_GLUON")

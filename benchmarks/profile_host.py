@@ -158,7 +158,7 @@ def fake_gpu() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import CompiledKernel
 
-    from kvattn.ops.decode import launch as decode_launch
+    from kvattn.ops.decode import plan as decode_launch
 
     try:
         from kvattn.runtime import fast_launch

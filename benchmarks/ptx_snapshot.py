@@ -35,14 +35,14 @@ if __package__ in (None, ""):  # run as a script
 KERNELS = {
     "decode_split": "kvattn.ops.decode.kernels.decode_split_kernel",
     "decode_combine": "kvattn.ops.common.combine.decode_combine_kernel",
-    "ragged_pack": "kvattn.ops.decode.ragged.ragged_pack_kernel",
-    "ragged_unpack": "kvattn.ops.decode.ragged.ragged_unpack_kernel",
+    "ragged_pack": "kvattn.ops.decode.kernels_ragged.ragged_pack_kernel",
+    "ragged_unpack": "kvattn.ops.decode.kernels_ragged.ragged_unpack_kernel",
     "mla_split": "kvattn.ops.mla.kernels.mla_split_kernel",
-    "mla_gluon": "kvattn.ops.mla.gluon.mla_gluon_kernel",
-    "mla_gluon_ws": "kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel",
+    "mla_gluon": "kvattn.ops.mla.kernels_gluon.mla_gluon_kernel",
+    "mla_gluon_ws": "kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
     "context": "kvattn.ops.prefill.kernels.context_kernel",
-    "prefill_ws": "kvattn.ops.prefill.gluon_ws.prefill_ws_kernel",
-    "stage_pages": "kvattn.ops.prefill.staging.stage_pages_kernel",
+    "prefill_ws": "kvattn.ops.prefill.kernels_gluon_ws.prefill_ws_kernel",
+    "stage_pages": "kvattn.ops.prefill.kernels_staging.stage_pages_kernel",
     "append_kv": "kvattn.ops.append.kernels.append_kv_kernel",
     "merge_states": "kvattn.ops.merge.kernels.merge_states_kernel",
     "local_lengths": "kvattn.ops.merge.kernels.local_lengths_kernel",
@@ -85,7 +85,7 @@ _WS_PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32"
             "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32"}
 _WS = dict(HEAD_DIM=128, PAGE_SIZE=64, GROUP=4, BLOCK_N=128, STAGES=2, HAS_WINDOW=False, HAS_SINKS=False,
            LOGIT_PTR=False, OUT_PTR=False, PINGPONG=False, KV_FP8=False, V_STAGED=False, CAUSAL=True)
-_WS_MAXNREG = 168  # ops/prefill gluon_ws.MAXNREG: a launch option, not a constexpr
+_WS_MAXNREG = 168  # ops/prefill/plan_gluon_ws.MAXNREG: a launch option, not a constexpr
 
 
 def _decode_table(kind: str, kv_format: str = "bfloat16", rope: bool = False) -> dict:

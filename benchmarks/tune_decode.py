@@ -232,7 +232,7 @@ def variant(name: str):
     even where they could be read as words; ``_env`` sets environment switches. Cached launch
     plans are dropped on entry and exit."""
     from kvattn.ops.decode import configs as decode_configs
-    from kvattn.ops.decode import launch as decode_launch
+    from kvattn.ops.decode import plan as decode_launch
     from kvattn._formats_table import BY_NAME
 
     fields = dict(VARIANTS[name])

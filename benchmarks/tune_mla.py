@@ -98,7 +98,7 @@ def main(argv=None, grid=None) -> int:
     """``grid``: the shapes to time (default: the registry's MLA shapes), before ``--filter``."""
     args = tuning.parse_args(__doc__, argv)
     from kvattn.ops.mla import configs as mla_configs
-    from kvattn.ops.mla import launch as mla_launch
+    from kvattn.ops.mla import plan as mla_launch
 
     def context_for(shape, name):
         @contextlib.contextmanager

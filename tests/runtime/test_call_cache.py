@@ -86,9 +86,9 @@ def fake_hopper(monkeypatch):
     kernels, and prefill's Triton kernel with TMA descriptors (KVATTN_GLUON=0), take the launches
     their GPU tests prove they take there."""
     from kvattn.runtime import common as launch_common
-    from kvattn.ops.mla import launch as mla_launch
-    from kvattn.ops.prefill import gluon_ws as prefill_ws
-    from kvattn.ops.prefill import launch as prefill_launch
+    from kvattn.ops.mla import plan as mla_launch
+    from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
+    from kvattn.ops.prefill import plan as prefill_launch
 
     monkeypatch.setenv("KVATTN_GLUON", os.environ.get("KVATTN_GLUON", "1"))
     monkeypatch.setattr(mla_launch, "arch", lambda device, interpreter: "sm90")

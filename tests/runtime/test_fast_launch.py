@@ -1,4 +1,4 @@
-"""The fast launch path (``kvattn.runtime.fast_launch``) and the cached launch plans of ``ops/decode/launch.py``.
+"""The fast launch path (``kvattn.runtime.fast_launch``) and the cached launch plans of ``ops/decode/plan.py``.
 
 CPU tier: the specialisation rules against Triton's own ``native_specialize_impl``, what changes a
 launch key, launch plans, cached views, the environment switches, and the launcher's handling of
@@ -29,14 +29,14 @@ from kvattn.runtime import env as _env
 from kvattn import _inputs
 from kvattn._formats_table import BY_NAME
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops.append import launch as append_launch
+from kvattn.ops.append import plan as append_launch
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.decode import plan as decode_launch
 from kvattn.runtime import fast_launch
 from kvattn.runtime import common as launch_common
 from kvattn.runtime import workspace as launch_workspace
-from kvattn.ops.mla import launch as mla_launch
-from kvattn.ops.prefill import launch as prefill_launch
+from kvattn.ops.mla import plan as mla_launch
+from kvattn.ops.prefill import plan as prefill_launch
 from kvattn.testing import make_paged_kv, poison_
 
 ON_GPU = torch.cuda.is_available()

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import kvattn
-from kvattn.ops.append import launch as append_launch
-from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.append import plan as append_launch
+from kvattn.ops.decode import plan as decode_launch
 from kvattn.runtime import fast_launch
-from kvattn.ops.mla import launch as mla_launch
+from kvattn.ops.mla import plan as mla_launch
 from kvattn.testing import make_paged_kv
 
 

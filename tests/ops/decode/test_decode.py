@@ -20,7 +20,7 @@ import kvattn
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import make_paged_kv, poison_
 
 from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, off_by_one, run_both

@@ -20,7 +20,7 @@ from kvattn.runtime import device as _device
 from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import relative_error
 
 from ..oracle import GPU_ONLY, ON_GPU

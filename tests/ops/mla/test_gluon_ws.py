@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla.gluon_ws``).
+"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla.kernels_gluon_ws``).
 
 GPU (Hopper): the public function against the oracles on the launches the kernel takes (a 16-bit
 cache with a query of its dtype, Hq 33-128, or an e4m3 query over an e4m3 cache, Hq 17-128; pages of
@@ -21,7 +21,7 @@ import torch
 
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
-from kvattn.ops.mla import launch as mla_launch
+from kvattn.ops.mla import plan as mla_launch
 
 from .test_mla import GPU_LENS, _fits, graph_replay_case, mla_case
 

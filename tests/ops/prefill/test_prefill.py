@@ -25,7 +25,7 @@ from kvattn import dense
 from kvattn._formats_table import BY_NAME
 from kvattn.formats import FP8_DTYPE, FP8_MAX, FP4Tensor, dequantize_nvfp4_output, quantize_nvfp4_output
 from kvattn.ops.prefill import configs as prefill_configs
-from kvattn.ops.prefill import launch as prefill_launch
+from kvattn.ops.prefill import plan as prefill_launch
 from kvattn.ops.common import quantize_nvfp4_rows
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
@@ -506,7 +506,7 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     kernel's; a quantised cache's pages staged in the workspace first, by a launch the graph
     holds too); rows no request owns stay as they were."""
     from kvattn.runtime import device as _device, versions as _versions
-    from kvattn.ops.prefill import gluon_ws as prefill_ws
+    from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
     from kvattn.ops.prefill import staging
 
     ws_launches = returns_of(monkeypatch, prefill_ws, "launch")

@@ -16,7 +16,7 @@ import torch
 
 from ..._inputs import PagedKV, Scale
 from ...runtime.common import entry
-from .launch import launch_append
+from .plan import launch_append
 
 
 def append_paged_kv(

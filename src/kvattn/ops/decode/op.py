@@ -17,7 +17,7 @@ import torch
 
 from ..._inputs import PagedKV, Scale
 from ...runtime.common import entry
-from .launch import launch_decode
+from .plan import launch_decode
 
 
 def batch_decode(

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ...runtime.common import entry
-from .launch import launch_local_lengths, launch_merge
+from .plan import launch_local_lengths, launch_merge
 
 
 def merge_states_impl(
@@ -46,5 +46,5 @@ def merge_states(o, lse, o_b, lse_b, sinks, out, out_lse) -> None:
 
 def local_lengths(seq_lens, lens_out, start_out, **kw) -> None:
     """The entry point ``local_lengths``: a context-parallel rank's local lengths and window
-    starts (:mod:`kvattn.distributed`), one launch (:func:`.launch.launch_local_lengths`)."""
+    starts (:mod:`kvattn.distributed`), one launch (:func:`.plan.launch_local_lengths`)."""
     launch_local_lengths(seq_lens, lens_out, start_out, **kw)

@@ -88,10 +88,10 @@ class MLAConfig:
 #            203 / 768, (64, 8, 2) 233-237 / 869, (32, 8, 3) 269 / 1032; 16 warps 264-349. Taken.
 #   fp8qk 16 heads in N (Hq 16): 107 / 370 / 200 -> split **87.5 / 294 / 156**. Taken.
 # On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla/gluon.py's kernel instead
-# (mla/launch.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
+# (mla/plan.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
 # 224 / 845 / 423 against 278 / 1052 / 560, benchmarks/NOTES.md "MLA: Gluon kernel with TMA row tiles").
 # Overrides of BLOCK_N or the warps (tuning variants, tests) keep the Triton kernel. Where
-# WARP_SPECIALIZED (below) names the entry, those launches run mla/gluon_ws.py's kernel.
+# WARP_SPECIALIZED (below) names the entry, those launches run mla/kernels_gluon_ws.py's kernel.
 _SM90 = {
     ("half", 64): (64, 8, 2, 1, "split"),
     ("half", 32): (64, 8, 3, 1),
@@ -104,12 +104,12 @@ _SM90 = {
 }
 _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
 # Entries whose launches of mla/gluon.py's kernel run the warp-specialised kernel of
-# mla/gluon_ws.py instead (a copy warp and two warpgroups splitting the score products of two
+# mla/kernels_gluon_ws.py instead (a copy warp and two warpgroups splitting the score products of two
 # tiles, benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)"; same split counts);
 # the environment switch KVATTN_GLUON_WS=0 keeps mla/gluon.py's kernel. H200 (matmul 669 TFLOP/s
 # in the run), bf16 Hq 128, graph us 64x4096 / 128x8192 / 32x16384: gluon.py 229.8 / 918.7 /
-# 412.2 -> gluon_ws.py 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
-# ("fp8qk", 64): the fp8-score launches over pages of 64+ tokens (mla/launch.py _ws_fp8_fits) run
+# 412.2 -> kernels_gluon_ws.py 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
+# ("fp8qk", 64): the fp8-score launches over pages of 64+ tokens (mla/plan.py _ws_fp8_fits) run
 # the same kernel's e4m3 form (benchmarks/NOTES.md "MLA: fp8 on the seesaw"); KVATTN_GLUON_WS=0
 # keeps this table's Triton entry (mla/gluon.py has no fp8 form), as do BLOCK_H 16 (heads in N).
 WARP_SPECIALIZED = {"sm90": frozenset({("half", 64), ("fp8qk", 64)})}

@@ -19,9 +19,9 @@ tile's keys (36 wgmmas a tile in all), the softmax reductions cross the warpgrou
 memory, and P reaches the P.V product (one ``m64n256k16`` a warpgroup and k-step) through shared
 memory. H100: bf16 Hq 128 0.30 -> 0.40-0.42 of the matmul rate with 64-key tiles.
 
-On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.gluon` instead
+On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.kernels_gluon` instead
 (the same work division, with the copies and the score layout written out in Gluon: 224 against
-278 us at Hq 128, 64x4096, on an H100), or its warp-specialised successor :mod:`.gluon_ws`, which
+278 us at Hq 128, 64x4096, on an H100), or its warp-specialised successor :mod:`.kernels_gluon_ws`, which
 also takes the fp8-score launches below at BLOCK_H 64 over such pages; this kernel serves every
 other launch (fp8 at Hq <= 16 with heads in N, ``KVATTN_GLUON_WS=0``, a launch asking for the LSE)
 and the CPU tier.

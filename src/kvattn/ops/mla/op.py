@@ -15,7 +15,7 @@ import torch
 
 from ..._inputs import PagedKV, Scale
 from ...runtime.common import entry
-from .launch import launch_mla
+from .plan import launch_mla
 
 
 def mla_decode(

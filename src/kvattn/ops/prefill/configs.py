@@ -91,7 +91,7 @@ _SM90_TMA = {
 
 @dataclass(frozen=True)
 class WSConfig:
-    """Tiles of the warp-specialised Gluon kernel (:mod:`.gluon_ws`; 128 query rows a program)."""
+    """Tiles of the warp-specialised Gluon kernel (:mod:`.kernels_gluon_ws`; 128 query rows a program)."""
 
     block_n: int  # keys per tile
     stages: int  # K and V buffers a ring
@@ -106,7 +106,7 @@ class WSConfig:
 # (1x8192x8192 967 vs 997 us, 4x2048 306 vs 314, 8x1024x8192 1793 vs 1826); 3 buffers within 1 %,
 # 64-key tiles 10-20 % slower.
 _SM90_WS = {64: WSConfig(128, 4, False), 128: WSConfig(128, 2, False), 256: WSConfig(64, 2, False)}
-# fp8 caches (a converter partition turns the copied bytes into float16 operands, see gluon_ws), by
+# fp8 caches (a converter partition turns the copied bytes into float16 operands, see kernels_gluon_ws), by
 # operand kind: "fp8" (16-bit query: K and V converted, a ring of bytes each) and "fp8qk" (fp8 query:
 # scores on the copied K bytes, V converted). D128 / D256 take the 16-bit tiles (shared memory: D128
 # 225 KB with both byte rings; fp8qk D256 160 KB; D256 under a 16-bit query would need 256 KB and

@@ -16,7 +16,7 @@ import torch
 from ..._inputs import PagedKV, Scale
 from ...formats import FP4Tensor
 from ...runtime.common import entry
-from .launch import launch_context
+from .plan import launch_context
 
 
 def context(

@@ -29,8 +29,8 @@ try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
     from triton.experimental.gluon import language as _gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
-    from .gluon import mla_gluon_kernel
-    from .gluon_ws import MAXNREG as _WS_MAXNREG, NUM_WARPS as _WS_WARPS, mla_gluon_ws_kernel
+    from .kernels_gluon import mla_gluon_kernel
+    from .kernels_gluon_ws import MAXNREG as _WS_MAXNREG, NUM_WARPS as _WS_WARPS, mla_gluon_ws_kernel
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
     mla_gluon_kernel = mla_gluon_ws_kernel = None
 
@@ -204,7 +204,7 @@ class _Plan:
 
 def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
                 aligned16: bool) -> bool:
-    """Whether a Gluon kernel (:mod:`.gluon`, or :mod:`.gluon_ws` where it takes the entry) runs
+    """Whether a Gluon kernel (:mod:`.kernels_gluon`, or :mod:`.kernels_gluon_ws` where it takes the entry) runs
     a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles inside pages of
     a multiple of 64 tokens, and rows TMA can address as one ``[pages * page, 576]`` view (16-byte
     aligned base and row stride, pages back to back)."""
@@ -216,7 +216,7 @@ def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, k
 
 
 def _ws_fp8_fits(cfg: mla_configs.MLAConfig, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16: bool) -> bool:
-    """Whether the warp-specialised kernel's e4m3 form (:mod:`.gluon_ws`) runs an fp8 launch: an
+    """Whether the warp-specialised kernel's e4m3 form (:mod:`.kernels_gluon_ws`) runs an fp8 launch: an
     e4m3 query over an e4m3 cache on the fp8-score entry with 64 heads a program in M (not heads in
     N), 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address as one ``[pages *
     page, 576]`` byte view (16-byte aligned base and row stride, pages back to back)."""
@@ -237,7 +237,7 @@ def _row_layout(kv_dtype):
 
 
 class _GluonSplit:
-    """The split launch of :func:`~.gluon.mla_gluon_kernel`, with a TMA descriptor of the cache
+    """The split launch of :func:`~.kernels_gluon.mla_gluon_kernel`, with a TMA descriptor of the cache
     built for each call from the cache's pointer (``run``), through a ``fast_launch.Launch``: a
     call replayed from its metadata rebuilds the descriptor on the new pointer (NOTES.md "Host
     path: calls replayed from their metadata")."""
@@ -305,7 +305,7 @@ class _GluonSplit:
 
 
 class _WarpSpecializedSplit(_GluonSplit):
-    """The same launch on :func:`~.gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
+    """The same launch on :func:`~.kernels_gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
     kernel's but the final LSE's): 4 warps a partition, and the registers a thread its
     ``warp_specialize`` redistributes (``MAXNREG``)."""
 

@@ -23,7 +23,7 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover - older Triton: the gathers only
     TensorDescriptor = None
 try:  # Gluon (Triton >= 3.6): the warp-specialised Hopper kernel for 16-bit caches
-    from . import gluon_ws
+    from . import plan_gluon_ws as gluon_ws
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
     gluon_ws = None
 from . import staging

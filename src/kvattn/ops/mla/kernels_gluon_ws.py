@@ -1,6 +1,6 @@
 """MLA decode for Hopper in Gluon, warp-specialised: a copy warp and two warpgroups on a seesaw.
 
-Why another kernel. :mod:`.gluon` runs both warpgroups in lock step on one 64-key tile at a
+Why another kernel. :mod:`.kernels_gluon` runs both warpgroups in lock step on one 64-key tile at a
 time: each computes the whole ``[64, 64]`` score tile (the two do the same work, 2 x 576 + 512
 multiply-adds a (head, key) instead of 576 + 512), and the tensor cores idle while the softmax
 runs between the score product and the P.V product. Here the work of two consecutive tiles ``A``
@@ -64,12 +64,12 @@ memory 214 KB (the query 36, rows 72, three converted halves 96, P 8, row vector
 
 Scope: 16-bit caches with a query of the same dtype (Hq >= 33 in the launcher's tables), or an
 e4m3 query over an e4m3 cache (Hq >= 17), 64 query heads a program (rows past Hq padded), pages of
-a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA view, as :mod:`.gluon`. The
+a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA view, as :mod:`.kernels_gluon`. The
 output is the 16-bit query's dtype, bfloat16 for e4m3.
 
 Multi-token prediction (``Q_LEN > 1``): the rows are ``Q_LEN * Hq`` (token, head) pairs,
 token-major, as in :mod:`.kernels`; both warpgroups mask their scores with each row's own key
-limit (:func:`.gluon.mtp_row_ends`), which differs from the split's end only in a request's last
+limit (:func:`.kernels_gluon.mtp_row_ends`), which differs from the split's end only in a request's last
 keys. ``Q_LEN == 1`` compiles as the one-token kernel always did.
 
 The kernel has no timing switch: ``benchmarks/mla_ws_floors.py`` builds its floors (no copies,
@@ -90,7 +90,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..common.gluon_dequant import f16_words, words_view
 from ..common import load_page_ids, online_softmax_step
-from .gluon import logit_scale2, mtp_row_ends, split_work, stage_query, store_rows
+from .kernels_gluon import logit_scale2, mtp_row_ends, split_work, stage_query, store_rows
 
 # Barrier slots (one [N_BARS, 1] allocation). full / empty come per buffer (0: tile A, 1: tile B)
 # and per part: K = the rope columns, L / R = value columns [0, 256) / [256, 512).

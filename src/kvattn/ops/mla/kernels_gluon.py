@@ -74,7 +74,7 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
     tma_load(kv_desc, [row, CKV_DIM], bar, kpe_buf, pred=pred)
 
 
-# Pieces both Gluon MLA kernels run (this one and the warp-specialised one of gluon_ws.py).
+# Pieces both Gluon MLA kernels run (this one and the warp-specialised one of kernels_gluon_ws.py).
 @gluon.jit
 def split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr,
                SPLIT_SPAN: gl.constexpr = 0):
