@@ -422,8 +422,8 @@ def main(argv=None) -> int:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvattn-cold-")  # before Triton is imported
     if args.fake_gpu:
         from benchmarks.profile_host import fake_gpu
-        from kvattn.ops.mla import launch  # noqa: F401  (compiled-mode kernels: before fake_gpu sets TRITON_INTERPRET)
-        from kvattn.ops.prefill import launch as _prefill  # noqa: F401  (the same)
+        from kvattn.ops.mla import plan  # noqa: F401  (compiled-mode kernels: before fake_gpu sets TRITON_INTERPRET)
+        from kvattn.ops.prefill import plan as _prefill  # noqa: F401  (the same)
 
         fake_gpu()
         device = torch.device("cpu")

@@ -24,7 +24,7 @@ not of the kernels; these two kernels measure it on the smallest such exchange:
   exchange pieces (``ops/mla/kernels_gluon_ws.py``: ``_publish_rows``, ``_read_rows``).
 
 All check their results (a wrong value would be a real race). ``benchmarks/sanitize_driver.py``
-runs them as the variants ``calibration_*`` (benchmarks/NOTES.md "compute-sanitizer over every
+runs them as the variants ``calibration_*`` (lab/notes/robustness.md "compute-sanitizer over every
 kernel family").
 """
 

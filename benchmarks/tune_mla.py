@@ -50,7 +50,7 @@ VARIANTS = {
                    "num_stages": 3},
     "fp8hn16n32s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
                      # tried with a split/join P.V conversion (since reverted):
-                     # NOTES.md "MLA: heads in N for few heads"
+                     # lab/notes/mla.md "MLA: heads in N for few heads"
                      "num_stages": 4},
     # score products unchained (layout fences, mla/kernels.py _mla_tile_scores): each warpgroup computes
     # half of the score tile's N instead of all of it. Local sm_90a compiles (regs, shared memory):
@@ -85,7 +85,7 @@ VARIANTS = {
     # Timing floors of the warp-specialised kernel (wrong results, timing only): a patched copy of
     # its source built by benchmarks/mla_ws_floors.py runs in its place. (The schedule variants
     # measured once, S_B not staggered behind S_A and P_A read from shared memory, are recorded in
-    # NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)"; the kernel keeps the schedule taken.)
+    # lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)"; the kernel keeps the schedule taken.)
     "ws_nocopies": {"_ws_floor": "nocopies"},
     "ws_nopv": {"_ws_floor": "nopv"},
     "ws_noscores": {"_ws_floor": "noscores"},

@@ -170,7 +170,7 @@ def xqa_batch_decode_with_kv_cache(
     return _BATCH_CACHE.run(args, run)
 
 
-# Calls replayed from their metadata (kvattn.runtime.callcache; benchmarks/NOTES.md "Host path: calls
+# Calls replayed from their metadata (kvattn.runtime.callcache; lab/notes/host-path.md "Host path: calls
 # replayed from their metadata").
 _BATCH_CACHE = CallCache("xqa_batch_decode_with_kv_cache")
 _SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)

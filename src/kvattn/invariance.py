@@ -10,7 +10,7 @@ Under this mode decode, ``xqa``, single decode and MLA cut every request's keys 
 fixed number of tokens (``ceil(length / span)`` splits), always merge them with one merge kernel in
 split order, and choose their launch configs without looking at the batch; prefill never splits
 the keys and picks its configs by shape only, so it is batch-invariant in either mode. The cost is
-speed where a batch is small or its lengths uneven (benchmarks/NOTES.md "Batch-invariant mode").
+speed where a batch is small or its lengths uneven (lab/notes/robustness.md "Batch-invariant mode").
 
 >>> import kvattn
 >>> with kvattn.batch_invariant():

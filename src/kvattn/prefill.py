@@ -210,7 +210,7 @@ def trtllm_batch_context_with_kv_cache(
 
 
 # Calls replayed from their metadata (kvattn.runtime.callcache; its TMA descriptors rebuilt on the new
-# pointers: benchmarks/NOTES.md "Host path: calls replayed from their metadata").
+# pointers: lab/notes/host-path.md "Host path: calls replayed from their metadata").
 _CACHE = CallCache("trtllm_batch_context_with_kv_cache")
 
 

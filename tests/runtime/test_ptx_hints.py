@@ -1,6 +1,6 @@
 """The PTX rewrite that puts an L2 evict-first policy on a marked kernel's TMA copies
 (``kvattn.runtime.ptx_hints``), on PTX text (CPU). What ptxas makes of it is pinned on an sm_90a
-compile in ``tests/ops/decode/test_codegen.py``, its speed in ``benchmarks/NOTES.md``
+compile in ``tests/ops/decode/test_codegen.py``, its speed in ``lab/notes/single-decode.md``
 "Single decode: the L2 hint on pipelined copies"."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ the new pointers, and fills what the call filled. Calls bypass the cache while `
 traces, while a config override is active (tuning), with ``KVATTN_DEBUG=1`` (its device-value
 checks then run on every call), while a CUDA graph is being captured where the entry's function
 is capture-sensitive, and for tensor subclasses and argument types the key does not model. See
-``benchmarks/NOTES.md``, "Host path: calls replayed from their metadata" and "Host path: every
+``lab/notes/host-path.md``, "Host path: calls replayed from their metadata" and "Host path: every
 call form replayed".
 
 A check added to a public function that reads anything else of a tensor (its storage size, its
@@ -387,7 +387,7 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
             if type(p) is not int:
                 # A tensor descriptor (TMA): rebuilt at each replay on its base's new pointer, with
                 # the recorded geometry (a function of the metadata in the key, as every launch
-                # argument is). NOTES.md "Host path: calls replayed from their metadata".
+                # argument is). lab/notes/host-path.md "Host path: calls replayed from their metadata".
                 base = _fast_launch.descriptor_base(p)
                 if base is None:
                     return None

@@ -2,7 +2,7 @@
 
 Why: a K/V tile is read once, so marking its lines evict-first keeps the rest of L2 (dirty lines of earlier
 kernels, the query, the partials) from being evicted and written back while the cache streams through (single
-decode 4096 on an H100: 34.0 us with the hint on register loads, 38.8 without, ``benchmarks/NOTES.md`` "Single
+decode 4096 on an H100: 34.0 us with the hint on register loads, 38.8 without, ``lab/notes/single-decode.md`` "Single
 decode: the L2 hint on pipelined copies"). Triton 3.6 passes ``eviction_policy="evict_first"`` to register loads
 only: a software-pipelined ``cp.async`` copy drops it, and tensor-descriptor (TMA) loads take no such argument.
 

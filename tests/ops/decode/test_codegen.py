@@ -3,7 +3,7 @@
 The kernels are compiled (not run) for an sm_90a target, so these tests need no GPU: a subprocess
 without ``TRITON_INTERPRET`` compiles them through Triton's own pipeline and reports the TTGIR /
 PTX facts checked here. They pin two Triton 3.6 behaviours the decode tables are built on
-(``benchmarks/NOTES.md`` "Formats: fp8 KV in decode"): the fp8 V tile behind ``common.opaque`` gives its P.V product
+(``lab/notes/formats.md`` "Formats: fp8 KV in decode"): the fp8 V tile behind ``common.opaque`` gives its P.V product
 kWidth 2, and an ``evict_first`` hint survives only on loads Triton does not software-pipeline.
 """
 
@@ -83,7 +83,7 @@ def test_in_kernel_merge_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
 
 
 def test_batch_invariant_split_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
-    """Fixed-span splits (SPLIT_SPAN, benchmarks/NOTES.md "Batch-invariant mode") change only the
+    """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
     split bounds: the one-row RoPE kernel (the tightest budget) stays within 128 registers, with
     the stack of the default mode's kernel (32 bytes under Triton 3.6), no more."""
     plain = _compile(ROPE_ONE_ROW, raw=True)

@@ -3,7 +3,7 @@ schedules of the two Gluon kernels (``ops/mla/kernels_gluon.py``, ``ops/mla/kern
 
 Compiled (not run) for an sm_90a target, so no GPU is needed (``tests/ops/sm90.py``). Pins the
 Triton 3.6 behaviour the ``"split"`` table entries rest on (``ops/mla/kernels.py``
-``_mla_tile_scores``, ``benchmarks/NOTES.md`` "MLA: the score tile split between the warpgroups"):
+``_mla_tile_scores``, ``lab/notes/mla.md`` "MLA: the score tile split between the warpgroups"):
 a score product whose result reaches the P.V product gets all 8 warps along its 64 rows, so both
 warpgroups compute the whole score tile; behind the layout fences each warpgroup computes half of
 it, and the row loads stay software-pipelined.
@@ -100,7 +100,7 @@ def test_ws_kernel_compiles_to_its_schedule(page):
     two warpgroups and the copy warp; shared memory within 227 KB; no spill; and the wgmmas left
     asynchronous by ptxas: a handful of waits (one a product), not one after every wgmma, which is
     what ptxas emits when it serialises them (C7514 / C7515: a P.V product in flight across the
-    loop's back edge did it, benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    loop's back edge did it, lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
     got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=page),
                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"}, sass=True)
@@ -119,7 +119,7 @@ def test_ws_kernel_compiles_to_its_schedule(page):
 
 
 def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode():
-    """Fixed-span splits (SPLIT_SPAN, benchmarks/NOTES.md "Batch-invariant mode") change only the
+    """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
     split bounds: the same registers, no spill, the same shared memory."""
     got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, SPLIT_SPAN=1024),
                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
@@ -152,7 +152,7 @@ def test_ws_fp8_kernel_compiles_to_its_schedule(page):
     64 x 256 a pair: 256 a thread), read and written 16 bytes at a time and no byte loads in the
     loop; registers 240 / 240 / 24, no spill; shared memory 214 KB (the query, two byte tiles,
     three float16 value halves, P); and the wgmmas left asynchronous by ptxas (a handful of waits,
-    not one after each: benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    not one after each: lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
     got = _compile_fp8(PAGE_SIZE=page)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", ptx)) == 36

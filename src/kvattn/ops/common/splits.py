@@ -9,7 +9,7 @@ from ...runtime.common import next_power_of_2
 def invariant_span(cfg) -> int:
     """Keys a split takes in batch-invariant mode: ``cfg.invariant_span`` rounded up to whole
     tiles (a decode or MLA config). Fixed per config, which in that mode depends on the shape
-    class only (benchmarks/NOTES.md "Batch-invariant mode")."""
+    class only (lab/notes/robustness.md "Batch-invariant mode")."""
     return -(-cfg.invariant_span // cfg.block_n) * cfg.block_n
 
 

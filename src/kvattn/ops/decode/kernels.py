@@ -69,7 +69,7 @@ def _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_L
     PAGED: ``fixed_len`` is the page table's capacity in tokens (pages a row x page size), and the
     length read is clamped into ``[0, capacity]``: a length past the row would read the table past
     the request's row, and a negative one (a uint32 length >= 2^31 reads as one) is empty
-    (benchmarks/NOTES.md "Device-side clamps")."""
+    (lab/notes/robustness.md "Device-side clamps")."""
     if PAGED:
         kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), fixed_len)
     else:
@@ -428,7 +428,7 @@ def decode_split_kernel(
         gdc_wait()
     # Two call sites on purpose: wrapping the one-item path in the persistent loop as well (one
     # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
-    # per SM and 20-25 % of its time on an H100 (benchmarks/NOTES.md, Single decode).
+    # per SM and 20-25 % of its time on an H100 (lab/notes/single-decode.md).
     pid = tl.program_id(0)
     if BALANCED:
         # A ragged batch (common.balance): after its own item, each program deals itself the next
@@ -515,7 +515,7 @@ def decode_split_kernel(
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
-        # the split launches ~2 us slower on an H100 (benchmarks/NOTES.md, Decode).
+        # the split launches ~2 us slower on an H100 (lab/notes/decode.md).
         gdc_launch_dependents()
 
 

@@ -110,7 +110,7 @@ def batch_decode_impl(
     max_programs: Optional[int],
     enable_pdl: bool,
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
     lse: Optional[torch.Tensor],
     kv_start: Optional[torch.Tensor] = None,
 ) -> None:

@@ -92,7 +92,7 @@ class DecodeFacts(NamedTuple):
     """Every host fact a decode plan reads: the key of the plan cache. ``launch_decode`` computes
     each into a local of the field's name and builds the record from them (a test checks the
     names and their order), positionally: keyword construction of 33 fields costs microseconds of
-    host time a call (``benchmarks/NOTES.md``, Host path)."""
+    host time a call (``lab/notes/host-path.md``)."""
 
     device: torch.device
     interpreter: bool  # TRITON_INTERPRET: the interpreter's config table, no inline PTX
@@ -335,7 +335,7 @@ class Balance(NamedTuple):
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
 # critical path (~1 us on an H100): past two rounds the combine launch (~2 us after the last split
-# program) is the faster merge (benchmarks/NOTES.md "Decode: merging the split partials").
+# program) is the faster merge (lab/notes/decode.md "Decode: merging the split partials").
 MAX_MERGE_ROUNDS = 2
 
 
@@ -437,7 +437,7 @@ def tma_readable(*, paged: bool, compiled: bool, kv_format: str, aligned16: bool
 
     Only in CUDA-graph capture: Triton encodes a descriptor on the host at every launch, which
     took an eager RoPE single decode from 48 to 79 us of host time a call on an H100 host, more
-    than the ~2.5 us of GPU time it saves there (NOTES.md "Host path: TMA descriptors in eager calls"); a replay pays
+    than the ~2.5 us of GPU time it saves there (lab/notes/host-path.md "Host path: TMA descriptors in eager calls"); a replay pays
     no host time, so captured calls take the faster kernel and eager ones the raw-pointer launch.
     """
     return (
@@ -528,7 +528,7 @@ def launch_decode(
             if kv_start is not None:
                 kv_start = int32_lengths(kv_start)
             # Paged, the kernel reads fixed_len as the tables' capacity in tokens and clamps every
-            # length to it (benchmarks/NOTES.md "Device-side clamps").
+            # length to it (lab/notes/robustness.md "Device-side clamps").
             fixed_len = min(k_table.shape[-1], v_table.shape[-1]) * k.shape[1]
         else:  # no page tables; the lengths are fixed_len
             k_table = v_table = seq_lens = kv_start = None

@@ -166,7 +166,7 @@ def mla_split_kernel(
     b = rest // num_splits
 
     # Lengths clamped into [0, capacity] (capacity: the table row's tokens): a longer one would
-    # read past the request's row of the table (benchmarks/NOTES.md "Device-side clamps").
+    # read past the request's row of the table (lab/notes/robustness.md "Device-side clamps").
     kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
     chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
     start = split * chunk

@@ -11,7 +11,7 @@ reader of its buffer) has retired, before the score product of tile ``j``, so it
 tile of work. And the score layout is chosen rather than inferred: each warpgroup computes the
 whole ``[64, 64]`` score tile (``m64n64`` wgmmas; the two warpgroups do the same products), so
 each holds all of P in the rows it owns in the P.V product and no reduction or P exchange crosses
-the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; benchmarks/NOTES.md
+the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; lab/notes/mla.md
 "MLA: Gluon kernel with TMA row tiles"): 64x4096 278 -> 224 us, 128x8192 1052 -> 845, 32x16384
 560 -> 423 against the Triton kernel.
 (The Triton kernel's split score tile, half the keys a warpgroup with the softmax reductions and P
@@ -82,7 +82,7 @@ def split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS: gl.constexpr, BLOCK
     the split's keys ``[start, end)`` in ``num_tiles`` tiles of ``BLOCK_N``. Head blocks vary
     fastest: the programs reading one request's split run side by side, so the second finds the
     rows in L2. The request's length is clamped into ``[0, capacity]`` (the table row's tokens;
-    benchmarks/NOTES.md "Device-side clamps")."""
+    lab/notes/robustness.md "Device-side clamps")."""
     pid = gl.program_id(0)
     hb = pid % H_BLOCKS
     rest = pid // H_BLOCKS

@@ -4,7 +4,7 @@ Why another kernel. :mod:`.kernels_gluon` runs both warpgroups in lock step on o
 time: each computes the whole ``[64, 64]`` score tile (the two do the same work, 2 x 576 + 512
 multiply-adds a (head, key) instead of 576 + 512), and the tensor cores idle while the softmax
 runs between the score product and the P.V product. Here the work of two consecutive tiles ``A``
-and ``B`` is divided so that neither happens (benchmarks/NOTES.md, "MLA: seesaw (warp-specialised
+and ``B`` is divided so that neither happens (lab/notes/mla.md, "MLA: seesaw (warp-specialised
 Gluon kernel)"):
 
 * warpgroup 0 ("left") owns output columns ``[0, 256)`` and computes the scores of ``A``;
@@ -50,7 +50,7 @@ product), so each warpgroup zeroes its own value columns of those rows before it
 (after every score product that reads them). A page id outside the cache becomes a row past the
 TMA view's end, read as zeros: a zero key and value that keep their logit (docs/semantics.md).
 
-e4m3 query and cache (the same kernel, its ``FP8`` form; benchmarks/NOTES.md "MLA: fp8 on the
+e4m3 query and cache (the same kernel, its ``FP8`` form; lab/notes/mla.md "MLA: fp8 on the
 seesaw"). The tiles are half the bytes (64-byte swizzled rows: a 64-column box is 64 bytes, so
 the copy warp is unchanged) and the score products run on e4m3 wgmmas straight from the copied
 bytes (both operands K-major). P.V stays 16-bit (P in e4m3 missed the precision bar): e4m3 wgmma
@@ -131,7 +131,7 @@ CW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS.value, 1], 
 # lanes of a quad hold the same value), column = the lane's place in its quad. Stored so, each word
 # of a row exchange is written by exactly one thread and read back by the thread of the same place in
 # the other warpgroup: compute-sanitizer's racecheck follows the barrier and mbarrier ordering of such
-# an exchange, and not of one whose four lanes store the same word (benchmarks/NOTES.md
+# an exchange, and not of one whose four lanes store the same word (lab/notes/robustness.md
 # "compute-sanitizer over every kernel family").
 QUAD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
@@ -377,7 +377,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
         o_acc = _pv(p_smem, ckv_b.slice(0, HALF, dim=1), o)
         # It retires before the loop's back edge (B's left values and the P buffer are free): with
         # a product in flight across the back edge or the loop's exit, ptxas serialises every
-        # wgmma of the kernel (C7514 / C7515, benchmarks/NOTES.md "MLA: seesaw (warp-specialised
+        # wgmma of the kernel (C7514 / C7515, lab/notes/mla.md "MLA: seesaw (warp-specialised
         # Gluon kernel)").
         o = warpgroup_mma_wait(0, deps=[o_acc])
         mbarrier.arrive(bars.index(EMPTY_L + 1), count=1)
@@ -672,7 +672,7 @@ def mla_gluon_ws_kernel(
         kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
 
     if FP8:
-        # e4m3 bytes: a 64-column box is 64 bytes, the rows' swizzle span (benchmarks/NOTES.md "MLA:
+        # e4m3 bytes: a 64-column box is 64 bytes, the rows' swizzle span (lab/notes/mla.md "MLA:
         # fp8 on the seesaw"); P and the converted values are float16 in 128-byte swizzled rows.
         row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
         half_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)

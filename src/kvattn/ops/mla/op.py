@@ -61,7 +61,7 @@ def mla_decode_impl(
     max_seq_len: int,
     q_len: int,
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
     lse: Optional[torch.Tensor],
 ) -> None:
     """MLA decode into ``out [B, Q * Hq, 512]`` (and the base-2 LSE into ``lse [B, Q * Hq]``) over

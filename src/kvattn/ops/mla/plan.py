@@ -229,7 +229,7 @@ def _ws_fp8_fits(cfg: mla_configs.MLAConfig, q_dtype, kv_dtype, kv_shape, kv_str
 
 def _row_layout(kv_dtype):
     """The shared-memory layout of a TMA box ``[64 rows, 64 columns]`` of the cache: 128-byte
-    swizzled 16-bit rows, or 64-byte swizzled e4m3 rows (a box's width; benchmarks/NOTES.md "MLA:
+    swizzled 16-bit rows, or 64-byte swizzled e4m3 rows (a box's width; lab/notes/mla.md "MLA:
     fp8 on the seesaw")."""
     if kv_dtype == FP8_DTYPE:
         return _gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
@@ -239,7 +239,7 @@ def _row_layout(kv_dtype):
 class _GluonSplit:
     """The split launch of :func:`~.kernels_gluon.mla_gluon_kernel`, with a TMA descriptor of the cache
     built for each call from the cache's pointer (``run``), through a ``fast_launch.Launch``: a
-    call replayed from its metadata rebuilds the descriptor on the new pointer (NOTES.md "Host
+    call replayed from its metadata rebuilds the descriptor on the new pointer (lab/notes/host-path.md "Host
     path: calls replayed from their metadata")."""
 
     BLOCK_N = 64
@@ -368,7 +368,7 @@ def launch_mla(
         ))
         plan = _plan(facts)
         # The table's capacity in tokens: every kernel clamps the lengths to it
-        # (benchmarks/NOTES.md "Device-side clamps").
+        # (lab/notes/robustness.md "Device-side clamps").
         capacity = table.shape[1] * kv.shape[1]
         split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
         part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)

@@ -3,7 +3,7 @@
 Why a second prefill kernel. The Triton kernel (:mod:`.kernels`) cannot overlap one key tile's
 softmax with the next tile's matrix products: Triton 3.6 waits for a wgmma at its first use in the
 same iteration, its software pipeliner keeps every warp of a program in step, and its automatic
-warp specialisation crashed or did nothing on these loops (``benchmarks/NOTES.md`` "Prefill:
+warp specialisation crashed or did nothing on these loops (``lab/notes/prefill.md`` "Prefill:
 overlapping the softmax with the matrix products"). On an H100 it stops at ~0.73 of the bf16
 matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
 
@@ -20,7 +20,7 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   ``P_{j-1} V_{j-1}`` (FA3's intra-warpgroup overlap); ``O`` is rescaled after that product
   retires. With ``PINGPONG`` the two warpgroups take turns issuing their products (two mbarriers
   passed back and forth), so one's softmax runs under the other's products (off in the table:
-  slower on an H200, ``benchmarks/NOTES.md`` "Prefill: warp-specialised Gluon kernel").
+  slower on an H200, ``lab/notes/prefill.md`` "Prefill: warp-specialised Gluon kernel").
 * **Masks**: the tiles of a query tile split into the window's edge, the fully visible run and the
   causal diagonal, as in the Triton kernel; one tile-uniform branch applies the mask only to the
   edge and diagonal tiles. Full tiles keep the logits unscaled and fold scale and max shift into
@@ -32,7 +32,7 @@ matmul rate at 1 x 8192 x 8192. Gluon writes the schedule out:
   an mbarrier (no location written by one is touched by the other's loads or stores).
 * **Unusable page ids**: a box whose id lies outside the cache is read as zeros by the producer
   (a zero key and value, not yet the dropped token of docs/semantics.md: the consumer-side
-  checks tried cost 3-11 %, benchmarks/NOTES.md "Hardening: unusable page ids and lengths").
+  checks tried cost 3-11 %, lab/notes/hardening.md "Hardening: unusable page ids and lengths").
 * **Scheduler**: persistent, one program an SM; tiles numbered longest first (the last query tile
   of every request and head first, counted from each request's own end, heads fastest so a KV
   head's query heads run side by side) and dealt in rounds of one tile a program, every other
@@ -107,7 +107,7 @@ def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, n
     Counted from each request's own last tile, the first round holds every request's tile with the
     most keys (its last rows see all of them), whatever the request's length: a request of a few
     rows over a long cache is not left to the last round, where the longest tiles would run alone
-    (benchmarks/NOTES.md "Prefill: the tile order of ragged batches").
+    (lab/notes/prefill.md "Prefill: the tile order of ragged batches").
 
     Returns ``(h, b, mt, live, q_start, q_end, p0, kv_len, start, n_tiles, full_lo, full_hi)``:
     ``live`` whether the tile holds rows; keys ``[start, start + n_tiles * BLOCK_N)`` in tiles,
@@ -115,7 +115,7 @@ def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, n
     # Round r of the programs (tiles [r * P, (r + 1) * P)) is dealt in reverse when r is odd and
     # whole: with tiles sorted longest first, round robin gives program 0 the longest tile of every
     # round, the serpentine order evens the programs' totals (the partial last round stays as it
-    # is: every index must map to one tile). benchmarks/NOTES.md "Prefill: serpentine rounds and
+    # is: every index must map to one tile). lab/notes/prefill.md "Prefill: serpentine rounds and
     # the query a tile ahead".
     progs = gl.num_programs(0)
     r = t // progs
@@ -131,7 +131,7 @@ def _tile_of(t, num_tiles, num_heads, batch, m_tiles, cum_q_ptr, seq_lens_ptr, n
     mt = gl.cdiv(q_len, BLOCK_M) - 1 - rest // batch
     q_end = gl.minimum(q_next, num_rows)  # never write past `out`
     # Lengths clamped into [0, capacity] and rows kept inside [0, num_rows) (the two masks below
-    # test q_rows >= 0 too): see context_kernel and benchmarks/NOTES.md "Device-side clamps".
+    # test q_rows >= 0 too): see context_kernel and lab/notes/robustness.md "Device-side clamps".
     kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
     live = mt >= 0
     # Keys the tile's valid rows can see: [start, hi), whole in [full_lo, full_hi) (the Triton
@@ -259,7 +259,7 @@ def _k_dtype(q_dtype, kv_fp8):
 @triton.constexpr_function
 def _pv_dtype(q_dtype, kv_fp8):
     """The type of P and of the values in the P.V product: float16 over an fp8 cache (P in e4m3
-    would cost 1-2.5 % relative error, benchmarks/NOTES.md "Prefill: floors and the first Triton
+    would cost 1-2.5 % relative error, lab/notes/prefill.md "Prefill: floors and the first Triton
     kernel"), else the query's."""
     return gl.float16 if getattr(kv_fp8, "value", kv_fp8) else getattr(q_dtype, "value", q_dtype)
 
@@ -274,7 +274,7 @@ def _q_slots(q_dtype, kv_fp8, v_staged, head_dim, block_n, stages):
     """Query slots of each consumer warpgroup: 2 where the query goes into shared memory unchanged
     (its type is the score product's) and a second slot fits beside the rings; then each tile's
     rows are copied (``cp.async``) while the tile before runs, off the path between two tiles
-    (benchmarks/NOTES.md "Prefill: serpentine rounds and the query a tile ahead"). 1: the query
+    (lab/notes/prefill.md "Prefill: serpentine rounds and the query a tile ahead"). 1: the query
     goes through registers (a 16-bit query over an fp8 cache is converted to float16 on the way)
     as the tile starts."""
     q_dtype = getattr(q_dtype, "value", q_dtype)
@@ -361,7 +361,7 @@ def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.con
                HAS_SINKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, PINGPONG: gl.constexpr,
                KV_FP8: gl.constexpr, V_STAGED: gl.constexpr, CAUSAL: gl.constexpr):
     """fp8 caches: the copied e4m3 tiles into the 16-bit operands the tensor cores read (V always,
-    K for a 16-bit query), off the consumers' path (benchmarks/NOTES.md "Prefill: fp8 caches in
+    K for a 16-bit query), off the consumers' path (lab/notes/prefill.md "Prefill: fp8 caches in
     the warp-specialised kernel"). V rows past the request are zeroed here, so the consumers skip
     their own zeroing."""
     (stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
@@ -380,7 +380,7 @@ def _converter(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.con
             # K runs a tile ahead of V: K_{j+1}'s buffer falls free when S_{j-1} retires, V_j's only
             # when P_{j-2} V_{j-2} does, at the end of the consumers' iteration j - 1; converted in
             # tile order, K_{j+1} would wait behind V_j, and every iteration would wait for two
-            # conversions in turn (benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised
+            # conversions in turn (lab/notes/prefill.md "Prefill: fp8 caches in the warp-specialised
             # kernel").
             if _converts_k(q_ptr.dtype.element_ty, KV_FP8):
                 if n_tiles > 0:
@@ -448,7 +448,7 @@ def _zero_rows_past(buf, n0, kv_len, zero_bar, zeroings, WG: gl.constexpr, BLOCK
     products of both warpgroups read it. Each warpgroup zeroes its half of the rows (no shared
     memory location is written by one and read or written by the other's loads and stores), then
     both meet on ``zero_bar`` (two arrivals; ``zeroings``: the calls so far, the same count in both
-    warpgroups), so each product sees the whole tile zeroed (benchmarks/NOTES.md "compute-sanitizer
+    warpgroups), so each product sees the whole tile zeroed (lab/notes/robustness.md "compute-sanitizer
     over every kernel family")."""
     HALF_N: gl.constexpr = BLOCK_N // 2
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -623,7 +623,7 @@ def _consumer(ptrs, bufs, raw, ints, logit_factor, out_factor, HEAD_DIM: gl.cons
                     s = warpgroup_mma_wait(1, deps=[s_tok])
                     mbarrier.arrive(k_empty.index(slot))
                     # The whole softmax sits inside the branch: ptxas schedules within a basic block
-                    # and would otherwise hoist the wait below above it (benchmarks/NOTES.md
+                    # and would otherwise hoist the wait below above it (lab/notes/prefill.md
                     # "Prefill: warp-specialised Gluon kernel").
                     if (n0 < full_lo) | (n0 >= full_hi):
                         m_i, l_i, p, alpha = _softmax_masked(s, m_i, l_i, n0, row_pos, qk_scale, window_left,

@@ -84,7 +84,7 @@ def context_impl(
     sf_start: int,
     skip_factor: float,
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
     lse: Optional[torch.Tensor],
     causal: bool = True,
 ) -> None:

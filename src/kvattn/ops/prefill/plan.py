@@ -82,7 +82,7 @@ def _gluon_plan(query, k, v, k_table, v_table, out, workspace, max_q_len: int, m
     A cache whose pages :mod:`.staging` copies (quantised caches, 16-bit pages under 64 tokens),
     where the copies fit the workspace and pay, is staged there first and the kernel reads the
     copies; otherwise the kernel reads the cache as it is (an fp8 one through its converter
-    partition), or, where it cannot (NVFP4), the Triton kernel takes the launch (benchmarks/NOTES.md
+    partition), or, where it cannot (NVFP4), the Triton kernel takes the launch (lab/notes/prefill.md
     "Prefill: pages dequantised once a call")."""
     staged = staging.plan(query, k, k_table, workspace, max_q_len, max_kv_len) if not interpreter else None
     if staged is not None:
@@ -167,13 +167,13 @@ def launch_context(
         vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
         # fp8 / NVFP4 caches read as 32-bit words where every word is aligned, as decode reads them; not with
         # fp8 scores (QK_FP8), whose K tile goes to the tensor cores as the copied bytes (on words, Triton 3.6
-        # compiles that product as float16: sm_90a SASS, NOTES.md "Formats: fp8 and NVFP4 caches in prefill").
+        # compiles that product as float16: sm_90a SASS, lab/notes/formats.md "Formats: fp8 and NVFP4 caches in prefill").
         kv_format = BY_DTYPE[k.dtype].name
         words_ok = not qk_fp8 and words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
         kv_code = kv_format_code(kv_format, words_ok, (*k.stride()[:3], *v.stride()[:3]), head_dim, (*ksf_s, *vsf_s))
         # K/V tiles by TMA where the table has a tile for the kind (16-bit caches, fp8 with fp8
         # scores) and the pages allow it: no per-token address math, no registers for it, so one
-        # warpgroup a program and two programs an SM (benchmarks/NOTES.md "Prefill: K/V tiles by TMA").
+        # warpgroup a program and two programs an SM (lab/notes/prefill.md "Prefill: K/V tiles by TMA").
         head_rows, head_cols = 0, 0
         tma = None
         if not interpreter and _device.has_tma(query.device):
@@ -186,7 +186,7 @@ def launch_context(
         ks, vs = k.stride(), v.stride()
         # Through a fast_launch.Launch (the compiled kernel's launcher; a call replayed from its
         # metadata, kvattn.runtime.callcache, launches it again with new pointers and the TMA descriptors
-        # rebuilt on them: NOTES.md "Host path: calls replayed from their metadata").
+        # rebuilt on them: lab/notes/host-path.md "Host path: calls replayed from their metadata").
         launch = fast_launch.launch_of(
             context_kernel, grid, layout=LAYOUT,
             per_call=_CONTEXT_PER_CALL,

@@ -14,7 +14,7 @@ from .kernels_gluon_ws import _box_cols, prefill_ws_kernel
 TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
 
 # Ring depths a converted (fp8, not staged) launch may take: more buffers gave NaN rows on the H100,
-# not understood yet (benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised kernel");
+# not understood yet (lab/notes/prefill.md "Prefill: fp8 caches in the warp-specialised kernel");
 # a diagnostic may widen it.
 CONVERTED_RING_STAGES = (2,)
 MAXNREG = 168  # 12 warps: 3 warpgroups x 128 threads x 168 = 64512 of the 65536 registers
@@ -135,7 +135,7 @@ def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq
     """Launch :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
     :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous), through a
     ``fast_launch.Launch`` (the compiled kernel's launcher; a call replayed from its metadata
-    rebuilds the two descriptors on the new K/V pointers: NOTES.md "Host path: calls replayed from
+    rebuilds the two descriptors on the new K/V pointers: lab/notes/host-path.md "Host path: calls replayed from
     their metadata"). ``capacity``: the tokens a request may hold, where its lengths are clamped
     (the table's by default; staged pages keep the cache table's, :mod:`.staging`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

@@ -7,7 +7,7 @@ H100); NVFP4 pages have no converter at all (the Triton kernel, ~2x the bf16 tim
 fewer than 64 tokens make the kernel copy a key tile in many small boxes (~10 % slower at page 16).
 Staging each page the call reads once, in a pass at copy bandwidth before the attention kernel
 (~23 us at 1 x 8192, H100), leaves the attention kernel 16-bit pages of 64 tokens or more
-(benchmarks/NOTES.md "Prefill: pages dequantised once a call").
+(lab/notes/prefill.md "Prefill: pages dequantised once a call").
 
 What is staged, where. Each request's keys from the first its first query tile can see (the
 window's start, rounded down to 128 keys) to its last, as the pages of a cache ``[B * dst_pages,
@@ -90,7 +90,7 @@ def pays(q_dtype: torch.dtype, kv_dtype: torch.dtype, max_q_len: int, group: int
     """Whether staging is worth its pass: always for NVFP4 (the alternative is the Triton kernel);
     for fp8 (the alternative: the converter partition) and small 16-bit pages (boxes of a page),
     only where the query rows a key serves (``max_q_len`` x the GQA group, host-known) are enough
-    to spread the pass's traffic over (``configs.STAGE_MIN_ROWS``; benchmarks/NOTES.md "Prefill:
+    to spread the pass's traffic over (``configs.STAGE_MIN_ROWS``; lab/notes/prefill.md "Prefill:
     pages dequantised once a call")."""
     fmt = BY_DTYPE[kv_dtype]
     if fmt.scale_block:  # NVFP4

@@ -8,7 +8,7 @@ matmul ceiling measured in the same process before and after. Variants:
 * ``pp``: with ping-pong; ``s3``: 3 buffers a ring; ``n64``: 64-key tiles (4 buffers);
 * floor: ``stageonly`` (quantised caches: the staging pass alone, the attention kernel not
   launched). (The kernel's own timing floors, a ``MODE`` switch, are gone: shipped kernels carry no
-  experiment switches; benchmarks/NOTES.md keeps the floors measured with them.)
+  experiment switches; lab/notes/prefill.md keeps the floors measured with them.)
 * quantised caches: ``nostage`` (pages not staged: fp8 through the converter partition, NVFP4 on
   the Triton kernel); ``stage`` (staged whatever the query rows, where they fit the workspace);
   ``qk3`` (fp8 query, V staged: 3 buffers a ring).
@@ -21,7 +21,7 @@ Before timing, each shape's output of ``new`` is compared with ``old`` (relative
 
 Usage (on the device, from the repository root)::
 
-    PYTHONPATH=src python benchmarks/bench_prefill_ws.py --out $OUT/ws.json
+    PYTHONPATH=src python lab/probes/bench_prefill_ws.py --out $OUT/ws.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call on two GPUs (kind nvidia-h100-x2): the context-parallel benchmark, then the NCCL
-# tests; NVLink multicast stays off. Usage: bash benchmarks/distributed_gpu.sh [SECONDS] [bench-only]
+# tests; NVLink multicast stays off. Usage: bash lab/probes/distributed_gpu.sh [SECONDS] [bench-only]
 TOTAL=${1:-200}
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 T0=$(date +%s)

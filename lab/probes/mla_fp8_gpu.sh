@@ -1,10 +1,10 @@
 #!/bin/bash
-# The e4m3 seesaw kernel's device run (benchmarks/NOTES.md "MLA: fp8 on the seesaw"): the MLA GPU
+# The e4m3 seesaw kernel's device run (lab/notes/mla.md "MLA: fp8 on the seesaw"): the MLA GPU
 # tests, then an A/B of fp8 Hq 128 (the new kernel vs the Triton fp8-score kernel, timing floors
 # without copies / without the value conversion, the stagger off), bf16 Hq 128 for reference, fp8
 # Hq 32 / 64 (the dispatch from 17 heads up), beside the bf16 / fp8 matmul ceilings of the same run.
-# Run from the repository root (or a copy of src/, tests/, benchmarks/) on one Hopper GPU:
-#   OUT=/some/dir bash benchmarks/mla_fp8_gpu.sh        (~4 min; logs under $OUT)
+# Run from the repository root (or a copy of src/, tests/, benchmarks/, lab/probes/) on one Hopper GPU:
+#   OUT=/some/dir bash lab/probes/mla_fp8_gpu.sh        (~4 min; logs under $OUT)
 set -u
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
