@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -57,3 +58,14 @@ def test_the_check_sees_a_host_function(tmp_path):
     probe.write_text("import triton\n@triton.jit\ndef k(x):\n    pass\ndef plan():\n    pass\n")
     defs = _top_level(probe)
     assert [n.name for n in defs if not (_decorators(n) & JIT)] == ["plan"]
+
+
+def test_extending_maps_every_module():
+    """docs/extending.md's layout map names every module of the package (its file's stem)."""
+    doc = (OPS.parent.parent.parent / "docs" / "extending.md").read_text()
+    start = doc.index("## Layout map")
+    text = doc[start:doc.index("\n## ", start + 1)]
+    package = OPS.parent
+    missing = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+               if p.name != "__init__.py" and not re.search(rf"\b{re.escape(p.stem)}\b", text)]
+    assert not missing, f"docs/extending.md's layout map lacks {missing}"
