@@ -78,7 +78,7 @@ VARIANTS = {
                   "num_stages": 4},
     # the table's config on the Triton kernel where the Gluon one would run (KVATTN_GLUON=0)
     "triton": {"_env": {"KVATTN_GLUON": "0"}},
-    # mla/gluon.py's kernel where the warp-specialised one (mla/gluon_ws.py) would run
+    # mla/kernels_gluon.py's kernel where the warp-specialised one (mla/kernels_gluon_ws.py) would run
     # (KVATTN_GLUON_WS=0). For an fp8 query over an fp8 cache, "gluon" and "triton" both run the
     # Triton kernel's fp8 scores.
     "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},

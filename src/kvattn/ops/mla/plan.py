@@ -120,7 +120,7 @@ class _Plan:
                                       f.aligned16))
         ws_on = ws_allowed and mla_configs.warp_specialized("sm90", self.kv_format, cfg.block_h, q_fp8)
         # An fp8 query over an fp8 cache: the warp-specialised kernel's e4m3 form where it fits, else
-        # the Triton kernel (mla/gluon.py takes 16-bit caches only).
+        # the Triton kernel (mla/kernels_gluon.py takes 16-bit caches only).
         self.fp8_ws = ws_on and _ws_fp8_fits(cfg, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16)
         self.ws = (self.gluon and ws_on) or self.fp8_ws
         self.gluon = self.gluon or self.fp8_ws  # (a launch that takes a TMA descriptor of the cache)
