@@ -1,5 +1,5 @@
 """Host time of one eager call of each public function at a small shape, beside a one-launch
-floor and PyTorch's SDPA, with the call cache (kvattn._callcache) on and off.
+floor and PyTorch's SDPA, with the call cache (kvattn.runtime.callcache) on and off.
 
 Each call is made with the GPU idle (a synchronise before it, outside the timed part), ``out`` and
 the workspace given; the median of ``--calls`` calls is reported (and the 90th percentile). The
@@ -328,7 +328,7 @@ def growing_single(device: torch.device, calls: int) -> dict:
 
 def _cache_hits() -> int:
     try:
-        from kvattn import _callcache
+        from kvattn.runtime import callcache as _callcache
     except ImportError:  # a kvattn without the call cache (to compare with)
         return 0
     return sum(c.hits for c in _callcache._caches)
@@ -356,7 +356,7 @@ def check_replay(fn, copies, fake: bool) -> str:
 @contextlib.contextmanager
 def _calls_into_the_cache():
     """``[(CallCache, args), ...]``: every ``CallCache.run`` inside the block, with the call's arguments."""
-    from kvattn import _callcache
+    from kvattn.runtime import callcache as _callcache
 
     seen, run = [], _callcache.CallCache.run
 
@@ -378,8 +378,8 @@ def breakdown(fn, calls: int) -> dict | None:
     Triton's C entry point, or kvattn's thin wrapper around it that expands the kept descriptors);
     ``rest`` = whole - key - replay (the public function, argument tuple, lookup, result). None
     where the call is not replayed."""
-    from kvattn import _callcache
-    from kvattn.ops.launch import fast_launch
+    from kvattn.runtime import callcache as _callcache
+    from kvattn.runtime import fast_launch
 
     os.environ["KVATTN_CALL_CACHE"] = "1"
     for _ in range(3):
@@ -422,8 +422,8 @@ def main(argv=None) -> int:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvattn-cold-")  # before Triton is imported
     if args.fake_gpu:
         from benchmarks.profile_host import fake_gpu
-        from kvattn.ops.mla import launch  # noqa: F401  (compiled-mode kernels: before fake_gpu sets TRITON_INTERPRET)
-        from kvattn.ops.prefill import launch as _prefill  # noqa: F401  (the same)
+        from kvattn.ops.mla import plan  # noqa: F401  (compiled-mode kernels: before fake_gpu sets TRITON_INTERPRET)
+        from kvattn.ops.prefill import plan as _prefill  # noqa: F401  (the same)
 
         fake_gpu()
         device = torch.device("cpu")

@@ -3,7 +3,7 @@
 Not the MLA kernel: a copy-only stand-in with the seesaw's copy pattern (576-column bf16 latent
 rows in 64-row tiles, 64-column TMA boxes, two tile buffers of 72 KB, 1 CTA an SM), to measure
 what the multicast could buy before anyone rewrites the kernel for it
-(benchmarks/NOTES.md "MLA: TMA multicast across the head-block pair"):
+(lab/notes/mla.md "MLA: TMA multicast across the head-block pair"):
 
 * ``pair``: two programs per (request, split) each copy every row (the current kernel's L2 traffic);
 * ``multicast``: the two as one 2-CTA cluster, each tile copied once by CTA 0 and multicast into

@@ -1,6 +1,6 @@
 """Timing floors of the warp-specialised MLA kernel, built from a patched copy of its source.
 
-The library's kernel (``src/kvattn/ops/mla/gluon_ws.py``) has no experiment switch. A floor is
+The library's kernel (``src/kvattn/ops/mla/kernels_gluon_ws.py``) has no experiment switch. A floor is
 that source with one part of the work taken out by a textual patch, loaded as a sibling module
 of the kernel (so its relative imports resolve) from a file in a temporary folder (Gluon reads a
 kernel's source from its file). The results are wrong by design: for timing only.
@@ -14,7 +14,7 @@ kernel's source from its file). The results are wrong by design: for timing only
 Each patch names the exact text it replaces, so an edit of the kernel that moves it fails here
 loudly rather than timing the unpatched kernel. :func:`floor_kernel` returns the patched
 ``mla_gluon_ws_kernel``; ``benchmarks/tune_mla.py``'s ``ws_no*`` variants launch it in place of
-the library's (``kvattn.ops.mla.launch.mla_gluon_ws_kernel``).
+the library's (``kvattn.ops.mla.plan.mla_gluon_ws_kernel``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ PATCHES = {
 
 def patched_source(floor: str) -> str:
     """The kernel's source with ``floor``'s patches applied (each anchor found exactly once)."""
-    from kvattn.ops.mla import gluon_ws
+    from kvattn.ops.mla import kernels_gluon_ws as gluon_ws
 
     text = Path(gluon_ws.__file__).read_text()
     for old, new in PATCHES[floor]:

@@ -19,7 +19,7 @@ from .inputs import PagedPools
 from .metrics import MLA_QK_DIM, MLA_V_DIM, Work, work
 from .shapes import Shape
 
-# kvattn op names (kvattn._backend.TRITON_OPS) per suite.
+# kvattn op names (kvattn.runtime.backend.TRITON_OPS) per suite.
 SUITE_OPS = {
     "decode": "batch_decode",
     "spec_decode": "batch_decode",

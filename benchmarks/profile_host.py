@@ -4,7 +4,7 @@ The target (docs/benchmarking.md) is <= 20 us of host time per eager call at bat
 launch, no GPU wait). ``host`` is the median of single calls each made with the GPU idle (a
 synchronise before each call, outside the timed part): what a call costs the host. ``queued`` is
 the best of 10 rounds of calls queued back to back and synchronised once: once the GPU work of a
-call is longer than its host time (NOTES.md, Host path: a CUDA-graph replay of 1x32768 takes 66 us on an
+call is longer than its host time (lab/notes/host-path.md, Host path: a CUDA-graph replay of 1x32768 takes 66 us on an
 H100), the launch queue fills and ``queued`` measures the GPU, not the host.
 
 ``--breakdown`` also replays each call's kernel launches alone (the same launch objects and
@@ -158,10 +158,10 @@ def fake_gpu() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import CompiledKernel
 
-    from kvattn.ops.decode import launch as decode_launch
+    from kvattn.ops.decode import plan as decode_launch
 
     try:
-        from kvattn.ops.launch import fast_launch
+        from kvattn.runtime import fast_launch
     except ImportError:  # a kvattn from before the fast path (to compare with)
         fast_launch = None
     if not isinstance(decode_launch.decode_split_kernel, jit.JITFunction):
@@ -224,7 +224,7 @@ def triton_runs():
 
 def launches_of(fn) -> list:
     """The fast-path launches one call of ``fn`` makes, as ``(launch, call)`` to replay."""
-    from kvattn.ops.launch import fast_launch
+    from kvattn.runtime import fast_launch
 
     seen, call_launch = [], fast_launch.Launch.__call__
 

@@ -9,7 +9,7 @@ compute-sanitizer's racecheck reports each hazard as a block: ``Race reported be
   generates to start and stop the partitions (worker warps wait on a CTA barrier, read their
   partition's state byte from shared memory and loop; the default partition writes the states).
   The calibration kernels, which hold nothing but one exchange, get them too
-  (benchmarks/NOTES.md "compute-sanitizer over every kernel family").
+  (lab/notes/robustness.md "compute-sanitizer over every kernel family").
 * **calibration**: any access in ``sanitize_calibration.py``: the tool's own behaviour measured on
   exchanges ordered by construction (``exchange_rows`` is flagged on purpose).
 * **kvattn**: everything else: a race in kvattn's kernels until shown otherwise.

@@ -7,7 +7,7 @@ bandwidth of the same run): per head (programs over (head, split), tiles of ``n`
 head, ``w`` warps) and token-major (programs over token chunks, all heads of ``rows`` tokens a
 step: contiguous 8 KB rows), with and without the ``evict_first`` L2 hint; the per-head reads
 also with consecutive programs on consecutive heads (``head-fast``) instead of one head's splits.
-benchmarks/NOTES.md ("Method: read floors", "Single decode: balancing the programs of 32768") has the H100
+lab/notes/method.md ("Method: read floors", "Single decode: balancing the programs of 32768") has the H100
 figures and what the decode tables took from them.
 
 Usage (on the device, from the repository root)::

@@ -66,7 +66,7 @@ def _short(exc: BaseException) -> str:
 
 def kvattn_backend(op: str, device: torch.device) -> str:
     """"triton" when kvattn would run its Triton kernel for ``op`` on ``device``, else "reference"."""
-    from kvattn import _backend
+    from kvattn.runtime import backend as _backend
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -21,10 +21,10 @@ not of the kernels; these two kernels measure it on the smallest such exchange:
   other's (the row sums at the end of the MLA kernel's earlier version).
 * ``exchange_quads``: as ``exchange_rows``, each row stored once per lane of the quad that holds it
   (a ``[64, 4]`` slot, one word a lane) and folded after the load, through the MLA kernel's own
-  exchange pieces (``ops/mla/gluon_ws.py``: ``_publish_rows``, ``_read_rows``).
+  exchange pieces (``ops/mla/kernels_gluon_ws.py``: ``_publish_rows``, ``_read_rows``).
 
 All check their results (a wrong value would be a real race). ``benchmarks/sanitize_driver.py``
-runs them as the variants ``calibration_*`` (benchmarks/NOTES.md "compute-sanitizer over every
+runs them as the variants ``calibration_*`` (lab/notes/robustness.md "compute-sanitizer over every
 kernel family").
 """
 
@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from kvattn.ops.common.gluon_compat import cta_barrier
-from kvattn.ops.mla.gluon_ws import _publish_rows, _read_rows
+from kvattn.ops.mla.kernels_gluon_ws import _publish_rows, _read_rows
 
 ROWS = 128
 

@@ -25,7 +25,7 @@ import traceback
 import torch
 
 import kvattn
-from kvattn import _env
+from kvattn.runtime import env as _env
 from kvattn.formats import FP8_DTYPE
 from kvattn.testing import make_paged_kv
 

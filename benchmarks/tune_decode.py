@@ -4,7 +4,7 @@ Each variant replaces fields of :class:`kvattn.ops.decode.configs.DecodeConfig` 
 pipelining depth, split heuristic, PDL) for every call; shapes and inputs come from the benchmark
 registry (``benchmarks/shapes.py``, ``benchmarks/problems.py``). Times are medians of CUDA-graph
 replays (``do_bench``, L2 flushed), fractions are of the copy bandwidth measured in the same run.
-The table that ends the output is what goes into ``benchmarks/NOTES.md`` (Decode, Single decode); the winning values go
+The table that ends the output is what goes into ``lab/notes/decode.md`` (Decode, Single decode); the winning values go
 into the config table of ``src/kvattn/ops/decode_configs.py``.
 
 Usage (on the device, from the repository root)::
@@ -82,7 +82,7 @@ VARIANTS = {
 }
 # Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use. Each variant's output is
 # compared with the table's (flagged when off), but before a table takes one the GPU tests must
-# pass with it (NVFP4 with 16-key tiles ran fast and computed wrong results, NOTES.md "Formats: NVFP4 in decode").
+# pass with it (NVFP4 with 16-key tiles ran fast and computed wrong results, lab/notes/formats.md "Formats: NVFP4 in decode").
 _TILES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 4, 5), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 4, 3),
           (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (64, 8, 4), (32, 4, 3), (32, 4, 5), (16, 4, 4),
           (16, 4, 6), (32, 8, 4), (32, 2, 4), (16, 2, 4), (32, 2, 6), (16, 1, 4), (16, 1, 6), (16, 2, 3), (16, 2, 6),
@@ -162,7 +162,7 @@ VARIANTS.update({
     "long_w2": {"block_n": 128, "num_warps": 8, "num_stages": 3, "waves": 2},
 })
 # Many short unpipelined programs without the hint (the fastest bare per-head read of single decode
-# 32768's bytes: 64 splits a head of 32-key, 4-warp programs; NOTES.md "Method: read floors").
+# 32768's bytes: 64 splits a head of 32-key, 4-warp programs; lab/notes/method.md "Method: read floors").
 VARIANTS.update({f"stream{bn}nohint_w{w}": {"block_n": bn, "num_warps": 4, "num_stages": 1, "evict_first": False,
                                             "waves": w} for bn in (16, 32, 64) for w in (1, 2, 4)})
 VARIANTS.update({
@@ -170,7 +170,7 @@ VARIANTS.update({
     "stream64w8nohint": {"block_n": 64, "num_warps": 8, "num_stages": 1, "evict_first": False},
 })
 # Contiguous 16-bit caches read by TMA (the table's tiles, and pipelined tiles that lost to the
-# hinted streaming ones), with and without the L2 evict_first hint (ops/launch/ptx_hints.py).
+# hinted streaming ones), with and without the L2 evict_first hint (runtime/ptx_hints.py).
 VARIANTS.update({
     "tma": {"tma": True},
     "tma_hint": {"tma": True, "evict_first": True},
@@ -232,7 +232,7 @@ def variant(name: str):
     even where they could be read as words; ``_env`` sets environment switches. Cached launch
     plans are dropped on entry and exit."""
     from kvattn.ops.decode import configs as decode_configs
-    from kvattn.ops.decode import launch as decode_launch
+    from kvattn.ops.decode import plan as decode_launch
     from kvattn._formats_table import BY_NAME
 
     fields = dict(VARIANTS[name])

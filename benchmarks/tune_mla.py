@@ -50,7 +50,7 @@ VARIANTS = {
                    "num_stages": 3},
     "fp8hn16n32s4": {"heads_as_n": True, "qk_fp8": True, "block_h": 16, "block_n": 32, "num_warps": 4,
                      # tried with a split/join P.V conversion (since reverted):
-                     # NOTES.md "MLA: heads in N for few heads"
+                     # lab/notes/mla.md "MLA: heads in N for few heads"
                      "num_stages": 4},
     # score products unchained (layout fences, mla/kernels.py _mla_tile_scores): each warpgroup computes
     # half of the score tile's N instead of all of it. Local sm_90a compiles (regs, shared memory):
@@ -78,14 +78,14 @@ VARIANTS = {
                   "num_stages": 4},
     # the table's config on the Triton kernel where the Gluon one would run (KVATTN_GLUON=0)
     "triton": {"_env": {"KVATTN_GLUON": "0"}},
-    # mla/gluon.py's kernel where the warp-specialised one (mla/gluon_ws.py) would run
+    # mla/kernels_gluon.py's kernel where the warp-specialised one (mla/kernels_gluon_ws.py) would run
     # (KVATTN_GLUON_WS=0). For an fp8 query over an fp8 cache, "gluon" and "triton" both run the
     # Triton kernel's fp8 scores.
     "gluon": {"_env": {"KVATTN_GLUON_WS": "0"}},
     # Timing floors of the warp-specialised kernel (wrong results, timing only): a patched copy of
     # its source built by benchmarks/mla_ws_floors.py runs in its place. (The schedule variants
     # measured once, S_B not staggered behind S_A and P_A read from shared memory, are recorded in
-    # NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)"; the kernel keeps the schedule taken.)
+    # lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)"; the kernel keeps the schedule taken.)
     "ws_nocopies": {"_ws_floor": "nocopies"},
     "ws_nopv": {"_ws_floor": "nopv"},
     "ws_noscores": {"_ws_floor": "noscores"},
@@ -98,7 +98,7 @@ def main(argv=None, grid=None) -> int:
     """``grid``: the shapes to time (default: the registry's MLA shapes), before ``--filter``."""
     args = tuning.parse_args(__doc__, argv)
     from kvattn.ops.mla import configs as mla_configs
-    from kvattn.ops.mla import launch as mla_launch
+    from kvattn.ops.mla import plan as mla_launch
 
     def context_for(shape, name):
         @contextlib.contextmanager

@@ -64,7 +64,7 @@ def _table_key(shape) -> tuple:
 
 def _grid(head_dim: int | None) -> list:
     """The prefill shapes, at ``head_dim`` if given (D256 with 16 query heads and 4 KV heads, as the
-    recorded tuning ran it, benchmarks/NOTES.md, Prefill: the same bytes a token as D128)."""
+    recorded tuning ran it, lab/notes/prefill.md, Prefill: the same bytes a token as D128)."""
     grid = shapes._prefill_grid()
     if head_dim is None:
         return grid

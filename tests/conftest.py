@@ -19,7 +19,7 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-from kvattn._backend import TRITON_OPS  # noqa: E402
+from kvattn.runtime.backend import TRITON_OPS  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 
@@ -34,7 +34,7 @@ for _path in sorted(set(TRITON_OPS.values())):
 @pytest.fixture(autouse=True)
 def _fresh_call_caches():
     """No recorded call outlives its test (tests patch what recorded calls were planned with)."""
-    from kvattn import _callcache
+    from kvattn.runtime import callcache as _callcache
 
     _callcache.clear()
     yield

@@ -288,7 +288,7 @@ def test_mla_is_skipped_in_the_interpreter_with_a_reason(capsys, monkeypatch):
 def test_info_on_cpu(capsys, monkeypatch):
     import triton
 
-    from kvattn import _versions
+    from kvattn.runtime import versions as _versions
 
     monkeypatch.delenv("KVATTN_BACKEND", raising=False)
     monkeypatch.setenv("KVATTN_GLUON", "0")
@@ -329,7 +329,7 @@ def test_info_interpreted_kernels(capsys, monkeypatch):
     ("not installed", "not installed"),
 ])
 def test_triton_support_levels(version, expected):
-    from kvattn import _versions
+    from kvattn.runtime import versions as _versions
 
     assert _versions.support(version) == expected
 
@@ -341,7 +341,7 @@ def test_triton_support_levels(version, expected):
 def test_gluon_kernels_gated_on_gpu_verified_tritons(version, raw, expected, monkeypatch, capsys):
     """KVATTN_GLUON unset: the Gluon kernels serve only on the Triton releases they were verified
     with on a GPU; ``kvattn info`` says which and why."""
-    from kvattn import _versions
+    from kvattn.runtime import versions as _versions
 
     monkeypatch.setattr(_versions, "triton_version", lambda: version)
     if raw is None:
@@ -362,7 +362,7 @@ def test_gluon_kernels_gated_on_gpu_verified_tritons(version, raw, expected, mon
                          ids=["ws", "gluon", "triton"])
 def test_info_names_mla_kernels_on_hopper(gluon, ws, want, monkeypatch):
     """On a Hopper GPU (faked) MLA's line says which Gluon kernel serves it, as the switches say."""
-    from kvattn import _backend, _device
+    from kvattn.runtime import backend as _backend, device as _device
 
     monkeypatch.setattr(_backend, "use_triton", lambda op, device: True)
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
@@ -376,7 +376,7 @@ def test_info_names_mla_kernels_on_hopper(gluon, ws, want, monkeypatch):
                                          ("0", "(pages of 64+ tokens by TMA on Hopper)")], ids=["gluon", "triton"])
 def test_info_names_the_prefill_kernel_on_hopper(gluon, want, monkeypatch):
     """On a Hopper GPU (faked) prefill's line names the Gluon kernel unless it is switched off."""
-    from kvattn import _backend, _device
+    from kvattn.runtime import backend as _backend, device as _device
 
     monkeypatch.setattr(_backend, "use_triton", lambda op, device: True)
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
@@ -388,7 +388,7 @@ def test_info_names_the_prefill_kernel_on_hopper(gluon, want, monkeypatch):
 
 def test_info_without_fast_paths_report(monkeypatch):
     """(On a GPU, info then prints "not reported by this kvattn"; on a CPU no fast path applies.)"""
-    from kvattn import _versions
+    from kvattn.runtime import versions as _versions
 
     monkeypatch.delattr(_versions, "fast_paths")
     assert cli._fast_paths() == {}

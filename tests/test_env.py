@@ -1,4 +1,4 @@
-"""``kvattn._env``: the switches read at each call, and a block that sets some for its duration."""
+"""``kvattn.runtime.env``: the switches read at each call, and a block that sets some for its duration."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvattn import _env
+from kvattn.runtime import env as _env
 
 
 def test_switches_set_for_the_block_then_put_back(monkeypatch):

@@ -1,6 +1,6 @@
 """kvattn must not change how other code's Triton kernels compile or run.
 
-kvattn rewrites the PTX of its own marked kernels (``kvattn.ops.launch.ptx_hints``) through Triton's
+kvattn rewrites the PTX of its own marked kernels (``kvattn.runtime.ptx_hints``) through Triton's
 process-wide stages hook, set only while it launches them. After kvattn has been imported and has
 launched its kernels (on a GPU: the single-decode RoPE launch that a CUDA-graph capture reads by
 TMA with the L2 hint, the marked kernel), a kernel that is not kvattn's and a ``torch.compile``'d

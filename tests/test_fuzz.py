@@ -365,7 +365,7 @@ def test_shrink_candidates_are_smaller():
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the compiled kernels: test_short_fuzz_on_gpu_in_every_mode")
 @pytest.mark.skipif(not _interpreter_usable(), reason="this Triton's interpreter cannot run with this numpy")
 def test_fixed_seed_run_in_the_interpreter(triton_backend):
-    from kvattn import _backend
+    from kvattn.runtime import backend as _backend
 
     assert _backend.use_triton("batch_decode", torch.device("cpu"))  # the kernels, not the reference
     report = fuzz(torch.device("cpu"), calls=24, seed=1, modes=("plain", "invariant"), quiet=True)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvattn import _env, _inputs
+from kvattn.runtime import env as _env
+from kvattn import _inputs
 from kvattn._inputs import check_tensor
 from kvattn._inputs import check_out
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops.launch import fast_launch
+from kvattn.runtime import fast_launch
 
 
 # ---------------------------------------------------------------------------------------------

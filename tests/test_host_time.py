@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvattn.ops.launch import fast_launch
+from kvattn.runtime import fast_launch
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,16 +1,20 @@
 """The package's import graph, read from the source (every import statement, function-level ones
-included): no circle among kvattn's modules, and nothing under ``kvattn.ops`` climbs back up into
-a public module.
+included): no circle among kvattn's modules, and the layers of docs/extending.md hold.
 
 Rules:
 
-- ``kvattn.ops.*`` may import ``kvattn.ops.*``, kvattn's private modules (``kvattn._*``) and
-  ``kvattn.formats`` (a leaf: the quantised formats' definitions, importing no kvattn module);
-  never a public module (``kvattn`` itself, ``decode``, ``xqa``, ``mla``, ``prefill``, ``cli``,
-  ``testing``, ``dense``, ``reference``, ``integrations`` ...).
+- The lower layers, ``kvattn.ops.*`` (the kernel families) and ``kvattn.runtime.*`` (call cache,
+  backend choice, switches, device facts, launcher), may import each other, kvattn's private
+  modules (``kvattn._*``) and ``kvattn.formats`` (a leaf: the quantised formats' definitions,
+  importing no kvattn module); never a public module (``kvattn`` itself, ``decode``, ``xqa``,
+  ``mla``, ``prefill``, ``cli``, ``testing``, ``dense``, ``reference``, ``integrations`` ...).
+- No family imports another sideways: ``kvattn.ops.<family>.*`` imports its own family,
+  ``kvattn.ops.common`` and the lower layers only (what two families share lives in ``ops/common``).
+- No module outside ``kvattn.runtime`` reaches into its internals: neither ``from
+  kvattn.runtime.m import _name`` nor ``m._name`` on a runtime module it imported.
 - No cycle: parent packages' ``__init__`` modules, which Python runs implicitly before a
   submodule, are not edges; only import statements are.
-- The op registry (``_backend.TRITON_OPS``) names real entry points, imported lazily.
+- The op registry (``runtime.backend.TRITON_OPS``) names real entry points, imported lazily.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pathlib
 import pytest
 
 import kvattn
-from kvattn import _backend
+from kvattn.runtime import backend as _backend
 
 SRC = pathlib.Path(kvattn.__file__).resolve().parent
 PACKAGE = "kvattn"
@@ -104,9 +108,63 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+LOWER = (f"{PACKAGE}.ops", f"{PACKAGE}.runtime")
+COMMON = f"{PACKAGE}.ops.common"
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def _allowed_from_ops(target: str) -> bool:
+    """What a lower-layer module (``ops`` or ``runtime``) may import: the lower layers, private
+    modules, ``kvattn.formats``."""
     last = target.split(".")[1] if target.count(".") else ""
-    return target.startswith(f"{PACKAGE}.ops") or last.startswith("_") or target == f"{PACKAGE}.formats"
+    return any(_in(target, p) for p in LOWER) or last.startswith("_") or target == f"{PACKAGE}.formats"
+
+
+def _family(module: str) -> str | None:
+    """``kvattn.ops.<family>`` of a module inside a kernel family (not ``ops.common``), else None."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == [PACKAGE, "ops"] and f"{PACKAGE}.ops.{parts[2]}" != COMMON:
+        return ".".join(parts[:3])
+    return None
+
+
+def _sideways(module: str, target: str) -> bool:
+    """An arrow from one kernel family into another."""
+    own, other = _family(module), _family(target)
+    return own is not None and other is not None and own != other
+
+
+def runtime_internals_used(module: str, path: pathlib.Path, known: set[str]) -> list[str]:
+    """The private names of ``kvattn.runtime`` modules that ``module`` (outside runtime) uses:
+    ``from kvattn.runtime.m import _x`` or ``alias._x`` where ``alias`` is bound to a runtime
+    module by an import."""
+    if _in(module, f"{PACKAGE}.runtime"):
+        return []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    aliases: dict[str, str] = {}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node)
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                if full in known and _in(full, f"{PACKAGE}.runtime"):
+                    aliases[a.asname or a.name] = full
+                elif _in(base, f"{PACKAGE}.runtime") and a.name.startswith("_"):
+                    found.append(f"{base}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if _in(a.name, f"{PACKAGE}.runtime") and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{aliases[node.value.id]}.{node.attr}")
+    return found
 
 
 def test_no_import_cycle():
@@ -114,10 +172,22 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_ops_never_import_a_public_module():
-    bad = [(m, t) for m, targets in import_graph().items() if m.startswith(f"{PACKAGE}.ops")
+def test_lower_layers_never_import_a_public_module():
+    bad = [(m, t) for m, targets in import_graph().items() if any(_in(m, p) for p in LOWER)
            for t in targets if not _allowed_from_ops(t)]
     assert not bad, "\n".join(f"{m} imports {t}" for m, t in bad)
+
+
+def test_no_family_imports_another():
+    bad = [(m, t) for m, targets in import_graph().items() for t in targets if _sideways(m, t)]
+    assert not bad, "\n".join(f"{m} imports {t}" for m, t in bad)
+
+
+def test_nothing_outside_runtime_uses_its_private_names():
+    modules = _modules()
+    known = set(modules)
+    bad = {m: used for m, path in modules.items() if (used := runtime_internals_used(m, path, known))}
+    assert not bad, "\n".join(f"{m} uses {', '.join(sorted(set(u)))}" for m, u in bad.items())
 
 
 def test_formats_is_a_leaf():
@@ -140,6 +210,22 @@ def test_the_checks_see_what_they_must():
     assert not _allowed_from_ops("kvattn.decode") and not _allowed_from_ops("kvattn.testing")
     assert not _allowed_from_ops("kvattn")
     assert _allowed_from_ops("kvattn._inputs") and _allowed_from_ops("kvattn.ops.common")
+    assert _allowed_from_ops("kvattn.runtime.fast_launch") and not _allowed_from_ops("kvattn.runtime_x")
+    assert _sideways("kvattn.ops.mla.plan", "kvattn.ops.decode.kernels")
+    assert not _sideways("kvattn.ops.mla.plan", "kvattn.ops.common.combine")
+    assert not _sideways("kvattn.ops.mla.plan", "kvattn.ops.mla.kernels")
+    assert not _sideways("kvattn.ops.common.splits", "kvattn.ops.decode")  # (the lower-layer rule's business)
+    known = {"kvattn.runtime", "kvattn.runtime.env", "kvattn.runtime.device"}
+    src = ("from kvattn.runtime import env as e, device\nfrom kvattn.runtime.env import _hidden, shown\n"
+           "e._flag\ne.public\ndevice._facts\ndevice.__name__\n")
+    try:
+        path.write_text(src)
+        used = runtime_internals_used("kvattn.ops.x.plan", path, known)
+        inside = runtime_internals_used("kvattn.runtime.callcache", path, known)
+    finally:
+        path.unlink()
+    assert sorted(used) == ["kvattn.runtime.device._facts", "kvattn.runtime.env._flag", "kvattn.runtime.env._hidden"]
+    assert inside == []
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 

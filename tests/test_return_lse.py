@@ -18,7 +18,7 @@ import kvattn
 from kvattn import dense
 from kvattn._inputs import PagedKV, Scale
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.decode import plan as decode_launch
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import op as mla_op
 from kvattn.testing import make_paged_kv, poison_

@@ -29,7 +29,7 @@ def _def_line(path: Path, kernel: str) -> int:
     return next(i for i, s in enumerate(path.read_text().splitlines(), 1) if s.startswith(f"def {kernel}("))
 
 
-PREFILL_WS = ROOT / "src" / "kvattn" / "ops" / "prefill" / "gluon_ws.py"
+PREFILL_WS = ROOT / "src" / "kvattn" / "ops" / "prefill" / "kernels_gluon_ws.py"
 WS_DEF = _def_line(PREFILL_WS, "prefill_ws_kernel")
 WS_CALL = next(i for i, s in enumerate(PREFILL_WS.read_text().splitlines(), 1) if "gl.warp_specialize(" in s)
 
@@ -43,9 +43,9 @@ def _block(first: tuple, *others: tuple) -> str:
     return text + "========= \n"
 
 
-PROLOGUE = _block(("prefill_ws_kernel", "gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "gluon_ws.py", WS_DEF),
-                  ("prefill_ws_kernel", "gluon_ws.py", WS_CALL))
-IN_KERNEL = _block(("prefill_ws_kernel", "gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "gluon_ws.py", WS_DEF - 10))
+PROLOGUE = _block(("prefill_ws_kernel", "kernels_gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "kernels_gluon_ws.py", WS_DEF),
+                  ("prefill_ws_kernel", "kernels_gluon_ws.py", WS_CALL))
+IN_KERNEL = _block(("prefill_ws_kernel", "kernels_gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "kernels_gluon_ws.py", WS_DEF - 10))
 CALIBRATION = _block(("exchange_rows_kernel", "sanitize_calibration.py", 120),
                      ("exchange_rows_kernel", "sanitize_calibration.py", 98))
 
@@ -83,7 +83,7 @@ def test_triage_sorts_hazards_by_place():
     kinds = rt.triage(PROLOGUE + IN_KERNEL + CALIBRATION + PROLOGUE, sources)
     assert [len(kinds[k]) for k in ("kvattn", "prologue", "calibration")] == [1, 2, 1]
     # The same line numbers in MLA's kernel of the same file name are not prefill's def line.
-    mla = _block(("mla_gluon_ws_kernel", "gluon_ws.py", WS_DEF))
+    mla = _block(("mla_gluon_ws_kernel", "kernels_gluon_ws.py", WS_DEF))
     assert len(rt.triage(mla, sources)["kvattn"]) == 1
     # The constexpr branch opening a warp_specialize call counts as the call; another branch does not.
     lines = PREFILL_WS.read_text().splitlines()
@@ -91,9 +91,9 @@ def test_triage_sorts_hazards_by_place():
                    and "warp_specialize(" in next(t for t in lines[i:] if t.strip() and not t.strip().startswith("#")))
     other = next(i for i, s in enumerate(lines, 1) if s.strip().startswith("if ") and i > WS_DEF
                  and "warp_specialize(" not in lines[i])
-    branch = _block(("prefill_ws_kernel", "gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "gluon_ws.py", opening))
+    branch = _block(("prefill_ws_kernel", "kernels_gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "kernels_gluon_ws.py", opening))
     assert len(rt.triage(branch, sources)["prologue"]) == 1
-    off = _block(("prefill_ws_kernel", "gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "gluon_ws.py", other))
+    off = _block(("prefill_ws_kernel", "kernels_gluon_ws.py", WS_DEF), ("prefill_ws_kernel", "kernels_gluon_ws.py", other))
     assert len(rt.triage(off, sources)["kvattn"]) == 1
 
 

@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple, TypeVar
 
 import torch
 
-from . import _env
+from .runtime import env as _env
 from ._formats_table import BY_DTYPE, DTYPES, FORMATS
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ _MLA_DIM, _MLA_V = 576, 512
 def _pages_like(num_pages: int) -> int:
     """The fewest pages that launch the kernels ``num_pages`` pages launch: the page count is a
     kernel argument Triton specialises as 1, a multiple of 16, or neither (see
-    :mod:`kvattn.ops.launch.fast_launch`)."""
+    :mod:`kvattn.runtime.fast_launch`)."""
     if num_pages == 1:
         return 1
     return 16 if num_pages % 16 == 0 else 17

@@ -460,7 +460,7 @@ def run(device: torch.device, functions=FUNCTION_KEYS, *, peers: bool = True, fl
             records.append(rec)
             try:
                 if impl_name == "kvattn":
-                    from . import _backend
+                    from .runtime import backend as _backend
 
                     op = {"batch_decode": "batch_decode", "xqa": "batch_decode", "single_decode": "single_decode",
                           "mla": "mla_decode", "prefill": "context"}[key]

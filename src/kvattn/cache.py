@@ -14,7 +14,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _backend, reference
+from .runtime import backend as _backend
+from . import reference
 from ._formats_table import QUANTISED_DTYPES
 from ._inputs import check_int, check_layout, check_shape, check_tensor, paged_kv_from_cache, to_scale
 

@@ -32,7 +32,8 @@ from typing import Callable
 
 import torch
 
-from . import _backend, _device, _env, _versions, dense
+from .runtime import backend as _backend, device as _device, env as _env, versions as _versions
+from . import dense
 from ._console import (  # noqa: F401  (re-exported: the command's names live in kvattn.cli too)
     FUNCTION_KEYS,
     FUNCTIONS,
@@ -346,7 +347,7 @@ def _time(fn, device: torch.device, reps: int) -> float:
 def check_interpreter_numpy() -> None:
     """Triton 3.6's interpreter fails on numpy >= 2.4 (it converts 1-element arrays to scalars, which
     numpy 2.4 refuses); 3.7 works with it. Say so up front instead of failing every case."""
-    from ._versions import parse
+    from .runtime.versions import parse
 
     # Versions from the installed metadata: importing triton now would define its own jit functions
     # compiled-mode, before the interpreter is switched on.
@@ -534,7 +535,7 @@ def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str
 
 def _fast_paths() -> dict[str, str]:
     try:
-        from . import _versions
+        from .runtime import versions as _versions
     except ImportError:
         return {}
     fn = getattr(_versions, "fast_paths", None)
@@ -550,7 +551,7 @@ def info(device: torch.device) -> int:
     try:
         import triton
 
-        from ._versions import support
+        from .runtime.versions import support
 
         triton_version = triton.__version__
         if device.type == "cuda":

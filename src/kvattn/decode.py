@@ -11,8 +11,9 @@ from typing import Literal, Optional, Tuple, Union, overload
 
 import torch
 
-from . import _backend, reference
-from ._callcache import CallCache
+from .runtime import backend as _backend
+from . import reference
+from .runtime.callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     Scale,
@@ -173,7 +174,7 @@ def xqa_batch_decode_with_kv_cache(
     return _BATCH_CACHE.run(args, run)
 
 
-# Calls replayed from their metadata (kvattn._callcache; benchmarks/NOTES.md "Host path: calls
+# Calls replayed from their metadata (kvattn.runtime.callcache; lab/notes/host-path.md "Host path: calls
 # replayed from their metadata").
 _BATCH_CACHE = CallCache("xqa_batch_decode_with_kv_cache")
 _SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)
@@ -262,7 +263,7 @@ def _batch_decode(
 def debug_check_drafts(q_cu_seq_lens: torch.Tensor, seq_lens: torch.Tensor, total: int, q_len: int,
                        q_len_name: str = "q_len_per_req") -> None:
     """Device-value checks of ragged draft offsets (synchronising): only with ``KVATTN_DEBUG=1``."""
-    from . import _env
+    from .runtime import env as _env
     from ._inputs import _debug_check_cum, _lengths_as_read
 
     if not _env.debug_checks():

@@ -44,7 +44,8 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import _backend, decode, mla
+from .runtime import backend as _backend
+from . import decode, mla
 from ._inputs import (
     cached_aliases, check_int, check_lse_out, check_sinks, check_tensor, check_window, check_workspace,
 )

@@ -10,7 +10,7 @@ Under this mode decode, ``xqa``, single decode and MLA cut every request's keys 
 fixed number of tokens (``ceil(length / span)`` splits), always merge them with one merge kernel in
 split order, and choose their launch configs without looking at the batch; prefill never splits
 the keys and picks its configs by shape only, so it is batch-invariant in either mode. The cost is
-speed where a batch is small or its lengths uneven (benchmarks/NOTES.md "Batch-invariant mode").
+speed where a batch is small or its lengths uneven (lab/notes/robustness.md "Batch-invariant mode").
 
 >>> import kvattn
 >>> with kvattn.batch_invariant():
@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Optional
 
-from . import _env
+from .runtime import env as _env
 
 
 def set_batch_invariant(enabled: Optional[bool]) -> None:
@@ -44,7 +44,7 @@ def set_batch_invariant(enabled: Optional[bool]) -> None:
     """
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"enabled: expected a bool or None, got {type(enabled).__name__}")
-    _env._BATCH_INVARIANT[0] = enabled
+    _env.force_batch_invariant(enabled)
 
 
 def is_batch_invariant() -> bool:
@@ -77,12 +77,11 @@ def batch_invariant(enabled: bool = True) -> Iterator[None]:
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
-    old = _env._BATCH_INVARIANT[0]
-    _env._BATCH_INVARIANT[0] = enabled
+    old = _env.force_batch_invariant(enabled)
     try:
         yield
     finally:
-        _env._BATCH_INVARIANT[0] = old
+        _env.force_batch_invariant(old)
 
 
 __all__ = ["set_batch_invariant", "is_batch_invariant", "batch_invariant"]

@@ -36,7 +36,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _backend, reference
+from .runtime import backend as _backend
+from . import reference
 from ._inputs import check_sinks, check_tensor
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -6,8 +6,9 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from . import _backend, reference
-from ._callcache import CallCache
+from .runtime import backend as _backend
+from . import reference
+from .runtime.callcache import CallCache
 from ._inputs import (
     PagedKV,
     check_int,
@@ -118,7 +119,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     return _CACHE.run(args, lambda: _mla(*args))
 
 
-# Calls replayed from their metadata (kvattn._callcache).
+# Calls replayed from their metadata (kvattn.runtime.callcache).
 _CACHE = CallCache("xqa_batch_decode_with_kv_cache_mla")
 
 

@@ -7,8 +7,9 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from . import _backend, reference
-from ._callcache import CallCache
+from .runtime import backend as _backend
+from . import reference
+from .runtime.callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     check_int,
@@ -211,8 +212,8 @@ def trtllm_batch_context_with_kv_cache(
     return _CACHE.run(args, lambda: _prefill(*args))
 
 
-# Calls replayed from their metadata (kvattn._callcache; its TMA descriptors rebuilt on the new
-# pointers: benchmarks/NOTES.md "Host path: calls replayed from their metadata").
+# Calls replayed from their metadata (kvattn.runtime.callcache; its TMA descriptors rebuilt on the new
+# pointers: lab/notes/host-path.md "Host path: calls replayed from their metadata").
 _CACHE = CallCache("trtllm_batch_context_with_kv_cache")
 
 

@@ -10,7 +10,7 @@ from typing import Optional, Union
 import torch
 
 from . import decode
-from ._callcache import CallCache
+from .runtime.callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
     PagedKV,
@@ -214,7 +214,7 @@ def xqa(
     return _CACHE.run(args, lambda: _xqa(*args))
 
 
-# Calls replayed from their metadata (kvattn._callcache).
+# Calls replayed from their metadata (kvattn.runtime.callcache).
 _CACHE = CallCache("xqa")
 
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 import triton
 
-from kvattn import _versions
+from kvattn.runtime import versions as _versions
 
 _SCRIPT = r"""
 import contextlib, importlib, json, os, re, subprocess, sys, tempfile
@@ -45,7 +45,7 @@ if case["gluon"]:
 src = ASTSource(fn, signature=sig, attrs=attrs,
                 constexprs={(fn.arg_names.index(k),): v for k, v in case["constexprs"].items()})
 if case["ptx_hints"]:
-    from kvattn.ops.launch.ptx_hints import applied as scope
+    from kvattn.runtime.ptx_hints import applied as scope
 else:
     scope = contextlib.nullcontext
 with scope():
@@ -68,7 +68,7 @@ print(json.dumps({"ttgir": ck.asm["ttgir"], "ptx": ck.asm["ptx"], "shared": ck.m
 """
 
 
-# Whether the installed Triton is one kvattn is verified with on the GPU (kvattn._versions.GPU_VERIFIED).
+# Whether the installed Triton is one kvattn is verified with on the GPU (kvattn.runtime.versions.GPU_VERIFIED).
 GPU_VERIFIED_TRITON = triton.__version__.startswith(_versions.GPU_VERIFIED)
 
 
@@ -99,7 +99,7 @@ def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (
     ``default_ptr``), tensor descriptors by ``descs`` (signature strings), ``floats`` fp32
     scalars, other scalars i32; with ``sass``, also ``"sass"`` (cuobjdump's disassembly).
     ``reg`` / ``stack`` / ``sass`` are absent where Triton has no cuobjdump. With ``ptx_hints``
-    the compile runs inside :func:`kvattn.ops.launch.ptx_hints.applied`, as kvattn launches marked kernels.
+    the compile runs inside :func:`kvattn.runtime.ptx_hints.applied`, as kvattn launches marked kernels.
     ``options``: more compile options (``maxnreg``)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),

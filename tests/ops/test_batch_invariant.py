@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import _device, _env, _inputs
+from kvattn.runtime import device as _device, env as _env
+from kvattn import _inputs
+from kvattn.ops.common import splits
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import op as mla_op
@@ -80,8 +82,8 @@ def test_switch_rejects_non_bools():
 
 def test_invariant_split_counts_depend_on_the_length_only():
     cfg = decode_configs.DecodeConfig(64, 4, 2, invariant_span=1000)
-    assert decode_configs.invariant_span(cfg) == 1024  # whole tiles
-    assert [decode_configs.invariant_splits(cfg, n) for n in (1, 1024, 1025, 5000)] == [2, 2, 2, 5]
+    assert splits.invariant_span(cfg) == 1024  # whole tiles
+    assert [splits.invariant_splits(cfg, n) for n in (1, 1024, 1025, 5000)] == [2, 2, 2, 5]
 
 
 # ---------------------------------------------------------------------------------------------

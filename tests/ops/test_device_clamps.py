@@ -1,6 +1,6 @@
 """Device values that must not push a kernel outside its tensors (``KVATTN_DEBUG`` off).
 
-The kernels clamp what they read from the device (benchmarks/NOTES.md "Device-side clamps"):
+The kernels clamp what they read from the device (lab/notes/robustness.md "Device-side clamps"):
 
 * a KV length is clamped into ``[0, capacity]`` (capacity: the page table's width x page size), so
   a length past the table never reads the table past the request's row, and a negative one (a

@@ -94,7 +94,7 @@ def test_mla_batch_vs_alone_bitwise(kernel, monkeypatch):
 
 
 def test_single_decode_bitwise_on_any_split_plan(monkeypatch):
-    from kvattn import _device
+    from kvattn.runtime import device as _device
     g = torch.Generator().manual_seed(1)
     q = torch.randn(32, 128, generator=g).to("cuda", torch.bfloat16)
     k = torch.randn(20000, 8, 128, generator=g).to("cuda", torch.bfloat16)

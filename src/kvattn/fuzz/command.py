@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args, device) -> int:
-    from .. import _env
+    from ..runtime import env as _env
     from .._version import __version__
     from .runner import fuzz, print_report
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import _env
+from ..runtime import env as _env
 from .draws import FUNCTIONS, Env, draw, tile_sizes
 from .modes import MODES, applicable, run_spec
 from .shrink import shrink, snippet

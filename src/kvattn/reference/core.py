@@ -22,7 +22,7 @@ def usable_lengths(seq_lens: torch.Tensor, capacity: int) -> list[int]:
     """Each request's length as every backend uses it: read as int32 (a uint32 length of 2^31 or
     more is a negative one), a negative length is 0 and a length past the page table's
     ``capacity`` is ``capacity``, so never more than ``capacity`` tokens are gathered, whatever
-    the tensor holds (docs/semantics.md, "Unusable page ids and lengths"; benchmarks/NOTES.md,
+    the tensor holds (docs/semantics.md, "Unusable page ids and lengths"; lab/notes/hardening.md,
     "Hardening: unusable page ids and lengths")."""
     lens = seq_lens.reshape(-1)
     if lens.dtype == torch.uint32:

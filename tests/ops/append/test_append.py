@@ -297,7 +297,7 @@ def test_cuda_graph_replay_with_new_tokens():
 def test_compiles_for_sm90_without_spills(kv_format, cache_ptr, head_dim, heads):
     """The kernel compiles for Hopper (no GPU needed) with every cache format, and keeps its tile in
     registers (no local-memory stack)."""
-    from kvattn.ops.append import launch
+    from kvattn.ops.append import plan as launch
     from kvattn.ops.common import KV_FP8, KV_HALF, KV_NVFP4
 
     from ..sm90 import compile_sm90

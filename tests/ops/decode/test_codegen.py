@@ -3,7 +3,7 @@
 The kernels are compiled (not run) for an sm_90a target, so these tests need no GPU: a subprocess
 without ``TRITON_INTERPRET`` compiles them through Triton's own pipeline and reports the TTGIR /
 PTX facts checked here. They pin two Triton 3.6 behaviours the decode tables are built on
-(``benchmarks/NOTES.md`` "Formats: fp8 KV in decode"): the fp8 V tile behind ``common.opaque`` gives its P.V product
+(``lab/notes/formats.md`` "Formats: fp8 KV in decode"): the fp8 V tile behind ``common.opaque`` gives its P.V product
 kWidth 2, and an ``evict_first`` hint survives only on loads Triton does not software-pipeline.
 """
 
@@ -14,7 +14,7 @@ import re
 import pytest
 
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.launch import ptx_hints
+from kvattn.runtime import ptx_hints
 
 from ..sm90 import compile_sm90, gpu_verified_fact
 
@@ -83,7 +83,7 @@ def test_in_kernel_merge_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
 
 
 def test_batch_invariant_split_keeps_the_one_row_rope_kernel_at_4_programs_an_sm():
-    """Fixed-span splits (SPLIT_SPAN, benchmarks/NOTES.md "Batch-invariant mode") change only the
+    """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
     split bounds: the one-row RoPE kernel (the tightest budget) stays within 128 registers, with
     the stack of the default mode's kernel (32 bytes under Triton 3.6), no more."""
     plain = _compile(ROPE_ONE_ROW, raw=True)
@@ -109,10 +109,10 @@ def test_contig_one_row_tiles_fit_four_programs_an_sm():
 
 
 @pytest.mark.skipif(not ptx_hints.HOOK_SUPPORTED, reason="the TMA copies' L2 hint is gated to the stages hook "
-                    "of Triton 3.6 / 3.7 (ops/launch/ptx_hints.py); this Triton compiles them unhinted")
+                    "of Triton 3.6 / 3.7 (runtime/ptx_hints.py); this Triton compiles them unhinted")
 def test_rope_stream_tiles_copy_by_tma_with_a_policy_ptxas_writes():
     """RoPE's streaming tiles (the one-row kernel, K and V by TMA, KV_EVICT_FIRST): every TMA copy
-    carries the L2 policy created once at the entry (ops/launch/ptx_hints.py), no copy is a plain
+    carries the L2 policy created once at the entry (runtime/ptx_hints.py), no copy is a plain
     cp.async (which ptxas 12.8 miscompiles with a policy: an LDGSTS reading a descriptor register
     nothing writes), and in the SASS every UTMALDG's descriptor register pair is written before
     it. Registers stay at 4 programs an SM."""

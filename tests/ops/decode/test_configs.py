@@ -96,7 +96,7 @@ def test_split_count_fills_whole_waves():
 def test_nvfp4_never_takes_16_key_tiles_on_sm90(head_dim, block_m):
     """On an H100 (Triton 3.6) every NVFP4 case on the byte path (the one unaligned caches take)
     computed wrong results with 16-key tiles, with 1, 2 or 4 warps, while 32-key and longer tiles
-    pass and the interpreter passes with 16 (benchmarks/NOTES.md "Formats: NVFP4 in decode"). No table
+    pass and the interpreter passes with 16 (lab/notes/formats.md "Formats: NVFP4 in decode"). No table
     entry may lead there."""
     for kind, tables in dc.KINDS.items():
         if ("nvfp4", head_dim) in tables.get("sm90", {}):

@@ -21,7 +21,7 @@ from kvattn import dense
 from kvattn._inputs import MIN_WORKSPACE_BYTES
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import make_paged_kv, poison_
 
 from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, off_by_one, run_both
@@ -197,7 +197,7 @@ def test_split_kv_partials_combine_exactly(q_len, group, merge, kernel_device, t
 def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backend, monkeypatch):
     """Calls sharing one workspace stay exact (each launch's last split program resets its item's
     arrival counter), and the workspace's counter region reads zero after them."""
-    from kvattn.ops.launch.workspace import ALIGN, COUNTER_BYTES
+    from kvattn.runtime.workspace import ALIGN, COUNTER_BYTES
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
     monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)
@@ -237,7 +237,7 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, tr
 def test_balanced_deal_leaves_its_counters_at_zero(kernel_device, triton_backend, monkeypatch):
     """Ragged calls sharing one workspace stay exact: the dynamic deal's counter and finish count,
     and every request's merge counter, read zero after each launch."""
-    from kvattn.ops.launch.workspace import ALIGN, COUNTER_BYTES
+    from kvattn.runtime.workspace import ALIGN, COUNTER_BYTES
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
     ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)

@@ -16,10 +16,11 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction
 
 import kvattn
-from kvattn import _device, dense
+from kvattn.runtime import device as _device
+from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import launch as decode_launch
+from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import relative_error
 
 from ..oracle import GPU_ONLY, ON_GPU
@@ -191,7 +192,7 @@ def test_split_kv_single_decode(merge, kernel_device, triton_backend, monkeypatc
     last split program or in the combine launch (``KVATTN_FUSED_MERGE=0``). The in-kernel merge's
     counters (kept per device and stream, single decode having no workspace) are back at zero after
     every call, so the next call, of another shape, merges right too."""
-    from kvattn.ops.launch import workspace as launch_workspace
+    from kvattn.runtime import workspace as launch_workspace
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
     monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)  # merge in the kernel however many splits
@@ -212,7 +213,7 @@ def test_split_kv_single_decode(merge, kernel_device, triton_backend, monkeypatc
 def test_single_decode_in_cuda_graphs(mode, triton_backend, monkeypatch):
     """Two captured calls (their own zeroed counters, cut from the device's chunk for captures),
     replayed several times each, alternately and with new K/V in place, follow the new values."""
-    from kvattn.ops.launch import workspace as launch_workspace
+    from kvattn.runtime import workspace as launch_workspace
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
     monkeypatch.setattr(decode_launch, "MAX_MERGE_ROUNDS", 1 << 30)

@@ -1,6 +1,6 @@
 """Gluon probe kernels for a 2-CTA cluster with TMA multicast (compiled for sm_90a, never launched).
 
-They pin what each Triton's Gluon can express of the design in benchmarks/NOTES.md "MLA: TMA
+They pin what each Triton's Gluon can express of the design in lab/notes/mla.md "MLA: TMA
 multicast across the head-block pair": the two 64-head programs of one (request, split) as one
 cluster, a KV tile copied once from L2 and multicast into both CTAs' shared memory, each CTA's
 score product on its own 64 query rows, and the tile's buffer refilled only when both CTAs have

@@ -1,7 +1,7 @@
 """What Gluon compiles of a 2-CTA cluster with TMA multicast, per Triton (sm_90a, no GPU needed).
 
 The MLA seesaw kernel's two 64-head programs of one (request, split) read the same latent rows;
-benchmarks/NOTES.md "MLA: TMA multicast across the head-block pair" designs them as one cluster
+lab/notes/mla.md "MLA: TMA multicast across the head-block pair" designs them as one cluster
 with each tile copied once and multicast. These tests compile the probe kernels of
 ``cluster_probe.py`` and pin, per Triton, what of that design Gluon lowers, so that the note's
 verdict (not buildable on the GPU-verified 3.7.1, a 3.9-only path) is checked on every version
@@ -23,7 +23,7 @@ import pytest
 import triton
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-from kvattn import _versions
+from kvattn.runtime import versions as _versions
 
 from ..sm90 import compile_sm90
 

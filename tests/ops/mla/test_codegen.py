@@ -1,9 +1,9 @@
 """What the MLA decode kernels compile to for Hopper (sm_90a): the split score products, and the
-schedules of the two Gluon kernels (``ops/mla/gluon.py``, ``ops/mla/gluon_ws.py``).
+schedules of the two Gluon kernels (``ops/mla/kernels_gluon.py``, ``ops/mla/kernels_gluon_ws.py``).
 
 Compiled (not run) for an sm_90a target, so no GPU is needed (``tests/ops/sm90.py``). Pins the
 Triton 3.6 behaviour the ``"split"`` table entries rest on (``ops/mla/kernels.py``
-``_mla_tile_scores``, ``benchmarks/NOTES.md`` "MLA: the score tile split between the warpgroups"):
+``_mla_tile_scores``, ``lab/notes/mla.md`` "MLA: the score tile split between the warpgroups"):
 a score product whose result reaches the P.V product gets all 8 warps along its 64 rows, so both
 warpgroups compute the whole score tile; behind the layout fences each warpgroup computes half of
 it, and the row loads stay software-pipelined.
@@ -43,7 +43,7 @@ def test_score_products_split_between_warpgroups(split):
 
 
 # ---------------------------------------------------------------------------------------------
-# The Gluon kernel (16-bit caches on Hopper, kvattn.ops.mla.gluon)
+# The Gluon kernel (16-bit caches on Hopper, kvattn.ops.mla.kernels_gluon)
 # ---------------------------------------------------------------------------------------------
 GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
 GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
@@ -59,7 +59,7 @@ def test_gluon_kernel_compiles_to_its_schedule(page):
     512 + 64 columns) and m64n256 P.V ones, nine + nine TMA copies before the loop and nine in it,
     the query and two row buffers in shared memory (216 KB of the 227 an H100 gives a program), and
     no register spill."""
-    got = compile_sm90("kvattn.ops.mla.gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
                        floats=("logit_factor", "out_factor"), warps=8, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
     ptx = got["ptx"]
@@ -74,7 +74,7 @@ def test_gluon_kernel_compiles_to_its_schedule(page):
 def test_gluon_kernel_stores_the_lse_without_spilling():
     """``return_lse`` (STORE_LSE): the final rows' LSE stored from the kernel's epilogue, still no
     register spill and the same loop."""
-    got = compile_sm90("kvattn.ops.mla.gluon.mla_gluon_kernel", dict(GLUON_BASE, STORE_LSE=True), ptrs=GLUON_PTRS,
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon.mla_gluon_kernel", dict(GLUON_BASE, STORE_LSE=True), ptrs=GLUON_PTRS,
                        floats=("logit_factor", "out_factor"), warps=8, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
     ptx = got["ptx"]
@@ -85,7 +85,7 @@ def test_gluon_kernel_stores_the_lse_without_spilling():
 
 
 # ---------------------------------------------------------------------------------------------
-# The warp-specialised Gluon kernel (the Gluon kernel's launches on sm90, kvattn.ops.mla.gluon_ws)
+# The warp-specialised Gluon kernel (the Gluon kernel's launches on sm90, kvattn.ops.mla.kernels_gluon_ws)
 # ---------------------------------------------------------------------------------------------
 # Every constexpr: one left out would compile as an i32 argument. (STORE_LSE is the Gluon kernel's
 # only: a launch asking for an LSE keeps that kernel.)
@@ -100,8 +100,8 @@ def test_ws_kernel_compiles_to_its_schedule(page):
     two warpgroups and the copy warp; shared memory within 227 KB; no spill; and the wgmmas left
     asynchronous by ptxas: a handful of waits (one a product), not one after every wgmma, which is
     what ptxas emits when it serialises them (C7514 / C7515: a P.V product in flight across the
-    loop's back edge did it, benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
-    got = compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=page),
+    loop's back edge did it, lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=page),
                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"}, sass=True)
     ptx = got["ptx"]
@@ -119,9 +119,9 @@ def test_ws_kernel_compiles_to_its_schedule(page):
 
 
 def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode():
-    """Fixed-span splits (SPLIT_SPAN, benchmarks/NOTES.md "Batch-invariant mode") change only the
+    """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
     split bounds: the same registers, no spill, the same shared memory."""
-    got = compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, SPLIT_SPAN=1024),
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, SPLIT_SPAN=1024),
                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", got["ptx"]))
@@ -137,7 +137,7 @@ ROW_SMEM8 = ("NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=
 FP8_PTRS = dict(GLUON_PTRS, q_ptr="*fp8e4nv")
 
 
-def _compile_fp8(kernel="kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", **constexprs) -> dict:
+def _compile_fp8(kernel="kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", **constexprs) -> dict:
     return compile_sm90(kernel, dict(WS_BASE, **constexprs), ptrs=FP8_PTRS,
                         floats=("logit_factor", "out_factor"), warps=4, gluon=True,
                         descs={"kv_desc": f"tensordesc<fp8e4nv[64, 64],{ROW_SMEM8}>"}, sass=True)
@@ -152,7 +152,7 @@ def test_ws_fp8_kernel_compiles_to_its_schedule(page):
     64 x 256 a pair: 256 a thread), read and written 16 bytes at a time and no byte loads in the
     loop; registers 240 / 240 / 24, no spill; shared memory 214 KB (the query, two byte tiles,
     three float16 value halves, P); and the wgmmas left asynchronous by ptxas (a handful of waits,
-    not one after each: benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    not one after each: lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
     got = _compile_fp8(PAGE_SIZE=page)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", ptx)) == 36
@@ -196,7 +196,7 @@ def test_ws_fp8_timing_floors_compile():
 def test_ws_kernel_with_four_tokens_keeps_its_schedule():
     """Q_LEN 4 (16 heads x 4 tokens in the 64 rows): the same products, TMA boxes, registers and
     shared memory as one token, no spill; the per-row limits are a mask, not a second schedule."""
-    got = compile_sm90("kvattn.ops.mla.gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4), ptrs=GLUON_PTRS,
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4), ptrs=GLUON_PTRS,
                        floats=("logit_factor", "out_factor"), warps=4, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
     ptx = got["ptx"]
@@ -220,7 +220,7 @@ def test_ws_fp8_kernel_with_four_tokens_keeps_its_schedule():
 
 
 def test_gluon_kernel_with_four_tokens_keeps_its_schedule():
-    got = compile_sm90("kvattn.ops.mla.gluon.mla_gluon_kernel", dict(GLUON_BASE, Q_LEN=4, STORE_LSE=True),
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon.mla_gluon_kernel", dict(GLUON_BASE, Q_LEN=4, STORE_LSE=True),
                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=8, gluon=True,
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", got["ptx"])) == 36

@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla.gluon_ws``).
+"""The warp-specialised Gluon MLA decode kernel (``kvattn.ops.mla.kernels_gluon_ws``).
 
 GPU (Hopper): the public function against the oracles on the launches the kernel takes (a 16-bit
 cache with a query of its dtype, Hq 33-128, or an e4m3 query over an e4m3 cache, Hq 17-128; pages of
@@ -21,7 +21,7 @@ import torch
 
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
-from kvattn.ops.mla import launch as mla_launch
+from kvattn.ops.mla import plan as mla_launch
 
 from .test_mla import GPU_LENS, _fits, graph_replay_case, mla_case
 
@@ -201,7 +201,7 @@ def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torc
     """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576] of
     ``q_dtype`` (default ``dtype``; ``hq`` counts the rows, Q tokens x heads, with ``q_len``), a
     [100, page, 576] cache of ``dtype``."""
-    from kvattn import _device
+    from kvattn.runtime import device as _device
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
     facts = mla_launch.MLAFacts(
         device=torch.device("cpu"), interpreter=False, q_shape=(4, hq, 576), q_stride=(hq * 576, 576, 1),
@@ -340,7 +340,7 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
             assert floor is None or want is not library
     assert mla_launch.mla_gluon_ws_kernel is library
     with contexts["gluon"]():
-        from kvattn import _env
+        from kvattn.runtime import env as _env
         assert not _env.gluon_ws()
 
 

@@ -22,7 +22,7 @@ from kvattn._inputs import MIN_WORKSPACE_BYTES, PagedKV, Scale
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import op as mla_op
-from kvattn.ops.launch.workspace import COUNTER_BYTES
+from kvattn.runtime.workspace import COUNTER_BYTES
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
@@ -277,7 +277,7 @@ def test_mla_fp8_score_block_h_rule():
 
 def _fits(hq=128, page=64, kv_dtype=torch.bfloat16, q_dtype=None, *, pages=100, row_stride=576, aligned16=True,
           **fields):
-    from kvattn.ops.mla import launch as mla_launch
+    from kvattn.ops.mla import plan as mla_launch
     kv_format = {torch.bfloat16: "bfloat16", torch.float16: "float16", FP8_DTYPE: "fp8"}[kv_dtype]
     q_dtype = q_dtype or kv_dtype
     with mla_configs.override(**fields):

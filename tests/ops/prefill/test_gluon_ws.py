@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon prefill kernel (``kvattn.ops.prefill.gluon_ws``).
+"""The warp-specialised Gluon prefill kernel (``kvattn.ops.prefill.plan_gluon_ws``).
 
 CPU tier: which launches the host hands to it (every other one keeps the Triton kernel), the
 TMA views of each page form, and what the kernel compiles to for sm_90a under the Triton in use
@@ -28,7 +28,8 @@ from triton.experimental.gluon import language as gl
 import kvattn
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.prefill import configs as prefill_configs
-from kvattn.ops.prefill import gluon_ws as prefill_ws
+from kvattn.ops.prefill import kernels_gluon_ws as prefill_ws_kernels
+from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
 from kvattn.ops.prefill import staging
 
 from ..sm90 import compile_sm90, skip_unless_gpu_verified
@@ -93,17 +94,17 @@ def test_a_config_for_every_head_dim_within_shared_memory():
     for d in prefill_ws.HEAD_DIMS:
         cfg = prefill_configs.ws_config(d)
         assert cfg is not None and cfg.block_n % 64 == 0 and cfg.stages >= 2, d
-        slots = prefill_ws._q_slots(gl.bfloat16, False, False, d, cfg.block_n, cfg.stages)
+        slots = prefill_ws_kernels._q_slots(gl.bfloat16, False, False, d, cfg.block_n, cfg.stages)
         assert 2 * (2 * slots * 64 * d + 2 * cfg.stages * cfg.block_n * d) <= 227 * 1024, d
     # the second query slot where it fits: D64 and D128, not D256 (its rings take 128 KB)
-    assert [prefill_ws._q_slots(gl.bfloat16, False, False, d, prefill_configs.ws_config(d).block_n,
+    assert [prefill_ws_kernels._q_slots(gl.bfloat16, False, False, d, prefill_configs.ws_config(d).block_n,
                                 prefill_configs.ws_config(d).stages) for d in (64, 128, 256)] == [2, 2, 1]
     assert prefill_configs.ws_config(96) is None
     # fp8 caches add the converter's rings of bytes (K's only for a 16-bit query); an fp8 query's q
     # and K are bytes, its V float16.
     for (kind, d), cfg in prefill_configs._SM90_WS_FP8.items():
         qk = 1 if kind == "fp8qk" else 2
-        slots = prefill_ws._q_slots(gl.float8e4nv if kind == "fp8qk" else gl.bfloat16, True, False, d, cfg.block_n,
+        slots = prefill_ws_kernels._q_slots(gl.float8e4nv if kind == "fp8qk" else gl.bfloat16, True, False, d, cfg.block_n,
                                     cfg.stages)
         byte_rings = (1 if kind == "fp8qk" else 2) * cfg.stages * cfg.block_n * d
         total = qk * (2 * slots * 64 * d + cfg.stages * cfg.block_n * d) + 2 * cfg.stages * cfg.block_n * d + byte_rings
@@ -112,7 +113,7 @@ def test_a_config_for_every_head_dim_within_shared_memory():
     # an fp8 query's V staged as float16: q and K bytes, V float16, no byte ring
     for d in prefill_ws.HEAD_DIMS:
         cfg = prefill_configs.ws_config(d, "fp8qk-staged")
-        slots = prefill_ws._q_slots(gl.float8e4nv, True, True, d, cfg.block_n, cfg.stages)
+        slots = prefill_ws_kernels._q_slots(gl.float8e4nv, True, True, d, cfg.block_n, cfg.stages)
         assert 2 * slots * 64 * d + cfg.stages * cfg.block_n * d * (1 + 2) <= 227 * 1024, d
 
 
@@ -138,7 +139,7 @@ def test_tma_views_of_each_page_form():
 def test_launch_names_every_kernel_parameter(monkeypatch):
     """The launch passes every kernel parameter by its name, once (per call from the call's values,
     fixed, or constexpr), and the options apart: ``fast_launch.Launch`` accepts it."""
-    from kvattn.ops.launch import fast_launch
+    from kvattn.runtime import fast_launch
 
     seen = []
 
@@ -159,9 +160,9 @@ def test_launch_names_every_kernel_parameter(monkeypatch):
                           max_q_len=64, sm_count=132, logit_factor=0.1, logit_tensor=None, out_factor=1.0,
                           out_tensor=None, window_left=-1)
     (kernel, grid, kw), = seen
-    assert kernel is prefill_ws.prefill_ws_kernel
+    assert kernel is prefill_ws_kernels.prefill_ws_kernel
     names = [*kw["per_call"], *kw["fixed"], *kw["constexprs"]]
-    assert sorted(names) == sorted(prefill_ws.prefill_ws_kernel.arg_names)
+    assert sorted(names) == sorted(prefill_ws_kernels.prefill_ws_kernel.arg_names)
     assert kw["options"] == dict(num_warps=4, maxnreg=prefill_ws.MAXNREG)
     fast_launch.Launch(kernel, grid, **kw)  # (raises TypeError for a name missing, unknown or given twice)
 
@@ -213,7 +214,7 @@ def compile_ws(dtype: str = "bf16", kv: str | None = None, v: str | None = None,
         return f"tensordesc<{elem}[{sub}, {min(cfg['HEAD_DIM'], 128 // esize)}],{smem}>"
 
     out = "bf16" if dtype == "fp8e4nv" else dtype
-    return compile_sm90("kvattn.ops.prefill.gluon_ws.prefill_ws_kernel", cfg, ptrs=dict(WS_PTRS, q_ptr=f"*{dtype}",
+    return compile_sm90("kvattn.ops.prefill.kernels_gluon_ws.prefill_ws_kernel", cfg, ptrs=dict(WS_PTRS, q_ptr=f"*{dtype}",
                         out_ptr=f"*{out}"), floats=("logit_factor", "out_factor"), warps=4, gluon=True,
                         descs={"k_desc": desc(kv), "v_desc": desc(v)}, sass=True,
                         options={"maxnreg": prefill_ws.MAXNREG})
@@ -336,7 +337,7 @@ def query_slots(q: str, cfg: dict, kv: str | None = None, v: str | None = None) 
     """The kernel's query slots a consumer warpgroup (``gluon_ws._q_slots``) for a compile's types."""
     types = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}
     kv = kv or q
-    return prefill_ws._q_slots(types[q], kv == "fp8e4nv", (v or kv) != kv, cfg["HEAD_DIM"], cfg["BLOCK_N"],
+    return prefill_ws_kernels._q_slots(types[q], kv == "fp8e4nv", (v or kv) != kv, cfg["HEAD_DIM"], cfg["BLOCK_N"],
                                cfg["STAGES"])
 
 
@@ -580,7 +581,7 @@ def test_persistent_programs_walk_many_tiles(sms, variant, qdt, fmt, triton_back
     """A grid of a few programs, each taking dozens of tiles in turn: the rings' buffers and phases
     and the warpgroups' turns carry over from tile to tile (and over tiles without rows); other
     ring depths and tiles too; the converter's rings of an fp8 cache likewise."""
-    monkeypatch.setattr(kvattn._device, "sm_count", lambda device: sms)
+    monkeypatch.setattr(kvattn.runtime.device, "sm_count", lambda device: sms)
     if variant is not None:
         monkeypatch.setitem(prefill_configs._SM90_WS, 128, variant)
         for kind in ("fp8", "fp8qk"):
@@ -595,7 +596,7 @@ def test_persistent_programs_walk_many_tiles(sms, variant, qdt, fmt, triton_back
 def test_staging_leaves_the_decode_counters_at_zero(triton_backend, monkeypatch):
     """A staged call writes the workspace past the decode kernels' merge counters only: a decode
     call sharing the workspace then finds them at zero, as they must be at rest."""
-    from kvattn.ops.launch.workspace import ALIGN, COUNTER_BYTES
+    from kvattn.runtime.workspace import ALIGN, COUNTER_BYTES
     from kvattn.testing import make_paged_kv
 
     stage_always(monkeypatch)

@@ -26,7 +26,7 @@ from kvattn._formats_table import BY_NAME
 from kvattn._inputs import MIN_WORKSPACE_BYTES
 from kvattn.formats import FP8_DTYPE, FP8_MAX, FP4Tensor, dequantize_nvfp4_output, quantize_nvfp4_output
 from kvattn.ops.prefill import configs as prefill_configs
-from kvattn.ops.prefill import launch as prefill_launch
+from kvattn.ops.prefill import plan as prefill_launch
 from kvattn.ops.common import quantize_nvfp4_rows
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
@@ -413,8 +413,8 @@ def test_fp8_pages_read_by_tma_with_fp8_scores(qdt, fmt, page, tma, triton_backe
                          ids=["H100", "sm100", "sm89", "A100"])
 def test_tma_needs_sm90(capability, expected, monkeypatch):
     """The launcher reads pages by TMA on sm_90 and later only (older GPUs gather)."""
-    monkeypatch.setattr(kvattn._device, "capability", lambda device: capability)
-    assert kvattn._device.has_tma(torch.device("cuda", 0)) == expected
+    monkeypatch.setattr(kvattn.runtime.device, "capability", lambda device: capability)
+    assert kvattn.runtime.device.has_tma(torch.device("cuda", 0)) == expected
 
 
 def test_tma_views_of_each_page_form():
@@ -508,8 +508,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     of 64: TMA tiles, whose descriptors the graph holds; on Hopper the warp-specialised Gluon
     kernel's; a quantised cache's pages staged in the workspace first, by a launch the graph
     holds too); rows no request owns stay as they were."""
-    from kvattn import _device, _versions
-    from kvattn.ops.prefill import gluon_ws as prefill_ws
+    from kvattn.runtime import device as _device, versions as _versions
+    from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
     from kvattn.ops.prefill import staging
 
     ws_launches = returns_of(monkeypatch, prefill_ws, "launch")

@@ -19,7 +19,7 @@ import torch
 
 from kvattn._inputs import paged_kv_from_cache
 from kvattn.formats import FP8_DTYPE
-from kvattn.ops.launch.workspace import COUNTER_BYTES
+from kvattn.runtime.workspace import COUNTER_BYTES
 from kvattn.ops.prefill import staging
 from kvattn.testing import make_paged_kv
 
@@ -172,8 +172,8 @@ def test_the_launcher_stages_where_the_kernel_takes_the_copies(monkeypatch):
     staging pass and then the Gluon kernel on the copies, their table and their capacity; where the
     kernel would not take the copies (here: an NVFP4 output), nothing is staged and the cache is
     planned as it is; a workspace too small stages nothing."""
-    from kvattn.ops.prefill import gluon_ws as prefill_ws
-    from kvattn.ops.prefill import launch as prefill_launch
+    from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
+    from kvattn.ops.prefill import plan as prefill_launch
 
     _, kv, _ = _case("fp8", "HND", 16, [100, 30], [100, 30])
     q = torch.zeros(130, 8, 64, dtype=torch.bfloat16)

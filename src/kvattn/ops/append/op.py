@@ -5,7 +5,7 @@
 :class:`~kvattn._inputs.Scale` into the flat operator ``torch.ops.kvattn.append_paged_kv`` (a
 ``torch.library.custom_op`` with a fake implementation and exact ``mutates_args``: the K/V pages
 and the NVFP4 block scales, so ``torch.compile`` traces through the append; eager calls skip the
-dispatcher, :func:`kvattn.ops.launch.common.entry`).
+dispatcher, :func:`kvattn.runtime.common.entry`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Optional
 import torch
 
 from ..._inputs import PagedKV, Scale
-from ..launch.common import entry
-from .launch import launch_append
+from ...runtime.common import entry
+from .plan import launch_append
 
 
 def append_paged_kv(

@@ -11,7 +11,11 @@ a topic:
 - :mod:`.positions`: RoPE and ALiBi;
 - :mod:`.quantize`: fp8 rounding and NVFP4 encoding of outputs;
 - :mod:`.tiles`: the tile products and the logit soft cap;
-- :mod:`.predicates`: a scalar condition widened into a mask that every Triton's loads and stores take.
+- :mod:`.predicates`: a scalar condition widened into a mask that every Triton's loads and stores take;
+- :mod:`.combine`: the combine kernel, merging split partials (decode's and MLA's launches), and
+  :mod:`.splits`: the host rules of split launches both families follow (not re-exported);
+- :mod:`.balance`, :mod:`.gluon_compat`, :mod:`.gluon_dequant`: the balanced split, Gluon's
+  version shims and its dequantising pieces (imported by name).
 
 The package re-exports every piece, so a kernel module imports the shared vocabulary as
 ``from ..common import name`` whichever topic holds it.

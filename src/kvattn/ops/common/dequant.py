@@ -99,7 +99,7 @@ def opaque(x):
     fp8 words by joins gives its P.V product kWidth 4: P then goes through shared memory and back
     every tile. Behind this boundary the product gets kWidth 2, P stays in registers and V is read
     with ldmatrix (sm_90a fp8 decode loop: 964 -> 791 instructions a 128-key tile; H100 fp8
-    64x8192 0.883 -> 0.924 of copy bandwidth, benchmarks/NOTES.md "Formats: fp8 KV in decode"). The K tile keeps kWidth 4:
+    64x8192 0.883 -> 0.924 of copy bandwidth, lab/notes/formats.md "Formats: fp8 KV in decode"). The K tile keeps kWidth 4:
     behind the boundary it would be staged through shared memory as well, which measured slower.
     ptxas removes the move itself.
     """
@@ -154,7 +154,7 @@ def load_kv_tile(
         # copy, so Triton 3.6 kept some tile shapes' scales out of the software pipeline), the
         # codes converted two at a time with their scale in the same packed instructions (~3
         # instructions an element, was ~10), and the V tile behind `opaque` (kWidth 2, as fp8).
-        # H100, NVFP4 64x8192 D128: 0.24 -> 0.49 of copy bandwidth (benchmarks/NOTES.md "Formats: NVFP4 in decode").
+        # H100, NVFP4 64x8192 D128: 0.24 -> 0.49 of copy bandwidth (lab/notes/formats.md "Formats: NVFP4 in decode").
         sf = e4m3_words_f16(load_words(sf_ptr, sf_off, COL0 // 64, WIDTH // 64, ok, EVICT_FIRST))
         ROWS: tl.constexpr = tok_off.shape[0]
         word_scale = tl.reshape(tl.broadcast_to(sf[:, :, None], (ROWS, WIDTH // 16, 2)), (ROWS, WIDTH // 8))

@@ -3,7 +3,7 @@
 Gluon is Triton's explicit-layout language and is still experimental, so its spelling changes
 between releases. Each name here is the one the installed Triton has, found by feature (what the
 module holds), not by version string, so a Triton that keeps either spelling works. The Gluon
-kernels import these names instead of the moving ones (``benchmarks/NOTES.md``, Triton versions).
+kernels import these names instead of the moving ones (``lab/notes/triton-versions.md``).
 """
 
 from __future__ import annotations

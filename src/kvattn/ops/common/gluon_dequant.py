@@ -5,7 +5,7 @@ e4m3 converts to float16 exactly, two values an instruction).
 Why words. Converting an e4m3 tile with ``.to(float16)`` gives float16 registers that the store
 lowering splits into halves and joins again (two PRMT a pair around each conversion, sm_90a
 SASS). Reading the bytes as 32-bit words and writing 32-bit words of two float16 values each
-keeps the pairs packed (benchmarks/NOTES.md "Prefill: fp8 caches in the warp-specialised
+keeps the pairs packed (lab/notes/prefill.md "Prefill: fp8 caches in the warp-specialised
 kernel").
 """
 

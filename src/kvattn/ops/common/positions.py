@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._device import is_interpreter
+from ...runtime.device import is_interpreter
 
 try:  # the multifunction unit's sin/cos; the interpreter has no libdevice
     from triton.language.extra import libdevice

@@ -6,8 +6,7 @@ rows a one-split launch writes). Compiled, that is an ``i1`` splat, whatever the
 integer type, so the splat carries int32 data, and its ``tl.load`` / ``tl.store`` reject such a
 mask ("mask has unsupported dtype"; 3.6 and 3.7 take it). :func:`as_mask` gives the interpreter
 boolean data; compiled, its comparison of an ``i1`` with ``false`` folds away (TTGIR and PTX are
-those of the bare mask: ``tests/ops/common/test_predicates.py``; ``benchmarks/NOTES.md``, Triton
-versions).
+those of the bare mask: ``tests/ops/common/test_predicates.py``; ``lab/notes/triton-versions.md``).
 """
 
 from __future__ import annotations

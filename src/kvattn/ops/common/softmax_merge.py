@@ -81,7 +81,7 @@ def merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, split_stride, num_sp
     ``softmax_finalize(acc, m, den, ...)`` gives the exact output and LSE.
 
     ``BLOCK_S`` splits a round, their loads issued together, in one of two forms (measured on an H100,
-    benchmarks/NOTES.md "Decode: merging the split partials"): one ``[S, R, D]`` tile summed over S (the combine
+    lab/notes/decode.md "Decode: merging the split partials"): one ``[S, R, D]`` tile summed over S (the combine
     kernel's; at the end of the decode kernel it took ~5 us a round), or with ``UNROLL`` S separate ``[R]`` and
     ``[R, D]`` tiles folded in turn, elementwise (the decode kernel's in-kernel merge: ~one L2 round trip a
     round). Loads go to L2 (``.cg``): a program merging other programs' partials must

@@ -1,1 +1,2 @@
-"""Decode kernel family: split-KV paged and single-request decode (kernels, launch, configs, op)."""
+"""Decode kernel family: split-KV paged and single-request decode (kernels.py, configs.py, plan.py,
+op.py; ragged drafts: kernels_ragged.py and their host side ragged.py)."""

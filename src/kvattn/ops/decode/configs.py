@@ -2,8 +2,9 @@
 
 Decode has no runtime autotuning: a tuning pass would stall the first real calls of a serving
 engine and cannot run inside CUDA-graph capture. The tables were measured with
-``benchmarks/tune_decode.py`` (see ``benchmarks/NOTES.md``, Decode and Single decode); a GPU without its own table uses
-``"default"``, the interpreter uses small tiles so CI exercises multi-tile and multi-page loops.
+``benchmarks/tune_decode.py`` (see ``lab/notes/decode.md`` and ``lab/notes/single-decode.md``); a GPU
+without its own table uses ``"default"``, the interpreter uses small tiles so CI exercises
+multi-tile and multi-page loops.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..._formats_table import BY_NAME
-from ..launch.plans import config_override
+from ...runtime.plans import config_override
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class DecodeConfig:
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
     evict_first: bool = False  # K/V marked evict_first in L2 (Triton keeps it on unpipelined loads; TMA: ptx_hints)
     max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
-    tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by ops/launch/ptx_hints.py)
+    tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by runtime/ptx_hints.py)
     invariant_span: int = 1024  # keys a split in batch-invariant mode (rounded up to BLOCK_N; invariant_splits)
     # Ragged batches (common.balance): the batch's keys cut into about balance_waves x resident
     # programs' worth of units (at least the uniform split's count), none under balance_min_chunk
@@ -40,7 +41,7 @@ class DecodeConfig:
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
-# Measured on an H100 (NOTES.md "Decode: tiles, stages and warps"): ("half", 128) and ("fp8", 128). The other rows keep
+# Measured on an H100 (lab/notes/decode.md "Decode: tiles, stages and warps"): ("half", 128) and ("fp8", 128). The other rows keep
 # the bytes per tile of those two and are not tuned yet.
 _SM90 = {
     ("half", 64): (128, 4, 3),
@@ -50,17 +51,17 @@ _SM90 = {
     ("fp8", 128): (128, 4, 3),
     ("fp8", 256): (64, 4, 3),
     # NVFP4 (codes and scales read as words, KV_NVFP4_WORDS), measured on an H100
-    # (benchmarks/NOTES.md "Formats: NVFP4 in decode"): one-warp programs where each gets a long split,
+    # (lab/notes/formats.md "Formats: NVFP4 in decode"): one-warp programs where each gets a long split,
     # 64x8192 D64 / D128 321 -> 212 / 498 -> 402 us against (128, 4, 3); D256 (32, 2, 3) 629 -> 585
     # against (64, 4, 3). Never under 32 keys a tile: on an H100 (Triton 3.6) 16-key tiles computed
     # wrong results with 1, 2 or 4 warps on the byte path (unaligned caches; the words path
-    # computes them right but no faster: NOTES.md "Formats: NVFP4 in decode"); tests/ops/decode/test_configs.py guards it.
+    # computes them right but no faster: lab/notes/formats.md "Formats: NVFP4 in decode"); tests/ops/decode/test_configs.py guards it.
     ("nvfp4", 64): (32, 1, 3),
     ("nvfp4", 128): (32, 1, 3),
     ("nvfp4", 256): (32, 2, 3),
 }
 # Launches of at most one work item an SM (small batches): every item is split, and one-warp
-# programs get short splits. NVFP4 D128, measured on an H100 (NOTES.md "Formats: NVFP4 in decode"):
+# programs get short splits. NVFP4 D128, measured on an H100 (lab/notes/formats.md "Formats: NVFP4 in decode"):
 # 16x4096 88.6 -> 74.9 us, 1x32768 44.7 -> 43.8 with (64, 2, 3) instead of the main table's
 # (32, 1, 3); at 32x8192 (256 items) the main table's wins (214 vs 252). D64's and D256's main
 # entries win on those shapes as they are.
@@ -69,7 +70,7 @@ _SM90_FEW = {
 }
 # Long tiles: for launches whose work items all fit one wave of long-tile programs (small
 # batches, single decode: the sequence is split to fill that wave) and for pages of 64+ tokens
-# (a tile spans two whole pages). Measured on an H100 (benchmarks/NOTES.md, Decode): 16x4096 0.79 ->
+# (a tile spans two whole pages). Measured on an H100 (lab/notes/decode.md): 16x4096 0.79 ->
 # 0.82, 1x32768 0.65 -> 0.67, single decode 32768 0.90 -> 0.92, 64x8192 page 64 0.98 -> 0.99;
 # with more items on 16-token pages they lose (128x2048 0.95 -> 0.92, 32x4096 0.905 -> 0.895:
 # one 8-warp program per SM balances worse).
@@ -80,7 +81,7 @@ _SM90_LONG = {
 # short program's setup (query, page ids) hides behind the others' copies. 16-bit caches: three
 # 4-warp programs instead of one long-tile program, on pages of 64+ tokens (smaller pages already
 # run 64-key tiles); fp8: four instead of two, on any page size. Measured on an H100
-# (benchmarks/NOTES.md, Decode): 256x1024 page 64 0.948 -> 0.963, fp8 256x1024 page 16 0.828 -> 0.853; at
+# (lab/notes/decode.md): 256x1024 page 64 0.948 -> 0.963, fp8 256x1024 page 16 0.828 -> 0.853; at
 # 2048 keys the long tiles still win (128x2048 page 64 0.957 vs 0.949).
 _SM90_SHORT = {
     ("half", 128): (64, 4, 3),
@@ -93,7 +94,7 @@ SHORT_SPAN = 1024
 # pipelined (num_stages 1), so Triton keeps an evict_first hint on them: the streamed K/V, read
 # once, leaves L2 first, and the dirty lines other kernels left there (in the benchmark, the L2
 # flush's) are not written back during the call. Latency is hidden by more programs an SM
-# instead. Measured on an H100 (benchmarks/NOTES.md, Decode): 1x32768 0.672 -> 0.729, single decode 4096
+# instead. Measured on an H100 (lab/notes/decode.md): 1x32768 0.672 -> 0.729, single decode 4096
 # 0.559 -> 0.639; past ~4 L2 sizes the hint costs more than it saves (single decode 32768 0.925
 # -> 0.891), and launches that do not split lose (16x4096 0.825 -> 0.819).
 _SM90_STREAM = {
@@ -105,7 +106,7 @@ STREAM_MAX_L2 = 4
 # unpipelined programs without the hint (4 an SM, 16 splits a head at 32 heads) instead of one
 # long pipelined program an SM: the block scheduler keeps every SM busy to the end. Found from
 # bare reads of single decode 32768's bytes (the fastest per-head read: many 32-64-key, 4-warp,
-# unpipelined programs), measured on an H100 (NOTES.md "Single decode: balancing the programs of 32768"): single decode 32768
+# unpipelined programs), measured on an H100 (lab/notes/single-decode.md "Single decode: balancing the programs of 32768"): single decode 32768
 # 192.2-192.4 -> 189.0-189.1 us (0.92 -> 0.94 of copy bandwidth), 131072 710.0-710.7 -> 703.6-703.9;
 # with the hint, or 16- / 32-key tiles, or 8 warps, slower. Paged caches do not gain (16x4096 and
 # 8x8192 within 1 %, 64x8192 p64 0.99 -> 0.76: too many items for it), so they keep the long tiles.
@@ -115,8 +116,8 @@ _SM90_CONTIG = {
 # RoPE's streaming tiles: one query row an item (MHA single decode) over a contiguous 16-bit cache,
 # within the streaming spans. RoPE's tiles stay pipelined (its per-key query rotation needs the
 # copies in flight), read by TMA with the L2 evict_first hint that the streaming tiles get from
-# register loads (ops/launch/ptx_hints.py puts it on the TMA copies; Triton cannot). Measured on an H100
-# (NOTES.md "Single decode: the L2 hint on pipelined copies"): single decode RoPE 4096 38.4 -> 36.3 us (NONE 34.2); TMA
+# register loads (runtime/ptx_hints.py puts it on the TMA copies; Triton cannot). Measured on an H100
+# (lab/notes/single-decode.md "Single decode: the L2 hint on pipelined copies"): single decode RoPE 4096 38.4 -> 36.3 us (NONE 34.2); TMA
 # without the hint 39.9, 64-key tiles 37.1; past the streaming spans the hint loses (32768 191.5
 # -> 201.4). The entry is RoPE's own tile before config() halves it: 32 keys, 4 warps, 3 stages.
 _SM90_ROPE_STREAM = {
@@ -185,7 +186,7 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     Enough programs for ``cfg.waves`` whole waves of resident programs (``occupancy`` per SM),
     rounded down: the programs of a decode are equally long, so a last wave that is only partly
     full costs nearly a whole program's time with most of the GPU idle (measured on an H100:
-    rounding ``4 programs per SM`` up instead cost up to 12 %, see NOTES.md "Decode: split counts
+    rounding ``4 programs per SM`` up instead cost up to 12 %, see lab/notes/decode.md "Decode: split counts
     in whole waves of resident programs"). No split shorter than ``min_chunk`` keys, no more
     partials than the workspace holds (``fit``), and at most ``max_programs`` programs (xqa's
     ``sm_count``).
@@ -231,21 +232,6 @@ def balance_target(cfg: DecodeConfig, *, sm_count: int, programs_per_unit: int, 
     if cfg.max_per_sm:
         per_sm = min(per_sm, cfg.max_per_sm)
     return max(1, cfg.balance_waves * sm_count * per_sm // max(1, programs_per_unit))
-
-
-def invariant_span(cfg) -> int:
-    """Keys a split takes in batch-invariant mode: ``cfg.invariant_span`` rounded up to whole
-    tiles (a decode or MLA config). Fixed per config, which in that mode depends on the shape
-    class only (benchmarks/NOTES.md "Batch-invariant mode")."""
-    return -(-cfg.invariant_span // cfg.block_n) * cfg.block_n
-
-
-def invariant_splits(cfg, span: int) -> int:
-    """Splits a batch-invariant launch of key bound ``span`` (max_seq_len) has: enough spans of
-    :func:`invariant_span` keys for the longest request, and at least two, so every request's
-    output goes through the same merge (a one-split launch writes its rows straight from the
-    split, which rounds otherwise when sinks add to the denominator)."""
-    return max(2, -(-span // invariant_span(cfg)))
 
 
 def _fmt(kv_format: str) -> str:
@@ -334,7 +320,7 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     if block_m * head_dim >= 64 * 128:
         warps = max(warps, 8)  # the [BLOCK_M, D] float32 accumulator
     sm90 = arch == "sm90"
-    # RoPE on sm90, measured on an H100 (NOTES.md "Single decode: RoPE split count and programs an SM"):
+    # RoPE on sm90, measured on an H100 (lab/notes/single-decode.md "Single decode: RoPE split count and programs an SM"):
     # - at most 3 pipeline stages, and a split count planned for two programs an SM although four
     #   fit (half as many programs, each twice as long): single decode 4096 / 32768 / 131072 42.9 /
     #   202.1 / 744.6 us with 4 stages and four an SM, 39.4 / 193.1 / 713.1 with 3 and two;

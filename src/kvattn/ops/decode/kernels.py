@@ -49,7 +49,8 @@ from ..common import (
     window_causal_allowed,
 )
 from ..common.balance import balanced_plan, balanced_unit
-from ..launch.ptx_hints import mark_copies_evict_first
+from ..common.combine import decode_combine_kernel
+from ...runtime.ptx_hints import mark_copies_evict_first
 
 # KV_TMA kernels with KV_EVICT_FIRST carry the L2 hint on their TMA copies: their launches compile
 # inside ptx_hints.applied() (fast_launch.Launch with ptx_hints=True).
@@ -68,7 +69,7 @@ def _request_kv_range(seq_lens_ptr, kv_start_ptr, b, fixed_len, window_left, Q_L
     PAGED: ``fixed_len`` is the page table's capacity in tokens (pages a row x page size), and the
     length read is clamped into ``[0, capacity]``: a length past the row would read the table past
     the request's row, and a negative one (a uint32 length >= 2^31 reads as one) is empty
-    (benchmarks/NOTES.md "Device-side clamps")."""
+    (lab/notes/robustness.md "Device-side clamps")."""
     if PAGED:
         kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), fixed_len)
     else:
@@ -427,7 +428,7 @@ def decode_split_kernel(
         gdc_wait()
     # Two call sites on purpose: wrapping the one-item path in the persistent loop as well (one
     # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
-    # per SM and 20-25 % of its time on an H100 (benchmarks/NOTES.md, Single decode).
+    # per SM and 20-25 % of its time on an H100 (lab/notes/single-decode.md).
     pid = tl.program_id(0)
     if BALANCED:
         # A ragged batch (common.balance): after its own item, each program deals itself the next
@@ -514,47 +515,8 @@ def decode_split_kernel(
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
-        # the split launches ~2 us slower on an H100 (benchmarks/NOTES.md, Decode).
+        # the split launches ~2 us slower on an H100 (lab/notes/decode.md).
         gdc_launch_dependents()
-
-
-@triton.jit
-def decode_combine_kernel(
-    part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs (base 2; -inf: empty split)
-    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
-    out_scale_ptr,  # [1] float32 (OUT_PTR)
-    out_ptr,  # [B * Q_LEN, Hq, D] q's dtype or fp8
-    lse_ptr,  # [B * Q_LEN, Hq] float32 (STORE_LSE; head stride 1)
-    stride_o_t, stride_o_h, stride_lse_t,
-    num_rows, num_splits, out_factor,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
-    OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """Merge one (query row, head)'s split partials exactly through their LSEs.
-
-    One pass, rescaling as it goes: with ``num_splits <= BLOCK_S`` (the launcher's usual choice)
-    every load is issued at once, so the kernel costs one round trip to L2 after the split kernel.
-    """
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    if USE_PDL:
-        gdc_wait()
-    # One row, as a [1] tensor: the same merge the split kernel's last program does for its rows.
-    heads = h + tl.zeros([1], dtype=tl.int32)
-    row_ok = heads < NUM_HEADS
-    m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, t.to(tl.int64) * NUM_HEADS + heads, row_ok,
-                                 num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S, False)
-    sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
-    o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
-    out_mult = out_factor
-    if OUT_PTR:
-        out_mult = out_mult * tl.load(out_scale_ptr)
-    offs_d = tl.arange(0, HEAD_DIM)
-    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
-                 o * out_mult, row_ok[:, None], OUT_FP8)
-    if STORE_LSE:
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
 
 
 __all__ = ["decode_split_kernel", "decode_combine_kernel"]

@@ -6,7 +6,7 @@ arguments, then call :func:`batch_decode` or :func:`single_decode`, which unpack
 ``torch.ops.kvattn.batch_decode`` / ``single_decode``. Each operator is a ``torch.library.custom_op``
 with a fake implementation and exact ``mutates_args``, so ``torch.compile`` traces through the
 public functions (the kernels stay opaque calls); eager calls run the same launcher without the
-dispatcher (:func:`kvattn.ops.launch.common.entry`).
+dispatcher (:func:`kvattn.runtime.common.entry`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Optional
 import torch
 
 from ..._inputs import PagedKV, Scale
-from ..launch.common import entry
-from .launch import launch_decode
+from ...runtime.common import entry
+from .plan import launch_decode
 
 
 def batch_decode(
@@ -110,7 +110,7 @@ def batch_decode_impl(
     max_programs: Optional[int],
     enable_pdl: bool,
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
     lse: Optional[torch.Tensor],
     kv_start: Optional[torch.Tensor] = None,
 ) -> None:

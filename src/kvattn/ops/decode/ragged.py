@@ -10,8 +10,8 @@ them (``r' < Q - q_b``) are computed and dropped. A ragged mask row (bits over t
 the request, are visible and whose bits follow, shifted by ``Q - q_b``.
 
 The kernels' path (:func:`run_padded`) is two small launches around the padded decode, one
-program a (padded slot, head): :func:`ragged_pack_kernel` fills the padded query (and mask) rows,
-:func:`ragged_unpack_kernel` writes the packed output (and LSE) rows back; every index comes from
+program a (padded slot, head): :func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
+:func:`.kernels_ragged.ragged_unpack_kernel` writes the packed output (and LSE) rows back; every index comes from
 the offsets on the device, of sizes fixed by the host-known ``B``, ``Q`` and ``total_q``, so a call
 can be captured in a CUDA graph and replayed with new offsets. :func:`row_maps` and
 :func:`padded_mask` are the same mapping in elementwise torch (``kvattn.distributed`` runs its
@@ -24,10 +24,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
-from ..launch.common import device_guard, entry, next_power_of_2
+from ...runtime.common import device_guard, entry, next_power_of_2
+from .kernels_ragged import ragged_pack_kernel, ragged_unpack_kernel
 
 
 def row_maps(q_cu: torch.Tensor, batch: int, q_max: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,81 +79,6 @@ def padded_mask(mask: torch.Tensor | None, q_cu: torch.Tensor, src: torch.Tensor
 # ---------------------------------------------------------------------------------------------
 # the kernels' path: two launches, each program one (padded slot, head)
 # ---------------------------------------------------------------------------------------------
-@triton.jit
-def _slot_source(cu_ptr, slot, total, Q_LEN: tl.constexpr):
-    """``(src, valid, shift)`` of padded slot ``slot`` (request ``slot // Q_LEN``): the packed row it
-    holds, whether it holds one, and the slots before its request's rows."""
-    b = slot // Q_LEN
-    r = slot % Q_LEN
-    lo = tl.load(cu_ptr + b).to(tl.int32)
-    shift = Q_LEN - (tl.load(cu_ptr + b + 1).to(tl.int32) - lo)
-    src = lo + r - shift
-    valid = (r >= shift) & (src >= 0) & (src < total)
-    return src, valid, shift
-
-
-@triton.jit
-def ragged_pack_kernel(
-    q_ptr,  # [total, Hq, D] packed query rows (last dim contiguous)
-    cu_ptr,  # [B + 1] int32 / uint32 draft offsets
-    mask_ptr,  # [total, WORDS] int16 view of the uint16 ragged mask (HAS_MASK)
-    q_pad_ptr,  # [B * Q_LEN, Hq, D] padded query rows (contiguous)
-    mask_pad_ptr,  # [B * Q_LEN, WORDS] int16 view of the padded uint16 mask (MAKE_MASK)
-    stride_q_t, stride_q_h, stride_m_t, total, num_heads, window_left,
-    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, BLOCK_W: tl.constexpr,
-    HAS_MASK: tl.constexpr, MAKE_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr,
-):
-    slot = tl.program_id(0)
-    h = tl.program_id(1)
-    src, valid, shift = _slot_source(cu_ptr, slot, total, Q_LEN)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row = tl.where(valid, src, 0).to(tl.int64)
-    x = tl.load(q_ptr + row * stride_q_t + h * stride_q_h + offs_d, mask=valid & (offs_d < HEAD_DIM), other=0.0)
-    tl.store(q_pad_ptr + (slot.to(tl.int64) * num_heads + h) * HEAD_DIM + offs_d, x)
-    if MAKE_MASK:
-        if h == 0:
-            r = slot % Q_LEN
-            # column c of the padded row: an older key of the request (c < shift), else its draft c - shift
-            offs_w = tl.arange(0, BLOCK_W)
-            c = offs_w[:, None] * 16 + tl.arange(0, 16)[None, :]  # [BLOCK_W, 16]
-            older = c < shift
-            if HAS_WINDOW:
-                older = older & (r - c <= window_left)
-            cr = c - shift  # the request's own draft index
-            in_q = (c < Q_LEN) & (cr >= 0)
-            if HAS_MASK:
-                ld = in_q & valid
-                word = tl.load(mask_ptr + row * stride_m_t + tl.where(ld, cr, 0) // 16, mask=ld, other=0)
-                draft = ((word.to(tl.int32) & 0xFFFF) >> (tl.where(ld, cr, 0) % 16)) & 1
-            else:
-                draft = (c <= r).to(tl.int32)
-            bits = tl.where(c < Q_LEN, tl.where(older, 1, tl.where(in_q, draft, 0)), 0)
-            words = tl.sum(bits << tl.arange(0, 16)[None, :], axis=1)  # [BLOCK_W] in [0, 65535]
-            tl.store(mask_pad_ptr + slot.to(tl.int64) * WORDS + offs_w, words.to(tl.int16), mask=offs_w < WORDS)
-
-
-@triton.jit
-def ragged_unpack_kernel(
-    out_pad_ptr,  # [B * Q_LEN, Hq, D] padded output rows (contiguous)
-    lse_pad_ptr,  # [B * Q_LEN, Hq] float32 padded LSE (HAS_LSE; contiguous)
-    cu_ptr,  # [B + 1] int32 / uint32 draft offsets
-    out_ptr,  # [total, Hq, D] packed output rows (last dim contiguous)
-    lse_ptr,  # [total, Hq] float32 packed LSE (HAS_LSE; last dim contiguous)
-    stride_o_t, stride_o_h, stride_l_t, total, num_heads,
-    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_LSE: tl.constexpr,
-):
-    slot = tl.program_id(0)
-    h = tl.program_id(1)
-    src, valid, shift = _slot_source(cu_ptr, slot, total, Q_LEN)
-    if valid:
-        offs_d = tl.arange(0, HEAD_DIM)
-        pad = slot.to(tl.int64) * num_heads + h
-        x = tl.load(out_pad_ptr + pad * HEAD_DIM + offs_d)
-        tl.store(out_ptr + src.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, x)
-        if HAS_LSE:
-            tl.store(lse_ptr + src.to(tl.int64) * stride_l_t + h, tl.load(lse_pad_ptr + pad))
-
-
 def pack(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> None:
     """Padded rows (and mask rows, ``mask_pad`` given) of the packed ``query`` / ``mask``: one launch."""
     rows, heads, dim = query.shape

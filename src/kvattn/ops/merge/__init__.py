@@ -1,1 +1,2 @@
-"""The merge family: exact merges of attention states ``(o, lse)`` (``kvattn.merge``)."""
+"""The merge family: exact merges of attention states ``(o, lse)`` (``kvattn.merge``; kernels.py,
+plan.py, op.py)."""

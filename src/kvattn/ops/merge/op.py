@@ -3,7 +3,7 @@
 :mod:`kvattn.merge` validates and flattens its arguments to rows, then calls :func:`merge_states`
 here. Registered with a fake implementation and its exact ``mutates_args`` (``out``,
 ``out_lse``), so ``torch.compile`` traces through the public functions; eager calls skip the
-dispatcher (:func:`kvattn.ops.launch.common.entry`), as the other families do.
+dispatcher (:func:`kvattn.runtime.common.entry`), as the other families do.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from ..launch.common import entry
-from .launch import launch_local_lengths, launch_merge
+from ...runtime.common import entry
+from .plan import launch_local_lengths, launch_merge
 
 
 def merge_states_impl(
@@ -39,12 +39,12 @@ def _merge_states_fake(o, lse, o_b, lse_b, sinks, out, out_lse) -> None:
 
 
 def merge_states(o, lse, o_b, lse_b, sinks, out, out_lse) -> None:
-    """The entry point (``kvattn._backend.TRITON_OPS["merge_states"]``): the operator while
+    """The entry point (``kvattn.runtime.backend.TRITON_OPS["merge_states"]``): the operator while
     ``torch.compile`` traces, else the launcher itself."""
     entry(merge_states_op, merge_states_impl)(o, lse, o_b, lse_b, sinks, out, out_lse)
 
 
 def local_lengths(seq_lens, lens_out, start_out, **kw) -> None:
     """The entry point ``local_lengths``: a context-parallel rank's local lengths and window
-    starts (:mod:`kvattn.distributed`), one launch (:func:`.launch.launch_local_lengths`)."""
+    starts (:mod:`kvattn.distributed`), one launch (:func:`.plan.launch_local_lengths`)."""
     launch_local_lengths(seq_lens, lens_out, start_out, **kw)

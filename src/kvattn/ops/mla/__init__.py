@@ -1,1 +1,2 @@
-"""MLA kernel family: latent-cache decode (Triton and Gluon kernels, launch, configs, op)."""
+"""MLA kernel family: latent-cache decode (the Triton kernel kernels.py, the Gluon kernels
+kernels_gluon.py and kernels_gluon_ws.py, configs.py, plan.py, op.py)."""

@@ -13,8 +13,8 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..._formats_table import BY_NAME
-from ..launch.common import next_power_of_2
-from ..launch.plans import config_override
+from ...runtime.common import next_power_of_2
+from ...runtime.plans import config_override
 
 MAX_BLOCK_H = 64  # [64, 512] float32 accumulator: 128 registers a thread at 8 warps
 MIN_BLOCK_H = 16  # tl.dot's smallest M
@@ -33,7 +33,7 @@ class MLAConfig:
     qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, on wgmma)
     heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
     split_scores: bool = False  # score products unchained (layout fences): each warpgroup computes half of N
-    invariant_span: int = 1024  # keys a split in batch-invariant mode (decode_configs.invariant_splits)
+    invariant_span: int = 1024  # keys a split in batch-invariant mode (ops/common/splits.py)
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
@@ -77,7 +77,7 @@ class MLAConfig:
 #            with the P.V tile loaded a second time as words (no LDS.U8, 182 regs, 179 KB at 2
 #            stages): 147 / 528 / 274, slower. 16-bit caches with heads in N ((64, 4|8, 2)): 162-173
 #            / 446-559 / 304-325, slower than mma.sync at BLOCK_H 16: not taken.
-# Split score products ("split": SPLIT_SCORES, layout fences; benchmarks/NOTES.md "MLA: the score tile split between the
+# Split score products ("split": SPLIT_SCORES, layout fences; lab/notes/mla.md "MLA: the score tile split between the
 # warpgroups (Triton)"; H100 graph us,
 # 64x4096 / 128x8192 / 32x16384, Hq 128 unless stated; local compiles in benchmarks/tune_mla.py):
 #   half 64: (32, 8, 3) 362-369 / 1429 / 717 -> split (32, 8, 3) 350 / 1328, (32, 8, 4) 344 / 1329,
@@ -87,11 +87,11 @@ class MLAConfig:
 #   fp8qk 64: (64, 8, 3) 220-221 / 851 / 415 -> split (64, 8, 3) **201-203 / 764 / 397**, (64, 8, 4)
 #            203 / 768, (64, 8, 2) 233-237 / 869, (32, 8, 3) 269 / 1032; 16 warps 264-349. Taken.
 #   fp8qk 16 heads in N (Hq 16): 107 / 370 / 200 -> split **87.5 / 294 / 156**. Taken.
-# On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla/gluon.py's kernel instead
-# (mla/launch.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
-# 224 / 845 / 423 against 278 / 1052 / 560, benchmarks/NOTES.md "MLA: Gluon kernel with TMA row tiles").
+# On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla/kernels_gluon.py's kernel instead
+# (mla/plan.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
+# 224 / 845 / 423 against 278 / 1052 / 560, lab/notes/mla.md "MLA: Gluon kernel with TMA row tiles").
 # Overrides of BLOCK_N or the warps (tuning variants, tests) keep the Triton kernel. Where
-# WARP_SPECIALIZED (below) names the entry, those launches run mla/gluon_ws.py's kernel.
+# WARP_SPECIALIZED (below) names the entry, those launches run mla/kernels_gluon_ws.py's kernel.
 _SM90 = {
     ("half", 64): (64, 8, 2, 1, "split"),
     ("half", 32): (64, 8, 3, 1),
@@ -103,15 +103,15 @@ _SM90 = {
     ("fp8", 16): (64, 8, 3, 1),
 }
 _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
-# Entries whose launches of mla/gluon.py's kernel run the warp-specialised kernel of
-# mla/gluon_ws.py instead (a copy warp and two warpgroups splitting the score products of two
-# tiles, benchmarks/NOTES.md "MLA: seesaw (warp-specialised Gluon kernel)"; same split counts);
-# the environment switch KVATTN_GLUON_WS=0 keeps mla/gluon.py's kernel. H200 (matmul 669 TFLOP/s
-# in the run), bf16 Hq 128, graph us 64x4096 / 128x8192 / 32x16384: gluon.py 229.8 / 918.7 /
-# 412.2 -> gluon_ws.py 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
-# ("fp8qk", 64): the fp8-score launches over pages of 64+ tokens (mla/launch.py _ws_fp8_fits) run
-# the same kernel's e4m3 form (benchmarks/NOTES.md "MLA: fp8 on the seesaw"); KVATTN_GLUON_WS=0
-# keeps this table's Triton entry (mla/gluon.py has no fp8 form), as do BLOCK_H 16 (heads in N).
+# Entries whose launches of mla/kernels_gluon.py's kernel run the warp-specialised kernel of
+# mla/kernels_gluon_ws.py instead (a copy warp and two warpgroups splitting the score products of two
+# tiles, lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)"; same split counts);
+# the environment switch KVATTN_GLUON_WS=0 keeps mla/kernels_gluon.py's kernel. H200 (matmul 669 TFLOP/s
+# in the run), bf16 Hq 128, graph us 64x4096 / 128x8192 / 32x16384: kernels_gluon.py 229.8 / 918.7 /
+# 412.2 -> kernels_gluon_ws.py 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
+# ("fp8qk", 64): the fp8-score launches over pages of 64+ tokens (mla/plan.py _ws_fp8_fits) run
+# the same kernel's e4m3 form (lab/notes/mla.md "MLA: fp8 on the seesaw"); KVATTN_GLUON_WS=0
+# keeps this table's Triton entry (mla/kernels_gluon.py has no fp8 form), as do BLOCK_H 16 (heads in N).
 WARP_SPECIALIZED = {"sm90": frozenset({("half", 64), ("fp8qk", 64)})}
 # fp8 scores exist at BLOCK_H 16 (heads in N) and 64 (heads in M, wgmma): Hq 17-32 takes 64 (rows
 # past Hq padded and masked), so an fp8 query with an fp8 cache takes fp8 scores at any Hq. H100,
@@ -171,7 +171,7 @@ def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False)
     """The 64-head entry that a launch of 17-32 heads over a 16-bit cache takes on sm90 where the
     warp-specialised kernel serves it (the launcher checks that), the rows past the heads padded:
     H100, bf16 Hq 32, graph us 64x4096 / 128x8192 / 32x16384: BLOCK_H 32 (Triton) 146.5 / 511.2 /
-    271.8 against 130.1 / 426.6 / 229.2, Hq 24 alike (benchmarks/NOTES.md "MLA: 17-32 heads on the
+    271.8 against 130.1 / 426.6 / 229.2, Hq 24 alike (lab/notes/mla.md "MLA: 17-32 heads on the
     seesaw"). None for other launches, and while an :func:`override` is in force."""
     if arch != "sm90" or q_fp8 or _override:
         return None

@@ -6,7 +6,7 @@ packs ``BLOCK_H`` heads into the M dim of its tensor-core products and streams i
 q_rope kpe^T``, the online softmax, then ``acc += P ckv`` with the ckv tile already loaded for S
 (the values are the keys' first 512 columns: one read of each row serves both products). Like
 the decode kernel it writes the final rows when the launch has one split, else a normalised
-partial ``(o, lse)`` per split that :func:`~..decode.kernels.decode_combine_kernel` merges.
+partial ``(o, lse)`` per split that :func:`~..common.combine.decode_combine_kernel` merges.
 
 Cost model (local sm_90a compiles and the H100 runs recorded in mla/configs.py). BLOCK_H 64
 (Hq >= 64) runs on wgmma with 8 warps, which the ``[64, 512]`` float32 accumulator needs (128
@@ -19,9 +19,9 @@ tile's keys (36 wgmmas a tile in all), the softmax reductions cross the warpgrou
 memory, and P reaches the P.V product (one ``m64n256k16`` a warpgroup and k-step) through shared
 memory. H100: bf16 Hq 128 0.30 -> 0.40-0.42 of the matmul rate with 64-key tiles.
 
-On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.gluon` instead
+On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.kernels_gluon` instead
 (the same work division, with the copies and the score layout written out in Gluon: 224 against
-278 us at Hq 128, 64x4096, on an H100), or its warp-specialised successor :mod:`.gluon_ws`, which
+278 us at Hq 128, 64x4096, on an H100), or its warp-specialised successor :mod:`.kernels_gluon_ws`, which
 also takes the fp8-score launches below at BLOCK_H 64 over such pages; this kernel serves every
 other launch (fp8 at Hq <= 16 with heads in N, ``KVATTN_GLUON_WS=0``, a launch asking for the LSE)
 and the CPU tier.
@@ -166,7 +166,7 @@ def mla_split_kernel(
     b = rest // num_splits
 
     # Lengths clamped into [0, capacity] (capacity: the table row's tokens): a longer one would
-    # read past the request's row of the table (benchmarks/NOTES.md "Device-side clamps").
+    # read past the request's row of the table (lab/notes/robustness.md "Device-side clamps").
     kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
     chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
     start = split * chunk

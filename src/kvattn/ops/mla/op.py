@@ -4,7 +4,7 @@
 calls :func:`mla_decode`, which unpacks :class:`~kvattn._inputs.PagedKV` and
 :class:`~kvattn._inputs.Scale` into the flat operator ``torch.ops.kvattn.mla_decode`` (a
 ``torch.library.custom_op`` with a fake implementation and exact ``mutates_args``; eager calls
-skip the dispatcher, :func:`kvattn.ops.launch.common.entry`).
+skip the dispatcher, :func:`kvattn.runtime.common.entry`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Optional
 import torch
 
 from ..._inputs import PagedKV, Scale
-from ..launch.common import entry
-from .launch import launch_mla
+from ...runtime.common import entry
+from .plan import launch_mla
 
 
 def mla_decode(
@@ -61,7 +61,7 @@ def mla_decode_impl(
     max_seq_len: int,
     q_len: int,
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
     lse: Optional[torch.Tensor],
 ) -> None:
     """MLA decode into ``out [B, Q * Hq, 512]`` (and the base-2 LSE into ``lse [B, Q * Hq]``) over

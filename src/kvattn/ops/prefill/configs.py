@@ -4,7 +4,7 @@ Autotuning would stall a serving engine's first calls and cannot run inside CUDA
 so configurations are fixed per (operand kind, head_dim). Every sm90 entry was compiled for
 sm_90a and checked: wgmma for both products, no register spills in the loops, shared memory within
 the 227 KB an H100 program may use (the facts are in the comments, with the H100 A/B that picked
-the half D128 entry; benchmarks/NOTES.md, Prefill).
+the half D128 entry; lab/notes/prefill.md).
 
 Operand kinds: the cache format's ``config_key`` (:mod:`kvattn._formats_table`): ``"half"``
 (fp16/bf16 query and cache), ``"fp8"`` / ``"nvfp4"`` (a 16-bit or fp8 query over an fp8 / NVFP4
@@ -39,7 +39,7 @@ class PrefillConfig:
 #        none; page 128: 16 B outside the loops. H100 A/B at 1x8192x8192 (before the FMA logits):
 #        128x128 s2 390 TFLOP/s > 128x128 s3 368 = 64x64 w4 s4 367 > 128x64 s3 327.
 #   half D256 128x32  w8 s2: 254 regs, none, 128 KB
-#   fp8 / nvfp4 (16-bit query, words path; H100 at 1x8192x8192 p64 HND, graph us, benchmarks/NOTES.md
+#   fp8 / nvfp4 (16-bit query, words path; H100 at 1x8192x8192 p64 HND, graph us, lab/notes/formats.md
 #        "Formats: fp8 and NVFP4 caches in prefill"): D128 128x128 w8 s2 fp8 1623 / NVFP4 1710 (128x64 w8 s3, the old entry:
 #        1967 / 2237; s3 1644 / 1732), 239 / 255 regs, no spill in the plain kernel; with window,
 #        sinks, split tables and an NVFP4 output at page 16, 24-64 B spilled (fp8: 4 spill ops in
@@ -66,7 +66,7 @@ _SM90 = {
 # Caches read by TMA (the launcher's choice where the pages allow it: a tile inside one page, 16-byte
 # aligned rows; see prefill_launch.tma_views), (kind, head_dim) -> config; absent: the gathers of _SM90.
 # 16-bit caches ("half"):
-# H100 (graph us, NOTES.md "Prefill: K/V tiles by TMA"; gathers -> TMA): D128 128x64 w4 s2 (one warpgroup
+# H100 (graph us, lab/notes/prefill.md "Prefill: K/V tiles by TMA"; gathers -> TMA): D128 128x64 w4 s2 (one warpgroup
 # holds all 128 rows; 255 regs, ~100 B spilled outside the hot path, 96 KB: two programs an SM)
 # 1x8192x8192 1368 -> 1113, 4x2048 451 -> 359, 16x512x4096 1432 -> 1151, 8x1024x8192 2680 -> 2269
 # (s3 1174 / 384 / 1147 / 2324; 64x64 w4 s3 1297 / 412 / 1500 / 2891); D64 64x64 w4 s3 981 -> 656
@@ -76,14 +76,14 @@ _SM90_TMA = {
     ("half", 128): PrefillConfig(128, 64, 4, 2),
     ("half", 256): PrefillConfig(128, 64, 8, 2),
     # fp8 query and fp8 pages ("fp8qk": fp8 scores straight from the TMA tile, V converted to float16
-    # once). H100 (graph us at 1x8192x8192, NOTES.md "Prefill: fp8 query over fp8 pages by TMA"; gathers -> TMA): D128 128x64
+    # once). H100 (graph us at 1x8192x8192, lab/notes/prefill.md "Prefill: fp8 query over fp8 pages by TMA"; gathers -> TMA): D128 128x64
     # w4 s2 1161 -> 998 (s3 1007, 128x128 w8 s2 1153, 64x64 w4 s3 1401); D64 64x64 w4 s2 807 -> 661
     # (s3 671, 128x64 w4 s2 700); D256 (Hq 16) 64x64 w4 s2 1067 -> 1004 (128x64 w8 s2 1135).
     ("fp8qk", 64): PrefillConfig(64, 64, 4, 2),
     ("fp8qk", 128): PrefillConfig(128, 64, 4, 2),
     ("fp8qk", 256): PrefillConfig(64, 64, 4, 2),
     # fp8 pages with a 16-bit query ("fp8") gather: TMA tiles converted to the query's type (Triton's e4m3 ->
-    # bf16, K and V) were no faster (H100, NOTES.md "Prefill: fp8 query over fp8 pages by TMA": 1x8192x8192 D128
+    # bf16, K and V) were no faster (H100, lab/notes/prefill.md "Prefill: fp8 query over fp8 pages by TMA": 1x8192x8192 D128
     # best 128x128 w8 s2 1612 vs gathered words 1651 us, D64 847 vs 856, D256 1722 vs 1723), nor with float16
     # operands (q in registers: D128 1598 vs 1596; D64 812 vs 840, D256 1580 vs 1730).
 }
@@ -91,7 +91,7 @@ _SM90_TMA = {
 
 @dataclass(frozen=True)
 class WSConfig:
-    """Tiles of the warp-specialised Gluon kernel (:mod:`.gluon_ws`; 128 query rows a program)."""
+    """Tiles of the warp-specialised Gluon kernel (:mod:`.kernels_gluon_ws`; 128 query rows a program)."""
 
     block_n: int  # keys per tile
     stages: int  # K and V buffers a ring
@@ -101,17 +101,17 @@ class WSConfig:
 # Gluon warp-specialised kernel (16-bit caches, pages of a multiple of 64, Hopper), head_dim -> config.
 # sm_90a (Triton 3.6 and 3.7.1, page 64 HND): 168 registers at entry (producer warpgroup 24, consumer
 # warpgroups 240 each), no spill in the loops; shared memory: query 2 x [64, D], K and V rings of
-# stages x [block_n, D]: D64 144 KB, D128 160 KB, D256 192 KB. H200 (graph us, benchmarks/NOTES.md
+# stages x [block_n, D]: D64 144 KB, D128 160 KB, D256 192 KB. H200 (graph us, lab/notes/prefill.md
 # "Prefill: warp-specialised Gluon kernel"): ping-pong off was faster on 3 of the 4 bf16 shapes
 # (1x8192x8192 967 vs 997 us, 4x2048 306 vs 314, 8x1024x8192 1793 vs 1826); 3 buffers within 1 %,
 # 64-key tiles 10-20 % slower.
 _SM90_WS = {64: WSConfig(128, 4, False), 128: WSConfig(128, 2, False), 256: WSConfig(64, 2, False)}
-# fp8 caches (a converter partition turns the copied bytes into float16 operands, see gluon_ws), by
+# fp8 caches (a converter partition turns the copied bytes into float16 operands, see kernels_gluon_ws), by
 # operand kind: "fp8" (16-bit query: K and V converted, a ring of bytes each) and "fp8qk" (fp8 query:
 # scores on the copied K bytes, V converted). D128 / D256 take the 16-bit tiles (shared memory: D128
 # 225 KB with both byte rings; fp8qk D256 160 KB; D256 under a 16-bit query would need 256 KB and
 # keeps the Triton kernel). D64 takes 2 buffers a ring, not 4: with 4, every D64 fp8 launch on the
-# H100 gave NaN rows (bf16, fp16 and fp8 queries; 2 buffers passed; benchmarks/NOTES.md "Prefill: fp8
+# H100 gave NaN rows (bf16, fp16 and fp8 queries; 2 buffers passed; lab/notes/prefill.md "Prefill: fp8
 # caches in the warp-specialised kernel").
 _SM90_WS_FP8 = {("fp8", 64): WSConfig(128, 2, False), ("fp8", 128): _SM90_WS[128],
                 ("fp8qk", 64): WSConfig(128, 2, False), ("fp8qk", 128): _SM90_WS[128],
@@ -123,7 +123,7 @@ _SM90_WS_FP8 = {("fp8", 64): WSConfig(128, 2, False), ("fp8", 128): _SM90_WS[128
 # 4 for an fp8 query: V only), so it pays where each key serves enough query rows (max_q_len x the
 # GQA group) to spread it over; the converter costs the attention kernel ~15-25 % whatever the
 # rows. H100, 4 x 512 new rows over 16384 (rows x group = 2048): staged 940 us, converter 1045
-# (bf16 query); 793 / 842 (fp8 query). By cache kind. benchmarks/NOTES.md "Prefill: pages
+# (bf16 query); 793 / 842 (fp8 query). By cache kind. lab/notes/prefill.md "Prefill: pages
 # dequantised once a call". "half": a 16-bit cache in pages of under 64 tokens, staged in pages of
 # 64 (the alternative: the Gluon kernel copying a box a page, ~10 % slower than pages of 64 at
 # 1 x 8192), the pass moving 8 bytes a K and V element.

@@ -9,7 +9,7 @@ state in registers. K/V tiles come one of two ways, both software-pipelined by T
 * ``TMA`` (16-bit caches, and fp8 caches under fp8 scores, whose pages hold whole tiles, Hopper):
   a tensor descriptor over the pages (see :func:`_tma_tile`), one page's slice a tile; no
   per-token addresses, so a 128-row program fits one warpgroup and two programs share an SM
-  (``benchmarks/NOTES.md`` "Prefill: K/V tiles by TMA"); an fp8 K tile feeds the fp8 score product as it lands,
+  (``lab/notes/prefill.md`` "Prefill: K/V tiles by TMA"); an fp8 K tile feeds the fp8 score product as it lands,
   the V tile converts once to float16;
 * gathered otherwise (one table entry a page: a scalar page id when a tile lies inside one page,
   one per page selected per token when it holds up to 4 whole pages, per-token ids otherwise),
@@ -264,7 +264,7 @@ def context_kernel(
     q_len = tl.load(cum_q_ptr + b + 1).to(tl.int32) - q_start
     # Lengths clamped into [0, capacity]: one past the table's capacity would read past the
     # request's row of the table; a negative one (uint32 >= 2^31) is empty. Rows are kept inside
-    # [0, num_rows) whatever cum_seq_lens_q holds (benchmarks/NOTES.md "Device-side clamps").
+    # [0, num_rows) whatever cum_seq_lens_q holds (lab/notes/robustness.md "Device-side clamps").
     kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
     if mt * BLOCK_M >= q_len:
         return

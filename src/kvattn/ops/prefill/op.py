@@ -4,7 +4,7 @@ The public function :func:`kvattn.prefill.trtllm_batch_context_with_kv_cache` va
 normalises its arguments, then calls :func:`context`, which unpacks :class:`~kvattn._inputs.PagedKV`,
 :class:`~kvattn._inputs.Scale` and :class:`~kvattn.formats.FP4Tensor` into the flat operator
 ``torch.ops.kvattn.context`` (a ``torch.library.custom_op`` with a fake implementation and exact
-``mutates_args``; eager calls skip the dispatcher, :func:`kvattn.ops.launch.common.entry`).
+``mutates_args``; eager calls skip the dispatcher, :func:`kvattn.runtime.common.entry`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 
 from ..._inputs import PagedKV, Scale
 from ...formats import FP4Tensor
-from ..launch.common import entry
-from .launch import launch_context
+from ...runtime.common import entry
+from .plan import launch_context
 
 
 def context(
@@ -84,7 +84,7 @@ def context_impl(
     sf_start: int,
     skip_factor: float,
     # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (benchmarks/NOTES.md, torch versions).
+    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
     lse: Optional[torch.Tensor],
     causal: bool = True,
 ) -> None:

@@ -1,0 +1,286 @@
+"""MLA decode for Hopper in Gluon: 16-bit latent pages read by TMA, copies issued as buffers free.
+
+Why a second kernel. The Triton kernel (:mod:`.kernels`) leaves the row copies to Triton
+3.6's software pipeliner. The ``[64, 576]`` query and two ``[64, 576]`` row tiles fill 216-224 KB,
+so there is room for two buffers only, and the pipeliner issues the copy of tile ``j + 1`` at the
+end of iteration ``j`` (after the page-id load it depends on) and waits for it first thing in
+iteration ``j + 1``: every tile's load latency is exposed. Gluon (Triton's explicit-layout
+language, part of the same package: still no compiler at install) lets the schedule be written
+out: the copy of tile ``j + 1`` is issued as soon as the P.V product of tile ``j - 1`` (the last
+reader of its buffer) has retired, before the score product of tile ``j``, so it overlaps a whole
+tile of work. And the score layout is chosen rather than inferred: each warpgroup computes the
+whole ``[64, 64]`` score tile (``m64n64`` wgmmas; the two warpgroups do the same products), so
+each holds all of P in the rows it owns in the P.V product and no reduction or P exchange crosses
+the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; lab/notes/mla.md
+"MLA: Gluon kernel with TMA row tiles"): 64x4096 278 -> 224 us, 128x8192 1052 -> 845, 32x16384
+560 -> 423 against the Triton kernel.
+(The Triton kernel's split score tile, half the keys a warpgroup with the softmax reductions and P
+crossing through shared memory, measured 244 / 926 / 415 here.)
+
+Scope: 16-bit caches with a query of the same dtype, ``BLOCK_H = 64`` query heads a program
+(Hq >= 64; rows past Hq padded), 64-key tiles, pages of a multiple of 64 tokens whose rows TMA
+can address as one ``[pages * page, 576]`` view. Every other launch takes :mod:`.kernels`
+(the ``KVATTN_GLUON=0`` switch too).
+
+Multi-token prediction (``Q_LEN > 1``): the rows are ``Q_LEN * Hq`` (token, head) pairs,
+token-major, as in :mod:`.kernels`; the score mask takes each row's own key limit.
+
+Per tile ``j`` (8 warps; the accumulator ``[64, 512]`` split by columns between the warpgroups):
+
+1. wait for tile ``j``'s copy (an mbarrier a buffer); a request's last tile gets its rows past the
+   end zeroed in shared memory (a page's slots past the request may hold anything, NaN too, and
+   ``0 * NaN`` is NaN in the product);
+2. retire P.V of tile ``j - 1``; a CTA barrier (both warpgroups read that buffer);
+3. one thread issues the copy of tile ``j + 1`` into the freed buffer (nine 64-column TMA boxes;
+   a page id outside the cache becomes a row past the view's end, which TMA reads as zeros);
+4. ``S = q_rope kpe^T + q_nope ckv^T`` (A = the query in shared memory);
+5. online softmax in registers;
+6. ``acc = acc * alpha + P ckv`` issued asynchronously (P from registers), retired in step 2.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+# The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
+from ..common.gluon_compat import cta_barrier, tma_load
+from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
+from .kernels import mla_row_ends
+
+
+@gluon.jit
+def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, end, num_pages, total_rows,
+                PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr,
+                pred):
+    """Start the TMA copy of the tile of tokens ``[n0, n0 + BLOCK_N)`` (one page's slots) into
+    ``ckv_buf [BLOCK_N, CKV_DIM]`` and ``kpe_buf [BLOCK_N, KPE_DIM]``; ``bar`` counts its bytes.
+    A page id outside the cache becomes the row ``total_rows``, past the descriptor's end, which
+    TMA reads as zeros: a zero key and value that keep their logit (docs/semantics.md, "Unusable
+    page ids")."""
+    pid = load_page_ids(table_row_ptr, stride_t_p, n0, pred & (n0 < end), num_pages, PAGE_SIZE, True)
+    ok = pid >= 0
+    row = gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows)
+    mbarrier.expect(bar, BLOCK_N * (CKV_DIM + KPE_DIM) * 2, pred=pred)
+    for c in gl.static_range(CKV_DIM // 64):
+        tma_load(kv_desc, [row, c * 64], bar, ckv_buf.slice(c * 64, 64, dim=1), pred=pred)
+    tma_load(kv_desc, [row, CKV_DIM], bar, kpe_buf, pred=pred)
+
+
+# Pieces both Gluon MLA kernels run (this one and the warp-specialised one of kernels_gluon_ws.py).
+@gluon.jit
+def split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr,
+               SPLIT_SPAN: gl.constexpr = 0):
+    """``(b, hb, split, start, end, num_tiles)``: the program's request, head block and split, and
+    the split's keys ``[start, end)`` in ``num_tiles`` tiles of ``BLOCK_N``. Head blocks vary
+    fastest: the programs reading one request's split run side by side, so the second finds the
+    rows in L2. The request's length is clamped into ``[0, capacity]`` (the table row's tokens;
+    lab/notes/robustness.md "Device-side clamps")."""
+    pid = gl.program_id(0)
+    hb = pid % H_BLOCKS
+    rest = pid // H_BLOCKS
+    split = rest % num_splits
+    b = rest // num_splits
+
+    kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
+    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
+    start = split * chunk
+    end = gl.minimum(start + chunk, kv_len)
+    num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    return b, hb, split, start, end, num_tiles
+
+
+@gluon.jit
+def mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H: gl.constexpr, Q_LEN: gl.constexpr, layout: gl.constexpr):
+    """Multi-token prediction: the key limit ``[BLOCK_H]`` (in ``layout``) of each row of head
+    block ``hb`` over the ``num_heads = Q_LEN * Hq`` token-major rows (:func:`.kernels.mla_row_ends`),
+    at most the split's ``end``."""
+    rows = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=layout)
+    return gl.minimum(mla_row_ends(kv_len, rows, num_heads, Q_LEN), end)
+
+
+@gluon.jit
+def stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM: gl.constexpr,
+                KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, ld_layout: gl.constexpr):
+    """The head block's query rows into shared memory, ``qn_smem [BLOCK_H, CKV_DIM]`` and
+    ``qr_smem [BLOCK_H, KPE_DIM]``, in 64-column pieces (rows past Hq read as 0), visible to the
+    calling threads' wgmmas when it returns."""
+    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
+    for c in gl.static_range((CKV_DIM + KPE_DIM) // 64):
+        offs_qd = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
+        q_off = b.to(gl.int64) * stride_q_b + offs_qh[:, None].to(gl.int64) * stride_q_h + offs_qd[None, :]
+        q_c = gl.load(q_ptr + q_off, mask=(offs_qh < num_heads)[:, None], other=0.0)
+        if c * 64 < CKV_DIM:
+            qn_smem.slice(c * 64, 64, dim=1).store(q_c)
+        else:
+            qr_smem.store(q_c)
+    fence_async_shared()
+    cta_barrier()
+
+
+@gluon.jit
+def logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR: gl.constexpr):
+    """The scores' factor to base-2 logits: ``logit_factor`` (times ``*logit_scale_ptr`` with
+    ``LOGIT_PTR``) times log2(e)."""
+    logit = logit_factor
+    if LOGIT_PTR:
+        logit = logit * gl.load(logit_scale_ptr)
+    return logit * LOG2E
+
+
+@gluon.jit
+def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
+               num_splits, stride_o_b, stride_o_h, out_factor, COL0: gl.constexpr, COLS: gl.constexpr,
+               CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr,
+               o_layout: gl.constexpr):
+    """Write the output columns ``[COL0, COL0 + COLS)`` of the head block's rows from the
+    accumulator ``o_acc [BLOCK_H, COLS]`` (row max ``m_i``, row sum ``l_i``): the final output
+    (one split), or the normalised split partial and (``STORE_LSE``) its base-2 LSE, which the
+    decode family's combine kernel merges (an empty split: o = 0, lse = -inf)."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    head_ok = heads < num_heads
+    offs_c = COL0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, o_layout))
+    final = num_splits == 1
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * gl.load(out_scale_ptr)
+    o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
+    gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    partial = num_splits > 1
+    p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
+    gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
+    if STORE_LSE:
+        gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+
+
+@gluon.jit
+def store_final_lse(m_i, l_i, lse_ptr, b, hb, num_heads, num_splits, stride_lse_b, BLOCK_H: gl.constexpr,
+                    o_layout: gl.constexpr):
+    """``return_lse``: the head block's base-2 LSE ``m + log2(l)`` into ``lse [B, Hq]`` when the
+    launch has one split (-inf for a row without keys); with several, the combine kernel stores it."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m = gl.convert_layout(m_i, o_rows)
+    den = gl.convert_layout(l_i, o_rows)
+    lse2 = gl.where(den > 0, m + gl.log2(gl.where(den > 0, den, 1.0)), float("-inf"))
+    heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    gl.store(lse_ptr + b.to(gl.int64) * stride_lse_b + heads, lse2, mask=(heads < num_heads) & (num_splits == 1))
+
+
+@gluon.jit
+def mla_gluon_kernel(
+    q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major (last dim contiguous)
+    kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [BLOCK_N, 64]
+    table_ptr,  # [B, pages_per_seq] int32 page ids
+    seq_lens_ptr,  # [B] int32
+    logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs
+    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2)
+    lse_ptr,  # [B, Q_LEN * Hq] float32 base-2 LSE (STORE_LSE; row stride 1)
+    stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
+    batch, num_heads, num_splits, num_pages, capacity, stride_lse_b,
+    logit_factor, out_factor,
+    CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
+    STORE_LSE: gl.constexpr = False, SPLIT_SPAN: gl.constexpr = 0, Q_LEN: gl.constexpr = 1,
+):
+    dt: gl.constexpr = q_ptr.dtype.element_ty
+    # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
+    # compute it); O [64, 512] split by columns ([4, 2]: m64n256 a warpgroup).
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, CKV_DIM // 2, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+    row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
+    total_rows = num_pages * PAGE_SIZE
+    row_end = end
+    if Q_LEN > 1:  # (rows are (token, head) pairs: each token's own key limit)
+        kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
+        row_end = mtp_row_ends(kv_len, end, hb, num_heads, BLOCK_H, Q_LEN, gl.SliceLayout(1, s_layout))
+
+    qn_smem = gl.allocate_shared_memory(dt, [BLOCK_H, CKV_DIM], row_smem)
+    qr_smem = gl.allocate_shared_memory(dt, [BLOCK_H, KPE_DIM], row_smem)
+    ckv_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, CKV_DIM], row_smem)
+    kpe_smem = gl.allocate_shared_memory(dt, [2, BLOCK_N, KPE_DIM], row_smem)
+    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bars.index(0), count=1)
+    mbarrier.init(bars.index(1), count=1)
+
+    table_row = table_ptr + b.to(gl.int64) * stride_t_b
+    # The first two tiles' copies go out before the query is even read.
+    _issue_tile(kv_desc, ckv_smem.index(0), kpe_smem.index(0), bars.index(0), table_row, stride_t_p, start,
+                end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM, num_tiles > 0)
+    _issue_tile(kv_desc, ckv_smem.index(1), kpe_smem.index(1), bars.index(1), table_row, stride_t_p,
+                start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM, num_tiles > 1)
+
+    stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM, KPE_DIM, BLOCK_H,
+                ld_layout)
+    qk_scale = logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    # The accumulator rides through the loop as an in-flight wgmma result (retired each tile).
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, CKV_DIM], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    offs_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+
+    for j in range(0, num_tiles):
+        buf = j % 2
+        n0 = start + j * BLOCK_N
+        mbarrier.wait(bars.index(buf), (j // 2) & 1)
+        ckv_buf = ckv_smem.index(buf)
+        kpe_buf = kpe_smem.index(buf)
+        if n0 + BLOCK_N > end:
+            # The last tile: zero its rows past the request (they may hold NaN; P is 0 there, but
+            # 0 * NaN is NaN). Only the values (ckv) matter: the scores there are set to -inf.
+            offs_r = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_layout))
+            for c in gl.static_range(CKV_DIM // 64):
+                part = ckv_buf.slice(c * 64, 64, dim=1)
+                rows = part.load(ld_layout)
+                part.store(gl.where((offs_r < end)[:, None], rows, 0.0))
+            fence_async_shared()
+            cta_barrier()
+        # P.V of the previous tile retires; then neither warpgroup reads its buffer or P again.
+        acc_t = warpgroup_mma_wait(0, deps=[acc])
+        cta_barrier()
+        # Tile j + 1 into the freed buffer (tiles 0 and 1 went out before the loop).
+        issue = (j >= 1) & (j + 1 < num_tiles)
+        _issue_tile(kv_desc, ckv_smem.index(1 - buf), kpe_smem.index(1 - buf), bars.index(1 - buf), table_row,
+                    stride_t_p, n0 + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE, BLOCK_N, CKV_DIM, KPE_DIM, issue)
+        s = warpgroup_mma(qr_smem, kpe_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(qn_smem, ckv_buf.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+        if Q_LEN == 1:
+            valid = (n0 + offs_sn) < end
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        else:
+            s = gl.where((n0 + offs_sn)[None, :] < row_end[:, None], s * qk_scale, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+        # Each warpgroup holds all of P, in the rows it owns in the P.V product: no exchange.
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        p_op = gl.convert_layout(p.to(dt), p_layout)
+        acc = warpgroup_mma(p_op, ckv_buf, acc_t * alpha_o[:, None], is_async=True)
+    acc_t = warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.invalidate(bars.index(0))
+    mbarrier.invalidate(bars.index(1))
+
+    # One split: the final rows. Several: every split writes a partial, which the decode
+    # family's combine kernel merges.
+    store_rows(acc_t, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
+               num_splits, stride_o_b, stride_o_h, out_factor, 0, CKV_DIM, CKV_DIM, BLOCK_H, OUT_PTR, True, o_layout)
+    if STORE_LSE:
+        store_final_lse(m_i, l_i, lse_ptr, b, hb, num_heads, num_splits, stride_lse_b, BLOCK_H, o_layout)

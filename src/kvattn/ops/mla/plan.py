@@ -1,0 +1,386 @@
+"""Launcher of the MLA decode kernel: pick the config, size the grid and the KV split, launch.
+
+Host-side facts only (shapes, strides, dtypes, the SM count, the bound ``max_seq_len``): nothing
+waits for the device, and with a large enough workspace nothing is allocated, so a call can be
+captured in a CUDA graph and replayed with new lengths and tables. What a call derives from its
+facts is a :class:`_Plan`, cached under them; the split count is memoised per ``max_seq_len``.
+The partials are merged by the decode family's :func:`~..common.combine.decode_combine_kernel`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ...runtime import device as _device, env as _env, versions as _versions
+from ..._formats_table import BY_DTYPE, BY_NAME
+from ...formats import FP8_DTYPE
+from . import configs as mla_configs
+from ...runtime import fast_launch
+from ..common.combine import decode_combine_kernel
+from ..common.splits import combine_block_s, invariant_span, invariant_splits
+from ...runtime.common import arch, device_guard, int32_lengths, kv_format_code, words_allowed
+from ...runtime.plans import cached_plan
+from ...runtime.workspace import partials_fit, split_partials
+from .kernels import mla_split_kernel
+
+try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+
+    from .kernels_gluon import mla_gluon_kernel
+    from .kernels_gluon_ws import MAXNREG as _WS_MAXNREG, NUM_WARPS as _WS_WARPS, mla_gluon_ws_kernel
+except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
+    mla_gluon_kernel = mla_gluon_ws_kernel = None
+
+CKV_DIM = 512
+KPE_DIM = 64
+_MAX_SPANS = 4096
+
+# The call's values by name (fast_launch.CallLayout); an absent scale tensor's parameter takes the
+# query, which the kernels never read for it.
+_LAYOUT = fast_launch.CallLayout(
+    ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), ("capacity",),
+    ("logit_factor", "out_factor"),
+)
+_KV = _LAYOUT.tensors.index("kv")
+
+
+class MLAFacts(NamedTuple):
+    """Every host fact an MLA plan reads: the key of the plan cache (built positionally from locals
+    of the fields' names in :func:`launch_mla`, as :class:`..decode.launch.DecodeFacts`)."""
+
+    device: torch.device
+    interpreter: bool
+    q_shape: tuple  # [B, Q * Hq, 576] (token-major rows)
+    q_stride: tuple
+    q_dtype: torch.dtype
+    kv_shape: tuple  # [P, page, 576] or [P, page, 1, 576]
+    kv_stride: tuple
+    kv_dtype: torch.dtype
+    table_stride: tuple
+    out_stride: tuple
+    ws_numel: int | None
+    has_logit: bool  # a logit scale tensor
+    has_out_scale: bool  # an output scale tensor
+    aligned4: bool  # an fp8 cache 4-byte aligned (its words path)
+    aligned16: bool  # the cache 16-byte aligned (the Gluon kernel's TMA)
+    gluon_on: bool  # KVATTN_GLUON
+    gluon_ws_on: bool  # KVATTN_GLUON_WS
+    lse_stride: int | None = None  # the LSE's row stride (return_lse), None without one
+    batch_invariant: bool = False  # kvattn.set_batch_invariant / KVATTN_BATCH_INVARIANT
+    q_len: int = 1  # query tokens a request (their rows folded with the heads into q_shape[1])
+
+
+class _Plan:
+    """Everything a call derives from its host facts (:class:`MLAFacts`)."""
+
+    def __init__(self, facts: MLAFacts):
+        f = facts
+        # num_heads counts rows: Q tokens x Hq heads, which the kernels take as one M axis (the
+        # per-row key limit of a token derived from its row, see kernels.py "Multi-token prediction").
+        self.batch, self.num_heads, self.q_len = f.q_shape[0], f.q_shape[1], f.q_len
+        self.num_pages, self.page_size = f.kv_shape[0], f.kv_shape[1]
+        self.kv_format = BY_DTYPE[f.kv_dtype].name
+        q_fp8 = f.q_dtype == FP8_DTYPE
+        family = arch(f.device, f.interpreter)
+        # The warp-specialised kernel stores no final LSE: a call asking for one (return_lse) keeps
+        # the Gluon kernel (16-bit caches) or the Triton kernel (fp8).
+        ws_allowed = (f.gluon_on and f.gluon_ws_on and mla_gluon_ws_kernel is not None and f.lse_stride is None
+                      and family == "sm90")
+        cfg = mla_configs.config(family, self.kv_format, self.num_heads, q_fp8)
+        # 17-32 heads over a 16-bit cache: the warp-specialised kernel's 64-head programs (rows past
+        # the heads padded) where it takes the launch, not the Triton kernel's 32-head ones.
+        wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8)
+        if wide is not None and ws_allowed and mla_gluon_kernel is not None and _gluon_fits(
+                wide, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16):
+            cfg = wide
+        self.cfg = cfg
+        # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
+        words_ok = words_allowed(f.device, f.interpreter, f.aligned4)
+        self.kv_code = BY_NAME["fp8"].kernel_code if cfg.qk_fp8 else kv_format_code(
+            self.kv_format, words_ok, (f.kv_stride[0], f.kv_stride[1]), CKV_DIM + KPE_DIM)
+        self.h_blocks = -(-self.num_heads // cfg.block_h)
+        self.items = self.batch * self.h_blocks
+        self.sm_count = _device.sm_count(f.device)
+        per_split = self.batch * self.num_heads * (CKV_DIM + 1)
+        self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
+        self.strides = dict(  # the kernels' stride parameters, by name
+            stride_q_b=f.q_stride[0], stride_q_h=f.q_stride[1], stride_o_b=f.out_stride[0],
+            stride_o_h=f.out_stride[1], stride_kv_p=f.kv_stride[0], stride_kv_s=f.kv_stride[1],
+            stride_t_b=f.table_stride[0], stride_t_p=f.table_stride[1],
+        )
+        self.has_logit, self.has_out_scale = f.has_logit, f.has_out_scale
+        self.has_lse, self.lse_stride = f.lse_stride is not None, f.lse_stride or 0
+        self.row_stride = f.kv_stride[1]
+        self.kv_dtype = f.kv_dtype
+        self.gluon = (f.gluon_on and mla_gluon_kernel is not None and family == "sm90"
+                      and _gluon_fits(cfg, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride,
+                                      f.aligned16))
+        ws_on = ws_allowed and mla_configs.warp_specialized("sm90", self.kv_format, cfg.block_h, q_fp8)
+        # An fp8 query over an fp8 cache: the warp-specialised kernel's e4m3 form where it fits, else
+        # the Triton kernel (mla/kernels_gluon.py takes 16-bit caches only).
+        self.fp8_ws = ws_on and _ws_fp8_fits(cfg, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16)
+        self.ws = (self.gluon and ws_on) or self.fp8_ws
+        self.gluon = self.gluon or self.fp8_ws  # (a launch that takes a TMA descriptor of the cache)
+        # Batch-invariant mode: fixed-span splits (the config depends on the shape class only).
+        self.invariant = f.batch_invariant
+        self.split_span = invariant_span(cfg) if self.invariant else 0
+        self.has_workspace = f.ws_numel is not None
+        self._by_span: dict[int, tuple] = {}
+        self._by_splits: dict[int, tuple] = {}
+
+    def num_splits(self, span: int) -> int:
+        if self.invariant:
+            splits = invariant_splits(self.cfg, span)
+            if self.has_workspace and splits > self.fit:
+                per_split = self.batch * self.num_heads * (CKV_DIM + 1) * 4
+                raise ValueError(
+                    f"workspace_buffer: batch-invariant mode needs {splits} splits of {self.split_span} keys for "
+                    f"max_seq_len={span}, at least {16 + 16384 + splits * per_split} bytes, got a workspace with "
+                    f"room for {self.fit}")
+            return splits
+        return mla_configs.num_splits(self.cfg, items=self.items, span=span, sm_count=self.sm_count, fit=self.fit)
+
+    def launches(self, span: int) -> tuple:
+        """``(split launch, combine launch or None, numel_o, numel_lse)`` for ``max_seq_len = span``."""
+        hit = self._by_span.get(span)
+        if hit is not None:
+            return hit
+        splits = self.num_splits(span)
+        hit = self._by_splits.get(splits)
+        if hit is None:
+            rows = self.batch * self.num_heads
+            combine = self._combine(splits) if splits > 1 else None
+            hit = self._by_splits[splits] = (self._split(splits), combine, splits * rows * CKV_DIM, splits * rows)
+        if len(self._by_span) >= _MAX_SPANS:
+            self._by_span.clear()
+        self._by_span[span] = hit
+        return hit
+
+    def _split(self, splits: int):
+        cfg = self.cfg
+        if self.ws:
+            return _WarpSpecializedSplit(self, splits)
+        if self.gluon:
+            return _GluonSplit(self, splits)
+        return fast_launch.Launch(
+            mla_split_kernel, (self.items * splits,),
+            layout=_LAYOUT,
+            per_call=dict(q_ptr="query", kv_ptr="kv", table_ptr="table", seq_lens_ptr="seq_lens",
+                          logit_scale_ptr="logit" if self.has_logit else "query",
+                          out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
+                          part_o_ptr="part_o", part_lse_ptr="part_lse", lse_ptr="lse" if self.has_lse else "query",
+                          logit_factor="logit_factor", out_factor="out_factor", capacity="capacity"),
+            fixed=dict(self.strides, batch=self.batch, num_heads=self.num_heads, num_splits=splits,
+                       num_pages=self.num_pages, stride_lse_b=self.lse_stride),
+            constexprs=dict(
+                CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=self.page_size, BLOCK_H=cfg.block_h,
+                BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
+                OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
+                STORE_LSE=self.has_lse, SPLIT_SPAN=self.split_span, Q_LEN=self.q_len,
+            ),
+            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        )
+
+    def _combine(self, splits: int) -> fast_launch.Launch:
+        # The decode family's combine kernel; the query stands in for the absent sinks (and LSE).
+        return fast_launch.Launch(
+            decode_combine_kernel, (self.batch, self.num_heads),
+            layout=_LAYOUT,
+            per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", sinks_ptr="query",
+                          out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
+                          lse_ptr="lse" if self.has_lse else "query", out_factor="out_factor"),
+            fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"],
+                       stride_lse_t=self.lse_stride, num_rows=self.batch, num_splits=splits),
+            constexprs=dict(
+                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(splits, CKV_DIM, self.invariant),
+                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=self.has_lse, USE_PDL=False,
+            ),
+            options=dict(num_warps=4, num_stages=2),
+        )
+
+
+def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
+                aligned16: bool) -> bool:
+    """Whether a Gluon kernel (:mod:`.kernels_gluon`, or :mod:`.kernels_gluon_ws` where it takes the entry) runs
+    a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles inside pages of
+    a multiple of 64 tokens, and rows TMA can address as one ``[pages * page, 576]`` view (16-byte
+    aligned base and row stride, pages back to back)."""
+    pages, page = kv_shape[0], kv_shape[1]
+    return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
+            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
+            and page % 64 == 0 and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0
+            and kv_stride[0] == page * kv_stride[1] and pages * page < 2**31)
+
+
+def _ws_fp8_fits(cfg: mla_configs.MLAConfig, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16: bool) -> bool:
+    """Whether the warp-specialised kernel's e4m3 form (:mod:`.kernels_gluon_ws`) runs an fp8 launch: an
+    e4m3 query over an e4m3 cache on the fp8-score entry with 64 heads a program in M (not heads in
+    N), 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address as one ``[pages *
+    page, 576]`` byte view (16-byte aligned base and row stride, pages back to back)."""
+    pages, page = kv_shape[0], kv_shape[1]
+    return (q_dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and cfg.qk_fp8 and cfg.block_h == 64
+            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and page % 64 == 0 and aligned16
+            and kv_stride[-1] == 1 and kv_stride[1] % 16 == 0 and kv_stride[0] == page * kv_stride[1]
+            and pages * page < 2**31)
+
+
+def _row_layout(kv_dtype):
+    """The shared-memory layout of a TMA box ``[64 rows, 64 columns]`` of the cache: 128-byte
+    swizzled 16-bit rows, or 64-byte swizzled e4m3 rows (a box's width; lab/notes/mla.md "MLA:
+    fp8 on the seesaw")."""
+    if kv_dtype == FP8_DTYPE:
+        return _gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    return _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+class _GluonSplit:
+    """The split launch of :func:`~.kernels_gluon.mla_gluon_kernel`, with a TMA descriptor of the cache
+    built for each call from the cache's pointer (``run``), through a ``fast_launch.Launch``: a
+    call replayed from its metadata rebuilds the descriptor on the new pointer (lab/notes/host-path.md "Host
+    path: calls replayed from their metadata")."""
+
+    BLOCK_N = 64
+
+    @staticmethod
+    def kernel():
+        return mla_gluon_kernel
+
+    def options(self) -> dict:
+        """The launch's options, by name."""
+        return dict(num_warps=8)
+
+    def lse_args(self) -> tuple[dict, dict, dict]:
+        """The final LSE's parameters (``return_lse``): ``(per_call, fixed, constexprs)``; without
+        an LSE the partials' LSE stands in for the pointer, never read."""
+        plan = self.plan
+        return (dict(lse_ptr="lse" if plan.has_lse else "part_lse"), dict(stride_lse_b=plan.lse_stride),
+                dict(STORE_LSE=plan.has_lse))
+
+    def __init__(self, plan: _Plan, splits: int):
+        self.grid = (plan.items * splits,)
+        self.splits = splits
+        self.plan = plan
+        self.layout = _row_layout(plan.kv_dtype)
+        self._launches: dict = {}  # options -> fast_launch.Launch
+
+    def launch(self) -> fast_launch.Launch:
+        """This split's launch with the current :meth:`options`."""
+        options = self.options()
+        key = tuple(options.items())
+        hit = self._launches.get(key)
+        if hit is not None:
+            return hit
+        plan, kernel = self.plan, self.kernel()
+        lse_per_call, lse_fixed, lse_constexprs = self.lse_args()
+        constexprs = dict(
+            CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
+            BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
+            SPLIT_SPAN=plan.split_span, Q_LEN=plan.q_len, **lse_constexprs,
+        )
+        st = plan.strides
+        hit = self._launches[key] = fast_launch.Launch(
+            kernel, self.grid, layout=_LAYOUT,
+            per_call=dict(q_ptr="query", kv_desc="kv", table_ptr="table", seq_lens_ptr="seq_lens",
+                          logit_scale_ptr="logit", out_scale_ptr="out_scale", out_ptr="out", part_o_ptr="part_o",
+                          part_lse_ptr="part_lse", capacity="capacity", logit_factor="logit_factor",
+                          out_factor="out_factor", **lse_per_call),
+            fixed=dict(stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"], stride_o_b=st["stride_o_b"],
+                       stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"], stride_t_p=st["stride_t_p"],
+                       batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits, num_pages=plan.num_pages,
+                       **lse_fixed),
+            constexprs=constexprs,
+            options=options,
+        )
+        return hit
+
+    def run(self, call: fast_launch.CallArgs, kv: torch.Tensor) -> None:
+        """Launch the split for ``call`` (:data:`_LAYOUT`'s values) with a descriptor of ``kv``."""
+        plan = self.plan
+        desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
+                                [self.BLOCK_N, 64], self.layout)
+        self.launch()(fast_launch.with_descriptors(call, {_KV: desc}))
+
+
+class _WarpSpecializedSplit(_GluonSplit):
+    """The same launch on :func:`~.kernels_gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
+    kernel's but the final LSE's): 4 warps a partition, and the registers a thread its
+    ``warp_specialize`` redistributes (``MAXNREG``)."""
+
+    @staticmethod
+    def kernel():
+        return mla_gluon_ws_kernel
+
+    def options(self) -> dict:
+        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
+
+    def lse_args(self) -> tuple[dict, dict, dict]:
+        return {}, {}, {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
+
+
+_PLANS: dict[MLAFacts, _Plan] = {}
+
+
+def _plan(facts: MLAFacts) -> _Plan:
+    return cached_plan(_PLANS, facts, _Plan, bool(mla_configs._override))
+
+
+def launch_mla(
+    query: torch.Tensor,  # [B, Q * Hq, 576]
+    kv: torch.Tensor,  # [P, page, 576] or [P, page, 1, 576] latent rows
+    table: torch.Tensor,  # [B, pages_per_seq] int32
+    seq_lens: torch.Tensor,  # [B] int32 / uint32
+    out: torch.Tensor,  # [B, Q * Hq, 512]
+    *,
+    max_seq_len: int,
+    logit_factor: float = 1.0,
+    logit_tensor=None,
+    out_factor: float = 1.0,
+    out_tensor=None,
+    workspace=None,  # None: the split partials are allocated
+    lse=None,  # [B, Q * Hq] float32 base-2 LSE (row stride 1)
+    q_len: int = 1,  # query tokens a request: query / out / lse rows are Q * Hq, token-major
+) -> None:
+    """Launch MLA decode into ``out``, with the query's GPU current."""
+    if not query.numel():  # an empty batch (validation rejects zero heads): nothing to write or plan
+        return
+    device_index = query.get_device()  # -1 on the CPU
+    with device_guard(device_index):
+        seq_lens = int32_lengths(seq_lens)
+        # Every host fact the plan reads, each in a local of its MLAFacts field's name.
+        device, interpreter = query.device, _env.triton_interpret()
+        q_shape, q_stride, q_dtype = query.shape, query.stride(), query.dtype
+        kv_shape, kv_stride, kv_dtype = kv.shape, kv.stride(), kv.dtype
+        table_stride, out_stride = table.stride(), out.stride()
+        ws_numel = workspace.numel() if workspace is not None else None
+        has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
+        aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
+        aligned16 = kv.data_ptr() % 16 == 0
+        gluon_on, gluon_ws_on = _versions.gluon_on(), _env.gluon_ws()
+        lse_stride = lse.stride(0) if lse is not None else None
+        batch_invariant = _env.batch_invariant()
+        facts = MLAFacts._make((
+            device, interpreter, q_shape, q_stride, q_dtype, kv_shape, kv_stride, kv_dtype, table_stride,
+            out_stride, ws_numel, has_logit, has_out_scale, aligned4, aligned16, gluon_on, gluon_ws_on, lse_stride,
+            batch_invariant, q_len,
+        ))
+        plan = _plan(facts)
+        # The table's capacity in tokens: every kernel clamps the lengths to it
+        # (lab/notes/robustness.md "Device-side clamps").
+        capacity = table.shape[1] * kv.shape[1]
+        split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
+        part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
+        call = fast_launch.call_args(  # in _LAYOUT's order
+            (query, kv, table, seq_lens, out, part_o, part_lse,
+             logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
+             lse if lse is not None else query),
+            (capacity,), (logit_factor, out_factor), device_index,
+        )
+        if plan.gluon:
+            split.run(call, kv)
+        else:
+            split(call)
+        if combine is not None:
+            combine(call)

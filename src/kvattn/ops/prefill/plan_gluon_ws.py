@@ -1,0 +1,200 @@
+"""The host side of the warp-specialised Gluon prefill kernel (:mod:`.kernels_gluon_ws`): which
+launches may take it (:func:`eligible`, :func:`plan`), the TMA views of the caches
+(:func:`tma_view`), and its launch (:func:`launch`)."""
+
+from __future__ import annotations
+
+import triton
+
+from ...runtime import fast_launch
+from ..common.gluon_dequant import row_smem
+from .configs import ws_config
+from .kernels_gluon_ws import _box_cols, prefill_ws_kernel
+
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+
+# Ring depths a converted (fp8, not staged) launch may take: more buffers gave NaN rows on the H100,
+# not understood yet (lab/notes/prefill.md "Prefill: fp8 caches in the warp-specialised kernel");
+# a diagnostic may widen it.
+CONVERTED_RING_STAGES = (2,)
+MAXNREG = 168  # 12 warps: 3 warpgroups x 128 threads x 168 = 64512 of the 65536 registers
+HEAD_DIMS = (64, 128, 256)
+
+
+def tma_view(t, page: int):
+    """``(rows_per_page, total_rows, head_rows, head_cols, cols, row_stride)`` of a 16-bit or fp8 cache
+    ``t [P, page, Hkv, D]`` (an NHD view of any layout) as the 2-D ``[total_rows, cols]`` view the
+    kernel's TMA boxes read, or None where TMA cannot address it.
+
+    HND pages (each head's slots consecutive rows of D): row stride D, a page ``rows_per_page =
+    stride_page / D`` rows apart, head ``h`` at row ``h * page`` of its page (``head_rows`` =
+    page). NHD pages (heads side by side in a row): row stride Hkv * D, head ``h`` at column
+    ``h * D`` (``head_cols`` = D). The view ends with the last page's last row, so a box at row
+    ``total_rows`` reads zeros. TMA's rules: 16-byte aligned base and strides; coordinates int32.
+    """
+    pages, page_, heads, dim = t.shape
+    sp, ss, sh, sd = t.stride()
+    esize = t.element_size()
+    if sd != 1 or page_ != page or t.data_ptr() % 16 or pages == 0:
+        return None
+    if ss == dim and sh == page * dim:  # HND
+        row_stride, cols, head_rows, head_cols, last = dim, dim, page, 0, heads * page
+    elif sh == dim and ss == heads * dim:  # NHD
+        row_stride, cols, head_rows, head_cols, last = heads * dim, heads * dim, 0, dim, page
+    else:
+        return None
+    if sp % row_stride or (row_stride * esize) % 16:
+        return None
+    rows_per_page = sp // row_stride
+    total_rows = (pages - 1) * rows_per_page + last
+    if rows_per_page < last or total_rows >= 2**31 - 1:
+        return None
+    return rows_per_page, total_rows, head_rows, head_cols, cols, row_stride
+
+
+def kind_of(q_dtype, kv_dtype, v_dtype=None) -> str | None:
+    """The operand kind (the cache format's ``config_key``, or ``"fp8qk"``, as the Triton kernel's
+    tables name them) of a query and cache this kernel reads, or None: ``"half"`` (16-bit query
+    and cache of one dtype), ``"fp8"`` (16-bit query over an fp8 cache), ``"fp8qk"`` (fp8 query
+    and cache), ``"fp8qk-staged"`` (the same with V as float16 pages, ``v_dtype``: see
+    :func:`values_fit`)."""
+    import torch
+
+    from ..._formats_table import BY_DTYPE
+    from ...formats import FP8_DTYPE
+
+    fmt = BY_DTYPE.get(kv_dtype)
+    key = fmt.config_key if fmt is not None else None
+    if q_dtype == FP8_DTYPE:
+        if key != "fp8":
+            return None
+        return "fp8qk-staged" if v_dtype is not None and v_dtype != kv_dtype else "fp8qk"
+    if q_dtype not in (torch.float16, torch.bfloat16) or (key == "half" and kv_dtype != q_dtype):
+        return None
+    return key
+
+
+def config_for(q_dtype, kv_dtype, head_dim: int, v_dtype=None):
+    """This kernel's tiles (``configs.WSConfig``) for a query, a cache (V's pages of ``v_dtype``
+    where they differ from K's) and a head_dim, or None where it has none (NVFP4 caches, D256
+    under a 16-bit query over fp8, other head dims)."""
+    kind = kind_of(q_dtype, kv_dtype, v_dtype)
+    return ws_config(head_dim, kind) if kind is not None and head_dim in HEAD_DIMS else None
+
+
+def eligible(*, hopper: bool, gluon_on: bool, q_dtype, kv_dtype, out_dtype, head_dim: int, page: int,
+             skip: bool, nvfp4_out: bool) -> bool:
+    """Whether a launch may take this kernel (the views must be TMA-addressable too, see
+    :func:`tma_view`): host-known facts only. Every other launch takes the Triton kernel."""
+    import torch
+
+    cfg = config_for(q_dtype, kv_dtype, head_dim)
+    return (hopper and gluon_on and TRITON_VERSION >= (3, 6) and cfg is not None
+            and out_dtype in (torch.float16, torch.bfloat16) and not nvfp4_out and not skip
+            and pages_tile(page, cfg.block_n))
+
+
+def pages_tile(page: int, block_n: int) -> bool:
+    """Whether key tiles of ``block_n`` tokens are made of whole boxes of ``min(page, block_n)``
+    rows, each inside one page: a tile of several whole pages, or a page of several whole tiles.
+    A page of 192 tokens under 128-key tiles is neither (its second tile would run past the page).
+    Boxes of fewer than 8 rows would split the 128-byte swizzle's 8-row pattern."""
+    return page >= 8 and (block_n % page == 0 or page % block_n == 0)
+
+
+def values_fit(q_dtype, k_dtype, v_dtype) -> bool:
+    """Whether V's type goes with K's: the same, or float16 pages staged for an fp8 query over an
+    fp8 cache (:mod:`.staging`; its P.V product is float16)."""
+    import torch
+
+    from ...formats import FP8_DTYPE
+
+    return v_dtype == k_dtype or (q_dtype == FP8_DTYPE and k_dtype == FP8_DTYPE and v_dtype == torch.float16)
+
+
+def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
+    """``(config, k_view, v_view)`` (:func:`config_for`, :func:`tma_view`) where this kernel takes
+    the launch, else None."""
+    from ...runtime import device as _device, versions as _versions
+
+    if interpreter or query.device.type != "cuda":
+        return None
+    if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_versions.gluon_on(), q_dtype=query.dtype,
+                    kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1], skip=skip,
+                    nvfp4_out=nvfp4_out) or not values_fit(query.dtype, k.dtype, v.dtype):
+        return None
+    k_view, v_view = tma_view(k, k.shape[1]), tma_view(v, v.shape[1])
+    if k_view is None or v_view is None or k_view[2:4] != v_view[2:4]:  # K and V in one form
+        return None
+    return config_for(query.dtype, k.dtype, query.shape[-1], v.dtype), k_view, v_view
+
+
+def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q, sinks, out, *,
+           max_q_len: int, sm_count: int, logit_factor: float, logit_tensor, out_factor: float, out_tensor,
+           window_left: int, capacity: int | None = None, causal: bool = True) -> None:
+    """Launch :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
+    :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous), through a
+    ``fast_launch.Launch`` (the compiled kernel's launcher; a call replayed from its metadata
+    rebuilds the two descriptors on the new K/V pointers: lab/notes/host-path.md "Host path: calls replayed from
+    their metadata"). ``capacity``: the tokens a request may hold, where its lengths are clamped
+    (the table's by default; staged pages keep the cache table's, :mod:`.staging`)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    sum_q, num_heads, head_dim = query.shape
+    batch = seq_lens.shape[0]
+    page = k.shape[1]
+    sub = min(page, cfg.block_n)
+    kv_fp8 = k.element_size() == 1  # fp8 K pages (16-bit V pages with them: V staged, see values_fit)
+    v_staged = kv_fp8 and v.element_size() == 2
+    if kv_fp8 and not v_staged and cfg.stages not in CONVERTED_RING_STAGES:
+        raise ValueError(f"fp8 caches take 2 buffers a ring in the Gluon prefill kernel, got {cfg.stages}")
+    # (boxes of 128 bytes of a row, in the layout of the kernel's buffers they land in)
+    descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], [sub, _box_cols(head_dim, t.element_size())],
+                              row_smem(head_dim, t.element_size()))
+             for t, view in ((k, k_view), (v, v_view))]
+    m_tiles = -(-max_q_len // 128)
+    num_tiles = num_heads * batch * m_tiles
+    grid = (max(1, min(num_tiles, sm_count)),)
+    ws_launch = fast_launch.launch_of(  # every kernel parameter by its name
+        prefill_ws_kernel, grid, layout=LAYOUT, per_call=_PER_CALL,
+        fixed=dict(
+            stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0),
+            stride_o_h=out.stride(1), stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
+            stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
+            num_rows=sum_q, num_heads=num_heads, batch=batch, m_tiles=m_tiles, num_tiles=num_tiles,
+            k_num_pages=k.shape[0], v_num_pages=v.shape[0],
+            capacity=k_table.shape[1] * page if capacity is None else capacity,
+            window_left=window_left,
+            k_page_rows=k_view[0], v_page_rows=v_view[0], k_total_rows=k_view[1], v_total_rows=v_view[1],
+            head_rows=k_view[2], head_cols=k_view[3],
+        ),
+        constexprs=dict(
+            HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n,
+            STAGES=cfg.stages, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
+            LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong,
+            KV_FP8=kv_fp8, V_STAGED=v_staged, CAUSAL=causal,
+        ),
+        options=dict(num_warps=4, maxnreg=MAXNREG),
+    )
+    call = fast_launch.call_args(  # LAYOUT's tensors (absent ones: the query stands in, unread)
+        (query, out, k, v, k_table, v_table, seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
+         logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
+        (), (float(logit_factor), float(out_factor)), query.get_device(),
+    )
+    ws_launch(fast_launch.with_descriptors(call, {2: descs[0], 3: descs[1]}))
+
+
+# The per-call values of a launch by name (fast_launch.CallLayout), and the kernel parameters that
+# take them; every other parameter is fixed by the call's shapes (``launch``).
+LAYOUT = fast_launch.CallLayout(
+    ("query", "out", "k", "v", "k_table", "v_table", "seq_lens", "cum_q", "sinks", "logit", "out_scale"), (),
+    ("logit_factor", "out_factor"),
+)
+_PER_CALL = dict(
+    q_ptr="query", out_ptr="out", k_desc="k", v_desc="v", k_table_ptr="k_table", v_table_ptr="v_table",
+    seq_lens_ptr="seq_lens", cum_q_ptr="cum_q", sinks_ptr="sinks", logit_scale_ptr="logit",
+    out_scale_ptr="out_scale", logit_factor="logit_factor", out_factor="out_factor",
+)
+
+
+__all__ = ["HEAD_DIMS", "eligible", "launch", "plan", "tma_view"]

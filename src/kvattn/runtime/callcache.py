@@ -1,0 +1,541 @@
+"""Eager calls replayed from their metadata: validation, planning and launch binding skipped.
+
+A serving engine calls each public function with the same shapes, strides, dtypes, devices and
+scalar arguments step after step; only the data (and so the data pointers) changes. Everything
+a call does on the host but launch its kernels is a function of that *metadata*: the checks at
+the API boundary read shapes, strides, dtypes, devices, pointer alignment and scalars (never
+device values: those are ``KVATTN_DEBUG``'s), and so do the planners. So a call whose metadata
+was seen before needs only its kernels launched again, with the new pointers.
+
+How. A :class:`CallCache` per public function keys calls on :func:`_flatten`: per tensor argument
+its shape, strides, dtype, device and data pointer modulo 16 (Triton specialises on 16-byte
+alignment; the checks read no finer alignment); per other argument its value and type (so that
+``True`` and ``1``, ``1`` and ``1.0`` differ); the raw values of kvattn's environment switches.
+On a miss the call runs as always, while :mod:`.fast_launch` records every launch it
+makes. The record becomes an entry only if nothing in the call escapes replay:
+
+* every launch went through the fast path to an already compiled kernel (the first call of each
+  launch compiles through Triton and is never recorded), none through ``kernel[grid]``;
+* the call ran no device op but views, allocations and fills before its first launch (a
+  :class:`~torch.utils._python_dispatch.TorchDispatchMode` watches the recorded call): no copy. A
+  fill of a whole argument or allocation with a constant (prefill's LSE at ``-inf``) is replayed
+  as such, before the launches. An allocation (``torch.empty``, ``empty_like``,
+  ``empty_strided``, ``new_empty``: the output or LSE of a call that gives none) is recorded by
+  its shape, strides, dtype and device, functions of the key's metadata, and made again with
+  ``torch.empty_strided`` on every replay (only those a launch reads, the call fills or returns);
+* every pointer a launch received lies in exactly one tensor argument's or allocation's storage
+  (it is then that tensor's data pointer plus an offset fixed by the metadata), or is a buffer
+  kvattn keeps per stream (single decode's merge counters, :mod:`.workspace`): such an
+  entry is valid on its stream only. A TMA tensor descriptor counts by its base pointer; a replay
+  rebuilds it on the new pointer with the recorded shape, strides and block (functions of the
+  key's metadata);
+* the call returned its arguments, its allocations (or None), and no error was raised: an error
+  is never cached.
+
+A key is recorded the second time it is seen, not the first: recording costs more than the call
+(the dispatch mode sees every view), and a key that never comes back (a single decode whose
+length grows every step) would otherwise pay it on every call. The first call of a kernel
+compiles through Triton and could not be recorded anyway.
+
+A hit checks what the key does not hold (the fast path still on: no Triton launch hooks, the same
+Triton debug knobs, each launch's compiled kernel still current, the same CUDA device; the
+current stream is read afresh), makes the recorded allocations (their 16-byte alignment must be
+the recorded one: compiled kernels specialise on it), then launches each recorded launch with
+the new pointers, and fills what the call filled. Calls bypass the cache while ``torch.compile``
+traces, while a config override is active (tuning), with ``KVATTN_DEBUG=1`` (its device-value
+checks then run on every call), while a CUDA graph is being captured where the entry's function
+is capture-sensitive, and for tensor subclasses and argument types the key does not model. See
+``lab/notes/host-path.md``, "Host path: calls replayed from their metadata" and "Host path: every
+call form replayed".
+
+A check added to a public function that reads anything else of a tensor (its storage size, its
+pointer beyond 16-byte alignment, a device value) must add that fact to :func:`_flatten`'s key.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+import threading
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import env as _env
+
+MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache starts over
+MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
+MAX_SEEN = 4 * MAX_ENTRIES  # signatures seen a function keeps; past this it forgets them
+
+_ENV_NAMES = tuple(_env.SWITCH_NAMES)  # every switch kvattn reads (TRITON_INTERPRET included)
+_OVERRIDES = _env._BATCH_INVARIANT  # kvattn.set_batch_invariant's value: [None | bool]
+_DATA = getattr(os.environ, "_data", None)
+if isinstance(_DATA, dict) and getattr(os.environ, "encodekey", None) is not None:
+    _ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_NAMES))
+    _env_get = _DATA.get
+else:  # pragma: no cover - a platform without os.environ._data
+    _ENV_KEYS, _env_get = _ENV_NAMES, os.environ.get
+
+_Tensor = torch.Tensor
+_SCALAR_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
+_MISSING = object()
+_is_compiling = torch.compiler.is_compiling
+_suspended = 0  # > 0 while a config override is active (plans then depend on more than the facts)
+_caches: list["CallCache"] = []
+_fast_launch = _workspace = None  # kvattn.runtime's modules, once a call has been recorded (_load)
+_forgotten = [0]  # times every recording was forgotten: a recording across one is not kept
+
+
+class Bypass(Exception):
+    """An argument the key does not model: the call runs the ordinary way."""
+
+
+def suspend(delta: int) -> None:
+    """``+1`` on entering a config override, ``-1`` on leaving it; every recording is forgotten."""
+    global _suspended
+    _suspended += delta
+    _forget_recordings()
+
+
+def clear() -> None:
+    """Forget every entry and every key seen (tests, config overrides)."""
+    _forget_recordings()
+    for cache in _caches:
+        cache.seen.clear()
+
+
+def _forget_recordings() -> None:
+    """Forget every entry (and failed recording), keeping the keys seen: a kept buffer was
+    replaced, so recordings hold stale addresses, but a key seen is still worth recording."""
+    _forgotten[0] += 1
+    for cache in _caches:
+        cache.entries.clear()
+        cache.failures.clear()
+
+
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_stride = _Tensor.stride
+_data_ptr = _Tensor.data_ptr
+_get_device = _Tensor.get_device
+_low_bits = (15).__and__
+_SIGNATURES: dict = {}  # tuple of argument types -> (tensor picker, other picker), or None: nested
+
+
+def _signature(types: tuple):
+    """Pickers of the tensor and the other arguments of a call with these argument types (None
+    where an argument is a tuple or list)."""
+    if tuple in types or list in types:
+        got = None
+    else:
+        for t in types:
+            if t is not _Tensor and t not in _SCALAR_TYPES:
+                raise Bypass
+        tensors = [i for i, t in enumerate(types) if t is _Tensor]
+        others = [i for i, t in enumerate(types) if t is not _Tensor]
+        got = (_getter(tensors), _getter(others))
+    if len(_SIGNATURES) >= MAX_ENTRIES:
+        _SIGNATURES.clear()
+    _SIGNATURES[types] = got
+    return got
+
+
+def _getter(indices: list):
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    if indices:
+        return lambda t, i=indices[0]: (t[i],)
+    return lambda t: ()
+
+
+_CACHE_ON: dict = {}  # raw switch values -> whether they leave the call cache on (KVATTN_CALL_CACHE)
+
+
+def _cache_on(switches: tuple) -> bool:
+    on = _CACHE_ON.get(switches)
+    if on is None:
+        on = _env.call_cache()  # (parsed from the same raw values)
+        if len(_CACHE_ON) >= MAX_ENTRIES:
+            _CACHE_ON.clear()
+        _CACHE_ON[switches] = on
+    return on
+
+
+def _flatten(args: tuple, switches: tuple | None = None) -> tuple[tuple, list]:
+    """``(key, pointers)``: the metadata key of a call's arguments and its tensors' data pointers in
+    order (:func:`_tensors`' order). Raises :class:`Bypass` for an argument the key does not model.
+    ``switches``: the raw values of the switches (``_ENV_KEYS``' values) where the caller has read them.
+
+    Per tensor: shape, strides, dtype, CUDA device index (-1 off CUDA, where no call is recorded:
+    only CUDA tensors take the fast path) and the data pointer modulo 16; per other argument its value, and the
+    type of every argument. Each fact is read for all tensors at once (``map``), at C speed."""
+    types = tuple(map(type, args))
+    sig = _SIGNATURES.get(types, _MISSING)
+    if sig is _MISSING:
+        sig = _signature(types)
+    if sig is None:  # a tuple or list among the arguments: key its items in its place
+        flat = []
+        for a in args:
+            if type(a) is tuple or type(a) is list:
+                flat += a
+                flat.append(len(a))
+            else:
+                flat.append(a)
+        key, ptrs = _flatten(tuple(flat), switches)
+        return (types, key), ptrs
+    tensors = sig[0](args)
+    ptrs = list(map(_data_ptr, tensors))
+    if switches is None:
+        switches = tuple(map(_env_get, _ENV_KEYS))
+    key = (types, switches, _OVERRIDES[0], tuple(map(_shape, tensors)),
+           tuple(map(_stride, tensors)),
+           tuple(map(_dtype, tensors)), tuple(map(_get_device, tensors)), tuple(map(_low_bits, ptrs)),
+           sig[1](args))
+    return key, ptrs
+
+
+def _tensors(args: tuple) -> list:
+    """The tensor arguments in :func:`_flatten`'s pointer order."""
+    out = []
+    for a in args:
+        if type(a) is _Tensor:
+            out.append(a)
+        elif type(a) in (tuple, list):
+            out.extend(b for b in a if type(b) is _Tensor)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# recording a call
+# ---------------------------------------------------------------------------------------------
+_VIEW_FREE = {  # metadata ops that touch no device memory (besides views)
+    torch.ops.aten.set_.source_Storage_storage_offset, torch.ops.aten.detach.default,
+    torch.ops.aten.lift_fresh.default,
+}
+
+
+_ALLOCATING = {  # ops that allocate and leave the memory uninitialised (a replay makes them again)
+    torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default, torch.ops.aten.empty_strided.default,
+    torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
+}
+
+
+class _Watch(TorchDispatchMode):
+    """Notes every allocation and every fill (before the first launch) of the recorded call, and
+    every other op that is not a view (:func:`_inputs.alias`'s empty tensor and ``set_`` are
+    neither): such a call is not replayed."""
+
+    def __init__(self, record: "Record"):
+        super().__init__()
+        self.record = record
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func.is_view or func in _VIEW_FREE:
+            return result
+        if func is torch.ops.aten.empty.memory_format and args and not any(args[0]):
+            return result  # (an alias's zero-size shell: set_ onto an argument's storage next)
+        if func in _ALLOCATING and type(result) is _Tensor:
+            self.record.allocated(result)
+        elif func is torch.ops.aten.fill_.Scalar and type(args[0]) is _Tensor and not self.record.launches:
+            self.record.filled(args[0], args[1])
+        else:
+            self.record.spoil(f"op {func}")
+        return result
+
+
+class Record:
+    """What one ordinary call launched (filled by :mod:`.fast_launch`), and why it may not
+    be replayed (``spoiled``)."""
+
+    def __init__(self):
+        self.thread = threading.get_ident()
+        self.launches: list = []  # (Launch, CallArgs, compiled-kernel key)
+        self.spoiled: str | None = None
+        self.devices: set = set()  # the current device at each launch
+        self.allocations: list = []  # the tensors the call allocated (kept alive: no address reused)
+        self.fills: list = []  # (tensor, value) of each fill_ before the first launch
+
+    def allocated(self, t: torch.Tensor) -> None:
+        if threading.get_ident() == self.thread:
+            self.allocations.append(t)
+
+    def filled(self, t: torch.Tensor, value) -> None:
+        if threading.get_ident() == self.thread:
+            self.fills.append((t, value))
+
+    def launched(self, launch, call, key) -> None:
+        if threading.get_ident() == self.thread:
+            self.launches.append((launch, call, key))
+            self.devices.add(_fast_launch.current_device())
+
+    def spoil(self, why: str) -> None:
+        if threading.get_ident() == self.thread and self.spoiled is None:
+            self.spoiled = why
+
+
+class _Entry:
+    """A recorded call: its launches with every pointer an argument's or an allocation's plus an
+    offset (or a kept buffer's), the allocations to make again, and what the call returned."""
+
+    __slots__ = ("steps", "pick", "offsets", "rebuild", "constants", "stream", "device", "knobs", "returns",
+                 "launches", "allocs", "alloc_bits", "fills")
+
+    def __init__(self, steps, pick, offsets, rebuild, constants, stream, device, knobs, returns, launches,
+                 allocs=(), alloc_bits=(), fills=()):
+        self.steps = steps  # per launch: fast_launch.replay_step's tuple
+        self.pick = pick  # arg pointers, allocation pointers (+ constants) -> the launches' pointers, in order
+        self.offsets = offsets
+        self.rebuild = rebuild  # ((index into the launches' pointers, descriptor template), ...): see _build
+        self.constants = constants  # kept buffers' pointers (appended to the arg pointers), or []
+        self.stream = stream  # the recorded stream where constants pin it, else None
+        self.device = device
+        self.knobs = knobs
+        self.returns = returns  # None, an index into args + allocations, or a tuple of those / None
+        self.launches = launches  # the Launch objects (for tests and tools)
+        self.allocs = allocs  # per allocation made again: a function making it (torch.empty_strided)
+        self.alloc_bits = alloc_bits  # each recorded allocation's data pointer modulo 16
+        self.fills = fills  # ((index into the tensor arguments + allocations, value), ...): fill_ first
+
+
+def _load() -> None:
+    """Import the launch modules (they import Triton: not before a call is recorded)."""
+    global _fast_launch, _workspace
+    from . import fast_launch, workspace
+
+    workspace.KEPT_CHANGED.append(_forget_recordings)  # recordings hold the kept buffers' addresses
+    _fast_launch, _workspace = fast_launch, workspace
+
+
+def _kept_buffers() -> list:
+    """``(start, end)`` of the buffers kvattn keeps per stream (single decode's counters and
+    partials, :mod:`.workspace`)."""
+    workspace = _workspace
+    return [(b, b + t.untyped_storage().nbytes()) for t in workspace.kept_buffers() for b in (t.data_ptr(),)]
+
+
+def _returns(result, args: tuple, allocations: list):
+    """Where the call's result came from: None, the index of the argument it is (or
+    ``len(args) + i`` for the call's allocation ``i``), or a tuple of those (None for a None
+    element). Raises :class:`Bypass` for anything else (a view, a tensor of another kind)."""
+    def index(x):
+        if x is None:
+            return None
+        for j, a in enumerate(args):
+            if a is x:
+                return j
+        j = _same_tensor(x, allocations)
+        if j is None:
+            raise Bypass
+        return len(args) + j
+
+    if type(result) is tuple:
+        return tuple(map(index, result))
+    if result is None:
+        return None
+    return index(result)
+
+
+def _same_tensor(x, tensors: list) -> int | None:
+    """The index of the tensor of ``tensors`` that ``x`` is: the dispatch mode hands the call
+    another Python object over the same tensor, so it is recognised by its memory and geometry."""
+    if type(x) is not _Tensor:
+        return None
+    seen = (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+    for j, a in enumerate(tensors):
+        if (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) == seen:
+            return j
+    return None
+
+
+def _maker(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A function making a tensor of ``t``'s shape, strides, dtype and device (uninitialised).
+    (``torch.empty_strided`` with every argument bound parses fastest of torch's factories.)"""
+    return functools.partial(torch.empty_strided, tuple(t.shape), t.stride(), dtype=t.dtype, device=t.device)
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _build(record: Record, args: tuple, result) -> _Entry | None:
+    """The entry a clean record makes, or None (see the module docstring)."""
+    if record.spoiled is not None or not record.launches or len(record.devices) != 1:
+        return None
+    tensors = _tensors(args)
+    allocations = record.allocations
+    pool = tensors + allocations  # what a pointer may lie in: the arguments, then the allocations
+    try:
+        returns = _returns(result, args, allocations)
+        storages = [_storage(t) for t in pool]
+    except (Bypass, RuntimeError):
+        return None
+    ptrs = [t.data_ptr() for t in pool]
+    kept = _kept_buffers()
+    constants: list = []
+    picks, offsets, spans, rebuild = [], [], [], []
+    first = record.launches[0][1]
+    for launch, call, key in record.launches:
+        if call.ptrs is None or call.stream != first.stream:
+            return None
+        spans.append((len(picks), len(call.ptrs)))
+        for p in call.ptrs:
+            if type(p) is not int:
+                # A tensor descriptor (TMA): rebuilt at each replay on its base's new pointer, with
+                # the recorded geometry (a function of the metadata in the key, as every launch
+                # argument is). lab/notes/host-path.md "Host path: calls replayed from their metadata".
+                base = _fast_launch.descriptor_base(p)
+                if base is None:
+                    return None
+                rebuild.append((len(picks), _fast_launch.descriptor_template(p)))
+                p = base
+            owners = [j for j, (base, size) in enumerate(storages) if base <= p < base + size]
+            if len(owners) > 1:
+                # Arguments sharing one storage (K and V views of one cache): the one starting at
+                # the pointer, if exactly one does; otherwise whose pointer it follows is ambiguous.
+                owners = [j for j in owners if ptrs[j] == p]
+                if len(owners) != 1:
+                    return None
+            if owners:
+                picks.append(owners[0])
+                offsets.append(p - ptrs[owners[0]])
+            elif any(start <= p < end for start, end in kept):
+                if p not in constants:
+                    constants.append(p)
+                picks.append(len(pool) + constants.index(p))
+                offsets.append(0)
+            else:
+                return None  # memory that no argument, allocation or kept buffer owns
+    fills = []
+    for t, value in record.fills:
+        j = _same_tensor(t, pool)
+        if j is None or type(value) not in (int, float, bool):
+            return None  # (a part of a tensor, or a value the replay could not repeat)
+        fills.append((j, value))
+    # Only the allocations a launch reads, the call fills or returns are made again on a replay.
+    returned = returns if type(returns) is tuple else (returns,)
+    used = sorted({p - len(tensors) for p in picks if len(tensors) <= p < len(pool)}
+                  | {j - len(args) for j in returned if j is not None and j >= len(args)}
+                  | {j - len(tensors) for j, _ in fills if j >= len(tensors)})
+    if len(used) != len(allocations):
+        moved = {old: new for new, old in enumerate(used)}
+        picks = [p if p < len(tensors) else len(tensors) + moved[p - len(tensors)] if p < len(pool)
+                 else p - len(allocations) + len(used) for p in picks]
+        fills = [(j if j < len(tensors) else len(tensors) + moved[j - len(tensors)], value) for j, value in fills]
+
+        def move(j):
+            return j if j is None or j < len(args) else len(args) + moved[j - len(args)]
+
+        returns = tuple(map(move, returns)) if type(returns) is tuple else move(returns)
+    made = [allocations[i] for i in used]
+    steps = []
+    total = len(picks)
+    for (launch, call, key), (start, count) in zip(record.launches, spans):
+        step = _fast_launch.replay_step(launch, key, start, count, call.values[count:], total)
+        if step is None:
+            return None
+        steps.append(step)
+    pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda t, i=picks[0]: (t[i],))
+    return _Entry(tuple(steps), pick, tuple(offsets), tuple(rebuild), constants, first.stream if constants else None,
+                  next(iter(record.devices)), _fast_launch.knob_state(), returns, tuple(s[0] for s in steps),
+                  tuple(map(_maker, made)), tuple(t.data_ptr() & 15 for t in made), tuple(fills))
+
+
+class CallCache:
+    """The replay cache of one public function (see the module docstring).
+
+    ``capture_sensitive``: the function's launches differ inside a CUDA-graph capture (single
+    decode: its merge counters and RoPE's TMA kernel), so it bypasses the cache while the current
+    stream captures.
+    """
+
+    def __init__(self, name: str, *, capture_sensitive: bool = False):
+        self.name = name
+        self.capture_sensitive = capture_sensitive
+        self.entries: dict = {}
+        self.failures: dict = {}  # key -> recordings that made no entry (the first call compiles)
+        self.seen: dict = {}  # keys seen before (a key is recorded when it comes back)
+        self.hits = self.misses = 0  # (tests and tools)
+        _caches.append(self)
+
+    def run(self, args: tuple, call: Callable[[], Any]):
+        """The result of a call with ``args``: replayed from a recorded call of the same key, or
+        ``call()`` (the ordinary call), recorded into an entry where it can be."""
+        if _suspended or _is_compiling():
+            return call()
+        switches = tuple(map(_env_get, _ENV_KEYS))  # (once: KVATTN_CALL_CACHE's, and the key's)
+        if not _cache_on(switches):
+            return call()
+        try:
+            key, ptrs = _flatten(args, switches)
+        except (Bypass, RuntimeError):  # (RuntimeError: a tensor without strides or data)
+            return call()
+        entry = self.entries.get(key)
+        if entry is not None and (not self.capture_sensitive or not _fast_launch.capturing()):
+            pool = args
+            made = []
+            if entry.allocs:  # the output / LSE the call allocates, made again
+                made = [make() for make in entry.allocs]
+                more = list(map(_data_ptr, made))
+                if tuple(map(_low_bits, more)) == entry.alloc_bits:
+                    ptrs += more
+                    pool = (*args, *made)
+                else:  # (another alignment: another compiled kernel, maybe)
+                    ptrs = None
+            if entry.fills and ptrs is not None:
+                tensors = _tensors(args) + made
+                for j, value in entry.fills:
+                    tensors[j].fill_(value)
+            if ptrs is not None and _fast_launch.replay(entry, ptrs):
+                self.hits += 1
+                returns = entry.returns
+                if returns is None:
+                    return None
+                if type(returns) is int:
+                    return pool[returns]
+                return tuple(None if j is None else pool[j] for j in returns)
+        self.misses += 1
+        if entry is not None:
+            return call()
+        # Recorded when it comes back (module docstring). A key hashes anew at every dict lookup,
+        # so a first sighting costs one: setdefault, and the size tells whether it was there.
+        seen = self.seen
+        count = len(seen)
+        seen.setdefault(key)
+        if len(seen) != count:
+            if count >= MAX_SEEN:
+                seen.clear()
+                seen[key] = None
+            return call()
+        # (KVATTN_DEBUG=1: its raw value is in the key, and nothing is recorded under it.)
+        if self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks():
+            return call()
+        if _fast_launch is None:
+            try:
+                _load()
+            except ImportError:  # pragma: no cover - no Triton: nothing launches, nothing to record
+                return call()
+        if self.capture_sensitive and _fast_launch.capturing():
+            return call()
+        record, forgotten = Record(), _forgotten[0]
+        with _fast_launch.recording(record), _Watch(record):
+            result = call()
+        if _forgotten[0] != forgotten:
+            # A kept buffer was replaced inside the call (single decode's partials, grown): its
+            # allocation would be taken for one of the call's own. Recorded again next time.
+            return result
+        entry = _build(record, args, result)
+        del record  # (its allocations: the result holds what the caller gets)
+        if entry is None:
+            if len(self.failures) >= MAX_ENTRIES:
+                self.failures.clear()
+            self.failures[key] = self.failures.get(key, 0) + 1
+            return result
+        if len(self.entries) >= MAX_ENTRIES:
+            self.entries.clear()
+        self.entries[key] = entry
+        return result

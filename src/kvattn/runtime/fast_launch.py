@@ -1,0 +1,930 @@
+"""Launch compiled Triton kernels (3.6, 3.7) without ``JITFunction.run`` on every call.
+
+``kernel[grid](*args, **kwargs)`` costs tens of microseconds of host time in Triton 3.6: it binds
+every argument through a generated function, specialises each one natively, builds a string key,
+looks the compiled kernel up, checks the kernel's globals and builds launch metadata. At batch-1
+decode that is longer than the kernels themselves. Here:
+
+1. a :class:`Launch` binds everything of one launch that a caller can fix ahead (grid,
+   constexprs, options, the scalar arguments that follow from shapes), once, each argument by
+   the kernel parameter's name; the names are resolved to positions there, once (Triton's
+   ``JITFunction.params``), so a call only picks its values into place;
+2. :func:`call_args` reads a call's tensors once (data pointer, dtype, 16-byte alignment), its
+   per-call ints and floats, for every launch of the call (a decode call's split and combine
+   launches); a :class:`CallLayout` names those values, in the order the caller passes them;
+3. a launch looks the compiled kernel up under a key of the facts Triton specialises on (below)
+   and calls its launcher with raw pointers, as ``CompiledKernel.__getitem__`` does.
+
+The first call of each key goes through ``kernel[grid](...)``, which compiles (or finds) the
+kernel Triton itself picks; its return value is cached under the key.
+
+The key. Triton 3.6 picks a compiled kernel by the current device, the options and the
+specialisation of every argument (``native_specialize_impl`` with specialisation and alignment
+on, the defaults of unannotated parameters):
+
+* tensor: its dtype and whether ``data_ptr() % 16 == 0``;
+* int: ``== 1`` (passed as a constexpr); otherwise whether it is divisible by 16, and its type:
+  i32 in [-2^31, 2^31), else i64 below 2^63, else u64 below 2^64 (beyond: an OverflowError);
+* float: fp32 whatever the value; bool: u1; None: a constexpr;
+* tensor descriptor (Triton's or Gluon's): its base's dtype, block shape and (Gluon) layout
+  (:func:`descriptor_spec`; the launcher encodes the rest per launch);
+* constexpr parameters: their values;
+
+plus the options (``num_warps``, ``num_stages``, ``launch_pdl``, ...), the kernel's ``debug``
+flag and the ``debug``/``instrumentation_mode`` knobs. The key holds each of these facts, or finer
+ones (a finer key only costs one more trip through ``kernel[grid]``): constexprs and options are
+compared with their types, so ``True`` and ``1`` differ where Triton's own lookup conflates them.
+A parameter marked ``do_not_specialize``/``do_not_specialize_on_alignment`` or annotated with a
+type is specialised otherwise; :class:`Launch` leaves such kernels to Triton.
+
+The fast path runs only on Triton 3.6 and 3.7 (the versions whose rules these are), for compiled
+``JITFunction`` kernels outside the interpreter, with no launch hooks and no pre-run hooks set,
+and unless ``KVATTN_FAST_LAUNCH=0``; otherwise every launch is a plain ``kernel[grid](...)``.
+
+Raw pointers skip the launcher's ``cuPointerGetAttribute`` check that a tensor is device memory:
+callers pass tensors they validated to be on the current CUDA device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import itertools
+import operator
+import sys
+from itertools import repeat
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+import triton
+
+from . import device as _device, env as _env
+from .ptx_hints import applied as ptx_hints_applied
+
+# The Triton versions whose specialisation rules and launcher this module was verified against
+# (tests/runtime/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
+# 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher's C
+# entry point takes the kernel's parameters as one sequence (see :func:`_c_launcher`).
+FAST_LAUNCH_VERSIONS = ("3.6", "3.7")
+TRITON_SUPPORTED = triton.__version__.startswith(FAST_LAUNCH_VERSIONS)
+
+from triton.compiler.compiler import CompiledKernel  # noqa: E402  (every version kvattn runs on)
+
+if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 and 3.7 spell them
+    from triton import knobs
+    from triton.knobs import HookChain
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    try:  # Gluon's JIT: JITFunction's run and binder (only its AST source differs), so its rules
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:  # pragma: no cover - a Triton without Gluon
+        GluonJITFunction = JITFunction
+    _JIT_TYPES = (JITFunction, GluonJITFunction)
+
+_INT32 = 1 << 31
+_INT64 = 1 << 63
+_UINT64 = 1 << 64
+_ONE = ("constexpr", 1)
+_U1 = ("u1",)
+_FP32 = ("fp32",)
+_NONE = ("constexpr", None)
+_MISSING = object()
+_NO_GLOBALS = ((), (), (), (), ())  # what _remember_globals keeps for a kernel that reads no globals
+
+_data_ptr = torch.Tensor.data_ptr
+_dtype = operator.attrgetter("dtype")
+_low_bits = (15).__and__  # x & 15: a pointer's (or an int's) offset from a multiple of 16
+
+
+class Unspecializable(TypeError):
+    """An argument whose specialisation this module does not model: Triton launches it."""
+
+
+def int_spec(value: int) -> tuple:
+    """Triton 3.6's specialisation of an int argument: ``("constexpr", 1)`` or ``(type, % 16 == 0)``."""
+    if type(value) is not int:
+        raise Unspecializable(f"expected an int, got {type(value).__name__}")
+    if value == 1:
+        return _ONE
+    if -_INT32 <= value < _INT32:
+        kind = "i32"
+    elif -_INT64 <= value < _INT64:
+        kind = "i64"
+    elif _INT64 <= value < _UINT64:
+        kind = "u64"
+    else:
+        raise Unspecializable(f"integer {value} does not fit 64 bits")
+    return kind, value & 15 == 0
+
+
+def arg_spec(value: Any) -> tuple:
+    """Triton 3.6's specialisation of one non-constexpr argument (see the module docstring)."""
+    kind = type(value)
+    if kind is int:
+        return int_spec(value)
+    if kind is bool:
+        return _U1
+    if kind is float:
+        return _FP32
+    if value is None:
+        return _NONE
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() & 15 == 0
+    raise Unspecializable(f"no specialisation rule for {kind.__name__}")
+
+
+def fast_path_enabled() -> bool:
+    """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6 / 3.7, compiled, no launch hooks)."""
+    if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
+        return False
+    return _no_launch_hooks()
+
+
+def _no_launch_hooks() -> bool:
+    """No launch enter/exit hook is set in Triton's knobs (a hook must see every launch: Triton's path)."""
+    runtime = knobs.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook  # None, or a HookChain of hooks
+    return (enter is None or (type(enter) is HookChain and not enter.calls)) and (
+        exit_ is None or (type(exit_) is HookChain and not exit_.calls)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-call arguments
+# ---------------------------------------------------------------------------------------------
+class CallLayout(NamedTuple):
+    """The names of a call's per-call values, in the order the caller hands them to
+    :func:`call_args`: its tensors, ints and floats. A :class:`Launch` maps kernel parameters to
+    these names."""
+
+    tensors: tuple
+    ints: tuple = ()
+    floats: tuple = ()
+
+    def positions(self) -> dict[str, int]:
+        """Each name's index into ``tensors + ints + floats``."""
+        names = self.tensors + self.ints + self.floats
+        if len(set(names)) != len(names):
+            raise ValueError(f"CallLayout: names must be unique, got {names}")
+        return {name: i for i, name in enumerate(names)}
+
+
+class CallArgs:
+    """The tensors, per-call ints and floats of one call, read once for every launch of the call.
+
+    ``key`` is None when the fast path is off; otherwise an int standing for :func:`call_key` of
+    the call (equal facts, equal ints), and ``ptrs``/``stream`` are what the launcher takes.
+    ``values``: ``ptrs + ints + floats``, what a fast launch picks its per-call arguments from.
+    """
+
+    __slots__ = ("tensors", "ints", "floats", "ptrs", "key", "stream", "values")
+
+    def __init__(self, tensors: tuple, ints: tuple = (), floats: tuple = (), ptrs: tuple | None = None,
+                 key: int | None = None, stream: int = 0):
+        self.tensors = tensors
+        self.ints = ints
+        self.floats = floats
+        self.ptrs = ptrs
+        self.key = key
+        self.stream = stream
+        self.values = None if ptrs is None else ptrs + ints + floats
+
+    def triton_values(self) -> tuple:
+        """``tensors + ints + floats`` for Triton's own path (floats through ``float()``: Triton
+        specialises an int otherwise; the compiled launcher reads them as C doubles)."""
+        return self.tensors + self.ints + tuple(map(float, self.floats))
+
+
+def call_key(device: int, dtypes: tuple, ptrs: tuple, ints: tuple) -> tuple:
+    """What a call's tensors and ints, the device and Triton's compile knobs add to a launch key.
+
+    Raises :class:`Unspecializable` for an int Triton would not specialise as :func:`int_spec` says.
+    """
+    return (
+        device,
+        dtypes,
+        tuple(map(_low_bits, ptrs)),  # offsets from 16-byte alignment (finer than aligned or not)
+        _int_specs(ints),
+        knobs.runtime.debug,
+        knobs.compilation.instrumentation_mode,
+    )
+
+
+# ints -> tuple(map(int_spec, ints)), for tuples of ints only (True == 1 and 5.0 == 5 as keys: a hit
+# counts only when every value is an int).
+_INT_SPECS: dict[tuple, tuple] = {}
+_MAX_INT_SPECS = 4096
+
+
+def _int_specs(ints: tuple) -> tuple:
+    specs = _INT_SPECS.get(ints)
+    if specs is not None:
+        for value in ints:
+            if type(value) is not int:
+                break
+        else:
+            return specs
+    specs = tuple(map(int_spec, ints))  # ints only, past here
+    if len(_INT_SPECS) >= _MAX_INT_SPECS:
+        _INT_SPECS.clear()
+    _INT_SPECS[ints] = specs
+    return specs
+
+
+# call_key facts -> int. One int stands for them in the key of every launch of a call (hashing
+# them again for each launch costs more). Ids are never reused, so a launch cache may hold stale
+# ids but never ones that now mean other facts.
+_KEY_IDS: dict[tuple, int] = {}
+_NEXT_KEY_ID = itertools.count()
+_MAX_KEY_IDS = 4096
+
+
+def _on_gpu(t) -> bool:
+    return t.is_cuda
+
+
+def call_args(tensors: tuple, ints: tuple = (), floats: tuple = (), device: int | None = None) -> CallArgs:
+    """Read a call's tensor arguments and per-call int and float arguments (see :class:`CallArgs`),
+    in the order of the launches' :class:`CallLayout`.
+
+    ``device``: the current device's index where the caller knows it (saves asking the driver).
+    """
+    if not (tensors and _on_gpu(tensors[0])) or not fast_path_enabled():
+        # Raw pointers skip the launcher's pointer checks: host tensors (a direct torch.ops call)
+        # take Triton's path, which rejects them.
+        return CallArgs(tensors, ints, floats)
+    ptrs = tuple(map(_data_ptr, tensors))
+    active = driver.active
+    if device is None:
+        device = active.get_current_device()
+    try:
+        facts = call_key(device, tuple(map(_dtype, tensors)), ptrs, ints)
+    except Unspecializable:
+        return CallArgs(tensors, ints, floats)
+    key = _KEY_IDS.get(facts)
+    if key is None:
+        if len(_KEY_IDS) >= _MAX_KEY_IDS:
+            _KEY_IDS.clear()
+        key = _KEY_IDS[facts] = next(_NEXT_KEY_ID)
+    return CallArgs(tensors, ints, floats, ptrs, key, active.get_current_stream(device))
+
+
+def descriptor_spec(desc) -> tuple:
+    """What Triton 3.6 and 3.7.1 specialise a tensor-descriptor argument on: its class (Triton's
+    ``TensorDescriptor`` or Gluon's), its base's dtype, its block shape and (Gluon) its shared-memory
+    layout; ``native_specialize_impl`` makes ``tensordesc<dtype[block]>`` (Gluon:
+    ``tensordesc<dtype[block],layout>``) of these and of nothing else: neither the base's alignment
+    (the descriptor's constructor requires 16 bytes), nor the shape, strides, padding or tf32
+    rounding, which the launcher encodes per launch. ``test_fast_launch.py`` pins this against
+    Triton's own specialisation."""
+    return type(desc), desc.base.dtype, tuple(desc.block_shape), getattr(desc, "layout", None)
+
+
+def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
+    """``call`` with the tensors at the given positions replaced by tensor descriptors
+    (``{position: TensorDescriptor}``, Triton's or Gluon's) for every launch of the call.
+
+    The key becomes the call's key and each descriptor's :func:`descriptor_spec`, so equal keys
+    still mean the same compiled kernel. The fast path expands them for Triton's C launcher itself,
+    keeping each encoding per pointer and geometry (:class:`_DescriptorSlot`; Triton's own
+    ``wrap_handle_tensordesc`` reads ``base.data_ptr()``, ``shape``, ``strides``, ``padding``, and
+    encodes on every launch); Triton's own path takes them as arguments. A recorded call keeps a
+    :class:`ReplayDescriptor` template of each, rebuilt on its base's new pointer
+    (:func:`descriptor_template`).
+    """
+    tensors = list(call.tensors)
+    ptrs = None if call.ptrs is None else list(call.ptrs)
+    for i, desc in descriptors.items():
+        tensors[i] = desc
+        if ptrs is not None:
+            ptrs[i] = desc
+    key = call.key
+    if key is not None:
+        facts = (key, tuple((i, descriptor_spec(d)) for i, d in sorted(descriptors.items())))
+        key = _KEY_IDS.get(facts)
+        if key is None:
+            if len(_KEY_IDS) >= _MAX_KEY_IDS:
+                _KEY_IDS.clear()
+            key = _KEY_IDS[facts] = next(_NEXT_KEY_ID)
+    return CallArgs(tuple(tensors), call.ints, call.floats, None if ptrs is None else tuple(ptrs), key,
+                    call.stream)
+
+
+class _Base(int):
+    """A descriptor's base as a bare data pointer: what Triton's launchers read of the base tensor
+    (``data_ptr()`` to encode a TMA descriptor; the pointer itself where the kernel takes the base
+    as a pointer: an int, which the C launcher reads without querying the driver)."""
+
+    __slots__ = ()
+
+    def data_ptr(self) -> int:
+        return int(self)
+
+
+@dataclasses.dataclass(slots=True)
+class ReplayDescriptor:
+    """A tensor descriptor rebuilt from a data pointer, with everything Triton's launcher reads of
+    one (``base.data_ptr()``, ``shape``, ``strides``, ``padding``, and 3.7's
+    ``round_f32_to_tf32``); ``block_shape`` and ``layout`` for tests and tools. Only launchers of
+    compiled kernels take it (they specialised on the original: :func:`descriptor_spec`)."""
+
+    base: _Base
+    shape: tuple
+    strides: tuple
+    block_shape: tuple
+    layout: Any
+    padding: str
+    round_f32_to_tf32: bool
+
+
+def descriptor_base(value) -> int | None:
+    """The base pointer of a tensor descriptor passed as a per-call value, or None for anything
+    else (a descriptor: an object with a ``base`` that has ``data_ptr()`` and a ``block_shape``)."""
+    base = getattr(value, "base", None)
+    if base is None or not hasattr(value, "block_shape") or not hasattr(base, "data_ptr"):
+        return None
+    return base.data_ptr()
+
+
+def descriptor_template(desc) -> Callable[[int], ReplayDescriptor]:
+    """``f(pointer)``: ``desc`` with its base at ``pointer`` (shape, strides, block shape, layout
+    and padding as recorded: a recorded call's key holds every fact they follow from)."""
+    fields = (tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape), getattr(desc, "layout", None),
+              desc.padding, getattr(desc, "round_f32_to_tf32", False))
+    return lambda ptr: ReplayDescriptor(_Base(ptr), *fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# launches
+# ---------------------------------------------------------------------------------------------
+def _picker(indices: Sequence[int]) -> Callable[[tuple], tuple]:
+    """``f(t) = tuple(t[i] for i in indices)``, at C speed for two or more indices."""
+    if len(indices) >= 2:
+        return operator.itemgetter(*indices)
+    if len(indices) == 1:
+        index = indices[0]
+        return lambda t: (t[index],)
+    return lambda t: ()
+
+
+def _grid3(grid: Sequence[int]) -> tuple[int, int, int]:
+    if not 1 <= len(grid) <= 3:
+        raise ValueError(f"grid: expected 1 to 3 dims, got {tuple(grid)}")
+    g = tuple(int(x) for x in grid)
+    return g + (1,) * (3 - len(g))
+
+
+def _launcher(compiled) -> tuple[Callable, tuple]:
+    """``(launch, fixed)``: ``launch(gx, gy, gz, stream, *fixed, *args)`` runs ``compiled``.
+
+    That is ``compiled.run`` with the kernel's handle and metadata and no launch hooks, as
+    ``CompiledKernel.__getitem__`` calls it; for the CUDA launcher of a kernel that needs no scratch
+    memory, straight its C entry point (the Python ``__call__`` in between only allocates scratch),
+    in the shape :func:`_c_launcher` verified; anything else takes ``run``.
+    """
+    run = compiled.run
+    direct = _c_launcher(run, compiled) if type(run).__name__ == "CudaLauncher" else None
+    if direct is not None:
+        return direct
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
+
+
+def _c_launcher(run, compiled):
+    """``(launch, fixed)`` calling the C entry point of a Triton 3.6 / 3.7 ``CudaLauncher``, or None
+    where it is not in a shape read from those versions' ``backends/nvidia/driver.py``:
+
+    * 3.6: ``run.launch`` is the launcher module's C ``launch``, format ``_BASE_ARGS_FORMAT``
+      (grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, kernel metadata,
+      launch metadata, enter/exit hooks), then every kernel parameter (constexprs in place);
+    * 3.7: ``run.launch`` is the driver's shared C ``launch``: those 13 arguments with the kernel
+      metadata after pdl, then ``run.arg_annotations``, ``run.kernel_signature`` and the kernel
+      parameters as one sequence;
+    * either, for a kernel taking tensor descriptors: ``run.launch`` is Triton's own per-launch
+      wrapper (``wrap_handle_tensordesc``'s ``inner``, recognised by its code object), which expands
+      each descriptor (``make_tensordesc_arg``: the encoded ``CUtensorMap`` then shape and strides)
+      around that C entry; its C entry and descriptor metadata are taken from it, and the
+      expansion is done here through a :class:`_DescriptorSlot` per descriptor parameter, which
+      keeps the expanded arguments of the descriptors it has seen.
+    """
+    if run.global_scratch_size != 0 or run.profile_scratch_size != 0:
+        return None
+    module = sys.modules.get(type(run).__module__)
+    if module is None:
+        return None
+    launch = run.launch
+    slots = ()
+    inner = _tritons_descriptor_wrapper(module)
+    if inner is not None and getattr(launch, "__code__", None) is inner:
+        unwrapped = _unwrap_descriptors(launch, module)
+        if unwrapped is None:
+            return None
+        launch, slots = unwrapped
+    if getattr(module, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO" and triton.__version__.startswith("3.6"):
+        fixed = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                 compiled.packed_metadata, None, None, None)
+        if not slots:
+            return launch, fixed
+        return _expanding_launch_36(launch, tuple((13 + i, slot) for i, slot in slots)), fixed
+    if (triton.__version__.startswith("3.7") and not hasattr(module, "_BASE_ARGS_FORMAT")
+            and hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature")
+            and launch is _drivers_launch()):
+        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata, None, None,
+                None, None, None, run.arg_annotations, run.kernel_signature)
+        return _launch_37(launch, head, slots), ()
+    return None
+
+
+def _drivers_launch():
+    """Triton 3.7's shared C launch entry point (``driver.active.utils.launch``), or None."""
+    try:
+        return triton.runtime.driver.active.utils.launch
+    except Exception:  # (no driver: nothing launches through it)
+        return None
+
+
+_WRAPPER_CODE: dict = {}  # driver module -> the code object of its wrap_handle_tensordesc's inner (or None)
+
+
+def _tritons_descriptor_wrapper(module):
+    """The code object of the wrapper ``module.wrap_handle_tensordesc`` puts around a launcher of a
+    kernel that takes tensor descriptors (made once, around a stand-in), or None."""
+    if module in _WRAPPER_CODE:
+        return _WRAPPER_CODE[module]
+    code = None
+    wrap = getattr(module, "wrap_handle_tensordesc", None)
+    if wrap is not None and getattr(module, "make_tensordesc_arg", None) is not None:
+        try:
+            inner = wrap(len, {0: "tensordesc<fp16[16, 16]>"}, None)
+        except Exception:  # pragma: no cover - another signature: no descriptor expansion here
+            inner = None
+        if inner is not len and set(getattr(getattr(inner, "__code__", None), "co_freevars", ())) == _WRAPPER_CELLS:
+            code = inner.__code__
+    _WRAPPER_CODE[module] = code
+    return code
+
+
+_WRAPPER_CELLS = {"launcher", "tensordesc_indices", "tensordesc_meta"}
+
+
+def _unwrap_descriptors(inner, module):
+    """``(C launch, ((parameter index, _DescriptorSlot), ...))`` from Triton's descriptor wrapper."""
+    cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__)))
+    indices, metas = sorted(cells["tensordesc_indices"]), list(cells["tensordesc_meta"])
+    if len(indices) != len(metas):
+        return None
+    encode = module.make_tensordesc_arg
+    return cells["launcher"], tuple((i, _DescriptorSlot(encode, meta)) for i, meta in zip(indices, metas))
+
+
+class _DescriptorSlot:
+    """The expanded launcher arguments of one tensor-descriptor parameter of one compiled kernel,
+    kept per descriptor: Triton's ``make_tensordesc_arg`` encodes a ``CUtensorMap`` on the host
+    (``cuTensorMapEncodeTiled``) and lists it with the shape and strides, on every launch; a serving
+    engine's cache keeps its address and geometry from call to call, so the encoding is reused.
+
+    The key covers everything the expansion reads of a descriptor (both versions' ``make_tensordesc_arg``):
+    the base's data pointer, shape, strides, padding and (3.7) ``round_f32_to_tf32``; and of the
+    slot: the kernel's descriptor metadata (swizzle, element size and type, block size, fp4
+    padding), fixed per compiled kernel and parameter, which is what a slot is. The block shape, the
+    base's dtype and (Gluon) the layout fix that metadata; they are the descriptor's
+    specialisation (:func:`descriptor_spec`), equal for every descriptor a compiled kernel is
+    launched with, and the block shape is in the key besides. A new key encodes afresh. Reusing an
+    encoded ``CUtensorMap`` across launches is what Triton does within one (the launch copies the
+    parameter's bytes). A kernel that takes the descriptor as a pointer (no metadata: not lowered
+    to TMA) gets the base's address as an int, which keeps no tensor alive.
+    """
+
+    __slots__ = ("encode", "meta", "seen")
+    LIMIT = 32  # descriptors kept per slot; past this the slot starts over
+
+    def __init__(self, encode, meta):
+        self.encode, self.meta, self.seen = encode, meta, {}
+
+    def expand(self, desc) -> tuple:
+        ptr = desc.base.data_ptr()
+        key = (ptr, tuple(desc.shape), tuple(desc.strides), desc.padding, getattr(desc, "round_f32_to_tf32", False),
+               tuple(desc.block_shape))
+        hit = self.seen.get(key)
+        if hit is None:
+            hit = list(self.encode(desc, self.meta))
+            if self.meta is None:
+                hit[0] = int(ptr)  # the base as a pointer
+            hit = tuple(hit)
+            if len(self.seen) >= self.LIMIT:
+                self.seen.clear()
+            self.seen[key] = hit
+        return hit
+
+
+def _expanded(args: tuple, slots: tuple) -> list:
+    """``args`` with the descriptor at each of ``slots``' positions replaced by its expansion
+    (``slots`` last position first, so that the earlier positions stay put)."""
+    args = list(args)
+    for i, slot in slots:
+        args[i:i + 1] = slot.expand(args[i])
+    return args
+
+
+def _expanding_launch_36(c_launch, slots: tuple) -> Callable:
+    """Triton 3.6's C ``launch`` with each descriptor argument (at ``slots``' positions of the
+    whole argument list) replaced by its expansion."""
+    slots = slots[::-1]
+
+    def launch(*args):
+        return c_launch(*_expanded(args, slots))
+
+    launch.descriptor_slots = slots  # (tests and tools)
+    return launch
+
+
+def _launch_37(c_launch, head: tuple, slots: tuple) -> Callable:
+    """Triton 3.7's C ``launch`` taking ``(gx, gy, gz, stream, *params)``, the descriptor parameters
+    (``slots``' positions) expanded."""
+    function, coop, pdl, metadata, launch_metadata, enter, exit_, scratch, profile, annotations, signature = head
+    if not slots:
+        def launch(gx, gy, gz, stream, *args):
+            return c_launch(gx, gy, gz, stream, function, coop, pdl, metadata, launch_metadata, enter, exit_,
+                            scratch, profile, annotations, signature, args)
+
+        return launch
+    slots = slots[::-1]
+
+    def launch_descriptors(gx, gy, gz, stream, *args):
+        return c_launch(gx, gy, gz, stream, function, coop, pdl, metadata, launch_metadata, enter, exit_,
+                        scratch, profile, annotations, signature, _expanded(args, slots))
+
+    launch_descriptors.descriptor_slots = slots  # (tests and tools)
+    return launch_descriptors
+
+
+def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict) -> tuple[tuple, tuple]:
+    """``(bound, indices)``: the fixed values and constexprs in the kernel's parameter order
+    (``bound``), and for each parameter its index into ``call values + bound``. Raises TypeError
+    naming the parameters nobody gave, given twice or unknown to the kernel."""
+    name = getattr(getattr(kernel, "fn", None), "__name__", None) or getattr(kernel, "__name__", "kernel")
+    params = _parameters(kernel)
+    runtime = {n for n, is_constexpr in params if not is_constexpr}
+    constant = {n for n, is_constexpr in params if is_constexpr}
+    given = set(per_call) | set(fixed)
+    problems = []
+    if set(per_call) & set(fixed):
+        problems.append(f"given twice: {sorted(set(per_call) & set(fixed))}")
+    if runtime - given:
+        problems.append(f"no value for {sorted(runtime - given)}")
+    if given - runtime:
+        problems.append(f"not arguments of the kernel: {sorted(given - runtime)}")
+    if set(constexprs) != constant:
+        problems.append(f"constexprs: expected {sorted(constant)}, got {sorted(constexprs)}")
+    positions = layout.positions()
+    unknown = sorted(v for v in per_call.values() if v not in positions)
+    if unknown:
+        problems.append(f"per-call values not in the call layout: {unknown}")
+    if problems:
+        raise TypeError(f"{name}: " + "; ".join(problems))
+    base = len(positions)
+    bound, indices = [], []
+    for n, is_constexpr in params:
+        if n in per_call:
+            indices.append(positions[per_call[n]])
+        else:
+            indices.append(base + len(bound))
+            bound.append(constexprs[n] if is_constexpr else fixed[n])
+    return tuple(bound), tuple(indices)
+
+
+def _parameters(kernel) -> list[tuple[str, bool]]:
+    """``(name, is_constexpr)`` of each parameter of ``kernel``, in order: a ``JITFunction``'s
+    ``params``, or (the interpreter's ``InterpretedFunction``) its function's signature, where a
+    constexpr is annotated ``tl.constexpr``."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return [(p.name, bool(p.is_constexpr)) for p in params]
+    signature = inspect.signature(kernel.fn)
+    return [(p.name, "constexpr" in str(p.annotation)) for p in signature.parameters.values()]
+
+
+# (id(kernel), static key) -> (kernel, {key: (CompiledKernel, launch, fixed)}): launches with equal
+# bound parts share their entries. Keyed by id because a JITFunction hashes by its source.
+_SHARED: dict = {}
+
+
+def _shared_cache(kernel, static: tuple) -> dict:
+    owner, cache = _SHARED.setdefault((id(kernel), static), (kernel, {}))
+    if owner is not kernel:  # an id reused after a kernel object was freed: start afresh
+        cache = {}
+        _SHARED[(id(kernel), static)] = (kernel, cache)
+    return cache
+
+
+class Launch:
+    """One launch of ``kernel`` with its grid, constexprs, options and fixed scalars bound, every
+    argument by its parameter's name.
+
+    Each non-constexpr parameter of the kernel is named once, in ``per_call`` (the call's value of
+    that name: a tensor, int or float of ``layout``) or in ``fixed`` (a scalar that follows from
+    the launch's shapes); ``constexprs`` names every constexpr parameter. The names are resolved to
+    positions here, once: a kernel parameter nobody names, or a name the kernel does not have, is a
+    TypeError now rather than a wrong argument later. Calling the launch is
+    ``kernel[grid](**arguments, **options)``, through the compiled kernel's launcher whenever it
+    can (see the module docstring).
+
+    Parameters
+    ----------
+    kernel : triton.runtime.jit.JITFunction (any other kernel object with ``params`` is launched
+        by Triton)
+    grid : tuple of 1 to 3 ints
+    layout : CallLayout
+        The names of the call's tensors, ints and floats (:func:`call_args`' order).
+    per_call : dict
+        Kernel parameter -> the name of the call's value it takes.
+    fixed : dict
+        Kernel parameter -> its value for every call of this launch.
+    constexprs, options : dict
+        The constexpr parameters, and launch options such as ``num_warps``, ``num_stages`` or
+        ``launch_pdl``.
+    ptx_hints : bool
+        The kernel marks its copies for :mod:`.ptx_hints`: every launch that goes through Triton
+        (and may compile) runs inside :func:`.ptx_hints.applied`.
+    """
+
+    def __init__(
+        self,
+        kernel,
+        grid: Sequence[int],
+        *,
+        layout: CallLayout,
+        per_call: dict,
+        fixed: dict,
+        constexprs: dict,
+        options: dict,
+        ptx_hints: bool = False,
+    ):
+        self.kernel = kernel
+        self._scope = ptx_hints_applied if ptx_hints else contextlib.nullcontext
+        self.grid = tuple(grid)
+        self.layout = layout
+        self.per_call = dict(per_call)
+        self.fixed = dict(fixed)
+        self.constexprs = dict(constexprs)
+        self.options = dict(options)
+        self._grid3 = _grid3(self.grid)
+        self._bound, indices = _resolve(kernel, layout, self.per_call, self.fixed, self.constexprs)
+        # Every parameter in the kernel's order (constexprs in place: Triton's launcher and
+        # kernel[grid] both take them so), picked from the call's values followed by _bound.
+        self._pick = _picker(indices)
+        self._indices = indices
+        self._globals = None  # what _globals_unchanged compares, once the kernel has compiled
+        static = self.static_key()
+        self.fast = static is not None
+        self._compiled: dict = _shared_cache(kernel, static) if self.fast else {}
+        self.last: Any = None  # the CompiledKernel of the latest call (for tests and tools)
+
+    def argument(self, name: str, call: CallArgs):
+        """The value parameter ``name`` gets in a launch for ``call`` (Triton's path's view)."""
+        position = [n for n, _ in _parameters(self.kernel)].index(name)
+        return self._pick(call.triton_values() + self._bound)[position]
+
+    def static_key(self) -> tuple | None:
+        """The bound part of the key, or None when this launch is always left to Triton."""
+        if not TRITON_SUPPORTED or type(self.kernel) not in _JIT_TYPES:
+            return None
+        runtime = [p for p in self.kernel.params if not p.is_constexpr]
+        if any(p.do_not_specialize or p.do_not_specialize_on_alignment or p.annotation_type for p in runtime):
+            return None  # specialised otherwise than arg_spec models
+        try:
+            scalars = tuple((n, arg_spec(v)) for n, v in sorted(self.fixed.items()))
+            constexprs = tuple((n, type(v), v) for n, v in sorted(self.constexprs.items()))
+            options = tuple((n, type(v), v) for n, v in sorted(self.options.items()))
+            key = (self._indices, len(self.layout.tensors), len(self.layout.ints), len(self.layout.floats), scalars,
+                   constexprs, options)
+            hash(key)
+        except (Unspecializable, TypeError):
+            return None
+        return key
+
+    def __call__(self, call: CallArgs) -> None:
+        key = None  # the per-call part of the key; None: this call is left to Triton
+        if call.key is not None and self.fast:
+            kernel = self.kernel
+            if not kernel.pre_run_hooks:
+                key = call.key, kernel.debug
+                hit = self._compiled.get(key)
+                if hit is not None and self._globals_unchanged():
+                    compiled, launch, fixed = hit
+                    self.last = compiled
+                    launch(*self._grid3, call.stream, *fixed, *self._pick(call.values + self._bound))
+                    if _RECORDER is not None:
+                        _RECORDER.launched(self, call, call.key)
+                    return
+        if _RECORDER is not None:
+            _RECORDER.spoil(f"{self.kernel}: launched through Triton")
+        with self._scope():
+            compiled = self.kernel[self.grid](*self._pick(call.triton_values() + self._bound), **self.options)
+        self.last = compiled
+        if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
+            self._compiled[key] = (compiled, *_launcher(compiled))
+            self._remember_globals()
+
+    def ready(self, call_key: int):
+        """``(CompiledKernel, launch, fixed)`` of this launch for a call whose :func:`call_args` key
+        was ``call_key``, where the fast path would launch it now; else None (Triton's path would)."""
+        if not self.fast:
+            return None
+        kernel = self.kernel
+        if kernel.pre_run_hooks:
+            return None
+        hit = self._compiled.get((call_key, kernel.debug))
+        if hit is None or not self._globals_unchanged():
+            return None
+        return hit
+
+    def warmup(self, call: CallArgs) -> None:
+        """Compile this launch's kernel for ``call`` and load it onto the GPU, without launching:
+        so that a later first launch (in a CUDA-graph capture, where loading a module needs a
+        driver of CUDA 12.3+) finds it ready."""
+        with self._scope():
+            compiled = self.kernel.warmup(*self._pick(call.triton_values() + self._bound), grid=self.grid,
+                                          **self.options)
+        if isinstance(compiled, CompiledKernel):
+            compiled._init_handles()
+
+    def _remember_globals(self) -> None:
+        """Triton refuses a launch once a global the kernel read at compile time has changed
+        value; keep what it compares (known once the kernel has compiled)."""
+        items = list(self.kernel.used_global_vals.items())
+        if not items:
+            self._globals = _NO_GLOBALS
+            return
+        dicts = tuple(g for _, (_, g) in items)
+        names = tuple(name for (name, _), _ in items)
+        missing = tuple(repeat(_MISSING, len(items)))
+        values = tuple(v for _, (v, _) in items)  # Triton's copies, compared by value
+        self._globals = (dicts, names, missing, values, tuple(map(dict.get, dicts, names, missing)))
+
+    def _globals_unchanged(self) -> bool:
+        if self._globals is None:
+            return False
+        if self._globals is _NO_GLOBALS:
+            return True
+        dicts, names, missing, values, seen = self._globals
+        now = tuple(map(dict.get, dicts, names, missing))
+        # Tuple equality skips __eq__ for identical items: the globals as last seen are the cheap
+        # test; Triton's value comparison settles the rest.
+        if now == seen:
+            return True
+        if now == values:
+            self._globals = (dicts, names, missing, values, now)
+            return True
+        return False
+
+
+_LAUNCHES: dict = {}  # launch_of's cache: facts -> Launch
+_MAX_LAUNCHES = 1024
+
+
+def launch_of(kernel, grid: Sequence[int], *, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict,
+              options: dict, ptx_hints: bool = False) -> Launch:
+    """The :class:`Launch` of these arguments, made once and kept (for launchers without a plan
+    object of their own: prefill's). Values are compared with their types (``True`` against ``1``)."""
+    def typed(d):
+        return tuple((n, type(v), v) for n, v in d.items())
+
+    key = (id(kernel), tuple(grid), id(layout), tuple(per_call.items()), typed(fixed), typed(constexprs),
+           typed(options), ptx_hints)
+    hit = _LAUNCHES.get(key)
+    if hit is not None and hit.kernel is kernel and hit.layout is layout:
+        return hit
+    launch = Launch(kernel, grid, layout=layout, per_call=per_call, fixed=fixed, constexprs=constexprs,
+                    options=options, ptx_hints=ptx_hints)
+    if len(_LAUNCHES) >= _MAX_LAUNCHES:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = launch
+    return launch
+
+
+# ---------------------------------------------------------------------------------------------
+# recording a call's launches and replaying them (kvattn.runtime.callcache)
+# ---------------------------------------------------------------------------------------------
+_RECORDER = None  # the kvattn.runtime.callcache.Record of the call being recorded, if any
+_add = operator.add
+
+
+@contextlib.contextmanager
+def recording(record):
+    """Every launch inside the block is reported to ``record`` (``launched``, or ``spoil`` for a
+    launch through Triton's own path). A recording inside another spoils the outer one (its
+    launches would go to the inner record)."""
+    global _RECORDER
+    outer = _RECORDER
+    if outer is not None:
+        outer.spoil("a nested recorded call")
+    _RECORDER = record
+    try:
+        yield record
+    finally:
+        _RECORDER = outer
+
+
+def current_device() -> int | None:
+    """The current CUDA device's index as Triton's driver sees it (None off the fast path)."""
+    if not TRITON_SUPPORTED:
+        return None
+    return driver.active.get_current_device()
+
+
+def knob_state() -> tuple:
+    """Triton's knobs that enter :func:`call_key`."""
+    if not TRITON_SUPPORTED:
+        return ()
+    return knobs.runtime.debug, knobs.compilation.instrumentation_mode
+
+
+_CAPTURE_QUERY: list = []  # [torch's capture query, or None without CUDA], once asked
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    if not _CAPTURE_QUERY:
+        _CAPTURE_QUERY.append(torch._C._cuda_isCurrentStreamCapturing if torch.cuda.is_available() else None)
+    query = _CAPTURE_QUERY[0]
+    return query is not None and torch.cuda.is_initialized() and query()
+
+
+_torch_current_device = torch.cuda.current_device
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", _torch_current_device)  # (less the Python init check)
+
+
+def replay(entry, ptrs: list):
+    """Launch a recorded call's launches (``kvattn.runtime.callcache._Entry``) for a call whose tensor
+    arguments have the data pointers ``ptrs``: True, or False (nothing
+    launched) where the fast path would not launch them all as recorded now.
+
+    Only for a call whose key (``kvattn.runtime.callcache._flatten``) equals the recorded call's: the key
+    holds the raw value of every switch, so ``KVATTN_FAST_LAUNCH`` and ``TRITON_INTERPRET`` read as
+    they did while the call was recorded (the fast path was on: :func:`fast_path_enabled` less its
+    launch hooks). Checked here, what the key does not hold: no launch hooks, Triton's debug knobs,
+    the current device and stream, and each launch's compiled kernel still the one Triton's path
+    would pick (no pre-run hooks, the same ``debug`` flag, the cached kernel, its globals unchanged).
+    """
+    if _RECORDER is not None or knob_state() != entry.knobs or not _no_launch_hooks():
+        return False
+    active = driver.active
+    get_device = active.get_current_device
+    # torch.cuda.current_device is a lazy-init check and _cuda_getDevice, which initialises itself
+    device = _cuda_get_device() if get_device is _torch_current_device else get_device()
+    if device != entry.device:
+        return False
+    stream = active.get_current_stream(device)
+    if entry.stream is not None and stream != entry.stream:
+        return False
+    steps = entry.steps
+    for launch, key, hit, _, _ in steps:
+        now = launch.ready(key)
+        if now is None or now[0] is not hit[0]:  # (recompiled, globals changed, hooks: Triton's path now)
+            return False
+    values = _replay_values(entry, ptrs, stream)
+    for launch, _, hit, pick, static in steps:
+        launch.last = hit[0]
+        hit[1](*pick(values + static))
+    return True
+
+
+def _replay_values(entry, ptrs: list, stream: int) -> tuple:
+    """Every pointer (or rebuilt descriptor) of a recorded call's launches, then the stream."""
+    if entry.constants:
+        ptrs = ptrs + entry.constants
+    values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)
+    if entry.rebuild:  # tensor descriptors, rebuilt on their bases' new pointers
+        values = list(values)
+        for i, make in entry.rebuild:
+            values[i] = make(values[i])
+        values = tuple(values)
+    return values
+
+
+def replay_launches(entry, ptrs: list, stream: int) -> list[tuple[Callable, tuple]]:
+    """``(launcher, its whole argument list)`` of each launch :func:`replay` makes for a call with the
+    data pointers ``ptrs`` on ``stream``, without launching (tools time the launcher alone)."""
+    values = _replay_values(entry, ptrs, stream)
+    return [(hit[1], pick(values + static)) for _, _, hit, pick, static in entry.steps]
+
+
+def replay_step(launch: Launch, key: int, first: int, count: int, tail: tuple, total: int) -> tuple:
+    """One launch of a recorded call as :func:`replay` runs it: ``(launch, key, hit, pick, static)``
+    with ``pick(values + static)`` the whole argument list of the launcher, ``values`` the call's
+    ``total`` pointers (this launch's at ``first .. first + count``) and the stream. None where the
+    launch would not take the fast path now."""
+    hit = launch.ready(key)
+    if hit is None:
+        return None
+    _, _, fixed = hit
+    static = (*launch._grid3, *fixed, *tail, *launch._bound)
+    base = total + 1
+    order = [base, base + 1, base + 2, total]  # grid x, y, z; the stream
+    order += range(base + 3, base + 3 + len(fixed))
+    rest = base + 3 + len(fixed)
+    for i in launch._indices:  # into call.values (pointers, ints, floats) + bound
+        order.append(first + i if i < count else rest + i - count)
+    return launch, key, hit, operator.itemgetter(*order), static
