@@ -212,7 +212,7 @@ def check_interpretable(*named) -> None:
     interpreter runs kernels with numpy, which has no bfloat16: products of bfloat16 operands come
     out off by orders of magnitude without a word. Conversions are right, so a bfloat16 query over
     an fp8 or NVFP4 cache (float16 operands) and bfloat16 outputs pass. See
-    ``benchmarks/NOTES.md``, "Hardening: Triton's interpreter and bfloat16"."""
+    ``lab/notes/hardening.md``, "Hardening: Triton's interpreter and bfloat16"."""
     if not _kernels_interpreted():
         return
     for name, dtype in named:
@@ -224,7 +224,7 @@ def check_interpretable(*named) -> None:
             )
 
 
-# The fixed head of every workspace (kvattn.ops.launch.workspace: up to ALIGN = 16 bytes to its
+# The fixed head of every workspace (kvattn.runtime.workspace: up to ALIGN = 16 bytes to its
 # first 16-byte boundary, then COUNTER_BYTES = 16384 of merge counters); split partials and staged
 # pages come after it. tests/test_workspace.py holds this to that module's constants.
 MIN_WORKSPACE_BYTES = 16 + 16384

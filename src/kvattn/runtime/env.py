@@ -9,7 +9,7 @@
     count): decode, ``xqa``, single decode and MLA cut a request's keys into splits of a fixed
     number of tokens (so its split count is ``ceil(length / span)``) and merge them in a fixed
     order with one fixed merge, and the launch configs no longer follow the batch. Off by default
-    (it costs speed where the batch is small or uneven: benchmarks/NOTES.md "Batch-invariant
+    (it costs speed where the batch is small or uneven: lab/notes/robustness.md "Batch-invariant
     mode"). :func:`kvattn.set_batch_invariant` and :func:`kvattn.batch_invariant` override it
     from Python.
 ``KVATTN_DEBUG``
@@ -19,21 +19,21 @@
     GPU. ``1`` turns them on everywhere, ``0`` off everywhere.
 ``KVATTN_CALL_CACHE``
     ``0`` runs every eager call the ordinary way (validation, planning, launch binding) instead of
-    replaying a recorded call of the same metadata (:mod:`kvattn._callcache`); on by default.
+    replaying a recorded call of the same metadata (:mod:`kvattn.runtime.callcache`); on by default.
 ``KVATTN_FAST_LAUNCH``
     ``0`` launches every kernel through ``kernel[grid](...)`` instead of the compiled kernel's
-    launcher (see :mod:`kvattn.ops.launch.fast_launch`); on by default.
+    launcher (see :mod:`kvattn.runtime.fast_launch`); on by default.
 ``KVATTN_FUSED_MERGE``
     ``0`` merges decode's split-KV partials in a second launch (the combine kernel) instead of in
     the split kernel, whose last program of each item merges them; on by default.
 ``KVATTN_GLUON``
     ``0`` keeps the Triton kernel where a Gluon kernel exists for the launch (MLA decode with 16-bit
-    caches on Hopper, :mod:`kvattn.ops.mla.gluon`, and paged prefill, :mod:`kvattn.ops.prefill.gluon_ws`);
+    caches on Hopper, :mod:`kvattn.ops.mla.kernels_gluon`, and paged prefill, :mod:`kvattn.ops.prefill.kernels_gluon_ws`);
     unset, on with the Triton releases those kernels were verified with on a GPU (3.6, 3.7) and off
     with others, where the Triton kernels serve; ``1`` turns them on with any release.
 ``KVATTN_GLUON_WS``
-    ``0`` keeps the Gluon MLA kernel of :mod:`kvattn.ops.mla.gluon` where the warp-specialised one
-    (:mod:`kvattn.ops.mla.gluon_ws`) would run; on by default (``KVATTN_GLUON=0`` turns both off).
+    ``0`` keeps the Gluon MLA kernel of :mod:`kvattn.ops.mla.kernels_gluon` where the warp-specialised one
+    (:mod:`kvattn.ops.mla.kernels_gluon_ws`) would run; on by default (``KVATTN_GLUON=0`` turns both off).
 ``TRITON_INTERPRET``
     Triton's own switch; kvattn only reads it to know that kernels run on the CPU.
 
@@ -72,7 +72,7 @@ def _text(raw) -> str:
     return (os.fsdecode(raw) if isinstance(raw, bytes) else raw).strip().lower()
 
 
-# Every variable a switch reads, in registration order: kvattn._callcache keys replayed calls on
+# Every variable a switch reads, in registration order: kvattn.runtime.callcache keys replayed calls on
 # their raw values (with the Python overrides below), so no switch can be missed there.
 SWITCH_NAMES: list[str] = []
 
@@ -146,7 +146,7 @@ fused_merge = _switch("KVATTN_FUSED_MERGE", _flag("KVATTN_FUSED_MERGE", True), "
 
 
 gluon = _switch("KVATTN_GLUON", _flag("KVATTN_GLUON", None), "gluon",
-                "``KVATTN_GLUON`` as True / False, or None when unset (then :func:`kvattn._versions.gluon_on` "
+                "``KVATTN_GLUON`` as True / False, or None when unset (then :func:`kvattn.runtime.versions.gluon_on` "
                 "decides by the Triton release).")
 gluon_ws = _switch("KVATTN_GLUON_WS", _flag("KVATTN_GLUON_WS", True), "gluon_ws",
                    "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
