@@ -232,6 +232,13 @@ def _drafts(rng, spec, env):
     return [rng.randint(0, min(spec["q_len"], n)) for n in spec["lens"]]
 
 
+def _mask(rng, spec, env):
+    """A draft mask: with ``Q > 1`` only (ragged too, where a request of one draft still reads its
+    row's bits). docs/semantics.md states the mask for ``Q > 1``; with ``Q = 1`` the kernels ignore
+    it and the reference applies it, so it is not drawn there (docs/fuzzing.md)."""
+    return spec["q_len"] > 1 and rng.random() < 0.5
+
+
 def _xqa_q_len(rng, spec, env):
     """xqa's ``q_seq_len``: speculative decoding with 2-5 drafts now and then (ragged draws need
     one: their ``Q`` is the maximum)."""
@@ -266,7 +273,7 @@ ARGS = {
         ("o_scale", _choice(1.0, 1.0, 0.5, 2.0)),
         ("window_left", _window()),
         ("sinks", _chance(0.3)),
-        ("mask", lambda rng, spec, env: (spec["q_len"] > 1 or spec["ragged"]) and rng.random() < 0.5),
+        ("mask", _mask),
         ("out", _decode_out),
         ("return_lse", _chance(0.4)),
         ("lse_given", lambda rng, spec, env: spec["return_lse"] and rng.random() < 0.5),
@@ -295,7 +302,7 @@ ARGS = {
         ("sinks", _chance(0.3)),
         ("sm_count", lambda rng, spec, env: None if rng.random() < 0.7 else rng.choice([1, 2, 7])),
         ("enable_pdl", _choice(None, None, True, False)),
-        ("mask", lambda rng, spec, env: (spec["q_len"] > 1 or spec["ragged"]) and rng.random() < 0.5),
+        ("mask", _mask),
         ("out", lambda rng, spec, env: rng.choice(["query"] + (["fp8"] if spec["kv_format"] != "half" else []))),
         # Scales an fp8 output only; drawn for every output (the others must ignore it).
         ("rcp_out_scale", _choice(1.0, 1.0, 0.5, 2.0)),
@@ -454,8 +461,8 @@ def normalise(spec: dict) -> dict:
             s["drafts"] = [min(q, s["q_len"], n) for q, n in zip(drafts, s["lens"])]
         else:
             s["drafts"] = None
-            if s["q_len"] == 1:
-                s["mask"] = False
+        if s["q_len"] == 1:
+            s["mask"] = False
     if fn == "batch_decode" and s["out"] == "fp8" and s["kv_format"] != "fp8":
         s["out"] = "query"
     if fn == "xqa":
