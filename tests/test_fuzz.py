@@ -401,6 +401,7 @@ def test_draws_reach_the_release_arguments():
         ragged = [s for s in specs[f] if s["drafts"] is not None]
         assert ragged and any(s["mask"] for s in ragged), f
         assert any(0 in s["drafts"] for s in ragged) and any(s["q_len"] in s["drafts"] for s in ragged), f
+        assert {s["cu_dtype"] for s in ragged} == {"int32", "uint32"}, f
         for s in ragged:  # no request with more draft rows than keys or than Q
             assert all(q <= min(n, s["q_len"]) for q, n in zip(s["drafts"], s["lens"])), s
     xqa = specs["xqa"]

@@ -227,11 +227,13 @@ def _rewrite_paged(call_tensors: dict, lens: list, minimum: list, perm_ok: bool,
     return rewrite
 
 
-def _cu(drafts, device):
-    """``q_cu_seq_lens``: int32 ``[B + 1]`` offsets of the packed draft rows (None: not ragged)."""
+def _cu(drafts, device, dtype="int32"):
+    """``q_cu_seq_lens``: int32 or uint32 ``[B + 1]`` offsets of the packed draft rows (None: not
+    ragged)."""
     if drafts is None:
         return None
-    return torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    cu = torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0)
+    return _seq_lens(cu, dtype).to(device)
 
 
 def _spec_mask(g, rows: tuple, nq: int, device):
@@ -286,7 +288,7 @@ def _batch_decode(spec, device) -> Call:
     mask = None
     if spec["mask"]:
         mask = _spec_mask(g, (bsz, nq) if drafts is None else (rows,), nq, device)
-    cu = _cu(drafts, device)
+    cu = _cu(drafts, device, spec["cu_dtype"])
     out_dtype = {"none": None, "query": qdt, "float32": torch.float32, "fp8": FP8_DTYPE}[spec["out"]]
     out = None if out_dtype is None else torch.empty(rows, hq, d, dtype=out_dtype, device=device)
     lse = torch.empty(rows, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
@@ -312,7 +314,7 @@ def _batch_decode(spec, device) -> Call:
         else:
             r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
             sub_mask = None if mask is None else mask[r]
-            sub["q_cu_seq_lens"] = _cu([drafts[b]], device)
+            sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
         sub.update(query=query[r], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
                    out=None if out is None else torch.empty_like(out[r]),
                    lse=None if lse is None else torch.empty_like(lse[r]))
@@ -405,7 +407,7 @@ def _xqa(spec, device) -> Call:
               num_kv_heads=hkv, page_size=page, sinks=sinks, q_scale=q_scale, kv_scale=kv_scale,
               sliding_win_size=spec["sliding_win_size"], sm_count=spec["sm_count"], kv_layout=layout,
               enable_pdl=spec["enable_pdl"], rcp_out_scale=spec["rcp_out_scale"], q_seq_len=nq, mask=mask,
-              q_cu_seq_lens=_cu(drafts, device), k_sf_cache=k_sf, v_sf_cache=v_sf,
+              q_cu_seq_lens=_cu(drafts, device, spec["cu_dtype"]), k_sf_cache=k_sf, v_sf_cache=v_sf,
               return_lse=spec["return_lse"], lse=lse)
 
     def exact(kw=kw, drafts=drafts):
@@ -435,7 +437,7 @@ def _xqa(spec, device) -> Call:
         else:
             r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
             sub_mask = None if mask is None else mask[r]
-            sub["q_cu_seq_lens"] = _cu([drafts[b]], device)
+            sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
         sub.update(q=q[r], page_table=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
                    output=torch.empty_like(output[r]), lse=None if lse is None else torch.empty_like(lse[r]))
         one = None if drafts is None else [drafts[b]]

@@ -262,6 +262,7 @@ ARGS = {
         ("ragged", _ragged),
         ("lens", _lens_for("decode", lambda spec: spec["q_len"])),
         ("drafts", _drafts),
+        ("cu_dtype", _choice("int32", "int32", "uint32")),  # of q_cu_seq_lens
         ("extra_pages", _extra_pages),
         ("layout", _choice("NHD", "HND")),
         ("form", _form),
@@ -291,6 +292,7 @@ ARGS = {
         ("ragged", _ragged),
         ("lens", _lens_for("decode", lambda spec: spec["q_len"])),
         ("drafts", _drafts),
+        ("cu_dtype", _choice("int32", "int32", "uint32")),  # of q_cu_seq_lens
         ("extra_pages", _extra_pages),
         ("pool", _choice("flat", "flat", "NHD", "HND")),
         ("view", _view),
@@ -405,14 +407,14 @@ ARGS = {
 OPTIONS = {
     "batch_decode": {"kv_format": "half", "layout": "NHD", "form": "stacked", "view": "contiguous", "arg_views": False,
                      "seq_lens_dtype": "int32", "extra_pages": 0, "q_len": 1, "ragged": False, "drafts": None,
-                     "o_scale": 1.0,
+                     "cu_dtype": "int32", "o_scale": 1.0,
                      "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": False,
                      "mask": False, "out": "none", "return_lse": False, "lse_given": False, "enable_pdl": None,
                      "head_dim": 64, "page": 16},
     "xqa": {"kv_format": "half", "pool": "flat", "view": "contiguous", "arg_views": False, "seq_lens_dtype": "uint32",
             "extra_pages": 0, "q_scale": "plain", "kv_scale": False, "sliding_win_size": 0, "sinks": False,
             "sm_count": None, "out": "query", "return_lse": False, "lse_given": False, "head_dim": 64,
-            "page": 16, "q_len": 1, "ragged": False, "drafts": None, "mask": False, "enable_pdl": None,
+            "page": 16, "q_len": 1, "ragged": False, "drafts": None, "cu_dtype": "int32", "mask": False, "enable_pdl": None,
             "rcp_out_scale": 1.0},
     "single_decode": {"kv_format": "half", "layout": "NHD", "view": "contiguous", "arg_views": False, "pos_encoding_mode": "NONE",
                       "use_tensor_cores": False, "q_scale": None, "k_scale": None, "v_scale": None,
@@ -432,7 +434,7 @@ OPTIONS = {
 
 # Options that only make sense together: when the first is dropped, the others go with it.
 DEPENDENT = {"return_lse": ("lse_given",), "q_len": ("mask",), "kv_format": ("out", "kv_scale", "fp8_query"),
-             "ragged": ("drafts",),
+             "ragged": ("drafts", "cu_dtype"),
              "out_dtype": ("o_sf_scale",)}
 
 
