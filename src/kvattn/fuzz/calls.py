@@ -250,6 +250,9 @@ def _decode_exact(query, drafts, nq, mask, block_tables, seq_lens, **common):
     if drafts is None:
         return _dense(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
                       q_len_per_req=nq, mask=mask, return_lse=True, **common)
+    # Each tensor to the CPU once (a GPU cache is not copied again for every request).
+    query, mask, block_tables, seq_lens = (_cpu(x) for x in (query, mask, block_tables, seq_lens))
+    common = {k: _cpu(v) for k, v in common.items()}
     rows, hq, d = sum(drafts), query.shape[1], query.shape[2]
     out = torch.zeros(rows, hq, d, dtype=torch.float64)
     lse = torch.full((rows, hq), float("-inf"), dtype=torch.float64)
