@@ -220,9 +220,12 @@ def _plant_long_request_bug(monkeypatch):
         result = real(*args, **kw)
         out = result[0] if isinstance(result, tuple) else result
         q = kw.get("q_len_per_req") or 1
-        for b, n in enumerate(kw["seq_lens"].to(torch.int64).tolist()):
+        lens = kw["seq_lens"].to(torch.int64).tolist()
+        cu = kw.get("q_cu_seq_lens")
+        cu = [b * q for b in range(len(lens) + 1)] if cu is None else cu.tolist()  # ragged drafts: packed rows
+        for b, n in enumerate(lens):
             if n > 20:
-                out[b * q:(b + 1) * q] += 1
+                out[cu[b]:cu[b + 1]] += 1
         return result
 
     monkeypatch.setattr(kvattn.decode, "xqa_batch_decode_with_kv_cache", wrong)
@@ -385,3 +388,135 @@ def test_short_fuzz_on_gpu_in_every_mode(triton_backend):
         modes = set(report.counts[function])
         want = {"plain", "graph", "determinism"} | ({"invariant"} if function != "single_decode" else set())
         assert modes == want, (function, modes)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashInfer 0.7.2.post1's arguments (docs/semantics.md): drawn, and checked by the oracle
+# ---------------------------------------------------------------------------------------------
+def test_draws_reach_the_release_arguments():
+    env = draws.Env()
+    rng = random.Random(3)
+    specs = {f: [draws.draw(f, rng, env) for _ in range(300)] for f in ("batch_decode", "xqa", "mla", "prefill")}
+    for f in ("batch_decode", "xqa"):
+        ragged = [s for s in specs[f] if s["drafts"] is not None]
+        assert ragged and any(s["mask"] for s in ragged), f
+        assert any(0 in s["drafts"] for s in ragged) and any(s["q_len"] in s["drafts"] for s in ragged), f
+        assert {s["cu_dtype"] for s in ragged} == {"int32", "uint32"}, f
+        for s in ragged:  # no request with more draft rows than keys or than Q
+            assert all(q <= min(n, s["q_len"]) for q, n in zip(s["drafts"], s["lens"])), s
+    xqa = specs["xqa"]
+    assert any(s["q_len"] > 1 and s["drafts"] is None and s["mask"] for s in xqa)
+    assert any(s["kv_format"] == "nvfp4" and s["kv_scale"] for s in xqa)
+    assert any(s["out"] == "fp8" and s["rcp_out_scale"] != 1.0 for s in xqa)
+    assert {s["enable_pdl"] for s in xqa} == {None, True, False}
+    assert {s["q_len"] for s in specs["mla"]} == {1, 2, 3, 4}
+    prefill = specs["prefill"]
+    assert any(not s["causal"] for s in prefill)
+    assert all(s["window_left"] == -1 and not s["skip_softmax"] for s in prefill if not s["causal"])
+    assert {s["sf_name"] for s in prefill if s["kv_format"] == "nvfp4"} == {"kv_cache_sf", "kv_block_scales"}
+    assert {s["backend"] for s in prefill} == {"trtllm-gen", "cake"} and any(s["counter_buffer"] for s in prefill)
+    assert {s["use_fp16_softmax"] for s in prefill} == {None, True, False}
+    assert {s["uses_spcompress"] for s in prefill} == {None, True, False}
+
+
+def _spec(function, seed, **fixed):
+    return draws.normalise(dict(draws.draw(function, random.Random(seed), draws.Env()), **fixed))
+
+
+def _altered(module, name, monkeypatch, change):
+    """Plant a bug: the public function called with ``change(kwargs)`` in place of its arguments."""
+    real = getattr(module, name)
+
+    def wrong(**kw):
+        return real(**change(dict(kw)))
+
+    monkeypatch.setattr(module, name, wrong)
+
+
+RELEASE_CASES = {
+    # name: (function, spec keys, module, public name, the planted change of the arguments)
+    "batch_decode-ragged-mask-ignored": (
+        "batch_decode", dict(q_len=3, ragged=True, drafts=[3, 0, 2], lens=[40, 9, 17], mask=True, out="query",
+                             kv_format="half", window_left=-1),
+        "decode", "xqa_batch_decode_with_kv_cache", lambda kw: dict(kw, mask=None)),
+    "batch_decode-ragged-offsets-shifted": (
+        "batch_decode", dict(q_len=3, ragged=True, drafts=[1, 3, 2], lens=[40, 9, 17], mask=False, out="query",
+                             kv_format="half", window_left=-1),
+        # all the rows handed to the first request that can take them: request 0 three, 1 two, 2 one
+        "decode", "xqa_batch_decode_with_kv_cache",
+        lambda kw: dict(kw, q_cu_seq_lens=torch.tensor([0, 3, 5, 6], dtype=torch.int32))),
+    "xqa-drafts-mask-ignored": (
+        "xqa", dict(q_len=4, ragged=False, lens=[40, 20], mask=True, kv_format="half", sliding_win_size=0),
+        "xqa", "xqa", lambda kw: dict(kw, mask=None)),
+    "xqa-ragged-mask-ignored": (
+        "xqa", dict(q_len=4, ragged=True, drafts=[4, 0, 3], lens=[40, 5, 20], mask=True, kv_format="half",
+                    sliding_win_size=0),
+        "xqa", "xqa", lambda kw: dict(kw, mask=None)),
+    "xqa-nvfp4-kv-scale-ignored": (
+        "xqa", dict(kv_format="nvfp4", kv_scale=True, lens=[40, 20], q_len=1, ragged=False),
+        "xqa", "xqa", lambda kw: dict(kw, kv_scale=None)),
+    "xqa-rcp-out-scale-ignored": (
+        "xqa", dict(kv_format="fp8", out="fp8", rcp_out_scale=2.0, lens=[40, 20], q_len=1, ragged=False),
+        "xqa", "xqa", lambda kw: dict(kw, rcp_out_scale=1.0)),
+    "prefill-bidirectional-as-causal": (
+        "prefill", dict(causal=False, lens=[30, 12], q_lens=[5, 12], out_dtype="none", fp8_query=False),
+        "prefill", "trtllm_batch_context_with_kv_cache", lambda kw: dict(kw, causal=True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RELEASE_CASES))
+def test_release_arguments_pass_and_a_planted_bug_in_them_is_caught(case, monkeypatch, reference_backend):
+    """The oracle of each new argument agrees with the reference and tells a call that ignores
+    the argument (or gets its offsets wrong) from a right one."""
+    function, fixed, module, name, change = RELEASE_CASES[case]
+    spec = _spec(function, 21, **fixed)
+    for key, value in fixed.items():
+        assert spec[key] == value, (key, spec[key])  # normalise kept the case
+    assert run_spec(spec, "plain", "cpu", 0)["result"] == "ok"
+    _altered(getattr(kvattn, module), name, monkeypatch, change)
+    outcome = run_spec(spec, "plain", "cpu", 0)
+    assert outcome["result"] == "mismatch", outcome
+
+
+def test_mla_multi_token_causality_is_checked(monkeypatch, reference_backend):
+    """Q > 1 MLA tokens are causal among themselves: a call where every token sees every key fails."""
+    spec = _spec("mla", 4, q_len=3, lens=[40, 3, 17], out="none", dtype="bfloat16", kv_dtype="bfloat16")
+    assert run_spec(spec, "plain", "cpu", 0)["result"] == "ok"
+    real = kvattn.mla.xqa_batch_decode_with_kv_cache_mla
+
+    def all_keys(**kw):  # token by token over the whole request: no causality among the drafts
+        q = kw["query"]
+        results = [real(**dict(kw, query=q[:, r:r + 1].contiguous(), out=None, lse=None))
+                   for r in range(q.shape[1])]
+        if kw["return_lse"]:
+            return (torch.stack([o for o, _ in results], 1), torch.stack([l_ for _, l_ in results], 1))
+        return torch.stack(results, 1)
+
+    monkeypatch.setattr(kvattn.mla, "xqa_batch_decode_with_kv_cache_mla", all_keys)
+    assert run_spec(spec, "plain", "cpu", 0)["result"] == "mismatch"
+
+
+def test_prefill_block_scales_under_either_name_and_old_reproducers(reference_backend):
+    """kv_cache_sf (the release's position 20) and kv_block_scales (the seed's keyword) build the
+    same call; a spec written before these options builds with them off."""
+    base = dict(kv_format="nvfp4", lens=[30, 12], q_lens=[5, 12], out_dtype="none", fp8_query=False)
+    a = build(_spec("prefill", 6, sf_name="kv_cache_sf", **base), "cpu")
+    b = build(_spec("prefill", 6, sf_name="kv_block_scales", **base), "cpu")
+    assert a.kwargs["kv_cache_sf"] is not None and a.kwargs["kv_block_scales"] is None
+    assert b.kwargs["kv_block_scales"] is not None and b.kwargs["kv_cache_sf"] is None
+    torch.testing.assert_close(a.run()[0], b.run()[0], rtol=0, atol=0)
+    old = draws.draw("prefill", random.Random(0), draws.Env())
+    for key in ("causal", "sf_name", "counter_buffer", "use_fp16_softmax", "uses_spcompress", "backend"):
+        del old[key]
+    call = build(old, "cpu")
+    assert call.kwargs["causal"] is True and call.kwargs["backend"] == "trtllm-gen"
+    assert call.kwargs["multi_ctas_kv_counter_buffer"] is None
+
+
+def test_shrinking_a_ragged_batch_keeps_its_drafts():
+    spec = _spec("batch_decode", 2, q_len=3, ragged=True, drafts=[3, 0, 2], lens=[40, 9, 17])
+    for c in candidates(spec):
+        c = draws.normalise(c)
+        if c["drafts"] is not None:
+            assert len(c["drafts"]) == len(c["lens"])
+            assert all(q <= min(n, c["q_len"]) for q, n in zip(c["drafts"], c["lens"])), c

@@ -138,6 +138,18 @@ def pad_last(t):
     return view
 
 
+def pad_batch(t):
+    """``t`` as a view of a buffer with a longer row a leading index: only dim 0's stride grows,
+    so the other dims still fold into one (what a 4-D MLA ``out`` / ``lse`` allows)."""
+    if t is None:
+        return t
+    n = t[0].numel() if t.shape[0] else 0
+    buf = torch.empty(t.shape[0], n + 8, dtype=t.dtype, device=t.device)
+    view = buf[:, :n].view(t.shape)
+    view.copy_(t)
+    return view
+
+
 def spread(t):
     """``t`` as every other element of a buffer twice as long in its last dim (page tables and
     lengths take any strides)."""
@@ -215,6 +227,46 @@ def _rewrite_paged(call_tensors: dict, lens: list, minimum: list, perm_ok: bool,
     return rewrite
 
 
+def _cu(drafts, device, dtype="int32"):
+    """``q_cu_seq_lens``: int32 or uint32 ``[B + 1]`` offsets of the packed draft rows (None: not
+    ragged)."""
+    if drafts is None:
+        return None
+    cu = torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0)
+    return _seq_lens(cu, dtype).to(device)
+
+
+def _spec_mask(g, rows: tuple, nq: int, device):
+    """Random uint16 draft bits ``[*rows, 2 * ceil(Q / 32)]``, any pattern (docs/semantics.md)."""
+    words = 2 * ((nq + 31) // 32)
+    return torch.randint(0, 2**16, (*rows, words), generator=g, dtype=torch.int32).to(torch.uint16).to(device)
+
+
+def _decode_exact(query, drafts, nq, mask, block_tables, seq_lens, **common):
+    """Float64 ``(out [rows, Hq, D], lse [rows, Hq])`` of batch decode by :func:`kvattn.dense.batch_decode`.
+    Ragged drafts (``drafts`` a list) run request by request, each with its own draft count as
+    ``Q`` and its own rows of the query and the mask (the float64 formulation has no
+    ``q_cu_seq_lens``)."""
+    if drafts is None:
+        return _dense(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
+                      q_len_per_req=nq, mask=mask, return_lse=True, **common)
+    # Each tensor to the CPU once (a GPU cache is not copied again for every request).
+    query, mask, block_tables, seq_lens = (_cpu(x) for x in (query, mask, block_tables, seq_lens))
+    common = {k: _cpu(v) for k, v in common.items()}
+    rows, hq, d = sum(drafts), query.shape[1], query.shape[2]
+    out = torch.zeros(rows, hq, d, dtype=torch.float64)
+    lse = torch.full((rows, hq), float("-inf"), dtype=torch.float64)
+    r0 = 0
+    for b, qb in enumerate(drafts):
+        if qb:
+            o, l_ = _dense(dense.batch_decode, query=query[r0:r0 + qb], block_tables=block_tables[b:b + 1],
+                           seq_lens=seq_lens[b:b + 1], q_len_per_req=qb,
+                           mask=None if mask is None else mask[r0:r0 + qb].unsqueeze(0), return_lse=True, **common)
+            out[r0:r0 + qb], lse[r0:r0 + qb] = o, l_
+        r0 += qb
+    return out, lse
+
+
 # ---------------------------------------------------------------------------------------------
 # 1. batch decode
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +280,9 @@ def _batch_decode(spec, device) -> Call:
     cache, sf = c.kv_cache, c.kv_cache_sf
     if spec["view"] == "strided":
         cache, sf = widen(cache, g), widen(sf, g)
-    query = randn(bsz * nq, hq, d, dtype=qdt, device=device, generator=g)
+    drafts = spec["drafts"]  # ragged drafts: rows of request b at cu[b] : cu[b + 1]
+    rows = bsz * nq if drafts is None else sum(drafts)
+    query = randn(rows, hq, d, dtype=qdt, device=device, generator=g)
     seq_lens = _seq_lens(c.seq_lens, spec["seq_lens_dtype"])
     tables = c.block_tables
     bmm1 = _scale(spec["bmm1_scale"], device, d ** -0.5)
@@ -236,37 +290,48 @@ def _batch_decode(spec, device) -> Call:
     sinks = randn(hq, generator=g, scale=2.0).to(device) if spec["sinks"] else None
     mask = None
     if spec["mask"]:
-        words = 2 * ((nq + 31) // 32)
-        mask = torch.randint(0, 2**16, (bsz, nq, words), generator=g, dtype=torch.int32).to(torch.uint16).to(device)
+        mask = _spec_mask(g, (bsz, nq) if drafts is None else (rows,), nq, device)
+    cu = _cu(drafts, device, spec["cu_dtype"])
     out_dtype = {"none": None, "query": qdt, "float32": torch.float32, "fp8": FP8_DTYPE}[spec["out"]]
-    out = None if out_dtype is None else torch.empty(bsz * nq, hq, d, dtype=out_dtype, device=device)
-    lse = torch.empty(bsz * nq, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    out = None if out_dtype is None else torch.empty(rows, hq, d, dtype=out_dtype, device=device)
+    lse = torch.empty(rows, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
     query, tables, seq_lens, out, lse = _views(spec, query=query, tables=tables, seq_lens=seq_lens, out=out, lse=lse)
     ws = _workspace(device)
     kw = dict(query=query, kv_cache=cache, workspace_buffer=ws, block_tables=tables, seq_lens=seq_lens,
               max_seq_len=_host_bound(spec), bmm1_scale=bmm1, bmm2_scale=bmm2, window_left=spec["window_left"],
               out=out, sinks=sinks, kv_layout=spec["layout"], enable_pdl=spec["enable_pdl"], q_len_per_req=nq,
-              o_scale=spec["o_scale"], mask=mask, kv_cache_sf=sf, return_lse=spec["return_lse"], lse=lse)
+              o_scale=spec["o_scale"], mask=mask, kv_cache_sf=sf, q_cu_seq_lens=cu, return_lse=spec["return_lse"],
+              lse=lse)
 
-    def exact(kw=kw):
-        return _dense(dense.batch_decode, **{k: v for k, v in kw.items() if k not in ("return_lse",)},
-                      return_lse=True)
+    def exact(kw=kw, drafts=drafts):
+        common = {k: v for k, v in kw.items()
+                  if k not in ("return_lse", "query", "block_tables", "seq_lens", "q_len_per_req", "mask",
+                               "q_cu_seq_lens")}
+        return _decode_exact(kw["query"], drafts, nq, kw["mask"], kw["block_tables"], kw["seq_lens"], **common)
 
     def request(b):
         sub = dict(kw)
-        rows = slice(b * nq, (b + 1) * nq)
-        sub.update(query=query[rows], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1],
-                   mask=None if mask is None else mask[b:b + 1],
-                   out=None if out is None else torch.empty_like(out[rows]),
-                   lse=None if lse is None else torch.empty_like(lse[rows]))
-        return _call(spec, sub, lambda: exact(sub), out_kind, [sub["out"], sub["lse"]], stored, 1)
+        if drafts is None:
+            r = slice(b * nq, (b + 1) * nq)
+            sub_mask = None if mask is None else mask[b:b + 1]
+        else:
+            r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
+            sub_mask = None if mask is None else mask[r]
+            sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
+        sub.update(query=query[r], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
+                   out=None if out is None else torch.empty_like(out[r]),
+                   lse=None if lse is None else torch.empty_like(lse[r]))
+        one = None if drafts is None else [drafts[b]]
+        return _call(spec, sub, lambda: exact(sub, one), out_kind, [sub["out"], sub["lse"]], stored, 1)
 
     out_kind = _kind(out_dtype or qdt)
     stored = spec["o_scale"] if out_dtype == FP8_DTYPE else 1.0
     call = _call(spec, kw, exact, out_kind, [out, lse], stored, bsz)
     call.request = request
-    call.rewrite = _rewrite_paged({"tables": tables, "seq_lens": seq_lens}, spec["lens"], [nq] * bsz, True,
-                                  [bmm1, bmm2])
+    # Ragged drafts stay with their request's position (the offsets are not rewritten), so the
+    # rows are not permuted and each length stays at or above its drafts.
+    call.rewrite = _rewrite_paged({"tables": tables, "seq_lens": seq_lens}, spec["lens"],
+                                  [nq] * bsz if drafts is None else drafts, drafts is None, [bmm1, bmm2])
     return call
 
 
@@ -300,53 +365,93 @@ def _xqa(spec, device) -> Call:
     qdt = DTYPES[spec["dtype"]]
     fmt = spec["dtype"] if spec["kv_format"] == "half" else spec["kv_format"]
     hkv, d, page = spec["kv_heads"], spec["head_dim"], spec["page"]
-    group = spec["group"]
+    group, nq, drafts = spec["group"], spec["q_len"], spec["drafts"]
     hq, bsz = hkv * group, spec["batch"]
     c = _pages(spec, device, fmt, num_kv_heads=hkv, head_dim=d, form="tuple")
-    k_pages, v_pages = c.kv_cache  # [P, page, Hkv, D]
+    k_pages, v_pages = c.kv_cache  # [P, page, Hkv, D] (NVFP4: uint8, last dim D / 2)
+    sf_pages = c.kv_cache_sf  # NVFP4: (K, V) block scales [P, page, Hkv, D / 16]; else None
     layout = "HND" if spec["pool"] == "HND" else "NHD"
-    if spec["pool"] == "flat":
-        k_cache, v_cache = (x.contiguous().view(-1, d) for x in (k_pages, v_pages))
-    elif spec["pool"] == "HND":
-        k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in (k_pages, v_pages))
+
+    def pool(x):
+        if x is None:
+            return None
+        if spec["pool"] == "flat":
+            x = x.contiguous().view(-1, x.shape[-1])
+        elif spec["pool"] == "HND":
+            x = x.transpose(1, 2).contiguous()
+        else:
+            x = x.contiguous()
+        return widen(x, g) if spec["view"] == "strided" else x
+
+    k_cache, v_cache = pool(k_pages), pool(v_pages)
+    k_sf, v_sf = (None, None) if sf_pages is None else (pool(sf_pages[0]), pool(sf_pages[1]))
+    # q: [B, 1, Hq, D]; speculative decoding [B, 1, Q, Hq, D]; ragged drafts packed [total_q, Hq, D].
+    if drafts is not None:
+        q_shape = (sum(drafts), hq, d)
     else:
-        k_cache, v_cache = k_pages.contiguous(), v_pages.contiguous()
-    if spec["view"] == "strided":
-        k_cache, v_cache = widen(k_cache, g), widen(v_cache, g)
-    q = randn(bsz, 1, hq, d, dtype=qdt, device=device, generator=g)
+        q_shape = (bsz, 1, hq, d) if nq == 1 else (bsz, 1, nq, hq, d)
+    q = randn(*q_shape, dtype=qdt, device=device, generator=g)
     seq_lens = _seq_lens(c.seq_lens, spec["seq_lens_dtype"]).view(bsz, 1)
     tables = c.block_tables
     out_dtype = FP8_DTYPE if spec["out"] == "fp8" else qdt
-    output = torch.empty(bsz, 1, hq, d, dtype=out_dtype, device=device)
+    output = torch.empty(q_shape, dtype=out_dtype, device=device)
     q_scale = _scale(spec["q_scale"], device, 1.0)
     kv_scale = None
     if spec["kv_scale"]:
         kv_scale = torch.tensor([random.Random(spec["seed"]).uniform(0.5, 2.0)], dtype=torch.float32, device=device)
     sinks = randn(hkv, group, generator=g, scale=2.0).to(device) if spec["sinks"] else None
-    lse = torch.empty(bsz, 1, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    mask = None
+    if spec["mask"]:
+        mask = _spec_mask(g, (bsz, nq) if drafts is None else (q_shape[0],), nq, device)
+    lse = torch.empty(q_shape[:-1], dtype=torch.float32, device=device) if spec["lse_given"] else None
     q, tables, seq_lens, output, lse = _views(spec, q=q, tables=tables, seq_lens=seq_lens, output=output, lse=lse)
     kw = dict(q=q, k_cache=k_cache, v_cache=v_cache, page_table=tables, seq_lens=seq_lens, output=output,
               workspace_buffer=_workspace(device), semaphores=torch.zeros(64, dtype=torch.uint32, device=device),
               num_kv_heads=hkv, page_size=page, sinks=sinks, q_scale=q_scale, kv_scale=kv_scale,
               sliding_win_size=spec["sliding_win_size"], sm_count=spec["sm_count"], kv_layout=layout,
+              enable_pdl=spec["enable_pdl"], rcp_out_scale=spec["rcp_out_scale"], q_seq_len=nq, mask=mask,
+              q_cu_seq_lens=_cu(drafts, device, spec["cu_dtype"]), k_sf_cache=k_sf, v_sf_cache=v_sf,
               return_lse=spec["return_lse"], lse=lse)
 
-    def exact(kw=kw):
-        return _dense(dense.xqa, q=kw["q"], k_cache=kw["k_cache"], v_cache=kw["v_cache"], page_table=kw["page_table"],
-                      seq_lens=kw["seq_lens"].to(torch.int32), num_kv_heads=hkv, page_size=page, sinks=kw["sinks"],
-                      q_scale=kw["q_scale"], kv_scale=kw["kv_scale"], sliding_win_size=kw["sliding_win_size"],
-                      kv_layout=layout, return_lse=True)
+    def exact(kw=kw, drafts=drafts):
+        if nq == 1 and drafts is None and sf_pages is None:
+            return _dense(dense.xqa, q=kw["q"], k_cache=kw["k_cache"], v_cache=kw["v_cache"],
+                          page_table=kw["page_table"], seq_lens=kw["seq_lens"].to(torch.int32), num_kv_heads=hkv,
+                          page_size=page, sinks=kw["sinks"], q_scale=kw["q_scale"], kv_scale=kw["kv_scale"],
+                          sliding_win_size=kw["sliding_win_size"], kv_layout=layout, return_lse=True)
+        # Drafts and NVFP4 pools: xqa is batch decode in other units (docs/semantics.md, section 2):
+        # logits q_scale * kv_scale_eff / sqrt(D), output times kv_scale_eff, window W = window_left
+        # W - 1, sinks [Hkv, G] as [Hq]; the pages the pools were made from, read through the table.
+        quantised = fmt in ("fp8", "nvfp4")
+        kv_eff = _num(kw["kv_scale"]) if quantised and kw["kv_scale"] is not None else 1.0
+        win = kw["sliding_win_size"]
+        o, lse_ = _decode_exact(kw["q"].reshape(-1, hq, d), drafts, nq, kw["mask"], kw["page_table"],
+                                kw["seq_lens"].reshape(-1).to(torch.int32), kv_cache=(k_pages, v_pages),
+                                kv_cache_sf=sf_pages, kv_layout="NHD", bmm1_scale=_num(kw["q_scale"]) * kv_eff / d ** 0.5,
+                                bmm2_scale=kv_eff, window_left=win - 1 if win > 0 else -1,
+                                sinks=None if kw["sinks"] is None else kw["sinks"].reshape(-1))
+        return o.reshape(kw["q"].shape), lse_.reshape(kw["q"].shape[:-1])
 
     def request(b):
         sub = dict(kw)
-        sub.update(q=q[b:b + 1], page_table=tables[b:b + 1], seq_lens=seq_lens[b:b + 1],
-                   output=torch.empty_like(output[b:b + 1]), lse=None if lse is None else torch.empty_like(lse[b:b + 1]))
-        return _call(spec, sub, lambda: exact(sub), _kind(out_dtype), [sub["output"], sub["lse"]])
+        if drafts is None:
+            r = slice(b, b + 1)
+            sub_mask = None if mask is None else mask[b:b + 1]
+        else:
+            r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
+            sub_mask = None if mask is None else mask[r]
+            sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
+        sub.update(q=q[r], page_table=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
+                   output=torch.empty_like(output[r]), lse=None if lse is None else torch.empty_like(lse[r]))
+        one = None if drafts is None else [drafts[b]]
+        return _call(spec, sub, lambda: exact(sub, one), _kind(out_dtype), [sub["output"], sub["lse"]], stored)
 
-    call = _call(spec, kw, exact, _kind(out_dtype), [output, lse], batch=bsz)
+    # An fp8 output stores the result times rcp_out_scale; the others ignore it.
+    stored = 1.0 / spec["rcp_out_scale"] if out_dtype == FP8_DTYPE else 1.0
+    call = _call(spec, kw, exact, _kind(out_dtype), [output, lse], stored, batch=bsz)
     call.request = request
-    call.rewrite = _rewrite_paged({"tables": tables, "seq_lens": seq_lens}, spec["lens"], [0] * bsz, True,
-                                  [q_scale, kv_scale])
+    call.rewrite = _rewrite_paged({"tables": tables, "seq_lens": seq_lens}, spec["lens"],
+                                  [nq] * bsz if drafts is None else drafts, drafts is None, [q_scale, kv_scale])
     return call
 
 
@@ -393,19 +498,27 @@ def _single_decode(spec, device) -> Call:
 def _mla(spec, device) -> Call:
     g = seeded(spec["seed"] + 1)
     dt = DTYPES[spec["dtype"]]
-    hq, bsz = spec["heads"], spec["batch"]
+    hq, bsz, nq = spec["heads"], spec["batch"], spec["q_len"]
     c = _pages(spec, device, spec["kv_dtype"], num_kv_heads=1, head_dim=576, form="shared")
     cache = c.kv_cache[:, 0, :, 0] if spec["cache_dims"] == 3 else c.kv_cache[:, :, :, 0]
     if spec["view"] == "strided":
         cache = widen(cache, g)
-    query = randn(bsz, 1, hq, 576, dtype=dt, device=device, generator=g)
+    query = randn(bsz, nq, hq, 576, dtype=dt, device=device, generator=g)
     seq_lens = _seq_lens(c.seq_lens, spec["seq_lens_dtype"])
     tables = c.block_tables
     bmm1 = _scale(spec["bmm1_scale"], device, 192 ** -0.5)
     bmm2 = _scale(spec["bmm2_scale"], device, 1.0)
-    out = torch.empty(bsz, hq, 512, dtype=torch.bfloat16, device=device) if spec["out"] == "query" else None
-    lse = torch.empty(bsz, hq, dtype=torch.float32, device=device) if spec["lse_given"] else None
-    query, tables, seq_lens, out, lse = _views(spec, query=query, tables=tables, seq_lens=seq_lens, out=out, lse=lse)
+    tokens = (bsz, hq) if nq == 1 else (bsz, nq, hq)  # the output's shape without its last dim
+    out = torch.empty(*tokens, 512, dtype=torch.bfloat16, device=device) if spec["out"] == "query" else None
+    lse = torch.empty(tokens, dtype=torch.float32, device=device) if spec["lse_given"] else None
+    if nq == 1:
+        query, tables, seq_lens, out, lse = _views(spec, query=query, tables=tables, seq_lens=seq_lens, out=out,
+                                                   lse=lse)
+    else:
+        # Several tokens: out and lse must keep their token and head dims foldable into one.
+        query, tables, seq_lens = _views(spec, query=query, tables=tables, seq_lens=seq_lens)
+        if spec["arg_views"]:
+            out, lse = pad_batch(out), pad_batch(lse)
     kw = dict(query=query, kv_cache=cache, workspace_buffer=_workspace(device), qk_nope_head_dim=128,
               kv_lora_rank=512, qk_rope_head_dim=64, block_tables=tables, seq_lens=seq_lens,
               max_seq_len=_host_bound(spec), out=out, bmm1_scale=bmm1, bmm2_scale=bmm2,
@@ -413,9 +526,22 @@ def _mla(spec, device) -> Call:
               enable_pdl=spec["enable_pdl"], return_lse=spec["return_lse"], lse=lse)
 
     def exact(kw=kw):
-        return _dense(dense.mla, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=kw["block_tables"],
-                      seq_lens=kw["seq_lens"], bmm1_scale=kw["bmm1_scale"], bmm2_scale=kw["bmm2_scale"],
-                      return_lse=True)
+        if nq == 1:
+            return _dense(dense.mla, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=kw["block_tables"],
+                          seq_lens=kw["seq_lens"], bmm1_scale=kw["bmm1_scale"], bmm2_scale=kw["bmm2_scale"],
+                          return_lse=True)
+        # Multi-token prediction: token r sits at L - Q + r and sees keys 0 .. L - Q + r, the
+        # one-token formulation over that many keys (docs/semantics.md, section 4).
+        lens = kw["seq_lens"].cpu().to(torch.int64)
+        outs, lses = [], []
+        for r in range(nq):
+            seen = torch.where(lens > 0, (lens - nq + 1 + r).clamp_min(0), lens).to(torch.int32)
+            o, l_ = _dense(dense.mla, query=kw["query"][:, r:r + 1], kv_cache=kw["kv_cache"],
+                           block_tables=kw["block_tables"], seq_lens=seen, bmm1_scale=kw["bmm1_scale"],
+                           bmm2_scale=kw["bmm2_scale"], return_lse=True)
+            outs.append(o)
+            lses.append(l_)
+        return torch.stack(outs, 1), torch.stack(lses, 1)
 
     def request(b):
         sub = dict(kw)
@@ -426,7 +552,7 @@ def _mla(spec, device) -> Call:
 
     call = _call(spec, kw, exact, "half", [out, lse], batch=bsz)
     call.request = request
-    call.rewrite = _rewrite_paged({"tables": tables, "seq_lens": seq_lens}, spec["lens"], [0] * bsz, True, [bmm1, bmm2])
+    call.rewrite = _rewrite_paged({"tables": tables, "seq_lens": seq_lens}, spec["lens"], [nq] * bsz, True, [bmm1, bmm2])
     return call
 
 
@@ -482,15 +608,31 @@ def _prefill(spec, device) -> Call:
               bmm2_scale=bmm2, batch_size=bsz, cum_seq_lens_q=cum_q, cum_seq_lens_kv=cum_kv,
               window_left=spec["window_left"], out=out, out_dtype=out_dtype, o_sf_scale=spec["o_sf_scale"],
               o_sf_vec_size=spec["o_sf_vec_size"],
-              kv_layout=spec["layout"], enable_pdl=spec["enable_pdl"], sinks=sinks, kv_block_scales=sf,
+              kv_layout=spec["layout"], enable_pdl=spec["enable_pdl"], sinks=sinks,
+              kv_cache_sf=sf if spec["sf_name"] == "kv_cache_sf" else None,
+              kv_block_scales=sf if spec["sf_name"] == "kv_block_scales" else None,
               skip_softmax_threshold_scale_factor=spec["skip_softmax"], uses_shared_paged_kv_idx=not split,
-              return_lse=spec["return_lse"], lse=lse)
+              causal=spec["causal"], return_lse=spec["return_lse"], lse=lse,
+              multi_ctas_kv_counter_buffer=(torch.zeros(256, dtype=torch.int32, device=device)
+                                            if spec["counter_buffer"] else None),
+              use_fp16_softmax=spec["use_fp16_softmax"], uses_spcompress=spec["uses_spcompress"],
+              backend=spec["backend"])
 
     def exact(kw=kw):
-        return _dense(dense.context, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=kw["block_tables"],
-                      seq_lens=kw["seq_lens"], cum_seq_lens_q=kw["cum_seq_lens_q"], bmm1_scale=kw["bmm1_scale"],
+        tables_, seq_, cum_ = kw["block_tables"], kw["seq_lens"], kw["cum_seq_lens_q"]
+        if not kw["causal"]:
+            # Bidirectional: every row sees all L keys, as the last row of a causal request does;
+            # each row runs as a one-row request over its request's keys (no window, no
+            # skip-softmax: draws.normalise).
+            cum_cpu = cum_.cpu().to(torch.int64)
+            owner = torch.repeat_interleave(torch.arange(cum_cpu.numel() - 1), cum_cpu[1:] - cum_cpu[:-1])
+            tables_, seq_ = tables_.cpu()[owner], seq_.cpu().to(torch.int64)[owner]
+            cum_ = torch.arange(owner.numel() + 1, dtype=torch.int32)
+        blocks = kw["kv_cache_sf"] if kw["kv_cache_sf"] is not None else kw["kv_block_scales"]
+        return _dense(dense.context, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=tables_,
+                      seq_lens=seq_, cum_seq_lens_q=cum_, bmm1_scale=kw["bmm1_scale"],
                       bmm2_scale=kw["bmm2_scale"], window_left=kw["window_left"], sinks=kw["sinks"],
-                      kv_layout=kw["kv_layout"], kv_block_scales=kw["kv_block_scales"],
+                      kv_layout=kw["kv_layout"], kv_block_scales=blocks,
                       uses_shared_paged_kv_idx=kw["uses_shared_paged_kv_idx"],
                       skip_softmax_threshold_scale_factor=kw["skip_softmax_threshold_scale_factor"], return_lse=True)
 
@@ -534,8 +676,9 @@ def build(spec: dict, device="cpu") -> Call:
 def request_rows(call: Call, b: int) -> slice:
     """The rows of ``call``'s output (and LSE) that belong to request ``b``."""
     spec_rows = {"batch_decode": call.kwargs.get("q_len_per_req") or 1}
-    if call.function == "prefill":
-        cum = call.kwargs["cum_seq_lens_q"].tolist()
+    packed = call.kwargs.get("cum_seq_lens_q") if call.function == "prefill" else call.kwargs.get("q_cu_seq_lens")
+    if packed is not None:
+        cum = packed.tolist()
         return slice(cum[b], cum[b + 1])
     n = spec_rows.get(call.function, 1)
     return slice(b * n, (b + 1) * n)

@@ -219,8 +219,30 @@ def _q_len(rng, spec, env):
     return 1 if rng.random() < 0.6 else rng.choice([2, 3, 4, 5])
 
 
+def _ragged(rng, spec, env):
+    """Ragged drafts (``q_cu_seq_lens``): each request its own draft count, 0 to ``q_len``."""
+    return rng.random() < 0.3
+
+
+def _drafts(rng, spec, env):
+    """Draft rows a request under ``q_cu_seq_lens``: 0 to ``q_len``, never more than its length
+    (the CPU checks refuse that); the longest request sometimes at the maximum."""
+    if not spec["ragged"]:
+        return None
+    return [rng.randint(0, min(spec["q_len"], n)) for n in spec["lens"]]
+
+
 def _mask(rng, spec, env):
+    """A draft mask: with ``Q > 1`` only (ragged too, where a request of one draft still reads its
+    row's bits). docs/semantics.md states the mask for ``Q > 1``; with ``Q = 1`` the kernels ignore
+    it and the reference applies it, so it is not drawn there (docs/fuzzing.md)."""
     return spec["q_len"] > 1 and rng.random() < 0.5
+
+
+def _xqa_q_len(rng, spec, env):
+    """xqa's ``q_seq_len``: speculative decoding with 2-5 drafts now and then (ragged draws need
+    one: their ``Q`` is the maximum)."""
+    return 1 if rng.random() < 0.5 else rng.choice([2, 3, 4, 5])
 
 
 def _form(rng, spec, env):
@@ -237,7 +259,10 @@ ARGS = {
         ("page", _page),
         ("batch", _batch),
         ("q_len", _q_len),
+        ("ragged", _ragged),
         ("lens", _lens_for("decode", lambda spec: spec["q_len"])),
+        ("drafts", _drafts),
+        ("cu_dtype", _choice("int32", "int32", "uint32")),  # of q_cu_seq_lens
         ("extra_pages", _extra_pages),
         ("layout", _choice("NHD", "HND")),
         ("form", _form),
@@ -257,24 +282,32 @@ ARGS = {
     ),
     "xqa": (
         ("dtype", _half),
-        ("kv_format", _choice("half", "half", "fp8")),
+        ("kv_format", _choice("half", "half", "fp8", "nvfp4")),
         ("head_dim", _head_dim),
         ("kv_heads", _kv_heads),
         ("group", _group),
         ("page", lambda rng, spec, env: rng.choice([16, 16, 32] if env.tiny else [16, 32, 64, 128])),
         ("batch", _batch),
-        ("lens", _lens_for("decode")),
+        ("q_len", _xqa_q_len),
+        ("ragged", _ragged),
+        ("lens", _lens_for("decode", lambda spec: spec["q_len"])),
+        ("drafts", _drafts),
+        ("cu_dtype", _choice("int32", "int32", "uint32")),  # of q_cu_seq_lens
         ("extra_pages", _extra_pages),
         ("pool", _choice("flat", "flat", "NHD", "HND")),
         ("view", _view),
         ("arg_views", _chance(0.25)),
         ("seq_lens_dtype", _choice("uint32", "uint32", "int32")),
         ("q_scale", _scale(lambda spec: 1.0)),
-        ("kv_scale", lambda rng, spec, env: spec["kv_format"] == "fp8" and rng.random() < 0.7),
+        ("kv_scale", lambda rng, spec, env: spec["kv_format"] != "half" and rng.random() < 0.7),
         ("sliding_win_size", lambda rng, spec, env: 0 if rng.random() < 0.7 else rng.randint(1, max(spec["lens"] + [1]) + 1)),
         ("sinks", _chance(0.3)),
         ("sm_count", lambda rng, spec, env: None if rng.random() < 0.7 else rng.choice([1, 2, 7])),
-        ("out", lambda rng, spec, env: rng.choice(["query"] + (["fp8"] if spec["kv_format"] == "fp8" else []))),
+        ("enable_pdl", _choice(None, None, True, False)),
+        ("mask", _mask),
+        ("out", lambda rng, spec, env: rng.choice(["query"] + (["fp8"] if spec["kv_format"] != "half" else []))),
+        # Scales an fp8 output only; drawn for every output (the others must ignore it).
+        ("rcp_out_scale", _choice(1.0, 1.0, 0.5, 2.0)),
         ("return_lse", _chance(0.4)),
         ("lse_given", lambda rng, spec, env: spec["return_lse"] and rng.random() < 0.5),
     ),
@@ -310,7 +343,9 @@ ARGS = {
         ("heads", lambda rng, spec, env: rng.choice([1, 2, 8, 16] if env.tiny else [1, 8, 16, 17, 24, 32, 64, 128])),
         ("page", lambda rng, spec, env: rng.choice([16, 32] if env.tiny else [16, 32, 64, 64, 128])),
         ("batch", _batch),
-        ("lens", _lens_for("mla")),
+        # Multi-token prediction: a 4-D query [B, Q, H, 576] with Q 1 to 4.
+        ("q_len", lambda rng, spec, env: 1 if rng.random() < 0.5 else rng.choice([2, 3, 4])),
+        ("lens", _lens_for("mla", lambda spec: spec["q_len"])),
         ("extra_pages", _extra_pages),
         ("cache_dims", _choice(3, 4)),
         ("view", _view),
@@ -343,16 +378,27 @@ ARGS = {
         ("seq_lens_dtype", _choice("int32", "int32", "uint32")),
         ("bmm1_scale", _scale(lambda spec: spec["head_dim"] ** -0.5)),
         ("bmm2_scale", _scale(lambda spec: 1.0)),
-        ("window_left", _window()),
+        ("causal", _chance(0.7, True, False)),
+        # causal=False takes no window (docs/semantics.md, section 5).
+        ("window_left", lambda rng, spec, env: _window()(rng, spec, env) if spec["causal"] else -1),
         ("sinks", _choice(None, None, "tensor", "list")),
         ("out_dtype", lambda rng, spec, env: rng.choice(["none", "none", "query", "fp8", "nvfp4"])),
         ("out", _chance(0.5)),
         ("o_sf_scale", lambda rng, spec, env: None if spec["out_dtype"] != "nvfp4" or rng.random() < 0.5 else rng.choice([0.5, 4.0])),
         ("o_sf_vec_size", _choice(None, 16)),
-        ("skip_softmax", _choice(None, None, None, 0.0, 0.01, 1.0)),
+        # Skip-softmax tiles are aligned at a request's first row; the oracle of causal=False runs
+        # each row as its own request, so the two are not drawn together.
+        ("skip_softmax", lambda rng, spec, env: rng.choice([None, None, None, 0.0, 0.01, 1.0]) if spec["causal"] else None),
         ("return_lse", _chance(0.4)),
         ("lse_given", lambda rng, spec, env: spec["return_lse"] and rng.random() < 0.5),
         ("enable_pdl", _choice(None, None, True, False)),
+        # The block scales under the release's name (position 20) or the seed's (keyword).
+        ("sf_name", _choice("kv_cache_sf", "kv_block_scales")),
+        # trtllm-gen variant selectors: accepted, no effect on the result (docs/semantics.md).
+        ("counter_buffer", _chance(0.3)),
+        ("use_fp16_softmax", _choice(None, None, True, False)),
+        ("uses_spcompress", _choice(None, None, True, False)),
+        ("backend", _choice("trtllm-gen", "trtllm-gen", "cake")),
     ),
 }
 
@@ -360,30 +406,35 @@ ARGS = {
 # each of them in turn. Shapes (batch, lengths, heads) are shrunk separately.
 OPTIONS = {
     "batch_decode": {"kv_format": "half", "layout": "NHD", "form": "stacked", "view": "contiguous", "arg_views": False,
-                     "seq_lens_dtype": "int32", "extra_pages": 0, "q_len": 1, "o_scale": 1.0,
+                     "seq_lens_dtype": "int32", "extra_pages": 0, "q_len": 1, "ragged": False, "drafts": None,
+                     "cu_dtype": "int32", "o_scale": 1.0,
                      "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": False,
                      "mask": False, "out": "none", "return_lse": False, "lse_given": False, "enable_pdl": None,
                      "head_dim": 64, "page": 16},
     "xqa": {"kv_format": "half", "pool": "flat", "view": "contiguous", "arg_views": False, "seq_lens_dtype": "uint32",
             "extra_pages": 0, "q_scale": "plain", "kv_scale": False, "sliding_win_size": 0, "sinks": False,
             "sm_count": None, "out": "query", "return_lse": False, "lse_given": False, "head_dim": 64,
-            "page": 16},
+            "page": 16, "q_len": 1, "ragged": False, "drafts": None, "cu_dtype": "int32", "mask": False, "enable_pdl": None,
+            "rcp_out_scale": 1.0},
     "single_decode": {"kv_format": "half", "layout": "NHD", "view": "contiguous", "arg_views": False, "pos_encoding_mode": "NONE",
                       "use_tensor_cores": False, "q_scale": None, "k_scale": None, "v_scale": None,
                       "window_left": -1, "logits_soft_cap": None, "sm_scale": None, "rope_scale": None,
                       "rope_theta": None, "out": "none", "return_lse": False, "lse_given": False, "head_dim": 64},
     "mla": {"cache_dims": 3, "view": "contiguous", "arg_views": False, "seq_lens_dtype": "int32", "extra_pages": 0,
             "bmm1_scale": "plain", "bmm2_scale": "plain", "out": "none", "return_lse": False,
-            "lse_given": False, "enable_pdl": None, "page": 32},
+            "lse_given": False, "enable_pdl": None, "page": 32, "q_len": 1},
     "prefill": {"kv_format": "half", "fp8_query": False, "layout": "HND", "form": "stacked",
                 "split_tables": False, "view": "contiguous", "arg_views": False, "seq_lens_dtype": "int32", "extra_pages": 0,
                 "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": None,
                 "out_dtype": "none", "out": False, "o_sf_scale": None, "o_sf_vec_size": None, "skip_softmax": None,
-                "return_lse": False, "lse_given": False, "enable_pdl": None, "head_dim": 64, "page": 16},
+                "return_lse": False, "lse_given": False, "enable_pdl": None, "head_dim": 64, "page": 16,
+                "causal": True, "sf_name": "kv_cache_sf", "counter_buffer": False, "use_fp16_softmax": None,
+                "uses_spcompress": None, "backend": "trtllm-gen"},
 }
 
 # Options that only make sense together: when the first is dropped, the others go with it.
 DEPENDENT = {"return_lse": ("lse_given",), "q_len": ("mask",), "kv_format": ("out", "kv_scale", "fp8_query"),
+             "ragged": ("drafts", "cu_dtype"),
              "out_dtype": ("o_sf_scale",)}
 
 
@@ -402,18 +453,25 @@ def normalise(spec: dict) -> dict:
     fn = s["function"]
     if "lens" in s:
         s["batch"] = len(s["lens"])
-    if fn == "batch_decode":
-        if s["q_len"] > 1:
-            s["lens"] = [n and max(n, s["q_len"]) for n in s["lens"]]
+    if fn in ("batch_decode", "xqa", "mla") and s.get("q_len", 1) > 1:
+        s["lens"] = [n and max(n, s["q_len"]) for n in s["lens"]]
+    if fn in ("batch_decode", "xqa"):
+        if s.get("ragged"):
+            # One draft count a request, 0 to q_len and never past the request's length.
+            drafts = list(s.get("drafts") or [])
+            drafts += [s["q_len"]] * (len(s["lens"]) - len(drafts))
+            s["drafts"] = [min(q, s["q_len"], n) for q, n in zip(drafts, s["lens"])]
         else:
+            s["drafts"] = None
+        if s["q_len"] == 1:
             s["mask"] = False
-        if s["out"] == "fp8" and s["kv_format"] != "fp8":
-            s["out"] = "query"
+    if fn == "batch_decode" and s["out"] == "fp8" and s["kv_format"] != "fp8":
+        s["out"] = "query"
     if fn == "xqa":
-        if s["out"] == "fp8" and s["kv_format"] != "fp8":
-            s["out"] = "query"
-        if s["kv_format"] != "fp8":
+        if s["kv_format"] == "half":
             s["kv_scale"] = False
+            if s["out"] == "fp8":
+                s["out"] = "query"
     if fn == "mla" and s["dtype"] == "fp8":
         s["kv_dtype"] = "fp8"
     if fn == "prefill":
@@ -422,6 +480,8 @@ def normalise(spec: dict) -> dict:
             s["fp8_query"] = False
         if s["out_dtype"] != "nvfp4":
             s["o_sf_scale"] = None
+        if not s.get("causal", True):
+            s["window_left"], s["skip_softmax"] = -1, None
     if not s.get("return_lse", False):
         s["lse_given"] = False
     return s

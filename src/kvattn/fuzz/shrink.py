@@ -32,8 +32,9 @@ def candidates(spec: dict) -> Iterator[dict]:
             if not keep:
                 continue
             c = dict(s, lens=[s["lens"][i] for i in keep])
-            if "q_lens" in s:
-                c["q_lens"] = [s["q_lens"][i] for i in keep]
+            for per_request in ("q_lens", "drafts"):  # lists with one entry a request
+                if isinstance(s.get(per_request), list):
+                    c[per_request] = [s[per_request][i] for i in keep]
             yield c
     # Shorter requests: each length halved, then down by one.
     for key in ("lens", "q_lens"):
