@@ -216,8 +216,9 @@ def rope_rotate(x: torch.Tensor, pos: torch.Tensor, rope_scale: float, rope_thet
 # 1. batch decode
 # ---------------------------------------------------------------------------------------------
 def _draft_bits(mask: torch.Tensor | None, bsz: int, nq: int, device) -> torch.Tensor:
-    """bool ``[B, Q, Q]``: may draft row r see draft token c (explicit uint16 words or causal)."""
-    if mask is None:
+    """bool ``[B, Q, Q]``: may draft row r see draft token c (explicit uint16 words or causal; with
+    one query token the mask is not read)."""
+    if mask is None or nq == 1:
         r = torch.arange(nq, device=device)
         return (r.view(1, -1, 1) >= r.view(1, 1, -1)).expand(bsz, nq, nq)
     words = mask.to(torch.int64) % 65536  # [B, Q, W]

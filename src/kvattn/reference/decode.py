@@ -84,10 +84,12 @@ def batch_decode(
             empty_rows(out, lse, rows)
             continue
         k, v = paged_request_kv(kv, b, length)
-        if q_cu_seq_lens is not None:
-            words = None if mask is None else mask[rows]
+        if mask is None or q_len == 1:  # one query token a request: the mask is not read (docs/semantics.md)
+            words = None
+        elif q_cu_seq_lens is not None:
+            words = mask[rows]
         else:
-            words = None if mask is None else mask[b]
+            words = mask[b]
         allowed = spec_decode_allowed(length, hi - lo, window_left, words, query.device)
         if starts[b] > 0:
             allowed = allowed & (torch.arange(length, device=query.device) >= starts[b])
