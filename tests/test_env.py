@@ -28,7 +28,7 @@ def test_switches_put_back_after_an_exception(monkeypatch):
 _FLAGS = [("KVATTN_DEBUG", _env.debug_checks), ("KVATTN_CALL_CACHE", _env.call_cache),
           ("KVATTN_FAST_LAUNCH", _env.fast_launch), ("KVATTN_FUSED_MERGE", _env.fused_merge),
           ("KVATTN_GLUON", _env.gluon), ("KVATTN_GLUON_WS", _env.gluon_ws),
-          ("KVATTN_BATCH_INVARIANT", _env._batch_invariant_env)]
+          ("KVATTN_BATCH_INVARIANT", _env.batch_invariant_env)]
 
 
 @pytest.mark.parametrize("name, read", _FLAGS, ids=[n for n, _ in _FLAGS])

@@ -1,5 +1,5 @@
 """``kvattn.workspace_size``: the bytes the workspace carving takes at most for a call, checked
-against the carving itself (ops/launch/workspace.py, ops/prefill/staging.py) on CPU tensors, and
+against the carving itself (runtime/workspace.py, ops/prefill/staging.py) on CPU tensors, and
 the least workspace every function accepts."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import kvattn
 from kvattn import _inputs
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode.configs import DecodeConfig
-from kvattn.ops.launch import workspace as carving
+from kvattn.runtime import workspace as carving
 from kvattn.ops.mla.configs import MLAConfig
 from kvattn.ops.prefill import staging
 

@@ -1,6 +1,6 @@
 """How many workspace bytes a call can use: :func:`workspace_size` (``kvattn.workspace_size``).
 
-The workspace is carved in :mod:`kvattn.ops.launch.workspace` (decode, ``xqa``, MLA: a fixed head
+The workspace is carved in :mod:`kvattn.runtime.workspace` (decode, ``xqa``, MLA: a fixed head
 of alignment and merge counters, then the split-KV partials) and :mod:`kvattn.ops.prefill.staging`
 (prefill: after the same head, a quantised cache's pages dequantised once a call). The size
 returned here is what that carving takes at most for a call of the given shapes and bounds, on any

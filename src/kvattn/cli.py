@@ -104,7 +104,7 @@ def check_switches() -> None:
     """Parse every ``KVATTN_*`` switch now, so a bad value is one line and not a traceback later."""
     try:
         for read in (_env.backend_override, _env.debug_checks, _env.call_cache, _env.fast_launch, _env.fused_merge,
-                     _env.gluon, _env.gluon_ws, _env._batch_invariant_env):
+                     _env.gluon, _env.gluon_ws, _env.batch_invariant_env):
             read()
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -150,8 +150,8 @@ gluon = _switch("KVATTN_GLUON", _flag("KVATTN_GLUON", None), "gluon",
                 "decides by the Triton release).")
 gluon_ws = _switch("KVATTN_GLUON_WS", _flag("KVATTN_GLUON_WS", True), "gluon_ws",
                    "Whether MLA may take the warp-specialised Gluon kernel (``KVATTN_GLUON_WS``, default on).")
-_batch_invariant_env = _switch(
-    "KVATTN_BATCH_INVARIANT", _flag("KVATTN_BATCH_INVARIANT", False), "_batch_invariant_env",
+batch_invariant_env = _switch(
+    "KVATTN_BATCH_INVARIANT", _flag("KVATTN_BATCH_INVARIANT", False), "batch_invariant_env",
     "Whether ``KVATTN_BATCH_INVARIANT`` asks for batch-invariant kernels (default off).")
 # The Python override of KVATTN_BATCH_INVARIANT (kvattn.set_batch_invariant): None follows the
 # variable. A one-item list, so that readers see a set made after their import.
@@ -162,7 +162,7 @@ def batch_invariant() -> bool:
     """Whether the kernels run batch-invariant (:func:`kvattn.set_batch_invariant`, else
     ``KVATTN_BATCH_INVARIANT``)."""
     forced = _BATCH_INVARIANT[0]
-    return _batch_invariant_env() if forced is None else forced
+    return batch_invariant_env() if forced is None else forced
 
 
 def force_batch_invariant(enabled: bool | None) -> bool | None:
