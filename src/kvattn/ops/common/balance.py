@@ -17,12 +17,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# A ragged batch: its longest request holds more than RAGGED_NUM / RAGGED_DEN of the mean's keys.
-RAGGED_NUM: tl.constexpr = tl.constexpr(5)
-RAGGED_DEN: tl.constexpr = tl.constexpr(4)
 # Units of one request at most: the chunk is at least the longest request's keys over this, so
-# a request's partials merge in a few rounds in its last program (no combine launch).
-MAX_UNITS: tl.constexpr = tl.constexpr(16)
+# a request's partials merge in a few rounds in its last program (no combine launch). The host
+# reads it too (the merge's rounds); _unit_counts repeats the value as a local constexpr, which
+# every Triton's interpreter takes (3.7.1's did not take a module-level one in arithmetic).
+MAX_UNITS = 16
 
 
 @triton.jit
@@ -30,6 +29,10 @@ def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN
                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
     """``(ragged, n [BLOCK_B], ends [BLOCK_B])``: whether the batch is ragged, each request's unit
     count and one past its last unit (see :func:`balanced_unit`)."""
+    # A ragged batch: its longest request holds more than 5/4 of the mean's keys.
+    RAGGED_NUM: tl.constexpr = 5
+    RAGGED_DEN: tl.constexpr = 4
+    UNITS_MAX: tl.constexpr = 16  # MAX_UNITS
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < batch
     lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
@@ -37,7 +40,7 @@ def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN
     total = tl.sum(lens.to(tl.int64), 0)
     longest = tl.max(lens, 0)
     ragged = longest.to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * total
-    chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, MAX_UNITS)).to(tl.int32)
+    chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, UNITS_MAX)).to(tl.int32)
     chunk = tl.maximum(tl.cdiv(chunk, BLOCK_N) * BLOCK_N, MIN_CHUNK)
     n = tl.where(ragged, tl.maximum(tl.cdiv(lens, chunk), 1), uniform_splits)
     n = tl.where(b_ok, n, 0)

@@ -293,7 +293,7 @@ class _Plan:
         units = target + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
-        return Balance(target, units, _merge_block_s(self, cfg, max(splits, MAX_UNITS.value)))
+        return Balance(target, units, _merge_block_s(self, cfg, max(splits, MAX_UNITS)))
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
