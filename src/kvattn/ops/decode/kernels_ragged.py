@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..common.predicates import as_mask
+
 
 @triton.jit
 def _slot_source(cu_ptr, slot, total, Q_LEN: tl.constexpr):
@@ -36,7 +38,8 @@ def ragged_pack_kernel(
     src, valid, shift = _slot_source(cu_ptr, slot, total, Q_LEN)
     offs_d = tl.arange(0, HEAD_DIM)
     row = tl.where(valid, src, 0).to(tl.int64)
-    x = tl.load(q_ptr + row * stride_q_t + h * stride_q_h + offs_d, mask=valid & (offs_d < HEAD_DIM), other=0.0)
+    x = tl.load(q_ptr + row * stride_q_t + h * stride_q_h + offs_d, mask=as_mask(valid & (offs_d < HEAD_DIM)),
+                other=0.0)
     tl.store(q_pad_ptr + (slot.to(tl.int64) * num_heads + h) * HEAD_DIM + offs_d, x)
     if MAKE_MASK:
         if h == 0:
@@ -51,7 +54,7 @@ def ragged_pack_kernel(
             in_q = (c < Q_LEN) & (cr >= 0)
             if HAS_MASK:
                 ld = in_q & valid
-                word = tl.load(mask_ptr + row * stride_m_t + tl.where(ld, cr, 0) // 16, mask=ld, other=0)
+                word = tl.load(mask_ptr + row * stride_m_t + tl.where(ld, cr, 0) // 16, mask=as_mask(ld), other=0)
                 draft = ((word.to(tl.int32) & 0xFFFF) >> (tl.where(ld, cr, 0) % 16)) & 1
             else:
                 draft = (c <= r).to(tl.int32)
