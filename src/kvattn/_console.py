@@ -35,13 +35,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def choice_list(text: str, allowed) -> tuple:
+    """A comma-separated, non-empty subset of ``allowed``, in the order given (an argparse type)."""
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in keys if k not in allowed]
+    if bad or not keys:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(allowed)}, got {text!r}")
+    return keys
+
+
 def function_list(text: str) -> tuple:
     """``--only``: a comma-separated subset of FUNCTION_KEYS, in the order given."""
-    keys = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in keys if k not in FUNCTION_KEYS]
-    if bad or not keys:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(FUNCTION_KEYS)}, got {text!r}")
-    return keys
+    return choice_list(text, FUNCTION_KEYS)
 
 
 def format_time(seconds: float) -> str:

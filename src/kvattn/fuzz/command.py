@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._console import FUNCTION_KEYS, UsageError, positive_int, write_json, writable
+from .._console import FUNCTION_KEYS, UsageError, choice_list, positive_int, write_json, writable
 from .draws import MODES
 
 DESCRIPTION = (
@@ -17,11 +17,7 @@ DESCRIPTION = (
 
 
 def _modes(text: str) -> tuple:
-    modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(MODES)}, got {text!r}")
-    return modes
+    return choice_list(text, MODES)
 
 
 def _function(text: str) -> str:
