@@ -33,12 +33,16 @@ for _path in sorted(set(TRITON_OPS.values())):
 
 @pytest.fixture(autouse=True)
 def _fresh_call_caches():
-    """No recorded call outlives its test (tests patch what recorded calls were planned with)."""
+    """No recorded call, and no prefill plan, outlives its test (tests patch what recorded calls and
+    prefill plans were planned with: its config tables, the SM count, the staging threshold)."""
+    from kvattn.ops.prefill import plan as prefill_plan
     from kvattn.runtime import callcache as _callcache
 
     _callcache.clear()
+    prefill_plan._PLANS.clear()
     yield
     _callcache.clear()
+    prefill_plan._PLANS.clear()
 
 
 @pytest.fixture

@@ -98,15 +98,17 @@ def fake_hopper(monkeypatch):
                                                                          sm_count=lambda device: 132))
     monkeypatch.setattr(prefill_launch, "words_allowed", lambda *args: False)
 
-    def plan(query, k, v, out, *, skip, nvfp4_out, interpreter):  # gluon_ws.plan less its "on a GPU" test
-        if not prefill_ws.eligible(hopper=True, gluon_on=kvattn.runtime.versions.gluon_on(), q_dtype=query.dtype,
-                                   kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1],
-                                   skip=skip, nvfp4_out=nvfp4_out):
+    def plan(*, device, gluon_on, q_dtype, head_dim, k, v, out_dtype, skip, nvfp4_out, interpreter):
+        # gluon_ws.plan less its "on a GPU" test
+        if not prefill_ws.eligible(hopper=True, gluon_on=gluon_on, q_dtype=q_dtype, kv_dtype=k.dtype,
+                                   out_dtype=out_dtype, head_dim=head_dim, page=k.shape[1], skip=skip,
+                                   nvfp4_out=nvfp4_out):
             return None
         views = prefill_ws.tma_view(k, k.shape[1]), prefill_ws.tma_view(v, v.shape[1])
-        return None if None in views else (prefill_ws.config_for(query.dtype, k.dtype, query.shape[-1]), *views)
+        return None if None in views else (prefill_ws.config_for(q_dtype, k.dtype, head_dim), *views)
 
     monkeypatch.setattr(prefill_ws, "plan", plan)
+    monkeypatch.setattr(prefill_launch, "_PLANS", {})  # (plans made for the faked GPU stay in the test)
     assert launch_common.arch is not None
 
 

@@ -660,7 +660,7 @@ class FakeGPU:
             for name in ("mla_gluon_kernel", "mla_gluon_ws_kernel"):
                 monkeypatch.setattr(mla_launch, name, GluonJITFunction(getattr(mla_launch, name).fn))
         monkeypatch.setattr(fast_launch, "_SHARED", {})
-        monkeypatch.setattr(fast_launch, "_LAUNCHES", {})
+        monkeypatch.setattr(prefill_launch, "_PLANS", {})
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # kvattn: CPU tensors may take the Triton backend
         monkeypatch.setenv("KVATTN_BACKEND", "triton")
         # ... but the kernels are compiled ones: bfloat16 caches are fine (no interpreter arithmetic)

@@ -339,6 +339,29 @@ class ReplayDescriptor:
     round_f32_to_tf32: bool
 
 
+class Descriptor(NamedTuple):
+    """A tensor descriptor a :class:`Launch` builds on one of a call's tensors at every call: the
+    tensor's name in the launch's :class:`CallLayout`, then the descriptor's geometry, fixed by the
+    launch's host facts (elements). ``layout``: a Gluon shared-memory layout (Gluon's
+    ``TensorDescriptor``), or None for Triton's."""
+
+    tensor: str
+    shape: tuple
+    strides: tuple
+    block_shape: tuple
+    layout: Any = None
+
+    def make(self, base: torch.Tensor):
+        """The descriptor of ``base`` (what the kernel parameter gets for this call)."""
+        if self.layout is None:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            return TensorDescriptor(base, list(self.shape), list(self.strides), list(self.block_shape))
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+        return GluonDescriptor(base, list(self.shape), list(self.strides), list(self.block_shape), self.layout)
+
+
 def descriptor_base(value) -> int | None:
     """The base pointer of a tensor descriptor passed as a per-call value, or None for anything
     else (a descriptor: an object with a ``base`` that has ``data_ptr()`` and a ``block_shape``)."""
@@ -647,6 +670,9 @@ class Launch:
     ptx_hints : bool
         The kernel marks its copies for :mod:`.ptx_hints`: every launch that goes through Triton
         (and may compile) runs inside :func:`.ptx_hints.applied`.
+    descriptors : sequence of Descriptor
+        Tensors of the call the kernel takes as TMA descriptors: each call replaces them by their
+        descriptor (:func:`with_descriptors`) before launching.
     """
 
     def __init__(
@@ -660,6 +686,7 @@ class Launch:
         constexprs: dict,
         options: dict,
         ptx_hints: bool = False,
+        descriptors: Sequence[Descriptor] = (),
     ):
         self.kernel = kernel
         self._scope = ptx_hints_applied if ptx_hints else contextlib.nullcontext
@@ -670,6 +697,12 @@ class Launch:
         self.constexprs = dict(constexprs)
         self.options = dict(options)
         self._grid3 = _grid3(self.grid)
+        self.descriptors = tuple(descriptors)
+        positions = layout.positions()
+        unknown = sorted(d.tensor for d in self.descriptors if d.tensor not in layout.tensors)
+        if unknown:
+            raise TypeError(f"descriptors of tensors not in the call layout: {unknown}")
+        self._described = tuple((positions[d.tensor], d.make) for d in self.descriptors)
         self._bound, indices = _resolve(kernel, layout, self.per_call, self.fixed, self.constexprs)
         # Every parameter in the kernel's order (constexprs in place: Triton's launcher and
         # kernel[grid] both take them so), picked from the call's values followed by _bound.
@@ -684,7 +717,15 @@ class Launch:
     def argument(self, name: str, call: CallArgs):
         """The value parameter ``name`` gets in a launch for ``call`` (Triton's path's view)."""
         position = [n for n, _ in _parameters(self.kernel)].index(name)
-        return self._pick(call.triton_values() + self._bound)[position]
+        return self._pick(self.described(call).triton_values() + self._bound)[position]
+
+    def described(self, call: CallArgs) -> CallArgs:
+        """``call`` with this launch's :attr:`descriptors` in place of their tensors (``call``
+        itself for a launch without descriptors)."""
+        if not self._described:
+            return call
+        tensors = call.tensors
+        return with_descriptors(call, {i: make(tensors[i]) for i, make in self._described})
 
     def static_key(self) -> tuple | None:
         """The bound part of the key, or None when this launch is always left to Triton."""
@@ -705,6 +746,8 @@ class Launch:
         return key
 
     def __call__(self, call: CallArgs) -> None:
+        if self._described:
+            call = self.described(call)
         key = None  # the per-call part of the key; None: this call is left to Triton
         if call.key is not None and self.fast:
             kernel = self.kernel
@@ -744,6 +787,7 @@ class Launch:
         """Compile this launch's kernel for ``call`` and load it onto the GPU, without launching:
         so that a later first launch (in a CUDA-graph capture, where loading a module needs a
         driver of CUDA 12.3+) finds it ready."""
+        call = self.described(call)
         with self._scope():
             compiled = self.kernel.warmup(*self._pick(call.triton_values() + self._bound), grid=self.grid,
                                           **self.options)
@@ -778,30 +822,6 @@ class Launch:
             self._globals = (dicts, names, missing, values, now)
             return True
         return False
-
-
-_LAUNCHES: dict = {}  # launch_of's cache: facts -> Launch
-_MAX_LAUNCHES = 1024
-
-
-def launch_of(kernel, grid: Sequence[int], *, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict,
-              options: dict, ptx_hints: bool = False) -> Launch:
-    """The :class:`Launch` of these arguments, made once and kept (for launchers without a plan
-    object of their own: prefill's). Values are compared with their types (``True`` against ``1``)."""
-    def typed(d):
-        return tuple((n, type(v), v) for n, v in d.items())
-
-    key = (id(kernel), tuple(grid), id(layout), tuple(per_call.items()), typed(fixed), typed(constexprs),
-           typed(options), ptx_hints)
-    hit = _LAUNCHES.get(key)
-    if hit is not None and hit.kernel is kernel and hit.layout is layout:
-        return hit
-    launch = Launch(kernel, grid, layout=layout, per_call=per_call, fixed=fixed, constexprs=constexprs,
-                    options=options, ptx_hints=ptx_hints)
-    if len(_LAUNCHES) >= _MAX_LAUNCHES:
-        _LAUNCHES.clear()
-    _LAUNCHES[key] = launch
-    return launch
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import torch
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import plan as mla_launch
+from kvattn.runtime import fast_launch
 
 from .test_mla import GPU_LENS, _fits, graph_replay_case, mla_case
 
@@ -32,15 +33,16 @@ GPU_ONLY = pytest.mark.skipif(not HOPPER, reason="the warp-specialised kernel ru
 
 @pytest.fixture
 def ws_spy(monkeypatch):
-    """Counts the launches of the warp-specialised kernel (the launcher's split runs)."""
+    """Counts the launches of the warp-specialised kernel (its split count, each launch)."""
     calls = []
-    run = mla_launch._WarpSpecializedSplit.run
+    run = fast_launch.Launch.__call__
 
     def spy(self, *args, **kwargs):
-        calls.append(self.splits)
+        if self.kernel is mla_launch.mla_gluon_ws_kernel:
+            calls.append(self.fixed["num_splits"])
         return run(self, *args, **kwargs)
 
-    monkeypatch.setattr(mla_launch._WarpSpecializedSplit, "run", spy)
+    monkeypatch.setattr(fast_launch.Launch, "__call__", spy)
     mla_launch._PLANS.clear()
     yield calls
     mla_launch._PLANS.clear()
@@ -216,14 +218,13 @@ def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torc
 def test_a_launch_asking_for_the_lse_keeps_the_gluon_kernel(monkeypatch):
     """``return_lse``: the warp-specialised kernel stores no final LSE, so the launch takes
     mla/gluon.py's kernel, which gets the LSE's pointer, row stride and switch."""
-    split = _plan(monkeypatch, lse_stride=128).launches(4096)[0]
-    assert type(split) is mla_launch._GluonSplit and split.kernel() is mla_launch.mla_gluon_kernel
-    launch = split.launch()  # (fast_launch.Launch checks that every kernel parameter is named once)
+    launch = _plan(monkeypatch, lse_stride=128).launches(4096)[0]  # (Launch checks every parameter is named once)
+    assert launch.kernel is mla_launch.mla_gluon_kernel
     assert launch.per_call["lse_ptr"] == "lse" and launch.fixed["stride_lse_b"] == 128
     assert launch.constexprs["STORE_LSE"] is True
     no_lse = _plan(monkeypatch).launches(4096)[0]
-    assert type(no_lse) is mla_launch._WarpSpecializedSplit and "lse_ptr" not in no_lse.launch().per_call
-    old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0].launch()
+    assert no_lse.kernel is mla_launch.mla_gluon_ws_kernel and "lse_ptr" not in no_lse.per_call
+    old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0]
     assert old.per_call["lse_ptr"] == "part_lse" and old.constexprs["STORE_LSE"] is False  # (never read)
 
 
@@ -232,16 +233,13 @@ def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
     partition, 168 registers a thread before the partitions' split); ``KVATTN_GLUON_WS=0`` (the
     ``gluon_ws_on`` fact) keeps mla/gluon.py's launch, ``KVATTN_GLUON=0`` the Triton kernel's."""
     split = _plan(monkeypatch).launches(4096)[0]
-    assert type(split) is mla_launch._WarpSpecializedSplit
-    assert split.kernel() is mla_launch.mla_gluon_ws_kernel
-    assert split.options() == dict(num_warps=4, maxnreg=168)
-    assert type(_plan(monkeypatch, hq=64, page=128).launches(100)[0]) is mla_launch._WarpSpecializedSplit
+    assert split.kernel is mla_launch.mla_gluon_ws_kernel
+    assert split.options == dict(num_warps=4, maxnreg=168)
+    assert _plan(monkeypatch, hq=64, page=128).launches(100)[0].kernel is mla_launch.mla_gluon_ws_kernel
     old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0]
-    assert type(old) is mla_launch._GluonSplit and old.kernel() is mla_launch.mla_gluon_kernel
-    assert old.options() == dict(num_warps=8)
-    assert not isinstance(_plan(monkeypatch, gluon=False).launches(4096)[0], mla_launch._GluonSplit)
-    assert not isinstance(_plan(monkeypatch, hq=16).launches(4096)[0], mla_launch._GluonSplit)
-    assert not isinstance(_plan(monkeypatch, page=32).launches(4096)[0], mla_launch._GluonSplit)
+    assert old.kernel is mla_launch.mla_gluon_kernel and old.options == dict(num_warps=8)
+    for kw in (dict(gluon=False), dict(hq=16), dict(page=32)):
+        assert _plan(monkeypatch, **kw).launches(4096)[0].kernel is mla_launch.mla_split_kernel, kw
 
 
 def test_fp8_plan_launches_the_ws_kernel_where_it_fits(monkeypatch):
@@ -252,19 +250,20 @@ def test_fp8_plan_launches_the_ws_kernel_where_it_fits(monkeypatch):
     fp8 = dict(dtype=FP8_DTYPE)
     for hq, page in ((128, 64), (64, 128), (20, 256)):
         plan = _plan(monkeypatch, hq=hq, page=page, **fp8)
-        split = plan.launches(4096)[0]
-        assert plan.fp8_ws and type(split) is mla_launch._WarpSpecializedSplit
-        assert split.kernel() is mla_launch.mla_gluon_ws_kernel and split.options() == dict(num_warps=4, maxnreg=168)
-        assert (split.layout.swizzle_byte_width, split.layout.element_bitwidth) == (64, 8)
-        launch = split.launch()  # (fast_launch.Launch checks that every kernel parameter is named once)
+        launch = plan.launches(4096)[0]  # (fast_launch.Launch checks that every kernel parameter is named once)
+        assert plan.fp8_ws and launch.kernel is mla_launch.mla_gluon_ws_kernel
+        assert launch.options == dict(num_warps=4, maxnreg=168)
+        (rows,) = launch.descriptors
+        assert (rows.layout.swizzle_byte_width, rows.layout.element_bitwidth) == (64, 8)
+        assert rows.tensor == "kv" and rows.shape == (100 * page, 576) and rows.block_shape == (64, 64)
         assert launch.constexprs["PAGE_SIZE"] == page and launch.constexprs["BLOCK_H"] == 64
-    bf16 = _plan(monkeypatch).launches(4096)[0]
+    (bf16,) = _plan(monkeypatch).launches(4096)[0].descriptors
     assert (bf16.layout.swizzle_byte_width, bf16.layout.element_bitwidth) == (128, 16)
     for kw in (dict(gluon_ws=False), dict(gluon=False), dict(lse_stride=128), dict(hq=16), dict(page=32),
                dict(q_dtype=torch.bfloat16)):
         plan = _plan(monkeypatch, **fp8, **kw)
         assert not plan.fp8_ws and not plan.ws and not plan.gluon, kw
-        assert not isinstance(plan.launches(4096)[0], mla_launch._GluonSplit), kw
+        assert plan.launches(4096)[0].kernel is mla_launch.mla_split_kernel, kw
 
 
 def test_ws_fp8_fits_only_byte_rows_tma_can_address():
@@ -336,7 +335,7 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
         with contexts[name]():
             split = _plan(monkeypatch).launches(4096)[0]
             want = library if floor is None else mla_ws_floors.floor_kernel(floor)
-            assert split.kernel() is want and split.options() == base, name
+            assert split.kernel is want and split.options == base, name
             assert floor is None or want is not library
     assert mla_launch.mla_gluon_ws_kernel is library
     with contexts["gluon"]():
@@ -351,13 +350,12 @@ def test_mtp_rows_fill_the_ws_kernels_tile(q_len, hq, dtype, monkeypatch):
     warp-specialised kernel's 64-row programs as 64 heads do (x 2 tokens: 32 rows, padded), with
     the token count as its ``Q_LEN``; one token of 16 heads keeps the Triton kernel."""
     plan = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, dtype=dtype)
-    split = plan.launches(4096)[0]
-    assert type(split) is mla_launch._WarpSpecializedSplit and plan.cfg.block_h == 64
-    launch = split.launch()
+    launch = plan.launches(4096)[0]
+    assert launch.kernel is mla_launch.mla_gluon_ws_kernel and plan.cfg.block_h == 64
     assert launch.constexprs["Q_LEN"] == q_len and launch.fixed["num_heads"] == q_len * hq
-    assert not isinstance(_plan(monkeypatch, hq=16, dtype=dtype).launches(4096)[0], mla_launch._GluonSplit)
+    assert _plan(monkeypatch, hq=16, dtype=dtype).launches(4096)[0].kernel is mla_launch.mla_split_kernel
     # A call asking for the LSE: mla/gluon.py's kernel (16-bit, 64 rows and more) or the Triton kernel.
     lse = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, lse_stride=q_len * hq, dtype=dtype).launches(4096)[0]
     gluon = dtype == torch.bfloat16 and q_len * hq >= 64
-    assert (type(lse) is mla_launch._GluonSplit) is gluon
-    assert (lse.launch() if gluon else lse).constexprs["Q_LEN"] == q_len
+    assert (lse.kernel is mla_launch.mla_gluon_kernel) is gluon
+    assert lse.constexprs["Q_LEN"] == q_len

@@ -21,11 +21,13 @@ give wrong rows, never an access outside the tensors.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
+from ...runtime import fast_launch
 from ...runtime.common import device_guard, entry, next_power_of_2
+from ...runtime.plans import cached_plan
 from .kernels_ragged import ragged_pack_kernel, ragged_unpack_kernel
 
 
@@ -77,38 +79,107 @@ def padded_mask(mask: torch.Tensor | None, q_cu: torch.Tensor, src: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# the kernels' path: two launches, each program one (padded slot, head)
+# the kernels' path: two launches, each program one (padded slot, head), each a Launch cached
+# under its host facts
 # ---------------------------------------------------------------------------------------------
+_PACK_LAYOUT = fast_launch.CallLayout(("query", "q_cu", "mask", "q_pad", "mask_pad"))
+_UNPACK_LAYOUT = fast_launch.CallLayout(("out_pad", "lse_pad", "q_cu", "out", "lse"))
+
+
+class PackFacts(NamedTuple):
+    """Every host fact a pack launch reads (the key of its plan cache)."""
+
+    q_shape: tuple  # [total, Hq, D] packed rows
+    q_stride: tuple
+    slots: int  # B * Q padded rows
+    mask_stride: tuple | None  # [total, W] ragged mask, or None
+    make_mask: bool  # a padded mask to fill
+    q_len: int
+    window_left: int
+
+
+class UnpackFacts(NamedTuple):
+    """Every host fact an unpack launch reads (the key of its plan cache)."""
+
+    out_shape: tuple  # [total, Hq, D] packed rows
+    out_stride: tuple
+    slots: int
+    lse_stride: tuple | None  # [total, Hq], or None
+    q_len: int
+
+
+def _pack_launch(f: PackFacts) -> fast_launch.Launch:
+    rows, heads, dim = f.q_shape
+    words = 2 * ((f.q_len + 31) // 32)
+    return fast_launch.Launch(
+        ragged_pack_kernel, (f.slots, heads), layout=_PACK_LAYOUT,
+        per_call=dict(q_ptr="query", cu_ptr="q_cu", mask_ptr="mask", q_pad_ptr="q_pad", mask_pad_ptr="mask_pad"),
+        fixed=dict(stride_q_t=f.q_stride[0], stride_q_h=f.q_stride[1],
+                   stride_m_t=f.mask_stride[0] if f.mask_stride is not None else 0, total=rows, num_heads=heads,
+                   window_left=f.window_left),
+        constexprs=dict(Q_LEN=f.q_len, HEAD_DIM=dim, WORDS=words, BLOCK_W=next_power_of_2(words),
+                        HAS_MASK=f.mask_stride is not None, MAKE_MASK=f.make_mask, HAS_WINDOW=f.window_left >= 0),
+        options=dict(num_warps=1),
+    )
+
+
+def _unpack_launch(f: UnpackFacts) -> fast_launch.Launch:
+    rows, heads, dim = f.out_shape
+    return fast_launch.Launch(
+        ragged_unpack_kernel, (f.slots, heads), layout=_UNPACK_LAYOUT,
+        per_call=dict(out_pad_ptr="out_pad", lse_pad_ptr="lse_pad", cu_ptr="q_cu", out_ptr="out", lse_ptr="lse"),
+        fixed=dict(stride_o_t=f.out_stride[0], stride_o_h=f.out_stride[1],
+                   stride_l_t=f.lse_stride[0] if f.lse_stride is not None else 0, total=rows, num_heads=heads),
+        constexprs=dict(Q_LEN=f.q_len, HEAD_DIM=dim, HAS_LSE=f.lse_stride is not None),
+        options=dict(num_warps=1),
+    )
+
+
+_PACK_PLANS: dict[PackFacts, fast_launch.Launch] = {}
+_UNPACK_PLANS: dict[UnpackFacts, fast_launch.Launch] = {}
+
+
 def pack(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> None:
     """Padded rows (and mask rows, ``mask_pad`` given) of the packed ``query`` / ``mask``: one launch."""
-    rows, heads, dim = query.shape
+    q_shape = query.shape
     slots = q_pad.shape[0]
-    if slots == 0 or heads == 0:
+    if slots == 0 or q_shape[1] == 0:
         return
-    words = 2 * ((q_len + 31) // 32)
-    dev = query.get_device()
-    with device_guard(dev):
-        ragged_pack_kernel[(slots, heads)](
-            query, q_cu, mask.view(torch.int16) if mask is not None else query,
-            q_pad, mask_pad.view(torch.int16) if mask_pad is not None else q_pad,
-            query.stride(0), query.stride(1), mask.stride(0) if mask is not None else 0, rows, heads, window_left,
-            Q_LEN=q_len, HEAD_DIM=dim, WORDS=words, BLOCK_W=next_power_of_2(words),
-            HAS_MASK=mask is not None, MAKE_MASK=mask_pad is not None, HAS_WINDOW=window_left >= 0, num_warps=1,
-        )
+    if mask is not None:
+        mask = mask.view(torch.int16)
+    if mask_pad is not None:
+        mask_pad = mask_pad.view(torch.int16)
+    # Every host fact the launch reads, each in a local of its PackFacts field's name.
+    q_stride = query.stride()
+    mask_stride = mask.stride() if mask is not None else None
+    make_mask = mask_pad is not None
+    facts = PackFacts._make((q_shape, q_stride, slots, mask_stride, make_mask, q_len, window_left))
+    launch = cached_plan(_PACK_PLANS, facts, _pack_launch, False)
+    device = query.get_device()
+    with device_guard(device):
+        launch(fast_launch.call_args(  # (absent masks: the query and the padded query stand in, never read)
+            (query, q_cu, mask if mask is not None else query, q_pad, mask_pad if make_mask else q_pad), (), (),
+            device,
+        ))
 
 
 def unpack(out_pad, lse_pad, q_cu, out, lse, q_len: int) -> None:
     """The packed rows of ``out`` (and ``lse``) from the padded ones: one launch."""
-    rows, heads, dim = out.shape
+    out_shape = out.shape
     slots = out_pad.shape[0]
-    if slots == 0 or heads == 0 or rows == 0:
+    if slots == 0 or out_shape[1] == 0 or out_shape[0] == 0:
         return
-    with device_guard(out.get_device()):
-        ragged_unpack_kernel[(slots, heads)](
-            out_pad, lse_pad if lse_pad is not None else out_pad, q_cu, out, lse if lse is not None else out,
-            out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, rows, heads,
-            Q_LEN=q_len, HEAD_DIM=dim, HAS_LSE=lse is not None, num_warps=1,
-        )
+    # Every host fact the launch reads, each in a local of its UnpackFacts field's name.
+    out_stride = out.stride()
+    lse_stride = lse.stride() if lse is not None else None
+    facts = UnpackFacts._make((out_shape, out_stride, slots, lse_stride, q_len))
+    launch = cached_plan(_UNPACK_PLANS, facts, _unpack_launch, False)
+    device = out.get_device()
+    with device_guard(device):
+        launch(fast_launch.call_args(  # (no LSE: the outputs stand in, never read)
+            (out_pad, lse_pad if lse_pad is not None else out_pad, q_cu, out, lse if lse is not None else out), (), (),
+            device,
+        ))
 
 
 def _pack_fake(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> None:

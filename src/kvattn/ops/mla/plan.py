@@ -27,7 +27,6 @@ from .kernels import mla_split_kernel
 
 try:  # Gluon (Triton >= 3.5): the Hopper kernel for 16-bit caches
     from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
     from .kernels_gluon import mla_gluon_kernel
     from .kernels_gluon_ws import MAXNREG as _WS_MAXNREG, NUM_WARPS as _WS_WARPS, mla_gluon_ws_kernel
@@ -44,7 +43,6 @@ _LAYOUT = fast_launch.CallLayout(
     ("query", "kv", "table", "seq_lens", "out", "part_o", "part_lse", "logit", "out_scale", "lse"), ("capacity",),
     ("logit_factor", "out_factor"),
 )
-_KV = _LAYOUT.tensors.index("kv")
 
 
 class MLAFacts(NamedTuple):
@@ -161,10 +159,8 @@ class _Plan:
 
     def _split(self, splits: int):
         cfg = self.cfg
-        if self.ws:
-            return _WarpSpecializedSplit(self, splits)
         if self.gluon:
-            return _GluonSplit(self, splits)
+            return _gluon_split(self, splits)
         return fast_launch.Launch(
             mla_split_kernel, (self.items * splits,),
             layout=_LAYOUT,
@@ -236,88 +232,39 @@ def _row_layout(kv_dtype):
     return _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
-class _GluonSplit:
-    """The split launch of :func:`~.kernels_gluon.mla_gluon_kernel`, with a TMA descriptor of the cache
-    built for each call from the cache's pointer (``run``), through a ``fast_launch.Launch``: a
-    call replayed from its metadata rebuilds the descriptor on the new pointer (lab/notes/host-path.md "Host
-    path: calls replayed from their metadata")."""
-
-    BLOCK_N = 64
-
-    @staticmethod
-    def kernel():
-        return mla_gluon_kernel
-
-    def options(self) -> dict:
-        """The launch's options, by name."""
-        return dict(num_warps=8)
-
-    def lse_args(self) -> tuple[dict, dict, dict]:
-        """The final LSE's parameters (``return_lse``): ``(per_call, fixed, constexprs)``; without
-        an LSE the partials' LSE stands in for the pointer, never read."""
-        plan = self.plan
-        return (dict(lse_ptr="lse" if plan.has_lse else "part_lse"), dict(stride_lse_b=plan.lse_stride),
-                dict(STORE_LSE=plan.has_lse))
-
-    def __init__(self, plan: _Plan, splits: int):
-        self.grid = (plan.items * splits,)
-        self.splits = splits
-        self.plan = plan
-        self.layout = _row_layout(plan.kv_dtype)
-        self._launches: dict = {}  # options -> fast_launch.Launch
-
-    def launch(self) -> fast_launch.Launch:
-        """This split's launch with the current :meth:`options`."""
-        options = self.options()
-        key = tuple(options.items())
-        hit = self._launches.get(key)
-        if hit is not None:
-            return hit
-        plan, kernel = self.plan, self.kernel()
-        lse_per_call, lse_fixed, lse_constexprs = self.lse_args()
-        constexprs = dict(
-            CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h,
-            BLOCK_N=self.BLOCK_N, H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale,
-            SPLIT_SPAN=plan.split_span, Q_LEN=plan.q_len, **lse_constexprs,
-        )
-        st = plan.strides
-        hit = self._launches[key] = fast_launch.Launch(
-            kernel, self.grid, layout=_LAYOUT,
-            per_call=dict(q_ptr="query", kv_desc="kv", table_ptr="table", seq_lens_ptr="seq_lens",
-                          logit_scale_ptr="logit", out_scale_ptr="out_scale", out_ptr="out", part_o_ptr="part_o",
-                          part_lse_ptr="part_lse", capacity="capacity", logit_factor="logit_factor",
-                          out_factor="out_factor", **lse_per_call),
-            fixed=dict(stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"], stride_o_b=st["stride_o_b"],
-                       stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"], stride_t_p=st["stride_t_p"],
-                       batch=plan.batch, num_heads=plan.num_heads, num_splits=self.splits, num_pages=plan.num_pages,
-                       **lse_fixed),
-            constexprs=constexprs,
-            options=options,
-        )
-        return hit
-
-    def run(self, call: fast_launch.CallArgs, kv: torch.Tensor) -> None:
-        """Launch the split for ``call`` (:data:`_LAYOUT`'s values) with a descriptor of ``kv``."""
-        plan = self.plan
-        desc = _GluonDescriptor(kv, [plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM], [plan.row_stride, 1],
-                                [self.BLOCK_N, 64], self.layout)
-        self.launch()(fast_launch.with_descriptors(call, {_KV: desc}))
+GLUON_BLOCK_N = 64  # keys a Gluon program's TMA box holds (64 rows of the cache)
 
 
-class _WarpSpecializedSplit(_GluonSplit):
-    """The same launch on :func:`~.kernels_gluon_ws.mla_gluon_ws_kernel` (its parameters are the Gluon
-    kernel's but the final LSE's): 4 warps a partition, and the registers a thread its
-    ``warp_specialize`` redistributes (``MAXNREG``)."""
-
-    @staticmethod
-    def kernel():
-        return mla_gluon_ws_kernel
-
-    def options(self) -> dict:
-        return dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
-
-    def lse_args(self) -> tuple[dict, dict, dict]:
-        return {}, {}, {}  # (no final-LSE parameters: a launch asking for an LSE keeps the Gluon kernel)
+def _gluon_split(plan: _Plan, splits: int) -> fast_launch.Launch:
+    """The split launch of a Gluon kernel: :func:`~.kernels_gluon_ws.mla_gluon_ws_kernel` (``plan.ws``:
+    4 warps a partition, the registers a thread its ``warp_specialize`` redistributes, no final
+    LSE) or :func:`~.kernels_gluon.mla_gluon_kernel`, each reading the cache through a TMA
+    descriptor of its rows as one ``[pages * page, 576]`` view, which the launch builds on the
+    call's cache (a call replayed from its metadata rebuilds it on the new pointer:
+    lab/notes/host-path.md "Host path: calls replayed from their metadata")."""
+    st = plan.strides
+    per_call = dict(q_ptr="query", kv_desc="kv", table_ptr="table", seq_lens_ptr="seq_lens", logit_scale_ptr="logit",
+                    out_scale_ptr="out_scale", out_ptr="out", part_o_ptr="part_o", part_lse_ptr="part_lse",
+                    capacity="capacity", logit_factor="logit_factor", out_factor="out_factor")
+    fixed = dict(stride_q_b=st["stride_q_b"], stride_q_h=st["stride_q_h"], stride_o_b=st["stride_o_b"],
+                 stride_o_h=st["stride_o_h"], stride_t_b=st["stride_t_b"], stride_t_p=st["stride_t_p"],
+                 batch=plan.batch, num_heads=plan.num_heads, num_splits=splits, num_pages=plan.num_pages)
+    constexprs = dict(
+        CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h, BLOCK_N=GLUON_BLOCK_N,
+        H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale, SPLIT_SPAN=plan.split_span,
+        Q_LEN=plan.q_len,
+    )
+    if plan.ws:
+        kernel, options = mla_gluon_ws_kernel, dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
+    else:  # the final LSE (return_lse); without one the partials' LSE stands in for the pointer, never read
+        kernel, options = mla_gluon_kernel, dict(num_warps=8)
+        per_call["lse_ptr"] = "lse" if plan.has_lse else "part_lse"
+        fixed["stride_lse_b"] = plan.lse_stride
+        constexprs["STORE_LSE"] = plan.has_lse
+    rows = fast_launch.Descriptor("kv", (plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM), (plan.row_stride, 1),
+                                  (GLUON_BLOCK_N, 64), _row_layout(plan.kv_dtype))
+    return fast_launch.Launch(kernel, (plan.items * splits,), layout=_LAYOUT, per_call=per_call, fixed=fixed,
+                              constexprs=constexprs, options=options, descriptors=(rows,))
 
 
 _PLANS: dict[MLAFacts, _Plan] = {}
@@ -378,9 +325,6 @@ def launch_mla(
              lse if lse is not None else query),
             (capacity,), (logit_factor, out_factor), device_index,
         )
-        if plan.gluon:
-            split.run(call, kv)
-        else:
-            split(call)
+        split(call)
         if combine is not None:
             combine(call)

@@ -1,9 +1,13 @@
 """The host side of the warp-specialised Gluon prefill kernel (:mod:`.kernels_gluon_ws`): which
 launches may take it (:func:`eligible`, :func:`plan`), the TMA views of the caches
-(:func:`tma_view`), and its launch (:func:`launch`)."""
+(:func:`tma_view`), and its launch (:func:`launch`), all from host facts (:class:`Pages`): the
+prefill plan (:mod:`.plan`) builds the launch once for a call's facts and keeps it."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
 import triton
 
 from ...runtime import fast_launch
@@ -21,6 +25,20 @@ MAXNREG = 168  # 12 warps: 3 warpgroups x 128 threads x 168 = 64512 of the 65536
 HEAD_DIMS = (64, 128, 256)
 
 
+class Pages(NamedTuple):
+    """What the host knows of a cache's K or V pages ``[P, page, Hkv, D]`` (an NHD view of any
+    layout): shape, strides (elements), dtype and whether the base is 16-byte aligned."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    aligned16: bool
+
+
+def pages_of(t: torch.Tensor) -> Pages:
+    return Pages(tuple(t.shape), t.stride(), t.dtype, t.data_ptr() % 16 == 0)
+
+
 def tma_view(t, page: int):
     """``(rows_per_page, total_rows, head_rows, head_cols, cols, row_stride)`` of a 16-bit or fp8 cache
     ``t [P, page, Hkv, D]`` (an NHD view of any layout) as the 2-D ``[total_rows, cols]`` view the
@@ -31,11 +49,14 @@ def tma_view(t, page: int):
     page). NHD pages (heads side by side in a row): row stride Hkv * D, head ``h`` at column
     ``h * D`` (``head_cols`` = D). The view ends with the last page's last row, so a box at row
     ``total_rows`` reads zeros. TMA's rules: 16-byte aligned base and strides; coordinates int32.
+    ``t``: the cache's :class:`Pages` (or the tensor).
     """
+    if isinstance(t, torch.Tensor):
+        t = pages_of(t)
     pages, page_, heads, dim = t.shape
-    sp, ss, sh, sd = t.stride()
-    esize = t.element_size()
-    if sd != 1 or page_ != page or t.data_ptr() % 16 or pages == 0:
+    sp, ss, sh, sd = t.stride
+    esize = t.dtype.itemsize
+    if sd != 1 or page_ != page or not t.aligned16 or pages == 0:
         return None
     if ss == dim and sh == page * dim:  # HND
         row_stride, cols, head_rows, head_cols, last = dim, dim, page, 0, heads * page
@@ -112,80 +133,76 @@ def values_fit(q_dtype, k_dtype, v_dtype) -> bool:
     return v_dtype == k_dtype or (q_dtype == FP8_DTYPE and k_dtype == FP8_DTYPE and v_dtype == torch.float16)
 
 
-def plan(query, k, v, out, *, skip: bool, nvfp4_out: bool, interpreter: bool):
+def plan(*, device: torch.device, gluon_on: bool, q_dtype, head_dim: int, k: Pages, v: Pages, out_dtype,
+         skip: bool, nvfp4_out: bool, interpreter: bool):
     """``(config, k_view, v_view)`` (:func:`config_for`, :func:`tma_view`) where this kernel takes
-    the launch, else None."""
-    from ...runtime import device as _device, versions as _versions
+    the launch of a query of ``q_dtype`` and ``head_dim`` over the pages ``k``, ``v`` on
+    ``device`` (``gluon_on``: ``versions.gluon_on()``), else None."""
+    from ...runtime import device as _device
 
-    if interpreter or query.device.type != "cuda":
+    if interpreter or device.type != "cuda":
         return None
-    if not eligible(hopper=_device.is_hopper(query.device), gluon_on=_versions.gluon_on(), q_dtype=query.dtype,
-                    kv_dtype=k.dtype, out_dtype=out.dtype, head_dim=query.shape[-1], page=k.shape[1], skip=skip,
-                    nvfp4_out=nvfp4_out) or not values_fit(query.dtype, k.dtype, v.dtype):
+    if not eligible(hopper=_device.is_hopper(device), gluon_on=gluon_on, q_dtype=q_dtype, kv_dtype=k.dtype,
+                    out_dtype=out_dtype, head_dim=head_dim, page=k.shape[1], skip=skip,
+                    nvfp4_out=nvfp4_out) or not values_fit(q_dtype, k.dtype, v.dtype):
         return None
     k_view, v_view = tma_view(k, k.shape[1]), tma_view(v, v.shape[1])
     if k_view is None or v_view is None or k_view[2:4] != v_view[2:4]:  # K and V in one form
         return None
-    return config_for(query.dtype, k.dtype, query.shape[-1], v.dtype), k_view, v_view
+    return config_for(q_dtype, k.dtype, head_dim, v.dtype), k_view, v_view
 
 
-def launch(cfg, query, k, v, k_view, v_view, k_table, v_table, seq_lens, cum_seq_lens_q, sinks, out, *,
-           max_q_len: int, sm_count: int, logit_factor: float, logit_tensor, out_factor: float, out_tensor,
-           window_left: int, capacity: int | None = None, causal: bool = True) -> None:
-    """Launch :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
-    :func:`tma_view`; ``seq_lens`` int32, ``cum_seq_lens_q`` and ``sinks`` contiguous), through a
-    ``fast_launch.Launch`` (the compiled kernel's launcher; a call replayed from its metadata
-    rebuilds the two descriptors on the new K/V pointers: lab/notes/host-path.md "Host path: calls replayed from
-    their metadata"). ``capacity``: the tokens a request may hold, where its lengths are clamped
-    (the table's by default; staged pages keep the cache table's, :mod:`.staging`)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    sum_q, num_heads, head_dim = query.shape
-    batch = seq_lens.shape[0]
+def launch(cfg, f, k: Pages, v: Pages, k_view, v_view, *, kt_stride: tuple, vt_stride: tuple, max_q_len: int,
+           sm_count: int, capacity: int) -> fast_launch.Launch:
+    """The launch of :func:`prefill_ws_kernel` (``cfg``: ``configs.WSConfig``; views from
+    :func:`tma_view`) for a call of host facts ``f`` (the prefill plan's ``PrefillFacts``) over the
+    pages ``k``, ``v`` and tables of strides ``kt_stride``, ``vt_stride`` (the cache's, or staged
+    copies: :mod:`.staging`), every kernel parameter by its name. The launch builds the two TMA
+    descriptors on each call's K/V (a call replayed from its metadata rebuilds them on the new
+    pointers: lab/notes/host-path.md "Host path: calls replayed from their metadata").
+    ``capacity``: the tokens a request may hold, where its lengths are clamped (the table's, or
+    the staged room, :mod:`.staging`). The call's tensors: :data:`LAYOUT`."""
+    sum_q, num_heads, head_dim = f.q_shape
+    batch = f.batch
     page = k.shape[1]
     sub = min(page, cfg.block_n)
-    kv_fp8 = k.element_size() == 1  # fp8 K pages (16-bit V pages with them: V staged, see values_fit)
-    v_staged = kv_fp8 and v.element_size() == 2
+    kv_fp8 = k.dtype.itemsize == 1  # fp8 K pages (16-bit V pages with them: V staged, see values_fit)
+    v_staged = kv_fp8 and v.dtype.itemsize == 2
     if kv_fp8 and not v_staged and cfg.stages not in CONVERTED_RING_STAGES:
         raise ValueError(f"fp8 caches take 2 buffers a ring in the Gluon prefill kernel, got {cfg.stages}")
     # (boxes of 128 bytes of a row, in the layout of the kernel's buffers they land in)
-    descs = [TensorDescriptor(t, [view[1], view[4]], [view[5], 1], [sub, _box_cols(head_dim, t.element_size())],
-                              row_smem(head_dim, t.element_size()))
-             for t, view in ((k, k_view), (v, v_view))]
+    descriptors = tuple(
+        fast_launch.Descriptor(name, (view[1], view[4]), (view[5], 1), (sub, _box_cols(head_dim, p.dtype.itemsize)),
+                               row_smem(head_dim, p.dtype.itemsize))
+        for name, p, view in (("k", k, k_view), ("v", v, v_view)))
     m_tiles = -(-max_q_len // 128)
     num_tiles = num_heads * batch * m_tiles
     grid = (max(1, min(num_tiles, sm_count)),)
-    ws_launch = fast_launch.launch_of(  # every kernel parameter by its name
+    return fast_launch.Launch(  # every kernel parameter by its name
         prefill_ws_kernel, grid, layout=LAYOUT, per_call=_PER_CALL,
         fixed=dict(
-            stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0),
-            stride_o_h=out.stride(1), stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1),
-            stride_vt_b=v_table.stride(0), stride_vt_p=v_table.stride(1),
+            stride_q_t=f.q_stride[0], stride_q_h=f.q_stride[1], stride_o_t=f.out_stride[0],
+            stride_o_h=f.out_stride[1], stride_kt_b=kt_stride[0], stride_kt_p=kt_stride[1],
+            stride_vt_b=vt_stride[0], stride_vt_p=vt_stride[1],
             num_rows=sum_q, num_heads=num_heads, batch=batch, m_tiles=m_tiles, num_tiles=num_tiles,
-            k_num_pages=k.shape[0], v_num_pages=v.shape[0],
-            capacity=k_table.shape[1] * page if capacity is None else capacity,
-            window_left=window_left,
+            k_num_pages=k.shape[0], v_num_pages=v.shape[0], capacity=capacity, window_left=f.window_left,
             k_page_rows=k_view[0], v_page_rows=v_view[0], k_total_rows=k_view[1], v_total_rows=v_view[1],
             head_rows=k_view[2], head_cols=k_view[3],
         ),
         constexprs=dict(
             HEAD_DIM=head_dim, PAGE_SIZE=page, GROUP=num_heads // k.shape[2], BLOCK_N=cfg.block_n,
-            STAGES=cfg.stages, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None,
-            LOGIT_PTR=logit_tensor is not None, OUT_PTR=out_tensor is not None, PINGPONG=cfg.pingpong,
-            KV_FP8=kv_fp8, V_STAGED=v_staged, CAUSAL=causal,
+            STAGES=cfg.stages, HAS_WINDOW=f.window_left >= 0, HAS_SINKS=f.has_sinks,
+            LOGIT_PTR=f.has_logit, OUT_PTR=f.has_out_scale, PINGPONG=cfg.pingpong,
+            KV_FP8=kv_fp8, V_STAGED=v_staged, CAUSAL=f.causal,
         ),
         options=dict(num_warps=4, maxnreg=MAXNREG),
+        descriptors=descriptors,
     )
-    call = fast_launch.call_args(  # LAYOUT's tensors (absent ones: the query stands in, unread)
-        (query, out, k, v, k_table, v_table, seq_lens, cum_seq_lens_q, sinks if sinks is not None else query,
-         logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query),
-        (), (float(logit_factor), float(out_factor)), query.get_device(),
-    )
-    ws_launch(fast_launch.with_descriptors(call, {2: descs[0], 3: descs[1]}))
 
 
 # The per-call values of a launch by name (fast_launch.CallLayout), and the kernel parameters that
-# take them; every other parameter is fixed by the call's shapes (``launch``).
+# take them; every other parameter is fixed by the call's shapes (``launch``). K and V: the pages
+# the kernel reads (the launch's descriptors are built on them).
 LAYOUT = fast_launch.CallLayout(
     ("query", "out", "k", "v", "k_table", "v_table", "seq_lens", "cum_q", "sinks", "logit", "out_scale"), (),
     ("logit_factor", "out_factor"),
@@ -197,4 +214,4 @@ _PER_CALL = dict(
 )
 
 
-__all__ = ["HEAD_DIMS", "eligible", "launch", "plan", "tma_view"]
+__all__ = ["HEAD_DIMS", "Pages", "eligible", "launch", "pages_of", "plan", "tma_view"]

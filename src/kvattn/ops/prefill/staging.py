@@ -35,6 +35,7 @@ from ..._inputs import cached_aliases
 from ...formats import FP8_DTYPE
 from ...runtime import fast_launch
 from ...runtime.common import kv_format_code, words_aligned, words_allowed
+from ...runtime.plans import cached_plan
 from ...runtime.workspace import scratch_start
 from . import configs as prefill_configs
 from .kernels_staging import stage_pages_kernel
@@ -111,6 +112,68 @@ def _plane_bytes(pages: int, dst_page: int, heads: int, head_dim: int) -> int:
     return -(-pages * dst_page * heads * head_dim * 2 // STAGE_ALIGN) * STAGE_ALIGN
 
 
+class Geometry(NamedTuple):
+    """What a call stages, from its host facts alone (:func:`geometry`): ``batch`` requests of
+    ``dst_pages`` pages of ``dst_page`` tokens, ``heads`` x ``head_dim`` each, of ``dtype``, HND
+    (``hnd``) or NHD, K and V (``both``) or V alone; ``capacity`` as :class:`Staged`'s."""
+
+    batch: int
+    dst_pages: int
+    dst_page: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    hnd: bool
+    both: bool
+    capacity: int
+
+    def page_stride(self) -> tuple:
+        """Strides of a staged cache ``[batch * dst_pages, dst_page, heads, head_dim]`` (elements)."""
+        d, page, heads = self.head_dim, self.dst_page, self.heads
+        if self.hnd:  # [n, Hkv, page, D] seen as [n, page, Hkv, D]
+            return (heads * page * d, d, page * d, 1)
+        return (page * heads * d, heads * d, d, 1)
+
+    def page_shape(self) -> tuple:
+        return (self.batch * self.dst_pages, self.dst_page, self.heads, self.head_dim)
+
+
+def geometry(q_dtype: torch.dtype, q_heads: int, head_dim: int, k_shape: tuple, k_stride: tuple,
+             kv_dtype: torch.dtype, table_shape: tuple, usable: int | None, max_q_len: int,
+             max_kv_len: int) -> Geometry | None:
+    """The staging of a call (see :func:`plan`) from its host facts: the query's dtype and heads,
+    the cache's K pages ``[P, page, Hkv, D]`` (shape, strides, dtype), the K table's shape, the
+    workspace bytes past the counters (``usable``; None without a workspace) and the host bounds;
+    None where the call does not stage."""
+    _, page, heads, _ = k_shape
+    if usable is None or not stages(q_dtype, kv_dtype, page) or heads == 0 or \
+            not pays(q_dtype, kv_dtype, max_q_len, q_heads // heads):
+        return None
+    batch, pages_per_seq = table_shape
+    both = q_dtype != FP8_DTYPE
+    dst_page = staged_page(page, both)
+    dst_pages = -(-min(pages_per_seq * page, max(max_kv_len, 0)) // dst_page)
+    if batch * dst_pages == 0 or staged_bytes(batch, dst_pages, dst_page, heads, head_dim, both) > usable:
+        return None
+    # Both staged under a 16-bit query: HND (a head's slots of a page are one TMA box); an fp8
+    # query's V takes K's form.
+    hnd = True if both else (k_stride[1] == k_shape[3] and k_stride[2] == page * k_shape[3])
+    return Geometry(batch, dst_pages, dst_page, heads, head_dim, staged_dtype(q_dtype), hnd, both,
+                    min(pages_per_seq * page, dst_pages * dst_page))
+
+
+def usable_bytes(workspace) -> int | None:
+    """Workspace bytes past the counters a staging may take (None without a workspace)."""
+    return None if workspace is None else workspace.numel() - scratch_start(workspace)
+
+
+def views(workspace: torch.Tensor, g: Geometry) -> Staged:
+    """The staged caches of :class:`Geometry` ``g`` in ``workspace`` (views kept per workspace tensor)."""
+    v, table, *k = cached_aliases(workspace, ("prefill-staged",), _views, g.batch, g.dst_pages, g.dst_page, g.heads,
+                                  g.head_dim, g.dtype, g.hnd, g.both)
+    return Staged(k[0] if k else None, v, table, g.capacity)
+
+
 def _views(workspace, batch, dst_pages, dst_page, heads, head_dim, dtype, hnd, both):
     start = scratch_start(workspace)
     start += (-(workspace.data_ptr() + start)) % STAGE_ALIGN
@@ -135,74 +198,96 @@ def plan(query: torch.Tensor, k: torch.Tensor, k_table: torch.Tensor, workspace,
     workspace. Each request gets room for ``max_kv_len`` keys (the caller's bound: an engine's
     table is often as wide as the longest context it serves), and its keys are clamped there
     (``Staged.capacity``). The form (HND or NHD) is K's: an fp8 query reads K from the cache and V
-    from the workspace in one form."""
-    _, page, heads, _ = k.shape
-    if workspace is None or not stages(query.dtype, k.dtype, page) or heads == 0 or \
-            not pays(query.dtype, k.dtype, max_q_len, query.shape[1] // heads):
-        return None
-    batch, pages_per_seq = k_table.shape
-    head_dim = query.shape[-1]
-    both = query.dtype != FP8_DTYPE
-    dst_page = staged_page(page, both)
-    dst_pages = -(-min(pages_per_seq * page, max(max_kv_len, 0)) // dst_page)
-    usable = workspace.numel() - scratch_start(workspace)
-    if batch * dst_pages == 0 or staged_bytes(batch, dst_pages, dst_page, heads, head_dim, both) > usable:
-        return None
-    # Both staged under a 16-bit query: HND (a head's slots of a page are one TMA box); an fp8
-    # query's V takes K's form.
-    hnd = True if both else (k.stride(1) == k.shape[3] and k.stride(2) == page * k.shape[3])
-    v, table, *k = cached_aliases(workspace, ("prefill-staged",), _views, batch, dst_pages, dst_page, heads,
-                                  head_dim, staged_dtype(query.dtype), hnd, both)
-    return Staged(k[0] if k else None, v, table, min(pages_per_seq * page, dst_pages * dst_page))
+    from the workspace in one form. (:func:`geometry` then :func:`views`.)"""
+    g = geometry(query.dtype, query.shape[1], query.shape[-1], tuple(k.shape), k.stride(), k.dtype,
+                 tuple(k_table.shape), usable_bytes(workspace), max_q_len, max_kv_len)
+    return None if g is None else views(workspace, g)
 
 
 _LAYOUT = fast_launch.CallLayout(
     ("k", "v", "k_sf", "v_sf", "k_table", "v_table", "seq_lens", "cum_q", "k_dst", "v_dst", "dst_table"), (), (),
 )
-_PER_CALL = dict(
-    k_ptr="k", v_ptr="v", k_sf_ptr="k_sf", v_sf_ptr="v_sf", k_table_ptr="k_table", v_table_ptr="v_table",
-    seq_lens_ptr="seq_lens", cum_q_ptr="cum_q", k_dst_ptr="k_dst", v_dst_ptr="v_dst", dst_table_ptr="dst_table",
-)
 
 
-def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q, *,
-           window_left: int, interpreter: bool) -> None:
-    """Stage the pages a call reads into ``staged`` (:func:`plan`): one program a (chunk of
+class StageFacts(NamedTuple):
+    """Every host fact a staging launch reads: the key of its plan cache (built positionally from
+    locals of the fields' names in :func:`launch`)."""
+
+    table_shape: tuple  # the staged table [B, dst_pages]
+    dst_shape: tuple  # the staged V [B * dst_pages, DST_PAGE, Hkv, D]
+    dst_stride: tuple
+    stage_k: bool  # K staged too (a 16-bit query)
+    k_shape: tuple  # [P, page, Hkv, Ds] NHD view of the cache's K pages
+    k_stride: tuple
+    v_stride: tuple
+    kv_dtype: torch.dtype
+    ksf_stride: tuple | None  # NVFP4 block scales
+    vsf_stride: tuple | None
+    kt_stride: tuple
+    vt_stride: tuple
+    capacity: int
+    window_left: int
+    head_dim: int
+    words_ok: bool  # the cache read as 32-bit words (runtime.common.words_allowed)
+
+
+def _stage_launch(f: StageFacts) -> fast_launch.Launch:
+    """The launch of :func:`~.kernels_staging.stage_pages_kernel`: one program a (chunk of
     ``TOKENS`` tokens, KV head, request), sized from the table's shape (host-known); chunks past a
     request's length return at once."""
-    batch, dst_pages = staged.table.shape
-    _, page, heads, _ = k.shape
-    dst_page = staged.v.shape[1]
-    head_dim = query.shape[-1]
+    batch, dst_pages = f.table_shape
+    _, page, heads, _ = f.k_shape
+    dst_page = f.dst_shape[1]
     tokens = math.gcd(dst_page, TOKENS)
-    ksf_s = tuple(k_sf.stride()[:3]) if k_sf is not None else (0, 0, 0)
-    vsf_s = tuple(v_sf.stride()[:3]) if v_sf is not None else (0, 0, 0)
-    words_ok = words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
-    kv_code = kv_format_code(BY_DTYPE[k.dtype].name, words_ok, (*k.stride()[:3], *v.stride()[:3]), head_dim,
+    ksf_s = tuple(f.ksf_stride[:3]) if f.ksf_stride is not None else (0, 0, 0)
+    vsf_s = tuple(f.vsf_stride[:3]) if f.vsf_stride is not None else (0, 0, 0)
+    kv_code = kv_format_code(BY_DTYPE[f.kv_dtype].name, f.words_ok, (*f.k_stride[:3], *f.v_stride[:3]), f.head_dim,
                              (*ksf_s, *vsf_s))
-    ks, vs, ds = k.stride(), v.stride(), staged.v.stride()
-    stage_k = staged.k is not None
-    run = fast_launch.launch_of(
-        stage_pages_kernel, (dst_pages * dst_page // tokens, heads, batch), layout=_LAYOUT, per_call=_PER_CALL,
+    ks, vs, ds = f.k_stride, f.v_stride, f.dst_stride
+    return fast_launch.Launch(
+        stage_pages_kernel, (dst_pages * dst_page // tokens, heads, batch), layout=_LAYOUT,
+        per_call=dict(k_ptr="k", v_ptr="v", k_sf_ptr="k_sf", v_sf_ptr="v_sf", k_table_ptr="k_table",
+                      v_table_ptr="v_table", seq_lens_ptr="seq_lens", cum_q_ptr="cum_q", k_dst_ptr="k_dst",
+                      v_dst_ptr="v_dst", dst_table_ptr="dst_table"),
         fixed=dict(
             stride_k_p=ks[0], stride_k_s=ks[1], stride_k_h=ks[2], stride_v_p=vs[0], stride_v_s=vs[1],
             stride_v_h=vs[2], stride_ksf_p=ksf_s[0], stride_ksf_s=ksf_s[1], stride_ksf_h=ksf_s[2],
             stride_vsf_p=vsf_s[0], stride_vsf_s=vsf_s[1], stride_vsf_h=vsf_s[2],
-            stride_kt_b=k_table.stride(0), stride_kt_p=k_table.stride(1), stride_vt_b=v_table.stride(0),
-            stride_vt_p=v_table.stride(1), stride_d_p=ds[0], stride_d_s=ds[1], stride_d_h=ds[2],
-            dst_pages=dst_pages, num_pages=k.shape[0], capacity=staged.capacity,
-            window_left=window_left,
+            stride_kt_b=f.kt_stride[0], stride_kt_p=f.kt_stride[1], stride_vt_b=f.vt_stride[0],
+            stride_vt_p=f.vt_stride[1], stride_d_p=ds[0], stride_d_s=ds[1], stride_d_h=ds[2],
+            dst_pages=dst_pages, num_pages=f.k_shape[0], capacity=f.capacity,
+            window_left=f.window_left,
         ),
-        constexprs=dict(HEAD_DIM=head_dim, PAGE_SIZE=page, DST_PAGE=dst_page, TOKENS=tokens, KV_FORMAT=kv_code,
-                        STAGE_K=stage_k, HAS_WINDOW=window_left >= 0, KEY_ALIGN=KEY_ALIGN),
+        constexprs=dict(HEAD_DIM=f.head_dim, PAGE_SIZE=page, DST_PAGE=dst_page, TOKENS=tokens, KV_FORMAT=kv_code,
+                        STAGE_K=f.stage_k, HAS_WINDOW=f.window_left >= 0, KEY_ALIGN=KEY_ALIGN),
         options=dict(num_warps=NUM_WARPS),
     )
-    call = fast_launch.call_args(
+
+
+_PLANS: dict[StageFacts, fast_launch.Launch] = {}
+
+
+def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q, *,
+           window_left: int, interpreter: bool) -> None:
+    """Stage the pages a call reads into ``staged`` (:func:`plan`), with the query's GPU current."""
+    # Every host fact the launch reads, each in a local of its StageFacts field's name.
+    table_shape, dst_shape, dst_stride = staged.table.shape, staged.v.shape, staged.v.stride()
+    stage_k = staged.k is not None
+    k_shape, k_stride, v_stride, kv_dtype = k.shape, k.stride(), v.stride(), k.dtype
+    ksf_stride = k_sf.stride() if k_sf is not None else None
+    vsf_stride = v_sf.stride() if v_sf is not None else None
+    kt_stride, vt_stride, capacity, head_dim = k_table.stride(), v_table.stride(), staged.capacity, query.shape[-1]
+    words_ok = words_allowed(query.device, interpreter, words_aligned(k, v, k_sf, v_sf))
+    facts = StageFacts._make((table_shape, dst_shape, dst_stride, stage_k, k_shape, k_stride, v_stride, kv_dtype,
+                              ksf_stride, vsf_stride, kt_stride, vt_stride, capacity, window_left, head_dim,
+                              words_ok))
+    run = cached_plan(_PLANS, facts, _stage_launch, False)
+    run(fast_launch.call_args(  # in _LAYOUT's order (absent scales: the pages stand in, never read)
         (k, v, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table, seq_lens,
          cum_seq_lens_q, staged.k if stage_k else staged.v, staged.v, staged.table),
         (), (), query.get_device(),
-    )
-    run(call)
+    ))
 
 
-__all__ = ["Staged", "launch", "pays", "plan", "staged_bytes", "stages"]
+__all__ = ["Geometry", "Staged", "geometry", "launch", "pays", "plan", "staged_bytes", "stages", "usable_bytes",
+           "views"]
