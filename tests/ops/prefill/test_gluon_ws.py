@@ -33,7 +33,7 @@ from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
 from kvattn.ops.prefill import staging
 
 from ..sm90 import compile_sm90, skip_unless_gpu_verified
-from .test_prefill import prefill_case, returns_of
+from .test_prefill import kernel_launches, prefill_case
 
 ON_GPU = torch.cuda.is_available()
 GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="the Gluon kernel runs on a Hopper GPU only")
@@ -136,35 +136,32 @@ def test_tma_views_of_each_page_form():
     assert prefill_ws.tma_view(k, 128) is None  # not this page size
 
 
-def test_launch_names_every_kernel_parameter(monkeypatch):
+def _ws_facts(q, k, *, window_left=-1, has_sinks=False):
+    """The host facts ``plan_gluon_ws.launch`` reads of a call (``plan.PrefillFacts``' fields)."""
+    import types
+
+    return types.SimpleNamespace(q_shape=q.shape, q_stride=q.stride(), out_stride=q.stride(), batch=2,
+                                 window_left=window_left, has_sinks=has_sinks, has_logit=False, has_out_scale=False,
+                                 causal=True)
+
+
+def test_launch_names_every_kernel_parameter():
     """The launch passes every kernel parameter by its name, once (per call from the call's values,
-    fixed, or constexpr), and the options apart: ``fast_launch.Launch`` accepts it."""
-    from kvattn.runtime import fast_launch
-
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def capture(kernel, grid, **kw):
-        seen.append((kernel, grid, kw))
-        raise Stop
-
-    monkeypatch.setattr(fast_launch, "launch_of", capture)
+    fixed, or constexpr), and the options apart (``fast_launch.Launch`` refuses it otherwise); K and
+    V reach the kernel as descriptors of the views ``tma_view`` gives, in boxes of a page's rows."""
     q = torch.zeros(70, 8, 128, dtype=torch.bfloat16)
-    k = torch.zeros(6, 64, 2, 128, dtype=torch.bfloat16)
+    k = prefill_ws.pages_of(torch.zeros(6, 64, 2, 128, dtype=torch.bfloat16))
     view = prefill_ws.tma_view(k, 64)
-    tables, lens, cum = torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
-    with pytest.raises(Stop):
-        prefill_ws.launch(prefill_configs.ws_config(128), q, k, k, view, view, tables, tables, lens, cum, None, q,
-                          max_q_len=64, sm_count=132, logit_factor=0.1, logit_tensor=None, out_factor=1.0,
-                          out_tensor=None, window_left=-1)
-    (kernel, grid, kw), = seen
-    assert kernel is prefill_ws_kernels.prefill_ws_kernel
-    names = [*kw["per_call"], *kw["fixed"], *kw["constexprs"]]
+    launch = prefill_ws.launch(prefill_configs.ws_config(128), _ws_facts(q, k), k, k, view, view,
+                               kt_stride=(3, 1), vt_stride=(3, 1), max_q_len=64, sm_count=132, capacity=192)
+    assert launch.kernel is prefill_ws_kernels.prefill_ws_kernel
+    names = [*launch.per_call, *launch.fixed, *launch.constexprs]
     assert sorted(names) == sorted(prefill_ws_kernels.prefill_ws_kernel.arg_names)
-    assert kw["options"] == dict(num_warps=4, maxnreg=prefill_ws.MAXNREG)
-    fast_launch.Launch(kernel, grid, **kw)  # (raises TypeError for a name missing, unknown or given twice)
+    assert launch.options == dict(num_warps=4, maxnreg=prefill_ws.MAXNREG)
+    assert launch.grid == (min(8 * 2 * 1, 132),) and launch.fixed["capacity"] == 192
+    assert [(d.tensor, d.shape, d.strides) for d in launch.descriptors] == [
+        (name, (view[1], view[4]), (view[5], 1)) for name in ("k", "v")]
+    assert all(d.block_shape[0] == 64 and d.layout is not None for d in launch.descriptors)
 
 
 def test_fp8_caches_take_two_buffers_a_ring():
@@ -172,19 +169,17 @@ def test_fp8_caches_take_two_buffers_a_ring():
     at 3): every fp8 table entry has 2, and a launch with another count is refused."""
     assert all(cfg.stages == 2 for cfg in prefill_configs._SM90_WS_FP8.values())
     q = torch.zeros(70, 8, 128, dtype=torch.bfloat16)
-    k = torch.zeros(6, 64, 2, 128, dtype=FP8_DTYPE)
+    k = prefill_ws.pages_of(torch.zeros(6, 64, 2, 128, dtype=FP8_DTYPE))
     view = prefill_ws.tma_view(k, 64)
-    tables, lens, cum = torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
     with pytest.raises(ValueError, match="2 buffers"):
-        prefill_ws.launch(prefill_configs.WSConfig(128, 3, False), q, k, k, view, view, tables, tables, lens, cum,
-                          None, q, max_q_len=64, sm_count=132, logit_factor=0.1, logit_tensor=None, out_factor=1.0,
-                          out_tensor=None, window_left=-1)
+        prefill_ws.launch(prefill_configs.WSConfig(128, 3, False), _ws_facts(q, k), k, k, view, view,
+                          kt_stride=(3, 1), vt_stride=(3, 1), max_q_len=64, sm_count=132, capacity=192)
 
 
 def test_plan_is_none_off_the_gpu():
-    q = torch.zeros(4, 8, 128, dtype=torch.bfloat16)
-    kv = torch.zeros(3, 64, 2, 128, dtype=torch.bfloat16)
-    assert prefill_ws.plan(q, kv, kv, q, skip=False, nvfp4_out=False, interpreter=False) is None
+    kv = prefill_ws.pages_of(torch.zeros(3, 64, 2, 128, dtype=torch.bfloat16))
+    assert prefill_ws.plan(device=torch.device("cpu"), gluon_on=True, q_dtype=torch.bfloat16, head_dim=128, k=kv,
+                           v=kv, out_dtype=torch.bfloat16, skip=False, nvfp4_out=False, interpreter=False) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,8 +553,8 @@ def stage_always(monkeypatch):
 
 @pytest.mark.parametrize("kw", WS_CASES)
 def test_matches_oracles(kw, triton_backend, monkeypatch):
-    launches = returns_of(monkeypatch, prefill_ws, "launch")
-    stagings = returns_of(monkeypatch, staging, "launch")
+    launches = kernel_launches(monkeypatch, prefill_ws, "prefill_ws_kernel")
+    stagings = kernel_launches(monkeypatch, staging, "stage_pages_kernel")
     if "ws_bytes" in kw:  # (staged whatever the rows: these cases are small)
         stage_always(monkeypatch)
     prefill_case(torch.device("cuda"), monkeypatch, **kw)
@@ -586,7 +581,7 @@ def test_persistent_programs_walk_many_tiles(sms, variant, qdt, fmt, triton_back
         monkeypatch.setitem(prefill_configs._SM90_WS, 128, variant)
         for kind in ("fp8", "fp8qk"):
             monkeypatch.setitem(prefill_configs._SM90_WS_FP8, (kind, 128), variant)
-    launches = returns_of(monkeypatch, prefill_ws, "launch")
+    launches = kernel_launches(monkeypatch, prefill_ws, "prefill_ws_kernel")
     prefill_case(torch.device("cuda"), monkeypatch, lens=[1, 300, 0, 777, 1029, 64, 500], lq=[1, 300, 0, 129, 700, 0, 250],
                  d=128, page=64, qdt=qdt, fmt=fmt, window=300 if sms == 3 else -1, sinks=sms == 3, seed=sms)
     assert len(launches) == 1
@@ -620,7 +615,7 @@ def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch
     """KVATTN_GLUON=0, pages that do not tile the key tiles, fp8 outputs, skip-softmax, NVFP4
     caches and fp8 caches under a 16-bit query at D256 whose pages do not fit the workspace (64 KB
     here; staged, both take the Gluon kernel): the Triton kernel (still correct)."""
-    launches = returns_of(monkeypatch, prefill_ws, "launch")
+    launches = kernel_launches(monkeypatch, prefill_ws, "prefill_ws_kernel")
     kw = dict(lens=[1, 300, 77], lq=[1, 200, 77], d=128, page=64, qdt=torch.bfloat16, seed=4)
     if case == "gluon-off":
         monkeypatch.setenv("KVATTN_GLUON", "0")

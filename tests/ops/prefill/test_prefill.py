@@ -357,6 +357,22 @@ def returns_of(monkeypatch, module, name: str) -> list:
     return returned
 
 
+def kernel_launches(monkeypatch, module, name: str) -> list:
+    """The launches of the kernel ``module.name`` from now on (one entry a launch: its
+    ``fast_launch.Launch``; calls replayed from their metadata launch without one)."""
+    from kvattn.runtime import fast_launch
+
+    launched, real = [], fast_launch.Launch.__call__
+
+    def spy(self, call):
+        if self.kernel is getattr(module, name):
+            launched.append(self)
+        return real(self, call)
+
+    monkeypatch.setattr(fast_launch.Launch, "__call__", spy)
+    return launched
+
+
 @pytest.mark.parametrize("qdt,fmt,off_by_one,expected", [
     (torch.bfloat16, "fp8", None, BY_NAME["fp8"].words_code),
     (torch.bfloat16, "fp8", "kv", 1),
@@ -423,9 +439,11 @@ def test_tma_views_of_each_page_form():
     P, S, H, D = 6, 64, 2, 128
     hnd = torch.zeros(P, 2, H, S, D, dtype=torch.bfloat16)  # stacked HND; the launcher's NHD views:
     k, v = hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2)
-    kd, vd, rows, cols = prefill_launch.tma_views(k, v, 64)
+    kd, vd, rows, cols = prefill_launch.tma_views(k, v, 64)  # (descriptors each launch builds on K, V)
     assert (rows, cols) == (S, 0) and list(kd.shape) == [P, H * S, D] and list(kd.block_shape) == [1, 64, D]
-    assert list(kd.strides) == [2 * H * S * D, D, 1] and vd.base.data_ptr() == v.data_ptr()
+    assert list(kd.strides) == [2 * H * S * D, D, 1] and (kd.tensor, vd.tensor) == ("k", "v")
+    assert list(vd.strides) == [2 * H * S * D, D, 1]
+    assert vd.make(v).base.data_ptr() == v.data_ptr() and list(vd.make(v).shape) == [P, H * S, D]
     nhd = torch.zeros(P, S, H, D, dtype=torch.float16)
     kd, _, rows, cols = prefill_launch.tma_views(nhd, nhd, 64)
     assert (rows, cols) == (0, D) and list(kd.shape) == [P, S, H * D] and list(kd.strides) == [S * H * D, H * D, 1]
@@ -448,7 +466,7 @@ def test_table_entry_per_cache_format(kv_dtype, qdt, kind, monkeypatch):
         assert {k for k, _ in table} == {"half", "fp8", "nvfp4", "fp8qk"}, arch
         assert all((k, d) in table for k in ("half", "fp8", "nvfp4", "fp8qk") for d in (64, 128, 256)), arch
     cfgs = returns_of(monkeypatch, prefill_configs, "config")
-    cfg, qk_fp8, got_kind = prefill_launch.plan(torch.empty(4, 2, 128, dtype=qdt), kv_dtype, False, False)
+    cfg, qk_fp8, got_kind = prefill_launch.config_of(qdt, kv_dtype, 128, False, torch.device("cpu"), False)
     # (the entry itself: entries of different kinds may hold equal values)
     assert len(cfgs) == 1 and cfg is cfgs[0] is prefill_configs.TABLES["default"][(kind, 128)] and not qk_fp8
     assert got_kind == kind
@@ -512,8 +530,8 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables(out_kind, page, tensor
     from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
     from kvattn.ops.prefill import staging
 
-    ws_launches = returns_of(monkeypatch, prefill_ws, "launch")
-    stagings = returns_of(monkeypatch, staging, "launch")
+    ws_launches = kernel_launches(monkeypatch, prefill_ws, "prefill_ws_kernel")
+    stagings = kernel_launches(monkeypatch, staging, "stage_pages_kernel")
     for kind in prefill_configs.STAGE_MIN_ROWS:  # (staged whatever the rows)
         monkeypatch.setitem(prefill_configs.STAGE_MIN_ROWS, kind, 0)
     device = torch.device("cuda")

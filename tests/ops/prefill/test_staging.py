@@ -167,32 +167,69 @@ def test_views_fit_the_workspace_after_the_counters():
     assert staging.plan(q.to(torch.float16), half, kv.k_table, ws, 4096, 10**6) is not None
 
 
+def _facts(q, kv, workspace, *, nvfp4_out=False):
+    """A prefill call's host facts (``plan.PrefillFacts``) on a GPU (compiled kernels), as
+    ``launch_context`` reads them from its tensors."""
+    from kvattn.ops.prefill import plan as prefill_launch
+    from kvattn.runtime.common import words_aligned
+
+    k, v = kv.k, kv.v
+    return prefill_launch.PrefillFacts(
+        device=torch.device("cuda", 0), interpreter=False, q_shape=q.shape, q_stride=q.stride(), q_dtype=q.dtype,
+        k_shape=k.shape, k_stride=k.stride(), v_shape=v.shape, v_stride=v.stride(), kv_dtype=k.dtype,
+        v_dtype=v.dtype, k_aligned16=k.data_ptr() % 16 == 0, v_aligned16=v.data_ptr() % 16 == 0,
+        kv_aligned4=words_aligned(k, v, None, None), ksf_stride=None, vsf_stride=None, kt_shape=kv.k_table.shape,
+        kt_stride=kv.k_table.stride(), vt_stride=kv.v_table.stride(), same_table=kv.k_table is kv.v_table,
+        batch=kv.k_table.shape[0], has_sinks=False, has_logit=False, has_out_scale=False, q_sign=1,
+        out_stride=q.stride(), out_dtype=q.dtype, sf_cols=4 if nvfp4_out else None, sf_start=0, lse_stride=None,
+        window_left=-1, skip=False, causal=True, gluon_on=True, ws_usable=staging.usable_bytes(workspace),
+    )
+
+
 def test_the_launcher_stages_where_the_kernel_takes_the_copies(monkeypatch):
-    """The host's choice on a (faked) Hopper GPU: a call whose copies fit and pay launches the
-    staging pass and then the Gluon kernel on the copies, their table and their capacity; where the
-    kernel would not take the copies (here: an NVFP4 output), nothing is staged and the cache is
-    planned as it is; a workspace too small stages nothing."""
+    """The host's choice on a (faked) Hopper GPU: a call whose copies fit and pay stages them and
+    launches the Gluon kernel on the copies, their table and their capacity; where the kernel would
+    not take the copies (here: an NVFP4 output), nothing is staged and the cache is planned as it
+    is; a workspace too small stages nothing."""
+    import types
+
     from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
     from kvattn.ops.prefill import plan as prefill_launch
 
     _, kv, _ = _case("fp8", "HND", 16, [100, 30], [100, 30])
     q = torch.zeros(130, 8, 64, dtype=torch.bfloat16)
-    planned = []
+    planned, built = [], []
 
-    def fake_plan(query, k, v, out, *, skip, nvfp4_out, interpreter):
+    def fake_plan(*, k, v, nvfp4_out, **_):
         planned.append((k.dtype, v.shape[1], nvfp4_out))
         return None if nvfp4_out and k.dtype == torch.bfloat16 else ("cfg", "k_view", "v_view")
 
+    def fake_launch(cfg, f, k, v, k_view, v_view, *, kt_stride, vt_stride, max_q_len, sm_count, capacity):
+        built.append(dict(k=k, v=v, kt_stride=kt_stride, vt_stride=vt_stride, capacity=capacity))
+        return len(built)  # (stands for the launch)
+
     monkeypatch.setattr(prefill_ws, "plan", fake_plan)
+    monkeypatch.setattr(prefill_ws, "launch", fake_launch)
+    monkeypatch.setattr(prefill_launch, "_device", types.SimpleNamespace(has_tma=lambda device: False,
+                                                                         sm_count=lambda device: 132))
+    monkeypatch.setattr(prefill_launch, "arch", lambda device, interpreter: "sm90")
+    monkeypatch.setattr(prefill_launch, "words_allowed", lambda *args: False)
     ws = torch.zeros(64 << 20, dtype=torch.uint8)
-    got = prefill_launch._gluon_plan(q, kv.k, kv.v, kv.k_table, kv.v_table, q, ws, 4096, 100, False, False, False)
-    cfg, k_view, v_view, staged, k, v, k_table, v_table = got
-    assert staged is not None and k is staged.k and v is staged.v and k_table is v_table is staged.table
-    assert k.dtype == torch.bfloat16 and k.shape[1] == 64 and staged.capacity == 128  # (room for 100 keys)
+    route = prefill_launch._Plan(_facts(q, kv, ws)).route(4096, 100)
+    staged = staging.views(ws, route.staging)
+    assert route.gluon and route.launch == 1
+    (got,) = built
+    assert got["k"].shape == staged.k.shape and got["k"].stride == staged.k.stride() and got["k"].aligned16
+    assert got["v"].shape == staged.v.shape and got["v"].stride == staged.v.stride()
+    assert got["kt_stride"] == got["vt_stride"] == staged.table.stride()
+    assert staged.k.dtype == torch.bfloat16 and staged.k.shape[1] == 64 and got["capacity"] == staged.capacity == 128
     planned.clear()
-    got = prefill_launch._gluon_plan(q, kv.k, kv.v, kv.k_table, kv.v_table, q, ws, 4096, 100, False, True, False)
+    built.clear()
+    route = prefill_launch._Plan(_facts(q, kv, ws, nvfp4_out=True)).route(4096, 100)
     assert planned == [(torch.bfloat16, 64, True), (FP8_DTYPE, 16, True)]  # the copies, then the cache
-    assert got[3] is None and got[4] is kv.k and got[6] is kv.k_table
+    assert route.gluon and route.staging is None
+    assert built[0]["k"].shape == kv.k.shape and built[0]["kt_stride"] == kv.k_table.stride()
+    assert built[0]["capacity"] == kv.k_table.shape[1] * 16
     small = torch.zeros(1 << 16, dtype=torch.uint8)
-    got = prefill_launch._gluon_plan(q, kv.k, kv.v, kv.k_table, kv.v_table, q, small, 4096, 100, False, False, False)
-    assert got[3] is None and got[4] is kv.k
+    route = prefill_launch._Plan(_facts(q, kv, small)).route(4096, 100)
+    assert route.gluon and route.staging is None
