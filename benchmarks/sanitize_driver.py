@@ -219,13 +219,16 @@ def _staged(**kw):
     """A call whose quantised pages are staged in a workspace big enough for them (staging's
     threshold of query rows lifted: these calls are small)."""
     from kvattn.ops.prefill import configs as prefill_configs
+    from kvattn.ops.prefill import plan as prefill_plan
 
     saved = dict(prefill_configs.STAGE_MIN_ROWS)
     prefill_configs.STAGE_MIN_ROWS.update(dict.fromkeys(prefill_configs.STAGE_MIN_ROWS, 0))
+    prefill_plan._PLANS.clear()  # (plans hold the threshold as it was)
     try:
         return _prefill(ws=torch.zeros(8 << 20, dtype=torch.uint8, device=DEV), **kw)
     finally:
         prefill_configs.STAGE_MIN_ROWS.update(saved)
+        prefill_plan._PLANS.clear()
 
 
 def prefill_staged_fp8():

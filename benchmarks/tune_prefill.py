@@ -28,6 +28,7 @@ _VARIANT = re.compile(r"(tma)?(\d+)x(\d+)w(\d+)s(\d+)")
 @contextlib.contextmanager
 def _forced(key: tuple, name: str):
     from kvattn.ops.prefill import configs as prefill_configs
+    from kvattn.ops.prefill import plan as prefill_plan
 
     table, tma = prefill_configs.TABLES["sm90"], prefill_configs.TMA_TABLES["sm90"]
     old, old_tma = table[key], tma.get(key)
@@ -41,9 +42,12 @@ def _forced(key: tuple, name: str):
         else:
             tma.pop(key, None)  # a gather tile: the gather kernel
             table[key] = cfg
+    plans = prefill_plan._PLANS  # plans hold the tables' entries as they were made: none outlives the variant
+    plans.clear()
     try:
         yield
     finally:
+        plans.clear()
         table[key] = old
         if old_tma is None:
             tma.pop(key, None)

@@ -60,3 +60,24 @@ def test_the_check_sees_a_host_function(tmp_path):
     assert [n.name for n in defs if not (_decorators(n) & JIT)] == ["plan"]
 
 
+
+
+def _grid_launches(tree) -> list[str]:
+    """``kernel[grid](...)`` calls in a module: a call of a subscripted name or attribute."""
+    return [ast.unparse(n.func.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+            and isinstance(n.func.value, (ast.Name, ast.Attribute))]
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "common"])
+def test_every_launch_is_a_fast_launch(family):
+    """One launch style (docs/extending.md, "A kernel family"): host code launches kernels through
+    ``runtime.fast_launch.Launch`` objects of a cached plan, never ``kernel[grid](...)`` itself."""
+    for path in sorted((OPS / family).glob("*.py")):
+        if not path.name.startswith("kernels"):
+            assert not _grid_launches(ast.parse(path.read_text())), f"{path.name} launches kernel[grid]"
+
+
+def test_the_launch_check_sees_a_grid_launch():
+    tree = ast.parse("def launch(x):\n    merge_kernel[(4,)](x, BLOCK=16)\n    table[0](x)\n")
+    assert _grid_launches(tree) == ["merge_kernel", "table"]

@@ -49,6 +49,7 @@ QUANTISED_ONLY = ("nostage", "stage", "stageonly", "qk3")  # variants of quantis
 @contextlib.contextmanager
 def _variant(name: str, head_dim: int):
     from kvattn.ops.prefill import configs as prefill_configs
+    from kvattn.ops.prefill import plan as prefill_plan
     from kvattn.ops.prefill import plan_gluon_ws as prefill_ws
     from kvattn.ops.prefill import staging
 
@@ -56,7 +57,7 @@ def _variant(name: str, head_dim: int):
     saved_cfg = prefill_configs._SM90_WS.get(head_dim)
     saved_qk = prefill_configs._SM90_WS_FP8.get(("fp8qk", head_dim))
     saved_launch = prefill_ws.launch
-    saved_plan = staging.plan
+    saved_geometry = staging.geometry
     saved_rows = dict(prefill_configs.STAGE_MIN_ROWS)
     if name not in VARIANTS + ("nopp", "s4"):
         raise ValueError(f"unknown variant {name!r}")
@@ -70,17 +71,19 @@ def _variant(name: str, head_dim: int):
         elif name == "n64":
             prefill_configs._SM90_WS[head_dim] = dataclasses.replace(saved_cfg, block_n=64, stages=4)
         elif name == "nostage":  # quantised caches: no staging (fp8: the converter; NVFP4: Triton)
-            staging.plan = lambda *a, **k: None
+            staging.geometry = lambda *a, **k: None
         elif name in ("stage", "stageonly", "qk3"):  # pages staged whatever the rows (where they fit)
             prefill_configs.STAGE_MIN_ROWS.update(dict.fromkeys(prefill_configs.STAGE_MIN_ROWS, 0))
             if name == "stageonly":  # floor: the staging pass alone (the attention kernel not launched)
-                prefill_ws.launch = lambda *a, **k: None
+                prefill_ws.launch = lambda *a, **k: lambda call: None
         if name == "qk3":  # fp8 query, V staged: 3 buffers a ring
             prefill_configs._SM90_WS_FP8[("fp8qk", head_dim)] = dataclasses.replace(saved_qk, stages=3)
+        prefill_plan._PLANS.clear()  # (plans hold the tables and routes as they were made)
         yield
     finally:
+        prefill_plan._PLANS.clear()
         prefill_ws.launch = saved_launch
-        staging.plan = saved_plan
+        staging.geometry = saved_geometry
         prefill_configs.STAGE_MIN_ROWS.update(saved_rows)
         if saved_qk is not None:
             prefill_configs._SM90_WS_FP8[("fp8qk", head_dim)] = saved_qk

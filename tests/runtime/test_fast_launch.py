@@ -240,6 +240,37 @@ def test_names_resolve_to_the_kernels_parameter_order():
     assert inter.argument("x_ptr", call) is call.tensors[1]
 
 
+def test_descriptors_are_built_on_each_calls_tensor():
+    """A launch's ``descriptors`` replace the named tensors of every call by TMA descriptors of the
+    launch's geometry (Triton's, or Gluon's with a shared-memory layout), on that call's tensor; the
+    call's key then names the descriptors too. A descriptor of a tensor the layout lacks fails when
+    the launch is built."""
+    from triton.experimental.gluon import language as gl
+
+    rows = fast_launch.Descriptor("y", (4, 64), (64, 1), (2, 32))
+    launch = fast_launch.Launch(TOY, (4,), layout=TOY_LAYOUT, per_call=dict(x_ptr="x", y_ptr="y", scale="scale"),
+                                fixed=dict(n=8), constexprs=dict(BLOCK=32, FLAG=True), options={},
+                                descriptors=(rows,))
+    buf = torch.zeros(2, 512, dtype=torch.float16)
+    for y in (buf[0], buf[1]):  # two calls, new memory under y
+        call = fast_launch.CallArgs((_BUF[:8], y), (), (0.5,))
+        desc = launch.argument("y_ptr", call)
+        assert desc.base is y and (list(desc.shape), list(desc.strides), list(desc.block_shape)) == (
+            [4, 64], [64, 1], [2, 32])
+        assert launch.argument("x_ptr", call) is call.tensors[0]  # (the other tensors as they were)
+        assert launch.described(call).tensors[1] is not y and call.tensors[1] is y  # (the call is left alone)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    gluon = rows._replace(layout=layout).make(buf[0])
+    assert gluon.layout == layout and list(gluon.block_shape) == [2, 32]
+    plain = _launch()
+    call = fast_launch.CallArgs((_BUF[:8], _BUF[8:16]), (), (0.5,))
+    assert plain.described(call) is call  # (no descriptors: the call itself)
+    with pytest.raises(TypeError, match=r"not in the call layout: \['z'\]"):
+        fast_launch.Launch(TOY, (4,), layout=TOY_LAYOUT, per_call=dict(x_ptr="x", y_ptr="y", scale="scale"),
+                           fixed=dict(n=8), constexprs=dict(BLOCK=32, FLAG=True), options={},
+                           descriptors=(rows._replace(tensor="z"),))
+
+
 def test_interpreter_takes_tritons_path():
     """On the CPU tier the kernels are interpreted: no fast path, every launch is Triton's."""
     if ON_GPU:

@@ -14,12 +14,19 @@ import kvattn
 from kvattn.ops.append import plan as append_launch
 from kvattn.ops.decode import plan as decode_launch
 from kvattn.runtime import fast_launch
+from kvattn.ops.decode import ragged as ragged_launch
+from kvattn.ops.merge import plan as merge_launch
 from kvattn.ops.mla import plan as mla_launch
+from kvattn.ops.prefill import plan as prefill_launch
+from kvattn.ops.prefill import staging as staging_launch
 from kvattn.testing import make_paged_kv
 
 
-@pytest.mark.parametrize("module,record", [(decode_launch, "DecodeFacts"), (mla_launch, "MLAFacts"),
-                                           (append_launch, "AppendFacts")], ids=["decode", "mla", "append"])
+@pytest.mark.parametrize("module,record", [
+    (decode_launch, "DecodeFacts"), (mla_launch, "MLAFacts"), (append_launch, "AppendFacts"),
+    (prefill_launch, "PrefillFacts"), (staging_launch, "StageFacts"), (merge_launch, "MergeFacts"),
+    (merge_launch, "LocalLengthsFacts"), (ragged_launch, "PackFacts"), (ragged_launch, "UnpackFacts"),
+], ids=["decode", "mla", "append", "prefill", "staging", "merge", "local-lengths", "ragged-pack", "ragged-unpack"])
 def test_facts_are_built_from_locals_named_as_their_fields(module, record):
     """The record is built positionally (keyword construction costs host time), so its order is
     checked here: every element of ``Record._make((...))`` is a local named as its field."""

@@ -6,9 +6,12 @@ looks the compiled kernel up, checks the kernel's globals and builds launch meta
 decode that is longer than the kernels themselves. Here:
 
 1. a :class:`Launch` binds everything of one launch that a caller can fix ahead (grid,
-   constexprs, options, the scalar arguments that follow from shapes), once, each argument by
-   the kernel parameter's name; the names are resolved to positions there, once (Triton's
-   ``JITFunction.params``), so a call only picks its values into place;
+   constexprs, options, the scalar arguments that follow from shapes, the geometry of the TMA
+   descriptors it builds on a call's tensors: :class:`Descriptor`), once, each argument by the
+   kernel parameter's name; the names are resolved to positions there, once (Triton's
+   ``JITFunction.params``), so a call only picks its values into place. Every kernel family
+   launches through Launch objects kept in a plan cached under the call's host facts
+   (docs/extending.md, "A kernel family");
 2. :func:`call_args` reads a call's tensors once (data pointer, dtype, 16-byte alignment), its
    per-call ints and floats, for every launch of the call (a decode call's split and combine
    launches); a :class:`CallLayout` names those values, in the order the caller passes them;
