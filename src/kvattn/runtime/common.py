@@ -1,6 +1,6 @@
 """Host-side pieces the decode, MLA and prefill launchers share: which config table a launch reads,
-whether it may read its cache as words, the device guard, lengths as the kernels read them, and
-the eager/traced switch of the torch ops. (The workspace layout is :mod:`.workspace`, the plan
+whether it may read its cache as words, what a plan knows of a cache's pages, the device guard,
+lengths as the kernels read them, and the eager/traced switch of the torch ops. (The workspace layout is :mod:`.workspace`, the plan
 cache and config overrides :mod:`.plans`.)
 
 None of them waits for the device or allocates (but the copy of a non-contiguous lengths tensor),
@@ -10,6 +10,7 @@ so launches stay capturable in CUDA graphs.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -63,6 +64,24 @@ def entry(op, impl):
     in-place bookkeeping), more than a whole decode kernel at small batch. Both run the same
     launcher."""
     return op if torch.compiler.is_compiling() else impl
+
+
+class Pages(NamedTuple):
+    """What a plan knows of a cache's K or V pages ``[P, page, Hkv, D]`` (an NHD view of any
+    layout), without the tensor: shape, strides (elements), dtype and whether the base is 16-byte
+    aligned (TMA's rule). Staged copies a plan lays out have pages of their own."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    aligned16: bool
+
+
+def pages_of(t) -> Pages:
+    """The :class:`Pages` of a tensor (a :class:`Pages` as it is)."""
+    if isinstance(t, torch.Tensor):
+        return Pages(tuple(t.shape), t.stride(), t.dtype, t.data_ptr() % 16 == 0)
+    return t
 
 
 def cdiv(a: int, b: int) -> int:

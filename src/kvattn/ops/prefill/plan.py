@@ -26,7 +26,9 @@ from ..._formats_table import BY_DTYPE
 from ...formats import FP8_DTYPE
 from . import configs as prefill_configs
 from ...runtime import fast_launch
-from ...runtime.common import arch, cdiv, device_guard, int32_lengths, kv_format_code, words_aligned, words_allowed
+from ...runtime.common import (
+    Pages, arch, cdiv, device_guard, int32_lengths, kv_format_code, pages_of, words_aligned, words_allowed,
+)
 from ...runtime.plans import cached_plan
 from .kernels import context_kernel
 
@@ -36,15 +38,8 @@ except ImportError:  # pragma: no cover - older Triton: the gathers only
     TensorDescriptor = None
 try:  # Gluon (Triton >= 3.6): the warp-specialised Hopper kernel for 16-bit caches
     from . import plan_gluon_ws as gluon_ws
-    from .plan_gluon_ws import Pages
 except ImportError:  # pragma: no cover - older Triton: the Triton kernel everywhere
     gluon_ws = None
-
-    class Pages(NamedTuple):  # (plan_gluon_ws.Pages)
-        shape: tuple
-        stride: tuple
-        dtype: torch.dtype
-        aligned16: bool
 from . import staging
 
 _MAX_ROUTES = 4096  # routes a plan keeps (per pair of host bounds)
@@ -108,7 +103,7 @@ def tma_views(k, v, block_n: int):
     Triton kernel (each a :class:`~kvattn.runtime.fast_launch.Descriptor` the launch builds on the
     call's K or V), or None.
 
-    ``k``, ``v``: the :class:`Pages` (or tensors) of ``[P, page, Hkv, D]`` NHD views of any layout.
+    ``k``, ``v``: the ``Pages`` (or tensors) of ``[P, page, Hkv, D]`` NHD views of any layout.
     A tile of ``block_n`` tokens of one head inside one page is a box of a ``[P, rows, cols]`` view:
     HND pages (each head's slots contiguous rows of D) as ``[P, Hkv * page, D]`` (``head_rows`` =
     page), NHD pages (heads side by side in a row) as ``[P, page, Hkv * D]`` (``head_cols`` = D).
@@ -117,7 +112,7 @@ def tma_views(k, v, block_n: int):
     """
     if TensorDescriptor is None:
         return None
-    k, v = (_pages_of(t) for t in (k, v))
+    k, v = pages_of(k), pages_of(v)
     pages, page, heads, dim = k.shape
     if page % block_n:
         return None
@@ -140,12 +135,6 @@ def tma_views(k, v, block_n: int):
     descs = tuple(fast_launch.Descriptor(name, shape, (t.stride[0], shape[2], 1), (1, block_n, dim))
                   for name, t in (("k", k), ("v", v)))
     return (*descs, head_rows, head_cols)
-
-
-def _pages_of(t) -> Pages:
-    if isinstance(t, torch.Tensor):
-        return Pages(tuple(t.shape), t.stride(), t.dtype, t.data_ptr() % 16 == 0)
-    return t
 
 
 class _Route(NamedTuple):
@@ -203,7 +192,7 @@ class _Plan:
                 self._routes.clear()
                 self._launches.clear()
             hit = self._routes[key] = self._gluon_route(max_q_len, max_kv_len) or _Route(
-                self._launch(("context", cdiv(max_q_len, self.cfg.block_m)), self._context_launch, max_q_len),
+                self._launch(("context", cdiv(max_q_len, self.cfg.block_m)), _context_launch, self, max_q_len),
                 None, False)
         return hit
 
@@ -251,9 +240,6 @@ class _Plan:
         cfg, k_view, v_view = got
         return gluon_ws.launch(cfg, self.facts, k, v, k_view, v_view, kt_stride=kt_stride, vt_stride=vt_stride,
                                max_q_len=max_q_len, sm_count=_device.sm_count(self.facts.device), capacity=capacity)
-
-    def _context_launch(self, max_q_len: int) -> fast_launch.Launch:
-        return _context_launch(self, max_q_len)
 
 
 def _context_launch(plan: _Plan, max_q_len: int) -> fast_launch.Launch:

@@ -1,16 +1,16 @@
 """The host side of the warp-specialised Gluon prefill kernel (:mod:`.kernels_gluon_ws`): which
 launches may take it (:func:`eligible`, :func:`plan`), the TMA views of the caches
-(:func:`tma_view`), and its launch (:func:`launch`), all from host facts (:class:`Pages`): the
-prefill plan (:mod:`.plan`) builds the launch once for a call's facts and keeps it."""
+(:func:`tma_view`), and its launch (:func:`launch`), all from host facts: the
+prefill plan (:mod:`.plan`) builds the launch once for a call's facts and keeps it. A cache's
+pages are a :class:`~kvattn.runtime.common.Pages`."""
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
 
 from ...runtime import fast_launch
+from ...runtime.common import Pages, pages_of
 from ..common.gluon_dequant import row_smem
 from .configs import ws_config
 from .kernels_gluon_ws import _box_cols, prefill_ws_kernel
@@ -25,20 +25,6 @@ MAXNREG = 168  # 12 warps: 3 warpgroups x 128 threads x 168 = 64512 of the 65536
 HEAD_DIMS = (64, 128, 256)
 
 
-class Pages(NamedTuple):
-    """What the host knows of a cache's K or V pages ``[P, page, Hkv, D]`` (an NHD view of any
-    layout): shape, strides (elements), dtype and whether the base is 16-byte aligned."""
-
-    shape: tuple
-    stride: tuple
-    dtype: torch.dtype
-    aligned16: bool
-
-
-def pages_of(t: torch.Tensor) -> Pages:
-    return Pages(tuple(t.shape), t.stride(), t.dtype, t.data_ptr() % 16 == 0)
-
-
 def tma_view(t, page: int):
     """``(rows_per_page, total_rows, head_rows, head_cols, cols, row_stride)`` of a 16-bit or fp8 cache
     ``t [P, page, Hkv, D]`` (an NHD view of any layout) as the 2-D ``[total_rows, cols]`` view the
@@ -49,10 +35,9 @@ def tma_view(t, page: int):
     page). NHD pages (heads side by side in a row): row stride Hkv * D, head ``h`` at column
     ``h * D`` (``head_cols`` = D). The view ends with the last page's last row, so a box at row
     ``total_rows`` reads zeros. TMA's rules: 16-byte aligned base and strides; coordinates int32.
-    ``t``: the cache's :class:`Pages` (or the tensor).
+    ``t``: the cache's ``Pages`` (or the tensor).
     """
-    if isinstance(t, torch.Tensor):
-        t = pages_of(t)
+    t = pages_of(t)
     pages, page_, heads, dim = t.shape
     sp, ss, sh, sd = t.stride
     esize = t.dtype.itemsize
@@ -214,4 +199,4 @@ _PER_CALL = dict(
 )
 
 
-__all__ = ["HEAD_DIMS", "Pages", "eligible", "launch", "pages_of", "plan", "tma_view"]
+__all__ = ["HEAD_DIMS", "eligible", "launch", "pages_of", "plan", "tma_view"]
