@@ -31,7 +31,7 @@ import triton.language as tl  # noqa: E402
 from benchmarks import metrics  # noqa: E402
 from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
-from benchmarks.timing import Timer, back_to_back_us  # noqa: E402
+from kvattn.benchmarking.timing import Timer, back_to_back_us  # noqa: E402
 
 # The memory-bound targets whose fractions are in question, and one that is met, for scale.
 SHAPES = [

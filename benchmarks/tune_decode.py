@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from benchmarks import problems  # noqa: E402
 from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
-from benchmarks.timing import Timer, back_to_back_us  # noqa: E402
+from kvattn.benchmarking.timing import Timer, back_to_back_us  # noqa: E402
 
 # Largest relative difference from the table's output a variant may show (bfloat16 outputs; the
 # split count changes the summation order) before it is flagged as computing something else.
