@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from kvattn.benchmarking.availability import NotAvailable, try_backend
+from kvattn.benchmarking.inputs import apply_rope, gather_pages, gather_tokens, token_index
 from kvattn.benchmarking.measure import Variant
 
-from .inputs import apply_rope, gather_pages, gather_tokens, token_index
 from .problems import AttnSpec
 
 BACKENDS = ("flash", "cudnn", "efficient")

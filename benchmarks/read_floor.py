@@ -102,7 +102,7 @@ PAGED_READERS = [(1, 1, 128, 8, 3, ""), (1, 1, 64, 4, 3, ""), (1, 1, 128, 8, 1, 
 
 def paged_readers(shape: Shape, dev: torch.device):
     """(name, callable) for each paged read of ``shape``'s pools (NHD, equal lengths)."""
-    from benchmarks import inputs
+    from kvattn.benchmarking import inputs
 
     lens = shape.seq_lens()
     pools = inputs.make_pools(lens, num_heads=shape.num_kv_heads, head_dim=shape.head_dim,

@@ -4,6 +4,7 @@ FlashInfer / SDPA / Flex peers on paged inputs, ceilings, A/B variants, sweep an
 
 - :mod:`~kvattn.benchmarking.timing`: do_bench medians with L2 flushed, CUDA-graph replay, input
   rotation, the host-timed CPU fallback.
+- :mod:`~kvattn.benchmarking.inputs`: random paged pools and page tables drawn on the device, gathers.
 - :mod:`~kvattn.benchmarking.measure`: one timed implementation (``Variant``) measured into a record;
   the output check; errors as one line, and which of them leave the CUDA context unusable.
 - :mod:`~kvattn.benchmarking.records`: the results document's environment, headline time, JSON writer.
