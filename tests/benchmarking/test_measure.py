@@ -73,13 +73,17 @@ def test_gpu_capture_failure_is_recorded_beside_the_eager_time():
     dev = torch.device("cuda")
     x = torch.randn(1024, device=dev)
 
-    def syncs():
-        return float(x.sum().item())  # a host read: not capturable
+    def refuses_capture():
+        # (a refusal of the caller's own, so the context stays usable for the tests after this one)
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("cannot be captured")
+        return x * 2
 
     timer = Timer(dev, warmup_ms=2, rep_ms=5)
     rec: dict = {}
-    time_variant(rec, Variant("v", "peer", [syncs]), timer)
-    assert rec["eager_us"] > 0 and rec.get("graph_us") is None and rec["graph_error"], rec
+    time_variant(rec, Variant("v", "peer", [refuses_capture]), timer)
+    assert rec["eager_us"] > 0 and rec.get("graph_us") is None, rec
+    assert rec["graph_error"] == "RuntimeError: cannot be captured", rec
     ok: dict = {}
     y = torch.empty_like(x)
     time_variant(ok, Variant("w", "peer", [lambda: torch.mul(x, 2, out=y)], eager=False), timer, graph_only=True)
