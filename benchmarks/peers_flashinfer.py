@@ -43,9 +43,11 @@ from typing import Iterator
 
 import torch
 
+from kvattn.benchmarking.availability import NotAvailable
+from kvattn.benchmarking.measure import Variant
+
 from .problems import MLA_SCALE, AttnSpec, Problem
 from .shapes import Shape
-from .variant import NotAvailable, Variant
 
 FAMILY = "flashinfer"
 # A peer further than this from kvattn's output (relative Frobenius error) computes something else:
