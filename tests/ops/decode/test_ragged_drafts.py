@@ -104,6 +104,8 @@ CASES = [
     # one-row requests in a call of Q > 1 read their mask bit 0 like any draft row (a fuzz find: the
     # float64 side had taken them as one-token decode, which reads no mask); a request of length 1
     # whose row hides its own key sees nothing
+    # 96 heads of D 64: the pack and unpack programs' head blocks of 64, the second one partial
+    param("fp16-Hq96-two-head-blocks", True, lens=[20, 7], drafts=[2, 3], hkv=12, group=8, masked=True, seed=6),
     param("fp16-one-row-requests-read-their-mask", True, lens=[5, 1, 9, 2], drafts=[1, 1, 2, 1], masked=True,
           see_first=False, seed=5),
     # --- GPU grid -------------------------------------------------------------------------------

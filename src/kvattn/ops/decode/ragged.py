@@ -10,7 +10,7 @@ them (``r' < Q - q_b``) are computed and dropped. A ragged mask row (bits over t
 the request, are visible and whose bits follow, shifted by ``Q - q_b``.
 
 The kernels' path (:func:`run_padded`) is two small launches around the padded decode, one
-program a (padded slot, head): :func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
+program a (padded slot, block of heads): :func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
 :func:`.kernels_ragged.ragged_unpack_kernel` writes the packed output (and LSE) rows back; every index comes from
 the offsets on the device, of sizes fixed by the host-known ``B``, ``Q`` and ``total_q``, so a call
 can be captured in a CUDA graph and replayed with new offsets. :func:`row_maps` and
@@ -77,8 +77,15 @@ def padded_mask(mask: torch.Tensor | None, q_cu: torch.Tensor, src: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# the kernels' path: two launches, each program one (padded slot, head)
+# the kernels' path: two launches, each program one (padded slot, block of heads)
 # ---------------------------------------------------------------------------------------------
+TILE_ELEMENTS = 4096  # elements a program moves a step (a [BLOCK_H, D] tile, 4 warps)
+
+
+def _head_block(heads: int, dim: int) -> int:
+    return max(1, min(next_power_of_2(heads), TILE_ELEMENTS // dim))
+
+
 def pack(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> None:
     """Padded rows (and mask rows, ``mask_pad`` given) of the packed ``query`` / ``mask``: one launch."""
     rows, heads, dim = query.shape
@@ -87,13 +94,14 @@ def pack(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> No
         return
     words = 2 * ((q_len + 31) // 32)
     dev = query.get_device()
+    block_h = _head_block(heads, dim)
     with device_guard(dev):
-        ragged_pack_kernel[(slots, heads)](
+        ragged_pack_kernel[(slots, -(-heads // block_h))](
             query, q_cu, mask.view(torch.int16) if mask is not None else query,
             q_pad, mask_pad.view(torch.int16) if mask_pad is not None else q_pad,
             query.stride(0), query.stride(1), mask.stride(0) if mask is not None else 0, rows, heads, window_left,
-            Q_LEN=q_len, HEAD_DIM=dim, WORDS=words, BLOCK_W=next_power_of_2(words),
-            HAS_MASK=mask is not None, MAKE_MASK=mask_pad is not None, HAS_WINDOW=window_left >= 0, num_warps=1,
+            Q_LEN=q_len, HEAD_DIM=dim, BLOCK_H=block_h, WORDS=words, BLOCK_W=next_power_of_2(words),
+            HAS_MASK=mask is not None, MAKE_MASK=mask_pad is not None, HAS_WINDOW=window_left >= 0, num_warps=4,
         )
 
 
@@ -103,11 +111,12 @@ def unpack(out_pad, lse_pad, q_cu, out, lse, q_len: int) -> None:
     slots = out_pad.shape[0]
     if slots == 0 or heads == 0 or rows == 0:
         return
+    block_h = _head_block(heads, dim)
     with device_guard(out.get_device()):
-        ragged_unpack_kernel[(slots, heads)](
+        ragged_unpack_kernel[(slots, -(-heads // block_h))](
             out_pad, lse_pad if lse_pad is not None else out_pad, q_cu, out, lse if lse is not None else out,
             out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, rows, heads,
-            Q_LEN=q_len, HEAD_DIM=dim, HAS_LSE=lse is not None, num_warps=1,
+            Q_LEN=q_len, HEAD_DIM=dim, BLOCK_H=block_h, HAS_LSE=lse is not None, num_warps=4,
         )
 
 
