@@ -14,6 +14,9 @@ trap 'rm -rf "$tmp"' EXIT
 "$py" -m pip wheel --no-deps --wheel-dir "$tmp/dist" . >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
 whl=$(ls "$tmp"/dist/kvattn-*.whl)
 "$py" -m zipfile -l "$whl" | grep -q "kvattn/py.typed" || { echo "wheel_check: py.typed missing from $whl"; exit 1; }
+# kvattn bench runs on the harness the package ships (kvattn.benchmarking), not on the repository's
+"$py" -m zipfile -l "$whl" | grep -q "kvattn/benchmarking/timing.py" \
+    || { echo "wheel_check: kvattn/benchmarking missing from $whl"; exit 1; }
 
 "$py" -m venv "$tmp/venv"
 outer=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -31,4 +34,5 @@ PY
 "$tmp/venv/bin/kvattn" --version
 "$tmp/venv/bin/kvattn" check --help >/dev/null
 "$tmp/venv/bin/kvattn" info --device cpu >/dev/null
+"$tmp/venv/bin/kvattn" bench --device cpu --only single_decode --rep-ms 1 >/dev/null
 echo "wheel_check: $(basename "$whl") $(stat -c %s "$whl") bytes ($(( $(stat -c %s "$whl") / 1024 )) KiB)"

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from .timing import Timer
+from kvattn.benchmarking.timing import Timer
 
 
 def copy_gbps(timer: Timer, nbytes: int = 4 << 30) -> float:

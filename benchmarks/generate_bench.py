@@ -169,7 +169,7 @@ def main(argv=None):
     ceilings = None
     if not args.no_ceilings and device.type == "cuda":
         from benchmarks import ceilings as ceil_mod
-        from benchmarks.timing import Timer
+        from kvattn.benchmarking.timing import Timer
 
         ceilings = ceil_mod.measure(device, Timer(device))
 

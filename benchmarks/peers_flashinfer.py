@@ -43,9 +43,11 @@ from typing import Iterator
 
 import torch
 
+from kvattn.benchmarking.availability import NotAvailable
+from kvattn.benchmarking.measure import Variant
+
 from .problems import MLA_SCALE, AttnSpec, Problem
 from .shapes import Shape
-from .variant import NotAvailable, Variant
 
 FAMILY = "flashinfer"
 # A peer further than this from kvattn's output (relative Frobenius error) computes something else:
@@ -152,6 +154,9 @@ def kernels(shape: Shape) -> tuple[list[tuple[str, tuple]], str]:
     if shape.suite in ("decode", "spec_decode"):
         if kv == "nvfp4":
             return [], "no FlashInfer peer: no NVFP4 KV decode kernel on SM90 (XQA's NVFP4 path is SM12x only)"
+        if shape.ragged_drafts:
+            return [], ("no FlashInfer peer: the harness times ragged drafts (q_cu_seq_lens) on kvattn only; "
+                        "the padded row of the same shape carries the peers")
         group = shape.num_qo_heads // shape.num_kv_heads
         out = []
         if kv == "bfloat16":

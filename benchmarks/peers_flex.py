@@ -28,9 +28,11 @@ from typing import Iterator
 
 import torch
 
+from kvattn.benchmarking.availability import NotAvailable
+from kvattn.benchmarking.measure import Variant
+
 from .peers_sdpa import dense_kv, prep_label
 from .problems import AttnSpec
-from .variant import NotAvailable, Variant
 
 Q_BLOCK = 128
 _compiled = None

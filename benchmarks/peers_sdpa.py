@@ -39,11 +39,11 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from kvattn.bench import try_backend
+from kvattn.benchmarking.availability import NotAvailable, try_backend
+from kvattn.benchmarking.inputs import apply_rope, gather_pages, gather_tokens, token_index
+from kvattn.benchmarking.measure import Variant
 
-from .inputs import apply_rope, gather_pages, gather_tokens, token_index
 from .problems import AttnSpec
-from .variant import NotAvailable, Variant
 
 BACKENDS = ("flash", "cudnn", "efficient")
 FOLD_MAX_ROWS = 16  # fold query heads into rows below this many query tokens per request

@@ -14,8 +14,9 @@ from typing import Callable
 
 import torch
 
-from . import inputs
-from .inputs import PagedPools
+from kvattn.benchmarking import inputs
+from kvattn.benchmarking.inputs import PagedPools
+
 from .metrics import MLA_QK_DIM, MLA_V_DIM, Work, work
 from .shapes import Shape
 

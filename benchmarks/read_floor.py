@@ -31,7 +31,7 @@ import triton.language as tl  # noqa: E402
 from benchmarks import metrics  # noqa: E402
 from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
-from benchmarks.timing import Timer, back_to_back_us  # noqa: E402
+from kvattn.benchmarking.timing import Timer, back_to_back_us  # noqa: E402
 
 # The memory-bound targets whose fractions are in question, and one that is met, for scale.
 SHAPES = [
@@ -102,7 +102,7 @@ PAGED_READERS = [(1, 1, 128, 8, 3, ""), (1, 1, 64, 4, 3, ""), (1, 1, 128, 8, 1, 
 
 def paged_readers(shape: Shape, dev: torch.device):
     """(name, callable) for each paged read of ``shape``'s pools (NHD, equal lengths)."""
-    from benchmarks import inputs
+    from kvattn.benchmarking import inputs
 
     lens = shape.seq_lens()
     pools = inputs.make_pools(lens, num_heads=shape.num_kv_heads, head_dim=shape.head_dim,

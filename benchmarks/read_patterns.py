@@ -27,7 +27,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from benchmarks.ceilings import copy_gbps  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
+from kvattn.benchmarking.timing import Timer  # noqa: E402
 
 
 @triton.jit

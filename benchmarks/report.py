@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
+from kvattn.benchmarking.table import aligned_lines
+
 FI_FAMILY = "flashinfer"
 
 
@@ -107,10 +109,8 @@ def table(doc: dict) -> str:
 
 
 def _aligned(rows: list[tuple]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
+    """``rows[0]`` is the header: the harness's console table (columns under a rule of dashes)."""
+    return aligned_lines(rows[1:], rows[0])
 
 
 def shape_class(info: dict) -> str:

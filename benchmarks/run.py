@@ -22,7 +22,6 @@ restarts itself on the remaining shapes (``--resume``), with a fresh context.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -40,10 +39,12 @@ except ImportError:
 
 import torch  # noqa: E402
 
+from kvattn.benchmarking import records  # noqa: E402
+from kvattn.benchmarking.timing import Timer  # noqa: E402
+
 from benchmarks import ceilings as ceilings_mod  # noqa: E402
 from benchmarks import peers_flashinfer, report, shapes, sweep  # noqa: E402
 from benchmarks.runner import DeviceLost, Options, run_shape  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
 
 MAX_RESTARTS = 4
 SUITES = (*shapes.SUITES, "sweep")
@@ -64,22 +65,12 @@ def _git_rev() -> str | None:
 
 
 def environment(device: torch.device, command: str) -> dict:
-    import triton
-
+    """The harness's environment (:func:`kvattn.benchmarking.records.environment`) with this
+    repository's git revision, the command line, the batch-invariant mode and the Triton ops."""
     import kvattn
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": name, "torch": torch.__version__, "triton": triton.__version__,
-        "kvattn": getattr(kvattn, "__version__", "?"), "git": _git_rev(), "command": command,
-        "cuda": torch.version.cuda, "python": sys.version.split()[0],
-        "batch_invariant": kvattn.is_batch_invariant(),
-    }
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(sm_count=p.multi_processor_count, l2_bytes=getattr(p, "L2_cache_size", None),
-                   memory_bytes=p.total_memory)
+    env = records.environment(device)
+    env.update(git=_git_rev(), command=command, batch_invariant=kvattn.is_batch_invariant())
     from benchmarks.runner import kvattn_backend
 
     # The ops whose Triton kernels run on this device: none on a CPU (the reference serves there)
@@ -97,12 +88,8 @@ def _runs_triton(backend_of, op: str, device: torch.device) -> bool:
 
 
 def _save(doc: dict, path: str | None) -> None:
-    if not path:
-        return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
-    os.replace(tmp, path)
+    if path:
+        records.write_json(path, doc)
 
 
 def _log(msg: str) -> None:

@@ -16,15 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kvattn.benchmarking.availability import NotAvailable
+from kvattn.benchmarking.measure import Variant, is_fatal, rel_err, short_error, time_variant
+from kvattn.benchmarking.records import headline_us
+from kvattn.benchmarking.timing import Timer, sync
+
 from . import metrics, peers_flashinfer, peers_flex, peers_sdpa, report
 from .problems import Problem, build
 from .shapes import Shape
-from .timing import Timer, sync
-from .variant import NotAvailable, Variant
-
-_FATAL_MARKERS = ("illegal memory access", "device-side assert", "unspecified launch failure",
-                  "misaligned address", "an illegal instruction", "CUDA error: unknown error",
-                  "uncorrectable ECC")
 
 
 class DeviceLost(RuntimeError):
@@ -55,15 +54,6 @@ class Options:
     kvattn_deadline: float = float("inf")
 
 
-def _is_fatal(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(m.lower() in text.lower() for m in _FATAL_MARKERS)
-
-
-def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:600]
-
-
 def kvattn_backend(op: str, device: torch.device) -> str:
     """"triton" when kvattn would run its Triton kernel for ``op`` on ``device``, else "reference"."""
     from kvattn.runtime import backend as _backend
@@ -85,40 +75,13 @@ def _record(shape: Shape, problem: Problem | None, impl: str, family: str, **kw)
 
 
 def _add_rates(rec: dict, problem: Problem, ceilings: dict) -> None:
-    us = rec["graph_us"] if rec.get("graph_us") else rec.get("eager_us")
+    us = headline_us(rec)
     rec["us"] = us
     if not us:
         return
     rec.update(metrics.rates(problem.work, us * 1e-6, ceilings))
     if rec.get("eager_us"):
         rec["fraction_eager"] = metrics.rates(problem.work, rec["eager_us"] * 1e-6, ceilings)["fraction"]
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    o, r = out.float(), ref.float()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    return float((o - r).norm() / r.norm().clamp_min(1e-30))
-
-
-def _time_variant(rec: dict, var: Variant, timer: Timer, graph_only: bool = False) -> None:
-    t0 = time.perf_counter()
-    with var.context():
-        var.fns[0]()  # compiles / autotunes / picks kernels
-    sync(timer.device)
-    rec["first_call_s"] = round(time.perf_counter() - t0, 3)
-    if (var.eager and not graph_only) or not timer.cuda:
-        rec["eager_us"] = timer.eager(var.fns, var.context)
-    if var.graph and timer.cuda:
-        try:
-            rec["graph_us"] = timer.graph(var.fns, var.context)
-        except Exception as exc:  # noqa: BLE001 - graph capture failures are reported, eager still stands
-            if _is_fatal(exc):
-                raise
-            rec["graph_error"] = _short(exc)
-            torch.cuda.synchronize()
-    if timer.cuda and rec.get("graph_us") is None and rec.get("eager_us") is None:
-        rec["eager_us"] = timer.eager(var.fns, var.context)  # graph-only, but no graph: an eager time
 
 
 def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, opt: Options,
@@ -130,9 +93,9 @@ def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, 
         try:
             problem = build(shape, device, l2_bytes=opt.l2_bytes, workspace_mib=opt.workspace_mib)
         except Exception as exc:  # noqa: BLE001
-            if _is_fatal(exc):
+            if is_fatal(exc):
                 raise
-            records.append(_record(shape, None, "kvattn", "kvattn", status="error", error=_short(exc),
+            records.append(_record(shape, None, "kvattn", "kvattn", status="error", error=short_error(exc),
                                    traceback=traceback.format_exc()[-2000:]))
             return records
         ref, ref_name = _run_kvattn(shape, problem, device, timer, ceilings, opt, records)
@@ -150,8 +113,8 @@ def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, 
         report.attach_fi_ratio(records)
         return records
     except Exception as exc:  # noqa: BLE001
-        if _is_fatal(exc):
-            raise DeviceLost(_short(exc), records) from exc
+        if is_fatal(exc):
+            raise DeviceLost(short_error(exc), records) from exc
         raise
     finally:
         del problem
@@ -161,8 +124,8 @@ def run_shape(shape: Shape, device: torch.device, timer: Timer, ceilings: dict, 
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
             except Exception as exc:  # noqa: BLE001
-                if _is_fatal(exc):
-                    raise DeviceLost(_short(exc), records) from exc
+                if is_fatal(exc):
+                    raise DeviceLost(short_error(exc), records) from exc
 
 
 def _copy_check_to_kvattn(records: list[dict]) -> None:
@@ -191,7 +154,7 @@ def _run_kvattn(shape, problem, device, timer, ceilings, opt, records):
         rec["note"] = "reference backend"
     var = Variant("kvattn", "kvattn", [s.kvattn for s in problem.sets])
     try:
-        _time_variant(rec, var, timer, opt.graph_only)
+        time_variant(rec, var, timer, opt.graph_only)
         _add_rates(rec, problem, ceilings)
         out = problem.sets[0].kvattn()
         sync(device)
@@ -203,9 +166,9 @@ def _run_kvattn(shape, problem, device, timer, ceilings, opt, records):
                 _run_ab(shape, problem, device, timer, ceilings, opt, records, label, family, fields, out)
         return out, "kvattn"
     except Exception as exc:  # noqa: BLE001
-        if _is_fatal(exc):
+        if is_fatal(exc):
             raise
-        rec.update(status="error", error=_short(exc), traceback=traceback.format_exc()[-2000:])
+        rec.update(status="error", error=short_error(exc), traceback=traceback.format_exc()[-2000:])
         return None, None
 
 
@@ -225,17 +188,17 @@ def _run_ab(shape, problem, device, timer, ceilings, opt, records, label, family
     records.append(rec)
     var = Variant(rec["impl"], "kvattn-ab", [s.kvattn for s in problem.sets], context=_config_override(family, fields))
     try:
-        _time_variant(rec, var, timer, True)
+        time_variant(rec, var, timer, True)
         _add_rates(rec, problem, ceilings)
         with var.context():
             out = problem.sets[0].kvattn()
         sync(device)
-        rec["rel_err"] = _rel_err(out, ref)
+        rec["rel_err"] = rel_err(out, ref)
         rec["check_against"] = "kvattn"
     except Exception as exc:  # noqa: BLE001
-        if _is_fatal(exc):
+        if is_fatal(exc):
             raise
-        rec.update(status="error", error=_short(exc))
+        rec.update(status="error", error=short_error(exc))
 
 
 def _run_peers(shape, problem, timer, ceilings, opt, records, ref, ref_name):
@@ -295,7 +258,7 @@ def _run_peer(shape, problem, name, family, make, timer, ceilings, opt, records,
     try:
         var = make()
         rec.update(impl=var.name, includes=var.includes, note=var.note)
-        _time_variant(rec, var, timer, opt.graph_only)
+        time_variant(rec, var, timer, opt.graph_only)
         _add_rates(rec, problem, ceilings)
         if opt.check and (not var.includes or ref is None):  # +prep variants compute the same output
             with var.context():
@@ -306,14 +269,14 @@ def _run_peer(shape, problem, name, family, make, timer, ceilings, opt, records,
             if ref is None:
                 ref, ref_name = out.clone(), var.name
             else:
-                rec["rel_err"] = _rel_err(out, ref)
+                rec["rel_err"] = rel_err(out, ref)
                 rec["check_against"] = ref_name
     except NotAvailable as exc:
         rec.update(status="not available", note=str(exc)[:500])
     except Exception as exc:  # noqa: BLE001
-        if _is_fatal(exc):
+        if is_fatal(exc):
             raise
-        rec.update(status="error", error=_short(exc), traceback=traceback.format_exc()[-2000:])
+        rec.update(status="error", error=short_error(exc), traceback=traceback.format_exc()[-2000:])
         if timer.cuda:
             torch.cuda.synchronize()
     finally:

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     assert str(tmp) in kvattn.__file__, kvattn.__file__
     from benchmarks import problems
     from benchmarks.shapes import Shape
-    from benchmarks.timing import capture_graphs
+    from kvattn.benchmarking.timing import capture_graphs
     from benchmarks.tune_decode import variant
 
     sms = torch.cuda.get_device_properties(dev).multi_processor_count

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from unittest import mock
 
 if __package__ in (None, ""):  # run as a script
@@ -33,7 +30,9 @@ import torch  # noqa: E402
 from benchmarks import problems  # noqa: E402
 from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
-from benchmarks.timing import Timer, back_to_back_us  # noqa: E402
+from kvattn.benchmarking import records  # noqa: E402
+from kvattn.benchmarking.measure import rel_err  # noqa: E402
+from kvattn.benchmarking.timing import Timer, back_to_back_us  # noqa: E402
 
 # Largest relative difference from the table's output a variant may show (bfloat16 outputs; the
 # split count changes the summation order) before it is flagged as computing something else.
@@ -257,14 +256,6 @@ def variant(name: str):
         decode_launch._PLANS.clear()
 
 
-def relative_difference(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``|out - ref| / |ref|`` in float64 (inf when ``out`` has a non-finite value)."""
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -279,17 +270,10 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
 
-    import triton
-
     device = torch.device("cuda")
     timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    env = {
-        "device": torch.cuda.get_device_name(device),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-    }
+    env = records.environment(device)
     copy = copy_gbps(timer)
     env["copy_gbps"] = copy
     print(f"# {env['device']} {env['date']} torch {env['torch']} triton {env['triton']} copy {copy:.0f} GB/s",
@@ -309,7 +293,7 @@ def main(argv=None) -> int:
             try:
                 us = timer.graph(fns, context=lambda: variant(name))
                 with variant(name):
-                    diff = relative_difference(fns[0](), expected)
+                    diff = rel_err(fns[0](), expected)
             except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported
                 print(f"  {shape.id} {name}: FAILED {type(exc).__name__}: {exc}"[:300], flush=True)
                 continue
@@ -327,7 +311,7 @@ def main(argv=None) -> int:
         del prob, fns
         torch.cuda.empty_cache()
     if args.out:
-        Path(args.out).write_text(json.dumps({"env": env, "variants": VARIANTS, "rows": rows}, indent=1))
+        records.write_json(args.out, {"env": env, "variants": VARIANTS, "rows": rows})
 
     print(f"\n# graph-replay us (fraction of copy BW {copy:.0f} GB/s); best per shape marked *, "
           f"outputs off the table's by more than {MAX_REL_DIFF:g} marked !")

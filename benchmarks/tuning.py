@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import problems
 from benchmarks.shapes import Shape
-from benchmarks.timing import Timer
+from kvattn.benchmarking.timing import Timer
 
 
 def parse_args(doc: str, argv=None, extra: Callable[[argparse.ArgumentParser], object] | None = None) -> argparse.Namespace:

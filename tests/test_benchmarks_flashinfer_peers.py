@@ -24,7 +24,7 @@ from benchmarks import peers_flashinfer as fi  # noqa: E402
 from benchmarks import problems, run  # noqa: E402
 from benchmarks.runner import Options, run_shape  # noqa: E402
 from benchmarks.shapes import SMOKE, Shape  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
+from kvattn.benchmarking.timing import Timer  # noqa: E402
 
 CPU = torch.device("cpu")
 SMALL = dict(num_qo_heads=4, num_kv_heads=2, head_dim=64)

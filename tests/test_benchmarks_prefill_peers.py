@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import metrics, peers_flex, peers_sdpa, problems, run, shapes  # noqa: E402
 from benchmarks.runner import Options, run_shape  # noqa: E402
 from benchmarks.shapes import Shape, mixed_prefill  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
+from kvattn.benchmarking.timing import Timer  # noqa: E402
 
 CPU = torch.device("cpu")
 SMALL = dict(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=16)

@@ -18,7 +18,7 @@ import torch
 
 import kvattn
 from kvattn import cli
-from kvattn.fuzz import draws, fuzz, run_spec
+from kvattn.fuzz import draws, fuzz, replay, run_spec
 from kvattn.fuzz.calls import build, request_rows
 from kvattn.fuzz.oracle import compare
 from kvattn.fuzz.runner import environment
@@ -520,3 +520,46 @@ def test_shrinking_a_ragged_batch_keeps_its_drafts():
         if c["drafts"] is not None:
             assert len(c["drafts"]) == len(c["lens"])
             assert all(q <= min(n, c["q_len"]) for q, n in zip(c["drafts"], c["lens"])), c
+
+
+# ---------------------------------------------------------------------------------------------
+# Reproducers of what the fuzzer found (its shrunk snippets)
+# ---------------------------------------------------------------------------------------------
+# xqa with ragged drafts, Q = 2: a request of one draft row whose mask row hides its own key. The
+# kernels and the reference read that row's mask bit; the float64 side ran the request as a
+# one-token decode, which reads no mask, and called the right answer wrong (docs/semantics.md:
+# the mask is read whenever the call's Q > 1).
+ONE_ROW_REQUEST_MASK = {
+    "function": "xqa", "seed": 1182428127, "dtype": "bfloat16", "kv_format": "half", "head_dim": 64,
+    "kv_heads": 1, "group": 1, "page": 16, "batch": 1, "q_len": 2, "ragged": True, "lens": [2], "drafts": [1],
+    "cu_dtype": "int32", "extra_pages": 0, "pool": "flat", "view": "contiguous", "arg_views": False,
+    "seq_lens_dtype": "uint32", "q_scale": "plain", "kv_scale": False, "sliding_win_size": 0, "sinks": False,
+    "sm_count": None, "enable_pdl": None, "mask": True, "out": "query", "rcp_out_scale": 1.0,
+    "return_lse": False, "lse_given": False,
+}
+
+
+@pytest.mark.parametrize("mode", ["plain", "invariant"])
+def test_reproducer_one_row_request_reads_its_mask(mode, reference_backend):
+    assert replay(ONE_ROW_REQUEST_MASK, mode=mode, device="cpu", mode_seed=1879774259)["result"] == "ok"
+    call = build(ONE_ROW_REQUEST_MASK, "cpu")
+    assert int(call.kwargs["mask"][0, 0]) & 1 == 0, "the case hides the row's own key"
+
+
+def test_one_row_request_mask_bit_moves_the_float64_result():
+    """Not vacuous: the dense formulation gives the one-row request a different result with its
+    own key hidden than with it visible."""
+    from kvattn import dense
+
+    call = build(ONE_ROW_REQUEST_MASK, "cpu")
+    kw = call.kwargs
+    pages = kw["k_cache"].reshape(-1, 16, 1, 64), kw["v_cache"].reshape(-1, 16, 1, 64)
+    q = kw["q"].reshape(-1, 1, 64)
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    hidden = torch.zeros(1, 2, dtype=torch.uint16)
+    shown = torch.ones(1, 2, dtype=torch.uint16)
+    common = dict(kv_cache=pages, block_tables=kw["page_table"], seq_lens=kw["seq_lens"].reshape(-1).to(torch.int32),
+                  q_len_per_req=2, q_cu_seq_lens=cu)
+    a = dense.batch_decode(q, mask=hidden, **common)
+    b = dense.batch_decode(q, mask=shown, **common)
+    assert not torch.allclose(a, b)

@@ -190,6 +190,27 @@ def test_nothing_outside_runtime_uses_its_private_names():
     assert not bad, "\n".join(f"{m} uses {', '.join(sorted(set(u)))}" for m, u in bad.items())
 
 
+def repository_imports(path: pathlib.Path) -> list[str]:
+    """The imports of ``benchmarks`` (the repository's harness, which does not ship) in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [n for n in names if n == "benchmarks" or n.startswith("benchmarks.")]
+    return found
+
+
+def test_the_package_never_imports_the_repository_harness(tmp_path):
+    """``kvattn bench`` runs on a user's machine: the package's harness is ``kvattn.benchmarking``,
+    and the repository's ``benchmarks/`` builds on it, never the other way round."""
+    bad = {m: used for m, path in _modules().items() if (used := repository_imports(path))}
+    assert not bad, bad
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from benchmarks.timing import Timer\nimport benchmarks\nfrom . import x\n"
+                     "import benchmarks_other\n")
+    assert sorted(repository_imports(probe)) == ["benchmarks", "benchmarks.timing"]
+
+
 def test_formats_is_a_leaf():
     """``kvattn.formats`` may be read from ``ops/`` because it imports no kvattn module."""
     assert import_graph()[f"{PACKAGE}.formats"] == set()

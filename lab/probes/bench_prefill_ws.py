@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script
 import torch  # noqa: E402
 
 from benchmarks import ceilings, problems, shapes  # noqa: E402
-from benchmarks.timing import Timer  # noqa: E402
+from kvattn.benchmarking.timing import Timer  # noqa: E402
 
 VARIANTS = ("old", "new", "pp", "s3", "n64", "nostage", "stage", "stageonly", "qk3")
 QUANTISED_ONLY = ("nostage", "stage", "stageonly", "qk3")  # variants of quantised caches alone

@@ -69,13 +69,16 @@ def format_rate(per_second: float, unit: str) -> str:
     raise AssertionError("unreachable")
 
 
+def aligned_lines(rows: list[tuple], header: tuple) -> list[str]:
+    """The header, a rule of dashes, then the rows, in columns two spaces apart."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
 def print_table(rows: list[tuple], header: tuple, out=None) -> None:
-    out = out or sys.stdout
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)).rstrip(), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    for r in rows:
-        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip(), file=out)
+    print("\n".join(aligned_lines(rows, header)), file=out or sys.stdout)
 
 
 def print_grouped(rows: list[tuple], header: tuple, out=None) -> None:
@@ -98,9 +101,13 @@ def print_grouped(rows: list[tuple], header: tuple, out=None) -> None:
 
 
 def write_json(path: str, doc: dict) -> None:
-    with open(path, "w") as f:
+    """``doc`` as indented JSON; written beside ``path`` then moved over it, so a reader (or a run cut
+    short while rewriting its results) never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, default=str)
         f.write("\n")
+    os.replace(tmp, path)
 
 
 def writable(path: str | None, flag: str) -> None:

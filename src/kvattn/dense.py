@@ -215,10 +215,13 @@ def rope_rotate(x: torch.Tensor, pos: torch.Tensor, rope_scale: float, rope_thet
 # ---------------------------------------------------------------------------------------------
 # 1. batch decode
 # ---------------------------------------------------------------------------------------------
-def _draft_bits(mask: torch.Tensor | None, bsz: int, nq: int, device) -> torch.Tensor:
-    """bool ``[B, Q, Q]``: may draft row r see draft token c (explicit uint16 words or causal; with
-    one query token the mask is not read)."""
-    if mask is None or nq == 1:
+def _draft_bits(mask: torch.Tensor | None, bsz: int, nq: int, device, read: bool | None = None) -> torch.Tensor:
+    """bool ``[B, Q, Q]``: may draft row r see draft token c (explicit uint16 words or causal). The
+    mask is read when ``read`` (default: ``Q > 1``; a call of one query token a request does not
+    read it, while a ragged request of one draft row in a call of ``Q > 1`` does)."""
+    if read is None:
+        read = nq > 1
+    if mask is None or not read:
         r = torch.arange(nq, device=device)
         return (r.view(1, -1, 1) >= r.view(1, 1, -1)).expand(bsz, nq, nq)
     words = mask.to(torch.int64) % 65536  # [B, Q, W]
@@ -242,6 +245,8 @@ def batch_decode(
     mask: torch.Tensor | None = None,
     kv_cache_sf=None,
     return_lse: bool = False,
+    q_cu_seq_lens: torch.Tensor | None = None,
+    _read_mask: bool | None = None,
     **_launch_args,
 ) -> torch.Tensor:
     """Dense ``xqa_batch_decode_with_kv_cache``: float64 ``o_real [B * Q, Hq, D]`` (with
@@ -255,6 +260,9 @@ def batch_decode(
     block_tables : int32 ``[B, pages]``; seq_lens : ``[B]``
     bmm1_scale, bmm2_scale, o_scale : float or one-element tensor
     window_left, sinks ``[Hq]``, kv_layout, q_len_per_req, mask uint16 ``[B, Q, W]`` : as the public API
+    q_cu_seq_lens : ``[B + 1]`` ragged drafts (query, mask and the results ``[total_q, ...]``): each
+        request on its own, its ``q_b`` rows at the last ``q_b`` positions, its mask rows read
+        whenever ``q_len_per_req > 1`` (also for a request of one row)
     **_launch_args : ignored (``workspace_buffer``, ``max_seq_len``, ``out``, ``enable_pdl``)
 
     Returns
@@ -262,6 +270,10 @@ def batch_decode(
     torch.Tensor float64 ``[B * Q, Hq, D]`` = ``bmm2 * o_scale * softmax(bmm1 * q.k) V``
     """
     nq = 1 if q_len_per_req is None else int(q_len_per_req)
+    if q_cu_seq_lens is not None:
+        return _ragged_decode(query, kv_cache, block_tables, seq_lens, q_cu_seq_lens, nq, mask, return_lse,
+                              bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, window_left=window_left, sinks=sinks,
+                              kv_layout=kv_layout, o_scale=o_scale, kv_cache_sf=kv_cache_sf)
     lens = _lens(seq_lens)
     bsz = lens.numel()
     hq, d = query.shape[1], query.shape[2]
@@ -276,7 +288,7 @@ def batch_decode(
     if window_left >= 0:
         before = before & (pos - j <= window_left)
     c = j - first_draft  # draft index of key j
-    bits = _draft_bits(mask, bsz, nq, query.device)  # [B, Q, Q]
+    bits = _draft_bits(mask, bsz, nq, query.device, read=_read_mask)  # [B, Q, Q]
     in_drafts = (c >= 0) & (c < nq)
     draft_ok = torch.gather(bits, 2, c.clamp(0, max(nq - 1, 0)).expand(bsz, nq, lmax)) & in_drafts
     visible = (before | draft_ok) & (j < lens.view(-1, 1, 1))
@@ -284,6 +296,25 @@ def batch_decode(
     mult = _num(bmm2_scale) * _num(o_scale)
     o = (o * mult).reshape(bsz * nq, hq, d)
     return (o, lse.reshape(bsz * nq, hq)) if return_lse else o
+
+
+def _ragged_decode(query, kv_cache, block_tables, seq_lens, cu, nq: int, mask, return_lse: bool, **common):
+    """:func:`batch_decode` of packed ragged drafts: request ``b`` alone with its own ``q_b`` rows
+    as its query length, its mask rows read when the call's ``Q > 1``."""
+    cu = cu.reshape(-1)
+    cu = (cu.view(torch.int32) if cu.dtype == torch.uint32 else cu).to(torch.int64).tolist()
+    hq, d = query.shape[1], query.shape[2]
+    out = torch.zeros(query.shape[0], hq, d, dtype=F64, device=query.device)
+    lse = torch.full((query.shape[0], hq), -math.inf, dtype=F64, device=query.device)
+    for b in range(len(cu) - 1):
+        lo, hi = cu[b], cu[b + 1]
+        if hi <= lo:
+            continue
+        rows = mask[lo:hi].unsqueeze(0) if mask is not None else None
+        o, l_ = batch_decode(query[lo:hi], kv_cache, block_tables[b:b + 1], seq_lens.reshape(-1)[b:b + 1],
+                             q_len_per_req=hi - lo, mask=rows, return_lse=True, _read_mask=nq > 1, **common)
+        out[lo:hi], lse[lo:hi] = o, l_
+    return (out, lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -243,28 +243,11 @@ def _spec_mask(g, rows: tuple, nq: int, device):
 
 
 def _decode_exact(query, drafts, nq, mask, block_tables, seq_lens, **common):
-    """Float64 ``(out [rows, Hq, D], lse [rows, Hq])`` of batch decode by :func:`kvattn.dense.batch_decode`.
-    Ragged drafts (``drafts`` a list) run request by request, each with its own draft count as
-    ``Q`` and its own rows of the query and the mask (the float64 formulation has no
-    ``q_cu_seq_lens``)."""
-    if drafts is None:
-        return _dense(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
-                      q_len_per_req=nq, mask=mask, return_lse=True, **common)
-    # Each tensor to the CPU once (a GPU cache is not copied again for every request).
-    query, mask, block_tables, seq_lens = (_cpu(x) for x in (query, mask, block_tables, seq_lens))
-    common = {k: _cpu(v) for k, v in common.items()}
-    rows, hq, d = sum(drafts), query.shape[1], query.shape[2]
-    out = torch.zeros(rows, hq, d, dtype=torch.float64)
-    lse = torch.full((rows, hq), float("-inf"), dtype=torch.float64)
-    r0 = 0
-    for b, qb in enumerate(drafts):
-        if qb:
-            o, l_ = _dense(dense.batch_decode, query=query[r0:r0 + qb], block_tables=block_tables[b:b + 1],
-                           seq_lens=seq_lens[b:b + 1], q_len_per_req=qb,
-                           mask=None if mask is None else mask[r0:r0 + qb].unsqueeze(0), return_lse=True, **common)
-            out[r0:r0 + qb], lse[r0:r0 + qb] = o, l_
-        r0 += qb
-    return out, lse
+    """Float64 ``(out [rows, Hq, D], lse [rows, Hq])`` of batch decode by :func:`kvattn.dense.batch_decode`
+    (ragged drafts: ``drafts`` a list, passed as the offsets ``q_cu_seq_lens``)."""
+    cu = None if drafts is None else torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return _dense(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
+                  q_len_per_req=nq, mask=mask, q_cu_seq_lens=cu, return_lse=True, **common)
 
 
 # ---------------------------------------------------------------------------------------------

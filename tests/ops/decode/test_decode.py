@@ -17,14 +17,13 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import dense
 from kvattn._inputs import MIN_WORKSPACE_BYTES
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import make_paged_kv, poison_
 
-from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, off_by_one, run_both
+from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, dense, off_by_one, run_both
 
 def decode_case(
     device, monkeypatch, *, lens, hkv=2, group=4, d=64, page=16, layout="NHD", form="stacked", fmt=None,

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import dense
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
+from ..oracle import dense
 
 ON_GPU = torch.cuda.is_available()
 

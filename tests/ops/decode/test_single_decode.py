@@ -17,13 +17,12 @@ from triton.runtime.jit import JITFunction
 
 import kvattn
 from kvattn.runtime import device as _device
-from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import relative_error
 
-from ..oracle import GPU_ONLY, ON_GPU
+from ..oracle import GPU_ONLY, ON_GPU, dense
 
 EXTRA = {torch.float16: 5e-4, torch.bfloat16: 4e-3}
 

@@ -17,11 +17,10 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import dense
 from kvattn.formats import FP8_DTYPE
 from kvattn.testing import make_paged_kv, poison_
 
-from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, run_both
+from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, dense, run_both
 from .test_ragged_drafts import cum, dense_ragged, random_mask
 
 
@@ -81,7 +80,7 @@ def xqa_case(device, monkeypatch, *, lens, q_len=1, drafts=None, hkv=2, group=4,
     kw = dict(bmm1_scale=q_scale * kvs / math.sqrt(d), bmm2_scale=kvs, window_left=win - 1 if win > 0 else -1,
               sinks=sinks_t.reshape(-1) if sinks else None, kv_layout="NHD", kv_cache_sf=case.kv_cache_sf)
     if ragged:
-        exact, _ = dense_ragged(q, case, drafts, cpu(cu), cpu(mask), **kw)
+        exact, _ = dense_ragged(q, case, drafts, cu, mask, q_len, **kw)
     else:
         exact = dense.batch_decode(cpu(q).reshape(rows, hq, d), cpu(case.kv_cache), cpu(case.block_tables),
                                    cpu(case.seq_lens), q_len_per_req=q_len, mask=cpu(mask),

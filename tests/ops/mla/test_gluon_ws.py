@@ -54,9 +54,10 @@ WS_CASES = [
       for hq in (64, 128) for page in (64, 128, 256)],
     pytest.param(dict(lens=GPU_LENS, hq=96, seed=396), id="Hq96-padded-heads"),
     pytest.param(dict(lens=GPU_LENS, hq=40, seed=340), id="Hq40-padded-heads"),
-    # 17-32 heads take the kernel's 64-head programs (configs.padded_heads), rows past them padded
+    # fewer than 64 heads take the kernel's 64-head programs (configs.padded_heads), rows past them padded
     *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=360 + hq), id=f"Hq{hq}-p{page}-padded-heads")
-      for hq, page in ((17, 64), (32, 128))],
+      for hq, page in ((17, 64), (32, 128), (16, 64), (8, 128), (1, 64))],
+    pytest.param(dict(lens=ODD_EVEN, hq=16, seed=316, tensor_scales=True), id="Hq16-odd-even-tiles-tensor-scales"),
     pytest.param(dict(lens=ODD_EVEN, hq=24, seed=324, tensor_scales=True), id="Hq24-odd-even-tiles-tensor-scales"),
     pytest.param(dict(lens=ODD_EVEN, hq=128, seed=311), id="Hq128-odd-even-tiles"),
     pytest.param(dict(lens=ODD_EVEN, hq=64, page=128, seed=312), id="Hq64-p128-odd-even-tiles"),
@@ -158,17 +159,16 @@ def test_ws_fp8_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_s
 # ---------------------------------------------------------------------------------------------
 # CPU: launch selection
 # ---------------------------------------------------------------------------------------------
-def test_17_to_32_heads_of_a_16_bit_cache_take_the_64_head_programs():
-    """sm90, 16-bit cache, 17-32 heads: the 64-head entry (the launcher gives it to the
-    warp-specialised kernel where that fits the pages); not 16 heads or fewer (heads in N serve
-    them), not 33+ (already 64 a program), not an fp8 query, not another GPU family, not under an
-    override (tuning and tests pick their own)."""
-    for hq in (17, 24, 32):
+def test_fewer_than_64_heads_of_a_16_bit_cache_take_the_64_head_programs():
+    """sm90, 16-bit cache, 1-32 heads: the 64-head entry (the launcher gives it to the
+    warp-specialised kernel where that fits the pages); not 33+ (already 64 a program), not an fp8
+    query, not another GPU family, not under an override (tuning and tests pick their own)."""
+    for hq, own in ((1, 16), (8, 16), (16, 16), (17, 32), (24, 32), (32, 32)):
         wide = mla_configs.padded_heads("sm90", "bfloat16", hq)
         assert wide is not None and wide.block_h == 64 and mla_configs.warp_specialized("sm90", "bfloat16", 64)
-        assert mla_configs.config("sm90", "bfloat16", hq).block_h == 32  # (the table's own entry)
+        assert mla_configs.config("sm90", "bfloat16", hq).block_h == own  # (the table's own entry)
     assert mla_configs.padded_heads("sm90", "float16", 20) is not None
-    for hq in (1, 16, 33, 64, 128):
+    for hq in (33, 64, 128):
         assert mla_configs.padded_heads("sm90", "bfloat16", hq) is None, hq
     assert mla_configs.padded_heads("sm90", "fp8", 24, True) is None
     assert mla_configs.padded_heads("default", "bfloat16", 24) is None
@@ -238,8 +238,10 @@ def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
     assert _plan(monkeypatch, hq=64, page=128).launches(100)[0].kernel is mla_launch.mla_gluon_ws_kernel
     old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0]
     assert old.kernel is mla_launch.mla_gluon_kernel and old.options == dict(num_warps=8)
-    for kw in (dict(gluon=False), dict(hq=16), dict(page=32)):
+    for kw in (dict(gluon=False), dict(page=32), dict(hq=16, gluon_ws=False)):
         assert _plan(monkeypatch, **kw).launches(4096)[0].kernel is mla_launch.mla_split_kernel, kw
+    # 16 heads: the 64-head programs, padded; without the warp-specialised kernel the Triton one
+    assert _plan(monkeypatch, hq=16).launches(4096)[0].kernel is mla_launch.mla_gluon_ws_kernel
 
 
 def test_fp8_plan_launches_the_ws_kernel_where_it_fits(monkeypatch):
@@ -348,12 +350,14 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
 def test_mtp_rows_fill_the_ws_kernels_tile(q_len, hq, dtype, monkeypatch):
     """Multi-token prediction folds (token, head) into the rows: 16 heads x 4 tokens take the
     warp-specialised kernel's 64-row programs as 64 heads do (x 2 tokens: 32 rows, padded), with
-    the token count as its ``Q_LEN``; one token of 16 heads keeps the Triton kernel."""
+    the token count as its ``Q_LEN``; one token of 16 heads takes them too over a 16-bit cache (padded
+    heads), the Triton kernel over an fp8 one (fp8 scores, heads in N)."""
     plan = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, dtype=dtype)
     launch = plan.launches(4096)[0]
     assert launch.kernel is mla_launch.mla_gluon_ws_kernel and plan.cfg.block_h == 64
     assert launch.constexprs["Q_LEN"] == q_len and launch.fixed["num_heads"] == q_len * hq
-    assert _plan(monkeypatch, hq=16, dtype=dtype).launches(4096)[0].kernel is mla_launch.mla_split_kernel
+    one_token = _plan(monkeypatch, hq=16, dtype=dtype).launches(4096)[0]
+    assert (one_token.kernel is mla_launch.mla_gluon_ws_kernel) is (dtype == torch.bfloat16)
     # A call asking for the LSE: mla/gluon.py's kernel (16-bit, 64 rows and more) or the Triton kernel.
     lse = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, lse_stride=q_len * hq, dtype=dtype).launches(4096)[0]
     gluon = dtype == torch.bfloat16 and q_len * hq >= 64

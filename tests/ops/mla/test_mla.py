@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import dense, reference
+from kvattn import reference
 from kvattn._inputs import MIN_WORKSPACE_BYTES, PagedKV, Scale
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
@@ -26,7 +26,7 @@ from kvattn.runtime.workspace import COUNTER_BYTES
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
-from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, run_both
+from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, dense, run_both
 
 DIM, V_DIM = 576, 512
 BMM1 = 1.5 / 192**0.5

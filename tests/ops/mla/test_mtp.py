@@ -17,14 +17,14 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import dense, reference
+from kvattn import reference
 from kvattn._inputs import PagedKV, Scale
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import op as mla_op
 from kvattn.testing import poison_, relative_error
 
-from ..oracle import ON_GPU, assert_matches, cpu, run_both
+from ..oracle import ON_GPU, assert_matches, cpu, dense, run_both
 from .test_mla import BMM1, DIM, V_DIM, make_cache
 
 GPU = pytest.mark.skipif(not ON_GPU, reason="GPU grid; the interpreter tier runs the ops-entry cases")

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 import kvattn
-from kvattn import dense
 from kvattn._formats_table import BY_NAME
 from kvattn._inputs import MIN_WORKSPACE_BYTES
 from kvattn.formats import FP8_DTYPE, FP8_MAX, FP4Tensor, dequantize_nvfp4_output, quantize_nvfp4_output
@@ -31,7 +30,7 @@ from kvattn.ops.common import quantize_nvfp4_rows
 from kvattn.testing import make_paged_kv, poison_, relative_error
 
 from ..compiled import assert_close_to_eager, compile_backend, eager_and_compiled
-from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, off_by_one, run_both
+from ..oracle import GPU_ONLY, ON_GPU, assert_matches, cpu, dense, off_by_one, run_both
 
 
 

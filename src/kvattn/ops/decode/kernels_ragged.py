@@ -30,19 +30,24 @@ def ragged_pack_kernel(
     q_pad_ptr,  # [B * Q_LEN, Hq, D] padded query rows (contiguous)
     mask_pad_ptr,  # [B * Q_LEN, WORDS] int16 view of the padded uint16 mask (MAKE_MASK)
     stride_q_t, stride_q_h, stride_m_t, total, num_heads, window_left,
-    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, WORDS: tl.constexpr, BLOCK_W: tl.constexpr,
-    HAS_MASK: tl.constexpr, MAKE_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, WORDS: tl.constexpr,
+    BLOCK_W: tl.constexpr, HAS_MASK: tl.constexpr, MAKE_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
+    # One program a (padded slot, block of BLOCK_H heads): a program a (slot, head) made tens of
+    # thousands of one-warp programs of one row each, several waves for a few MB of copies.
     slot = tl.program_id(0)
-    h = tl.program_id(1)
+    hb = tl.program_id(1)
     src, valid, shift = _slot_source(cu_ptr, slot, total, Q_LEN)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
     row = tl.where(valid, src, 0).to(tl.int64)
-    x = tl.load(q_ptr + row * stride_q_t + h * stride_q_h + offs_d, mask=as_mask(valid & (offs_d < HEAD_DIM)),
-                other=0.0)
-    tl.store(q_pad_ptr + (slot.to(tl.int64) * num_heads + h) * HEAD_DIM + offs_d, x)
+    in_h = offs_h[:, None] < num_heads
+    x = tl.load(q_ptr + row * stride_q_t + offs_h[:, None] * stride_q_h + offs_d[None, :],
+                mask=as_mask(valid & in_h & (offs_d[None, :] < HEAD_DIM)), other=0.0)
+    tl.store(q_pad_ptr + (slot.to(tl.int64) * num_heads + offs_h[:, None]) * HEAD_DIM + offs_d[None, :], x,
+             mask=as_mask(in_h & (offs_d[None, :] < HEAD_DIM)))
     if MAKE_MASK:
-        if h == 0:
+        if hb == 0:
             r = slot % Q_LEN
             # column c of the padded row: an older key of the request (c < shift), else its draft c - shift
             offs_w = tl.arange(0, BLOCK_W)
@@ -71,18 +76,23 @@ def ragged_unpack_kernel(
     out_ptr,  # [total, Hq, D] packed output rows (last dim contiguous)
     lse_ptr,  # [total, Hq] float32 packed LSE (HAS_LSE; last dim contiguous)
     stride_o_t, stride_o_h, stride_l_t, total, num_heads,
-    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_LSE: tl.constexpr,
+    Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, HAS_LSE: tl.constexpr,
 ):
     slot = tl.program_id(0)
-    h = tl.program_id(1)
+    hb = tl.program_id(1)
     src, valid, shift = _slot_source(cu_ptr, slot, total, Q_LEN)
     if valid:
+        offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, HEAD_DIM)
-        pad = slot.to(tl.int64) * num_heads + h
-        x = tl.load(out_pad_ptr + pad * HEAD_DIM + offs_d)
-        tl.store(out_ptr + src.to(tl.int64) * stride_o_t + h * stride_o_h + offs_d, x)
+        in_h = offs_h < num_heads
+        pad = slot.to(tl.int64) * num_heads + offs_h  # [BLOCK_H]
+        tile_mask = as_mask(in_h[:, None] & (offs_d[None, :] < HEAD_DIM))
+        x = tl.load(out_pad_ptr + pad[:, None] * HEAD_DIM + offs_d[None, :], mask=tile_mask)
+        tl.store(out_ptr + src.to(tl.int64) * stride_o_t + offs_h[:, None] * stride_o_h + offs_d[None, :], x,
+                 mask=tile_mask)
         if HAS_LSE:
-            tl.store(lse_ptr + src.to(tl.int64) * stride_l_t + h, tl.load(lse_pad_ptr + pad))
+            tl.store(lse_ptr + src.to(tl.int64) * stride_l_t + offs_h, tl.load(lse_pad_ptr + pad, mask=in_h),
+                     mask=in_h)
 
 
 __all__ = ["ragged_pack_kernel", "ragged_unpack_kernel"]

@@ -10,7 +10,7 @@ them (``r' < Q - q_b``) are computed and dropped. A ragged mask row (bits over t
 the request, are visible and whose bits follow, shifted by ``Q - q_b``.
 
 The kernels' path (:func:`run_padded`) is two small launches around the padded decode, one
-program a (padded slot, head): :func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
+program a (padded slot, block of heads): :func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
 :func:`.kernels_ragged.ragged_unpack_kernel` writes the packed output (and LSE) rows back; every index comes from
 the offsets on the device, of sizes fixed by the host-known ``B``, ``Q`` and ``total_q``, so a call
 can be captured in a CUDA graph and replayed with new offsets. :func:`row_maps` and
@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ...runtime import fast_launch
-from ...runtime.common import device_guard, entry, next_power_of_2
+from ...runtime.common import cdiv, device_guard, entry, next_power_of_2
 from ...runtime.plans import cached_plan
 from .kernels_ragged import ragged_pack_kernel, ragged_unpack_kernel
 
@@ -79,11 +79,18 @@ def padded_mask(mask: torch.Tensor | None, q_cu: torch.Tensor, src: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# the kernels' path: two launches, each program one (padded slot, head), each a Launch cached
-# under its host facts
+# the kernels' path: two launches, each program one (padded slot, block of heads), each a Launch
+# cached under its host facts
 # ---------------------------------------------------------------------------------------------
+TILE_ELEMENTS = 4096  # elements a program moves a step (a [BLOCK_H, D] tile, 4 warps)
+NUM_WARPS = 4
+
 _PACK_LAYOUT = fast_launch.CallLayout(("query", "q_cu", "mask", "q_pad", "mask_pad"))
 _UNPACK_LAYOUT = fast_launch.CallLayout(("out_pad", "lse_pad", "q_cu", "out", "lse"))
+
+
+def _head_block(heads: int, dim: int) -> int:
+    return max(1, min(next_power_of_2(heads), TILE_ELEMENTS // dim))
 
 
 class PackFacts(NamedTuple):
@@ -111,27 +118,29 @@ class UnpackFacts(NamedTuple):
 def _pack_launch(f: PackFacts) -> fast_launch.Launch:
     rows, heads, dim = f.q_shape
     words = 2 * ((f.q_len + 31) // 32)
+    block_h = _head_block(heads, dim)
     return fast_launch.Launch(
-        ragged_pack_kernel, (f.slots, heads), layout=_PACK_LAYOUT,
+        ragged_pack_kernel, (f.slots, cdiv(heads, block_h)), layout=_PACK_LAYOUT,
         per_call=dict(q_ptr="query", cu_ptr="q_cu", mask_ptr="mask", q_pad_ptr="q_pad", mask_pad_ptr="mask_pad"),
         fixed=dict(stride_q_t=f.q_stride[0], stride_q_h=f.q_stride[1],
                    stride_m_t=f.mask_stride[0] if f.mask_stride is not None else 0, total=rows, num_heads=heads,
                    window_left=f.window_left),
-        constexprs=dict(Q_LEN=f.q_len, HEAD_DIM=dim, WORDS=words, BLOCK_W=next_power_of_2(words),
+        constexprs=dict(Q_LEN=f.q_len, HEAD_DIM=dim, BLOCK_H=block_h, WORDS=words, BLOCK_W=next_power_of_2(words),
                         HAS_MASK=f.mask_stride is not None, MAKE_MASK=f.make_mask, HAS_WINDOW=f.window_left >= 0),
-        options=dict(num_warps=1),
+        options=dict(num_warps=NUM_WARPS),
     )
 
 
 def _unpack_launch(f: UnpackFacts) -> fast_launch.Launch:
     rows, heads, dim = f.out_shape
+    block_h = _head_block(heads, dim)
     return fast_launch.Launch(
-        ragged_unpack_kernel, (f.slots, heads), layout=_UNPACK_LAYOUT,
+        ragged_unpack_kernel, (f.slots, cdiv(heads, block_h)), layout=_UNPACK_LAYOUT,
         per_call=dict(out_pad_ptr="out_pad", lse_pad_ptr="lse_pad", cu_ptr="q_cu", out_ptr="out", lse_ptr="lse"),
         fixed=dict(stride_o_t=f.out_stride[0], stride_o_h=f.out_stride[1],
                    stride_l_t=f.lse_stride[0] if f.lse_stride is not None else 0, total=rows, num_heads=heads),
-        constexprs=dict(Q_LEN=f.q_len, HEAD_DIM=dim, HAS_LSE=f.lse_stride is not None),
-        options=dict(num_warps=1),
+        constexprs=dict(Q_LEN=f.q_len, HEAD_DIM=dim, BLOCK_H=block_h, HAS_LSE=f.lse_stride is not None),
+        options=dict(num_warps=NUM_WARPS),
     )
 
 

@@ -168,16 +168,20 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
 
 
 def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig | None:
-    """The 64-head entry that a launch of 17-32 heads over a 16-bit cache takes on sm90 where the
-    warp-specialised kernel serves it (the launcher checks that), the rows past the heads padded:
-    H100, bf16 Hq 32, graph us 64x4096 / 128x8192 / 32x16384: BLOCK_H 32 (Triton) 146.5 / 511.2 /
-    271.8 against 130.1 / 426.6 / 229.2, Hq 24 alike (lab/notes/mla.md "MLA: 17-32 heads on the
-    seesaw"). None for other launches, and while an :func:`override` is in force."""
+    """The 64-head entry that a launch of fewer than 64 heads (rows) over a 16-bit cache takes on
+    sm90 where the warp-specialised kernel serves it (the launcher checks that), the rows past the
+    heads padded. H100, bf16 Hq 32, graph us 64x4096 / 128x8192 / 32x16384: BLOCK_H 32 (Triton)
+    146.5 / 511.2 / 271.8 against 130.1 / 426.6 / 229.2, Hq 24 alike (lab/notes/mla.md "MLA: 17-32
+    heads on the seesaw"). 16 heads and fewer kept the Triton kernel's 16-row programs while the
+    H100's memory hid their products (0.81-0.96 of copy bandwidth); on the H200 that kernel reads
+    0.745 of copy bandwidth at Hq 16, where the 64-head programs, products padded, overlap their
+    copies as at Hq 32 (lab/notes/mla.md "MLA: 16 heads on the seesaw"). None for other launches,
+    and while an :func:`override` is in force."""
     if arch != "sm90" or q_fp8 or _override:
         return None
     cfg = config(arch, kv_format, num_heads)
     wide = config(arch, kv_format, 64)
-    if not MIN_BLOCK_H < cfg.block_h < wide.block_h or not warp_specialized(arch, kv_format, wide.block_h):
+    if not cfg.block_h < wide.block_h or not warp_specialized(arch, kv_format, wide.block_h):
         return None
     return wide
 

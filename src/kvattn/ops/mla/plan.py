@@ -88,8 +88,9 @@ class _Plan:
         ws_allowed = (f.gluon_on and f.gluon_ws_on and mla_gluon_ws_kernel is not None and f.lse_stride is None
                       and family == "sm90")
         cfg = mla_configs.config(family, self.kv_format, self.num_heads, q_fp8)
-        # 17-32 heads over a 16-bit cache: the warp-specialised kernel's 64-head programs (rows past
-        # the heads padded) where it takes the launch, not the Triton kernel's 32-head ones.
+        # Fewer than 64 heads over a 16-bit cache: the warp-specialised kernel's 64-head programs
+        # (rows past the heads padded) where it takes the launch, not the Triton kernel's 16- or
+        # 32-head ones.
         wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8)
         if wide is not None and ws_allowed and mla_gluon_kernel is not None and _gluon_fits(
                 wide, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16):

@@ -1,4 +1,5 @@
-"""Random benchmark inputs built on the device: paged pools, page tables, gathers.
+"""Random benchmark inputs built on the device: paged pools, page tables, gathers (``kvattn bench``'s
+problems and the repository's registry both draw theirs here).
 
 ``kvattn.testing.make_paged_kv`` builds its caches on the CPU with a per-token loop and keeps
 float32 copies of every token for the tests' references; at benchmark sizes (a gigabyte of cache)
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvattn._formats_table import BY_NAME
+from .._formats_table import BY_NAME
 
 FP8 = torch.float8_e4m3fn
 

@@ -2,8 +2,9 @@
 
 ``do_bench`` flushes L2 between repetitions and times each with device events. Several input sets
 (one callable per set) are rotated round-robin so a small working set is not served from L2 even
-between the flush and the call. On a CPU (harness smoke test) a host timer stands in and graphs are
-skipped.
+between the flush and the call. On a CPU a host timer stands in and graphs are skipped: medians of
+host-timed calls, at least :data:`HOST_MIN_CALLS`, then as many as fit in ``rep_ms`` (at most
+:data:`HOST_MAX_CALLS`); those numbers only show that the plumbing works.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 Fn = Callable[[], object]
+HOST_MIN_CALLS = 3
+HOST_MAX_CALLS = 1000
 
 
-def _rotating(fns: Sequence[Fn]) -> Fn:
+def rotating(fns: Sequence[Fn]) -> Fn:
+    """One callable that runs ``fns[0]``, ``fns[1]``, ... in turn, one per call."""
     if len(fns) == 1:
         return fns[0]
     state = {"i": 0}
@@ -45,15 +49,16 @@ class Timer:
         return self.device.type == "cuda"
 
     def eager(self, fns: Sequence[Fn], context: Callable[[], ContextManager] = nullcontext) -> float:
+        """Median microseconds of one plain call (launch overhead included)."""
         with context():
             for f in fns:  # first calls compile / autotune / pick kernels: keep them out of the timing
                 f()
             if not self.cuda:
-                return _host_median_us(_rotating(fns), reps=5)
+                return host_median_us(rotating(fns), self.rep_ms)
             torch.cuda.synchronize()
             from triton.testing import do_bench
 
-            return 1e3 * do_bench(_rotating(fns), warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median")
+            return 1e3 * do_bench(rotating(fns), warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median")
 
     def graph(self, fns: Sequence[Fn], context: Callable[[], ContextManager] = nullcontext) -> float | None:
         """Median of replays of a CUDA graph holding one call (one graph per input set); None on a CPU."""
@@ -65,7 +70,7 @@ class Timer:
             from triton.testing import do_bench
 
             replays = [g.replay for g in graphs]
-            return 1e3 * do_bench(_rotating(replays), warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median")
+            return 1e3 * do_bench(rotating(replays), warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median")
         finally:
             del graphs
 
@@ -112,9 +117,13 @@ def back_to_back_us(fns: Sequence[Fn], context: Callable[[], ContextManager] = n
     return start.elapsed_time(end) * 1e3 / replays
 
 
-def _host_median_us(fn: Fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
+def host_median_us(fn: Fn, budget_ms: float) -> float:
+    """Median microseconds of host-timed calls: at least HOST_MIN_CALLS, then until ``budget_ms``
+    has passed or HOST_MAX_CALLS were made."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < HOST_MIN_CALLS or (time.perf_counter() - start < budget_ms / 1e3
+                                          and len(times) < HOST_MAX_CALLS):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
