@@ -116,6 +116,7 @@ def calls() -> dict:
     interpreted = {"KVATTN_BACKEND": "triton"}
     out.update({
         "mla-gluon-lse-hopper": (lambda: mla(return_lse=True), True, True, {}),
+        "mla-h16-hopper": (lambda: mla(hq=16), True, True, {}),
         "mla-h32-hopper": (lambda: mla(hq=32), True, True, {}),
         "mla-h128-hopper": (lambda: mla(hq=128), True, True, {}),
         "mla-gluon-not-ws-hopper": (mla, True, True, {"KVATTN_GLUON_WS": "0"}),
