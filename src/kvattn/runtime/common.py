@@ -1,7 +1,7 @@
 """Host-side pieces the decode, MLA and prefill launchers share: which config table a launch reads,
 whether it may read its cache as words, what a plan knows of a cache's pages, the device guard,
-lengths as the kernels read them, and the eager/traced switch of the torch ops. (The workspace layout is :mod:`.workspace`, the plan
-cache and config overrides :mod:`.plans`.)
+lengths as the kernels read them, and the eager/traced switch of the torch ops. (The workspace
+layout is :mod:`.workspace`, the plan cache and config overrides :mod:`.plans`.)
 
 None of them waits for the device or allocates (but the copy of a non-contiguous lengths tensor),
 so launches stay capturable in CUDA graphs.

@@ -354,15 +354,21 @@ class Descriptor(NamedTuple):
     block_shape: tuple
     layout: Any = None
 
-    def make(self, base: torch.Tensor):
-        """The descriptor of ``base`` (what the kernel parameter gets for this call)."""
-        if self.layout is None:
+    def maker(self) -> Callable[[torch.Tensor], Any]:
+        """``f(base)``: the descriptor of ``base`` (what the kernel parameter gets for a call), its
+        class looked up once, here (fresh shape lists each call, as a caller building it would)."""
+        shape, strides, block, layout = tuple(self.shape), tuple(self.strides), tuple(self.block_shape), self.layout
+        if layout is None:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            return TensorDescriptor(base, list(self.shape), list(self.strides), list(self.block_shape))
+            return lambda base: TensorDescriptor(base, list(shape), list(strides), list(block))
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-        return GluonDescriptor(base, list(self.shape), list(self.strides), list(self.block_shape), self.layout)
+        return lambda base: GluonDescriptor(base, list(shape), list(strides), list(block), layout)
+
+    def make(self, base: torch.Tensor):
+        """The descriptor of ``base``."""
+        return self.maker()(base)
 
 
 def descriptor_base(value) -> int | None:
@@ -705,7 +711,7 @@ class Launch:
         unknown = sorted(d.tensor for d in self.descriptors if d.tensor not in layout.tensors)
         if unknown:
             raise TypeError(f"descriptors of tensors not in the call layout: {unknown}")
-        self._described = tuple((positions[d.tensor], d.make) for d in self.descriptors)
+        self._described = tuple((positions[d.tensor], d.maker()) for d in self.descriptors)
         self._bound, indices = _resolve(kernel, layout, self.per_call, self.fixed, self.constexprs)
         # Every parameter in the kernel's order (constexprs in place: Triton's launcher and
         # kernel[grid] both take them so), picked from the call's values followed by _bound.

@@ -332,7 +332,8 @@ def launch_context(
         # Every host fact the plan reads, each in a local of its PrefillFacts field's name.
         device = query.device
         q_stride, q_dtype = query.stride(), query.dtype
-        k_shape, k_stride, v_shape, v_stride, kv_dtype, v_dtype = k.shape, k.stride(), v.shape, v.stride(), k.dtype, v.dtype
+        k_shape, k_stride, v_shape, v_stride = k.shape, k.stride(), v.shape, v.stride()
+        kv_dtype, v_dtype = k.dtype, v.dtype
         k_aligned16, v_aligned16 = k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0
         kv_aligned4 = words_aligned(k, v, k_sf, v_sf)
         ksf_stride = k_sf.stride() if k_sf is not None else None
