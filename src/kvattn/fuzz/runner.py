@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runtime import env as _env
-from .draws import FUNCTIONS, Env, draw, tile_sizes
+from .corpus import FRESH_CPU, FRESH_CUDA, Corpus
+from .draws import FUNCTIONS, Env, tile_sizes
 from .modes import MODES, applicable, run_spec
 from .shrink import shrink, snippet
 
 SHRINK_PER_KIND = 2  # failures shrunk per (function, mode, result); the rest are recorded as drawn, with snippets
 SHRINK_BUDGET = 150  # tries per shrink
+def default_fresh(device: torch.device) -> float:
+    return FRESH_CUDA if torch.device(device).type == "cuda" else FRESH_CPU
 
 
 @dataclass
@@ -31,6 +34,23 @@ class Report:
     seconds: float = 0.0
     counts: dict = field(default_factory=dict)  # function -> mode -> {"calls", "mismatches", "errors"}
     failures: list = field(default_factory=list)
+    fresh: float = 1.0
+    jobs: int = 1
+    busy: dict = field(default_factory=dict)  # function -> seconds its calls took (shrinking not counted)
+    classes: dict = field(default_factory=dict)  # function -> {"classes", "fresh", "mutated"} (summed over jobs)
+    workers: list = field(default_factory=list)  # --jobs: one summary a worker
+
+    def timing(self) -> dict:
+        """Calls a second over the run, and per function its calls, the seconds they took and
+        their share of the rate (calls of the function per second of the run)."""
+        wall = max(self.seconds, 1e-9)
+        per = {}
+        for function, per_mode in self.counts.items():
+            n = sum(c["calls"] for c in per_mode.values())
+            busy = self.busy.get(function, 0.0)
+            per[function] = {"calls": n, "seconds": round(busy, 2), "calls_per_second": round(n / wall, 2),
+                             "ms_per_call": round(1000 * busy / n, 1) if n else None}
+        return {"calls_per_second": round(self.calls / wall, 2), "per_function": per}
 
     @property
     def summary(self) -> str:
@@ -43,7 +63,9 @@ class Report:
     def as_json(self) -> dict:
         return {"command": "fuzz", "device": self.device, "seed": self.seed, "modes": list(self.modes),
                 "only": list(self.only), "calls": self.calls, "mismatches": self.mismatches, "errors": self.errors,
-                "seconds": round(self.seconds, 2), "counts": self.counts, "failures": self.failures}
+                "seconds": round(self.seconds, 2), "fresh": self.fresh, "jobs": self.jobs, "timing": self.timing(),
+                "classes": self.classes, "workers": self.workers, "counts": self.counts, "busy": self.busy,
+                "failures": self.failures}
 
 
 class Ticker:
@@ -103,7 +125,8 @@ def reference_outcome(spec: dict, mode_seed: int) -> dict:
 
 
 def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | None = None, seed: int = 0,
-         only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET) -> Report:
+         only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET,
+         fresh: float | None = None, progress=None) -> Report:
     """Run random legal calls until ``calls`` are done or ``seconds`` have passed.
 
     Parameters
@@ -123,6 +146,12 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         Where the progress bar goes (default stderr); ``quiet`` turns it off.
     shrink_budget : int
         Tries a shrink may take.
+    fresh : float, optional
+        Chance that a call is a fresh draw (a possibly new kernel class) rather than a class already
+        seen with new runtime values, once its function has a few classes (``kvattn.fuzz.corpus``).
+        Default: ``FRESH_CUDA`` on a GPU, 1.0 elsewhere (every call fresh: the draws of the seed).
+    progress : callable, optional
+        Called with the report after every call (``--jobs``: a worker's counts to the parent).
 
     Returns
     -------
@@ -141,7 +170,9 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         raise ValueError("calls, seconds: expected a budget, got neither")
     env = environment(device)
     use = [(f, m) for f in only for m in modes if applicable(m, f, device)]
-    report = Report(str(device), seed, tuple(modes), tuple(only))
+    fresh = default_fresh(device) if fresh is None else fresh
+    corpus = Corpus(fresh, env)
+    report = Report(str(device), seed, tuple(modes), tuple(only), fresh=fresh)
     if not use:
         return report
     rng = random.Random(seed)
@@ -155,9 +186,11 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         if seconds is not None and time.perf_counter() - t0 >= seconds:
             break
         function, mode = use[report.calls % len(use)]
-        spec = draw(function, rng, env)
+        spec = corpus.next(function, rng)
         mode_seed = rng.randrange(2**31)
+        started = time.perf_counter()
         outcome = run_spec(spec, mode, device, mode_seed)
+        report.busy[function] = report.busy.get(function, 0.0) + time.perf_counter() - started
         cell = report.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
         cell["calls"] += 1
         report.calls += 1
@@ -179,7 +212,11 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
                 if check_reference:
                     record["reference"] = reference_outcome(small, mode_seed)
             report.failures.append(record)
+        report.seconds = time.perf_counter() - t0
+        report.classes = corpus.stats()
         ticker.update(report, f"{function} ({mode})")
+        if progress is not None:
+            progress(report)
     report.seconds = time.perf_counter() - t0
     ticker.done()
     return report
@@ -187,13 +224,25 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
 
 def print_report(report: Report, out=None) -> None:
     out = out or sys.stdout
-    print(f"device: {report.device}, seed {report.seed}, {report.seconds:.1f} s", file=out)
+    timing = report.timing()
+    jobs = f", {report.jobs} jobs (seeds {report.seed} to {report.seed + report.jobs - 1})" if report.jobs > 1 else ""
+    print(f"device: {report.device}, seed {report.seed}{jobs}, {report.seconds:.1f} s, "
+          f"{timing['calls_per_second']:.1f} calls/s, fresh {report.fresh:g}", file=out)
+    for w in report.workers:
+        print(f"  worker {w['worker']} (seed {w['seed']}): {w['summary']}, {w['seconds']:.1f} s", file=out)
     for function, per_mode in report.counts.items():
         cells = ", ".join(f"{m} {c['calls']}" + (f" ({c['mismatches']} mismatches, {c['errors']} errors)"
                                                  if c["mismatches"] or c["errors"] else "")
                           for m, c in per_mode.items())
-        print(f"  {function:<14s} {cells}", file=out)
+        kinds = report.classes.get(function)
+        rate = timing["per_function"][function]
+        extra = f"  [{rate['ms_per_call']} ms a call" + (f", {kinds['classes']} classes" if kinds else "") + "]"
+        print(f"  {function:<14s} {cells}{extra}", file=out)
     for i, f in enumerate(report.failures):
+        if "worker_error" in f:
+            print(f"\nfailure {i + 1}: worker {f['worker']} (seed {f['seed']}) failed: {f['outcome']['why']}", file=out)
+            print(f["worker_error"], file=out)
+            continue
         if "shrunk_spec" not in f:
             continue
         print(f"\nfailure {i + 1}: {f['function']} ({f['mode']}): {f['outcome']['why']}", file=out)
@@ -203,7 +252,7 @@ def print_report(report: Report, out=None) -> None:
             print(f"the CPU reference on the shrunk call: {ref['result']}" + (f" ({ref['why']})" if ref["why"] else ""),
                   file=out)
         print(f["snippet"], file=out)
-    unshrunk = sum("shrunk_spec" not in f for f in report.failures)
+    unshrunk = sum("shrunk_spec" not in f and "worker_error" not in f for f in report.failures)
     if unshrunk:
         print(f"({unshrunk} more failures recorded unshrunk, each with its snippet; see --json)", file=out)
     print(report.summary, file=out)
