@@ -69,6 +69,10 @@ def merge(reports: list, device: str, seed: int, modes: tuple, only: tuple, fres
                     into[k] += cell[k]
         for function, busy in doc["busy"].items():
             merged.busy[function] = merged.busy.get(function, 0.0) + busy
+        for function, cold in doc["compiles"].items():
+            into = merged.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            for k in into:
+                into[k] += cold[k]
         for function, kinds in doc["classes"].items():
             into = merged.classes.setdefault(function, {"classes": 0, "fresh": 0, "mutated": 0})
             for k in into:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runtime import env as _env
+from .compiles import CompileCounter
 from .corpus import FRESH_CPU, FRESH_CUDA, Corpus
 from .draws import FUNCTIONS, Env, tile_sizes
 from .modes import MODES, applicable, run_spec
@@ -37,6 +38,9 @@ class Report:
     fresh: float = 1.0
     jobs: int = 1
     busy: dict = field(default_factory=dict)  # function -> seconds its calls took (shrinking not counted)
+    # function -> {"kernels": compiled or loaded by its calls, "cold_calls": calls that compiled one,
+    # "warm_seconds": seconds its other calls took}
+    compiles: dict = field(default_factory=dict)
     classes: dict = field(default_factory=dict)  # function -> {"classes", "fresh", "mutated"} (summed over jobs)
     workers: list = field(default_factory=list)  # --jobs: one summary a worker
 
@@ -48,8 +52,12 @@ class Report:
         for function, per_mode in self.counts.items():
             n = sum(c["calls"] for c in per_mode.values())
             busy = self.busy.get(function, 0.0)
+            cold = self.compiles.get(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            warm = n - cold["cold_calls"]
             per[function] = {"calls": n, "seconds": round(busy, 2), "calls_per_second": round(n / wall, 2),
-                             "ms_per_call": round(1000 * busy / n, 1) if n else None}
+                             "ms_per_call": round(1000 * busy / n, 1) if n else None,
+                             "kernels_compiled": cold["kernels"], "cold_calls": cold["cold_calls"],
+                             "warm_ms_per_call": round(1000 * cold["warm_seconds"] / warm, 1) if warm else None}
         return {"calls_per_second": round(self.calls / wall, 2), "per_function": per}
 
     @property
@@ -65,7 +73,7 @@ class Report:
                 "only": list(self.only), "calls": self.calls, "mismatches": self.mismatches, "errors": self.errors,
                 "seconds": round(self.seconds, 2), "fresh": self.fresh, "jobs": self.jobs, "timing": self.timing(),
                 "classes": self.classes, "workers": self.workers, "counts": self.counts, "busy": self.busy,
-                "failures": self.failures}
+                "compiles": self.compiles, "failures": self.failures}
 
 
 class Ticker:
@@ -180,43 +188,51 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     shrunk: dict = {}
     t0 = time.perf_counter()
     check_reference = device.type == "cuda" or env.interpreter
-    while True:
-        if calls is not None and report.calls >= calls:
-            break
-        if seconds is not None and time.perf_counter() - t0 >= seconds:
-            break
-        function, mode = use[report.calls % len(use)]
-        spec = corpus.next(function, rng)
-        mode_seed = rng.randrange(2**31)
-        started = time.perf_counter()
-        outcome = run_spec(spec, mode, device, mode_seed)
-        report.busy[function] = report.busy.get(function, 0.0) + time.perf_counter() - started
-        cell = report.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
-        cell["calls"] += 1
-        report.calls += 1
-        if outcome["result"] != "ok":
-            key = "mismatches" if outcome["result"] == "mismatch" else "errors"
-            cell[key] += 1
-            setattr(report, key, getattr(report, key) + 1)
-            record = {"function": function, "mode": mode, "mode_seed": mode_seed, "spec": spec, "outcome": outcome,
-                      "snippet": snippet(spec, mode, device.type, mode_seed, outcome["why"])}
-            kind = (function, mode, outcome["result"], outcome.get("error_type"))
-            if shrunk.get(kind, 0) < SHRINK_PER_KIND:
-                shrunk[kind] = shrunk.get(kind, 0) + 1
-                # With a time budget, shrinking gets at most a tenth of it past the end.
-                deadline = None if seconds is None else t0 + seconds * 1.1
-                small, small_outcome, tries = shrink(spec, outcome, lambda s: run_spec(s, mode, device, mode_seed),
-                                                     shrink_budget, deadline)
-                record.update(shrunk_spec=small, shrunk_outcome=small_outcome, shrink_tries=tries,
-                              snippet=snippet(small, mode, device.type, mode_seed, small_outcome["why"]))
-                if check_reference:
-                    record["reference"] = reference_outcome(small, mode_seed)
-            report.failures.append(record)
-        report.seconds = time.perf_counter() - t0
-        report.classes = corpus.stats()
-        ticker.update(report, f"{function} ({mode})")
-        if progress is not None:
-            progress(report)
+    with CompileCounter().installed() as compiled:
+        while True:
+            if calls is not None and report.calls >= calls:
+                break
+            if seconds is not None and time.perf_counter() - t0 >= seconds:
+                break
+            function, mode = use[report.calls % len(use)]
+            spec = corpus.next(function, rng)
+            mode_seed = rng.randrange(2**31)
+            started, kernels = time.perf_counter(), compiled.count
+            outcome = run_spec(spec, mode, device, mode_seed)
+            took = time.perf_counter() - started
+            report.busy[function] = report.busy.get(function, 0.0) + took
+            cold = report.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            if compiled.count > kernels:
+                cold["kernels"] += compiled.count - kernels
+                cold["cold_calls"] += 1
+            else:
+                cold["warm_seconds"] += took
+            cell = report.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
+            cell["calls"] += 1
+            report.calls += 1
+            if outcome["result"] != "ok":
+                key = "mismatches" if outcome["result"] == "mismatch" else "errors"
+                cell[key] += 1
+                setattr(report, key, getattr(report, key) + 1)
+                record = {"function": function, "mode": mode, "mode_seed": mode_seed, "spec": spec, "outcome": outcome,
+                          "snippet": snippet(spec, mode, device.type, mode_seed, outcome["why"])}
+                kind = (function, mode, outcome["result"], outcome.get("error_type"))
+                if shrunk.get(kind, 0) < SHRINK_PER_KIND:
+                    shrunk[kind] = shrunk.get(kind, 0) + 1
+                    # With a time budget, shrinking gets at most a tenth of it past the end.
+                    deadline = None if seconds is None else t0 + seconds * 1.1
+                    small, small_outcome, tries = shrink(spec, outcome, lambda s: run_spec(s, mode, device, mode_seed),
+                                                         shrink_budget, deadline)
+                    record.update(shrunk_spec=small, shrunk_outcome=small_outcome, shrink_tries=tries,
+                                  snippet=snippet(small, mode, device.type, mode_seed, small_outcome["why"]))
+                    if check_reference:
+                        record["reference"] = reference_outcome(small, mode_seed)
+                report.failures.append(record)
+            report.seconds = time.perf_counter() - t0
+            report.classes = corpus.stats()
+            ticker.update(report, f"{function} ({mode})")
+            if progress is not None:
+                progress(report)
     report.seconds = time.perf_counter() - t0
     ticker.done()
     return report
@@ -236,7 +252,9 @@ def print_report(report: Report, out=None) -> None:
                           for m, c in per_mode.items())
         kinds = report.classes.get(function)
         rate = timing["per_function"][function]
-        extra = f"  [{rate['ms_per_call']} ms a call" + (f", {kinds['classes']} classes" if kinds else "") + "]"
+        extra = (f"  [{rate['ms_per_call']} ms a call" + (f", {kinds['classes']} classes" if kinds else "")
+                 + (f", {rate['cold_calls']} calls compiled {rate['kernels_compiled']} kernels, the others "
+                    f"{rate['warm_ms_per_call']} ms a call" if rate["cold_calls"] else "") + "]")
         print(f"  {function:<14s} {cells}{extra}", file=out)
     for i, f in enumerate(report.failures):
         if "worker_error" in f:
