@@ -91,9 +91,10 @@ def mutate(parent: dict, rng: random.Random, env: Env) -> dict:
 
 
 def fresh_probability(fresh: float, classes: int) -> float:
-    """Chance that a function's next call is a fresh draw, with ``classes`` classes seen: 1 for
-    the first, then ``1 / classes**2`` until it falls to ``fresh`` (a few classes a function early,
-    then the given rate: about 6 classes in a function's first 60 calls, ``fresh`` of the rest)."""
+    """Chance that a function's next call is a fresh draw, with ``classes`` classes seen: 1 until
+    there are two, then ``1 / classes**2`` until it falls to ``fresh`` (a few classes a function
+    early, then the given rate: about 6 classes in a function's first 60 calls, ``fresh`` of the
+    rest)."""
     if fresh >= 1.0 or classes == 0:
         return 1.0
     return max(fresh, 1.0 / classes**2)

@@ -137,11 +137,11 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
                 # is already in the pipe when it exits, so a few seconds' grace suffices.
                 if reports[i] is None and i not in errors and not p.is_alive():
                     if now - dead_since.setdefault(i, now) > DEAD_GRACE:
-                        errors[i] = (f"worker exited with code {p.exitcode} and no report", "")
+                        errors[i] = (f"exited with code {p.exitcode} and no report", "")
             if hard_end is not None and now > hard_end:
                 for i in range(jobs):
                     if reports[i] is None and i not in errors:
-                        errors[i] = (f"worker still running {now - t0:.0f} s after the start (budget {seconds:g} s): "
+                        errors[i] = (f"still running {now - t0:.0f} s after the start (budget {seconds:g} s): "
                                      "ended", "")
                 break
     finally:
@@ -173,4 +173,4 @@ def _take(kind, i, rest, live, reports, errors) -> None:
         live[i] = (rest[0]["calls"], rest[0]["mismatches"], rest[0]["errors"])
     else:
         lines = rest[0].strip().splitlines()
-        errors[i] = (f"worker raised {lines[-1] if lines else 'an exception'}", rest[0])
+        errors[i] = (f"raised {lines[-1] if lines else 'an exception'}", rest[0])

@@ -258,7 +258,7 @@ def print_report(report: Report, out=None) -> None:
         print(f"  {function:<14s} {cells}{extra}", file=out)
     for i, f in enumerate(report.failures):
         if "worker_error" in f:
-            print(f"\nfailure {i + 1}: worker {f['worker']} (seed {f['seed']}) failed: {f['outcome']['why']}", file=out)
+            print(f"\nfailure {i + 1}: worker {f['worker']} (seed {f['seed']}) {f['outcome']['why']}", file=out)
             print(f["worker_error"], file=out)
             continue
         if "shrunk_spec" not in f:
