@@ -125,7 +125,8 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
             try:
                 kind, i, *rest = results.get(timeout=0.5)
                 _take(kind, i, rest, live, reports, errors)
-                if kind == "progress" and not quiet:
+                # (past the time budget the workers are finishing: the summary follows)
+                if kind == "progress" and not quiet and ticker.fraction(live_calls(live)) < 1.0:
                     done, mism, errs = (sum(v[k] for v in live.values()) for k in range(3))
                     ticker.update(Report(str(device), seed, (), (), calls=done, mismatches=mism, errors=errs),
                                   f"{jobs} jobs")
@@ -163,6 +164,10 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
         why, detail = errors[i]
         _worker_failure(merged, i, seed + i, why, detail)
     return merged
+
+
+def live_calls(live: dict) -> int:
+    return sum(v[0] for v in live.values())
 
 
 def _take(kind, i, rest, live, reports, errors) -> None:
