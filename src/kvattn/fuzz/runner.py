@@ -19,7 +19,10 @@ from .shrink import shrink, snippet
 
 SHRINK_PER_KIND = 2  # failures shrunk per (function, mode, result); the rest are recorded as drawn, with snippets
 SHRINK_BUDGET = 150  # tries per shrink
+
+
 def default_fresh(device: torch.device) -> float:
+    """``--fresh``'s default: mostly classes already compiled on a GPU, every call fresh elsewhere."""
     return FRESH_CUDA if torch.device(device).type == "cuda" else FRESH_CPU
 
 
@@ -59,6 +62,20 @@ class Report:
                              "kernels_compiled": cold["kernels"], "cold_calls": cold["cold_calls"],
                              "warm_ms_per_call": round(1000 * cold["warm_seconds"] / warm, 1) if warm else None}
         return {"calls_per_second": round(self.calls / wall, 2), "per_function": per}
+
+    def add_call(self, function: str, mode: str, seconds: float, kernels: int) -> dict:
+        """Count one call that took ``seconds`` and compiled ``kernels``; its count cell."""
+        self.busy[function] = self.busy.get(function, 0.0) + seconds
+        cold = self.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+        if kernels:
+            cold["kernels"] += kernels
+            cold["cold_calls"] += 1
+        else:
+            cold["warm_seconds"] += seconds
+        cell = self.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
+        cell["calls"] += 1
+        self.calls += 1
+        return cell
 
     @property
     def summary(self) -> str:
@@ -199,17 +216,7 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
             mode_seed = rng.randrange(2**31)
             started, kernels = time.perf_counter(), compiled.count
             outcome = run_spec(spec, mode, device, mode_seed)
-            took = time.perf_counter() - started
-            report.busy[function] = report.busy.get(function, 0.0) + took
-            cold = report.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
-            if compiled.count > kernels:
-                cold["kernels"] += compiled.count - kernels
-                cold["cold_calls"] += 1
-            else:
-                cold["warm_seconds"] += took
-            cell = report.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
-            cell["calls"] += 1
-            report.calls += 1
+            cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels)
             if outcome["result"] != "ok":
                 key = "mismatches" if outcome["result"] == "mismatch" else "errors"
                 cell[key] += 1
