@@ -150,3 +150,36 @@ def test_timing_reports_the_rate_and_warm_calls():
     assert t["per_function"]["xqa"] == {"calls": 10, "seconds": 1.5, "calls_per_second": 5.0, "ms_per_call": 150.0,
                                         "kernels_compiled": 3, "cold_calls": 2, "warm_ms_per_call": 50.0}
     assert r.as_json()["timing"] == t
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU: a mutated call reuses its class's kernels
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("function", draws.FUNCTIONS)
+def test_mutated_calls_mostly_reuse_compiled_kernels(function, triton_backend):
+    """A class's runtime draws compile a variant now and then (Triton specialises integer sizes
+    and strides on == 1 and % 16, configs follow the batch and the lengths), but most of them
+    must find their kernels compiled: a class field mistaken for a runtime one compiles every time."""
+    from kvattn.fuzz import run_spec
+    from kvattn.fuzz.runner import environment
+
+    device = torch.device("cuda")
+    env = environment(device)
+    rng = random.Random(0)
+    parent = draws.draw(function, rng, env)
+    counter = CompileCounter()
+    cold, calls = 0, 32
+    with counter.installed():
+        run_spec(parent, "plain", device, 0)  # the class's first kernels
+        for i in range(calls):
+            before = counter.count
+            outcome = run_spec(corpus.mutate(parent, rng, env), "plain", device, i)
+            assert outcome["result"] == "ok", outcome
+            cold += counter.count > before
+        again = counter.count
+        run_spec(parent, "plain", device, 0)
+        assert counter.count == again  # the very same call compiles nothing
+    assert counter.count > 0  # the counter sees Triton's compiles
+    assert cold <= calls // 2, f"{cold} of {calls} mutated {function} calls compiled a kernel"

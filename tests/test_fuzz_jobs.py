@@ -118,3 +118,18 @@ def test_jobs_argument_errors(capsys):
         rc = cli.main(["fuzz", *argv])
         err = capsys.readouterr().err
         assert rc == 2 and argv[0] in err, (argv, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the workers fuzz the GPU")
+def test_two_workers_on_the_gpu(monkeypatch, triton_backend):
+    report = jobs.fuzz_jobs(torch.device("cuda"), 2, calls=38, seed=0, quiet=True)
+    failures = [(f["function"], f["mode"], f["outcome"]["why"], f.get("snippet")) for f in report.failures]
+    assert report.calls == 76 and not report.failed, failures
+    assert len(report.workers) == 2 and report.fresh == 0.03
+    for function, per_mode in report.counts.items():
+        want = {"plain", "graph", "determinism"} | ({"invariant"} if function != "single_decode" else set())
+        assert set(per_mode) == want, (function, per_mode)
+    timing = report.timing()
+    assert sum(t["kernels_compiled"] for t in timing["per_function"].values()) > 0
+    assert sum(s["mutated"] for s in report.classes.values()) > 0
