@@ -34,8 +34,9 @@ def worker_threads(jobs: int) -> int:
 
 
 def _worker(index: int, target, kwargs: dict, threads: int, results) -> None:
-    """A worker's body (not a daemon: Triton may start processes of its own): run ``target`` (``fuzz``), put ``("done", i, report JSON)`` or
-    ``("error", i, traceback)`` on ``results``; progress as ``("progress", i, calls, mism, errs)``."""
+    """A worker's body: run ``target`` (``fuzz``), put ``("done", i, report JSON)`` or ``("error",
+    i, traceback)`` on ``results``; progress as ``("progress", i, calls, mismatches, errors)``.
+    (Not a daemon process: Triton may start processes of its own.)"""
     torch.set_num_threads(threads)
     last = [0.0]
 
@@ -64,7 +65,7 @@ def merge(reports: list, device: str, seed: int, modes: tuple, only: tuple, fres
         merged.errors += doc["errors"]
         for function, per_mode in doc["counts"].items():
             for mode, cell in per_mode.items():
-                into = merged.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
+                into = merged.counts.setdefault(function, {}).setdefault(mode, dict.fromkeys(cell, 0))
                 for k in into:
                     into[k] += cell[k]
         for function, busy in doc["busy"].items():
