@@ -183,3 +183,24 @@ def test_mutated_calls_mostly_reuse_compiled_kernels(function, triton_backend):
         assert counter.count == again  # the very same call compiles nothing
     assert counter.count > 0  # the counter sees Triton's compiles
     assert cold <= calls // 2, f"{cold} of {calls} mutated {function} calls compiled a kernel"
+
+
+def test_shared_classes_are_the_same_stream_for_every_worker():
+    """``--shared-classes``: the k-th fresh class of a function is the same in every worker; the
+    runtime values are each worker's own."""
+    pools = [corpus.Corpus(0.2, GPU_ENV, class_seed=9) for _ in range(2)]
+    rngs = [random.Random(1), random.Random(2)]
+    fresh: list = [[], []]
+    for w in range(2):
+        for i in range(300):
+            function = draws.FUNCTIONS[i % len(draws.FUNCTIONS)]
+            before = pools[w].stats().get(function, {"fresh": 0})["fresh"]
+            spec = pools[w].next(function, rngs[w])
+            if pools[w].stats()[function]["fresh"] > before:
+                fresh[w].append((function, corpus.class_key(spec), spec["seed"]))
+    n = min(len(fresh[0]), len(fresh[1]))
+    by_function = [{f: [k for g, k, _ in fresh[w] if g == f] for f in draws.FUNCTIONS} for w in range(2)]
+    for f in draws.FUNCTIONS:
+        m = min(len(by_function[0][f]), len(by_function[1][f]))
+        assert m >= 2 and by_function[0][f][:m] == by_function[1][f][:m], f
+    assert n and {s for _, _, s in fresh[0]}.isdisjoint({s for _, _, s in fresh[1]})  # own tensor values

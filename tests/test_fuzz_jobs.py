@@ -134,3 +134,17 @@ def test_two_workers_on_the_gpu(monkeypatch, triton_backend):
     timing = report.timing()
     assert sum(t["kernels_compiled"] for t in timing["per_function"].values()) > 0
     assert sum(s["mutated"] for s in report.classes.values()) > 0
+
+
+def _class_seed(device, seed, class_seed=None, **kwargs):
+    from kvattn.fuzz.runner import Report
+
+    return Report(str(device), seed if class_seed is None else 1000 + class_seed, (), ())
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-classes", "shared-classes"])
+def test_shared_classes_give_every_worker_the_class_seed(shared, one_thread_workers):
+    report = jobs.fuzz_jobs(CPU, 2, calls=1, seed=7, quiet=True, target=_class_seed, shared_classes=shared)
+    assert not report.failed, report.failures
+    assert [w["seed"] for w in report.workers] == ([1007, 1007] if shared else [7, 8])
+    assert report.as_json()["class_seed"] == (7 if shared else None)

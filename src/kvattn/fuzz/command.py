@@ -73,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="N worker processes on the device, seeds SEED to SEED+N-1, each with the whole budget; "
                         "their reports merged (default 1). On a GPU the time goes to compiling kernels, which is "
                         "CPU-bound: --jobs of about half the CPU cores multiplies the rate")
+    p.add_argument("--shared-classes", action="store_true",
+                   help="with --jobs: every worker draws the same fresh kernel classes (each call with its own "
+                        "lengths, batch and values), so a kernel one worker compiles the others load from "
+                        "Triton's disk cache: more calls, fewer classes")
     p.add_argument("--json", metavar="FILE", default=None,
                    help="write the report as JSON (counts per function and mode, every failure with its "
                         "spec, shrunk spec and snippet)")
@@ -99,10 +103,10 @@ def main(args, device) -> int:
         from .jobs import fuzz_jobs
 
         report = fuzz_jobs(device, args.jobs, calls=calls, seconds=args.seconds, seed=args.seed, only=only,
-                           modes=args.modes, fresh=args.fresh)
+                           modes=args.modes, fresh=args.fresh, shared_classes=args.shared_classes)
     else:
         report = fuzz(device, calls=calls, seconds=args.seconds, seed=args.seed, only=only, modes=args.modes,
-                      fresh=args.fresh)
+                      fresh=args.fresh, class_seed=args.seed if args.shared_classes else None)
     print_report(report)
     if args.json:
         doc = report.as_json()

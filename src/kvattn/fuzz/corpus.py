@@ -105,12 +105,18 @@ class Corpus:
 
     With ``fresh`` 1.0 every call is :func:`kvattn.fuzz.draws.draw` and nothing else reads the
     random stream, so a seed draws exactly the calls it drew before classes existed.
+
+    With ``class_seed``, a function's fresh classes come from a stream of their own seeded by it
+    (the k-th fresh class of a function is the same for every ``rng``), each with its runtime
+    fields drawn from ``rng``: ``--jobs`` workers given one ``class_seed`` compile the same kernels,
+    and Triton's disk cache hands each kernel compiled by one of them to the others.
     """
 
-    def __init__(self, fresh: float, env: Env):
+    def __init__(self, fresh: float, env: Env, class_seed: int | None = None):
         if not 0.0 <= fresh <= 1.0:
             raise ValueError(f"fresh: expected a probability in [0, 1], got {fresh!r}")
-        self.fresh, self.env = fresh, env
+        self.fresh, self.env, self.class_seed = fresh, env, class_seed
+        self.class_rngs: dict = {}  # function -> its stream of fresh classes (with class_seed)
         self.classes: dict = {}  # function -> {class key: first spec of the class}
         self.drawn: dict = {}  # function -> {"fresh": n, "mutated": n}
 
@@ -119,7 +125,11 @@ class Corpus:
         tally = self.drawn.setdefault(function, {"fresh": 0, "mutated": 0})
         p = fresh_probability(self.fresh, len(seen))
         if p >= 1.0 or rng.random() < p:
-            spec = draw(function, rng, self.env)
+            if self.class_seed is None:
+                spec = draw(function, rng, self.env)
+            else:
+                classes = self.class_rngs.setdefault(function, random.Random(f"{self.class_seed}:{function}"))
+                spec = mutate(draw(function, classes, self.env), rng, self.env)
             seen.setdefault(class_key(spec), spec)
             tally["fresh"] += 1
             return spec

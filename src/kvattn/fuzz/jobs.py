@@ -92,9 +92,14 @@ def _worker_failure(merged: Report, index: int, seed: int, why: str, detail: str
 
 
 def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seconds: float | None = None,
-              seed: int = 0, stream=None, quiet: bool = False, target=fuzz, **kwargs) -> Report:
+              seed: int = 0, shared_classes: bool = False, stream=None, quiet: bool = False, target=fuzz,
+              **kwargs) -> Report:
     """Run ``jobs`` workers of :func:`kvattn.fuzz.runner.fuzz`, worker ``i`` with seed ``seed + i``
     and the same budget, and merge their reports; ``kwargs`` go to every worker.
+
+    With ``shared_classes`` every worker draws the same fresh classes (``class_seed=seed``; each
+    call's runtime values its own): fewer classes in all, but a kernel one worker compiles the
+    others load from Triton's disk cache.
 
     ``target`` is what a worker runs (``fuzz``; a test passes a function that fails). A worker that
     raises or dies is an error of the merged report, with its traceback or exit code.
@@ -109,6 +114,8 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
     procs = []
     for i in range(jobs):
         worker_kwargs = dict(kwargs, device=torch.device(device), calls=calls, seconds=seconds, seed=seed + i)
+        if shared_classes:
+            worker_kwargs["class_seed"] = seed
         p = ctx.Process(target=_worker, args=(i, target, worker_kwargs, threads, results),
                         name=f"kvattn-fuzz-{i}")
         p.start()
@@ -161,6 +168,7 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
                                           else default_fresh(device))
     only, modes = (first["only"], first["modes"]) if first else (kwargs.get("only", ()), kwargs.get("modes", ()))
     merged = merge(reports, str(device), seed, modes, only, fresh, time.perf_counter() - t0)
+    merged.class_seed = seed if shared_classes else None
     for i in sorted(errors):
         why, detail = errors[i]
         _worker_failure(merged, i, seed + i, why, detail)

@@ -39,6 +39,7 @@ class Report:
     counts: dict = field(default_factory=dict)  # function -> mode -> {"calls", "mismatches", "errors"}
     failures: list = field(default_factory=list)
     fresh: float = 1.0
+    class_seed: int | None = None  # the fresh classes' own seed (--shared-classes), or None
     jobs: int = 1
     busy: dict = field(default_factory=dict)  # function -> seconds its calls took (shrinking not counted)
     # function -> {"kernels": compiled or loaded by its calls, "cold_calls": calls that compiled one,
@@ -88,7 +89,8 @@ class Report:
     def as_json(self) -> dict:
         return {"command": "fuzz", "device": self.device, "seed": self.seed, "modes": list(self.modes),
                 "only": list(self.only), "calls": self.calls, "mismatches": self.mismatches, "errors": self.errors,
-                "seconds": round(self.seconds, 2), "fresh": self.fresh, "jobs": self.jobs, "timing": self.timing(),
+                "seconds": round(self.seconds, 2), "fresh": self.fresh, "class_seed": self.class_seed,
+                "jobs": self.jobs, "timing": self.timing(),
                 "classes": self.classes, "workers": self.workers, "counts": self.counts, "busy": self.busy,
                 "compiles": self.compiles, "failures": self.failures}
 
@@ -151,7 +153,7 @@ def reference_outcome(spec: dict, mode_seed: int) -> dict:
 
 def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | None = None, seed: int = 0,
          only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET,
-         fresh: float | None = None, progress=None) -> Report:
+         fresh: float | None = None, class_seed: int | None = None, progress=None) -> Report:
     """Run random legal calls until ``calls`` are done or ``seconds`` have passed.
 
     Parameters
@@ -175,6 +177,9 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         Chance that a call is a fresh draw (a possibly new kernel class) rather than a class already
         seen with new runtime values, once its function has a few classes (``kvattn.fuzz.corpus``).
         Default: ``FRESH_CUDA`` on a GPU, 1.0 elsewhere (every call fresh: the draws of the seed).
+    class_seed : int, optional
+        Seed of the fresh classes' own stream (``--jobs --shared-classes``: every worker the same
+        classes, each with its own runtime values); default: the classes come from ``seed``.
     progress : callable, optional
         Called with the report after every call (``--jobs``: a worker's counts to the parent).
 
@@ -196,8 +201,8 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     env = environment(device)
     use = [(f, m) for f in only for m in modes if applicable(m, f, device)]
     fresh = default_fresh(device) if fresh is None else fresh
-    corpus = Corpus(fresh, env)
-    report = Report(str(device), seed, tuple(modes), tuple(only), fresh=fresh)
+    corpus = Corpus(fresh, env, class_seed)
+    report = Report(str(device), seed, tuple(modes), tuple(only), fresh=fresh, class_seed=class_seed)
     if not use:
         return report
     rng = random.Random(seed)
@@ -250,7 +255,8 @@ def print_report(report: Report, out=None) -> None:
     timing = report.timing()
     jobs = f", {report.jobs} jobs (seeds {report.seed} to {report.seed + report.jobs - 1})" if report.jobs > 1 else ""
     print(f"device: {report.device}, seed {report.seed}{jobs}, {report.seconds:.1f} s, "
-          f"{timing['calls_per_second']:.1f} calls/s, fresh {report.fresh:g}", file=out)
+          f"{timing['calls_per_second']:.1f} calls/s, fresh {report.fresh:g}"
+          + (f", classes of seed {report.class_seed}" if report.class_seed is not None else ""), file=out)
     for w in report.workers:
         print(f"  worker {w['worker']} (seed {w['seed']}): {w['summary']}, {w['seconds']:.1f} s", file=out)
     for function, per_mode in report.counts.items():
