@@ -15,7 +15,7 @@ cat "$OUT/env.txt"
 NOPEERS=(--graph-only --no-flex --sdpa-backends "")
 SEL_1=(--suite mla --filter "Hq16")
 SEL_2=(--suite mla,spec_decode,prefill --filter "Hq32,Hq64,q4 bf16,q8 bf16,ragged-drafts,4x2048x2048 p64,4x512x16384 p64")
-SEL_3=(--suite decode)
+SEL_3=(--suite decode --filter NHD)
 (timeout 400 python3 benchmarks/run.py --suite mla,spec_decode,prefill,decode --filter "Hq16,Hq32,Hq64,q4 bf16,q8 bf16,4x2048x2048 p64,4x512x16384 p64,decode" --fi-prebuild-only > "$OUT/prebuild.txt" 2>&1) &
 t0=$(date +%s)
 OMP_NUM_THREADS=1 timeout -s INT ${TEST_TIMEOUT:-330} python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
