@@ -158,10 +158,11 @@ def declare_op(qualname: str, launch: Callable, *args: Arg, fixed: Optional[dict
     makes the outputs for ``torch.compile`` (needed only when ``returns`` is not None).
     """
     fixed = dict(fixed or {})
-    names = tuple(a.name for a in args)
     for a in args:
         if not isinstance(a, Arg):
             raise TypeError(f"{qualname}: expected Arg declarations, got {a!r}")
+    names = tuple(a.name for a in args)
+    for a in args:
         if not a.name.isidentifier() or a.name.startswith(_PREFIX):
             raise TypeError(f"{qualname}: argument name {a.name!r} is not a plain identifier")
     if len(set(names) | set(fixed)) != len(names) + len(fixed):
