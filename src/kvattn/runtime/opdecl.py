@@ -118,8 +118,8 @@ def _generate(qualname: str, launch: Callable, args: tuple, fixed: dict) -> tupl
     for name, value in fixed.items():
         namespace[f"{_PREFIX}fixed_{name}"] = value
         values[name] = f"{_PREFIX}fixed_{name}"
-    # the launcher's leading parameters positionally while they follow the declaration (binding a
-    # keyword costs a search of the parameter names), the rest by keyword
+    # the launcher's leading parameters positionally, in its order, as far as each is declared or
+    # fixed (binding a keyword costs a search of the parameter names); the rest by keyword
     launch_args = []
     for p in inspect.signature(launch).parameters.values():
         if p.kind is not p.POSITIONAL_OR_KEYWORD or p.name not in values:
