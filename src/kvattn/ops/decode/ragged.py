@@ -21,7 +21,6 @@ give wrong rows, never an access outside the tensors.
 
 from __future__ import annotations
 
-
 import torch
 
 from ...runtime.common import device_guard, next_power_of_2
