@@ -60,7 +60,8 @@ def test_help_lists_every_option(capsys):
         cli.main(["fuzz", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--calls", "--seconds", "--seed", "--only", "--device", "--modes", "--json"):
+    for option in ("--calls", "--seconds", "--seed", "--only", "--device", "--modes", "--fresh", "--jobs",
+                   "--shared-classes", "--json"):
         assert option in out
     assert "fuzz: N calls, M" in out
     assert "fuzz" in cli.build_parser().format_help()

@@ -4,7 +4,9 @@ Random *legal* calls are drawn from a seed (:mod:`~kvattn.fuzz.draws`: one table
 drawers per function), built into tensors (:mod:`~kvattn.fuzz.calls`), run in one of four modes
 (:mod:`~kvattn.fuzz.modes`: plain, CUDA graph, determinism, batch-invariant) and compared with the
 float64 formulation :mod:`kvattn.dense` (:mod:`~kvattn.fuzz.oracle`); a failing call is shrunk and
-printed as a Python snippet (:mod:`~kvattn.fuzz.shrink`) that calls :func:`replay`.
+printed as a Python snippet (:mod:`~kvattn.fuzz.shrink`) that calls :func:`replay`. On a GPU most
+calls reuse a kernel class already drawn with new runtime values (:mod:`~kvattn.fuzz.corpus`), and
+:mod:`~kvattn.fuzz.jobs` runs several worker processes and merges their reports (``--jobs``).
 
 Example
 -------

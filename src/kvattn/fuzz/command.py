@@ -6,6 +6,7 @@ import argparse
 
 from .._console import FUNCTION_KEYS, UsageError, choice_list, positive_int, write_json, writable
 from .draws import MODES
+from .corpus import FRESH_CPU, FRESH_CUDA
 
 DESCRIPTION = (
     "Draw random legal calls of the five public functions from a seed, run each on the device in "
@@ -43,6 +44,16 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+def _fresh(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability between 0 and 1, got {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--calls", type=positive_int, default=None, metavar="N",
@@ -54,6 +65,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
     p.add_argument("--modes", type=_modes, default=MODES, metavar="LIST",
                    help=f"comma-separated subset of {','.join(MODES)} (default all; graph runs on cuda only)")
+    p.add_argument("--fresh", type=_fresh, default=None, metavar="P",
+                   help="chance that a call is a fresh draw (a possibly new kernel class, compiled on a GPU) "
+                        "rather than a class already seen with new lengths, batch and values, once a function "
+                        f"has a few classes (default {FRESH_CUDA:g} on cuda, {FRESH_CPU:g} on cpu: every call fresh)")
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                   help="N worker processes on the device, seeds SEED to SEED+N-1, each with the whole budget; "
+                        "their reports merged (default 1). On a GPU the time goes to compiling kernels, which is "
+                        "CPU-bound: --jobs of about half the CPU cores multiplies the rate")
+    p.add_argument("--shared-classes", action="store_true",
+                   help="with --jobs: every worker draws the same fresh kernel classes (each call with its own "
+                        "lengths, batch and values), so a kernel one worker compiles the others load from "
+                        "Triton's disk cache: more calls, fewer classes")
     p.add_argument("--json", metavar="FILE", default=None,
                    help="write the report as JSON (counts per function and mode, every failure with its "
                         "spec, shrunk spec and snippet)")
@@ -76,7 +99,14 @@ def main(args, device) -> int:
         raise UsageError(f"--modes {','.join(args.modes)}: none of them applies to {', '.join(only)} on {device.type} "
                          "(graph needs cuda; invariant needs a batch: not single_decode)")
     calls = args.calls if args.calls is not None or args.seconds is not None else 200
-    report = fuzz(device, calls=calls, seconds=args.seconds, seed=args.seed, only=only, modes=args.modes)
+    if args.jobs > 1:
+        from .jobs import fuzz_jobs
+
+        report = fuzz_jobs(device, args.jobs, calls=calls, seconds=args.seconds, seed=args.seed, only=only,
+                           modes=args.modes, fresh=args.fresh, shared_classes=args.shared_classes)
+    else:
+        report = fuzz(device, calls=calls, seconds=args.seconds, seed=args.seed, only=only, modes=args.modes,
+                      fresh=args.fresh, class_seed=args.seed if args.shared_classes else None)
     print_report(report)
     if args.json:
         doc = report.as_json()

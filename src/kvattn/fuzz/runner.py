@@ -11,12 +11,19 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runtime import env as _env
-from .draws import FUNCTIONS, Env, draw, tile_sizes
+from .compiles import CompileCounter
+from .corpus import FRESH_CPU, FRESH_CUDA, Corpus
+from .draws import FUNCTIONS, Env, tile_sizes
 from .modes import MODES, applicable, run_spec
 from .shrink import shrink, snippet
 
 SHRINK_PER_KIND = 2  # failures shrunk per (function, mode, result); the rest are recorded as drawn, with snippets
 SHRINK_BUDGET = 150  # tries per shrink
+
+
+def default_fresh(device: torch.device) -> float:
+    """``--fresh``'s default: mostly classes already compiled on a GPU, every call fresh elsewhere."""
+    return FRESH_CUDA if torch.device(device).type == "cuda" else FRESH_CPU
 
 
 @dataclass
@@ -31,6 +38,45 @@ class Report:
     seconds: float = 0.0
     counts: dict = field(default_factory=dict)  # function -> mode -> {"calls", "mismatches", "errors"}
     failures: list = field(default_factory=list)
+    fresh: float = 1.0
+    class_seed: int | None = None  # the fresh classes' own seed (--shared-classes), or None
+    jobs: int = 1
+    busy: dict = field(default_factory=dict)  # function -> seconds its calls took (shrinking not counted)
+    # function -> {"kernels": compiled or loaded by its calls, "cold_calls": calls that compiled one,
+    # "warm_seconds": seconds its other calls took}
+    compiles: dict = field(default_factory=dict)
+    classes: dict = field(default_factory=dict)  # function -> {"classes", "fresh", "mutated"} (summed over jobs)
+    workers: list = field(default_factory=list)  # --jobs: one summary a worker
+
+    def timing(self) -> dict:
+        """Calls a second over the run, and per function its calls, the seconds they took and
+        their share of the rate (calls of the function per second of the run)."""
+        wall = max(self.seconds, 1e-9)
+        per = {}
+        for function, per_mode in self.counts.items():
+            n = sum(c["calls"] for c in per_mode.values())
+            busy = self.busy.get(function, 0.0)
+            cold = self.compiles.get(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            warm = n - cold["cold_calls"]
+            per[function] = {"calls": n, "seconds": round(busy, 2), "calls_per_second": round(n / wall, 2),
+                             "ms_per_call": round(1000 * busy / n, 1) if n else None,
+                             "kernels_compiled": cold["kernels"], "cold_calls": cold["cold_calls"],
+                             "warm_ms_per_call": round(1000 * cold["warm_seconds"] / warm, 1) if warm else None}
+        return {"calls_per_second": round(self.calls / wall, 2), "per_function": per}
+
+    def add_call(self, function: str, mode: str, seconds: float, kernels: int) -> dict:
+        """Count one call that took ``seconds`` and compiled ``kernels``; its count cell."""
+        self.busy[function] = self.busy.get(function, 0.0) + seconds
+        cold = self.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+        if kernels:
+            cold["kernels"] += kernels
+            cold["cold_calls"] += 1
+        else:
+            cold["warm_seconds"] += seconds
+        cell = self.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
+        cell["calls"] += 1
+        self.calls += 1
+        return cell
 
     @property
     def summary(self) -> str:
@@ -43,7 +89,10 @@ class Report:
     def as_json(self) -> dict:
         return {"command": "fuzz", "device": self.device, "seed": self.seed, "modes": list(self.modes),
                 "only": list(self.only), "calls": self.calls, "mismatches": self.mismatches, "errors": self.errors,
-                "seconds": round(self.seconds, 2), "counts": self.counts, "failures": self.failures}
+                "seconds": round(self.seconds, 2), "fresh": self.fresh, "class_seed": self.class_seed,
+                "jobs": self.jobs, "timing": self.timing(),
+                "classes": self.classes, "workers": self.workers, "counts": self.counts, "busy": self.busy,
+                "compiles": self.compiles, "failures": self.failures}
 
 
 class Ticker:
@@ -103,7 +152,8 @@ def reference_outcome(spec: dict, mode_seed: int) -> dict:
 
 
 def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | None = None, seed: int = 0,
-         only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET) -> Report:
+         only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET,
+         fresh: float | None = None, class_seed: int | None = None, progress=None) -> Report:
     """Run random legal calls until ``calls`` are done or ``seconds`` have passed.
 
     Parameters
@@ -123,6 +173,15 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         Where the progress bar goes (default stderr); ``quiet`` turns it off.
     shrink_budget : int
         Tries a shrink may take.
+    fresh : float, optional
+        Chance that a call is a fresh draw (a possibly new kernel class) rather than a class already
+        seen with new runtime values, once its function has a few classes (``kvattn.fuzz.corpus``).
+        Default: ``FRESH_CUDA`` on a GPU, 1.0 elsewhere (every call fresh: the draws of the seed).
+    class_seed : int, optional
+        Seed of the fresh classes' own stream (``--jobs --shared-classes``: every worker the same
+        classes, each with its own runtime values); default: the classes come from ``seed``.
+    progress : callable, optional
+        Called with the report after every call (``--jobs``: a worker's counts to the parent).
 
     Returns
     -------
@@ -141,7 +200,9 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         raise ValueError("calls, seconds: expected a budget, got neither")
     env = environment(device)
     use = [(f, m) for f in only for m in modes if applicable(m, f, device)]
-    report = Report(str(device), seed, tuple(modes), tuple(only))
+    fresh = default_fresh(device) if fresh is None else fresh
+    corpus = Corpus(fresh, env, class_seed)
+    report = Report(str(device), seed, tuple(modes), tuple(only), fresh=fresh, class_seed=class_seed)
     if not use:
         return report
     rng = random.Random(seed)
@@ -149,37 +210,41 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     shrunk: dict = {}
     t0 = time.perf_counter()
     check_reference = device.type == "cuda" or env.interpreter
-    while True:
-        if calls is not None and report.calls >= calls:
-            break
-        if seconds is not None and time.perf_counter() - t0 >= seconds:
-            break
-        function, mode = use[report.calls % len(use)]
-        spec = draw(function, rng, env)
-        mode_seed = rng.randrange(2**31)
-        outcome = run_spec(spec, mode, device, mode_seed)
-        cell = report.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
-        cell["calls"] += 1
-        report.calls += 1
-        if outcome["result"] != "ok":
-            key = "mismatches" if outcome["result"] == "mismatch" else "errors"
-            cell[key] += 1
-            setattr(report, key, getattr(report, key) + 1)
-            record = {"function": function, "mode": mode, "mode_seed": mode_seed, "spec": spec, "outcome": outcome,
-                      "snippet": snippet(spec, mode, device.type, mode_seed, outcome["why"])}
-            kind = (function, mode, outcome["result"], outcome.get("error_type"))
-            if shrunk.get(kind, 0) < SHRINK_PER_KIND:
-                shrunk[kind] = shrunk.get(kind, 0) + 1
-                # With a time budget, shrinking gets at most a tenth of it past the end.
-                deadline = None if seconds is None else t0 + seconds * 1.1
-                small, small_outcome, tries = shrink(spec, outcome, lambda s: run_spec(s, mode, device, mode_seed),
-                                                     shrink_budget, deadline)
-                record.update(shrunk_spec=small, shrunk_outcome=small_outcome, shrink_tries=tries,
-                              snippet=snippet(small, mode, device.type, mode_seed, small_outcome["why"]))
-                if check_reference:
-                    record["reference"] = reference_outcome(small, mode_seed)
-            report.failures.append(record)
-        ticker.update(report, f"{function} ({mode})")
+    with CompileCounter().installed() as compiled:
+        while True:
+            if calls is not None and report.calls >= calls:
+                break
+            if seconds is not None and time.perf_counter() - t0 >= seconds:
+                break
+            function, mode = use[report.calls % len(use)]
+            spec = corpus.next(function, rng)
+            mode_seed = rng.randrange(2**31)
+            started, kernels = time.perf_counter(), compiled.count
+            outcome = run_spec(spec, mode, device, mode_seed)
+            cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels)
+            if outcome["result"] != "ok":
+                key = "mismatches" if outcome["result"] == "mismatch" else "errors"
+                cell[key] += 1
+                setattr(report, key, getattr(report, key) + 1)
+                record = {"function": function, "mode": mode, "mode_seed": mode_seed, "spec": spec, "outcome": outcome,
+                          "snippet": snippet(spec, mode, device.type, mode_seed, outcome["why"])}
+                kind = (function, mode, outcome["result"], outcome.get("error_type"))
+                if shrunk.get(kind, 0) < SHRINK_PER_KIND:
+                    shrunk[kind] = shrunk.get(kind, 0) + 1
+                    # With a time budget, shrinking gets at most a tenth of it past the end.
+                    deadline = None if seconds is None else t0 + seconds * 1.1
+                    small, small_outcome, tries = shrink(spec, outcome, lambda s: run_spec(s, mode, device, mode_seed),
+                                                         shrink_budget, deadline)
+                    record.update(shrunk_spec=small, shrunk_outcome=small_outcome, shrink_tries=tries,
+                                  snippet=snippet(small, mode, device.type, mode_seed, small_outcome["why"]))
+                    if check_reference:
+                        record["reference"] = reference_outcome(small, mode_seed)
+                report.failures.append(record)
+            report.seconds = time.perf_counter() - t0
+            report.classes = corpus.stats()
+            ticker.update(report, f"{function} ({mode})")
+            if progress is not None:
+                progress(report)
     report.seconds = time.perf_counter() - t0
     ticker.done()
     return report
@@ -187,13 +252,28 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
 
 def print_report(report: Report, out=None) -> None:
     out = out or sys.stdout
-    print(f"device: {report.device}, seed {report.seed}, {report.seconds:.1f} s", file=out)
+    timing = report.timing()
+    jobs = f", {report.jobs} jobs (seeds {report.seed} to {report.seed + report.jobs - 1})" if report.jobs > 1 else ""
+    print(f"device: {report.device}, seed {report.seed}{jobs}, {report.seconds:.1f} s, "
+          f"{timing['calls_per_second']:.1f} calls/s, fresh {report.fresh:g}"
+          + (f", classes of seed {report.class_seed}" if report.class_seed is not None else ""), file=out)
+    for w in report.workers:
+        print(f"  worker {w['worker']} (seed {w['seed']}): {w['summary']}, {w['seconds']:.1f} s", file=out)
     for function, per_mode in report.counts.items():
         cells = ", ".join(f"{m} {c['calls']}" + (f" ({c['mismatches']} mismatches, {c['errors']} errors)"
                                                  if c["mismatches"] or c["errors"] else "")
                           for m, c in per_mode.items())
-        print(f"  {function:<14s} {cells}", file=out)
+        kinds = report.classes.get(function)
+        rate = timing["per_function"][function]
+        extra = (f"  [{rate['ms_per_call']} ms a call" + (f", {kinds['classes']} classes" if kinds else "")
+                 + (f", {rate['cold_calls']} calls compiled {rate['kernels_compiled']} kernels, the others "
+                    f"{rate['warm_ms_per_call']} ms a call" if rate["cold_calls"] else "") + "]")
+        print(f"  {function:<14s} {cells}{extra}", file=out)
     for i, f in enumerate(report.failures):
+        if "worker_error" in f:
+            print(f"\nfailure {i + 1}: worker {f['worker']} (seed {f['seed']}) {f['outcome']['why']}", file=out)
+            print(f["worker_error"], file=out)
+            continue
         if "shrunk_spec" not in f:
             continue
         print(f"\nfailure {i + 1}: {f['function']} ({f['mode']}): {f['outcome']['why']}", file=out)
@@ -203,7 +283,7 @@ def print_report(report: Report, out=None) -> None:
             print(f"the CPU reference on the shrunk call: {ref['result']}" + (f" ({ref['why']})" if ref["why"] else ""),
                   file=out)
         print(f["snippet"], file=out)
-    unshrunk = sum("shrunk_spec" not in f for f in report.failures)
+    unshrunk = sum("shrunk_spec" not in f and "worker_error" not in f for f in report.failures)
     if unshrunk:
         print(f"({unshrunk} more failures recorded unshrunk, each with its snippet; see --json)", file=out)
     print(report.summary, file=out)

@@ -1,7 +1,7 @@
 """Host-side pieces the decode, MLA and prefill launchers share: which config table a launch reads,
-whether it may read its cache as words, what a plan knows of a cache's pages, the device guard,
-lengths as the kernels read them, and the eager/traced switch of the torch ops. (The workspace
-layout is :mod:`.workspace`, the plan cache and config overrides :mod:`.plans`.)
+whether it may read its cache as words, what a plan knows of a cache's pages, the device guard and
+lengths as the kernels read them. (The workspace layout is :mod:`.workspace`, the plan cache and
+config overrides :mod:`.plans`, the torch ops' declarations :mod:`.opdecl`.)
 
 None of them waits for the device or allocates (but the copy of a non-contiguous lengths tensor),
 so launches stay capturable in CUDA graphs.
@@ -55,15 +55,6 @@ def kv_format_code(kv_format: str, words_ok: bool, strides: tuple, head_dim: int
     otherwise element by element. (A function of this module so that tools and tests can
     intercept the choice.)"""
     return BY_NAME[kv_format].code(words_ok, strides, head_dim, sf_strides)
-
-
-def entry(op, impl):
-    """``op`` (a ``torch.library.custom_op``) while ``torch.compile`` traces, which needs the
-    registered op; else the plain ``impl`` it wraps. Eager calls skip the dispatcher: a mutating
-    custom op costs tens of microseconds of Python per call (argument defaults, autograd and
-    in-place bookkeeping), more than a whole decode kernel at small batch. Both run the same
-    launcher."""
-    return op if torch.compiler.is_compiling() else impl
 
 
 class Pages(NamedTuple):

@@ -21,12 +21,13 @@ give wrong rows, never an access outside the tensors.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
 from ...runtime import fast_launch
-from ...runtime.common import cdiv, device_guard, entry, next_power_of_2
+from ...runtime.common import cdiv, device_guard, next_power_of_2
+from ...runtime.opdecl import Arg, OptTensor, Tensor, declare_op
 from ...runtime.plans import cached_plan
 from .kernels_ragged import ragged_pack_kernel, ragged_unpack_kernel
 
@@ -191,28 +192,26 @@ def unpack(out_pad, lse_pad, q_cu, out, lse, q_len: int) -> None:
         ))
 
 
-def _pack_fake(query, q_cu, mask, q_pad, mask_pad, q_len: int, window_left: int) -> None:
-    return None
-
-
-def _unpack_fake(out_pad, lse_pad, q_cu, out, lse, q_len: int) -> None:
-    return None
-
-
-def _pack_impl(query: torch.Tensor, q_cu: torch.Tensor, mask: Optional[torch.Tensor], q_pad: torch.Tensor,
-               mask_pad: Optional[torch.Tensor], q_len: int, window_left: int) -> None:
-    pack(query, q_cu, mask, q_pad, mask_pad, q_len, window_left)
-
-
-def _unpack_impl(out_pad: torch.Tensor, lse_pad: Optional[torch.Tensor], q_cu: torch.Tensor, out: torch.Tensor,
-                 lse: Optional[torch.Tensor], q_len: int) -> None:
-    unpack(out_pad, lse_pad, q_cu, out, lse, q_len)
-
-
-pack_op = torch.library.custom_op("kvattn::ragged_pack", _pack_impl, mutates_args=("q_pad", "mask_pad"))
-pack_op.register_fake(_pack_fake)
-unpack_op = torch.library.custom_op("kvattn::ragged_unpack", _unpack_impl, mutates_args=("out", "lse"))
-unpack_op.register_fake(_unpack_fake)
+# the two launches as torch ops (torch.compile traces through a ragged call)
+PACK = declare_op(
+    "kvattn::ragged_pack", pack,
+    Arg("query", Tensor),  # [total_q, Hq, D] packed rows
+    Arg("q_cu", Tensor),  # [B + 1] offsets
+    Arg("mask", OptTensor),  # packed rows' mask, or None
+    Arg("q_pad", Tensor, mutated=True),  # [B * Q, Hq, D]
+    Arg("mask_pad", OptTensor, mutated=True),  # [B, Q, words] uint16, or None
+    Arg("q_len", int),
+    Arg("window_left", int),
+)
+UNPACK = declare_op(
+    "kvattn::ragged_unpack", unpack,
+    Arg("out_pad", Tensor),  # [B * Q, Hq, Dv]
+    Arg("lse_pad", OptTensor),  # [B * Q, Hq] float32, or None
+    Arg("q_cu", Tensor),  # [B + 1] offsets
+    Arg("out", Tensor, mutated=True),  # [total_q, Hq, Dv]
+    Arg("lse", OptTensor, mutated=True),  # [total_q, Hq] float32, or None
+    Arg("q_len", int),
+)
 
 
 def run_padded(batch_decode, query, q_cu, mask, out, lse, *, q_len: int, window_left: int, **launch) -> None:
@@ -230,8 +229,8 @@ def run_padded(batch_decode, query, q_cu, mask, out, lse, *, q_len: int, window_
     mask_pad = None
     if mask is not None or window_left >= 0:
         mask_pad = torch.empty((batch, q_len, 2 * ((q_len + 31) // 32)), dtype=torch.uint16, device=device)
-    entry(pack_op, _pack_impl)(query, q_cu, mask, q_pad, mask_pad, q_len, window_left)
+    PACK.entry(query, q_cu, mask, q_pad, mask_pad, q_len, window_left)
     out_pad = torch.empty((slots, heads, out.shape[2]), dtype=out.dtype, device=device)
     lse_pad = torch.empty((slots, heads), dtype=torch.float32, device=device) if lse is not None else None
     batch_decode(q_pad, out=out_pad, lse=lse_pad, mask=mask_pad, q_len=q_len, window_left=window_left, **launch)
-    entry(unpack_op, _unpack_impl)(out_pad, lse_pad, q_cu, out, lse, q_len)
+    UNPACK.entry(out_pad, lse_pad, q_cu, out, lse, q_len)

@@ -3,19 +3,36 @@
 :func:`kvattn.mla.xqa_batch_decode_with_kv_cache_mla` validates and normalises its arguments, then
 calls :func:`mla_decode`, which unpacks :class:`~kvattn._inputs.PagedKV` and
 :class:`~kvattn._inputs.Scale` into the flat operator ``torch.ops.kvattn.mla_decode`` (a
-``torch.library.custom_op`` with a fake implementation and exact ``mutates_args``; eager calls
-skip the dispatcher, :func:`kvattn.runtime.common.entry`).
+``torch.library.custom_op`` declared once below, :func:`kvattn.runtime.opdecl.declare_op`, with
+its fake and exact ``mutates_args``; eager calls skip the dispatcher).
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..._inputs import PagedKV, Scale
-from ...runtime.common import entry
+from ...runtime.opdecl import Arg, OptTensor, Tensor, declare_op
 from .plan import launch_mla
+
+# MLA decode into ``out`` (and the base-2 LSE into ``lse``) over latent rows, ``Q = q_len`` tokens
+# a request. The names are launch_mla's keywords.
+MLA_DECODE = declare_op(
+    "kvattn::mla_decode", launch_mla,
+    Arg("query", Tensor),  # [B, Q * Hq, 576]
+    Arg("kv", Tensor),  # [P, page, 1, 576] latent rows
+    Arg("table", Tensor),  # [B, pages_per_seq] int32
+    Arg("seq_lens", Tensor),  # [B] int32 / uint32
+    Arg("logit_factor", float),
+    Arg("logit_tensor", OptTensor),
+    Arg("out_factor", float),
+    Arg("out_tensor", OptTensor),
+    Arg("out", Tensor, mutated=True),  # [B, Q * Hq, 512]
+    Arg("workspace", Tensor, mutated=True),  # uint8 split partials
+    Arg("max_seq_len", int),
+    Arg("q_len", int, 1),
+    Arg("lse", OptTensor, None, mutated=True),  # [B, Q * Hq] float32 base-2 LSE, or None
+)
 
 
 def mla_decode(
@@ -38,46 +55,7 @@ def mla_decode(
     rows (``kv.v`` is the same view); split-KV partials use ``workspace``; the base-2 LSE goes to
     ``lse [B, Q * Hq]`` when given. Nothing waits for the device.
     """
-    entry(mla_decode_op, mla_decode_impl)(
+    MLA_DECODE.entry(  # (positionally, in the declaration's order: binding keywords costs microseconds)
         query, kv.k, kv.k_table, seq_lens, logit_scale.factor, logit_scale.tensor, out_scale.factor,
         out_scale.tensor, out, workspace, max_seq_len, q_len, lse,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# the torch.library op (traced by torch.compile) and the plain call (eager) it wraps
-# ---------------------------------------------------------------------------------------------
-def mla_decode_impl(
-    query: torch.Tensor,
-    kv: torch.Tensor,
-    table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    logit_factor: float,
-    logit_tensor: Optional[torch.Tensor],
-    out_factor: float,
-    out_tensor: Optional[torch.Tensor],
-    out: torch.Tensor,
-    workspace: torch.Tensor,
-    max_seq_len: int,
-    q_len: int,
-    # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
-    lse: Optional[torch.Tensor],
-) -> None:
-    """MLA decode into ``out [B, Q * Hq, 512]`` (and the base-2 LSE into ``lse [B, Q * Hq]``) over
-    latent rows ``kv [P, page, 1, 576]``, ``Q = q_len`` tokens a request (see ops.mla)."""
-    launch_mla(
-        query, kv, table, seq_lens, out, max_seq_len=max_seq_len, logit_factor=logit_factor,
-        logit_tensor=logit_tensor, out_factor=out_factor, out_tensor=out_tensor, workspace=workspace, lse=lse,
-        q_len=q_len,
-    )
-
-
-mla_decode_op = torch.library.custom_op("kvattn::mla_decode", mla_decode_impl,
-                                        mutates_args=("out", "workspace", "lse"))
-
-
-@mla_decode_op.register_fake
-def _mla_decode_fake(query, kv, table, seq_lens, logit_factor, logit_tensor, out_factor, out_tensor, out,
-                     workspace, max_seq_len, q_len, lse) -> None:
-    return None

@@ -3,20 +3,52 @@
 The public function :func:`kvattn.prefill.trtllm_batch_context_with_kv_cache` validates and
 normalises its arguments, then calls :func:`context`, which unpacks :class:`~kvattn._inputs.PagedKV`,
 :class:`~kvattn._inputs.Scale` and :class:`~kvattn.formats.FP4Tensor` into the flat operator
-``torch.ops.kvattn.context`` (a ``torch.library.custom_op`` with a fake implementation and exact
-``mutates_args``; eager calls skip the dispatcher, :func:`kvattn.runtime.common.entry`).
+``torch.ops.kvattn.context`` (a ``torch.library.custom_op`` declared once below,
+:func:`kvattn.runtime.opdecl.declare_op`, with its fake and exact ``mutates_args``; eager calls
+skip the dispatcher).
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
 from ..._inputs import PagedKV, Scale
 from ...formats import FP4Tensor
-from ...runtime.common import entry
+from ...runtime.opdecl import Arg, OptTensor, Tensor, declare_op
 from .plan import launch_context
+
+# Paged causal (or, ``causal=False``, bidirectional) prefill into ``out`` (NVFP4: codes in ``out``,
+# swizzled scales in ``out_sf``), and the rows' base-2 LSE into ``lse``. The workspace is written:
+# pages of a quantised cache are staged there (ops.prefill.staging). The names are
+# launch_context's keywords.
+CONTEXT = declare_op(
+    "kvattn::context", launch_context,
+    Arg("query", Tensor),  # [sum_q, Hq, D]
+    Arg("k", Tensor),  # [P, page, Hkv, Ds] NHD view of the K pages
+    Arg("v", Tensor),
+    Arg("k_table", Tensor),  # [B, pages_per_seq] int32
+    Arg("v_table", Tensor),
+    Arg("k_sf", OptTensor),  # NVFP4 block scales [P, page, Hkv, D/16], or None
+    Arg("v_sf", OptTensor),
+    Arg("seq_lens", Tensor),  # [B] int32 / uint32
+    Arg("cum_seq_lens_q", Tensor),  # [B + 1] int32 / int64
+    Arg("sinks", OptTensor),  # [Hq] float32, or None
+    Arg("logit_factor", float),
+    Arg("logit_tensor", OptTensor),
+    Arg("out_factor", float),
+    Arg("out_tensor", OptTensor),
+    Arg("out", Tensor, mutated=True),  # [sum_q, Hq, D], or NVFP4 codes uint8 [sum_q, Hq, D/2]
+    Arg("out_sf", OptTensor, mutated=True),  # NVFP4 output's swizzled block scales, or None
+    Arg("workspace", Tensor, mutated=True),  # uint8 scratch (staged pages)
+    Arg("max_q_len", int),
+    Arg("max_kv_len", int),
+    Arg("window_left", int),
+    Arg("o_sf_scale", float),
+    Arg("sf_start", int),
+    Arg("skip_factor", float),
+    Arg("lse", OptTensor, None, mutated=True),  # [sum_q, Hq] float32 base-2 LSE, or None
+    Arg("causal", bool, True),
+)
 
 
 def context(
@@ -48,63 +80,9 @@ def context(
         data, sf, sf_start = out.data, out.scale, int(out.scale_start_index)
     else:
         data, sf, sf_start = out, None, 0
-    entry(context_op, context_impl)(
+    CONTEXT.entry(  # (positionally, in the declaration's order: binding keywords costs microseconds)
         query, kv.k, kv.v, kv.k_table, kv.v_table, kv.k_sf, kv.v_sf, seq_lens, cum_seq_lens_q, sinks,
         logit_scale.factor, logit_scale.tensor, out_scale.factor, out_scale.tensor, data, sf, workspace,
         max_q_len, max_kv_len, window_left, float(1.0 if o_sf_scale is None else o_sf_scale), sf_start,
         float(skip_softmax_threshold_scale_factor or 0.0), lse, bool(causal),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# the torch.library op (traced by torch.compile) and the plain call (eager) it wraps
-# ---------------------------------------------------------------------------------------------
-def context_impl(
-    query: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_table: torch.Tensor,
-    v_table: torch.Tensor,
-    k_sf: Optional[torch.Tensor],
-    v_sf: Optional[torch.Tensor],
-    seq_lens: torch.Tensor,
-    cum_seq_lens_q: torch.Tensor,
-    sinks: Optional[torch.Tensor],
-    logit_factor: float,
-    logit_tensor: Optional[torch.Tensor],
-    out_factor: float,
-    out_tensor: Optional[torch.Tensor],
-    out: torch.Tensor,
-    out_sf: Optional[torch.Tensor],
-    workspace: torch.Tensor,
-    max_q_len: int,
-    max_kv_len: int,
-    window_left: int,
-    o_sf_scale: float,
-    sf_start: int,
-    skip_factor: float,
-    # No default for a mutated argument: torch 2.11's in-place bookkeeping indexes the boxed arguments,
-    # from which trailing defaults are dropped (lab/notes/triton-versions.md, torch versions).
-    lse: Optional[torch.Tensor],
-    causal: bool = True,
-) -> None:
-    """Paged causal (or, ``causal=False``, bidirectional) prefill into ``out`` (NVFP4: codes in ``out``, swizzled scales in ``out_sf``),
-    and the rows' base-2 LSE into ``lse``; see ops.prefill. The workspace may be written (staged pages)."""
-    launch_context(
-        query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, out, out_sf,
-        max_q_len=max_q_len, logit_factor=logit_factor, logit_tensor=logit_tensor, out_factor=out_factor,
-        out_tensor=out_tensor, window_left=window_left, o_sf_scale=o_sf_scale, sf_start=sf_start,
-        skip_factor=skip_factor, lse=lse, workspace=workspace, max_kv_len=max_kv_len, causal=causal,
-    )
-
-
-# The workspace is written: pages of a quantised cache are staged there (ops.prefill.staging).
-context_op = torch.library.custom_op("kvattn::context", context_impl,
-                                     mutates_args=("out", "out_sf", "workspace", "lse"))
-
-
-@context_op.register_fake
-def _context_fake(query, k, v, k_table, v_table, k_sf, v_sf, seq_lens, cum_seq_lens_q, sinks, logit_factor,
-                  logit_tensor, out_factor, out_tensor, out, out_sf, workspace, max_q_len, max_kv_len, window_left,
-                  o_sf_scale, sf_start, skip_factor, lse, causal=True) -> None:
-    return None

@@ -1,0 +1,40 @@
+"""Count the kernels Triton compiles during fuzz calls: the report's measure of how warm a run is.
+
+Triton calls ``knobs.runtime.jit_post_compile_hook`` each time a kernel specialisation enters a
+process's in-memory cache (compiled, or loaded from the cache on disk): a call that triggered one
+was *cold*. The hook is set only while the fuzzer runs and chains to any hook set before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - a Triton without knobs: nothing is counted
+    _knobs = None
+
+
+class CompileCounter:
+    """``count`` grows by one for each kernel Triton compiles or loads while :meth:`installed`."""
+
+    def __init__(self):
+        self.count = 0
+
+    @contextlib.contextmanager
+    def installed(self):
+        runtime = getattr(_knobs, "runtime", None)
+        if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+            yield self
+            return
+        before = runtime.jit_post_compile_hook
+
+        def hook(*args, **kwargs):
+            self.count += 1
+            return before(*args, **kwargs) if before is not None else None
+
+        runtime.jit_post_compile_hook = hook
+        try:
+            yield self
+        finally:
+            runtime.jit_post_compile_hook = before
