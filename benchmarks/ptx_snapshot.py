@@ -138,9 +138,10 @@ def configs() -> dict[str, dict]:
         _COMBINE, NUM_HEADS=128, HEAD_DIM=512, BLOCK_S=16, USE_PDL=False), ptrs=cptr, floats=FLOATS,
         warps=4, stages=2)
     out["ragged_pack/q4"] = dict(kernel="ragged_pack", constexprs=dict(
-        Q_LEN=4, HEAD_DIM=128, WORDS=4, BLOCK_W=4, HAS_MASK=False, MAKE_MASK=True, HAS_WINDOW=False),
+        Q_LEN=4, HEAD_DIM=128, BLOCK_H=32, WORDS=4, BLOCK_W=4, HAS_MASK=False, MAKE_MASK=True, HAS_WINDOW=False),
         ptrs={"cu_ptr": "*i32", "mask_ptr": "*i16", "mask_pad_ptr": "*i16"}, warps=4, stages=1)
-    out["ragged_unpack/q4"] = dict(kernel="ragged_unpack", constexprs=dict(Q_LEN=4, HEAD_DIM=128, HAS_LSE=True),
+    out["ragged_unpack/q4"] = dict(kernel="ragged_unpack", constexprs=dict(Q_LEN=4, HEAD_DIM=128, BLOCK_H=32,
+                                                                                    HAS_LSE=True),
                                    ptrs={"cu_ptr": "*i32", "lse_pad_ptr": "*fp32", "lse_ptr": "*fp32"}, warps=4,
                                    stages=1)
     # MLA (DeepSeek: 512 + 64 columns, pages of 64)
