@@ -182,7 +182,7 @@ def test_the_forms_table_runs(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root / "src"))
     got = subprocess.run([sys.executable, str(root / "benchmarks" / "host_time.py"), "--forms-only", "--form-calls",
                           "30", "--json", str(tmp_path / "forms.json")], capture_output=True, text=True, env=env,

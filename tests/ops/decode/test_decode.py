@@ -132,9 +132,11 @@ CASES = [
     # a worker and the H200 run's worker was killed; 2 heads at 20000 keep it under 3 GB)
     param("bf16-ragged-one-giant-among-tiny", lens=[1] * 30 + [0, 2, 20000, 17], hkv=2, d=128, qdt=torch.bfloat16),
     param("fp16-ragged-one-giant-among-tiny", True, lens=[1] * 12 + [0, 2, 700, 17], hkv=1, group=4),
-    param("bf16-ragged-300-requests-lognormal", lens=[0, 1] + [int(min(40000, 2 ** (6 + 9 * ((i * 37) % 101) / 100)))
+    # (2 KV heads, lengths to 20000: the float64 oracle gathers every request to the longest, and at
+    # 8 heads to 40000 keys its 25 GB killed a test worker on the H200)
+    param("bf16-ragged-300-requests-lognormal", lens=[0, 1] + [int(min(20000, 2 ** (6 + 9 * ((i * 37) % 101) / 100)))
                                                                for i in range(298)],
-          hkv=8, d=128, qdt=torch.bfloat16, ws_bytes=1 << 26, seed=11),
+          hkv=2, d=128, qdt=torch.bfloat16, ws_bytes=1 << 26, seed=11),
     param("fp8-ragged-p16", lens=[16, 15, 17, 9000, 1, 0, 3000, 20000], fmt="fp8", hkv=8, d=128,
           qdt=torch.bfloat16, sinks=True, seed=12),
     param("bf16-ragged-spec-Q3-mask", lens=[3, 5000, 4, 17000, 300], q_len=3, mask=True, hkv=4, d=128,
