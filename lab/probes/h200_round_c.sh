@@ -28,12 +28,12 @@ for mode in ("plain", "graph"):
 PY
 tail -n 30 "$OUT/replay.txt"
 echo "replay: $(( $(date +%s) - t0 )) s"
-timeout 300 python3 -m kvattn fuzz --device cuda --seconds ${FUZZ_SECONDS:-220} --jobs 14 --shared-classes \
+timeout 300 python3 -m kvattn fuzz --device cuda --seconds ${FUZZ_SECONDS:-190} --jobs 14 --shared-classes \
   --json "$OUT/fuzz.json" > "$OUT/fuzz.txt" 2>&1
 tail -n 12 "$OUT/fuzz.txt"
 echo "fuzz: $(( $(date +%s) - t0 )) s"
 wait
-left=$(( 495 - $(date +%s) + t0 ))
+left=$(( 462 - $(date +%s) + t0 ))
 [ $left -gt 20 ] && timeout $left python3 benchmarks/run.py "${SEL[@]}" --graph-only --no-flex --sdpa-backends "" \
   --out "$OUT/bench_decode.json" --md "$OUT/bench_decode.md" 2> "$OUT/bench_decode.err"
 tail -n 3 "$OUT/bench_decode.err"
