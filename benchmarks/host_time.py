@@ -31,7 +31,7 @@ Usage (on the GPU machine, from the repository root; about 2 minutes with --cold
 
 ``--breakdown`` then splits each replayed call (medians, GPU idle before each): the whole call,
 its key alone (``_callcache._flatten`` of its arguments), the replay of its recorded launches
-alone (``fast_launch.replay``, no key), and each launch's launcher alone with its arguments
+alone (``launch_replay.replay``, no key), and each launch's launcher alone with its arguments
 prebuilt (Triton's C launch entry point, or the thin wrapper that hands it kept descriptor
 encodings); ``rest`` is the whole less key and replay (the public function and the cache lookup).
 
@@ -373,13 +373,13 @@ def _calls_into_the_cache():
 
 def breakdown(fn, calls: int) -> dict | None:
     """Medians (us, GPU idle before each) of the parts of ``fn``'s replayed call: ``whole`` (the
-    call), ``key`` (``_callcache._flatten`` of its arguments), ``replay`` (``fast_launch.replay`` of
+    call), ``key`` (``_callcache._flatten`` of its arguments), ``replay`` (``launch_replay.replay`` of
     the recorded launches, no key), ``launcher`` (each launch's launcher alone, arguments prebuilt:
     Triton's C entry point, or kvattn's thin wrapper around it that expands the kept descriptors);
     ``rest`` = whole - key - replay (the public function, argument tuple, lookup, result). None
     where the call is not replayed."""
     from kvattn.runtime import callcache as _callcache
-    from kvattn.runtime import fast_launch
+    from kvattn.runtime import launch_replay
 
     os.environ["KVATTN_CALL_CACHE"] = "1"
     for _ in range(3):
@@ -391,15 +391,15 @@ def breakdown(fn, calls: int) -> dict | None:
     cache, args = seen[0]
     key, ptrs = _callcache._flatten(args)
     entry = cache.entries.get(key)
-    if entry is None or not fast_launch.replay(entry, ptrs):
+    if entry is None or not launch_replay.replay(entry, ptrs):
         return None
-    active = fast_launch.driver.active
+    active = launch_replay.driver.active
     stream = active.get_current_stream(active.get_current_device())
-    launches = fast_launch.replay_launches(entry, ptrs, stream)
+    launches = launch_replay.replay_launches(entry, ptrs, stream)
     got = {
         "whole": host_times(fn, calls)[0],
         "key": host_times(lambda: _callcache._flatten(args), calls)[0],
-        "replay": host_times(lambda: fast_launch.replay(entry, ptrs), calls)[0],
+        "replay": host_times(lambda: launch_replay.replay(entry, ptrs), calls)[0],
         "launcher": [host_times(lambda launch=launch, a=a: launch(*a), calls)[0] for launch, a in launches],
         "launches": len(launches),
     }

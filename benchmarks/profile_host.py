@@ -164,6 +164,10 @@ def fake_gpu() -> None:
         from kvattn.runtime import fast_launch
     except ImportError:  # a kvattn from before the fast path (to compare with)
         fast_launch = None
+    try:
+        from kvattn.runtime import launch_replay
+    except ImportError:  # a kvattn whose replay lived in fast_launch (to compare with)
+        launch_replay = None
     if not isinstance(decode_launch.decode_split_kernel, jit.JITFunction):
         raise SystemExit("--fake-gpu: unset TRITON_INTERPRET (the kernels must be compiled-mode JITFunctions)")
     active = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0,
@@ -184,6 +188,8 @@ def fake_gpu() -> None:
         fast_launch._device = types.SimpleNamespace(is_interpreter=lambda: False)
         # The fake GPU's tensors are CPU tensors: let them take the raw-pointer path a CUDA tensor takes.
         fast_launch._on_gpu = lambda t: True
+    if launch_replay is not None:
+        launch_replay.driver = jit.driver
     os.environ["TRITON_INTERPRET"] = "1"  # kvattn: CPU tensors may take the Triton backend
     os.environ["KVATTN_BACKEND"] = "triton"
     # Its tensors are CPU tensors, on which kvattn checks device values by default: check them as

@@ -12,7 +12,7 @@ from kvattn import _inputs
 from kvattn._inputs import check_tensor
 from kvattn._inputs import check_out
 from kvattn.formats import FP8_DTYPE
-from kvattn.runtime import fast_launch
+from kvattn.runtime import arg_specs, fast_launch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,14 +53,14 @@ def test_switches_keep_their_names():
 @pytest.mark.parametrize("ints", [(1, 16), (17, -1), (2**31, 0), (2**63 + 16,), ()])
 def test_int_specs_memo_gives_int_spec(ints):
     for _ in range(2):  # computed, then memoised
-        assert fast_launch._int_specs(ints) == tuple(map(fast_launch.int_spec, ints))
+        assert fast_launch._int_specs(ints) == tuple(map(arg_specs.int_spec, ints))
 
 
 @pytest.mark.parametrize("equal", [(True, 16), (1.0, 16), (1, 16.0)])
 def test_int_specs_memo_counts_exact_ints_only(equal):
     """``(True, 16) == (1, 16)`` as dict keys: a memoised entry must not answer for them."""
     fast_launch._int_specs((1, 16))
-    with pytest.raises(fast_launch.Unspecializable):
+    with pytest.raises(arg_specs.Unspecializable):
         fast_launch._int_specs(equal)
 
 

@@ -1,4 +1,4 @@
-"""The fast path's call into Triton's C launcher (``fast_launch._launcher``) for Triton 3.6 and 3.7:
+"""The fast path's call into Triton's C launcher (``c_launcher.launcher``) for Triton 3.6 and 3.7:
 launchers built the way each version's ``CudaLauncher.__init__`` builds them (its own
 ``wrap_handle_tensordesc`` around a stand-in for the compiled C entry point), so that what the fast
 path hands the C entry is compared with what Triton's own ``CudaLauncher`` path hands it.
@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 
-from kvattn.runtime import fast_launch
+from kvattn.runtime import c_launcher, tma_descriptors
 
 from .test_fast_launch import FAST_PATH_TRITON
 
@@ -96,7 +96,7 @@ SIGNATURE = {"x": "*fp16", "desc": "tensordesc<fp16[16, 64]>", "n": "i32", "BLOC
 
 def launch_both(run, params: tuple, calls: list):
     """``(fast path's C arguments, Triton's own)`` of one launch of ``params`` (grid 2x1x1, stream 7)."""
-    launch, fixed = fast_launch._launcher(compiled_with(run))
+    launch, fixed = c_launcher.launcher(compiled_with(run))
     launch(2, 1, 1, 7, *fixed, *params)
     fast = calls.pop()
     run(2, 1, 1, 7, 0xF00, (4, 1, 0), None, None, None, *params)  # CompiledKernel.__getitem__'s call
@@ -119,7 +119,7 @@ def test_descriptor_launches_hand_the_c_entry_what_tritons_wrapper_does(with_met
     calls = []
     run = tritons_launcher(SIGNATURE, [meta_of((16, 64))] if with_meta else None, calls)
     t = torch.zeros(64 * 64, dtype=torch.float16)
-    launch, _ = fast_launch._launcher(compiled_with(run))
+    launch, _ = c_launcher.launcher(compiled_with(run))
     assert launch is not run and getattr(launch, "__code__", None) is not run.launch.__code__
     params = (t, desc(t.view(64, 64)), 64, 32)
     fast, ours = launch_both(run, params, calls)
@@ -135,7 +135,7 @@ def test_an_encoded_descriptor_is_kept_per_pointer_and_geometry(monkeypatch):
     enc = Encoder(monkeypatch)
     calls = []
     run = tritons_launcher(SIGNATURE, [meta_of((16, 64))], calls)
-    launch, fixed = fast_launch._launcher(compiled_with(run))
+    launch, fixed = c_launcher.launcher(compiled_with(run))
     pool = torch.zeros(4 * 64 * 128, dtype=torch.float16)
     x = torch.zeros(8, dtype=torch.float16)
 
@@ -183,9 +183,9 @@ def test_the_descriptor_cache_is_bounded(monkeypatch):
     enc = Encoder(monkeypatch)
     calls = []
     run = tritons_launcher(SIGNATURE, [meta_of((16, 64))], calls)
-    launch, fixed = fast_launch._launcher(compiled_with(run))
+    launch, fixed = c_launcher.launcher(compiled_with(run))
     pool = torch.zeros(1 << 16, dtype=torch.float16)
-    limit = fast_launch._DescriptorSlot.LIMIT
+    limit = tma_descriptors.DescriptorSlot.LIMIT
     for i in range(3 * limit):
         launch(1, 1, 1, 0, *fixed, pool, desc(pool[64 * i:]), 1, 1)
     ((_, slot),) = launch.descriptor_slots
@@ -234,7 +234,7 @@ def test_launchers_of_other_shapes_take_tritons_run(change, monkeypatch):
     elif change == "unknown-module":
         monkeypatch.setitem(sys.modules, type(run).__module__, types.ModuleType("elsewhere"))
     compiled = compiled_with(run)
-    launch, fixed = fast_launch._launcher(compiled)
+    launch, fixed = c_launcher.launcher(compiled)
     if change == "other-wrapper" and V36:  # 3.6's C format, behind an unknown wrapper: called as before
         assert launch is run.launch
         return

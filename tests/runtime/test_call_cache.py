@@ -15,7 +15,7 @@ import kvattn
 from kvattn.runtime import callcache as _callcache
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.runtime import fast_launch
+from kvattn.runtime import fast_launch, launch_replay
 from kvattn.testing import make_paged_kv
 
 from .test_fast_launch import FAST_PATH_TRITON, FakeGPU, _as_seen
@@ -559,9 +559,9 @@ def test_the_current_device_is_read_through_torchs_c_getter(monkeypatch):
     check, then ``torch._C._cuda_getDevice``), a replay calls the C getter, which initialises
     itself; another current device than the recorded one is not replayed."""
     fake, fn, args, kwargs = setup(monkeypatch, "batch")
-    monkeypatch.setattr(fast_launch.driver.active, "get_current_device", fast_launch._torch_current_device)
+    monkeypatch.setattr(fast_launch.driver.active, "get_current_device", launch_replay._torch_current_device)
     device = [0]
-    monkeypatch.setattr(fast_launch, "_cuda_get_device", lambda: device[0])
+    monkeypatch.setattr(launch_replay, "_cuda_get_device", lambda: device[0])
     replayed(fake, fn, args, kwargs)  # (torch.cuda.current_device itself fails here: no CUDA)
     device[0] = 1
     hits = cache_of(fn).hits
@@ -583,7 +583,7 @@ def test_replay_launches_are_the_replays_arguments(name, monkeypatch):
     want = [a for _, a in fake.calls]
     fake.calls.clear()
     key, ptrs = _callcache._flatten(seen[0])
-    built = fast_launch.replay_launches(cache.entries[key], ptrs, 7)
+    built = launch_replay.replay_launches(cache.entries[key], ptrs, 7)
     assert not fake.calls and len(built) == len(want)
     for (launcher, got), expected in zip(built, want):
         assert tuple(map(_as_seen, got)) == tuple(map(_as_seen, expected))

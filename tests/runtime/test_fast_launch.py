@@ -32,7 +32,7 @@ from kvattn.formats import FP8_DTYPE
 from kvattn.ops.append import plan as append_launch
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
-from kvattn.runtime import fast_launch
+from kvattn.runtime import arg_specs, fast_launch, launch_replay, tma_descriptors
 from kvattn.runtime import common as launch_common
 from kvattn.runtime import workspace as launch_workspace
 from kvattn.ops.mla import plan as mla_launch
@@ -71,7 +71,7 @@ def spec_values():
 def test_arg_spec_partitions_values_as_triton_does():
     """Two arguments get the same arg_spec exactly when Triton specialises them alike."""
     values = spec_values()
-    ours = [fast_launch.arg_spec(v) for v in values]
+    ours = [arg_specs.arg_spec(v) for v in values]
     theirs = [native(v) for v in values]
     for i, a in enumerate(values):
         for j, b in enumerate(values):
@@ -82,14 +82,14 @@ def test_arg_spec_partitions_values_as_triton_does():
 def test_ints_beyond_64_bits_are_left_to_triton(value):
     with pytest.raises(OverflowError):
         native(value)
-    with pytest.raises(fast_launch.Unspecializable):
-        fast_launch.int_spec(value)
+    with pytest.raises(arg_specs.Unspecializable):
+        arg_specs.int_spec(value)
 
 
 @pytest.mark.parametrize("value", [True, 1.0, None, "1"])
 def test_int_spec_takes_ints_only(value):
-    with pytest.raises(fast_launch.Unspecializable):
-        fast_launch.int_spec(value)
+    with pytest.raises(arg_specs.Unspecializable):
+        arg_specs.int_spec(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,7 +626,7 @@ def _as_seen(arg):
     base pointer and every field Triton's launcher encodes (and its specialisation's block shape)."""
     if isinstance(arg, torch.Tensor):
         return arg.data_ptr()
-    if fast_launch.descriptor_base(arg) is not None:
+    if tma_descriptors.descriptor_base(arg) is not None:
         return ("descriptor", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
                 getattr(arg, "layout", None), arg.padding, getattr(arg, "round_f32_to_tf32", False))
     return arg
@@ -668,6 +668,7 @@ class FakeGPU:
         monkeypatch.setattr(jit, "driver", fake_driver)
         monkeypatch.setattr(jit.JITFunction, "_do_compile", do_compile)
         monkeypatch.setattr(fast_launch, "driver", fake_driver, raising=False)
+        monkeypatch.setattr(launch_replay, "driver", fake_driver, raising=False)  # (replays: test_call_cache)
         monkeypatch.setattr(fast_launch, "_on_gpu", lambda t: True)  # CPU tensors stand in for GPU ones
         monkeypatch.setattr(fast_launch, "_device", types.SimpleNamespace(is_interpreter=lambda: False))
         # Device values checked as on a GPU (only when asked): on these CPU tensors the checks would
@@ -1095,7 +1096,7 @@ def test_descriptor_spec_follows_tritons_specialisation():
     for x in descs:
         for y in descs:
             same = native(x) == native(y)
-            assert same == (fast_launch.descriptor_spec(x) == fast_launch.descriptor_spec(y)), (x, y)
+            assert same == (tma_descriptors.descriptor_spec(x) == tma_descriptors.descriptor_spec(y)), (x, y)
 
 
 def test_replay_descriptors_carry_what_the_launchers_read():
@@ -1106,9 +1107,9 @@ def test_replay_descriptors_carry_what_the_launchers_read():
 
     t = torch.zeros(64, 64, dtype=torch.float16)
     d = TensorDescriptor(t, [64, 64], [64, 1], [16, 64], padding="nan")
-    assert fast_launch.descriptor_base(d) == t.data_ptr()
-    assert fast_launch.descriptor_base(t) is None and fast_launch.descriptor_base(5) is None
-    r = fast_launch.descriptor_template(d)(1 << 40)
+    assert tma_descriptors.descriptor_base(d) == t.data_ptr()
+    assert tma_descriptors.descriptor_base(t) is None and tma_descriptors.descriptor_base(5) is None
+    r = tma_descriptors.descriptor_template(d)(1 << 40)
     assert r.base == 1 << 40 and r.base.data_ptr() == 1 << 40 and type(r.base.data_ptr()) is int
     assert (r.shape, r.strides, r.block_shape, r.padding, r.round_f32_to_tf32) == ((64, 64), (64, 1), (16, 64),
                                                                                   "nan", False)

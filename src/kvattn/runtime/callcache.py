@@ -84,7 +84,8 @@ _MISSING = object()
 _is_compiling = torch.compiler.is_compiling
 _suspended = 0  # > 0 while a config override is active (plans then depend on more than the facts)
 _caches: list["CallCache"] = []
-_fast_launch = _workspace = None  # kvattn.runtime's modules, once a call has been recorded (_load)
+_fast_launch = _launch_replay = _tma_descriptors = _workspace = None  # kvattn.runtime's modules, once a
+# call has been recorded (_load)
 _forgotten = [0]  # times every recording was forgotten: a recording across one is not kept
 
 
@@ -270,7 +271,7 @@ class Record:
     def launched(self, launch, call, key) -> None:
         if threading.get_ident() == self.thread:
             self.launches.append((launch, call, key))
-            self.devices.add(_fast_launch.current_device())
+            self.devices.add(_launch_replay.current_device())
 
     def spoil(self, why: str) -> None:
         if threading.get_ident() == self.thread and self.spoiled is None:
@@ -286,7 +287,7 @@ class _Entry:
 
     def __init__(self, steps, pick, offsets, rebuild, constants, stream, device, knobs, returns, launches,
                  allocs=(), alloc_bits=(), fills=()):
-        self.steps = steps  # per launch: fast_launch.replay_step's tuple
+        self.steps = steps  # per launch: launch_replay.replay_step's tuple
         self.pick = pick  # arg pointers, allocation pointers (+ constants) -> the launches' pointers, in order
         self.offsets = offsets
         self.rebuild = rebuild  # ((index into the launches' pointers, descriptor template), ...): see _build
@@ -303,11 +304,11 @@ class _Entry:
 
 def _load() -> None:
     """Import the launch modules (they import Triton: not before a call is recorded)."""
-    global _fast_launch, _workspace
-    from . import fast_launch, workspace
+    global _fast_launch, _launch_replay, _tma_descriptors, _workspace
+    from . import fast_launch, launch_replay, tma_descriptors, workspace
 
     workspace.KEPT_CHANGED.append(_forget_recordings)  # recordings hold the kept buffers' addresses
-    _fast_launch, _workspace = fast_launch, workspace
+    _fast_launch, _launch_replay, _tma_descriptors, _workspace = fast_launch, launch_replay, tma_descriptors, workspace
 
 
 def _kept_buffers() -> list:
@@ -388,10 +389,10 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
                 # A tensor descriptor (TMA): rebuilt at each replay on its base's new pointer, with
                 # the recorded geometry (a function of the metadata in the key, as every launch
                 # argument is). lab/notes/host-path.md "Host path: calls replayed from their metadata".
-                base = _fast_launch.descriptor_base(p)
+                base = _tma_descriptors.descriptor_base(p)
                 if base is None:
                     return None
-                rebuild.append((len(picks), _fast_launch.descriptor_template(p)))
+                rebuild.append((len(picks), _tma_descriptors.descriptor_template(p)))
                 p = base
             owners = [j for j, (base, size) in enumerate(storages) if base <= p < base + size]
             if len(owners) > 1:
@@ -435,13 +436,13 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
     steps = []
     total = len(picks)
     for (launch, call, key), (start, count) in zip(record.launches, spans):
-        step = _fast_launch.replay_step(launch, key, start, count, call.values[count:], total)
+        step = _launch_replay.replay_step(launch, key, start, count, call.values[count:], total)
         if step is None:
             return None
         steps.append(step)
     pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda t, i=picks[0]: (t[i],))
     return _Entry(tuple(steps), pick, tuple(offsets), tuple(rebuild), constants, first.stream if constants else None,
-                  next(iter(record.devices)), _fast_launch.knob_state(), returns, tuple(s[0] for s in steps),
+                  next(iter(record.devices)), _launch_replay.knob_state(), returns, tuple(s[0] for s in steps),
                   tuple(map(_maker, made)), tuple(t.data_ptr() & 15 for t in made), tuple(fills))
 
 
@@ -475,7 +476,7 @@ class CallCache:
         except (Bypass, RuntimeError):  # (RuntimeError: a tensor without strides or data)
             return call()
         entry = self.entries.get(key)
-        if entry is not None and (not self.capture_sensitive or not _fast_launch.capturing()):
+        if entry is not None and (not self.capture_sensitive or not _launch_replay.capturing()):
             pool = args
             made = []
             if entry.allocs:  # the output / LSE the call allocates, made again
@@ -490,7 +491,7 @@ class CallCache:
                 tensors = _tensors(args) + made
                 for j, value in entry.fills:
                     tensors[j].fill_(value)
-            if ptrs is not None and _fast_launch.replay(entry, ptrs):
+            if ptrs is not None and _launch_replay.replay(entry, ptrs):
                 self.hits += 1
                 returns = entry.returns
                 if returns is None:
@@ -519,7 +520,7 @@ class CallCache:
                 _load()
             except ImportError:  # pragma: no cover - no Triton: nothing launches, nothing to record
                 return call()
-        if self.capture_sensitive and _fast_launch.capturing():
+        if self.capture_sensitive and _launch_replay.capturing():
             return call()
         record, forgotten = Record(), _forgotten[0]
         with _fast_launch.recording(record), _Watch(record):

@@ -7,7 +7,7 @@ decode that is longer than the kernels themselves. Here:
 
 1. a :class:`Launch` binds everything of one launch that a caller can fix ahead (grid,
    constexprs, options, the scalar arguments that follow from shapes, the geometry of the TMA
-   descriptors it builds on a call's tensors: :class:`Descriptor`), once, each argument by the
+   descriptors it builds on a call's tensors: :class:`.tma_descriptors.Descriptor`), once, each argument by the
    kernel parameter's name; the names are resolved to positions there, once (Triton's
    ``JITFunction.params``), so a call only picks its values into place. Every kernel family
    launches through Launch objects kept in a plan cached under the call's host facts
@@ -15,30 +15,17 @@ decode that is longer than the kernels themselves. Here:
 2. :func:`call_args` reads a call's tensors once (data pointer, dtype, 16-byte alignment), its
    per-call ints and floats, for every launch of the call (a decode call's split and combine
    launches); a :class:`CallLayout` names those values, in the order the caller passes them;
-3. a launch looks the compiled kernel up under a key of the facts Triton specialises on (below)
-   and calls its launcher with raw pointers, as ``CompiledKernel.__getitem__`` does.
+3. a launch looks the compiled kernel up under a key of the facts Triton specialises on
+   (:mod:`.arg_specs` lists them) and calls its launcher with raw pointers, as
+   ``CompiledKernel.__getitem__`` does (:func:`.c_launcher.launcher`).
 
 The first call of each key goes through ``kernel[grid](...)``, which compiles (or finds) the
 kernel Triton itself picks; its return value is cached under the key.
 
-The key. Triton 3.6 picks a compiled kernel by the current device, the options and the
-specialisation of every argument (``native_specialize_impl`` with specialisation and alignment
-on, the defaults of unannotated parameters):
-
-* tensor: its dtype and whether ``data_ptr() % 16 == 0``;
-* int: ``== 1`` (passed as a constexpr); otherwise whether it is divisible by 16, and its type:
-  i32 in [-2^31, 2^31), else i64 below 2^63, else u64 below 2^64 (beyond: an OverflowError);
-* float: fp32 whatever the value; bool: u1; None: a constexpr;
-* tensor descriptor (Triton's or Gluon's): its base's dtype, block shape and (Gluon) layout
-  (:func:`descriptor_spec`; the launcher encodes the rest per launch);
-* constexpr parameters: their values;
-
-plus the options (``num_warps``, ``num_stages``, ``launch_pdl``, ...), the kernel's ``debug``
-flag and the ``debug``/``instrumentation_mode`` knobs. The key holds each of these facts, or finer
-ones (a finer key only costs one more trip through ``kernel[grid]``): constexprs and options are
-compared with their types, so ``True`` and ``1`` differ where Triton's own lookup conflates them.
-A parameter marked ``do_not_specialize``/``do_not_specialize_on_alignment`` or annotated with a
-type is specialised otherwise; :class:`Launch` leaves such kernels to Triton.
+Beside this module: :mod:`.arg_specs` (Triton's specialisation of an argument), :mod:`.tma_descriptors`
+(the TMA descriptors a launch builds, and their expansion for the launcher), :mod:`.c_launcher`
+(Triton's C launcher called straight) and :mod:`.launch_replay` (a recorded call's launches
+replayed, for :mod:`.callcache`).
 
 The fast path runs only on Triton 3.6 and 3.7 (the versions whose rules these are), for compiled
 ``JITFunction`` kernels outside the interpreter, with no launch hooks and no pre-run hooks set,
@@ -51,11 +38,9 @@ callers pass tensors they validated to be on the current CUDA device.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import itertools
 import operator
-import sys
 from itertools import repeat
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -63,12 +48,15 @@ import torch
 import triton
 
 from . import device as _device, env as _env
+from .arg_specs import Unspecializable, arg_spec, int_spec
+from .c_launcher import launcher
 from .ptx_hints import applied as ptx_hints_applied
+from .tma_descriptors import Descriptor, descriptor_spec
 
 # The Triton versions whose specialisation rules and launcher this module was verified against
 # (tests/runtime/test_fast_launch.py compares its launches with Triton's own, bit for bit, on the GPU):
 # 3.7 keeps 3.6's argument specialisation and ``CompiledKernel.run`` signature; its launcher's C
-# entry point takes the kernel's parameters as one sequence (see :func:`_c_launcher`).
+# entry point takes the kernel's parameters as one sequence (see :func:`.c_launcher.launcher`).
 FAST_LAUNCH_VERSIONS = ("3.6", "3.7")
 TRITON_SUPPORTED = triton.__version__.startswith(FAST_LAUNCH_VERSIONS)
 
@@ -86,13 +74,6 @@ if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 and 3.7 s
         GluonJITFunction = JITFunction
     _JIT_TYPES = (JITFunction, GluonJITFunction)
 
-_INT32 = 1 << 31
-_INT64 = 1 << 63
-_UINT64 = 1 << 64
-_ONE = ("constexpr", 1)
-_U1 = ("u1",)
-_FP32 = ("fp32",)
-_NONE = ("constexpr", None)
 _MISSING = object()
 _NO_GLOBALS = ((), (), (), (), ())  # what _remember_globals keeps for a kernel that reads no globals
 
@@ -101,51 +82,14 @@ _dtype = operator.attrgetter("dtype")
 _low_bits = (15).__and__  # x & 15: a pointer's (or an int's) offset from a multiple of 16
 
 
-class Unspecializable(TypeError):
-    """An argument whose specialisation this module does not model: Triton launches it."""
-
-
-def int_spec(value: int) -> tuple:
-    """Triton 3.6's specialisation of an int argument: ``("constexpr", 1)`` or ``(type, % 16 == 0)``."""
-    if type(value) is not int:
-        raise Unspecializable(f"expected an int, got {type(value).__name__}")
-    if value == 1:
-        return _ONE
-    if -_INT32 <= value < _INT32:
-        kind = "i32"
-    elif -_INT64 <= value < _INT64:
-        kind = "i64"
-    elif _INT64 <= value < _UINT64:
-        kind = "u64"
-    else:
-        raise Unspecializable(f"integer {value} does not fit 64 bits")
-    return kind, value & 15 == 0
-
-
-def arg_spec(value: Any) -> tuple:
-    """Triton 3.6's specialisation of one non-constexpr argument (see the module docstring)."""
-    kind = type(value)
-    if kind is int:
-        return int_spec(value)
-    if kind is bool:
-        return _U1
-    if kind is float:
-        return _FP32
-    if value is None:
-        return _NONE
-    if isinstance(value, torch.Tensor):
-        return value.dtype, value.data_ptr() & 15 == 0
-    raise Unspecializable(f"no specialisation rule for {kind.__name__}")
-
-
 def fast_path_enabled() -> bool:
     """Whether launches may bypass ``kernel[grid]`` now (Triton 3.6 / 3.7, compiled, no launch hooks)."""
     if not TRITON_SUPPORTED or not _env.fast_launch() or _device.is_interpreter():
         return False
-    return _no_launch_hooks()
+    return no_launch_hooks()
 
 
-def _no_launch_hooks() -> bool:
+def no_launch_hooks() -> bool:
     """No launch enter/exit hook is set in Triton's knobs (a hook must see every launch: Triton's path)."""
     runtime = knobs.runtime
     enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook  # None, or a HookChain of hooks
@@ -203,7 +147,7 @@ class CallArgs:
 def call_key(device: int, dtypes: tuple, ptrs: tuple, ints: tuple) -> tuple:
     """What a call's tensors and ints, the device and Triton's compile knobs add to a launch key.
 
-    Raises :class:`Unspecializable` for an int Triton would not specialise as :func:`int_spec` says.
+    Raises :class:`Unspecializable` for an int Triton would not specialise as :func:`.arg_specs.int_spec` says.
     """
     return (
         device,
@@ -274,28 +218,18 @@ def call_args(tensors: tuple, ints: tuple = (), floats: tuple = (), device: int 
     return CallArgs(tensors, ints, floats, ptrs, key, active.get_current_stream(device))
 
 
-def descriptor_spec(desc) -> tuple:
-    """What Triton 3.6 and 3.7.1 specialise a tensor-descriptor argument on: its class (Triton's
-    ``TensorDescriptor`` or Gluon's), its base's dtype, its block shape and (Gluon) its shared-memory
-    layout; ``native_specialize_impl`` makes ``tensordesc<dtype[block]>`` (Gluon:
-    ``tensordesc<dtype[block],layout>``) of these and of nothing else: neither the base's alignment
-    (the descriptor's constructor requires 16 bytes), nor the shape, strides, padding or tf32
-    rounding, which the launcher encodes per launch. ``test_fast_launch.py`` pins this against
-    Triton's own specialisation."""
-    return type(desc), desc.base.dtype, tuple(desc.block_shape), getattr(desc, "layout", None)
-
 
 def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
     """``call`` with the tensors at the given positions replaced by tensor descriptors
     (``{position: TensorDescriptor}``, Triton's or Gluon's) for every launch of the call.
 
-    The key becomes the call's key and each descriptor's :func:`descriptor_spec`, so equal keys
+    The key becomes the call's key and each descriptor's :func:`.tma_descriptors.descriptor_spec`, so equal keys
     still mean the same compiled kernel. The fast path expands them for Triton's C launcher itself,
-    keeping each encoding per pointer and geometry (:class:`_DescriptorSlot`; Triton's own
+    keeping each encoding per pointer and geometry (:class:`.tma_descriptors.DescriptorSlot`; Triton's own
     ``wrap_handle_tensordesc`` reads ``base.data_ptr()``, ``shape``, ``strides``, ``padding``, and
     encodes on every launch); Triton's own path takes them as arguments. A recorded call keeps a
-    :class:`ReplayDescriptor` template of each, rebuilt on its base's new pointer
-    (:func:`descriptor_template`).
+    :class:`.tma_descriptors.ReplayDescriptor` template of each, rebuilt on its base's new pointer
+    (:func:`.tma_descriptors.descriptor_template`).
     """
     tensors = list(call.tensors)
     ptrs = None if call.ptrs is None else list(call.ptrs)
@@ -313,79 +247,6 @@ def with_descriptors(call: CallArgs, descriptors: dict) -> CallArgs:
             key = _KEY_IDS[facts] = next(_NEXT_KEY_ID)
     return CallArgs(tuple(tensors), call.ints, call.floats, None if ptrs is None else tuple(ptrs), key,
                     call.stream)
-
-
-class _Base(int):
-    """A descriptor's base as a bare data pointer: what Triton's launchers read of the base tensor
-    (``data_ptr()`` to encode a TMA descriptor; the pointer itself where the kernel takes the base
-    as a pointer: an int, which the C launcher reads without querying the driver)."""
-
-    __slots__ = ()
-
-    def data_ptr(self) -> int:
-        return int(self)
-
-
-@dataclasses.dataclass(slots=True)
-class ReplayDescriptor:
-    """A tensor descriptor rebuilt from a data pointer, with everything Triton's launcher reads of
-    one (``base.data_ptr()``, ``shape``, ``strides``, ``padding``, and 3.7's
-    ``round_f32_to_tf32``); ``block_shape`` and ``layout`` for tests and tools. Only launchers of
-    compiled kernels take it (they specialised on the original: :func:`descriptor_spec`)."""
-
-    base: _Base
-    shape: tuple
-    strides: tuple
-    block_shape: tuple
-    layout: Any
-    padding: str
-    round_f32_to_tf32: bool
-
-
-class Descriptor(NamedTuple):
-    """A tensor descriptor a :class:`Launch` builds on one of a call's tensors at every call: the
-    tensor's name in the launch's :class:`CallLayout`, then the descriptor's geometry, fixed by the
-    launch's host facts (elements). ``layout``: a Gluon shared-memory layout (Gluon's
-    ``TensorDescriptor``), or None for Triton's."""
-
-    tensor: str
-    shape: tuple
-    strides: tuple
-    block_shape: tuple
-    layout: Any = None
-
-    def maker(self) -> Callable[[torch.Tensor], Any]:
-        """``f(base)``: the descriptor of ``base`` (what the kernel parameter gets for a call), its
-        class looked up once, here (fresh shape lists each call, as a caller building it would)."""
-        shape, strides, block, layout = tuple(self.shape), tuple(self.strides), tuple(self.block_shape), self.layout
-        if layout is None:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            return lambda base: TensorDescriptor(base, list(shape), list(strides), list(block))
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-
-        return lambda base: GluonDescriptor(base, list(shape), list(strides), list(block), layout)
-
-    def make(self, base: torch.Tensor):
-        """The descriptor of ``base``."""
-        return self.maker()(base)
-
-
-def descriptor_base(value) -> int | None:
-    """The base pointer of a tensor descriptor passed as a per-call value, or None for anything
-    else (a descriptor: an object with a ``base`` that has ``data_ptr()`` and a ``block_shape``)."""
-    base = getattr(value, "base", None)
-    if base is None or not hasattr(value, "block_shape") or not hasattr(base, "data_ptr"):
-        return None
-    return base.data_ptr()
-
-
-def descriptor_template(desc) -> Callable[[int], ReplayDescriptor]:
-    """``f(pointer)``: ``desc`` with its base at ``pointer`` (shape, strides, block shape, layout
-    and padding as recorded: a recorded call's key holds every fact they follow from)."""
-    fields = (tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape), getattr(desc, "layout", None),
-              desc.padding, getattr(desc, "round_f32_to_tf32", False))
-    return lambda ptr: ReplayDescriptor(_Base(ptr), *fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,189 +267,6 @@ def _grid3(grid: Sequence[int]) -> tuple[int, int, int]:
         raise ValueError(f"grid: expected 1 to 3 dims, got {tuple(grid)}")
     g = tuple(int(x) for x in grid)
     return g + (1,) * (3 - len(g))
-
-
-def _launcher(compiled) -> tuple[Callable, tuple]:
-    """``(launch, fixed)``: ``launch(gx, gy, gz, stream, *fixed, *args)`` runs ``compiled``.
-
-    That is ``compiled.run`` with the kernel's handle and metadata and no launch hooks, as
-    ``CompiledKernel.__getitem__`` calls it; for the CUDA launcher of a kernel that needs no scratch
-    memory, straight its C entry point (the Python ``__call__`` in between only allocates scratch),
-    in the shape :func:`_c_launcher` verified; anything else takes ``run``.
-    """
-    run = compiled.run
-    direct = _c_launcher(run, compiled) if type(run).__name__ == "CudaLauncher" else None
-    if direct is not None:
-        return direct
-    return run, (compiled.function, compiled.packed_metadata, None, None, None)
-
-
-def _c_launcher(run, compiled):
-    """``(launch, fixed)`` calling the C entry point of a Triton 3.6 / 3.7 ``CudaLauncher``, or None
-    where it is not in a shape read from those versions' ``backends/nvidia/driver.py``:
-
-    * 3.6: ``run.launch`` is the launcher module's C ``launch``, format ``_BASE_ARGS_FORMAT``
-      (grid x/y/z, stream, function, cooperative, pdl, global/profile scratch, kernel metadata,
-      launch metadata, enter/exit hooks), then every kernel parameter (constexprs in place);
-    * 3.7: ``run.launch`` is the driver's shared C ``launch``: those 13 arguments with the kernel
-      metadata after pdl, then ``run.arg_annotations``, ``run.kernel_signature`` and the kernel
-      parameters as one sequence;
-    * either, for a kernel taking tensor descriptors: ``run.launch`` is Triton's own per-launch
-      wrapper (``wrap_handle_tensordesc``'s ``inner``, recognised by its code object), which expands
-      each descriptor (``make_tensordesc_arg``: the encoded ``CUtensorMap`` then shape and strides)
-      around that C entry; its C entry and descriptor metadata are taken from it, and the
-      expansion is done here through a :class:`_DescriptorSlot` per descriptor parameter, which
-      keeps the expanded arguments of the descriptors it has seen.
-    """
-    if run.global_scratch_size != 0 or run.profile_scratch_size != 0:
-        return None
-    module = sys.modules.get(type(run).__module__)
-    if module is None:
-        return None
-    launch = run.launch
-    slots = ()
-    inner = _tritons_descriptor_wrapper(module)
-    if inner is not None and getattr(launch, "__code__", None) is inner:
-        unwrapped = _unwrap_descriptors(launch, module)
-        if unwrapped is None:
-            return None
-        launch, slots = unwrapped
-    if getattr(module, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO" and triton.__version__.startswith("3.6"):
-        fixed = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-                 compiled.packed_metadata, None, None, None)
-        if not slots:
-            return launch, fixed
-        return _expanding_launch_36(launch, tuple((13 + i, slot) for i, slot in slots)), fixed
-    if (triton.__version__.startswith("3.7") and not hasattr(module, "_BASE_ARGS_FORMAT")
-            and hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature")
-            and launch is _drivers_launch()):
-        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata, None, None,
-                None, None, None, run.arg_annotations, run.kernel_signature)
-        return _launch_37(launch, head, slots), ()
-    return None
-
-
-def _drivers_launch():
-    """Triton 3.7's shared C launch entry point (``driver.active.utils.launch``), or None."""
-    try:
-        return triton.runtime.driver.active.utils.launch
-    except Exception:  # (no driver: nothing launches through it)
-        return None
-
-
-_WRAPPER_CODE: dict = {}  # driver module -> the code object of its wrap_handle_tensordesc's inner (or None)
-
-
-def _tritons_descriptor_wrapper(module):
-    """The code object of the wrapper ``module.wrap_handle_tensordesc`` puts around a launcher of a
-    kernel that takes tensor descriptors (made once, around a stand-in), or None."""
-    if module in _WRAPPER_CODE:
-        return _WRAPPER_CODE[module]
-    code = None
-    wrap = getattr(module, "wrap_handle_tensordesc", None)
-    if wrap is not None and getattr(module, "make_tensordesc_arg", None) is not None:
-        try:
-            inner = wrap(len, {0: "tensordesc<fp16[16, 16]>"}, None)
-        except Exception:  # pragma: no cover - another signature: no descriptor expansion here
-            inner = None
-        if inner is not len and set(getattr(getattr(inner, "__code__", None), "co_freevars", ())) == _WRAPPER_CELLS:
-            code = inner.__code__
-    _WRAPPER_CODE[module] = code
-    return code
-
-
-_WRAPPER_CELLS = {"launcher", "tensordesc_indices", "tensordesc_meta"}
-
-
-def _unwrap_descriptors(inner, module):
-    """``(C launch, ((parameter index, _DescriptorSlot), ...))`` from Triton's descriptor wrapper."""
-    cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__)))
-    indices, metas = sorted(cells["tensordesc_indices"]), list(cells["tensordesc_meta"])
-    if len(indices) != len(metas):
-        return None
-    encode = module.make_tensordesc_arg
-    return cells["launcher"], tuple((i, _DescriptorSlot(encode, meta)) for i, meta in zip(indices, metas))
-
-
-class _DescriptorSlot:
-    """The expanded launcher arguments of one tensor-descriptor parameter of one compiled kernel,
-    kept per descriptor: Triton's ``make_tensordesc_arg`` encodes a ``CUtensorMap`` on the host
-    (``cuTensorMapEncodeTiled``) and lists it with the shape and strides, on every launch; a serving
-    engine's cache keeps its address and geometry from call to call, so the encoding is reused.
-
-    The key covers everything the expansion reads of a descriptor (both versions' ``make_tensordesc_arg``):
-    the base's data pointer, shape, strides, padding and (3.7) ``round_f32_to_tf32``; and of the
-    slot: the kernel's descriptor metadata (swizzle, element size and type, block size, fp4
-    padding), fixed per compiled kernel and parameter, which is what a slot is. The block shape, the
-    base's dtype and (Gluon) the layout fix that metadata; they are the descriptor's
-    specialisation (:func:`descriptor_spec`), equal for every descriptor a compiled kernel is
-    launched with, and the block shape is in the key besides. A new key encodes afresh. Reusing an
-    encoded ``CUtensorMap`` across launches is what Triton does within one (the launch copies the
-    parameter's bytes). A kernel that takes the descriptor as a pointer (no metadata: not lowered
-    to TMA) gets the base's address as an int, which keeps no tensor alive.
-    """
-
-    __slots__ = ("encode", "meta", "seen")
-    LIMIT = 32  # descriptors kept per slot; past this the slot starts over
-
-    def __init__(self, encode, meta):
-        self.encode, self.meta, self.seen = encode, meta, {}
-
-    def expand(self, desc) -> tuple:
-        ptr = desc.base.data_ptr()
-        key = (ptr, tuple(desc.shape), tuple(desc.strides), desc.padding, getattr(desc, "round_f32_to_tf32", False),
-               tuple(desc.block_shape))
-        hit = self.seen.get(key)
-        if hit is None:
-            hit = list(self.encode(desc, self.meta))
-            if self.meta is None:
-                hit[0] = int(ptr)  # the base as a pointer
-            hit = tuple(hit)
-            if len(self.seen) >= self.LIMIT:
-                self.seen.clear()
-            self.seen[key] = hit
-        return hit
-
-
-def _expanded(args: tuple, slots: tuple) -> list:
-    """``args`` with the descriptor at each of ``slots``' positions replaced by its expansion
-    (``slots`` last position first, so that the earlier positions stay put)."""
-    args = list(args)
-    for i, slot in slots:
-        args[i:i + 1] = slot.expand(args[i])
-    return args
-
-
-def _expanding_launch_36(c_launch, slots: tuple) -> Callable:
-    """Triton 3.6's C ``launch`` with each descriptor argument (at ``slots``' positions of the
-    whole argument list) replaced by its expansion."""
-    slots = slots[::-1]
-
-    def launch(*args):
-        return c_launch(*_expanded(args, slots))
-
-    launch.descriptor_slots = slots  # (tests and tools)
-    return launch
-
-
-def _launch_37(c_launch, head: tuple, slots: tuple) -> Callable:
-    """Triton 3.7's C ``launch`` taking ``(gx, gy, gz, stream, *params)``, the descriptor parameters
-    (``slots``' positions) expanded."""
-    function, coop, pdl, metadata, launch_metadata, enter, exit_, scratch, profile, annotations, signature = head
-    if not slots:
-        def launch(gx, gy, gz, stream, *args):
-            return c_launch(gx, gy, gz, stream, function, coop, pdl, metadata, launch_metadata, enter, exit_,
-                            scratch, profile, annotations, signature, args)
-
-        return launch
-    slots = slots[::-1]
-
-    def launch_descriptors(gx, gy, gz, stream, *args):
-        return c_launch(gx, gy, gz, stream, function, coop, pdl, metadata, launch_metadata, enter, exit_,
-                        scratch, profile, annotations, signature, _expanded(args, slots))
-
-    launch_descriptors.descriptor_slots = slots  # (tests and tools)
-    return launch_descriptors
 
 
 def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict) -> tuple[tuple, tuple]:
@@ -776,7 +454,7 @@ class Launch:
             compiled = self.kernel[self.grid](*self._pick(call.triton_values() + self._bound), **self.options)
         self.last = compiled
         if key is not None and isinstance(compiled, CompiledKernel) and compiled.function is not None:
-            self._compiled[key] = (compiled, *_launcher(compiled))
+            self._compiled[key] = (compiled, *launcher(compiled))
             self._remember_globals()
 
     def ready(self, call_key: int):
@@ -856,104 +534,3 @@ def recording(record):
         _RECORDER = outer
 
 
-def current_device() -> int | None:
-    """The current CUDA device's index as Triton's driver sees it (None off the fast path)."""
-    if not TRITON_SUPPORTED:
-        return None
-    return driver.active.get_current_device()
-
-
-def knob_state() -> tuple:
-    """Triton's knobs that enter :func:`call_key`."""
-    if not TRITON_SUPPORTED:
-        return ()
-    return knobs.runtime.debug, knobs.compilation.instrumentation_mode
-
-
-_CAPTURE_QUERY: list = []  # [torch's capture query, or None without CUDA], once asked
-
-
-def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
-    if not _CAPTURE_QUERY:
-        _CAPTURE_QUERY.append(torch._C._cuda_isCurrentStreamCapturing if torch.cuda.is_available() else None)
-    query = _CAPTURE_QUERY[0]
-    return query is not None and torch.cuda.is_initialized() and query()
-
-
-_torch_current_device = torch.cuda.current_device
-_cuda_get_device = getattr(torch._C, "_cuda_getDevice", _torch_current_device)  # (less the Python init check)
-
-
-def replay(entry, ptrs: list):
-    """Launch a recorded call's launches (``kvattn.runtime.callcache._Entry``) for a call whose tensor
-    arguments have the data pointers ``ptrs``: True, or False (nothing
-    launched) where the fast path would not launch them all as recorded now.
-
-    Only for a call whose key (``kvattn.runtime.callcache._flatten``) equals the recorded call's: the key
-    holds the raw value of every switch, so ``KVATTN_FAST_LAUNCH`` and ``TRITON_INTERPRET`` read as
-    they did while the call was recorded (the fast path was on: :func:`fast_path_enabled` less its
-    launch hooks). Checked here, what the key does not hold: no launch hooks, Triton's debug knobs,
-    the current device and stream, and each launch's compiled kernel still the one Triton's path
-    would pick (no pre-run hooks, the same ``debug`` flag, the cached kernel, its globals unchanged).
-    """
-    if _RECORDER is not None or knob_state() != entry.knobs or not _no_launch_hooks():
-        return False
-    active = driver.active
-    get_device = active.get_current_device
-    # torch.cuda.current_device is a lazy-init check and _cuda_getDevice, which initialises itself
-    device = _cuda_get_device() if get_device is _torch_current_device else get_device()
-    if device != entry.device:
-        return False
-    stream = active.get_current_stream(device)
-    if entry.stream is not None and stream != entry.stream:
-        return False
-    steps = entry.steps
-    for launch, key, hit, _, _ in steps:
-        now = launch.ready(key)
-        if now is None or now[0] is not hit[0]:  # (recompiled, globals changed, hooks: Triton's path now)
-            return False
-    values = _replay_values(entry, ptrs, stream)
-    for launch, _, hit, pick, static in steps:
-        launch.last = hit[0]
-        hit[1](*pick(values + static))
-    return True
-
-
-def _replay_values(entry, ptrs: list, stream: int) -> tuple:
-    """Every pointer (or rebuilt descriptor) of a recorded call's launches, then the stream."""
-    if entry.constants:
-        ptrs = ptrs + entry.constants
-    values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)
-    if entry.rebuild:  # tensor descriptors, rebuilt on their bases' new pointers
-        values = list(values)
-        for i, make in entry.rebuild:
-            values[i] = make(values[i])
-        values = tuple(values)
-    return values
-
-
-def replay_launches(entry, ptrs: list, stream: int) -> list[tuple[Callable, tuple]]:
-    """``(launcher, its whole argument list)`` of each launch :func:`replay` makes for a call with the
-    data pointers ``ptrs`` on ``stream``, without launching (tools time the launcher alone)."""
-    values = _replay_values(entry, ptrs, stream)
-    return [(hit[1], pick(values + static)) for _, _, hit, pick, static in entry.steps]
-
-
-def replay_step(launch: Launch, key: int, first: int, count: int, tail: tuple, total: int) -> tuple:
-    """One launch of a recorded call as :func:`replay` runs it: ``(launch, key, hit, pick, static)``
-    with ``pick(values + static)`` the whole argument list of the launcher, ``values`` the call's
-    ``total`` pointers (this launch's at ``first .. first + count``) and the stream. None where the
-    launch would not take the fast path now."""
-    hit = launch.ready(key)
-    if hit is None:
-        return None
-    _, _, fixed = hit
-    static = (*launch._grid3, *fixed, *tail, *launch._bound)
-    base = total + 1
-    order = [base, base + 1, base + 2, total]  # grid x, y, z; the stream
-    order += range(base + 3, base + 3 + len(fixed))
-    rest = base + 3 + len(fixed)
-    for i in launch._indices:  # into call.values (pointers, ints, floats) + bound
-        order.append(first + i if i < count else rest + i - count)
-    return launch, key, hit, operator.itemgetter(*order), static
