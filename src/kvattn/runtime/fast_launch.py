@@ -27,7 +27,7 @@ Beside this module: :mod:`.arg_specs` (Triton's specialisation of an argument), 
 (Triton's C launcher called straight) and :mod:`.launch_replay` (a recorded call's launches
 replayed, for :mod:`.callcache`).
 
-The fast path runs only on Triton 3.6 and 3.7 (the versions whose rules these are), for compiled
+The fast path runs only on Triton 3.6 and 3.7 (the versions whose rules :mod:`.arg_specs` holds), for compiled
 ``JITFunction`` kernels outside the interpreter, with no launch hooks and no pre-run hooks set,
 and unless ``KVATTN_FAST_LAUNCH=0``; otherwise every launch is a plain ``kernel[grid](...)``.
 
@@ -512,10 +512,9 @@ class Launch:
 
 
 # ---------------------------------------------------------------------------------------------
-# recording a call's launches and replaying them (kvattn.runtime.callcache)
+# recording a call's launches (kvattn.runtime.callcache; .launch_replay replays them)
 # ---------------------------------------------------------------------------------------------
-_RECORDER = None  # the kvattn.runtime.callcache.Record of the call being recorded, if any
-_add = operator.add
+_RECORDER = None  # the kvattn.runtime.callcache.Record of the call being recorded, if any (.launch_replay reads it)
 
 
 @contextlib.contextmanager
