@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import contextlib
 
-try:
-    from triton import knobs as _knobs
-except ImportError:  # pragma: no cover - a Triton without knobs: nothing is counted
-    _knobs = None
-
 
 class CompileCounter:
     """``count`` grows by one for each kernel Triton compiles or loads while :meth:`installed`."""
@@ -23,7 +18,13 @@ class CompileCounter:
 
     @contextlib.contextmanager
     def installed(self):
-        runtime = getattr(_knobs, "runtime", None)
+        # (Triton imported here, not with the module: `kvattn check --interpret` must set
+        # TRITON_INTERPRET before anything imports Triton, and the command line imports this)
+        try:
+            from triton import knobs
+        except ImportError:  # a Triton without knobs: nothing is counted
+            knobs = None
+        runtime = getattr(knobs, "runtime", None)
         if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
             yield self
             return
