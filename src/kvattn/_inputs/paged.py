@@ -181,7 +181,6 @@ def check_paged_heads(hq: int, query_name: str, kv: PagedKV, kv_cache, kv_layout
                              other_heads=kv.page_size)
 
 
-
 def check_max_seq_len(max_seq_len, name: str, kv: PagedKV) -> int:
     m = check_int(max_seq_len, name, minimum=0)
     if m > kv.capacity:
