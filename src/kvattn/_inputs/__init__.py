@@ -19,9 +19,9 @@ kvattn are gathered here.
 
 from .aliases import alias, cached_aliases
 from .checks import (
-    DECODE_HEAD_DIMS, HALF_DTYPES, INT64_RULE, LAYOUTS, MIN_WORKSPACE_BYTES, check_half_match, check_head_dim, check_int,
-    check_interpretable, check_last_dim_contiguous, check_layout, check_lse_out, check_out, check_query_heads,
-    check_seq_lens, check_shape, check_sinks, check_tensor, check_window, check_workspace,
+    DECODE_HEAD_DIMS, HALF_DTYPES, INT64_RULE, LAYOUTS, MIN_WORKSPACE_BYTES, check_half_match, check_head_dim,
+    check_int, check_interpretable, check_last_dim_contiguous, check_layout, check_lse_out, check_out,
+    check_query_heads, check_seq_lens, check_shape, check_sinks, check_tensor, check_window, check_workspace,
 )
 from .device_checks import debug_check_pages
 from .paged import PagedKV, check_max_seq_len, check_paged_heads, paged_kv_from_cache
