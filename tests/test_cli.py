@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kvattn
-from kvattn import bench, cli
+from kvattn import bench, cli, cli_check, cli_info
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -228,7 +228,7 @@ def test_check_on_cpu_reference(capsys, tmp_path):
 
 
 def test_check_fails_out_of_tolerance(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "TOL_16BIT", 1e-9)
+    monkeypatch.setattr(cli_check, "TOL_16BIT", 1e-9)
     rc, out, err = run_cli(capsys, "check", "--device", "cpu", "--only", "single_decode", "--reps", "1")
     assert rc == 1
     assert out.count(" FAIL ") == 3 and "1e-09" in out
@@ -278,7 +278,7 @@ def test_check_interpret_runs_the_kernels():
 
 
 def test_mla_is_skipped_in_the_interpreter_with_a_reason(capsys, monkeypatch):
-    cases = cli._mla_cases(torch.device("cpu"), False, torch.float16, interpret=True)
+    cases = cli_check._mla_cases(torch.device("cpu"), False, torch.float16, interpret=True)
     assert len(cases) == 1 and "bf16" in cases[0].skip and cases[0].run is None
 
 
@@ -369,7 +369,7 @@ def test_info_names_mla_kernels_on_hopper(gluon, ws, want, monkeypatch):
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
     monkeypatch.setenv("KVATTN_GLUON", gluon)
     monkeypatch.setenv("KVATTN_GLUON_WS", ws)
-    text = cli._served_by("mla_decode", torch.device("cuda"), {"gluon": "on (Gluon kernels on Hopper)"})
+    text = cli_info._served_by("mla_decode", torch.device("cuda"), {"gluon": "on (Gluon kernels on Hopper)"})
     assert text.endswith(want), text
 
 
@@ -382,7 +382,7 @@ def test_info_names_the_prefill_kernel_on_hopper(gluon, want, monkeypatch):
     monkeypatch.setattr(_backend, "use_triton", lambda op, device: True)
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
     monkeypatch.setenv("KVATTN_GLUON", gluon)
-    text = cli._served_by("context", torch.device("cuda"), {"gluon": "on (Gluon kernels on Hopper)"})
+    text = cli_info._served_by("context", torch.device("cuda"), {"gluon": "on (Gluon kernels on Hopper)"})
     assert want in text, text
     assert ("Gluon" in text) == (gluon == "1"), text
 
@@ -392,7 +392,7 @@ def test_info_without_fast_paths_report(monkeypatch):
     from kvattn.runtime import versions as _versions
 
     monkeypatch.delattr(_versions, "fast_paths")
-    assert cli._fast_paths() == {}
+    assert cli_info._fast_paths() == {}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 
 import kvattn
 from kvattn import distributed as kd
+from kvattn.distributed import context_parallel
 
 import distributed_cases
 
@@ -116,7 +117,7 @@ def test_local_lengths_kernel_matches_the_torch_form(sh, monkeypatch):
                 monkeypatch.setenv("KVATTN_BACKEND", backend)
                 lens_out = torch.full_like(lens, -5)
                 start_out = torch.full_like(lens, -5) if window >= 0 else None
-                kd._local_lengths(sh, lens, rank, lens_out, start_out, window)
+                context_parallel._local_lengths(sh, lens, rank, lens_out, start_out, window)
                 got.append((lens_out.cpu(), None if start_out is None else start_out.cpu()))
             assert torch.equal(got[0][0], got[1][0]), (window, rank)
             if window >= 0:
@@ -191,7 +192,7 @@ def test_local_draft_mask_matches_brute_force(sh, q_len, with_mask):
     for rank in range(sh.world_size):
         local = sh.local_seq_lens(lens, rank)
         out = torch.empty(lens.numel(), q_len, words, dtype=torch.int16)
-        got = kd._local_mask(mask, q_len, lens, local, sh, rank, out)
+        got = context_parallel._local_mask(mask, q_len, lens, local, sh, rank, out)
         assert got.dtype == torch.uint16
         gw = got.view(torch.int16).to(torch.int64) & 0xFFFF
         for b, (n, ln) in enumerate(zip(lens.tolist(), local.tolist())):

@@ -11,6 +11,7 @@ from kvattn.runtime import env as _env
 from kvattn import _inputs
 from kvattn._inputs import check_tensor
 from kvattn._inputs import check_out
+from kvattn._inputs.paged import _split_kv
 from kvattn.formats import FP8_DTYPE
 from kvattn.runtime import arg_specs, fast_launch
 
@@ -69,18 +70,18 @@ def test_int_specs_memo_counts_exact_ints_only(equal):
 # ---------------------------------------------------------------------------------------------
 def test_no_cached_alias_once_the_base_requires_grad():
     base = torch.randn(4, 2, 16, 2, 8)
-    k, _ = _inputs._split_kv(base, "kv_cache", "HND")
-    assert _inputs._split_kv(base, "kv_cache", "HND")[0] is k
+    k, _ = _split_kv(base, "kv_cache", "HND")
+    assert _split_kv(base, "kv_cache", "HND")[0] is k
     base.requires_grad_(True)
-    k2, _ = _inputs._split_kv(base, "kv_cache", "HND")
+    k2, _ = _split_kv(base, "kv_cache", "HND")
     assert k2 is not k and k2.requires_grad  # a view tracked by autograd, not the cached alias
 
 
 def test_cached_alias_follows_new_storage_of_the_same_tensor():
     base = torch.randn(4, 2, 16, 2, 8)
-    k, _ = _inputs._split_kv(base, "kv_cache", "HND")
+    k, _ = _split_kv(base, "kv_cache", "HND")
     base.set_(torch.randn(4, 2, 16, 2, 8))  # same object, same shape, other memory
-    k2, _ = _inputs._split_kv(base, "kv_cache", "HND")
+    k2, _ = _split_kv(base, "kv_cache", "HND")
     assert k2.data_ptr() == base.data_ptr() != k.data_ptr()
 
 

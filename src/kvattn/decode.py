@@ -264,7 +264,7 @@ def debug_check_drafts(q_cu_seq_lens: torch.Tensor, seq_lens: torch.Tensor, tota
                        q_len_name: str = "q_len_per_req") -> None:
     """Device-value checks of ragged draft offsets (synchronising): only with ``KVATTN_DEBUG=1``."""
     from .runtime import env as _env
-    from ._inputs import _debug_check_cum, _lengths_as_read
+    from ._inputs.device_checks import _debug_check_cum, _lengths_as_read
 
     if not _env.debug_checks():
         return

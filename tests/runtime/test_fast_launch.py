@@ -26,7 +26,9 @@ from triton.runtime.jit import JITFunction
 
 import kvattn
 from kvattn.runtime import env as _env
-from kvattn import _inputs
+from kvattn._inputs import aliases as _aliases
+from kvattn._inputs import checks as _checks
+from kvattn._inputs.paged import _split_kv
 from kvattn._formats_table import BY_NAME
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.append import plan as append_launch
@@ -322,30 +324,30 @@ def test_integer_helpers_match_triton():
 
 def test_cached_aliases_follow_the_base_tensor():
     base = torch.randn(4, 2, 16, 2, 8)
-    k, v = _inputs._split_kv(base, "kv_cache", "HND")
-    assert _inputs._split_kv(base, "kv_cache", "HND")[0] is k
+    k, v = _split_kv(base, "kv_cache", "HND")
+    assert _split_kv(base, "kv_cache", "HND")[0] is k
     assert k._base is None  # an alias of the memory, not a view holding on to ``base``
     assert torch.equal(k, base[:, 0].transpose(1, 2)) and torch.equal(v, base[:, 1].transpose(1, 2))
     base[0, 1, 0, 0, 0] = 123.0
     assert v[0, 0, 0, 0] == 123.0  # the same memory
-    assert _inputs._split_kv(base, "kv_cache", "NHD")[0] is not k  # another layout, another entry
-    assert _inputs._split_kv(base, "kv_cache", "HND")[0] is k
+    assert _split_kv(base, "kv_cache", "NHD")[0] is not k  # another layout, another entry
+    assert _split_kv(base, "kv_cache", "HND")[0] is k
     with torch.inference_mode():
-        assert _inputs._split_kv(base, "kv_cache", "HND")[0] is not k
+        assert _split_kv(base, "kv_cache", "HND")[0] is not k
     base.as_strided_((4, 2, 16, 2, 4), base.stride())  # metadata changed in place
-    k2, _ = _inputs._split_kv(base, "kv_cache", "HND")
+    k2, _ = _split_kv(base, "kv_cache", "HND")
     assert k2 is not k and k2.shape == (4, 2, 16, 4)
     ident = id(base)
-    assert any(key[0] == ident for key in _inputs._ALIASES)
+    assert any(key[0] == ident for key in _aliases._ALIASES)
     del base
     gc.collect()
-    assert not any(key[0] == ident for key in _inputs._ALIASES)  # entries go with their tensor
+    assert not any(key[0] == ident for key in _aliases._ALIASES)  # entries go with their tensor
 
 
 def test_no_aliases_for_tensors_that_require_grad():
     base = torch.randn(4, 2, 16, 2, 8, requires_grad=True)
-    k, _ = _inputs._split_kv(base, "kv_cache", "NHD")
-    assert k._base is base and _inputs._split_kv(base, "kv_cache", "NHD")[0] is not k
+    k, _ = _split_kv(base, "kv_cache", "NHD")
+    assert k._base is base and _split_kv(base, "kv_cache", "NHD")[0] is not k
 
 
 def test_workspace_partials_do_not_keep_the_workspace():
@@ -696,7 +698,7 @@ class FakeGPU:
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # kvattn: CPU tensors may take the Triton backend
         monkeypatch.setenv("KVATTN_BACKEND", "triton")
         # ... but the kernels are compiled ones: bfloat16 caches are fine (no interpreter arithmetic)
-        monkeypatch.setattr(_inputs, "_kernels_interpreted", lambda: False)
+        monkeypatch.setattr(_checks, "_kernels_interpreted", lambda: False)
         # Every call through its launches (these tests look at them); the replays of recorded calls
         # have tests of their own (test_call_cache.py).
         monkeypatch.setenv("KVATTN_CALL_CACHE", "0")

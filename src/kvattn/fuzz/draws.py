@@ -7,7 +7,7 @@ drawer ``draw(rng, spec, env)`` sees the keys drawn before it, so a later argume
 earlier one (an fp8 output only over an fp8 cache, lengths no shorter than the drafts). A new
 argument of a public function is registered here: one drawer in its function's table, its "off"
 value in ``OPTIONS`` (so the shrinker can drop it), and its use in the function's builder in
-``calls.py`` (docs/fuzzing.md, "Adding an argument").
+its family's ``build_*.py`` (docs/fuzzing.md, "Adding an argument").
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 
 import kvattn
 from kvattn._formats_table import BY_NAME
-from kvattn._inputs import _split_kv
+from kvattn._inputs.paged import _split_kv
 from kvattn.formats import FP8_DTYPE
 from kvattn.reference.core import gather_tokens
 

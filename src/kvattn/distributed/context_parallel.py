@@ -1,351 +1,19 @@
-"""Context-parallel decode: one sequence's KV cache spread over the ranks of a process group.
-
-Each rank holds a slice of every request's keys, attends over it with kvattn's local kernels
-(with ``return_lse``, float32 outputs, no sinks), and the ranks exchange their partial states
-``(o, lse)`` in one collective and merge them exactly (:func:`kvattn.merge_states`), the sinks
-counted once in the merge. The exchange moves ``rows x heads x (D + 1)`` float32 values a rank,
-small next to the KV bytes each rank reads.
-
-Works over any ``torch.distributed`` process group (NCCL for CUDA tensors, gloo for CPU ones) of
-any size. Sharding, calls and CUDA-graph capture: ``docs/distributed.md``.
-
-Sharding a paged cache (:class:`PageSharding`). A request's *logical* page ``p`` (tokens
-``p * page_size ..``) lives on one rank, at a *local* page index there; each rank's page table
-lists its own pages in local order (``block_tables[b, i]`` = its pool's id of local page ``i``).
-
-* ``"round_robin"``: page ``p`` on rank ``p % R`` at local index ``p // R``. Balanced at every
-  length within one page, and a page never moves as the request grows (the new token goes to
-  the rank that owns its page): the scheme for decode, where sequences grow.
-* ``"contiguous"``: ranks ``0 .. R-2`` hold ``span_pages`` pages each (rank ``r`` pages
-  ``r * span .. (r + 1) * span - 1``), the last rank all the pages past them. Keeps each rank's
-  keys contiguous in position, so a window touches one or two ranks only: for a long prompt
-  spread once (``span_pages = ceil(pages / R)``), with later tokens appended on the last rank.
-
-All calls take the *global* ``seq_lens`` (the same on every rank; each rank derives its local
-lengths on the device, without a host sync) and a global host bound ``max_seq_len``.
-
-Example (one process standing for both ranks of a 2-rank group; each rank computes its state
-with :meth:`PageSharding.local_seq_lens` and the local kernel, then the states merge):
-
->>> import torch, kvattn
->>> from kvattn.distributed import PageSharding
->>> sh = PageSharding(world_size=2, page_size=16)
->>> lens = torch.tensor([40, 0, 17], dtype=torch.int32)
->>> [sh.local_seq_lens(lens, r).tolist() for r in range(2)]
-[[24, 0, 16], [16, 0, 1]]
-"""
+"""The context-parallel decode functions (:func:`batch_decode`, :func:`mla_decode`,
+:func:`single_decode`): each rank's local lengths (and draft mask) derived on the device, the local
+kernel over its slice, then the merge across ranks (``exchange.py``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 import torch
-import torch.distributed as dist
 
-from .runtime import backend as _backend
-from . import decode, mla
-from ._inputs import (
-    cached_aliases, check_int, check_lse_out, check_sinks, check_tensor, check_window, check_workspace,
-)
-from .merge import merge_states
-
-SCHEMES = ("round_robin", "contiguous")
-_ALIGN = 256  # bytes: every buffer carved from a workspace starts on such a boundary
-
-
-# ---------------------------------------------------------------------------------------------
-# sharding
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PageSharding:
-    """Which rank holds each logical page of a request, and where.
-
-    Parameters
-    ----------
-    world_size : int
-        Ranks in the group.
-    page_size : int
-        Tokens a page.
-    scheme : {"round_robin", "contiguous"}
-        See the module notes: round robin for growing (decode) sequences, contiguous spans for a
-        long prompt laid out once.
-    span_pages : int, optional
-        ``"contiguous"`` only: pages each of ranks ``0 .. R-2`` holds (the last holds the rest).
-
-    Examples
-    --------
-    >>> from kvattn.distributed import PageSharding
-    >>> rr = PageSharding(world_size=4, page_size=16)
-    >>> [rr.owner(p) for p in range(6)], [rr.local_page(p) for p in range(6)]
-    ([0, 1, 2, 3, 0, 1], [0, 0, 0, 0, 1, 1])
-    >>> spans = PageSharding(world_size=2, page_size=16, scheme="contiguous", span_pages=3)
-    >>> [spans.owner(p) for p in range(6)], spans.local_max_seq_len(100, 0), spans.local_max_seq_len(100, 1)
-    ([0, 0, 0, 1, 1, 1], 48, 52)
-    """
-
-    world_size: int
-    page_size: int
-    scheme: str = "round_robin"
-    span_pages: Optional[int] = None
-
-    def __post_init__(self):
-        check_int(self.world_size, "world_size", minimum=1)
-        check_int(self.page_size, "page_size", minimum=1)
-        if self.scheme not in SCHEMES:
-            raise ValueError(f"scheme: expected one of {SCHEMES}, got {self.scheme!r}")
-        if self.scheme == "contiguous":
-            if self.span_pages is None:
-                raise ValueError("span_pages: the contiguous scheme needs the pages each rank holds (got None)")
-            check_int(self.span_pages, "span_pages", minimum=1)
-        elif self.span_pages is not None:
-            raise ValueError(f"span_pages: only for scheme='contiguous', got {self.span_pages} with {self.scheme!r}")
-
-    # -- logical pages ------------------------------------------------------------------------
-    def owner(self, page: int) -> int:
-        """The rank holding logical page ``page``."""
-        if self.scheme == "round_robin":
-            return page % self.world_size
-        return min(page // self.span_pages, self.world_size - 1)
-
-    def local_page(self, page: int) -> int:
-        """Logical page ``page``'s index in its owner's page table."""
-        if self.scheme == "round_robin":
-            return page // self.world_size
-        return page - self.owner(page) * self.span_pages
-
-    def local_columns(self, rank: int, pages_per_seq: int) -> range:
-        """The global page-table columns (logical pages) ``rank`` holds, in local order."""
-        self._check_rank(rank)
-        if self.scheme == "round_robin":
-            return range(rank, pages_per_seq, self.world_size)
-        lo = min(rank * self.span_pages, pages_per_seq)
-        hi = pages_per_seq if rank == self.world_size - 1 else min(lo + self.span_pages, pages_per_seq)
-        return range(lo, hi)
-
-    def local_block_tables(self, block_tables: torch.Tensor, rank: int) -> torch.Tensor:
-        """``rank``'s columns of a global table ``[B, pages_per_seq]``, a view (page ids unchanged:
-        for one pool shared by every rank, as in tests; a real rank's table indexes its own pool)."""
-        cols = self.local_columns(rank, block_tables.shape[-1])
-        return block_tables[..., cols.start : cols.stop : cols.step]
-
-    # -- lengths ------------------------------------------------------------------------------
-    def local_seq_lens(self, seq_lens: torch.Tensor, rank: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """int32 ``[B]``: how many of each request's ``seq_lens`` first tokens ``rank`` holds.
-
-        The same count of a position ``T`` instead of a length is the local index of the first key
-        at global position ``>= T`` (windows use it). Device ops only (no host sync); ``out``:
-        int32 ``[B]`` to write into.
-        """
-        self._check_rank(rank)
-        lens = seq_lens.to(torch.int64)
-        page, world = self.page_size, self.world_size
-        if self.scheme == "round_robin":
-            full = torch.div(lens, page, rounding_mode="floor")
-            count = torch.div(full + (world - 1 - rank), world, rounding_mode="floor") * page
-            tail = torch.where(torch.remainder(full, world) == rank, lens - full * page, 0)
-            local = count + tail
-        else:
-            start = rank * self.span_pages * page
-            local = (lens - start).clamp(min=0)
-            if rank < world - 1:
-                local = local.clamp(max=self.span_pages * page)
-        if out is None:
-            return local.to(torch.int32)
-        return out.copy_(local)
-
-    def local_max_seq_len(self, max_seq_len: int, rank: int) -> int:
-        """A host bound of ``rank``'s local lengths when every global length is ``<= max_seq_len``."""
-        self._check_rank(rank)
-        page, world = self.page_size, self.world_size
-        if self.scheme == "round_robin":
-            pages = -(-max_seq_len // page)
-            return min(max_seq_len, ((pages + world - 1 - rank) // world) * page)
-        local = max(max_seq_len - rank * self.span_pages * page, 0)
-        return local if rank == world - 1 else min(local, self.span_pages * page)
-
-    def global_positions(self, local_index: torch.Tensor, rank: int) -> torch.Tensor:
-        """int64: the global position of each local token index ``local_index`` (>= 0) of ``rank``."""
-        i = local_index.to(torch.int64)
-        if self.scheme == "round_robin":
-            lp = torch.div(i, self.page_size, rounding_mode="floor")
-            return (lp * self.world_size + rank) * self.page_size + (i - lp * self.page_size)
-        return i + rank * self.span_pages * self.page_size
-
-    def _check_rank(self, rank: int) -> None:
-        check_int(rank, "rank", minimum=0)
-        if rank >= self.world_size:
-            raise ValueError(f"rank: expected < world_size={self.world_size}, got {rank}")
-
-
-def shard_range(length: int, world_size: int, rank: int) -> Tuple[int, int]:
-    """``(start, stop)``: ``rank``'s contiguous share of ``length`` tokens, the shares as even as
-    whole tokens allow (the first ``length % world_size`` ranks one token more).
-
-    >>> from kvattn.distributed import shard_range
-    >>> [shard_range(10, 4, r) for r in range(4)]
-    [(0, 3), (3, 6), (6, 8), (8, 10)]
-    """
-    base, extra = divmod(length, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (rank < extra)
-
-
-def shard_kv_cache(kv_cache, block_tables: torch.Tensor, seq_lens: torch.Tensor, sharding: PageSharding, rank: int,
-                   *, kv_layout: str = "NHD", extra_pages: int = 1, pages_per_seq: Optional[int] = None):
-    """``(local_kv_cache, local_block_tables)``: ``rank``'s own pool and table cut from a global
-    paged cache (for tests, examples and loading a cache laid out on one device).
-
-    ``kv_cache``: a tensor whose dim 0 indexes pages (any of kvattn's single-tensor forms, an MLA
-    latent cache) or a ``(K, V)`` tuple of them; ``block_tables [B, pages]`` its global table.
-    The local pool holds the pages ``rank`` owns (the first ``seq_lens[b]`` tokens of each
-    request; host reads: not for the hot path) plus ``extra_pages`` unused ones filled with
-    NaN, the local table ``pages_per_seq`` columns (default: enough, plus one), unused entries -1.
-    """
-    lens = seq_lens.to(torch.int64).cpu().tolist()
-    tables = block_tables.to(torch.int64).cpu()
-    page = sharding.page_size
-    picks, rows = [], []
-    for b, n in enumerate(lens):
-        need = -(-n // page)
-        row = [tables[b, p].item() for p in sharding.local_columns(rank, need)]
-        rows.append(list(range(len(picks), len(picks) + len(row))))
-        picks.extend(row)
-    width = pages_per_seq if pages_per_seq is not None else max([len(r) for r in rows] + [0]) + 1
-    local = torch.full((len(lens), width), -1, dtype=torch.int32)
-    for b, r in enumerate(rows):
-        local[b, : len(r)] = torch.tensor(r, dtype=torch.int32)
-
-    def cut(pool: torch.Tensor) -> torch.Tensor:
-        index = torch.tensor(picks, dtype=torch.int64, device=pool.device)
-        taken = pool.index_select(0, index)
-        pad = torch.full((extra_pages, *pool.shape[1:]), float("nan"), device=pool.device).to(pool.dtype) \
-            if pool.dtype.is_floating_point else torch.zeros((extra_pages, *pool.shape[1:]), dtype=pool.dtype,
-                                                             device=pool.device)
-        return torch.cat((taken, pad))
-
-    out = tuple(cut(t) for t in kv_cache) if isinstance(kv_cache, (tuple, list)) else cut(kv_cache)
-    return out, local.to(block_tables.device)
-
-
-# ---------------------------------------------------------------------------------------------
-# the exchange
-# ---------------------------------------------------------------------------------------------
-def _group_info(group) -> Tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("kvattn.distributed: torch.distributed is not initialised (init_process_group first)")
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _carve(workspace: torch.Tensor, sizes: tuple) -> tuple:
-    """Byte ranges ``sizes`` (in order) cut from the end of ``workspace``, each ``_ALIGN``-aligned,
-    and the part before them; views kept per workspace tensor (building them costs host time)."""
-    return cached_aliases(workspace, ("kvattn.distributed",) + sizes, _carve_views, sizes)
-
-
-def _carve_views(workspace: torch.Tensor, sizes: tuple) -> tuple:
-    end = workspace.numel()
-    base = workspace.data_ptr()
-    views = []
-    for size in sizes:
-        start = end - size
-        start -= (base + start) % _ALIGN
-        if start < 0:
-            raise ValueError(f"workspace_buffer: too small for the context-parallel buffers "
-                             f"({sum(sizes)} bytes after the local call's own; got {workspace.numel()})")
-        views.append(workspace[start : start + size])
-        end = start
-    return (workspace[:end], *views)
-
-
-def _exchange_and_merge(local: torch.Tensor, send: torch.Tensor, recv: torch.Tensor, group, world: int, rows: int,
-                        heads: int, dim: int, sinks, out: torch.Tensor, out_lse, scatter_heads: bool):
-    """All-gather of the packed local state ``local`` (float32 ``[rows * heads * dim | rows * heads]``)
-    or, with ``scatter_heads``, all-to-all of ``send`` (the state laid out by destination, see
-    :func:`_pack_for_heads`); then the exact merge into ``out`` / ``out_lse``."""
-    if not scatter_heads:
-        _ALL_GATHER(recv, local, group=group)
-        per, hr = local.numel(), heads
-    else:
-        dist.all_to_all_single(recv, send, group=group)
-        per, hr = send.numel() // world, heads // world
-    o_all = recv.as_strided((world, rows, hr, dim), (per, hr * dim, dim, 1))
-    lse_all = recv.as_strided((world, rows, hr), (per, hr, 1), recv.storage_offset() + rows * hr * dim)
-    return merge_states(o_all, lse_all, out=out, out_lse=out_lse, sinks=sinks)
-
-
-def _pack_for_heads(part_o: torch.Tensor, part_lse: torch.Tensor, send: torch.Tensor, world: int) -> None:
-    """Lay the local state out by destination rank: segment ``j`` holds heads ``j * H/R ..`` of
-    every row, outputs then LSEs (the all-to-all sends segment ``j`` to rank ``j``)."""
-    rows, heads, dim = part_o.shape
-    hr = heads // world
-    per = send.numel() // world
-    send.as_strided((world, rows, hr, dim), (per, hr * dim, dim, 1)).copy_(
-        part_o.view(rows, world, hr, dim).transpose(0, 1))
-    send.as_strided((world, rows, hr), (per, hr, 1), send.storage_offset() + rows * hr * dim).copy_(
-        part_lse.view(rows, world, hr).transpose(0, 1))
-
-
-class _Buffers:
-    """The float32 buffers of one call: ``local`` (the local state, ``part_o [rows, heads, dim]``
-    then ``part_lse [rows, heads]``; sent as is by the all-gather), ``send`` (the state by
-    destination, with ``scatter_heads``), ``recv`` (every rank's states), and ``extra`` byte
-    buffers; carved from the end of a workspace (``rest``: what precedes them), or allocated."""
-
-    def __init__(self, workspace, device, world: int, rows: int, heads: int, dim: int, scatter: bool,
-                 extra: tuple = ()):
-        n = rows * heads * (dim + 1)
-        sizes = (4 * n, 4 * n if scatter else 0, 4 * n * (1 if scatter else world), *extra)
-        if workspace is None:
-            self.rest = None
-            views = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
-        else:
-            self.rest, *views = _carve(workspace, sizes)
-        local, send, recv, *self.extra = views
-        self.local = local.view(torch.float32)
-        self.part_o = self.local[: rows * heads * dim].view(rows, heads, dim)
-        self.part_lse = self.local[rows * heads * dim :].view(rows, heads)
-        self.send = send.view(torch.float32)
-        self.recv = recv.view(torch.float32)
-
-
-def _check_out(out, shape: tuple, dtype, device, name: str = "out"):
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    check_tensor(out, name, dtypes=(dtype, torch.float32), device=device, contiguous_last=True)
-    if tuple(out.shape) != shape:
-        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(out.shape)}")
-    return out
-
-
-def _check_group(group, sharding, scatter_heads: bool, heads: int) -> Tuple[int, int]:
-    world, rank = _group_info(group)
-    if sharding is not None:
-        if not isinstance(sharding, PageSharding):
-            raise TypeError(f"sharding: expected a PageSharding, got {type(sharding).__name__}")
-        if sharding.world_size != world:
-            raise ValueError(f"sharding: expected world_size {world} (the group's), got {sharding.world_size}")
-    if not isinstance(scatter_heads, bool):
-        raise TypeError(f"scatter_heads: expected a bool, got {type(scatter_heads).__name__}")
-    if scatter_heads and heads % world:
-        raise ValueError(f"scatter_heads: the {heads} heads must split evenly over the {world} ranks")
-    return world, rank
-
-
-def _merge(bufs: _Buffers, group, world: int, rank: int, sinks, out, lse, scatter_heads: bool, return_lse: bool):
-    rows, heads, dim = bufs.part_o.shape
-    if scatter_heads:
-        _pack_for_heads(bufs.part_o, bufs.part_lse, bufs.send, world)
-        if sinks is not None:
-            hr = heads // world
-            sinks = sinks[rank * hr : (rank + 1) * hr]
-    out, lse_out = _exchange_and_merge(bufs.local, bufs.send, bufs.recv, group, world, rows, heads, dim, sinks, out,
-                                       lse, scatter_heads)
-    return (out, lse_out) if return_lse else out
+from ..runtime import backend as _backend
+from .. import decode, mla
+from .._inputs import check_int, check_lse_out, check_sinks, check_tensor, check_window, check_workspace
+from .exchange import _Buffers, _check_group, _check_out, _merge
+from .sharding import PageSharding
 
 
 def _local_lengths(sharding: PageSharding, lens: torch.Tensor, rank: int, lens_out: torch.Tensor, start_out,
@@ -535,7 +203,7 @@ def batch_decode(
 def _ragged_batch_decode(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, *, sharding, group,
                          mask, out, lse, return_lse, q_cu_seq_lens, q_len_per_req, scatter_heads, **kw):
     """:func:`batch_decode` with ``q_cu_seq_lens``: the padded call, its rows gathered back."""
-    from .ops.decode import ragged
+    from ..ops.decode import ragged
 
     rows, heads, dim = query.shape
     device = query.device
@@ -671,7 +339,7 @@ _SLOPES: dict = {}
 def _alibi_slopes(heads: int, device) -> torch.Tensor:
     key = (heads, device)
     if key not in _SLOPES:
-        from .reference.decode import alibi_slopes
+        from ..reference.decode import alibi_slopes
 
         _SLOPES[key] = alibi_slopes(heads, device)
     return _SLOPES[key]
@@ -781,5 +449,3 @@ def single_decode(
 
 
 _LOG2E = 1.0 / math.log(2.0)
-
-__all__ = ["PageSharding", "shard_range", "shard_kv_cache", "batch_decode", "mla_decode", "single_decode"]
