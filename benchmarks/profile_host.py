@@ -195,10 +195,10 @@ def fake_gpu() -> None:
     # Its tensors are CPU tensors, on which kvattn checks device values by default: check them as
     # on a GPU (only when asked), or the checks' own ops would keep calls from being replayed.
     os.environ.setdefault("KVATTN_DEBUG", "0")
-    from kvattn import _inputs
+    from kvattn._inputs import checks as _input_checks
 
-    if hasattr(_inputs, "_kernels_interpreted"):  # compiled-mode kernels: bfloat16 caches are fine
-        _inputs._kernels_interpreted = lambda: False
+    # compiled-mode kernels: bfloat16 caches are fine
+    _input_checks._kernels_interpreted = lambda: False
 
 
 def _bits(result) -> torch.Tensor:
