@@ -13,10 +13,16 @@ trap 'rm -rf "$tmp"' EXIT
 
 "$py" -m pip wheel --no-deps --wheel-dir "$tmp/dist" . >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
 whl=$(ls "$tmp"/dist/kvattn-*.whl)
-"$py" -m zipfile -l "$whl" | grep -q "kvattn/py.typed" || { echo "wheel_check: py.typed missing from $whl"; exit 1; }
+# (the listing goes to a file first: `grep -q` stops reading at its first match, and the listing
+# process, writing on, would die of a broken pipe that pipefail reports as a failure)
+"$py" -m zipfile -l "$whl" >"$tmp/listing.txt"
+grep -q "kvattn/py.typed" "$tmp/listing.txt" || { echo "wheel_check: py.typed missing from $whl"; exit 1; }
 # kvattn bench runs on the harness the package ships (kvattn.benchmarking), not on the repository's
-"$py" -m zipfile -l "$whl" | grep -q "kvattn/benchmarking/timing.py" \
+grep -q "kvattn/benchmarking/timing.py" "$tmp/listing.txt" \
     || { echo "wheel_check: kvattn/benchmarking missing from $whl"; exit 1; }
+for pkg in kvattn/_inputs/paged.py kvattn/distributed/context_parallel.py kvattn/runtime/c_launcher.py; do
+    grep -q "$pkg" "$tmp/listing.txt" || { echo "wheel_check: $pkg missing from $whl"; exit 1; }
+done
 
 "$py" -m venv "$tmp/venv"
 outer=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
