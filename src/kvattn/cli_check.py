@@ -35,19 +35,6 @@ def _triton_version() -> str:
     return triton.__version__
 
 
-def _cpu(x):
-    """The dense formulation runs in float64 on the CPU: move tensors (and tuples of them) there."""
-    if isinstance(x, torch.Tensor):
-        return x.cpu()
-    if isinstance(x, (tuple, list)):
-        return type(x)(_cpu(y) for y in x)
-    return x
-
-
-def _dense(fn, *args, **kwargs):
-    return fn(*_cpu(args), **{k: _cpu(v) for k, v in kwargs.items()})
-
-
 @dataclass
 class Case:
     function: str  # short name, FUNCTIONS[i][0]
@@ -103,7 +90,7 @@ def _decode_cases(device, big: bool, half) -> list[Case]:
                                                   out=out, **kw)
 
         def expected(c=c, q=q, kw=kw):
-            return _dense(dense.batch_decode, q, c.kv_cache, c.block_tables, c.seq_lens, **kw)
+            return dense.on_cpu(dense.batch_decode, q, c.kv_cache, c.block_tables, c.seq_lens, **kw)
 
         kv_name = {"fp8": "fp8-e4m3", "nvfp4": "NVFP4"}.get(fmt, _half_name(half))
         variant = f"{kv_name} KV, {layout} pages of {page}"
@@ -137,7 +124,7 @@ def _xqa_cases(device, big: bool, half) -> list[Case]:
         return out
 
     def expected_xqa():
-        return _dense(dense.xqa, q, k_pool, v_pool, c.block_tables, lens_u32.to(torch.int32), num_kv_heads=hkv,
+        return dense.on_cpu(dense.xqa, q, k_pool, v_pool, c.block_tables, lens_u32.to(torch.int32), num_kv_heads=hkv,
                       page_size=page)
 
     work = sum(lens) * hkv * d * q.element_size() * 2 + 2 * q.numel() * q.element_size()
@@ -162,7 +149,7 @@ def _single_cases(device, big: bool, half) -> list[Case]:
             return single_decode_with_kv_cache(q, k, v, pos_encoding_mode=mode, **extra)
 
         def expected(mode=mode, extra=extra):
-            return _dense(dense.single_decode, q, k, v, pos_encoding_mode=mode, **extra)[0]
+            return dense.on_cpu(dense.single_decode, q, k, v, pos_encoding_mode=mode, **extra)[0]
 
         cases.append(Case("single decode", f"{_half_name(half)} K/V, {label}", f"{length} tokens, {h} heads, D {d}",
                           "single_decode", run, expected, lambda o: o.float(), TOL_16BIT,
@@ -191,7 +178,7 @@ def _mla_cases(device, big: bool, half, interpret: bool) -> list[Case]:
                                                   c_kv.max_seq_len, bmm1_scale=scale)
 
     def expected():
-        return _dense(dense.mla, q, cache, c_kv.block_tables, c_kv.seq_lens, bmm1_scale=scale)
+        return dense.on_cpu(dense.mla, q, cache, c_kv.block_tables, c_kv.seq_lens, bmm1_scale=scale)
 
     flops = 2 * hq * sum(lens) * (576 + 512)
     return [Case("MLA decode", variant, shape, "mla_decode", run, expected, lambda o: o.float(), TOL_16BIT,
@@ -220,7 +207,7 @@ def _context_cases(device, big: bool, half) -> list[Case]:
                 len(kv_lens), cum_q, cum_kv, out_dtype=out_dtype)
 
         def expected():
-            return _dense(dense.context, q, c.kv_cache, c.block_tables, c.seq_lens, cum_q, bmm1_scale=d ** -0.5,
+            return dense.on_cpu(dense.context, q, c.kv_cache, c.block_tables, c.seq_lens, cum_q, bmm1_scale=d ** -0.5,
                           bmm2_scale=1.0, kv_layout="HND")
 
         actual = (lambda o: o.float()) if out_dtype is None else dequantize_nvfp4_output

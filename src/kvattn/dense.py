@@ -136,6 +136,28 @@ def _lens(seq_lens: torch.Tensor) -> torch.Tensor:
     return seq_lens.reshape(-1).to(torch.int64)
 
 
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_cpu(y) for y in x)
+    return x
+
+
+def on_cpu(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with every tensor argument (and tuples / lists of them) copied to the
+    CPU: a formulation of this module on a GPU call's tensors, in float64 on the host.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from kvattn import dense
+    >>> dense.on_cpu(lambda t: t.device.type, torch.zeros(1))
+    'cpu'
+    """
+    return fn(*_to_cpu(args), **{k: _to_cpu(v) for k, v in kwargs.items()})
+
+
 # ---------------------------------------------------------------------------------------------
 # the attention itself
 # ---------------------------------------------------------------------------------------------

@@ -118,16 +118,6 @@ def _host_bound(spec) -> int:
     return max(spec["lens"] + [0]) + spec["extra_pages"] * spec["page"] // 2
 
 
-def _cpu(x):
-    if isinstance(x, torch.Tensor):
-        return x.cpu()
-    if isinstance(x, (tuple, list)):
-        return type(x)(_cpu(y) for y in x)
-    return x
-
-
-def _dense(fn, **kwargs):
-    return fn(**{k: _cpu(v) for k, v in kwargs.items()})
 
 
 def _new_lengths(rng, lens: list, minimum: list) -> list:
@@ -178,7 +168,7 @@ def _decode_exact(query, drafts, nq, mask, block_tables, seq_lens, **common):
     """Float64 ``(out [rows, Hq, D], lse [rows, Hq])`` of batch decode by :func:`kvattn.dense.batch_decode`
     (ragged drafts: ``drafts`` a list, passed as the offsets ``q_cu_seq_lens``)."""
     cu = None if drafts is None else torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return _dense(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
+    return dense.on_cpu(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
                   q_len_per_req=nq, mask=mask, q_cu_seq_lens=cu, return_lse=True, **common)
 
 
