@@ -105,7 +105,7 @@ def test_xqa_module_is_callable_alias():
 
 @pytest.mark.parametrize("module", ["kvattn", "kvattn.decode", "kvattn.xqa", "kvattn.mla", "kvattn.prefill",
                                     "kvattn.formats", "kvattn.testing", "kvattn.dense", "kvattn.merge",
-                                    "kvattn.distributed"])
+                                    "kvattn.distributed", "kvattn.distributed.sharding"])
 def test_docstring_examples(module):
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

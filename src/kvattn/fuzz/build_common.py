@@ -118,8 +118,6 @@ def _host_bound(spec) -> int:
     return max(spec["lens"] + [0]) + spec["extra_pages"] * spec["page"] // 2
 
 
-
-
 def _new_lengths(rng, lens: list, minimum: list) -> list:
     return [rng.randint(min(lo, n), n) for n, lo in zip(lens, minimum)]
 
@@ -170,7 +168,6 @@ def _decode_exact(query, drafts, nq, mask, block_tables, seq_lens, **common):
     cu = None if drafts is None else torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0).to(torch.int32)
     return dense.on_cpu(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
                   q_len_per_req=nq, mask=mask, q_cu_seq_lens=cu, return_lse=True, **common)
-
 
 
 def _kind(dtype) -> str:

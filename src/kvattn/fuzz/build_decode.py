@@ -82,7 +82,6 @@ def _batch_decode(spec, device) -> Call:
     return call
 
 
-
 def _xqa(spec, device) -> Call:
     g = seeded(spec["seed"] + 1)
     qdt = DTYPES[spec["dtype"]]
@@ -176,7 +175,6 @@ def _xqa(spec, device) -> Call:
     call.rewrite = _rewrite_paged({"tables": tables, "seq_lens": seq_lens}, spec["lens"],
                                   [nq] * bsz if drafts is None else drafts, drafts is None, [q_scale, kv_scale])
     return call
-
 
 
 def _single_decode(spec, device) -> Call:
