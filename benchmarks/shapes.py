@@ -271,7 +271,8 @@ def _mla_grid() -> list[Shape]:
         # Hq 64: DeepSeek's 128 heads over two GPUs, or 64 heads a token (one 64-head program, where
         # 128 heads are two); bf16 only, no peers (keeps the full run's length).
         for dtype in ("bfloat16", "fp8") if heads != 64 else ("bfloat16",):
-            for b, n in ((64, 4096), (128, 8192), (32, 16384)):
+            # (64 x 16384 at 16 heads: issue 41's second copy-limit row)
+            for b, n in ((64, 4096), (128, 8192), (32, 16384)) + (((64, 16384),) if heads == 16 else ()):
                 quick = dtype == "bfloat16" and (heads, b) in ((128, 64), (16, 128))
                 # Peers on bf16 only: they have no fp8 MLA path (they would run on upcast copies).
                 shapes.append(Shape("mla", b, n, num_qo_heads=heads, num_kv_heads=1, head_dim=576, page_size=64,

@@ -11,10 +11,13 @@ import contextlib
 
 
 class CompileCounter:
-    """``count`` grows by one for each kernel Triton compiles or loads while :meth:`installed`."""
+    """``count`` grows by one for each kernel Triton compiles or loads while :meth:`installed`;
+    ``reprs`` keeps each one's description (kernel, options, every argument's specialisation), which
+    the fuzzer writes to ``KVATTN_FUZZ_COMPILE_LOG`` to show what made a call cold."""
 
     def __init__(self):
         self.count = 0
+        self.reprs: list[str] = []
 
     @contextlib.contextmanager
     def installed(self):
@@ -32,6 +35,7 @@ class CompileCounter:
 
         def hook(*args, **kwargs):
             self.count += 1
+            self.reprs.append(str(kwargs.get("repr", "")))
             return before(*args, **kwargs) if before is not None else None
 
         runtime.jit_post_compile_hook = hook

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import shutil
 import sys
@@ -12,7 +14,7 @@ import torch
 
 from ..runtime import env as _env
 from .compiles import CompileCounter
-from .corpus import FRESH_CPU, FRESH_CUDA, Corpus
+from .corpus import FRESH_CPU, FRESH_CUDA, Corpus, class_key
 from .draws import FUNCTIONS, Env, tile_sizes
 from .modes import MODES, applicable, run_spec
 from .shrink import shrink, snippet
@@ -210,6 +212,7 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     shrunk: dict = {}
     t0 = time.perf_counter()
     check_reference = device.type == "cuda" or env.interpreter
+    compile_log = os.environ.get("KVATTN_FUZZ_COMPILE_LOG") or None
     with CompileCounter().installed() as compiled:
         while True:
             if calls is not None and report.calls >= calls:
@@ -222,6 +225,8 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
             started, kernels = time.perf_counter(), compiled.count
             outcome = run_spec(spec, mode, device, mode_seed)
             cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels)
+            if compile_log is not None and compiled.count > kernels:
+                _log_compiles(compile_log, function, mode, spec, compiled.reprs[kernels:])
             if outcome["result"] != "ok":
                 key = "mismatches" if outcome["result"] == "mismatch" else "errors"
                 cell[key] += 1
@@ -248,6 +253,15 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     report.seconds = time.perf_counter() - t0
     ticker.done()
     return report
+
+
+def _log_compiles(path: str, function: str, mode: str, spec: dict, reprs: list) -> None:
+    """One JSON line a cold call (``KVATTN_FUZZ_COMPILE_LOG``): its class, spec and the kernel
+    specialisations it compiled, to find the runtime fields that still pick kernels."""
+    line = json.dumps({"pid": os.getpid(), "function": function, "mode": mode, "class": class_key(spec),
+                       "spec": spec, "compiled": reprs}, default=str)
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def print_report(report: Report, out=None) -> None:
