@@ -564,3 +564,50 @@ def test_one_row_request_mask_bit_moves_the_float64_result():
     a = dense.batch_decode(q, mask=hidden, **common)
     b = dense.batch_decode(q, mask=shown, **common)
     assert not torch.allclose(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="the Gluon prefill kernel runs on a Hopper GPU only")
+@pytest.mark.parametrize("mode", ["plain", "graph"])
+def test_prefill_query_rows_padded_by_8_reproducer(mode, triton_backend):
+    """Found by the fuzzer on an H200 (shrunk): a float16 query whose rows are padded by 8
+    elements (``arg_views``) failed to compile in the Gluon prefill kernel (its ``cp.async`` row
+    copies could only be proven 2-byte aligned); such a query now takes the Triton kernel."""
+    spec = {'function': 'prefill',
+            'seed': 354718023,
+            'dtype': 'float16',
+            'kv_format': 'half',
+            'fp8_query': False,
+            'head_dim': 128,
+            'kv_heads': 1,
+            'group': 1,
+            'page': 8,
+            'batch': 1,
+            'lens': [1],
+            'q_lens': [1],
+            'extra_pages': 0,
+            'layout': 'HND',
+            'form': 'stacked',
+            'split_tables': False,
+            'view': 'contiguous',
+            'arg_views': True,
+            'seq_lens_dtype': 'int32',
+            'bmm1_scale': 'plain',
+            'bmm2_scale': 'plain',
+            'causal': True,
+            'window_left': -1,
+            'sinks': None,
+            'out_dtype': 'none',
+            'out': False,
+            'o_sf_scale': None,
+            'o_sf_vec_size': 16,
+            'skip_softmax': 0.0,
+            'return_lse': False,
+            'lse_given': False,
+            'enable_pdl': None,
+            'sf_name': 'kv_block_scales',
+            'counter_buffer': False,
+            'use_fp16_softmax': False,
+            'uses_spcompress': True,
+            'backend': 'trtllm-gen'}
+    replay(spec, mode=mode, device="cuda", mode_seed=1060411765)

@@ -19,6 +19,7 @@ pages of 64 it serves on Hopper.)
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -609,12 +610,14 @@ def test_staging_leaves_the_decode_counters_at_zero(triton_backend, monkeypatch)
 
 
 @pytest.mark.parametrize("case", ["gluon-off", "page4", "page192", "page96", "fp8-out", "skip", "nvfp4-cache",
-                                  "fp8-cache-D256"])
+                                  "fp8-cache-D256", "query-rows-padded-8", "query-rows-padded-16-fp16-page8"])
 @GPU_ONLY
 def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch):
     """KVATTN_GLUON=0, pages that do not tile the key tiles, fp8 outputs, skip-softmax, NVFP4
     caches and fp8 caches under a 16-bit query at D256 whose pages do not fit the workspace (64 KB
-    here; staged, both take the Gluon kernel): the Triton kernel (still correct)."""
+    here; staged, both take the Gluon kernel), a query whose strides are not multiples of 16
+    elements (found by the fuzzer: the kernel's row copies did not compile): the Triton kernel
+    (still correct). Strides that are multiples of 16 keep the Gluon kernel."""
     launches = kernel_launches(monkeypatch, prefill_ws, "prefill_ws_kernel")
     kw = dict(lens=[1, 300, 77], lq=[1, 200, 77], d=128, page=64, qdt=torch.bfloat16, seed=4)
     if case == "gluon-off":
@@ -627,9 +630,26 @@ def test_other_launches_keep_the_triton_kernel(case, triton_backend, monkeypatch
         kw.update(skip=4.0, q_shared=8.0, lens=[700, 1300], lq=[700, 1000])
     elif case == "nvfp4-cache":
         kw["fmt"] = "nvfp4"
+    elif case == "query-rows-padded-8":
+        kw["q_pad"] = 8
+    elif case == "query-rows-padded-16-fp16-page8":  # (16 elements: the Gluon kernel)
+        kw.update(q_pad=16, qdt=torch.float16, page=8, hkv=1, group=1)
     else:
         kw.update(fmt="fp8", d=256)
     prefill_case(torch.device("cuda"), monkeypatch, **kw)
-    assert launches == []
+    assert (launches != []) == (case == "query-rows-padded-16-fp16-page8")
+
+
+@pytest.mark.parametrize("shape,pad,expected", [
+    ((5, 4, 128), 0, True), ((5, 4, 128), 8, False), ((5, 4, 128), 16, True), ((5, 1, 64), 8, False),
+    ((1, 1, 128), 4, False),
+], ids=["contiguous", "rows-padded-8", "rows-padded-16", "one-head-padded-8", "one-token-padded-4"])
+def test_query_rows_copy_in_whole_pieces(shape, pad, expected):
+    from kvattn.ops.prefill.plan import q_copies_whole
+
+    rows = torch.zeros(*shape[:2], shape[2] + pad, dtype=torch.float16)
+    assert q_copies_whole(rows[..., : shape[2]]) == expected
+    flat = torch.zeros(math.prod(shape) + 1, dtype=torch.float16)
+    assert not q_copies_whole(flat[1:].view(shape))  # a base 2 bytes off
 
 

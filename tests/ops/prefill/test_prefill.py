@@ -61,7 +61,7 @@ def prefill_case(
     device, monkeypatch, *, lens, lq, hkv=2, group=4, d=64, page=16, layout="HND", form="stacked", fmt=None,
     qdt=torch.float16, window=-1, sinks=False, tensor_scales=False, out_kind=None, o_sf_scale=None, split=False,
     skip=None, seed=0, max_q_len=None, cum_dtype=torch.int32, uint32=False, q_scale=1.0, q_shared=0.0, bmm1=None,
-    bmm2=None, tiles=None, misalign=None, ws_bytes=1 << 16, causal=True,
+    bmm2=None, tiles=None, misalign=None, ws_bytes=1 << 16, causal=True, q_pad=0,
 ):
     """Build one random case, run both backends and the dense oracle, and compare.
 
@@ -72,6 +72,8 @@ def prefill_case(
     4-byte boundary, so a GPU reads them byte by byte instead of as words.
     ``ws_bytes``: the workspace's size (a quantised cache's pages are staged in it where they fit,
     ``ops.prefill.staging``; the default 64 KB fits none of the GPU cases).
+    ``q_pad``: the query as a view of rows ``q_pad`` elements longer (its token and head strides
+    grow, its last dim stays contiguous).
     ``causal=False``: bidirectional (FlashInfer 0.7.2.post1), against the dense oracle run with
     every query row as a one-row request of its request's length (a row at the last position sees
     every key).
@@ -92,6 +94,10 @@ def prefill_case(
     g = torch.Generator().manual_seed(200 + seed)
     hq = hkv * group
     q = random_query(sum(lq), hq, d, qdt, g, q_scale, q_shared).to(device)
+    if q_pad:
+        rows = torch.empty(*q.shape[:2], d + q_pad, dtype=q.dtype, device=device)
+        rows[..., :d] = q
+        q = rows[..., :d]
     sinks_t = (torch.randn(hq, generator=g) * 2).to(device) if sinks else None
     k_scale, v_scale = (0.7, 1.3) if fmt in ("fp8", "nvfp4") else (1.0, 1.0)
     bmm1 = bmm1 if bmm1 is not None else 1.5 / math.sqrt(d) * k_scale

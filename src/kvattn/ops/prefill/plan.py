@@ -63,6 +63,7 @@ class PrefillFacts(NamedTuple):
     k_aligned16: bool  # K's and V's bases 16-byte aligned (TMA)
     v_aligned16: bool
     kv_aligned4: bool  # the words formats' base pointers 4-byte aligned (words_aligned)
+    q_copyable: bool  # the query's rows copy in 16-byte pieces (q_copies_whole)
     ksf_stride: tuple | None  # NVFP4 block scales
     vsf_stride: tuple | None
     kt_shape: tuple  # [B, pages_per_seq]
@@ -84,6 +85,16 @@ class PrefillFacts(NamedTuple):
     causal: bool
     gluon_on: bool  # KVATTN_GLUON (versions.gluon_on)
     ws_usable: int | None  # workspace bytes past the counters (staging.usable_bytes), None without one
+
+
+def q_copies_whole(query: torch.Tensor) -> bool:
+    """Whether the Gluon kernel's ``cp.async`` copies of query rows get 16-byte pieces: Triton
+    sizes them from what it knows of the base and the token / head strides (a base 16-byte
+    aligned, a stride a multiple of 16 elements), and a copy it can only prove 2-byte aligned (a
+    16-bit query whose rows are padded by 8 elements) does not lower at all (``cp.async`` moves
+    4, 8 or 16 bytes). Such a query takes the Triton kernel."""
+    t, h = query.stride()[:2]
+    return query.data_ptr() % 16 == 0 and t % 16 == 0 and h % 16 == 0
 
 
 def config_of(q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, skip: bool, device: torch.device,
@@ -159,7 +170,7 @@ class _Plan:
         self.capacity = f.kt_shape[1] * f.k_shape[1]  # the table's, in tokens
         # 16-bit and fp8 pages TMA can address, on Hopper: the warp-specialised Gluon kernel (KVATTN_GLUON=0:
         # off); it stores no LSE, so a call that asks for one (return_lse) keeps the Triton kernel.
-        self.gluon_ok = gluon_ws is not None and f.lse_stride is None
+        self.gluon_ok = gluon_ws is not None and f.lse_stride is None and f.q_copyable
         cfg, self.qk_fp8, kind = config_of(f.q_dtype, f.kv_dtype, self.head_dim, f.skip, f.device, f.interpreter)
         ksf = tuple(f.ksf_stride[:3]) if f.ksf_stride is not None else (0, 0, 0)
         vsf = tuple(f.vsf_stride[:3]) if f.vsf_stride is not None else (0, 0, 0)
@@ -336,6 +347,7 @@ def launch_context(
         kv_dtype, v_dtype = k.dtype, v.dtype
         k_aligned16, v_aligned16 = k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0
         kv_aligned4 = words_aligned(k, v, k_sf, v_sf)
+        q_copyable = q_copies_whole(query)
         ksf_stride = k_sf.stride() if k_sf is not None else None
         vsf_stride = v_sf.stride() if v_sf is not None else None
         kt_shape, kt_stride, vt_stride = k_table.shape, k_table.stride(), v_table.stride()
@@ -352,7 +364,7 @@ def launch_context(
         ws_usable = staging.usable_bytes(workspace)
         facts = PrefillFacts._make((
             device, interpreter, q_shape, q_stride, q_dtype, k_shape, k_stride, v_shape, v_stride, kv_dtype, v_dtype,
-            k_aligned16, v_aligned16, kv_aligned4, ksf_stride, vsf_stride, kt_shape, kt_stride, vt_stride, same_table,
+            k_aligned16, v_aligned16, kv_aligned4, q_copyable, ksf_stride, vsf_stride, kt_shape, kt_stride, vt_stride, same_table,
             batch, has_sinks, has_logit, has_out_scale, q_sign, out_stride, out_dtype, sf_cols, sf_start, lse_stride,
             window_left, skip, causal, gluon_on, ws_usable,
         ))
