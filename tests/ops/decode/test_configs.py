@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvattn.ops.decode import configs as dc
@@ -89,6 +91,30 @@ def test_split_count_fills_whole_waves():
     assert dc.num_splits(long, items=8, span=600, **kw) == 3
     assert dc.num_splits(long, items=8, span=32768, **{**kw, "fit": 5}) == 5
     assert dc.num_splits(long, items=8, span=32768, **{**kw, "max_programs": 40}) == 5
+
+
+@pytest.mark.parametrize("items,span,expected", [
+    (176, 24305, 3),  # a wave and a third (0.67 full): 3 splits fill 4 whole waves
+    (80, 49133, 8),  # 80 items on 132 slots (0.61): 640 programs, 5 waves 0.97 full
+    (408, 11629, 1),  # past TAIL_WAVES at one split: the whole-wave rule
+    (128, 4096, 1),  # 0.97 full: the whole-wave rule
+    (80, 700, 3),  # min_chunk caps the count the tail may take
+], ids=["176-items", "80-items", "408-items", "128-items", "80-items-short-span"])
+def test_split_count_fills_the_last_wave(items, span, expected):
+    long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
+    kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, fit=64, max_programs=None)
+    assert dc.num_splits(long, items=items, span=span, **kw) == expected
+    whole_waves = dataclasses.replace(long, tail_splits=0)  # (other GPUs' tables: unmeasured, off)
+    assert dc.config("default", "bfloat16", 128, 16, False).tail_splits == 0
+    assert dc.num_splits(whole_waves, items=items, span=span, **kw) == min(max(1, SMS // items), -(-span // 256))
+    fill = dc.wave_fill(items, SMS, expected)
+    assert fill >= dc.wave_fill(items, SMS, 1)
+
+
+def test_tail_fit_moves_only_for_four_points():
+    assert dc.tail_fit(176, 132, 1, 16) == 3
+    assert dc.tail_fit(131, 132, 1, 16) == 1  # 0.99 full already
+    assert dc.tail_fit(176, 132, 1, 2) == 2  # the cap
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"D{d}")

@@ -203,9 +203,19 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     if max_programs is not None:
         cap = min(cap, max(1, max_programs // items))
     splits = min(want, cap)
-    if cfg.tail_splits:
+    if cfg.tail_splits and -(-items * splits // slots) <= TAIL_WAVES and wave_fill(items, slots, splits) < TAIL_FILL:
         splits = tail_fit(items, slots, splits, min(cap, cfg.tail_splits))
     return max(1, splits)
+
+
+# Launches whose whole-wave split count runs at most TAIL_WAVES waves filled below TAIL_FILL take
+# the split count of tail_fit. Measured on an H200 (lab/notes/decode.md "Decode: filling the last
+# wave"): 22 x 24305 pages of 64 at 64/8 heads (176 items on 132 long-tile slots, 0.67 full) 729 ->
+# 528 us; 256 x 1024 pages of 64 (2048 items on 396 short-tile slots: 5.2 waves 0.86 full, which
+# the block scheduler already evens out) lost 265 -> 282 under the rule without these bounds.
+TAIL_WAVES = 2
+TAIL_FILL = 0.8
+TAIL_SPLITS = 16  # the most splits tail_fit considers (sm90 tables)
 
 
 def wave_fill(items: int, slots: int, splits: int) -> float:
@@ -355,6 +365,7 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     if sm90_rope:
         stages = min(stages, 3)
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
+                       tail_splits=TAIL_SPLITS if sm90 else 0,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:
