@@ -235,6 +235,22 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, tr
     assert (any(balanced) if merge == "in-kernel" else not any(balanced)), balanced
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")
+@pytest.mark.parametrize("lens", [[2600] * 10, [2600, 2100, 3000, 2590, 1, 0, 2700, 2048, 2600, 2611]],
+                         ids=["10x2600-equal", "10-ragged-with-0-and-1"])
+def test_few_long_requests_fill_the_last_wave(lens, triton_backend, monkeypatch):
+    """10 requests x 8 KV heads (80 items) on pages of 64 (long tiles, one program an SM): one split
+    each would leave 40 % of the SMs idle; the split count of ``configs.tail_fit`` is taken and the
+    result is still exact (equal lengths, and ragged ones with an empty and a one-key request)."""
+    built = []
+    real = decode_launch._split_launch
+    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    decode_case(torch.device("cuda"), monkeypatch, lens=lens, hkv=8, group=8, d=128, page=64, qdt=torch.bfloat16,
+                seed=21)
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert max(launch.fixed["num_splits"] for launch in built) > 1, [launch.fixed["num_splits"] for launch in built]
+
+
 def test_balanced_deal_leaves_its_counters_at_zero(kernel_device, triton_backend, monkeypatch):
     """Ragged calls sharing one workspace stay exact: the dynamic deal's counter and finish count,
     and every request's merge counter, read zero after each launch."""
