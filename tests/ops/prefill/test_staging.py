@@ -67,8 +67,9 @@ def test_staged_pages_are_the_dequantised_tokens(fmt, layout, page, window, qdt,
     for t in (staged.k, staged.v):
         if t is not None:
             t.fill_(float("nan"))
-    staging.launch(staged, q, kv.k, kv.v, kv.k_sf, kv.v_sf, k_table, v_table, case.seq_lens, cum,
-                   window_left=window, interpreter=DEVICE.type == "cpu")
+    run, call = staging.launch(staged, q, kv.k, kv.v, kv.k_sf, kv.v_sf, k_table, v_table, case.seq_lens, cum,
+                               window_left=window, interpreter=DEVICE.type == "cpu")
+    run(call)
     k_table, v_table = k_table.cpu(), v_table.cpu()
     staged = staged._replace(**{f: getattr(staged, f).cpu() for f in ("k", "v", "table")
                                 if getattr(staged, f) is not None})
