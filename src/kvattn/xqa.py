@@ -367,8 +367,8 @@ def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, se
                 ops.ragged_pack(q_rows, q_cu_seq_lens, mask, call_rows[0], call_rows[1], q_len, window_left)
         if call_rows is not None:  # (None: ragged drafts of no row or no request: nothing to launch)
             call_q, call_mask, call_out, call_lse = call_rows
-            ops.batch_decode(call_q, kv, seq_lens, call_mask, sinks, logit, out_scale, call_out, workspace_buffer, q_len,
-                             kv.capacity, window_left, sm_count, bool(enable_pdl), call_lse, None)
+            ops.batch_decode(call_q, kv, seq_lens, call_mask, sinks, logit, out_scale, call_out, workspace_buffer,
+                             q_len, kv.capacity, window_left, sm_count, bool(enable_pdl), call_lse, None)
             if ragged:
                 ops.ragged_unpack(call_out, call_lse, q_cu_seq_lens, out_rows, lse_rows, q_len)
     if out_tmp:

@@ -58,9 +58,8 @@ class Launches:
         self.stacks.append((codes[::-1], launch))
 
 
-@pytest.fixture
-def launches(monkeypatch, triton_backend):
-    """Every launch of the test noted, none made (``Launch.__call__``, ``Launch.warmup`` and any
+def stub_launches(monkeypatch) -> Launches:
+    """Every launch from now on noted, none made (``Launch.__call__``, ``Launch.warmup`` and any
     ``kernel[grid]`` outside them)."""
     seen = Launches()
 
@@ -80,6 +79,11 @@ def launches(monkeypatch, triton_backend):
     monkeypatch.setenv("KVATTN_DEBUG", "0")  # (device-value checks: validation helpers, not the path)
     _callcache.clear()
     return seen
+
+
+@pytest.fixture
+def launches(monkeypatch, triton_backend):
+    return stub_launches(monkeypatch)
 
 
 def chain(stack: list, launch: str, public) -> list[str]:
@@ -173,13 +177,52 @@ CALLS = {
 }
 
 
-@pytest.mark.parametrize("name", list(CALLS))
-def test_public_function_reaches_its_launches_in_four_hops(name, launches, kernel_device):
-    fn, call = CALLS[name](kernel_device)
-    call()  # (the cache's miss path: a key seen once runs the ordinary way)
-    assert launches.stacks, f"{name}: no launch"
-    chains = [chain(stack, launch, fn) for stack, launch in launches.stacks]
+def assert_within_target(name: str, fn, seen: Launches) -> None:
+    assert seen.stacks, f"{name}: no launch"
+    chains = [chain(stack, launch, fn) for stack, launch in seen.stacks]
     for hops in chains:
         print(f"\n{name}: {len(hops)} hops: {fn.__qualname__} -> " + " -> ".join(hops))
     longest = max(chains, key=len)
     assert len(longest) <= MAX_HOPS, f"{name}: {len(longest)} hops: " + " -> ".join(longest)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_public_function_reaches_its_launches_in_four_hops(name, launches, kernel_device):
+    fn, call = CALLS[name](kernel_device)
+    call()  # (the cache's miss path: a key seen once runs the ordinary way)
+    assert_within_target(name, fn, launches)
+
+
+def _staged_prefill(fp8_query=False):
+    """A quantised cache's pages staged in the workspace before the attention (Hopper's Gluon route)."""
+    from kvattn.formats import FP8_DTYPE
+
+    from .test_call_cache import prefill_case
+
+    fn, args, kwargs = prefill_case(lens=(3000, 700), lq=(500, 700))
+    query = args[0].to(FP8_DTYPE) if fp8_query else args[0]
+    return fn, (query, args[1].to(FP8_DTYPE), torch.zeros(1 << 26, dtype=torch.uint8), *args[3:]), kwargs
+
+
+def _gpu_cases() -> dict:
+    from .test_call_cache import CASES
+
+    return {**CASES, "prefill-fp8-staged-hopper": _staged_prefill,
+            "prefill-fp8q-staged-hopper": lambda: _staged_prefill(fp8_query=True)}
+
+
+@pytest.mark.parametrize("name", list(_gpu_cases()))
+def test_gpu_routes_reach_their_launches_in_four_hops(name, monkeypatch):
+    """The routes a GPU takes (test_call_cache's calls on a faked GPU, Hopper's Gluon, TMA and
+    staging routes planned on a faked Hopper), their launches noted as above."""
+    from .test_call_cache import HOPPER, fake_hopper
+    from .test_fast_launch import FakeGPU
+
+    FakeGPU(monkeypatch)
+    if name in HOPPER or name.endswith("-hopper"):
+        fake_hopper(monkeypatch)
+    seen = stub_launches(monkeypatch)
+    torch.manual_seed(0)
+    fn, args, kwargs = _gpu_cases()[name]()
+    fn(*args, **kwargs)
+    assert_within_target(name, fn, seen)

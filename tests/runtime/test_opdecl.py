@@ -251,8 +251,8 @@ def test_single_decode_into_routes_by_name(monkeypatch):
     s = _Sentinels()
     calls = _recorded(monkeypatch, decode_op.SINGLE_DECODE_INTO, launch_decode)
     decode_op.single_decode_into(
-        s["query"], s["k"], s["v"], Scale(s["logit_factor"], s["logit_tensor"]), Scale(s["out_factor"], s["out_tensor"]),
-        s["rope"], s["alibi"], s["window_left"], s["soft_cap"], s["rope_scale"], s["rope_theta"],
+        s["query"], s["k"], s["v"], Scale(s["logit_factor"], s["logit_tensor"]),
+        Scale(s["out_factor"], s["out_tensor"]), s["rope"], s["alibi"], s["window_left"], s["soft_cap"], s["rope_scale"], s["rope_theta"],
         s["use_tensor_cores"], s["out"], s["lse"],
     )
     assert set(s) == {a.name for a in decode_op.SINGLE_DECODE_INTO.args}

@@ -27,9 +27,10 @@ call (argument defaults, autograd and in-place bookkeeping), more than a whole d
 small batch. The entry is generated at import as a plain function of the declared parameters (in
 the declaration's order, defaults last), so a call binds its arguments as a hand-written function
 would: nothing is looked up, bound or copied per call beyond that. Binding many keywords costs
-microseconds of host time in CPython, so ``op.py`` passes them positionally, in the declaration's
+microseconds of host time in CPython, so the public modules pass them positionally, in the entry's
 order, and the entry passes the launcher's leading parameters positionally too
-(``tests/runtime/test_opdecl.py`` checks every family's routing by name).
+(``tests/runtime/test_opdecl.py`` checks every family's routing by name from its entry,
+``tests/test_entry_routing.py`` from the public functions).
 
 The schema has no defaults: the traced entry passes every argument, a declared default filling one
 the caller left out. (torch 2.11's in-place bookkeeping looks a mutated argument up by its position

@@ -10,7 +10,8 @@ them (``r' < Q - q_b``) are computed and dropped. A ragged mask row (bits over t
 the request, are visible and whose bits follow, shifted by ``Q - q_b``.
 
 The kernels' path (:func:`padded_rows`, then ``PACK``, the padded decode, ``UNPACK``) is two small
-launches around the padded decode, one program a (padded slot, block of heads): :func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
+launches around the padded decode, one program a (padded slot, block of heads):
+:func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
 :func:`.kernels_ragged.ragged_unpack_kernel` writes the packed output (and LSE) rows back; every index comes from
 the offsets on the device, of sizes fixed by the host-known ``B``, ``Q`` and ``total_q``, so a call
 can be captured in a CUDA graph and replayed with new offsets. :func:`row_maps` and
