@@ -1,5 +1,6 @@
 """From each public function to its kernel launch: the chain of kvattn's own Python calls on the
-stack when a kernel is launched, kept within four hops (docs/extending.md, "Layers").
+stack when a kernel is launched, kept within four calls (docs/extending.md, "Layers"): the
+validation (what the call cache runs on a miss) -> the op's entry -> the plan -> the launch.
 
 Each public function is called once, on a tiny shape, with the Triton backend: every
 ``fast_launch.Launch`` call (and any ``kernel[grid]`` outside one) notes the stack and returns
@@ -25,7 +26,7 @@ from kvattn.runtime import callcache as _callcache
 from kvattn.runtime import fast_launch
 from kvattn.testing import make_paged_kv
 
-MAX_HOPS = 4  # public function -> op entry -> plan -> launch (the issue's "at most 4 calls")
+MAX_HOPS = 4  # validation -> op entry -> plan -> Launch.__call__ (issue 39's "at most 4 calls")
 _PACKAGE = os.path.dirname(kvattn.__file__) + os.sep
 _GENERATED = "<kvattn op "  # opdecl's generated entries (runtime/opdecl.py)
 
@@ -40,7 +41,7 @@ def _name(code: types.CodeType) -> str:
         path = path[len(_PACKAGE):-len(".py")].replace(os.sep, ".")
     else:
         path = path.strip("<>")
-    return f"{path}:{code.co_qualname}"
+    return f"{path}:{getattr(code, 'co_qualname', code.co_name)}"  # (co_qualname: Python 3.11+)
 
 
 class Launches:
@@ -91,9 +92,9 @@ def chain(stack: list, launch: str, public) -> list[str]:
     public function's, less the call cache's and the public function's own closures."""
     starts = [i for i, c in enumerate(stack) if c is public.__code__]
     assert starts, f"{public.__qualname__} is not on the stack at {launch}: {[_name(c) for c in stack]}"
-    own = public.__code__.co_qualname + ".<locals>."
-    cache = _callcache.CallCache.run.__code__
-    return [_name(c) for c in stack[starts[0] + 1:] if c is not cache and not c.co_qualname.startswith(own)] + [launch]
+    closures = (c for c in public.__code__.co_consts if isinstance(c, types.CodeType))
+    skipped = {_callcache.CallCache.run.__code__, *closures}
+    return [_name(c) for c in stack[starts[0] + 1:] if c not in skipped] + [launch]
 
 
 # ---------------------------------------------------------------------------------------------
