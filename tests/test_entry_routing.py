@@ -27,11 +27,13 @@ from kvattn.runtime import callcache as _callcache
 from kvattn.testing import make_paged_kv
 
 F16 = torch.float16
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # (conftest's kernel_device)
 
 
 @pytest.fixture
 def record(monkeypatch, triton_backend):
-    """``record(declared, launcher)``: the launcher arguments, by name, of each call of the entry."""
+    """``record(declared, launcher)``: the launcher arguments, by name, of each call of the entry
+    (tensors made on the tier's kernel device meanwhile)."""
     monkeypatch.setenv("KVATTN_DEBUG", "0")
     monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
     _callcache.clear()
@@ -43,7 +45,8 @@ def record(monkeypatch, triton_backend):
                             lambda *a, **k: calls.append(dict(signature.bind(*a, **k).arguments)))
         return calls
 
-    return start
+    with torch.device(DEVICE):  # (every tensor the tests make)
+        yield start
 
 
 def _same(a, b) -> bool:
@@ -53,7 +56,7 @@ def _same(a, b) -> bool:
 
 def test_batch_decode(record):
     calls = record(decode_op.BATCH_DECODE, launch_decode)
-    case = make_paged_kv([5, 20], num_kv_heads=2, head_dim=64, page_size=16, dtype=F16)
+    case = make_paged_kv([5, 20], num_kv_heads=2, head_dim=64, page_size=16, dtype=F16, device=DEVICE)
     q = torch.randn(4, 4, 64, dtype=F16)  # 2 requests x 2 drafts
     ws, out, lse = torch.zeros(1 << 20, dtype=torch.uint8), torch.empty_like(q), torch.empty(4, 4)
     sinks, mask = torch.randn(4), torch.ones(2, 2, 2, dtype=torch.uint16)
@@ -72,7 +75,7 @@ def test_batch_decode(record):
 
 def test_xqa(record):
     calls = record(decode_op.BATCH_DECODE, launch_decode)
-    case = make_paged_kv([5, 20], num_kv_heads=2, head_dim=64, page_size=32, dtype=F16)
+    case = make_paged_kv([5, 20], num_kv_heads=2, head_dim=64, page_size=32, dtype=F16, device=DEVICE)
     q = torch.randn(2, 1, 4, 64, dtype=F16)
     k, v = (case.kv_cache[:, i].reshape(-1, 64) for i in (0, 1))
     ws, out, lse = torch.zeros(1 << 20, dtype=torch.uint8), torch.empty_like(q), torch.empty(2, 1, 4)
@@ -107,7 +110,8 @@ def test_single_decode(record, mode):
 
 def test_mla(record):
     calls = record(mla_op.MLA_DECODE, launch_mla)
-    case = make_paged_kv([5, 20], num_kv_heads=1, head_dim=576, page_size=16, kv_format="fp8", form="shared")
+    case = make_paged_kv([5, 20], num_kv_heads=1, head_dim=576, page_size=16, kv_format="fp8", form="shared",
+                         device=DEVICE)
     cache = case.kv_cache[:, 0, :, 0]
     q = torch.randn(2, 2, 16, 576).to(torch.bfloat16)
     ws, out, lse = torch.zeros(1 << 22, dtype=torch.uint8), torch.empty(2, 2, 16, 512, dtype=torch.bfloat16), \
@@ -123,7 +127,8 @@ def test_mla(record):
 
 def test_prefill(record):
     calls = record(prefill_op.CONTEXT, launch_context)
-    case = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=16, dtype=F16, layout="HND")
+    case = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=16, dtype=F16, layout="HND",
+                         device=DEVICE)
     cum_q = torch.tensor([0, 5, 12], dtype=torch.int32)
     cum_kv = torch.tensor([0, 20, 60], dtype=torch.int32)
     q = torch.randn(12, 4, 64, dtype=F16)
@@ -142,10 +147,11 @@ def test_prefill(record):
 
 def test_prefill_nvfp4_output(record):
     calls = record(prefill_op.CONTEXT, launch_context)
-    case = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=16, kv_format="fp8", layout="HND")
+    case = make_paged_kv([20, 40], num_kv_heads=2, head_dim=64, page_size=16, kv_format="fp8", layout="HND",
+                         device=DEVICE)
     cum = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 20, 60], dtype=torch.int32)
     q = torch.randn(12, 4, 64, dtype=F16)
-    out = kvattn.FP4Tensor.empty(12, 4, 64, torch.device("cpu"))
+    out = kvattn.FP4Tensor.empty(12, 4, 64, DEVICE)
     kvattn.prefill.trtllm_batch_context_with_kv_cache(
         q, case.kv_cache, torch.zeros(1 << 22, dtype=torch.uint8), case.block_tables, case.seq_lens, 7, 40, 0.125,
         1.0, 2, *cum, out=out, out_dtype="nvfp4", o_sf_scale=3.0, kv_layout="HND", causal=False)
