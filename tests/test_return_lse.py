@@ -200,7 +200,7 @@ def test_mla_lse_kernel(split, hq, page):
             pages = cache.unsqueeze(2)
             kv = PagedKV(pages, pages, tables, tables, 576, 512)
             out = torch.empty(len(lens), hq, 512, dtype=torch.float16)
-            mla_op.mla_decode(q[:, 0], kv, seq_lens, out, torch.zeros(1 << 22, dtype=torch.uint8),
+            mla_op.mla_decode(q[:, 0], kv, seq_lens, out=out, workspace=torch.zeros(1 << 22, dtype=torch.uint8),
                                       max_seq_len=max(lens), logit_scale=Scale(0.07), out_scale=Scale(1.0), lse=lse)
     _, exact_lse = dense.mla(q.cpu(), cache.cpu(), tables.cpu(), seq_lens.cpu(), bmm1_scale=0.07, return_lse=True)
     assert_lse(lse, exact_lse)

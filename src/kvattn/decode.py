@@ -34,7 +34,7 @@ from ._inputs import (
     check_window,
     check_workspace,
     debug_check_pages,
-    hint_swaps,
+    SwapHints,
     looks,
     paged_kv_from_cache,
     to_scale,
@@ -166,12 +166,15 @@ def xqa_batch_decode_with_kv_cache(
     args = (query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
             window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, return_lse, lse,
             q_cu_seq_lens)
-    run = lambda: _batch_decode(*args[:17], return_lse=return_lse, lse=lse, q_cu_seq_lens=q_cu_seq_lens)  # noqa: E731
-    if q_cu_seq_lens is not None:
-        # Ragged drafts run the ordinary way: a replayed call left the output unwritten on an H200
-        # (tests/ops/decode/test_ragged_drafts.py, graph replay then eager).
-        return run()
-    return _BATCH_CACHE.run(args, run)
+    try:
+        if q_cu_seq_lens is not None:
+            # Ragged drafts run the ordinary way: a replayed call left the output unwritten on an H200
+            # (tests/ops/decode/test_ragged_drafts.py, graph replay then eager).
+            return _batch_decode(*args[:17], return_lse=return_lse, lse=lse, q_cu_seq_lens=q_cu_seq_lens)
+        return _BATCH_CACHE.run(args, lambda: _batch_decode(*args[:17], return_lse=return_lse, lse=lse))
+    except (TypeError, ValueError) as error:
+        _BATCH_SWAPS.add(error, args[:17])
+        raise
 
 
 # Calls replayed from their metadata (kvattn.runtime.callcache; lab/notes/host-path.md "Host path: calls
@@ -180,8 +183,6 @@ _BATCH_CACHE = CallCache("xqa_batch_decode_with_kv_cache")
 _SINGLE_CACHE = CallCache("single_decode_with_kv_cache", capture_sensitive=True)
 
 
-@hint_swaps(query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)), block_tables=looks("int", (2,)),
-            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _batch_decode(
     query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale=1.0, bmm2_scale=1.0,
     window_left=-1, out=None, sinks=None, kv_layout="NHD", enable_pdl=None, q_len_per_req=1, o_scale=1.0,
@@ -192,7 +193,10 @@ def _batch_decode(
     device, optional): request ``b`` attends to no key before ``kv_start[b]``, which keeps a
     request's keys a window cuts off out of a local slice (:mod:`kvattn.distributed`);
     ``local_slice``: ``seq_lens`` are a rank's local lengths, which may hold fewer keys than the
-    drafts (those lie on other ranks)."""
+    drafts (those lie on other ranks).
+
+    Validation, then the kernels' entry (``kvattn.ops.decode.op``: the launch is three calls from
+    here, docs/extending.md "Layers") or the reference."""
     check_tensor(query, "query", dtypes=HALF_DTYPES, ndim=3, contiguous_last=True)
     device, shape = query.device, query.shape
     head_dim = check_head_dim(shape[2], "query")
@@ -254,10 +258,32 @@ def _batch_decode(
                       scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", bmm2.tensor)))
     if ragged:
         debug_check_drafts(q_cu_seq_lens, seq_lens, shape[0], q_len)
-    run_batch_decode(query, kv, seq_lens, out, workspace_buffer, q_len=q_len, max_seq_len=max_seq_len,
-                     logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask,
-                     enable_pdl=bool(enable_pdl), lse=lse, kv_start=kv_start, q_cu_seq_lens=q_cu_seq_lens)
+    ops = _backend.triton_entry("batch_decode", device=device)
+    if ops is None:
+        reference.batch_decode(query, kv, seq_lens, out, q_len=q_len, logit_scale=logit, out_scale=out_scale,
+                               window_left=window_left, sinks=sinks, mask=mask, lse=lse, kv_start=kv_start,
+                               q_cu_seq_lens=q_cu_seq_lens)
+        return (out, lse) if return_lse else out
+    check_interpretable(("kv_cache", kv.k.dtype))
+    # (decode.py and xqa.py run the same rows: ragged drafts padded around the decode, ops.decode.ragged)
+    if not ragged:
+        call_rows = (query, mask, out, lse)
+    else:
+        call_rows = ops.ragged_rows(query, q_cu_seq_lens, mask, out, lse, q_len, window_left)
+        if call_rows is not None:
+            ops.ragged_pack(query, q_cu_seq_lens, mask, call_rows[0], call_rows[1], q_len, window_left)
+    if call_rows is not None:  # (None: ragged drafts of no row or no request: nothing to launch)
+        call_q, call_mask, call_out, call_lse = call_rows
+        ops.batch_decode(call_q, kv, seq_lens, call_mask, sinks, logit, out_scale, call_out, workspace_buffer, q_len,
+                         max_seq_len, window_left, None, bool(enable_pdl), call_lse, kv_start)
+        if ragged:
+            ops.ragged_unpack(call_out, call_lse, q_cu_seq_lens, out, lse, q_len)
     return (out, lse) if return_lse else out
+
+
+_BATCH_SWAPS = SwapHints(
+    _batch_decode, query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)),
+    block_tables=looks("int", (2,)), seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 
 
 def debug_check_drafts(q_cu_seq_lens: torch.Tensor, seq_lens: torch.Tensor, total: int, q_len: int,
@@ -281,37 +307,6 @@ def debug_check_drafts(q_cu_seq_lens: torch.Tensor, seq_lens: torch.Tensor, tota
         b = int(short.nonzero()[0, 0])
         raise ValueError(f"seq_lens: request {b} has length {int(lens[b])}, fewer than its {int(runs[b])} query rows "
                          f"(a length counts them)")
-
-
-def run_batch_decode(query, kv, seq_lens, out, workspace, *, q_len, max_seq_len, logit_scale, out_scale, window_left,
-                     sinks, mask, enable_pdl=False, lse=None, kv_start=None, max_programs=None, q_cu_seq_lens=None,
-                     cache_name="kv_cache"):
-    """Checked arguments to the backend: padded rows ``[B * q_len, Hq, D]``, or packed ragged rows
-    with ``q_cu_seq_lens`` (the kernels run them padded, :mod:`kvattn.ops.decode.ragged`)."""
-    ops = _backend.triton_entry("batch_decode", device=query.device)
-    if ops is None:
-        reference.batch_decode(query, kv, seq_lens, out, q_len=q_len, logit_scale=logit_scale, out_scale=out_scale,
-                               window_left=window_left, sinks=sinks, mask=mask, lse=lse, kv_start=kv_start,
-                               q_cu_seq_lens=q_cu_seq_lens)
-        return
-    check_interpretable((cache_name, kv.k.dtype))
-    if q_cu_seq_lens is None:
-        ops.batch_decode(
-            query, kv, seq_lens, out, workspace, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit_scale,
-            out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=enable_pdl,
-            lse=lse, kv_start=kv_start, max_programs=max_programs,
-        )
-        return
-    from .ops.decode import ragged
-
-    def padded(q_pad, *, out, lse, mask, q_len, window_left):
-        ops.batch_decode(
-            q_pad, kv, seq_lens, out, workspace, q_len=q_len, max_seq_len=max_seq_len, logit_scale=logit_scale,
-            out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask, enable_pdl=enable_pdl, lse=lse,
-            kv_start=kv_start, max_programs=max_programs,
-        )
-
-    ragged.run_padded(padded, query, q_cu_seq_lens, mask, out, lse, q_len=q_len, window_left=window_left)
 
 
 @overload
@@ -426,7 +421,8 @@ def single_decode_with_kv_cache(
 
 def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale, window_left,
                    logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse, out, lse):
-    """:func:`single_decode_with_kv_cache`, the ordinary way."""
+    """:func:`single_decode_with_kv_cache`, the ordinary way: validation, then the kernels' entry
+    (``kvattn.ops.decode.op``: the launch is three calls from here) or the reference."""
     check_tensor(q, "q", dtypes=HALF_DTYPES, ndim=2, contiguous_last=True)
     device = q.device
     head_dim = check_head_dim(q.shape[-1], "q")
@@ -464,16 +460,24 @@ def _single_decode(q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_sc
     if out is not None:
         check_out(out, "out", tuple(q.shape), (q.dtype, torch.float32), device)
 
-    args = dict(
-        logit_scale=logit, out_scale=out_scale, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-        logits_soft_cap=soft_cap or None, rope_scale=rope_scale, rope_theta=rope_theta,
-    )
     ops = _backend.triton_entry("single_decode", device)
-    if ops is not None:
-        check_interpretable(("k", k.dtype))
-        out, lse = ops.single_decode(q, k_nhd, v_nhd, use_tensor_cores=use_tensor_cores, out=out, lse=lse, **args)
-    else:
-        o, ref_lse = reference.single_decode(q, k_nhd, v_nhd, **args)
+    if ops is None:
+        o, ref_lse = reference.single_decode(
+            q, k_nhd, v_nhd, logit_scale=logit, out_scale=out_scale, pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left, logits_soft_cap=soft_cap or None, rope_scale=rope_scale, rope_theta=rope_theta,
+        )
         out = o.to(q.dtype) if out is None else out.copy_(o)
         lse = ref_lse if lse is None else lse.copy_(ref_lse)
+        return (out, lse) if return_lse else out
+    check_interpretable(("k", k.dtype))
+    rope, alibi = pos_encoding_mode == "ROPE_LLAMA", pos_encoding_mode == "ALIBI"
+    if out is None and lse is None and torch.compiler.is_compiling():  # (traced: the functional op)
+        out, lse = ops.single_decode(q, k_nhd, v_nhd, logit, out_scale, rope, alibi, window_left, soft_cap,
+                                     rope_scale, rope_theta, use_tensor_cores)
+    else:
+        if out is None:  # (eager: the output alone, no LSE the caller drops)
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        # (no LSE asked for: the kernel stores none, and nothing is allocated with out given)
+        ops.single_decode_into(q, k_nhd, v_nhd, logit, out_scale, rope, alibi, window_left, soft_cap, rope_scale,
+                               rope_theta, use_tensor_cores, out, lse)
     return (out, lse) if return_lse else out

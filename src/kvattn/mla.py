@@ -22,7 +22,7 @@ from ._inputs import (
     check_tensor,
     check_workspace,
     debug_check_pages,
-    hint_swaps,
+    SwapHints,
     looks,
     to_scale,
 )
@@ -116,18 +116,22 @@ def xqa_batch_decode_with_kv_cache_mla(
     """
     args = (query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables,
             seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse)
-    return _CACHE.run(args, lambda: _mla(*args))
+    try:
+        return _CACHE.run(args, lambda: _mla(*args))
+    except (TypeError, ValueError) as error:
+        _SWAPS.add(error, args)
+        raise
 
 
 # Calls replayed from their metadata (kvattn.runtime.callcache).
 _CACHE = CallCache("xqa_batch_decode_with_kv_cache_mla")
 
 
-@hint_swaps(query=looks("float", (3, 4)), kv_cache=looks("float", (3, 4)), block_tables=looks("int", (2,)),
-            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _mla(query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, block_tables, seq_lens,
          max_seq_len, out, bmm1_scale, bmm2_scale, sinks, enable_pdl, return_lse, lse):
-    """:func:`xqa_batch_decode_with_kv_cache_mla`, the ordinary way."""
+    """:func:`xqa_batch_decode_with_kv_cache_mla`, the ordinary way: validation, then the kernels'
+    entry (``kvattn.ops.mla.op``: the launch is three calls from here, docs/extending.md "Layers")
+    or the reference."""
     check_int(qk_nope_head_dim, "qk_nope_head_dim", choices=(QK_NOPE_HEAD_DIM,))
     check_int(kv_lora_rank, "kv_lora_rank", choices=(KV_LORA_RANK,))
     check_int(qk_rope_head_dim, "qk_rope_head_dim", choices=(QK_ROPE_HEAD_DIM,))
@@ -189,8 +193,12 @@ def _mla(query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_r
     ops = _backend.triton_entry("mla_decode", device)
     if ops is not None:
         check_interpretable(("kv_cache", kv_cache.dtype))
-        ops.mla_decode(q3, kv, seq_lens, out3, workspace_buffer, max_seq_len=max_seq_len, logit_scale=logit,
-                       out_scale=out_scale, lse=lse2, q_len=q_len)
+        ops.mla_decode(q3, kv, seq_lens, logit, out_scale, out3, workspace_buffer, max_seq_len, q_len, lse2)
     else:
         reference.mla_decode(q3, kv, seq_lens, out3, logit_scale=logit, out_scale=out_scale, lse=lse2, q_len=q_len)
     return (out, lse) if return_lse else out
+
+
+_SWAPS = SwapHints(
+    _mla, query=looks("float", (3, 4)), kv_cache=looks("float", (3, 4)), block_tables=looks("int", (2,)),
+    seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))

@@ -25,7 +25,7 @@ from ._inputs import (
     check_window,
     check_workspace,
     debug_check_pages,
-    hint_swaps,
+    SwapHints,
     looks,
     paged_kv_from_cache,
     to_scale,
@@ -209,7 +209,11 @@ def trtllm_batch_context_with_kv_cache(
             kv_layout, enable_pdl, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
             uses_shared_paged_kv_idx, return_lse, lse, causal, multi_ctas_kv_counter_buffer, use_fp16_softmax,
             uses_spcompress, backend, sf_name)
-    return _CACHE.run(args, lambda: _prefill(*args))
+    try:
+        return _CACHE.run(args, lambda: _prefill(*args))
+    except (TypeError, ValueError) as error:
+        _SWAPS.add(error, args)
+        raise
 
 
 # Calls replayed from their metadata (kvattn.runtime.callcache; its TMA descriptors rebuilt on the new
@@ -217,14 +221,14 @@ def trtllm_batch_context_with_kv_cache(
 _CACHE = CallCache("trtllm_batch_context_with_kv_cache")
 
 
-@hint_swaps(query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)), block_tables=looks("int", (2, 3)),
-            seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))
 def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
              batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
              kv_layout, enable_pdl, sinks, kv_cache_sf, skip_softmax_threshold_scale_factor,
              uses_shared_paged_kv_idx, return_lse, lse, causal=True, multi_ctas_kv_counter_buffer=None,
              use_fp16_softmax=None, uses_spcompress=None, backend="trtllm-gen", sf_name="kv_cache_sf"):
-    """:func:`trtllm_batch_context_with_kv_cache`, the ordinary way."""
+    """:func:`trtllm_batch_context_with_kv_cache`, the ordinary way: validation, then the kernels'
+    entry (``kvattn.ops.prefill.op``: the launch is three calls from here, docs/extending.md
+    "Layers") or the reference."""
     check_tensor(query, "query", dtypes=(*HALF_DTYPES, FP8_DTYPE), ndim=3)
     check_last_dim_contiguous(query, "query")
     device = query.device
@@ -319,19 +323,29 @@ def _prefill(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_le
                       num_rows=sum_q, max_q_len=max_q_len, cum_kv=cum_seq_lens_kv,
                       scales=(("bmm1_scale", logit.tensor), ("bmm2_scale", out_scale.tensor)))
 
-    args = dict(logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks,
-                skip_softmax_threshold_scale_factor=f or None, causal=causal)
     ops = _backend.triton_entry("context", device)
     if ops is not None:
         check_interpretable(("kv_cache", kv.k.dtype))
         if lse is not None:
             lse.fill_(float("-inf"))  # rows the kernel's query tiles never reach (past cum_seq_lens_q[B])
-        ops.context(query, kv, seq_lens, cum_seq_lens_q, out, workspace_buffer, max_q_len=max_q_len,
-                    max_kv_len=max_kv_len, o_sf_scale=o_sf_scale, lse=lse, **args)
+        if isinstance(out, FP4Tensor):
+            data, out_sf, sf_start = out.data, out.scale, int(out.scale_start_index)
+        else:
+            data, out_sf, sf_start = out, None, 0
+        ops.context(query, kv, seq_lens, cum_seq_lens_q, sinks, logit, out_scale, data, out_sf, workspace_buffer,
+                    max_q_len, max_kv_len, window_left, float(1.0 if o_sf_scale is None else o_sf_scale), sf_start,
+                    float(f or 0.0), lse, causal)
         return (out, lse) if return_lse else out
-    o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, lse=lse, **args)
+    o_real = reference.context(query, kv, seq_lens, cum_seq_lens_q, lse=lse, logit_scale=logit, out_scale=out_scale,
+                               window_left=window_left, sinks=sinks, skip_softmax_threshold_scale_factor=f or None,
+                               causal=causal)
     if isinstance(out, FP4Tensor):
         out = quantize_nvfp4_output(o_real, 1.0 if o_sf_scale is None else float(o_sf_scale), out)
     else:
         out = store_output(o_real, out)
     return (out, lse) if return_lse else out
+
+
+_SWAPS = SwapHints(
+    _prefill, query=looks("float", (3,)), kv_cache=looks("float byte", (5,), (4,)),
+    block_tables=looks("int", (2, 3)), seq_lens=looks("int uint", (1,)), workspace_buffer=looks("byte", (1,)))

@@ -9,7 +9,8 @@ from typing import Optional, Union
 
 import torch
 
-from . import decode
+from . import decode, reference
+from .runtime import backend as _backend
 from .runtime.callcache import CallCache
 from ._inputs import (
     HALF_DTYPES,
@@ -19,6 +20,7 @@ from ._inputs import (
     check_half_match,
     check_head_dim,
     check_int,
+    check_interpretable,
     check_layout,
     check_lse_out,
     check_out,
@@ -28,7 +30,7 @@ from ._inputs import (
     check_tensor,
     check_workspace,
     debug_check_pages,
-    hint_swaps,
+    SwapHints,
     looks,
     to_scale,
 )
@@ -209,21 +211,24 @@ def xqa(
     args = (q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
             sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse, enable_pdl,
             rcp_out_scale, q_seq_len, mask, q_cu_seq_lens, k_sf_cache, v_sf_cache)
-    if q_cu_seq_lens is not None:  # ragged drafts run the ordinary way (see decode.xqa_batch_decode_with_kv_cache)
-        return _xqa(*args)
-    return _CACHE.run(args, lambda: _xqa(*args))
+    try:
+        if q_cu_seq_lens is not None:  # ragged drafts run the ordinary way (see decode.xqa_batch_decode_with_kv_cache)
+            return _xqa(*args)
+        return _CACHE.run(args, lambda: _xqa(*args))
+    except (TypeError, ValueError) as error:
+        _SWAPS.add(error, args)
+        raise
 
 
 # Calls replayed from their metadata (kvattn.runtime.callcache).
 _CACHE = CallCache("xqa")
 
 
-@hint_swaps(q=looks("float", (4,)), k_cache=looks("float", (2, 4)), page_table=looks("int", (2,)),
-            seq_lens=looks("int uint", (1, 2)), workspace_buffer=looks("byte", (1,)))
 def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, semaphores, num_kv_heads, page_size,
          sinks, q_scale, kv_scale, sliding_win_size, sm_count, kv_layout, return_lse, lse, enable_pdl=None,
          rcp_out_scale=1.0, q_seq_len=1, mask=None, q_cu_seq_lens=None, k_sf_cache=None, v_sf_cache=None):
-    """:func:`xqa`, the ordinary way."""
+    """:func:`xqa`, the ordinary way: validation, then the kernels' entry (``kvattn.ops.decode.op``:
+    the launch is three calls from here, docs/extending.md "Layers") or the reference."""
     q_len = check_int(q_seq_len, "q_seq_len", minimum=1)
     ragged = q_cu_seq_lens is not None
     ndim = 3 if ragged else (5 if q_len > 1 else 4)
@@ -338,7 +343,6 @@ def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, se
         lse_rows = _rows_view(lse, (rows, num_heads))
         if lse_rows is None:
             raise ValueError(f"lse: expected strides that view it as [{rows}, {num_heads}] rows, got {lse.stride()}")
-    mask_rows = mask
 
     kv = PagedKV(k, v, page_table, page_table, head_dim, head_dim, k_sf, v_sf)
     debug_check_pages(kv, seq_lens, "page_table", pool_name="k_cache", q_len=1 if ragged else q_len,
@@ -346,15 +350,35 @@ def _xqa(q, k_cache, v_cache, page_table, seq_lens, output, workspace_buffer, se
     if ragged:
         decode.debug_check_drafts(q_cu_seq_lens, seq_lens, shape[0], q_len, q_len_name="q_seq_len")
     window_left = win - 1 if win > 0 else -1
-    decode.run_batch_decode(
-        q_rows, kv, seq_lens.reshape(batch), out_rows, workspace_buffer, q_len=q_len, max_seq_len=kv.capacity,
-        logit_scale=logit, out_scale=out_scale, window_left=window_left, sinks=sinks, mask=mask_rows,
-        enable_pdl=bool(enable_pdl), lse=lse_rows, max_programs=sm_count, q_cu_seq_lens=q_cu_seq_lens,
-        cache_name="k_cache",
-    )
+    seq_lens = seq_lens.reshape(batch)
+    ops = _backend.triton_entry("batch_decode", device=device)
+    if ops is None:
+        reference.batch_decode(q_rows, kv, seq_lens, out_rows, q_len=q_len, logit_scale=logit, out_scale=out_scale,
+                               window_left=window_left, sinks=sinks, mask=mask, lse=lse_rows,
+                               q_cu_seq_lens=q_cu_seq_lens)
+    else:
+        check_interpretable(("k_cache", kv.k.dtype))
+        # (decode.py and xqa.py run the same rows: ragged drafts padded around the decode, ops.decode.ragged)
+        if not ragged:
+            call_rows = (q_rows, mask, out_rows, lse_rows)
+        else:
+            call_rows = ops.ragged_rows(q_rows, q_cu_seq_lens, mask, out_rows, lse_rows, q_len, window_left)
+            if call_rows is not None:
+                ops.ragged_pack(q_rows, q_cu_seq_lens, mask, call_rows[0], call_rows[1], q_len, window_left)
+        if call_rows is not None:  # (None: ragged drafts of no row or no request: nothing to launch)
+            call_q, call_mask, call_out, call_lse = call_rows
+            ops.batch_decode(call_q, kv, seq_lens, call_mask, sinks, logit, out_scale, call_out, workspace_buffer,
+                             q_len, kv.capacity, window_left, sm_count, bool(enable_pdl), call_lse, None)
+            if ragged:
+                ops.ragged_unpack(call_out, call_lse, q_cu_seq_lens, out_rows, lse_rows, q_len)
     if out_tmp:
         output.copy_(out_rows.view(shape))
     return lse
+
+
+_SWAPS = SwapHints(
+    _xqa, q=looks("float", (4,)), k_cache=looks("float", (2, 4)), page_table=looks("int", (2,)),
+    seq_lens=looks("int uint", (1, 2)), workspace_buffer=looks("byte", (1,)))
 
 
 class _CallableModule(types.ModuleType):

@@ -227,8 +227,8 @@ def _mla_target(mates, device, hq=16, seed=21, q_len=1):
     out = poison_(torch.empty(len(lens), rows, MLA_V, dtype=torch.float16, device=device))
     lse = torch.empty(len(lens), rows, dtype=torch.float32, device=device)
     ws = torch.zeros(WS, dtype=torch.uint8, device=device)
-    mla_op.mla_decode(q, kv, case.seq_lens, out, ws, max_seq_len=max(lens), logit_scale=_inputs.Scale(0.07),
-                      out_scale=_inputs.Scale(1.0), lse=lse, q_len=q_len)
+    mla_op.mla_decode(q, kv, case.seq_lens, out=out, workspace=ws, max_seq_len=max(lens),
+                      logit_scale=_inputs.Scale(0.07), out_scale=_inputs.Scale(1.0), lse=lse, q_len=q_len)
     return out[0].clone(), lse[0].clone()
 
 

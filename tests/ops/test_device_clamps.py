@@ -159,7 +159,7 @@ def _mla_ops(q, cache, tables, seq_lens, max_len):
     kv = _inputs.PagedKV(pages, pages, tables, tables, MLA_DIM, MLA_V)
     out = poison_(torch.empty(q.shape[0], q.shape[1], MLA_V, dtype=q.dtype, device=q.device))
     ws = torch.zeros(WS, dtype=torch.uint8, device=q.device)
-    mla_op.mla_decode(q, kv, seq_lens, out, ws, max_seq_len=max_len, logit_scale=_inputs.Scale(0.07),
+    mla_op.mla_decode(q, kv, seq_lens, out=out, workspace=ws, max_seq_len=max_len, logit_scale=_inputs.Scale(0.07),
                       out_scale=_inputs.Scale(1.0))
     return out
 

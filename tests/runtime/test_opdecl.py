@@ -44,6 +44,16 @@ SCALED_COPY = declare_op(
 )
 
 
+# the same launcher, its scalars read from a Scale (the entry takes ``src, dst, scale``)
+SOURCED_COPY = declare_op(
+    "kvattn_opdecl_test::sourced_copy", _scaled_copy,
+    Arg("src", Tensor),
+    Arg("dst", Tensor, mutated=True),
+    Arg("factor", float, source="scale.factor"),
+    Arg("extra", OptTensor, source="scale.tensor"),
+)
+
+
 class _DispatchedOps(TorchDispatchMode):
     """The ops that went through the dispatcher while active."""
 
@@ -64,6 +74,38 @@ def test_eager_entry_runs_the_launcher_without_the_dispatcher():
     assert not any("scaled_copy" in name for name in seen.names), seen.names
     SCALED_COPY.entry(src=src, dst=dst)  # (by name; the declared default)
     assert torch.equal(dst, src)
+
+
+def test_sourced_arguments_are_read_from_the_entrys_parameters():
+    src, dst, extra = torch.randn(5), torch.full((5,), float("nan")), torch.randn(5)
+    assert list(inspect.signature(SOURCED_COPY.entry).parameters) == ["src", "dst", "scale"]
+    with _DispatchedOps() as seen:
+        SOURCED_COPY.entry(src, dst, Scale(3.0, extra))
+    assert torch.equal(dst, src * 3.0 + extra)
+    assert not any("sourced_copy" in name for name in seen.names), seen.names
+    schema = torch.ops.kvattn_opdecl_test.sourced_copy.default._schema  # (the flat arguments)
+    assert [a.name for a in schema.arguments] == ["src", "dst", "factor", "extra"]
+
+
+def test_traced_sourced_entry_calls_the_op_with_the_flat_arguments():
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(src, extra):
+        dst = torch.empty_like(src)
+        SOURCED_COPY.entry(src, dst, Scale(2.0, extra))
+        return dst + 1
+
+    src, extra = torch.randn(6), torch.randn(6)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend=backend, fullgraph=True)(src, extra)
+    assert torch.equal(got, src * 2.0 + extra + 1)
+    (gm,) = graphs
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "sourced_copy" in str(n.target)]
+    assert len(calls) == 1 and len(calls[0].args) + len(calls[0].kwargs) == 4
 
 
 def test_the_registered_op_runs_the_launcher():
@@ -115,8 +157,13 @@ def _launch_pair(a, b: int = 2) -> None:
     ((Arg("a", Tensor),), {"returns": Tensor}, "needs a fake"),
     ((Arg("a", Tensor), Arg("_opdecl_launch", int)), {}, "not a plain identifier"),
     ((Arg("a", Tensor), ("b", int)), {}, "expected Arg declarations"),
+    ((Arg("a", Tensor, source="pair"),), {}, "expected a source 'parameter.attribute', got 'pair'"),
+    ((Arg("a", Tensor, source="pair.a.b"),), {}, "expected a source 'parameter.attribute'"),
+    ((Arg("a", Tensor), Arg("b", int, 2, source="pair.b")), {}, "has a source \\('pair.b'\\) and a default"),
+    ((Arg("a", Tensor), Arg("b", int, source="a.b")), {}, "'a' is both a source's parameter and an argument"),
 ], ids=["unknown-name", "other-default", "launcher-required", "twice", "default-order", "returns-no-fake",
-        "reserved-name", "not-an-arg"])
+        "reserved-name", "not-an-arg", "source-without-attribute", "source-too-deep", "source-and-default",
+        "source-root-is-an-argument"])
 def test_a_declaration_the_launcher_does_not_match_is_refused(args, kwargs, message):
     with pytest.raises(TypeError, match=message):
         declare_op("kvattn_opdecl_test::refused", _launch_pair, *args, **kwargs)
@@ -161,11 +208,10 @@ def test_batch_decode_routes_by_name(monkeypatch):
     s = _Sentinels()
     calls = _recorded(monkeypatch, decode_op.BATCH_DECODE, launch_decode)
     kv = PagedKV(s["k"], s["v"], s["k_table"], s["v_table"], 64, 64, s["k_sf"], s["v_sf"])
-    decode_op.batch_decode(
-        s["query"], kv, s["seq_lens"], s["out"], s["workspace"], q_len=s["q_len"], max_seq_len=s["max_seq_len"],
-        logit_scale=Scale(s["logit_factor"], s["logit_tensor"]), out_scale=Scale(s["out_factor"], s["out_tensor"]),
-        window_left=s["window_left"], sinks=s["sinks"], mask=s["mask"], enable_pdl=s["enable_pdl"],
-        max_programs=s["max_programs"], lse=s["lse"], kv_start=s["kv_start"],
+    decode_op.batch_decode(  # (positionally, as the public modules call it)
+        s["query"], kv, s["seq_lens"], s["mask"], s["sinks"], Scale(s["logit_factor"], s["logit_tensor"]),
+        Scale(s["out_factor"], s["out_tensor"]), s["out"], s["workspace"], s["q_len"], s["max_seq_len"],
+        s["window_left"], s["max_programs"], s["enable_pdl"], s["lse"], s["kv_start"],
     )
     assert set(s) == {a.name for a in decode_op.BATCH_DECODE.args}
     _declared(calls, decode_op.BATCH_DECODE, s, paged=True)
@@ -175,33 +221,51 @@ def test_batch_decode_defaults_reach_the_launcher(monkeypatch):
     s = _Sentinels()
     calls = _recorded(monkeypatch, decode_op.BATCH_DECODE, launch_decode)
     kv = PagedKV(s["k"], s["v"], s["k_table"], s["v_table"], 64, 64)
-    decode_op.batch_decode(s["query"], kv, s["seq_lens"], s["out"], s["workspace"], q_len=1, max_seq_len=8,
-                           logit_scale=Scale(0.5), out_scale=Scale(), window_left=-1, sinks=None, mask=None)
+    decode_op.batch_decode(s["query"], kv, s["seq_lens"], None, None, Scale(0.5), Scale(), s["out"], s["workspace"],
+                           1, 8, -1)
     (got,) = calls
     assert (got["enable_pdl"], got["max_programs"], got["lse"], got["kv_start"]) == (False, None, None, None)
 
 
+def test_entries_take_the_sources_roots_in_declaration_order():
+    """An entry's parameters: the arguments without a source and each source's root, where first
+    declared (the public modules call them positionally in this order)."""
+    def names(entry):
+        return list(inspect.signature(entry).parameters)
+
+    assert names(decode_op.batch_decode) == [
+        "query", "kv", "seq_lens", "mask", "sinks", "logit_scale", "out_scale", "out", "workspace", "q_len",
+        "max_seq_len", "window_left", "max_programs", "enable_pdl", "lse", "kv_start"]
+    assert names(decode_op.single_decode_into) == [
+        "query", "k", "v", "logit_scale", "out_scale", "rope", "alibi", "window_left", "soft_cap", "rope_scale",
+        "rope_theta", "use_tensor_cores", "out", "lse"]
+    assert names(mla_op.mla_decode) == [
+        "query", "kv", "seq_lens", "logit_scale", "out_scale", "out", "workspace", "max_seq_len", "q_len", "lse"]
+    assert names(prefill_op.context) == [
+        "query", "kv", "seq_lens", "cum_seq_lens_q", "sinks", "logit_scale", "out_scale", "out", "out_sf",
+        "workspace", "max_q_len", "max_kv_len", "window_left", "o_sf_scale", "sf_start", "skip_factor", "lse",
+        "causal"]
+
+
 def test_single_decode_into_routes_by_name(monkeypatch):
     s = _Sentinels()
-    launch = decode_op.SINGLE_DECODE_INTO.entry.__globals__["_opdecl_launch"]
-    calls = _recorded(monkeypatch, decode_op.SINGLE_DECODE_INTO, launch)
-    decode_op.single_decode(
-        s["q"], s["k"], s["v"], use_tensor_cores=True, logit_scale=Scale(s["logit_factor"], s["logit_tensor"]),
-        out_scale=Scale(s["out_factor"], s["out_tensor"]), pos_encoding_mode=s["pos_encoding_mode"],
-        window_left=s["window_left"], logits_soft_cap=0.25, rope_scale=2.0, rope_theta=1e4, out=s["out"],
-        lse=s["lse"],
+    calls = _recorded(monkeypatch, decode_op.SINGLE_DECODE_INTO, launch_decode)
+    decode_op.single_decode_into(
+        s["query"], s["k"], s["v"], Scale(s["logit_factor"], s["logit_tensor"]),
+        Scale(s["out_factor"], s["out_tensor"]), s["rope"], s["alibi"], s["window_left"], s["soft_cap"], s["rope_scale"], s["rope_theta"],
+        s["use_tensor_cores"], s["out"], s["lse"],
     )
-    _declared(calls, decode_op.SINGLE_DECODE_INTO, s, soft_cap=0.25, rope_scale=2.0, rope_theta=1e4,
-              use_tensor_cores=True)
+    assert set(s) == {a.name for a in decode_op.SINGLE_DECODE_INTO.args}
+    _declared(calls, decode_op.SINGLE_DECODE_INTO, s, paged=False)
 
 
 def test_mla_decode_routes_by_name(monkeypatch):
     s = _Sentinels()
     calls = _recorded(monkeypatch, mla_op.MLA_DECODE, launch_mla)
     kv = PagedKV(s["kv"], s["kv"], s["table"], s["table"], 576, 512)
-    mla_op.mla_decode(s["query"], kv, s["seq_lens"], s["out"], s["workspace"], max_seq_len=s["max_seq_len"],
-                      logit_scale=Scale(s["logit_factor"], s["logit_tensor"]),
-                      out_scale=Scale(s["out_factor"], s["out_tensor"]), lse=s["lse"], q_len=s["q_len"])
+    mla_op.mla_decode(s["query"], kv, s["seq_lens"], Scale(s["logit_factor"], s["logit_tensor"]),
+                      Scale(s["out_factor"], s["out_tensor"]), s["out"], s["workspace"], s["max_seq_len"], s["q_len"],
+                      s["lse"])
     assert set(s) == {a.name for a in mla_op.MLA_DECODE.args}
     _declared(calls, mla_op.MLA_DECODE, s)
 
@@ -211,12 +275,12 @@ def test_context_routes_by_name(monkeypatch):
     calls = _recorded(monkeypatch, prefill_op.CONTEXT, launch_context)
     kv = PagedKV(s["k"], s["v"], s["k_table"], s["v_table"], 64, 64, s["k_sf"], s["v_sf"])
     prefill_op.context(
-        s["query"], kv, s["seq_lens"], s["cum_seq_lens_q"], s["out"], s["workspace"], max_q_len=s["max_q_len"],
-        max_kv_len=s["max_kv_len"], o_sf_scale=3.5, logit_scale=Scale(s["logit_factor"], s["logit_tensor"]),
-        out_scale=Scale(s["out_factor"], s["out_tensor"]), window_left=s["window_left"], sinks=s["sinks"],
-        skip_softmax_threshold_scale_factor=0.125, lse=s["lse"], causal=False,
+        s["query"], kv, s["seq_lens"], s["cum_seq_lens_q"], s["sinks"], Scale(s["logit_factor"], s["logit_tensor"]),
+        Scale(s["out_factor"], s["out_tensor"]), s["out"], s["out_sf"], s["workspace"], s["max_q_len"],
+        s["max_kv_len"], s["window_left"], s["o_sf_scale"], s["sf_start"], s["skip_factor"], s["lse"], s["causal"],
     )
-    _declared(calls, prefill_op.CONTEXT, s, out_sf=None, o_sf_scale=3.5, sf_start=0, skip_factor=0.125, causal=False)
+    assert set(s) == {a.name for a in prefill_op.CONTEXT.args}
+    _declared(calls, prefill_op.CONTEXT, s)
 
 
 def test_append_routes_by_name(monkeypatch):

@@ -26,12 +26,12 @@ from .checks import (
 from .device_checks import debug_check_pages
 from .paged import PagedKV, check_max_seq_len, check_paged_heads, paged_kv_from_cache
 from .scales import Scale, to_scale
-from .swaps import hint_swaps, looks
+from .swaps import SwapHints, looks
 
 __all__ = [
     "DECODE_HEAD_DIMS", "HALF_DTYPES", "INT64_RULE", "LAYOUTS", "MIN_WORKSPACE_BYTES", "PagedKV", "Scale", "alias",
     "cached_aliases", "check_half_match", "check_head_dim", "check_int", "check_interpretable",
     "check_last_dim_contiguous", "check_layout", "check_lse_out", "check_max_seq_len", "check_out",
     "check_paged_heads", "check_query_heads", "check_seq_lens", "check_shape", "check_sinks", "check_tensor",
-    "check_window", "check_workspace", "debug_check_pages", "hint_swaps", "looks", "paged_kv_from_cache", "to_scale",
+    "check_window", "check_workspace", "debug_check_pages", "SwapHints", "looks", "paged_kv_from_cache", "to_scale",
 ]

@@ -1,9 +1,8 @@
-"""Swapped arguments: when a call's tensors fail a check, :func:`hint_swaps` names the positional
+"""Swapped arguments: when a call's tensors fail a check, :class:`SwapHints` names the positional
 arguments that look as if two were given in each other's place."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Callable
 
@@ -19,7 +18,7 @@ def _kind(dtype: torch.dtype) -> str:
 
 
 def looks(kinds: str, ndims: tuple, pair_ndims: tuple = ()) -> Callable[[object], bool]:
-    """What an argument looks like, for :func:`hint_swaps`: a tensor of a dtype kind in ``kinds``
+    """What an argument looks like, for :class:`SwapHints`: a tensor of a dtype kind in ``kinds``
     (space-separated: ``"float"``, ``"int"`` signed, ``"uint"`` unsigned but uint8, ``"byte"``
     uint8) with a rank in ``ndims``, or a pair of such tensors of a rank in ``pair_ndims``."""
     allowed = kinds.split()
@@ -47,29 +46,27 @@ def _swap_hint(message: str, bound: dict, shapes: dict) -> str | None:
     return f" ({name} got what looks like {others[0]}, and {others[0]} what looks like {name}: are they swapped?)"
 
 
-def hint_swaps(**shapes: Callable[[object], bool]):
-    """Decorate a function whose errors name its arguments (``"name: ..."``): an error about an
-    argument that does not look as it should (``shapes[name]``, see :func:`looks`) while exactly
-    one other argument looks like it, and it like that one, gets a hint that the two are swapped.
-    Costs nothing until an error: the hint is worked out then."""
+class SwapHints:
+    """The swap hints of a function whose errors name its arguments (``"name: ..."``): an error
+    about an argument that does not look as it should (``shapes[name]``, see :func:`looks`) while
+    exactly one other argument looks like it, and it like that one, gets a hint that the two are
+    swapped. The public function adds them where it catches the error (``except (TypeError,
+    ValueError)``, around its call of ``function``: no call of its own on the way to the kernels);
+    nothing is worked out until an error."""
 
-    def wrap(fn):
-        signature = inspect.signature(fn)
+    def __init__(self, function: Callable, **shapes: Callable[[object], bool]):
+        self.signature = inspect.signature(function)
+        self.shapes = shapes
 
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except (TypeError, ValueError) as error:
-                if len(error.args) == 1 and isinstance(error.args[0], str):
-                    try:
-                        hint = _swap_hint(error.args[0], signature.bind(*args, **kwargs).arguments, shapes)
-                    except TypeError:  # (arguments that do not bind: the error is about that)
-                        hint = None
-                    if hint is not None:
-                        error.args = (error.args[0] + hint,)
-                raise
-
-        return call
-
-    return wrap
+    def add(self, error: Exception, args: tuple, kwargs: dict | None = None) -> None:
+        """Append the hint, if any, to ``error``'s message; ``args``, ``kwargs``: what ``function``
+        was called with."""
+        if len(error.args) != 1 or not isinstance(error.args[0], str):
+            return
+        try:
+            bound = self.signature.bind_partial(*args, **(kwargs or {})).arguments
+        except TypeError:  # (arguments that do not bind: the error is about that)
+            return
+        hint = _swap_hint(error.args[0], bound, self.shapes)
+        if hint is not None:
+            error.args = (error.args[0] + hint,)

@@ -7,8 +7,15 @@ annotation, default, written or not) and the family's plan launcher:
 - the ``torch.library.custom_op``: its schema inferred from a signature made of the declaration,
   its ``mutates_args`` the arguments marked ``mutated``, its kernel the launcher;
 - its fake implementation (None for an op that only writes into its arguments);
-- :attr:`DeclaredOp.entry`, the function the family's ``op.py`` calls: the registered op while
+- :attr:`DeclaredOp.entry`, the function the public module calls: the registered op while
   ``torch.compile`` traces (which needs it), else the launcher itself.
+
+An argument may name its ``source``, an attribute of one of the entry's parameters
+(``Arg("k", Tensor, source="kv.k")``: the entry takes ``kv``, a ``PagedKV``, and hands ``kv.k`` to
+the op and the launcher). The entry's parameters are then the declared arguments without a source
+and the sources' roots, in the order of their first declaration, so the public module passes its
+normalised values (``PagedKV``, ``Scale``) as they are and the unpacking costs no call of its own:
+from the public function the launch is three calls away (docs/extending.md, "Layers").
 
 The declared names are the launcher's keywords, checked at import (a name the launcher lacks, a
 parameter it requires that is not declared, or a default other than the launcher's raises a
@@ -20,9 +27,10 @@ call (argument defaults, autograd and in-place bookkeeping), more than a whole d
 small batch. The entry is generated at import as a plain function of the declared parameters (in
 the declaration's order, defaults last), so a call binds its arguments as a hand-written function
 would: nothing is looked up, bound or copied per call beyond that. Binding many keywords costs
-microseconds of host time in CPython, so ``op.py`` passes them positionally, in the declaration's
+microseconds of host time in CPython, so the public modules pass them positionally, in the entry's
 order, and the entry passes the launcher's leading parameters positionally too
-(``tests/runtime/test_opdecl.py`` checks every family's routing by name).
+(``tests/runtime/test_opdecl.py`` checks every family's routing by name from its entry,
+``tests/test_entry_routing.py`` from the public functions).
 
 The schema has no defaults: the traced entry passes every argument, a declared default filling one
 the caller left out. (torch 2.11's in-place bookkeeping looks a mutated argument up by its position
@@ -47,12 +55,15 @@ OptTensor = Optional[torch.Tensor]
 class Arg(NamedTuple):
     """One argument of an op: ``name`` (the launcher's keyword), ``annotation`` (what the schema
     reads: ``Tensor``, ``OptTensor``, ``int``, ``Optional[int]``, ``float``, ``bool``, ``str``),
-    ``default`` (the entry's, :data:`REQUIRED` for none) and whether the op writes into it."""
+    ``default`` (the entry's, :data:`REQUIRED` for none), whether the op writes into it, and its
+    ``source`` (``"parameter.attribute"``: the entry takes ``parameter`` and reads the value from
+    it; None: the entry takes the value itself)."""
 
     name: str
     annotation: Any
     default: Any = REQUIRED
     mutated: bool = False
+    source: Optional[str] = None
 
 
 def _no_outputs(*args, **kwargs) -> None:
@@ -98,43 +109,60 @@ def _check_launcher(qualname: str, launch: Callable, args: tuple, fixed: dict) -
 _PREFIX = "_opdecl_"  # the generated entry's own names (no argument may start with it)
 
 
+def _entry_parameters(args: tuple) -> list:
+    """The entry's parameter names, in order: each argument without a source, and each source's
+    root where it is first named."""
+    params: list = []
+    for a in args:
+        name = a.name if a.source is None else a.source.split(".")[0]
+        if name not in params:
+            params.append(name)
+    return params
+
+
 def _generate(qualname: str, launch: Callable, args: tuple, fixed: dict) -> tuple[Callable, Callable, dict]:
     """``(kernel, entry, namespace)``, generated from the declaration as plain functions of the declared
     parameters, so that a call binds its arguments as a hand-written function would (a ``**``
     dict on either side of a call costs microseconds; none is built): ``kernel`` calls the
     launcher (the op's implementation, which the dispatcher calls with every argument), ``entry``
-    calls the op while ``torch.compile`` traces (every argument, positionally), else the launcher
-    as ``kernel`` does. The op, made from ``kernel``, goes into ``namespace`` after."""
+    (the parameters of :func:`_entry_parameters`, each argument read from its source) calls the op
+    while ``torch.compile`` traces (every argument, positionally), else the launcher as ``kernel``
+    does. The op, made from ``kernel``, goes into ``namespace`` after."""
     namespace = {f"{_PREFIX}op": None, f"{_PREFIX}launch": launch,
                  f"{_PREFIX}is_compiling": torch.compiler.is_compiling}
     params = []
-    for a in args:
-        if a.default is REQUIRED:
-            params.append(a.name)
+    for name in _entry_parameters(args):
+        default = next((a.default for a in args if a.name == name and a.source is None), REQUIRED)
+        if default is REQUIRED:
+            params.append(name)
         else:
-            namespace[f"{_PREFIX}default_{a.name}"] = a.default
-            params.append(f"{a.name}={_PREFIX}default_{a.name}")
-    values = {a.name: a.name for a in args}
-    for name, value in fixed.items():
-        namespace[f"{_PREFIX}fixed_{name}"] = value
-        values[name] = f"{_PREFIX}fixed_{name}"
-    # the launcher's leading parameters positionally, in its order, as far as each is declared or
-    # fixed (binding a keyword costs a search of the parameter names); the rest by keyword
-    launch_args = []
-    for p in inspect.signature(launch).parameters.values():
-        if p.kind is not p.POSITIONAL_OR_KEYWORD or p.name not in values:
-            break
-        launch_args.append(values.pop(p.name))
-    launch_args += [f"{name}={value}" for name, value in values.items()]
+            namespace[f"{_PREFIX}default_{name}"] = default
+            params.append(f"{name}={_PREFIX}default_{name}")
+
+    def launcher_call(values: dict) -> str:
+        # the launcher's leading parameters positionally, in its order, as far as each is declared
+        # or fixed (binding a keyword costs a search of the parameter names); the rest by keyword
+        values = dict(values)
+        for name, value in fixed.items():
+            namespace[f"{_PREFIX}fixed_{name}"] = value
+            values[name] = f"{_PREFIX}fixed_{name}"
+        launch_args = []
+        for p in inspect.signature(launch).parameters.values():
+            if p.kind is not p.POSITIONAL_OR_KEYWORD or p.name not in values:
+                break
+            launch_args.append(values.pop(p.name))
+        launch_args += [f"{name}={value}" for name, value in values.items()]
+        return f"{_PREFIX}launch({', '.join(launch_args)})"
+
+    sourced = {a.name: a.source or a.name for a in args}
     name = qualname.split("::")[1]
-    call = f"{_PREFIX}launch({', '.join(launch_args)})"
     source = (
         f"def {name}_kernel({', '.join(a.name for a in args)}):\n"
-        f"    return {call}\n"
+        f"    return {launcher_call({a.name: a.name for a in args})}\n"
         f"def {name}({', '.join(params)}):\n"
         f"    if {_PREFIX}is_compiling():\n"
-        f"        return {_PREFIX}op({', '.join(a.name for a in args)})\n"
-        f"    return {call}\n"
+        f"        return {_PREFIX}op({', '.join(sourced.values())})\n"
+        f"    return {launcher_call(sourced)}\n"
     )
     filename = f"<kvattn op {qualname}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # (tracebacks show it)
@@ -167,6 +195,21 @@ def declare_op(qualname: str, launch: Callable, *args: Arg, fixed: Optional[dict
             raise TypeError(f"{qualname}: argument name {a.name!r} is not a plain identifier")
     if len(set(names) | set(fixed)) != len(names) + len(fixed):
         raise TypeError(f"{qualname}: an argument is declared twice: {names}, fixed {sorted(fixed)}")
+    roots = set()
+    for a in args:
+        if a.source is None:
+            continue
+        parts = a.source.split(".")
+        if len(parts) != 2 or not all(p.isidentifier() for p in parts) or parts[0].startswith(_PREFIX):
+            raise TypeError(f"{qualname}: argument {a.name!r}: expected a source 'parameter.attribute', "
+                            f"got {a.source!r}")
+        if a.default is not REQUIRED:
+            raise TypeError(f"{qualname}: argument {a.name!r} has a source ({a.source!r}) and a default; "
+                            "expected one of the two")
+        roots.add(parts[0])
+    clash = roots & {a.name for a in args if a.source is None}
+    if clash:
+        raise TypeError(f"{qualname}: {sorted(clash)[0]!r} is both a source's parameter and an argument")
     given = [a.default is not REQUIRED for a in args]
     if given != sorted(given):
         raise TypeError(f"{qualname}: an argument without a default follows one with a default: {names}")

@@ -162,7 +162,7 @@ def ops_case(device, *, lens, hq, page, tensor_scales=False, ws_bytes=1 << 20, m
     max_len = max(max(lens), 1) if max_seq_len is None else max_seq_len
     out = poison_(torch.empty(len(lens), hq, V_DIM, dtype=torch.float16, device=device))
     ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
-    mla_op.mla_decode(q, kv, lens_arg, out, ws, max_seq_len=max_len, logit_scale=to_scale(bmm1),
+    mla_op.mla_decode(q, kv, lens_arg, out=out, workspace=ws, max_seq_len=max_len, logit_scale=to_scale(bmm1),
                               out_scale=to_scale(bmm2))
     ref_out = torch.empty_like(out)
     reference.mla_decode(q, kv, seq_lens, ref_out, logit_scale=to_scale(bmm1), out_scale=to_scale(bmm2))
@@ -422,7 +422,7 @@ def test_mla_op_traces_under_compile_with_float16(kernel_device):
 
     def step(q, pages, tables, lens):
         out = torch.empty(2, 16, V_DIM, dtype=torch.float16, device=q.device)
-        mla_op.mla_decode(q, PagedKV(pages, pages, tables, tables, DIM, V_DIM), lens, out, ws,
+        mla_op.mla_decode(q, PagedKV(pages, pages, tables, tables, DIM, V_DIM), lens, out=out, workspace=ws,
                                   max_seq_len=32, logit_scale=Scale(BMM1), out_scale=Scale(1.0))
         return out * 2
 

@@ -70,7 +70,7 @@ def ops_mtp_case(device, *, lens, q_len, hq, page, ws_bytes=1 << 20, seed=0):
     out = poison_(torch.empty(len(lens), q_len * hq, V_DIM, dtype=torch.float16, device=device))
     lse = torch.full((len(lens), q_len * hq), float("nan"), device=device)
     ws = torch.zeros(ws_bytes, dtype=torch.uint8, device=device)
-    mla_op.mla_decode(q, kv, seq_lens, out, ws, max_seq_len=max(max(lens), 1), logit_scale=scale_q,
+    mla_op.mla_decode(q, kv, seq_lens, out=out, workspace=ws, max_seq_len=max(max(lens), 1), logit_scale=scale_q,
                       out_scale=scale_o, lse=lse, q_len=q_len)
     ref_out = torch.empty_like(out)
     reference.mla_decode(q, kv, seq_lens, ref_out, logit_scale=scale_q, out_scale=scale_o, q_len=q_len)

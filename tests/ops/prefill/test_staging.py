@@ -67,8 +67,9 @@ def test_staged_pages_are_the_dequantised_tokens(fmt, layout, page, window, qdt,
     for t in (staged.k, staged.v):
         if t is not None:
             t.fill_(float("nan"))
-    staging.launch(staged, q, kv.k, kv.v, kv.k_sf, kv.v_sf, k_table, v_table, case.seq_lens, cum,
-                   window_left=window, interpreter=DEVICE.type == "cpu")
+    run, call = staging.launch(staged, q, kv.k, kv.v, kv.k_sf, kv.v_sf, k_table, v_table, case.seq_lens, cum,
+                               window_left=window, interpreter=DEVICE.type == "cpu")
+    run(call)
     k_table, v_table = k_table.cpu(), v_table.cpu()
     staged = staged._replace(**{f: getattr(staged, f).cpu() for f in ("k", "v", "table")
                                 if getattr(staged, f) is not None})
@@ -178,7 +179,8 @@ def _facts(q, kv, workspace, *, nvfp4_out=False):
         device=torch.device("cuda", 0), interpreter=False, q_shape=q.shape, q_stride=q.stride(), q_dtype=q.dtype,
         k_shape=k.shape, k_stride=k.stride(), v_shape=v.shape, v_stride=v.stride(), kv_dtype=k.dtype,
         v_dtype=v.dtype, k_aligned16=k.data_ptr() % 16 == 0, v_aligned16=v.data_ptr() % 16 == 0,
-        kv_aligned4=words_aligned(k, v, None, None), ksf_stride=None, vsf_stride=None, kt_shape=kv.k_table.shape,
+        kv_aligned4=words_aligned(k, v, None, None), q_copyable=prefill_launch.q_copies_whole(q), ksf_stride=None,
+        vsf_stride=None, kt_shape=kv.k_table.shape,
         kt_stride=kv.k_table.stride(), vt_stride=kv.v_table.stride(), same_table=kv.k_table is kv.v_table,
         batch=kv.k_table.shape[0], has_sinks=False, has_logit=False, has_out_scale=False, q_sign=1,
         out_stride=q.stride(), out_dtype=q.dtype, sf_cols=4 if nvfp4_out else None, sf_start=0, lse_stride=None,

@@ -487,8 +487,7 @@ def launch_decode(
     k_table=None,  # page tables [B, pages_per_seq] (paged)
     v_table=None,
     seq_lens=None,  # [B] or [B, 1] (paged)
-    fixed_len: int = 0,  # the one request's length (not paged; paged: set here to the tables' capacity)
-    max_seq_len: int,
+    max_seq_len: int = 0,  # paged: the host bound of seq_lens; not paged: k's length, read here
     q_len: int = 1,
     mask=None,
     sinks=None,
@@ -499,7 +498,9 @@ def launch_decode(
     lse=None,  # [rows, Hq] or [Hq]
     window_left: int = -1,
     workspace=None,  # None: the split partials are allocated
-    rope=None,  # (rope_scale, rope_theta)
+    rope: bool = False,  # RoPE (LLaMA) of q and k, with rope_scale, rope_theta
+    rope_scale: float = 1.0,
+    rope_theta: float = 1e4,
     alibi: bool = False,
     soft_cap: float = 0.0,
     use_tensor_cores: bool | None = None,
@@ -530,8 +531,9 @@ def launch_decode(
             # Paged, the kernel reads fixed_len as the tables' capacity in tokens and clamps every
             # length to it (lab/notes/robustness.md "Device-side clamps").
             fixed_len = min(k_table.shape[-1], v_table.shape[-1]) * k.shape[1]
-        else:  # no page tables; the lengths are fixed_len
+        else:  # no page tables: one request, every key of k (its fixed_len)
             k_table = v_table = seq_lens = kv_start = None
+            fixed_len = max_seq_len = k.shape[0]
             same_table = True
         optional = (k_sf, v_sf, k_table, v_table, seq_lens, mask, sinks, logit_tensor, out_tensor, lse, kv_start)
         # Every host fact the plan reads, each in a local of its DecodeFacts field's name.
@@ -549,7 +551,9 @@ def launch_decode(
         lse_stride = lse.stride() if lse is not None else None
         ws_numel = workspace.numel() if workspace is not None else None
         has_window = window_left >= 0
-        has_rope = rope is not None
+        has_rope = rope
+        if not rope:  # (unread: every call without RoPE launches with the same values)
+            rope_scale, rope_theta = 1.0, 1e4
         has_soft_cap = soft_cap > 0
         kv_aligned4 = words_aligned(k, v, k_sf, v_sf)
         fused_merge = _env.fused_merge()
@@ -567,7 +571,6 @@ def launch_decode(
         split, combine, numel_o, numel_lse, merged = plan.launches(span)
         part_o, part_lse = split_partials(combine is not None or merged, workspace, numel_o, numel_lse, out)
         counters = launch_counters(workspace, device, plan.items) if merged else out
-        rope_scale, rope_theta = rope if rope is not None else (1.0, 1e4)
         call = fast_launch.call_args(  # in plan.layout's order: _ALWAYS, the given _OPTIONAL, _INTS, _FLOATS
             (query, k, v, out, part_o, part_lse, counters, *compress(optional, present)),
             (fixed_len, window_left), (logit_factor, out_factor, soft_cap, rope_theta, rope_scale), device_index,

@@ -9,8 +9,9 @@ them (``r' < Q - q_b``) are computed and dropped. A ragged mask row (bits over t
 ``q_b`` drafts) becomes a padded row whose first ``Q - q_b`` draft columns, which are older keys of
 the request, are visible and whose bits follow, shifted by ``Q - q_b``.
 
-The kernels' path (:func:`run_padded`) is two small launches around the padded decode, one
-program a (padded slot, block of heads): :func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
+The kernels' path (:func:`padded_rows`, then ``PACK``, the padded decode, ``UNPACK``) is two small
+launches around the padded decode, one program a (padded slot, block of heads):
+:func:`.kernels_ragged.ragged_pack_kernel` fills the padded query (and mask) rows,
 :func:`.kernels_ragged.ragged_unpack_kernel` writes the packed output (and LSE) rows back; every index comes from
 the offsets on the device, of sizes fixed by the host-known ``B``, ``Q`` and ``total_q``, so a call
 can be captured in a CUDA graph and replayed with new offsets. :func:`row_maps` and
@@ -214,13 +215,16 @@ UNPACK = declare_op(
 )
 
 
-def run_padded(batch_decode, query, q_cu, mask, out, lse, *, q_len: int, window_left: int, **launch) -> None:
-    """Ragged rows through the padded decode (``batch_decode``: :func:`kvattn.ops.decode.op.batch_decode`):
-    pack (one launch), the decode, unpack (one launch). The padded temporaries are allocated here."""
+def padded_rows(query, q_cu, mask, out, lse, q_len: int, window_left: int) -> tuple | None:
+    """The padded decode's rows of a ragged call, allocated: ``(q_pad, mask_pad, out_pad, lse_pad)``
+    (``mask_pad`` None without a mask or a window, ``lse_pad`` None without ``lse``), or None for a
+    call with no row or no request (nothing to launch). The public modules then launch in turn
+    ``PACK`` (the packed rows into ``q_pad``, ``mask_pad``), the padded decode and ``UNPACK`` (its
+    rows back into ``out``, ``lse``), each op a call from the public module."""
     rows, heads, dim = query.shape
     batch = q_cu.shape[0] - 1
     if rows == 0 or batch == 0:
-        return
+        return None
     slots = batch * q_len
     device = query.device
     q_pad = torch.empty((slots, heads, dim), dtype=query.dtype, device=device)
@@ -229,8 +233,6 @@ def run_padded(batch_decode, query, q_cu, mask, out, lse, *, q_len: int, window_
     mask_pad = None
     if mask is not None or window_left >= 0:
         mask_pad = torch.empty((batch, q_len, 2 * ((q_len + 31) // 32)), dtype=torch.uint16, device=device)
-    PACK.entry(query, q_cu, mask, q_pad, mask_pad, q_len, window_left)
     out_pad = torch.empty((slots, heads, out.shape[2]), dtype=out.dtype, device=device)
     lse_pad = torch.empty((slots, heads), dtype=torch.float32, device=device) if lse is not None else None
-    batch_decode(q_pad, out=out_pad, lse=lse_pad, mask=mask_pad, q_len=q_len, window_left=window_left, **launch)
-    UNPACK.entry(out_pad, lse_pad, q_cu, out, lse, q_len)
+    return q_pad, mask_pad, out_pad, lse_pad

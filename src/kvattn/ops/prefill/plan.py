@@ -376,8 +376,9 @@ def launch_context(
         if route.gluon:
             if route.staging is not None:
                 staged = staging.views(workspace, route.staging)
-                staging.launch(staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q,
-                               window_left=window_left, interpreter=interpreter)
+                stage, stage_call = staging.launch(staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens,
+                                                   cum_seq_lens_q, window_left=window_left, interpreter=interpreter)
+                stage(stage_call)
                 if staged.k is not None:
                     k, k_table = staged.k, staged.table
                 v, v_table = staged.v, staged.table

@@ -268,8 +268,10 @@ _PLANS: dict[StageFacts, fast_launch.Launch] = {}
 
 
 def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, cum_seq_lens_q, *,
-           window_left: int, interpreter: bool) -> None:
-    """Stage the pages a call reads into ``staged`` (:func:`plan`), with the query's GPU current."""
+           window_left: int, interpreter: bool) -> tuple[fast_launch.Launch, fast_launch.CallArgs]:
+    """The launch that stages the pages a call reads into ``staged`` (:func:`plan`), and the call's
+    values for it: ``run(call)`` launches it, with the query's GPU current (the caller launches,
+    so that the staging pass is as few calls from the public function as the attention it feeds)."""
     # Every host fact the launch reads, each in a local of its StageFacts field's name.
     table_shape, dst_shape, dst_stride = staged.table.shape, staged.v.shape, staged.v.stride()
     stage_k = staged.k is not None
@@ -282,11 +284,11 @@ def launch(staged: Staged, query, k, v, k_sf, v_sf, k_table, v_table, seq_lens, 
                               ksf_stride, vsf_stride, kt_stride, vt_stride, capacity, window_left, head_dim,
                               words_ok))
     run = cached_plan(_PLANS, facts, _stage_launch, False)
-    run(fast_launch.call_args(  # in _LAYOUT's order (absent scales: the pages stand in, never read)
+    return run, fast_launch.call_args(  # in _LAYOUT's order (absent scales: the pages stand in, never read)
         (k, v, k_sf if k_sf is not None else k, v_sf if v_sf is not None else v, k_table, v_table, seq_lens,
          cum_seq_lens_q, staged.k if stage_k else staged.v, staged.v, staged.table),
         (), (), query.get_device(),
-    ))
+    )
 
 
 __all__ = ["Geometry", "Staged", "geometry", "launch", "pays", "plan", "staged_bytes", "stages", "usable_bytes",
