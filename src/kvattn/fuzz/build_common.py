@@ -102,20 +102,43 @@ def _pages(spec, device, kv_format, *, num_kv_heads, head_dim, layout="NHD", for
            dtype=torch.float16):
     lens, page = spec["lens"], spec["page"]
     need = [(n + page - 1) // page for n in lens]
-    width = max(max(need + [0]) + spec["extra_pages"], 1)
+    most = (_longest(spec) + page - 1) // page
+    width = max(most + spec["extra_pages"], 1)
+    spare = 1 + spec["extra_pages"]
+    if spec.get("max_len") is not None:
+        # A pool of one size for the whole class, whatever the lengths: its page count is a
+        # kernel argument (and a plan fact), so it must not follow the lengths.
+        spare += (len(lens) * most - sum(need)) * (2 if split_tables else 1)
     return make_paged_kv(lens, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page, dtype=dtype,
                          kv_format=kv_format, layout=layout, form=form, device=device, seed=spec["seed"],
-                         pages_per_seq=width, split_tables=split_tables, extra_pages=1 + spec["extra_pages"],
-                         tokens=False)
+                         pages_per_seq=width, split_tables=split_tables, extra_pages=spare, tokens=False)
 
 
 def _seq_lens(lens: torch.Tensor, name: str) -> torch.Tensor:
     return lens.to(torch.uint32) if name == "uint32" else lens.to(torch.int32)
 
 
+def _longest(spec) -> int:
+    """The class's bound on the lengths (``max_len``), or the longest length in a spec without one."""
+    bound = spec.get("max_len")
+    return max(spec["lens"] + [0]) if bound is None else bound
+
+
 def _host_bound(spec) -> int:
     """A host bound at or above every length, inside the table's capacity."""
-    return max(spec["lens"] + [0]) + spec["extra_pages"] * spec["page"] // 2
+    return _longest(spec) + spec["extra_pages"] * spec["page"] // 2
+
+
+def own(t):
+    """A copy of ``t`` (a request's slice of a batch's tensor) in storage of its own, with the
+    same strides: its base 16-byte aligned whichever request it is. Triton specialises a kernel
+    on each pointer's 16-byte alignment, so slices at other offsets would compile other kernels
+    from one call to the next (docs/fuzzing.md, "Classes and mutation")."""
+    if t is None:
+        return None
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    copy.copy_(t)
+    return copy
 
 
 def _new_lengths(rng, lens: list, minimum: list) -> list:

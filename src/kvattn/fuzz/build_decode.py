@@ -13,7 +13,7 @@ from ..testing import randn, seeded
 from .call import Call
 from .build_common import (
     DTYPES, _scale, _num, widen, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _cu, _spec_mask,
-    _decode_exact, _kind, _call, _workspace,
+    _decode_exact, _kind, _call, _workspace, own,
 )
 
 
@@ -65,7 +65,8 @@ def _batch_decode(spec, device) -> Call:
             r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
             sub_mask = None if mask is None else mask[r]
             sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
-        sub.update(query=query[r], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
+        sub.update(query=own(query[r]), block_tables=own(tables[b:b + 1]), seq_lens=own(seq_lens[b:b + 1]),
+                   mask=own(sub_mask),
                    out=None if out is None else torch.empty_like(out[r]),
                    lse=None if lse is None else torch.empty_like(lse[r]))
         one = None if drafts is None else [drafts[b]]
@@ -163,7 +164,7 @@ def _xqa(spec, device) -> Call:
             r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
             sub_mask = None if mask is None else mask[r]
             sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
-        sub.update(q=q[r], page_table=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
+        sub.update(q=own(q[r]), page_table=own(tables[b:b + 1]), seq_lens=own(seq_lens[b:b + 1]), mask=own(sub_mask),
                    output=torch.empty_like(output[r]), lse=None if lse is None else torch.empty_like(lse[r]))
         one = None if drafts is None else [drafts[b]]
         return _call(spec, sub, lambda: exact(sub, one), _kind(out_dtype), [sub["output"], sub["lse"]], stored)

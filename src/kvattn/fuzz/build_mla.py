@@ -9,7 +9,7 @@ from ..testing import randn, seeded
 from .call import Call
 from .build_common import (
     DTYPES, _scale, widen, pad_batch, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _call,
-    _workspace,
+    _workspace, own,
 )
 
 
@@ -63,7 +63,7 @@ def _mla(spec, device) -> Call:
 
     def request(b):
         sub = dict(kw)
-        sub.update(query=query[b:b + 1], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1],
+        sub.update(query=own(query[b:b + 1]), block_tables=own(tables[b:b + 1]), seq_lens=own(seq_lens[b:b + 1]),
                    out=None if out is None else torch.empty_like(out[b:b + 1]),
                    lse=None if lse is None else torch.empty_like(lse[b:b + 1]))
         return _call(spec, sub, lambda: exact(sub), "half", [sub["out"], sub["lse"]])
