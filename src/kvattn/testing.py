@@ -116,13 +116,17 @@ def make_paged_kv(
             pos += need[b]
     tables = tables.to(torch.int32)
 
-    # Dense float32 values in NHD page order [P, planes, page, H, D]; NaN where unused.
-    vals = randn(total, planes, page_size, num_kv_heads, head_dim, generator=g, scale=scale)
+    # Dense float32 values in NHD page order [P, planes, page, H, D]; NaN where unused. Drawn on
+    # the CPU (the same values on every device), quantised and filled on ``device``: the pool of a
+    # large batch of short requests in large pages is mostly unused slots, and their quantisation
+    # on the CPU took seconds a call.
+    vals = randn(total, planes, page_size, num_kv_heads, head_dim, device=device, generator=g, scale=scale)
     used = torch.zeros(total, planes, page_size, dtype=torch.bool)
     for b in range(batch):
         for which, plane in ((0, 0), (num_tables - 1, planes - 1)):  # K's and V's (table, plane)
             t = torch.arange(lens[b])
             used[tables[b, which].to(torch.int64)[t // page_size], plane, t % page_size] = True
+    used = used.to(device)
     fmt = BY_NAME[kv_format]
     data, sf = fmt.quantize(vals)
     vals = fmt.dequantize(data, sf) if tokens else None

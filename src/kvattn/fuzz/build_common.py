@@ -1,7 +1,7 @@
 """What the call builders share: drawn scales, padded / widened / spread views of a tensor, paged
-caches and lengths from a spec, the float64 formulation on the CPU, lengths and tables rewritten
-in place (CUDA-graph mode), the drafts' offsets and masks, the :class:`~kvattn.fuzz.call.Call`
-and the shared workspace."""
+caches and lengths from a spec, the float64 formulation (on the call's GPU where it has one),
+lengths and tables rewritten in place (CUDA-graph mode), the drafts' offsets and masks, the
+:class:`~kvattn.fuzz.call.Call` and the shared workspace."""
 
 from __future__ import annotations
 
@@ -119,9 +119,10 @@ def _seq_lens(lens: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _longest(spec) -> int:
-    """The class's bound on the lengths (``max_len``), or the longest length in a spec without one."""
+    """The class's bound on the lengths (``max_len``; a spec edited by hand may exceed it), or the
+    longest length in a spec without one."""
     bound = spec.get("max_len")
-    return max(spec["lens"] + [0]) if bound is None else bound
+    return max(spec["lens"] + [0 if bound is None else bound])
 
 
 def _host_bound(spec) -> int:
@@ -189,8 +190,41 @@ def _decode_exact(query, drafts, nq, mask, block_tables, seq_lens, **common):
     """Float64 ``(out [rows, Hq, D], lse [rows, Hq])`` of batch decode by :func:`kvattn.dense.batch_decode`
     (ragged drafts: ``drafts`` a list, passed as the offsets ``q_cu_seq_lens``)."""
     cu = None if drafts is None else torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return dense.on_cpu(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
+    return float64(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
                   q_len_per_req=nq, mask=mask, q_cu_seq_lens=cu, return_lse=True, **common)
+
+
+def _tensors_to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_tensors_to(y, device) for y in x)
+    return x
+
+
+def _device_of(kwargs: dict):
+    for x in kwargs.values():
+        for t in x if isinstance(x, (tuple, list)) else (x,):
+            if isinstance(t, torch.Tensor):
+                return t.device
+    return None
+
+
+def float64(fn, **kwargs):
+    """``fn`` (a :mod:`kvattn.dense` formulation, float64) on the call's tensors, its results on the
+    CPU. On a GPU it runs there, every tensor argument moved to the call's device and the tensors
+    it makes on it (cuBLAS's float64 products are IEEE double arithmetic, as the CPU's): on the
+    host, a large batch's oracle took most of a warm call's time, with a dozen workers sharing the
+    cores. One too large for the GPU's free memory runs on the CPU."""
+    device = _device_of(kwargs)
+    if device is None or device.type != "cuda":
+        return dense.on_cpu(fn, **kwargs)
+    try:
+        with torch.device(device):
+            return dense._to_cpu(fn(**{k: _tensors_to(v, device) for k, v in kwargs.items()}))
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return dense.on_cpu(fn, **kwargs)
 
 
 def _kind(dtype) -> str:

@@ -9,7 +9,7 @@ from ..testing import randn, seeded
 from .call import Call
 from .build_common import (
     DTYPES, _scale, widen, pad_batch, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _call,
-    _workspace, own,
+    _workspace, own, float64,
 )
 
 
@@ -45,7 +45,7 @@ def _mla(spec, device) -> Call:
 
     def exact(kw=kw):
         if nq == 1:
-            return dense.on_cpu(dense.mla, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=kw["block_tables"],
+            return float64(dense.mla, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=kw["block_tables"],
                           seq_lens=kw["seq_lens"], bmm1_scale=kw["bmm1_scale"], bmm2_scale=kw["bmm2_scale"],
                           return_lse=True)
         # Multi-token prediction: token r sits at L - Q + r and sees keys 0 .. L - Q + r, the
@@ -54,7 +54,7 @@ def _mla(spec, device) -> Call:
         outs, lses = [], []
         for r in range(nq):
             seen = torch.where(lens > 0, (lens - nq + 1 + r).clamp_min(0), lens).to(torch.int32)
-            o, l_ = dense.on_cpu(dense.mla, query=kw["query"][:, r:r + 1], kv_cache=kw["kv_cache"],
+            o, l_ = float64(dense.mla, query=kw["query"][:, r:r + 1], kv_cache=kw["kv_cache"],
                            block_tables=kw["block_tables"], seq_lens=seen, bmm1_scale=kw["bmm1_scale"],
                            bmm2_scale=kw["bmm2_scale"], return_lse=True)
             outs.append(o)

@@ -10,6 +10,7 @@ from ..testing import randn, seeded
 from .call import Call
 from .build_common import (
     DTYPES, _scale, widen, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _kind, _call, _workspace, own,
+    float64,
 )
 
 
@@ -83,7 +84,7 @@ def _prefill(spec, device) -> Call:
             tables_, seq_ = tables_.cpu()[owner], seq_.cpu().to(torch.int64)[owner]
             cum_ = torch.arange(owner.numel() + 1, dtype=torch.int32)
         blocks = kw["kv_cache_sf"] if kw["kv_cache_sf"] is not None else kw["kv_block_scales"]
-        return dense.on_cpu(dense.context, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=tables_,
+        return float64(dense.context, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=tables_,
                       seq_lens=seq_, cum_seq_lens_q=cum_, bmm1_scale=kw["bmm1_scale"],
                       bmm2_scale=kw["bmm2_scale"], window_left=kw["window_left"], sinks=kw["sinks"],
                       kv_layout=kw["kv_layout"], kv_block_scales=blocks,
