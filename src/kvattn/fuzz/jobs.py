@@ -18,7 +18,7 @@ import traceback
 
 import torch
 
-from .runner import Report, Ticker, default_fresh, fuzz
+from .runner import _NO_COMPILES, Report, Ticker, default_fresh, fuzz
 
 # A worker stops drawing at the budget's end and shrinks for at most a tenth of it past the end;
 # the parent allows this much more (spawn, import, CUDA initialisation) before ending it.
@@ -71,9 +71,9 @@ def merge(reports: list, device: str, seed: int, modes: tuple, only: tuple, fres
         for function, busy in doc["busy"].items():
             merged.busy[function] = merged.busy.get(function, 0.0) + busy
         for function, cold in doc["compiles"].items():
-            into = merged.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            into = merged.compiles.setdefault(function, dict(_NO_COMPILES))
             for k in into:
-                into[k] += cold[k]
+                into[k] += cold.get(k, 0)
         for function, kinds in doc["classes"].items():
             into = merged.classes.setdefault(function, {"classes": 0, "fresh": 0, "mutated": 0})
             for k in into:

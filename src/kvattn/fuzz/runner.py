@@ -28,6 +28,9 @@ def default_fresh(device: torch.device) -> float:
     return FRESH_CUDA if torch.device(device).type == "cuda" else FRESH_CPU
 
 
+_NO_COMPILES = {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0, "from_disk_cache": 0}
+
+
 @dataclass
 class Report:
     device: str
@@ -45,7 +48,8 @@ class Report:
     jobs: int = 1
     busy: dict = field(default_factory=dict)  # function -> seconds its calls took (shrinking not counted)
     # function -> {"kernels": compiled or loaded by its calls, "cold_calls": calls that compiled one,
-    # "warm_seconds": seconds its other calls took}
+    # "warm_seconds": seconds its other calls took, "from_disk_cache": kernels of "kernels" that
+    # Triton loaded from its disk cache (another worker's or an earlier run's compile)}
     compiles: dict = field(default_factory=dict)
     classes: dict = field(default_factory=dict)  # function -> {"classes", "fresh", "mutated"} (summed over jobs)
     workers: list = field(default_factory=list)  # --jobs: one summary a worker
@@ -58,21 +62,24 @@ class Report:
         for function, per_mode in self.counts.items():
             n = sum(c["calls"] for c in per_mode.values())
             busy = self.busy.get(function, 0.0)
-            cold = self.compiles.get(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            cold = self.compiles.get(function, _NO_COMPILES)
             warm = n - cold["cold_calls"]
             per[function] = {"calls": n, "seconds": round(busy, 2), "calls_per_second": round(n / wall, 2),
                              "ms_per_call": round(1000 * busy / n, 1) if n else None,
                              "kernels_compiled": cold["kernels"], "cold_calls": cold["cold_calls"],
+                             "kernels_from_disk_cache": cold.get("from_disk_cache", 0),
                              "warm_ms_per_call": round(1000 * cold["warm_seconds"] / warm, 1) if warm else None}
         return {"calls_per_second": round(self.calls / wall, 2), "per_function": per}
 
-    def add_call(self, function: str, mode: str, seconds: float, kernels: int) -> dict:
-        """Count one call that took ``seconds`` and compiled ``kernels``; its count cell."""
+    def add_call(self, function: str, mode: str, seconds: float, kernels: int, from_disk: int = 0) -> dict:
+        """Count one call that took ``seconds`` and compiled ``kernels`` (``from_disk`` of them
+        loaded from Triton's disk cache); its count cell."""
         self.busy[function] = self.busy.get(function, 0.0) + seconds
-        cold = self.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+        cold = self.compiles.setdefault(function, dict(_NO_COMPILES))
         if kernels:
             cold["kernels"] += kernels
             cold["cold_calls"] += 1
+            cold["from_disk_cache"] += from_disk
         else:
             cold["warm_seconds"] += seconds
         cell = self.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
@@ -222,11 +229,12 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
             function, mode = use[report.calls % len(use)]
             spec = corpus.next(function, rng)
             mode_seed = rng.randrange(2**31)
-            started, kernels = time.perf_counter(), compiled.count
+            started, kernels, from_disk = time.perf_counter(), compiled.count, compiled.from_disk
             outcome = run_spec(spec, mode, device, mode_seed)
-            cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels)
+            cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels,
+                                   compiled.from_disk - from_disk)
             if compile_log is not None and compiled.count > kernels:
-                _log_compiles(compile_log, function, mode, spec, compiled.reprs[kernels:])
+                _log_compiles(compile_log, function, mode, spec, compiled.kernels[kernels:])
             if outcome["result"] != "ok":
                 key = "mismatches" if outcome["result"] == "mismatch" else "errors"
                 cell[key] += 1
@@ -255,11 +263,14 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     return report
 
 
-def _log_compiles(path: str, function: str, mode: str, spec: dict, reprs: list) -> None:
+def _log_compiles(path: str, function: str, mode: str, spec: dict, kernels: list) -> None:
     """One JSON line a cold call (``KVATTN_FUZZ_COMPILE_LOG``): its class, spec and the kernel
-    specialisations it compiled, to find the runtime fields that still pick kernels."""
+    specialisations it compiled, to find the runtime fields that still pick kernels: ``compiled``
+    each one's Triton ``repr``, ``kernels`` each one's :func:`~kvattn.fuzz.compiles.describe`
+    record (its constexprs by name, the arguments' specialisation attributes, whether it came
+    from the disk cache)."""
     line = json.dumps({"pid": os.getpid(), "function": function, "mode": mode, "class": class_key(spec),
-                       "spec": spec, "compiled": reprs}, default=str)
+                       "spec": spec, "compiled": [k["repr"] for k in kernels], "kernels": kernels}, default=str)
     with open(path, "a") as f:
         f.write(line + "\n")
 
@@ -280,8 +291,9 @@ def print_report(report: Report, out=None) -> None:
         kinds = report.classes.get(function)
         rate = timing["per_function"][function]
         extra = (f"  [{rate['ms_per_call']} ms a call" + (f", {kinds['classes']} classes" if kinds else "")
-                 + (f", {rate['cold_calls']} calls compiled {rate['kernels_compiled']} kernels, the others "
-                    f"{rate['warm_ms_per_call']} ms a call" if rate["cold_calls"] else "") + "]")
+                 + (f", {rate['cold_calls']} calls compiled {rate['kernels_compiled']} kernels"
+                    + (f" ({rate['kernels_from_disk_cache']} from the disk cache)" if rate["kernels_from_disk_cache"] else "")
+                    + f", the others {rate['warm_ms_per_call']} ms a call" if rate["cold_calls"] else "") + "]")
         print(f"  {function:<14s} {cells}{extra}", file=out)
     for i, f in enumerate(report.failures):
         if "worker_error" in f:
