@@ -13,6 +13,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import shutil
+import tempfile
 import time
 import traceback
 
@@ -112,10 +114,13 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
     results = ctx.Queue()
     threads = worker_threads(jobs)
     procs = []
+    # Shared classes: the first worker to reach a class compiles it, the others put it off
+    # (kvattn.fuzz.claims) until Triton's disk cache has its kernels.
+    claims = tempfile.mkdtemp(prefix="kvattn-fuzz-claims-") if shared_classes else None
     for i in range(jobs):
         worker_kwargs = dict(kwargs, device=torch.device(device), calls=calls, seconds=seconds, seed=seed + i)
         if shared_classes:
-            worker_kwargs["class_seed"] = seed
+            worker_kwargs.update(class_seed=seed, claims=claims)
         p = ctx.Process(target=_worker, args=(i, target, worker_kwargs, threads, results),
                         name=f"kvattn-fuzz-{i}")
         p.start()
@@ -163,6 +168,8 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
                 p.kill()
                 p.join()
         ticker.done()
+        if claims is not None:
+            shutil.rmtree(claims, ignore_errors=True)
     first = next((r for r in reports if r is not None), None)
     fresh = first["fresh"] if first else (kwargs.get("fresh") if kwargs.get("fresh") is not None
                                           else default_fresh(device))

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runtime import env as _env
+from .claims import Claims, family
 from .compiles import CompileCounter
-from .corpus import FRESH_CPU, FRESH_CUDA, Corpus, class_key
+from .corpus import FRESH_CPU, FRESH_CUDA, Corpus, class_key, mutate
 from .draws import FUNCTIONS, Env, tile_sizes
 from .modes import MODES, applicable, run_spec
 from .shrink import shrink, snippet
@@ -162,7 +163,8 @@ def reference_outcome(spec: dict, mode_seed: int) -> dict:
 
 def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | None = None, seed: int = 0,
          only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET,
-         fresh: float | None = None, class_seed: int | None = None, progress=None) -> Report:
+         fresh: float | None = None, class_seed: int | None = None, progress=None,
+         claims: str | None = None) -> Report:
     """Run random legal calls until ``calls`` are done or ``seconds`` have passed.
 
     Parameters
@@ -191,6 +193,10 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         classes, each with its own runtime values); default: the classes come from ``seed``.
     progress : callable, optional
         Called with the report after every call (``--jobs``: a worker's counts to the parent).
+    claims : str, optional
+        A directory the ``--jobs --shared-classes`` workers share (:mod:`kvattn.fuzz.claims`): a
+        class another worker is compiling is put off, and a class this worker has warmed runs
+        instead.
 
     Returns
     -------
@@ -220,6 +226,8 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     t0 = time.perf_counter()
     check_reference = device.type == "cuda" or env.interpreter
     compile_log = os.environ.get("KVATTN_FUZZ_COMPILE_LOG") or None
+    claimed = Claims(claims) if claims is not None else None
+    deadline = None if seconds is None else t0 + seconds
     with CompileCounter().installed() as compiled:
         while True:
             if calls is not None and report.calls >= calls:
@@ -228,11 +236,17 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
                 break
             function, mode = use[report.calls % len(use)]
             spec = corpus.next(function, rng)
+            if claimed is not None:
+                spec = _unclaimed(spec, mode, corpus, claimed, rng, deadline)
+                if spec is None:  # the budget ran out waiting for another worker's compile
+                    break
             mode_seed = rng.randrange(2**31)
             started, kernels, from_disk = time.perf_counter(), compiled.count, compiled.from_disk
             outcome = run_spec(spec, mode, device, mode_seed)
             cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels,
                                    compiled.from_disk - from_disk)
+            if claimed is not None:
+                claimed.ran((class_key(spec), family(mode)))
             if compile_log is not None and compiled.count > kernels:
                 _log_compiles(compile_log, function, mode, spec, compiled.kernels[kernels:])
             if outcome["result"] != "ok":
@@ -261,6 +275,28 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     report.seconds = time.perf_counter() - t0
     ticker.done()
     return report
+
+
+CLAIM_POLL = 0.05  # seconds between looks at a class another worker is compiling
+
+
+def _unclaimed(spec: dict, mode: str, corpus: Corpus, claimed: Claims, rng: random.Random,
+               deadline: float | None) -> dict | None:
+    """``spec``, or where another worker is compiling its class, a new call of a class this
+    worker has warmed (same function and mode family); with none warmed, ``spec`` once its class
+    is done (None if ``deadline`` passes first)."""
+    fam = family(mode)
+    if claimed.ready((class_key(spec), fam)):
+        return spec
+    seen = corpus.classes.get(spec["function"], {})
+    warm = [parent for key, parent in seen.items() if (key, fam) in claimed.warm]
+    if warm:
+        return mutate(warm[rng.randrange(len(warm))], rng, corpus.env)
+    while not claimed.ready((class_key(spec), fam)):
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
+        time.sleep(CLAIM_POLL)
+    return spec
 
 
 def _log_compiles(path: str, function: str, mode: str, spec: dict, kernels: list) -> None:
