@@ -45,13 +45,13 @@ def test_a_claimed_class_is_put_off_for_a_warm_one(tmp_path):
     new = corpus.mutate(draws.draw("xqa", random.Random(99), GPU_ENV), rng, GPU_ENV)
     pool.classes["xqa"][corpus.class_key(new)] = new
     assert theirs.ready((corpus.class_key(new), "plain"))  # another worker compiles it
-    got = _unclaimed(new, "graph", pool, ours, rng, None)
+    got = _unclaimed(new, "graph", pool, ours, rng)
     assert corpus.class_key(got) == corpus.class_key(warm) and got != warm  # a new call of the warm class
-    # With no warm class of the function, the worker waits for the done mark (here: the deadline).
+    # With no warm class of the function in that mode family, the turn is put off.
     assert theirs.ready((corpus.class_key(new), "invariant"))
-    assert _unclaimed(new, "invariant", pool, ours, rng, time.perf_counter() + 0.2) is None
+    assert _unclaimed(new, "invariant", pool, ours, rng) is None
     theirs.ran((corpus.class_key(new), "invariant"))
-    assert _unclaimed(new, "invariant", pool, ours, rng, time.perf_counter() + 5) is new
+    assert _unclaimed(new, "invariant", pool, ours, rng) is new  # done: its kernels on the disk cache
 
 
 def test_workers_with_claims_run_every_call(tmp_path, reference_backend):
@@ -63,3 +63,17 @@ def test_workers_with_claims_run_every_call(tmp_path, reference_backend):
                       quiet=True, fresh=0.5, class_seed=3, claims=str(tmp_path))
         assert report.calls == 6 and not report.failed, report.failures
     assert not list(tmp_path.glob("*.claim")) or list(tmp_path.glob("*.done"))
+
+
+def test_a_turn_put_off_goes_to_the_next_function_and_its_own_fresh_class(tmp_path, reference_backend):
+    """At the start no class is warm: a worker that finds the first class of a function claimed
+    moves on, and its next fresh draw of that function (the second class) is its own to compile."""
+    torch.set_num_threads(1)
+    env = draws.Env()
+    first = corpus.Corpus(0.03, env, class_seed=3).next("single_decode", random.Random(0))
+    claims.Claims(str(tmp_path)).ready((corpus.class_key(first), "plain"))  # another worker's
+    report = fuzz(torch.device("cpu"), calls=4, seed=0, only=("single_decode", "mla"), modes=("plain",),
+                  quiet=True, fresh=0.03, class_seed=3, claims=str(tmp_path))
+    assert report.calls == 4 and not report.failed, report.failures
+    assert report.counts["single_decode"]["plain"]["calls"] >= 1 and report.counts["mla"]["plain"]["calls"] >= 1
+    assert report.classes["single_decode"]["classes"] >= 2  # the claimed one was put off for the next

@@ -65,6 +65,7 @@ def merge(reports: list, device: str, seed: int, modes: tuple, only: tuple, fres
         merged.calls += doc["calls"]
         merged.mismatches += doc["mismatches"]
         merged.errors += doc["errors"]
+        merged.put_off += doc.get("put_off", 0)
         for function, per_mode in doc["counts"].items():
             for mode, cell in per_mode.items():
                 into = merged.counts.setdefault(function, {}).setdefault(mode, dict.fromkeys(cell, 0))

@@ -54,6 +54,7 @@ class Report:
     compiles: dict = field(default_factory=dict)
     classes: dict = field(default_factory=dict)  # function -> {"classes", "fresh", "mutated"} (summed over jobs)
     workers: list = field(default_factory=list)  # --jobs: one summary a worker
+    put_off: int = 0  # turns put off while another worker compiled the class (--shared-classes)
 
     def timing(self) -> dict:
         """Calls a second over the run, and per function its calls, the seconds they took and
@@ -102,7 +103,7 @@ class Report:
                 "seconds": round(self.seconds, 2), "fresh": self.fresh, "class_seed": self.class_seed,
                 "jobs": self.jobs, "timing": self.timing(),
                 "classes": self.classes, "workers": self.workers, "counts": self.counts, "busy": self.busy,
-                "compiles": self.compiles, "failures": self.failures}
+                "compiles": self.compiles, "put_off": self.put_off, "failures": self.failures}
 
 
 class Ticker:
@@ -227,19 +228,26 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     check_reference = device.type == "cuda" or env.interpreter
     compile_log = os.environ.get("KVATTN_FUZZ_COMPILE_LOG") or None
     claimed = Claims(claims) if claims is not None else None
-    deadline = None if seconds is None else t0 + seconds
+    turn = put_off = 0  # (turn: the calls made, and the turns put off for another worker's compile)
     with CompileCounter().installed() as compiled:
         while True:
             if calls is not None and report.calls >= calls:
                 break
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
-            function, mode = use[report.calls % len(use)]
+            function, mode = use[turn % len(use)]
+            turn += 1
             spec = corpus.next(function, rng)
             if claimed is not None:
-                spec = _unclaimed(spec, mode, corpus, claimed, rng, deadline)
-                if spec is None:  # the budget ran out waiting for another worker's compile
-                    break
+                spec = _unclaimed(spec, mode, corpus, claimed, rng)
+                if spec is None:  # another worker compiles it, and no class of the function is warm here
+                    report.put_off += 1
+                    put_off += 1
+                    if put_off >= len(use):  # every turn waits on another worker
+                        time.sleep(CLAIM_POLL)
+                        put_off = 0
+                    continue
+                put_off = 0
             mode_seed = rng.randrange(2**31)
             started, kernels, from_disk = time.perf_counter(), compiled.count, compiled.from_disk
             outcome = run_spec(spec, mode, device, mode_seed)
@@ -280,11 +288,11 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
 CLAIM_POLL = 0.05  # seconds between looks at a class another worker is compiling
 
 
-def _unclaimed(spec: dict, mode: str, corpus: Corpus, claimed: Claims, rng: random.Random,
-               deadline: float | None) -> dict | None:
+def _unclaimed(spec: dict, mode: str, corpus: Corpus, claimed: Claims, rng: random.Random) -> dict | None:
     """``spec``, or where another worker is compiling its class, a new call of a class this
-    worker has warmed (same function and mode family); with none warmed, ``spec`` once its class
-    is done (None if ``deadline`` passes first)."""
+    worker has warmed (same function and mode family); None with none warmed: the turn goes to
+    the next function and mode (whose next fresh class this worker may compile meanwhile: at the
+    start the workers compile the first classes side by side)."""
     fam = family(mode)
     if claimed.ready((class_key(spec), fam)):
         return spec
@@ -292,11 +300,7 @@ def _unclaimed(spec: dict, mode: str, corpus: Corpus, claimed: Claims, rng: rand
     warm = [parent for key, parent in seen.items() if (key, fam) in claimed.warm]
     if warm:
         return mutate(warm[rng.randrange(len(warm))], rng, corpus.env)
-    while not claimed.ready((class_key(spec), fam)):
-        if deadline is not None and time.perf_counter() >= deadline:
-            return None
-        time.sleep(CLAIM_POLL)
-    return spec
+    return None
 
 
 def _log_compiles(path: str, function: str, mode: str, spec: dict, kernels: list) -> None:
