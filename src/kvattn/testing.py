@@ -76,6 +76,7 @@ def make_paged_kv(
     split_tables: bool = False,
     scale: float = 1.0,
     tokens: bool = True,
+    spare_pages: int = 0,
 ) -> PagedCase:
     """Build a random paged cache holding ``seq_lens[b]`` tokens for request ``b``.
 
@@ -93,6 +94,9 @@ def make_paged_kv(
     scale : standard deviation of the values
     tokens : also gather each request's values into ``k_tokens`` / ``v_tokens`` (False: empty
         lists, for callers with an oracle of their own, such as ``kvattn fuzz``)
+    spare_pages : pages after the pool's own that no table entry names, poisoned as unused slots
+        are (NaN; NVFP4: NaN block scales) and drawn from nothing: a pool of one size for calls
+        whose lengths differ (``kvattn fuzz``'s classes), at no cost in random values
     """
     kv_format = kv_format or {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
     if kv_format not in NAMES:
@@ -154,6 +158,8 @@ def make_paged_kv(
             x = x.transpose(2, 3).contiguous()
         return x.to(device)
 
+    if spare_pages:
+        data, sf = _spare(data, sf, spare_pages)
     data = to_layout(data)
     sf = to_layout(sf) if sf is not None else None
     if form == "tuple":
@@ -166,6 +172,20 @@ def make_paged_kv(
         kv_cache, kv_sf, block_tables, torch.tensor(lens, dtype=torch.int32, device=device),
         k_tokens, v_tokens, page_size, layout,
     )
+
+
+def _spare(data: torch.Tensor, sf, pages: int) -> tuple:
+    """``data`` (and block scales ``sf``) ``[P, ...]`` with ``pages`` more pages at the end, every
+    slot poisoned as make_paged_kv poisons an unused one."""
+    more = data.new_empty((pages, *data.shape[1:]))
+    if sf is not None:  # NVFP4: finite codes (6.0), NaN scales
+        more.view(torch.uint8).fill_(0x77)
+        more_sf = sf.new_empty((pages, *sf.shape[1:]))
+        more_sf.view(torch.uint8).fill_(0x7F)
+        return torch.cat([data, more]), torch.cat([sf, more_sf])
+    bits = torch.uint8 if data.element_size() == 1 else torch.int16
+    more.view(bits).fill_(int(data.new_full((), float("nan")).view(bits)))
+    return torch.cat([data, more]), sf
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

@@ -104,14 +104,15 @@ def _pages(spec, device, kv_format, *, num_kv_heads, head_dim, layout="NHD", for
     need = [(n + page - 1) // page for n in lens]
     most = (_longest(spec) + page - 1) // page
     width = max(most + spec["extra_pages"], 1)
-    spare = 1 + spec["extra_pages"]
+    spare = 0
     if spec.get("max_len") is not None:
         # A pool of one size for the whole class, whatever the lengths: its page count is a
         # kernel argument (and a plan fact), so it must not follow the lengths.
-        spare += (len(lens) * most - sum(need)) * (2 if split_tables else 1)
+        spare = (len(lens) * most - sum(need)) * (2 if split_tables else 1)
     return make_paged_kv(lens, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page, dtype=dtype,
                          kv_format=kv_format, layout=layout, form=form, device=device, seed=spec["seed"],
-                         pages_per_seq=width, split_tables=split_tables, extra_pages=spare, tokens=False)
+                         pages_per_seq=width, split_tables=split_tables, extra_pages=1 + spec["extra_pages"],
+                         tokens=False, spare_pages=spare)
 
 
 def _seq_lens(lens: torch.Tensor, name: str) -> torch.Tensor:
