@@ -132,7 +132,11 @@ def make_paged_kv(
             used[tables[b, which].to(torch.int64)[t // page_size], plane, t % page_size] = True
     used = used.to(device)
     fmt = BY_NAME[kv_format]
-    data, sf = fmt.quantize(vals)
+    try:
+        data, sf = fmt.quantize(vals)
+    except torch.OutOfMemoryError:  # (NVFP4's encoding holds eight float32 copies of the pool)
+        torch.cuda.empty_cache()
+        data, sf = (None if x is None else x.to(device) for x in fmt.quantize(vals.cpu()))
     vals = fmt.dequantize(data, sf) if tokens else None
     if sf is not None:  # block scales (e4m3): a NaN scale poisons its whole block
         if nan_fill:

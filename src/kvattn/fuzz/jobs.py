@@ -35,11 +35,19 @@ def worker_threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def _worker(index: int, target, kwargs: dict, threads: int, results) -> None:
+# Share of a GPU's memory a worker's allocator may hold, divided by the number of workers: without
+# a cap, blocks one worker's caching allocator keeps would be out of the others' reach.
+GPU_MEMORY_SHARE = 0.9
+
+
+def _worker(index: int, target, kwargs: dict, threads: int, results, jobs: int = 1) -> None:
     """A worker's body: run ``target`` (``fuzz``), put ``("done", i, report JSON)`` or ``("error",
     i, traceback)`` on ``results``; progress as ``("progress", i, calls, mismatches, errors)``.
     (Not a daemon process: Triton may start processes of its own.)"""
     torch.set_num_threads(threads)
+    device = torch.device(kwargs.get("device", "cpu"))
+    if device.type == "cuda" and jobs > 1:
+        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs, device)
     last = [0.0]
 
     def progress(report: Report) -> None:
@@ -122,7 +130,7 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
         worker_kwargs = dict(kwargs, device=torch.device(device), calls=calls, seconds=seconds, seed=seed + i)
         if shared_classes:
             worker_kwargs.update(class_seed=seed, claims=claims)
-        p = ctx.Process(target=_worker, args=(i, target, worker_kwargs, threads, results),
+        p = ctx.Process(target=_worker, args=(i, target, worker_kwargs, threads, results, jobs),
                         name=f"kvattn-fuzz-{i}")
         p.start()
         procs.append(p)
