@@ -4,7 +4,8 @@ Each worker is a spawned process (a fresh CUDA context; fork would share the par
 :func:`kvattn.fuzz.runner.fuzz` with seed ``seed + i`` and the whole budget. On a GPU the
 calls' cost is mostly Triton compiling new kernel classes, which is CPU-bound: N workers compile N
 at a time and share Triton's cache on disk, so the rate grows with N up to about half the CPU
-cores. A worker that raises, or dies, becomes an error in the merged report (its traceback or exit
+cores; with ``--shared-classes`` the workers claim the classes they compile first
+(:mod:`kvattn.fuzz.claims`), so no kernel is compiled twice at once. A worker that raises, or dies, becomes an error in the merged report (its traceback or exit
 code); the parent ends every worker when the budget's hard end passes or on Ctrl-C.
 """
 
@@ -30,8 +31,9 @@ DEAD_GRACE = 3.0  # seconds a dead worker's last message may take to arrive
 
 
 def worker_threads(jobs: int) -> int:
-    """CPU threads a worker's torch gets: the cores shared out (the float64 oracle is torch on
-    the CPU; more threads than cores between the workers only slows them all)."""
+    """CPU threads a worker's torch gets: the cores shared out (the inputs' values are drawn on
+    the CPU, and the float64 oracle runs there on CPU runs; more threads than cores between the
+    workers only slows them all)."""
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
