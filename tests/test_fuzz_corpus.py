@@ -141,6 +141,31 @@ def test_compile_counter_counts_and_chains():
         knobs.runtime.jit_post_compile_hook = before
 
 
+def test_compile_counter_records_constexprs_and_disk_cache_loads():
+    """KVATTN_FUZZ_COMPILE_LOG's record of a kernel: its constexprs by parameter name (Triton's
+    repr has none) and whether the compile was a load from the disk cache (the listener's
+    cache_hit, told just before the hook)."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    fn = SimpleNamespace(jit_function=SimpleNamespace(params=[SimpleNamespace(name="x_ptr"),
+                                                              SimpleNamespace(name="BLOCK")]))
+    data = '{"attrs_keys": [[0]], "attrs_vals": [[["tt.divisibility", 16]]]}'
+    counter = CompileCounter()
+    with counter.installed():
+        knobs.compilation.listener(cache_hit=True)
+        knobs.runtime.jit_post_compile_hook(repr="k[...]", fn=fn, compile={"constants": {(1,): 64},
+                                            "specialization_data": data, "num_warps": 4})
+        knobs.compilation.listener(cache_hit=False)
+        knobs.runtime.jit_post_compile_hook(repr="k[...]", fn=fn, compile={"constants": {(1,): 128}})
+    first, second = counter.kernels
+    assert first["constants"] == {"BLOCK": 64} and first["attrs"] == {"x_ptr": [["tt.divisibility", 16]]}
+    assert first["from_disk_cache"] is True and second["from_disk_cache"] is False
+    assert second["constants"] == {"BLOCK": 128} and counter.count == 2 and counter.from_disk == 1
+    assert knobs.compilation.listener is None or knobs.compilation.listener.__name__ != "listener"
+
+
 def test_timing_reports_the_rate_and_warm_calls():
     r = Report("cuda", 0, ("plain",), ("xqa",), calls=10, seconds=2.0,
                counts={"xqa": {"plain": {"calls": 10, "mismatches": 0, "errors": 0}}}, busy={"xqa": 1.5},
@@ -148,7 +173,8 @@ def test_timing_reports_the_rate_and_warm_calls():
     t = r.timing()
     assert t["calls_per_second"] == 5.0
     assert t["per_function"]["xqa"] == {"calls": 10, "seconds": 1.5, "calls_per_second": 5.0, "ms_per_call": 150.0,
-                                        "kernels_compiled": 3, "cold_calls": 2, "warm_ms_per_call": 50.0}
+                                        "kernels_compiled": 3, "cold_calls": 2, "kernels_from_disk_cache": 0,
+                                        "warm_ms_per_call": 50.0}
     assert r.as_json()["timing"] == t
 
 
@@ -157,32 +183,37 @@ def test_timing_reports_the_rate_and_warm_calls():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("mode", draws.MODES)
 @pytest.mark.parametrize("function", draws.FUNCTIONS)
-def test_mutated_calls_mostly_reuse_compiled_kernels(function, triton_backend):
-    """A class's runtime draws compile a variant now and then (Triton specialises integer sizes
-    and strides on == 1 and % 16, configs follow the batch and the lengths), but most of them
-    must find their kernels compiled: a class field mistaken for a runtime one compiles every time."""
+def test_mutated_calls_reuse_compiled_kernels(function, mode, triton_backend):
+    """A class pins every host value that picks a kernel (tests/test_fuzz_classes.py checks the
+    launch keys on the CPU; here Triton's own compiles, Gluon kernels and TMA descriptors
+    included): once a class's first call has compiled, its mutations compile nothing, in every
+    mode (the batch-invariant mode's request alone is one of the busiest requests: one shape a
+    class)."""
     from kvattn.fuzz import run_spec
+    from kvattn.fuzz.modes import applicable
     from kvattn.fuzz.runner import environment
 
     device = torch.device("cuda")
+    if not applicable(mode, function, device):
+        pytest.skip(f"{mode} does not apply to {function}")
     env = environment(device)
     rng = random.Random(0)
-    parent = draws.draw(function, rng, env)
     counter = CompileCounter()
-    cold, calls = 0, 32
+    calls, cold = 16, []
     with counter.installed():
-        run_spec(parent, "plain", device, 0)  # the class's first kernels
-        for i in range(calls):
-            before = counter.count
-            outcome = run_spec(corpus.mutate(parent, rng, env), "plain", device, i)
-            assert outcome["result"] == "ok", outcome
-            cold += counter.count > before
-        again = counter.count
-        run_spec(parent, "plain", device, 0)
-        assert counter.count == again  # the very same call compiles nothing
-    assert counter.count > 0  # the counter sees Triton's compiles
-    assert cold <= calls // 2, f"{cold} of {calls} mutated {function} calls compiled a kernel"
+        for _ in range(3):  # a few classes, each warmed by its first call
+            parent = draws.draw(function, rng, env)
+            run_spec(parent, mode, device, 0)
+            for i in range(calls):
+                before = counter.count
+                child = corpus.mutate(parent, rng, env)
+                outcome = run_spec(child, mode, device, i)
+                assert outcome["result"] == "ok", outcome
+                if counter.count > before:
+                    cold.append((child, counter.reprs[before:]))
+    assert not cold, f"{len(cold)} of {3 * calls} mutated {function} calls compiled: {cold[:2]}"
 
 
 def test_shared_classes_are_the_same_stream_for_every_worker():

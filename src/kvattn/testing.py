@@ -76,6 +76,7 @@ def make_paged_kv(
     split_tables: bool = False,
     scale: float = 1.0,
     tokens: bool = True,
+    spare_pages: int = 0,
 ) -> PagedCase:
     """Build a random paged cache holding ``seq_lens[b]`` tokens for request ``b``.
 
@@ -93,6 +94,9 @@ def make_paged_kv(
     scale : standard deviation of the values
     tokens : also gather each request's values into ``k_tokens`` / ``v_tokens`` (False: empty
         lists, for callers with an oracle of their own, such as ``kvattn fuzz``)
+    spare_pages : pages after the pool's own that no table entry names, poisoned as unused slots
+        are (NaN; NVFP4: NaN block scales) and drawn from nothing: a pool of one size for calls
+        whose lengths differ (``kvattn fuzz``'s classes), at no cost in random values
     """
     kv_format = kv_format or {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
     if kv_format not in NAMES:
@@ -116,15 +120,23 @@ def make_paged_kv(
             pos += need[b]
     tables = tables.to(torch.int32)
 
-    # Dense float32 values in NHD page order [P, planes, page, H, D]; NaN where unused.
-    vals = randn(total, planes, page_size, num_kv_heads, head_dim, generator=g, scale=scale)
+    # Dense float32 values in NHD page order [P, planes, page, H, D]; NaN where unused. Drawn on
+    # the CPU (the same values on every device), quantised and filled on ``device``: the pool of a
+    # large batch of short requests in large pages is mostly unused slots, and their quantisation
+    # on the CPU took seconds a call.
+    vals = randn(total, planes, page_size, num_kv_heads, head_dim, device=device, generator=g, scale=scale)
     used = torch.zeros(total, planes, page_size, dtype=torch.bool)
     for b in range(batch):
         for which, plane in ((0, 0), (num_tables - 1, planes - 1)):  # K's and V's (table, plane)
             t = torch.arange(lens[b])
             used[tables[b, which].to(torch.int64)[t // page_size], plane, t % page_size] = True
+    used = used.to(device)
     fmt = BY_NAME[kv_format]
-    data, sf = fmt.quantize(vals)
+    try:
+        data, sf = fmt.quantize(vals)
+    except torch.OutOfMemoryError:  # (NVFP4's encoding holds eight float32 copies of the pool)
+        torch.cuda.empty_cache()
+        data, sf = (None if x is None else x.to(device) for x in fmt.quantize(vals.cpu()))
     vals = fmt.dequantize(data, sf) if tokens else None
     if sf is not None:  # block scales (e4m3): a NaN scale poisons its whole block
         if nan_fill:
@@ -150,6 +162,8 @@ def make_paged_kv(
             x = x.transpose(2, 3).contiguous()
         return x.to(device)
 
+    if spare_pages:
+        data, sf = _spare(data, sf, spare_pages)
     data = to_layout(data)
     sf = to_layout(sf) if sf is not None else None
     if form == "tuple":
@@ -162,6 +176,20 @@ def make_paged_kv(
         kv_cache, kv_sf, block_tables, torch.tensor(lens, dtype=torch.int32, device=device),
         k_tokens, v_tokens, page_size, layout,
     )
+
+
+def _spare(data: torch.Tensor, sf, pages: int) -> tuple:
+    """``data`` (and block scales ``sf``) ``[P, ...]`` with ``pages`` more pages at the end, every
+    slot poisoned as make_paged_kv poisons an unused one."""
+    more = data.new_empty((pages, *data.shape[1:]))
+    if sf is not None:  # NVFP4: finite codes (6.0), NaN scales
+        more.view(torch.uint8).fill_(0x77)
+        more_sf = sf.new_empty((pages, *sf.shape[1:]))
+        more_sf.view(torch.uint8).fill_(0x7F)
+        return torch.cat([data, more]), torch.cat([sf, more_sf])
+    bits = torch.uint8 if data.element_size() == 1 else torch.int16
+    more.view(bits).fill_(int(data.new_full((), float("nan")).view(bits)))
+    return torch.cat([data, more]), sf
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

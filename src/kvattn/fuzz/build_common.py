@@ -1,7 +1,7 @@
 """What the call builders share: drawn scales, padded / widened / spread views of a tensor, paged
-caches and lengths from a spec, the float64 formulation on the CPU, lengths and tables rewritten
-in place (CUDA-graph mode), the drafts' offsets and masks, the :class:`~kvattn.fuzz.call.Call`
-and the shared workspace."""
+caches and lengths from a spec, the float64 formulation (on the call's GPU where it has one),
+lengths and tables rewritten in place (CUDA-graph mode), the drafts' offsets and masks, the
+:class:`~kvattn.fuzz.call.Call` and the shared workspace."""
 
 from __future__ import annotations
 
@@ -102,20 +102,45 @@ def _pages(spec, device, kv_format, *, num_kv_heads, head_dim, layout="NHD", for
            dtype=torch.float16):
     lens, page = spec["lens"], spec["page"]
     need = [(n + page - 1) // page for n in lens]
-    width = max(max(need + [0]) + spec["extra_pages"], 1)
+    most = (_longest(spec) + page - 1) // page
+    width = max(most + spec["extra_pages"], 1)
+    spare = 0
+    if spec.get("max_len") is not None:
+        # A pool of one size for the whole class, whatever the lengths: its page count is a
+        # kernel argument (and a plan fact), so it must not follow the lengths.
+        spare = (len(lens) * most - sum(need)) * (2 if split_tables else 1)
     return make_paged_kv(lens, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page, dtype=dtype,
                          kv_format=kv_format, layout=layout, form=form, device=device, seed=spec["seed"],
                          pages_per_seq=width, split_tables=split_tables, extra_pages=1 + spec["extra_pages"],
-                         tokens=False)
+                         tokens=False, spare_pages=spare)
 
 
 def _seq_lens(lens: torch.Tensor, name: str) -> torch.Tensor:
     return lens.to(torch.uint32) if name == "uint32" else lens.to(torch.int32)
 
 
+def _longest(spec) -> int:
+    """The class's bound on the lengths (``max_len``; a spec edited by hand may exceed it), or the
+    longest length in a spec without one."""
+    bound = spec.get("max_len")
+    return max(spec["lens"] + [0 if bound is None else bound])
+
+
 def _host_bound(spec) -> int:
     """A host bound at or above every length, inside the table's capacity."""
-    return max(spec["lens"] + [0]) + spec["extra_pages"] * spec["page"] // 2
+    return _longest(spec) + spec["extra_pages"] * spec["page"] // 2
+
+
+def own(t):
+    """A copy of ``t`` (a request's slice of a batch's tensor) in storage of its own, with the
+    same strides: its base 16-byte aligned whichever request it is. Triton specialises a kernel
+    on each pointer's 16-byte alignment, so slices at other offsets would compile other kernels
+    from one call to the next (docs/fuzzing.md, "Classes and mutation")."""
+    if t is None:
+        return None
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    copy.copy_(t)
+    return copy
 
 
 def _new_lengths(rng, lens: list, minimum: list) -> list:
@@ -166,8 +191,41 @@ def _decode_exact(query, drafts, nq, mask, block_tables, seq_lens, **common):
     """Float64 ``(out [rows, Hq, D], lse [rows, Hq])`` of batch decode by :func:`kvattn.dense.batch_decode`
     (ragged drafts: ``drafts`` a list, passed as the offsets ``q_cu_seq_lens``)."""
     cu = None if drafts is None else torch.tensor([0] + drafts, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return dense.on_cpu(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
+    return float64(dense.batch_decode, query=query, block_tables=block_tables, seq_lens=seq_lens,
                   q_len_per_req=nq, mask=mask, q_cu_seq_lens=cu, return_lse=True, **common)
+
+
+def _tensors_to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_tensors_to(y, device) for y in x)
+    return x
+
+
+def _device_of(kwargs: dict):
+    for x in kwargs.values():
+        for t in x if isinstance(x, (tuple, list)) else (x,):
+            if isinstance(t, torch.Tensor):
+                return t.device
+    return None
+
+
+def float64(fn, **kwargs):
+    """``fn`` (a :mod:`kvattn.dense` formulation, float64) on the call's tensors, its results on the
+    CPU. On a GPU it runs there, every tensor argument moved to the call's device and the tensors
+    it makes on it (cuBLAS's float64 products are IEEE double arithmetic, as the CPU's): on the
+    host, a large batch's oracle took most of a warm call's time, with a dozen workers sharing the
+    cores. One too large for the GPU's free memory runs on the CPU."""
+    device = _device_of(kwargs)
+    if device is None or device.type != "cuda":
+        return dense.on_cpu(fn, **kwargs)
+    try:
+        with torch.device(device):
+            return dense._to_cpu(fn(**{k: _tensors_to(v, device) for k, v in kwargs.items()}))
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return dense.on_cpu(fn, **kwargs)
 
 
 def _kind(dtype) -> str:

@@ -13,7 +13,7 @@ from ..testing import randn, seeded
 from .call import Call
 from .build_common import (
     DTYPES, _scale, _num, widen, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _cu, _spec_mask,
-    _decode_exact, _kind, _call, _workspace,
+    _decode_exact, _kind, _call, _workspace, own, float64,
 )
 
 
@@ -65,7 +65,8 @@ def _batch_decode(spec, device) -> Call:
             r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
             sub_mask = None if mask is None else mask[r]
             sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
-        sub.update(query=query[r], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
+        sub.update(query=own(query[r]), block_tables=own(tables[b:b + 1]), seq_lens=own(seq_lens[b:b + 1]),
+                   mask=own(sub_mask),
                    out=None if out is None else torch.empty_like(out[r]),
                    lse=None if lse is None else torch.empty_like(lse[r]))
         one = None if drafts is None else [drafts[b]]
@@ -137,7 +138,7 @@ def _xqa(spec, device) -> Call:
 
     def exact(kw=kw, drafts=drafts):
         if nq == 1 and drafts is None and sf_pages is None:
-            return dense.on_cpu(dense.xqa, q=kw["q"], k_cache=kw["k_cache"], v_cache=kw["v_cache"],
+            return float64(dense.xqa, q=kw["q"], k_cache=kw["k_cache"], v_cache=kw["v_cache"],
                           page_table=kw["page_table"], seq_lens=kw["seq_lens"].to(torch.int32), num_kv_heads=hkv,
                           page_size=page, sinks=kw["sinks"], q_scale=kw["q_scale"], kv_scale=kw["kv_scale"],
                           sliding_win_size=kw["sliding_win_size"], kv_layout=layout, return_lse=True)
@@ -163,7 +164,7 @@ def _xqa(spec, device) -> Call:
             r = slice(sum(drafts[:b]), sum(drafts[:b + 1]))
             sub_mask = None if mask is None else mask[r]
             sub["q_cu_seq_lens"] = _cu([drafts[b]], device, spec["cu_dtype"])
-        sub.update(q=q[r], page_table=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], mask=sub_mask,
+        sub.update(q=own(q[r]), page_table=own(tables[b:b + 1]), seq_lens=own(seq_lens[b:b + 1]), mask=own(sub_mask),
                    output=torch.empty_like(output[r]), lse=None if lse is None else torch.empty_like(lse[r]))
         one = None if drafts is None else [drafts[b]]
         return _call(spec, sub, lambda: exact(sub, one), _kind(out_dtype), [sub["output"], sub["lse"]], stored)
@@ -201,7 +202,7 @@ def _single_decode(spec, device) -> Call:
 
     def exact(kw=kw):
         args = {k_: v_ for k_, v_ in kw.items() if k_ not in ("out", "lse", "return_lse")}
-        return dense.on_cpu(dense.single_decode, **args, return_lse=True)
+        return float64(dense.single_decode, **args, return_lse=True)
 
     def rewrite(rng):  # no lengths to change: new query values, in place
         q.copy_(torch.randn(q.shape, generator=seeded(rng.randrange(2**31))).to(q.dtype))

@@ -9,7 +9,7 @@ from ..testing import randn, seeded
 from .call import Call
 from .build_common import (
     DTYPES, _scale, widen, pad_batch, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _call,
-    _workspace,
+    _workspace, own, float64,
 )
 
 
@@ -45,7 +45,7 @@ def _mla(spec, device) -> Call:
 
     def exact(kw=kw):
         if nq == 1:
-            return dense.on_cpu(dense.mla, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=kw["block_tables"],
+            return float64(dense.mla, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=kw["block_tables"],
                           seq_lens=kw["seq_lens"], bmm1_scale=kw["bmm1_scale"], bmm2_scale=kw["bmm2_scale"],
                           return_lse=True)
         # Multi-token prediction: token r sits at L - Q + r and sees keys 0 .. L - Q + r, the
@@ -54,7 +54,7 @@ def _mla(spec, device) -> Call:
         outs, lses = [], []
         for r in range(nq):
             seen = torch.where(lens > 0, (lens - nq + 1 + r).clamp_min(0), lens).to(torch.int32)
-            o, l_ = dense.on_cpu(dense.mla, query=kw["query"][:, r:r + 1], kv_cache=kw["kv_cache"],
+            o, l_ = float64(dense.mla, query=kw["query"][:, r:r + 1], kv_cache=kw["kv_cache"],
                            block_tables=kw["block_tables"], seq_lens=seen, bmm1_scale=kw["bmm1_scale"],
                            bmm2_scale=kw["bmm2_scale"], return_lse=True)
             outs.append(o)
@@ -63,7 +63,7 @@ def _mla(spec, device) -> Call:
 
     def request(b):
         sub = dict(kw)
-        sub.update(query=query[b:b + 1], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1],
+        sub.update(query=own(query[b:b + 1]), block_tables=own(tables[b:b + 1]), seq_lens=own(seq_lens[b:b + 1]),
                    out=None if out is None else torch.empty_like(out[b:b + 1]),
                    lse=None if lse is None else torch.empty_like(lse[b:b + 1]))
         return _call(spec, sub, lambda: exact(sub), "half", [sub["out"], sub["lse"]])

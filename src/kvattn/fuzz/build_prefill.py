@@ -9,7 +9,8 @@ from ..formats import FP8_DTYPE, FP4Tensor
 from ..testing import randn, seeded
 from .call import Call
 from .build_common import (
-    DTYPES, _scale, widen, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _kind, _call, _workspace,
+    DTYPES, _scale, widen, _views, _pages, _seq_lens, _host_bound, _rewrite_paged, _kind, _call, _workspace, own,
+    float64,
 )
 
 
@@ -83,7 +84,7 @@ def _prefill(spec, device) -> Call:
             tables_, seq_ = tables_.cpu()[owner], seq_.cpu().to(torch.int64)[owner]
             cum_ = torch.arange(owner.numel() + 1, dtype=torch.int32)
         blocks = kw["kv_cache_sf"] if kw["kv_cache_sf"] is not None else kw["kv_block_scales"]
-        return dense.on_cpu(dense.context, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=tables_,
+        return float64(dense.context, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=tables_,
                       seq_lens=seq_, cum_seq_lens_q=cum_, bmm1_scale=kw["bmm1_scale"],
                       bmm2_scale=kw["bmm2_scale"], window_left=kw["window_left"], sinks=kw["sinks"],
                       kv_layout=kw["kv_layout"], kv_block_scales=blocks,
@@ -101,7 +102,8 @@ def _prefill(spec, device) -> Call:
         if out is not None:
             sub_out = FP4Tensor.empty(r1 - r0, hq, d, device) if out_dtype == "nvfp4" else torch.empty_like(out[r0:r1])
             bufs += [sub_out.data, sub_out.scale] if out_dtype == "nvfp4" else [sub_out]
-        sub.update(query=query[r0:r1], block_tables=tables[b:b + 1], seq_lens=seq_lens[b:b + 1], batch_size=1,
+        sub.update(query=own(query[r0:r1]), block_tables=own(tables[b:b + 1]), seq_lens=own(seq_lens[b:b + 1]),
+                   batch_size=1,
                    cum_seq_lens_q=torch.tensor([0, r1 - r0], dtype=torch.int32, device=device),
                    cum_seq_lens_kv=torch.tensor([0, spec["lens"][b]], dtype=torch.int32, device=device),
                    out=sub_out, lse=None if lse is None else torch.empty_like(lse[r0:r1]))

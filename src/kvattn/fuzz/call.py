@@ -72,12 +72,26 @@ class Call:
         return self.exact()
 
 
+def _packed(call: Call):
+    """The offsets of the requests' packed query rows (prefill, ragged drafts), or None."""
+    return call.kwargs.get("cum_seq_lens_q") if call.function == "prefill" else call.kwargs.get("q_cu_seq_lens")
+
+
 def request_rows(call: Call, b: int) -> slice:
     """The rows of ``call``'s output (and LSE) that belong to request ``b``."""
     spec_rows = {"batch_decode": call.kwargs.get("q_len_per_req") or 1}
-    packed = call.kwargs.get("cum_seq_lens_q") if call.function == "prefill" else call.kwargs.get("q_cu_seq_lens")
+    packed = _packed(call)
     if packed is not None:
         cum = packed.tolist()
         return slice(cum[b], cum[b + 1])
     n = spec_rows.get(call.function, 1)
     return slice(b * n, (b + 1) * n)
+
+
+def row_counts(call: Call) -> list:
+    """Query rows of each request of ``call`` (one read of the packed offsets)."""
+    packed = _packed(call)
+    if packed is None:
+        return [request_rows(call, 0).stop] * call.batch
+    cum = packed.tolist()
+    return [hi - lo for lo, hi in zip(cum, cum[1:])]

@@ -21,7 +21,7 @@ import torch
 from .build_decode import _batch_decode, _single_decode, _xqa
 from .build_mla import _mla
 from .build_prefill import _prefill
-from .call import Call, public, request_rows  # noqa: F401  (the fuzzer's names for a built call)
+from .call import Call, public, request_rows, row_counts  # noqa: F401  (the fuzzer's names for a built call)
 
 BUILDERS = {"batch_decode": _batch_decode, "xqa": _xqa, "single_decode": _single_decode, "mla": _mla,
             "prefill": _prefill}

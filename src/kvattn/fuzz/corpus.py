@@ -1,12 +1,19 @@
 """Kernel classes and their mutation: most fuzz calls on a GPU reuse kernels already compiled.
 
-A spec's fields split in two. The *class* fields choose compiled kernels: dtypes, cache format,
-head dim, KV heads and group, page size, ``Q``, layouts and pool forms, and every option that
-becomes a kernel constexpr (a mask, sinks, an LSE, an output dtype, a window on or off, a scale as a
-float or a device tensor, ...). The *runtime* fields are a call's values: the batch, the lengths and
-drafts, the table width, the tensor values (the seed) and the scales' and window's values. A field
+A spec's fields split in two. The *class* fields are every host-visible value that picks a
+compiled kernel or a launch: dtypes, cache format, head dim, KV heads and group, page size, ``Q``,
+layouts and pool forms, every option that becomes a kernel constexpr (a mask, sinks, an LSE, an
+output dtype, a window, a scale as a float or a device tensor, ...), and the shapes and host
+bounds the plans read: the batch, the query rows (ragged drafts, prefill ``q_lens``), the longest
+length a class allows (``max_len``: the table's width, the pool's pages and the host bound
+``max_seq_len`` / ``max_kv_len`` follow from it), single decode's length (its K's shape) and the
+window sizes (the plans' key span). The *runtime* fields are what the device reads: the lengths
+under the bound, the tensor values and page permutation (the seed) and the scales' values. A field
 is a class field unless ``RUNTIME`` lists it; ``RUNTIME`` may also name the part of a runtime value
-that still picks a kernel (a window's on/off, a scale's float/tensor form), which a mutation keeps.
+that still picks a kernel (a scale's float/tensor form), which a mutation keeps. Integers a launch
+passes (Triton specialises them on ``== 1`` and ``% 16``) and the tensors' alignment then follow
+from class fields too; ``tests/test_fuzz_classes.py`` checks that a class's mutations launch the
+same kernel specialisations.
 
 :class:`Corpus` draws a function's next call: a fresh spec (:func:`kvattn.fuzz.draws.draw`, a
 possibly new class) with the probability of its schedule, otherwise a class already seen (picked
@@ -23,25 +30,21 @@ import random
 from .draws import ARGS, Env, draw, normalise
 
 # Runtime fields of each function -> None (the whole value is runtime) or a function of the value
-# giving the part that picks a kernel (kept from the parent by a mutation). What the plans make a
-# constexpr stays a class field: the decode plan's DecodeFacts (q_len, has_window, the optional
-# tensors given, dtypes, strides), MLA's and prefill's plans alike.
-_ON = lambda v: v >= 0  # noqa: E731 - a window: on (>= 0) or off (-1); its size is a kernel int
-_POSITIVE = lambda v: v > 0  # noqa: E731 - xqa's sliding window: on (> 0) or off (0)
+# giving the part that picks a kernel (kept from the parent by a mutation). What the plans read on
+# the host stays a class field: the decode plan's DecodeFacts (shapes, strides, q_len, has_window,
+# the optional tensors given, dtypes) and its key span (max_seq_len, the window), MLA's and
+# prefill's facts alike (the pool's pages, the table's width, window_left, max_q_len, max_kv_len).
 _TENSOR = lambda v: v["tensor"]  # noqa: E731 - a scale: a float (its value a kernel float) or a device tensor
 _GIVEN = lambda v: v is None  # noqa: E731 - an optional float: given or not
 _SOFT_CAP = lambda v: bool(v)  # noqa: E731 - a soft cap > 0 is a kernel flag; None and 0.0 are off
 
-_PAGED = {"batch": None, "lens": None, "extra_pages": None}
 RUNTIME = {
-    "batch_decode": {**_PAGED, "drafts": None, "bmm1_scale": _TENSOR, "bmm2_scale": _TENSOR, "o_scale": None,
-                     "window_left": _ON},
-    "xqa": {**_PAGED, "drafts": None, "q_scale": _TENSOR, "sliding_win_size": _POSITIVE, "rcp_out_scale": None},
-    "single_decode": {"length": None, "q_scale": _GIVEN, "k_scale": _GIVEN, "v_scale": _GIVEN, "window_left": _ON,
-                      "logits_soft_cap": _SOFT_CAP, "sm_scale": _GIVEN, "rope_scale": _GIVEN, "rope_theta": _GIVEN},
-    "mla": {**_PAGED, "bmm1_scale": _TENSOR, "bmm2_scale": _TENSOR},
-    "prefill": {**_PAGED, "q_lens": None, "bmm1_scale": _TENSOR, "bmm2_scale": _TENSOR, "window_left": _ON,
-                "o_sf_scale": _GIVEN},
+    "batch_decode": {"lens": None, "bmm1_scale": _TENSOR, "bmm2_scale": _TENSOR, "o_scale": None},
+    "xqa": {"lens": None, "q_scale": _TENSOR, "rcp_out_scale": None},
+    "single_decode": {"q_scale": _GIVEN, "k_scale": _GIVEN, "v_scale": _GIVEN, "logits_soft_cap": _SOFT_CAP,
+                      "sm_scale": _GIVEN, "rope_scale": _GIVEN, "rope_theta": _GIVEN},
+    "mla": {"lens": None, "bmm1_scale": _TENSOR, "bmm2_scale": _TENSOR},
+    "prefill": {"lens": None, "bmm1_scale": _TENSOR, "bmm2_scale": _TENSOR, "o_sf_scale": _GIVEN},
 }
 
 # Chance of a fresh draw once a function has a few classes (``--fresh``): on a GPU most calls then
@@ -68,25 +71,28 @@ def class_key(spec: dict) -> str:
 
 def mutate(parent: dict, rng: random.Random, env: Env) -> dict:
     """A new call of ``parent``'s class: its class fields kept, its runtime fields drawn anew (a
-    runtime field with a class part is redrawn until that part matches the parent's)."""
+    runtime field with a class part is redrawn until that part matches the parent's). Every
+    runtime drawer sees all the class fields (the lengths' drawer, ``max_len`` and the query rows
+    a request must hold)."""
     function = parent["function"]
     runtime = RUNTIME[function]
     spec = {"function": function, "seed": rng.randrange(2**31)}
+    spec.update((name, parent.get(name)) for name, _ in ARGS[function] if name not in runtime)
     for name, drawer in ARGS[function]:
         part = runtime.get(name, False)
         if part is False:
-            spec[name] = parent[name]
-        elif part is None:
+            continue
+        if part is None:
             spec[name] = drawer(rng, spec, env)
+            continue
+        want = part(parent[name])
+        for _ in range(REDRAWS):
+            value = drawer(rng, spec, env)
+            if part(value) == want:
+                break
         else:
-            want = part(parent[name])
-            for _ in range(REDRAWS):
-                value = drawer(rng, spec, env)
-                if part(value) == want:
-                    break
-            else:
-                value = parent[name]
-            spec[name] = value
+            value = parent[name]
+        spec[name] = value
     return normalise(spec)
 
 

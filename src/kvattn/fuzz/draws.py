@@ -181,10 +181,35 @@ def _oracle_width(spec) -> int:
 
 def _lens_for(family, minimum=lambda spec: 0):
     def draw(rng, spec, env):
+        if spec.get("max_len") is not None:  # a mutation: the class's bound is pinned
+            return lengths_under(rng, spec, env.tiles.get(family, [16]), env)
         lens = lengths(rng, spec["batch"], spec["page"], env.tiles.get(family, [16]), env, minimum(spec))
         return fit(lens, _oracle_width(spec), minimum(spec), oracle_elements(env))
 
     return draw
+
+
+def lengths_under(rng, spec, tiles, env: Env) -> list:
+    """A mutation's lengths: ``spec["batch"]`` lengths on the edges (0, 1, a page or a tile +- 1)
+    at most the class's ``max_len``, each at least its request's query rows (ragged drafts, prefill
+    ``q_lens``: pinned by the class, as they are the query's shape); half the time one request
+    exactly at the bound among the others."""
+    cap = spec["max_len"]
+    floors = spec.get("q_lens") or spec.get("drafts") or [0] * spec["batch"]
+    out = []
+    for floor in floors:
+        n = edge_length(rng, spec["page"], tiles, env)
+        out.append(max(n if n <= cap else rng.randint(0, cap), floor))
+    if out and rng.random() < 0.5:
+        out[rng.randrange(len(out))] = cap
+    return out
+
+
+def _max_len(rng, spec, env):
+    """The longest length a class allows: the table's width, the pool's pages and the host
+    bound (``max_seq_len`` / ``max_kv_len``) follow from it, so its mutations launch the kernels
+    it launched (docs/fuzzing.md, "Classes and mutation"). Draws no random number."""
+    return max(spec["lens"] + [0])
 
 
 def _q_lens(rng, spec, env):
@@ -261,6 +286,7 @@ ARGS = {
         ("q_len", _q_len),
         ("ragged", _ragged),
         ("lens", _lens_for("decode", lambda spec: spec["q_len"])),
+        ("max_len", _max_len),
         ("drafts", _drafts),
         ("cu_dtype", _choice("int32", "int32", "uint32")),  # of q_cu_seq_lens
         ("extra_pages", _extra_pages),
@@ -291,6 +317,7 @@ ARGS = {
         ("q_len", _xqa_q_len),
         ("ragged", _ragged),
         ("lens", _lens_for("decode", lambda spec: spec["q_len"])),
+        ("max_len", _max_len),
         ("drafts", _drafts),
         ("cu_dtype", _choice("int32", "int32", "uint32")),  # of q_cu_seq_lens
         ("extra_pages", _extra_pages),
@@ -346,6 +373,7 @@ ARGS = {
         # Multi-token prediction: a 4-D query [B, Q, H, 576] with Q 1 to 4.
         ("q_len", lambda rng, spec, env: 1 if rng.random() < 0.5 else rng.choice([2, 3, 4])),
         ("lens", _lens_for("mla", lambda spec: spec["q_len"])),
+        ("max_len", _max_len),
         ("extra_pages", _extra_pages),
         ("cache_dims", _choice(3, 4)),
         ("view", _view),
@@ -368,6 +396,7 @@ ARGS = {
         ("page", _page),
         ("batch", _batch),
         ("lens", _lens_for("prefill")),
+        ("max_len", _max_len),
         ("q_lens", _q_lens),
         ("extra_pages", _extra_pages),
         ("layout", _choice("HND", "HND", "NHD")),
@@ -407,7 +436,7 @@ ARGS = {
 OPTIONS = {
     "batch_decode": {"kv_format": "half", "layout": "NHD", "form": "stacked", "view": "contiguous", "arg_views": False,
                      "seq_lens_dtype": "int32", "extra_pages": 0, "q_len": 1, "ragged": False, "drafts": None,
-                     "cu_dtype": "int32", "o_scale": 1.0,
+                     "cu_dtype": "int32", "o_scale": 1.0, "max_len": None,
                      "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": False,
                      "mask": False, "out": "none", "return_lse": False, "lse_given": False, "enable_pdl": None,
                      "head_dim": 64, "page": 16},
@@ -415,21 +444,21 @@ OPTIONS = {
             "extra_pages": 0, "q_scale": "plain", "kv_scale": False, "sliding_win_size": 0, "sinks": False,
             "sm_count": None, "out": "query", "return_lse": False, "lse_given": False, "head_dim": 64,
             "page": 16, "q_len": 1, "ragged": False, "drafts": None, "cu_dtype": "int32", "mask": False, "enable_pdl": None,
-            "rcp_out_scale": 1.0},
+            "rcp_out_scale": 1.0, "max_len": None},
     "single_decode": {"kv_format": "half", "layout": "NHD", "view": "contiguous", "arg_views": False, "pos_encoding_mode": "NONE",
                       "use_tensor_cores": False, "q_scale": None, "k_scale": None, "v_scale": None,
                       "window_left": -1, "logits_soft_cap": None, "sm_scale": None, "rope_scale": None,
                       "rope_theta": None, "out": "none", "return_lse": False, "lse_given": False, "head_dim": 64},
     "mla": {"cache_dims": 3, "view": "contiguous", "arg_views": False, "seq_lens_dtype": "int32", "extra_pages": 0,
             "bmm1_scale": "plain", "bmm2_scale": "plain", "out": "none", "return_lse": False,
-            "lse_given": False, "enable_pdl": None, "page": 32, "q_len": 1},
+            "lse_given": False, "enable_pdl": None, "page": 32, "q_len": 1, "max_len": None},
     "prefill": {"kv_format": "half", "fp8_query": False, "layout": "HND", "form": "stacked",
                 "split_tables": False, "view": "contiguous", "arg_views": False, "seq_lens_dtype": "int32", "extra_pages": 0,
                 "bmm1_scale": "plain", "bmm2_scale": "plain", "window_left": -1, "sinks": None,
                 "out_dtype": "none", "out": False, "o_sf_scale": None, "o_sf_vec_size": None, "skip_softmax": None,
                 "return_lse": False, "lse_given": False, "enable_pdl": None, "head_dim": 64, "page": 16,
                 "causal": True, "sf_name": "kv_cache_sf", "counter_buffer": False, "use_fp16_softmax": None,
-                "uses_spcompress": None, "backend": "trtllm-gen"},
+                "uses_spcompress": None, "backend": "trtllm-gen", "max_len": None},
 }
 
 # Options that only make sense together: when the first is dropped, the others go with it.
@@ -484,4 +513,6 @@ def normalise(spec: dict) -> dict:
             s["window_left"], s["skip_softmax"] = -1, None
     if not s.get("return_lse", False):
         s["lse_given"] = False
+    if s.get("max_len") is not None:  # (None: the bound follows the lengths, as in specs before it)
+        s["max_len"] = max([s["max_len"]] + s["lens"])
     return s

@@ -4,7 +4,8 @@ Each worker is a spawned process (a fresh CUDA context; fork would share the par
 :func:`kvattn.fuzz.runner.fuzz` with seed ``seed + i`` and the whole budget. On a GPU the
 calls' cost is mostly Triton compiling new kernel classes, which is CPU-bound: N workers compile N
 at a time and share Triton's cache on disk, so the rate grows with N up to about half the CPU
-cores. A worker that raises, or dies, becomes an error in the merged report (its traceback or exit
+cores; with ``--shared-classes`` the workers claim the classes they compile first
+(:mod:`kvattn.fuzz.claims`), so no kernel is compiled twice at once. A worker that raises, or dies, becomes an error in the merged report (its traceback or exit
 code); the parent ends every worker when the budget's hard end passes or on Ctrl-C.
 """
 
@@ -13,12 +14,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import shutil
+import tempfile
 import time
 import traceback
 
 import torch
 
-from .runner import Report, Ticker, default_fresh, fuzz
+from .runner import _NO_COMPILES, Report, Ticker, default_fresh, fuzz
 
 # A worker stops drawing at the budget's end and shrinks for at most a tenth of it past the end;
 # the parent allows this much more (spawn, import, CUDA initialisation) before ending it.
@@ -28,16 +31,25 @@ DEAD_GRACE = 3.0  # seconds a dead worker's last message may take to arrive
 
 
 def worker_threads(jobs: int) -> int:
-    """CPU threads a worker's torch gets: the cores shared out (the float64 oracle is torch on
-    the CPU; more threads than cores between the workers only slows them all)."""
+    """CPU threads a worker's torch gets: the cores shared out (the inputs' values are drawn on
+    the CPU, and the float64 oracle runs there on CPU runs; more threads than cores between the
+    workers only slows them all)."""
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def _worker(index: int, target, kwargs: dict, threads: int, results) -> None:
+# Share of a GPU's memory a worker's allocator may hold, divided by the number of workers: without
+# a cap, blocks one worker's caching allocator keeps would be out of the others' reach.
+GPU_MEMORY_SHARE = 0.9
+
+
+def _worker(index: int, target, kwargs: dict, threads: int, results, jobs: int = 1) -> None:
     """A worker's body: run ``target`` (``fuzz``), put ``("done", i, report JSON)`` or ``("error",
     i, traceback)`` on ``results``; progress as ``("progress", i, calls, mismatches, errors)``.
     (Not a daemon process: Triton may start processes of its own.)"""
     torch.set_num_threads(threads)
+    device = torch.device(kwargs.get("device", "cpu"))
+    if device.type == "cuda" and jobs > 1:
+        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs, device)
     last = [0.0]
 
     def progress(report: Report) -> None:
@@ -63,6 +75,7 @@ def merge(reports: list, device: str, seed: int, modes: tuple, only: tuple, fres
         merged.calls += doc["calls"]
         merged.mismatches += doc["mismatches"]
         merged.errors += doc["errors"]
+        merged.put_off += doc.get("put_off", 0)
         for function, per_mode in doc["counts"].items():
             for mode, cell in per_mode.items():
                 into = merged.counts.setdefault(function, {}).setdefault(mode, dict.fromkeys(cell, 0))
@@ -71,9 +84,9 @@ def merge(reports: list, device: str, seed: int, modes: tuple, only: tuple, fres
         for function, busy in doc["busy"].items():
             merged.busy[function] = merged.busy.get(function, 0.0) + busy
         for function, cold in doc["compiles"].items():
-            into = merged.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            into = merged.compiles.setdefault(function, dict(_NO_COMPILES))
             for k in into:
-                into[k] += cold[k]
+                into[k] += cold.get(k, 0)
         for function, kinds in doc["classes"].items():
             into = merged.classes.setdefault(function, {"classes": 0, "fresh": 0, "mutated": 0})
             for k in into:
@@ -112,11 +125,14 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
     results = ctx.Queue()
     threads = worker_threads(jobs)
     procs = []
+    # Shared classes: the first worker to reach a class compiles it, the others put it off
+    # (kvattn.fuzz.claims) until Triton's disk cache has its kernels.
+    claims = tempfile.mkdtemp(prefix="kvattn-fuzz-claims-") if shared_classes else None
     for i in range(jobs):
         worker_kwargs = dict(kwargs, device=torch.device(device), calls=calls, seconds=seconds, seed=seed + i)
         if shared_classes:
-            worker_kwargs["class_seed"] = seed
-        p = ctx.Process(target=_worker, args=(i, target, worker_kwargs, threads, results),
+            worker_kwargs.update(class_seed=seed, claims=claims)
+        p = ctx.Process(target=_worker, args=(i, target, worker_kwargs, threads, results, jobs),
                         name=f"kvattn-fuzz-{i}")
         p.start()
         procs.append(p)
@@ -163,6 +179,8 @@ def fuzz_jobs(device: torch.device, jobs: int, *, calls: int | None = None, seco
                 p.kill()
                 p.join()
         ticker.done()
+        if claims is not None:
+            shutil.rmtree(claims, ignore_errors=True)
     first = next((r for r in reports if r is not None), None)
     fresh = first["fresh"] if first else (kwargs.get("fresh") if kwargs.get("fresh") is not None
                                           else default_fresh(device))

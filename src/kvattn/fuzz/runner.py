@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runtime import env as _env
+from .claims import Claims, family
 from .compiles import CompileCounter
-from .corpus import FRESH_CPU, FRESH_CUDA, Corpus, class_key
+from .corpus import FRESH_CPU, FRESH_CUDA, Corpus, class_key, mutate
 from .draws import FUNCTIONS, Env, tile_sizes
 from .modes import MODES, applicable, run_spec
 from .shrink import shrink, snippet
@@ -26,6 +27,9 @@ SHRINK_BUDGET = 150  # tries per shrink
 def default_fresh(device: torch.device) -> float:
     """``--fresh``'s default: mostly classes already compiled on a GPU, every call fresh elsewhere."""
     return FRESH_CUDA if torch.device(device).type == "cuda" else FRESH_CPU
+
+
+_NO_COMPILES = {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0, "from_disk_cache": 0}
 
 
 @dataclass
@@ -45,10 +49,12 @@ class Report:
     jobs: int = 1
     busy: dict = field(default_factory=dict)  # function -> seconds its calls took (shrinking not counted)
     # function -> {"kernels": compiled or loaded by its calls, "cold_calls": calls that compiled one,
-    # "warm_seconds": seconds its other calls took}
+    # "warm_seconds": seconds its other calls took, "from_disk_cache": kernels of "kernels" that
+    # Triton loaded from its disk cache (another worker's or an earlier run's compile)}
     compiles: dict = field(default_factory=dict)
     classes: dict = field(default_factory=dict)  # function -> {"classes", "fresh", "mutated"} (summed over jobs)
     workers: list = field(default_factory=list)  # --jobs: one summary a worker
+    put_off: int = 0  # turns put off while another worker compiled the class (--shared-classes)
 
     def timing(self) -> dict:
         """Calls a second over the run, and per function its calls, the seconds they took and
@@ -58,21 +64,24 @@ class Report:
         for function, per_mode in self.counts.items():
             n = sum(c["calls"] for c in per_mode.values())
             busy = self.busy.get(function, 0.0)
-            cold = self.compiles.get(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+            cold = self.compiles.get(function, _NO_COMPILES)
             warm = n - cold["cold_calls"]
             per[function] = {"calls": n, "seconds": round(busy, 2), "calls_per_second": round(n / wall, 2),
                              "ms_per_call": round(1000 * busy / n, 1) if n else None,
                              "kernels_compiled": cold["kernels"], "cold_calls": cold["cold_calls"],
+                             "kernels_from_disk_cache": cold.get("from_disk_cache", 0),
                              "warm_ms_per_call": round(1000 * cold["warm_seconds"] / warm, 1) if warm else None}
         return {"calls_per_second": round(self.calls / wall, 2), "per_function": per}
 
-    def add_call(self, function: str, mode: str, seconds: float, kernels: int) -> dict:
-        """Count one call that took ``seconds`` and compiled ``kernels``; its count cell."""
+    def add_call(self, function: str, mode: str, seconds: float, kernels: int, from_disk: int = 0) -> dict:
+        """Count one call that took ``seconds`` and compiled ``kernels`` (``from_disk`` of them
+        loaded from Triton's disk cache); its count cell."""
         self.busy[function] = self.busy.get(function, 0.0) + seconds
-        cold = self.compiles.setdefault(function, {"kernels": 0, "cold_calls": 0, "warm_seconds": 0.0})
+        cold = self.compiles.setdefault(function, dict(_NO_COMPILES))
         if kernels:
             cold["kernels"] += kernels
             cold["cold_calls"] += 1
+            cold["from_disk_cache"] += from_disk
         else:
             cold["warm_seconds"] += seconds
         cell = self.counts.setdefault(function, {}).setdefault(mode, {"calls": 0, "mismatches": 0, "errors": 0})
@@ -94,7 +103,7 @@ class Report:
                 "seconds": round(self.seconds, 2), "fresh": self.fresh, "class_seed": self.class_seed,
                 "jobs": self.jobs, "timing": self.timing(),
                 "classes": self.classes, "workers": self.workers, "counts": self.counts, "busy": self.busy,
-                "compiles": self.compiles, "failures": self.failures}
+                "compiles": self.compiles, "put_off": self.put_off, "failures": self.failures}
 
 
 class Ticker:
@@ -155,7 +164,8 @@ def reference_outcome(spec: dict, mode_seed: int) -> dict:
 
 def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | None = None, seed: int = 0,
          only=FUNCTIONS, modes=MODES, stream=None, quiet: bool = False, shrink_budget: int = SHRINK_BUDGET,
-         fresh: float | None = None, class_seed: int | None = None, progress=None) -> Report:
+         fresh: float | None = None, class_seed: int | None = None, progress=None,
+         claims: str | None = None) -> Report:
     """Run random legal calls until ``calls`` are done or ``seconds`` have passed.
 
     Parameters
@@ -184,6 +194,10 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
         classes, each with its own runtime values); default: the classes come from ``seed``.
     progress : callable, optional
         Called with the report after every call (``--jobs``: a worker's counts to the parent).
+    claims : str, optional
+        A directory the ``--jobs --shared-classes`` workers share (:mod:`kvattn.fuzz.claims`): a
+        class another worker is compiling is put off, and a class this worker has warmed runs
+        instead.
 
     Returns
     -------
@@ -213,20 +227,36 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     t0 = time.perf_counter()
     check_reference = device.type == "cuda" or env.interpreter
     compile_log = os.environ.get("KVATTN_FUZZ_COMPILE_LOG") or None
+    claimed = Claims(claims) if claims is not None else None
+    turn = put_off = 0  # (turn: the calls made, and the turns put off for another worker's compile)
     with CompileCounter().installed() as compiled:
         while True:
             if calls is not None and report.calls >= calls:
                 break
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
-            function, mode = use[report.calls % len(use)]
+            function, mode = use[turn % len(use)]
+            turn += 1
             spec = corpus.next(function, rng)
+            if claimed is not None:
+                spec = _unclaimed(spec, mode, corpus, claimed, rng)
+                if spec is None:  # another worker compiles it, and no class of the function is warm here
+                    report.put_off += 1
+                    put_off += 1
+                    if put_off >= len(use):  # every turn waits on another worker
+                        time.sleep(CLAIM_POLL)
+                        put_off = 0
+                    continue
+                put_off = 0
             mode_seed = rng.randrange(2**31)
-            started, kernels = time.perf_counter(), compiled.count
+            started, kernels, from_disk = time.perf_counter(), compiled.count, compiled.from_disk
             outcome = run_spec(spec, mode, device, mode_seed)
-            cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels)
+            cell = report.add_call(function, mode, time.perf_counter() - started, compiled.count - kernels,
+                                   compiled.from_disk - from_disk)
+            if claimed is not None:
+                claimed.ran((class_key(spec), family(mode)))
             if compile_log is not None and compiled.count > kernels:
-                _log_compiles(compile_log, function, mode, spec, compiled.reprs[kernels:])
+                _log_compiles(compile_log, function, mode, spec, compiled.kernels[kernels:])
             if outcome["result"] != "ok":
                 key = "mismatches" if outcome["result"] == "mismatch" else "errors"
                 cell[key] += 1
@@ -255,11 +285,32 @@ def fuzz(device: torch.device, *, calls: int | None = None, seconds: float | Non
     return report
 
 
-def _log_compiles(path: str, function: str, mode: str, spec: dict, reprs: list) -> None:
+CLAIM_POLL = 0.05  # seconds between looks at a class another worker is compiling
+
+
+def _unclaimed(spec: dict, mode: str, corpus: Corpus, claimed: Claims, rng: random.Random) -> dict | None:
+    """``spec``, or where another worker is compiling its class, a new call of a class this
+    worker has warmed (same function and mode family); None with none warmed: the turn goes to
+    the next function and mode (whose next fresh class this worker may compile meanwhile: at the
+    start the workers compile the first classes side by side)."""
+    fam = family(mode)
+    if claimed.ready((class_key(spec), fam)):
+        return spec
+    seen = corpus.classes.get(spec["function"], {})
+    warm = [parent for key, parent in seen.items() if (key, fam) in claimed.warm]
+    if warm:
+        return mutate(warm[rng.randrange(len(warm))], rng, corpus.env)
+    return None
+
+
+def _log_compiles(path: str, function: str, mode: str, spec: dict, kernels: list) -> None:
     """One JSON line a cold call (``KVATTN_FUZZ_COMPILE_LOG``): its class, spec and the kernel
-    specialisations it compiled, to find the runtime fields that still pick kernels."""
+    specialisations it compiled, to find the runtime fields that still pick kernels: ``compiled``
+    each one's Triton ``repr``, ``kernels`` each one's :func:`~kvattn.fuzz.compiles.describe`
+    record (its constexprs by name, the arguments' specialisation attributes, whether it came
+    from the disk cache)."""
     line = json.dumps({"pid": os.getpid(), "function": function, "mode": mode, "class": class_key(spec),
-                       "spec": spec, "compiled": reprs}, default=str)
+                       "spec": spec, "compiled": [k["repr"] for k in kernels], "kernels": kernels}, default=str)
     with open(path, "a") as f:
         f.write(line + "\n")
 
@@ -280,8 +331,9 @@ def print_report(report: Report, out=None) -> None:
         kinds = report.classes.get(function)
         rate = timing["per_function"][function]
         extra = (f"  [{rate['ms_per_call']} ms a call" + (f", {kinds['classes']} classes" if kinds else "")
-                 + (f", {rate['cold_calls']} calls compiled {rate['kernels_compiled']} kernels, the others "
-                    f"{rate['warm_ms_per_call']} ms a call" if rate["cold_calls"] else "") + "]")
+                 + (f", {rate['cold_calls']} calls compiled {rate['kernels_compiled']} kernels"
+                    + (f" ({rate['kernels_from_disk_cache']} from the disk cache)" if rate["kernels_from_disk_cache"] else "")
+                    + f", the others {rate['warm_ms_per_call']} ms a call" if rate["cold_calls"] else "") + "]")
         print(f"  {function:<14s} {cells}{extra}", file=out)
     for i, f in enumerate(report.failures):
         if "worker_error" in f:
