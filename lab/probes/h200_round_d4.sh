@@ -18,7 +18,8 @@ echo "bench: $(( $(date +%s) - t0 )) s"
 left=$(( ${TOTAL:-545} - 30 - $(date +%s) + t0 ))
 OMP_NUM_THREADS=1 timeout -s INT $left python3 -m pytest -q -rfE -p no:cacheprovider -n 16 --junitxml="$OUT/junit.xml" \
   --ignore=tests/ops/mla/test_codegen.py --ignore=tests/ops/decode/test_codegen.py \
-  tests/ops/decode tests/ops/prefill tests/runtime tests/ops/mla tests/integrations tests/ops tests/benchmarking \
+  tests/test_fuzz_corpus.py tests/test_testing.py tests/test_entry_routing.py tests/test_fuzz.py tests/runtime \
+  tests/ops/decode tests/ops/prefill tests/ops/mla tests/integrations tests/ops tests/benchmarking \
   tests/reference tests > "$OUT/pytest.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -n 30
 echo "tests: $(( $(date +%s) - t0 )) s"
