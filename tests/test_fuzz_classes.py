@@ -21,6 +21,7 @@ import torch
 import kvattn.decode
 import kvattn.mla
 import kvattn.prefill
+import kvattn.xqa
 from kvattn.fuzz import corpus, draws
 from kvattn.fuzz.calls import build, public
 from kvattn.fuzz.modes import _busiest
@@ -70,7 +71,7 @@ def launches(monkeypatch):
     monkeypatch.setenv("KVATTN_BACKEND", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the plans' host code runs on CPU tensors
     monkeypatch.setenv("KVATTN_CALL_CACHE", "0")  # every call planned, none replayed
-    for module in (kvattn.decode, kvattn.mla, kvattn.prefill):
+    for module in (kvattn.decode, kvattn.xqa, kvattn.mla, kvattn.prefill):
         # GPU draws have bfloat16 caches, which the interpreter refuses; nothing runs here.
         monkeypatch.setattr(module, "check_interpretable", lambda *named: None)
     seen: list = []
