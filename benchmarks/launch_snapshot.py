@@ -143,6 +143,7 @@ def calls() -> dict:
 
 def snapshot(only: str | None = None) -> dict:
     """``{"cases": {name: [launch, ...]}}`` of every call of :func:`calls` (``only``: a regex of names)."""
+    interpret = os.environ.get("TRITON_INTERPRET")  # (put back at the end: a test process goes on)
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import pytest
     import torch
@@ -179,6 +180,8 @@ def snapshot(only: str | None = None) -> dict:
     finally:
         for cls, real, _ in wrapped:
             cls.run = real
+        if interpret is None:
+            os.environ.pop("TRITON_INTERPRET", None)
     return {"cases": out}
 
 

@@ -45,6 +45,19 @@ def _fresh_call_caches():
     prefill_plan._PLANS.clear()
 
 
+# Memory a test worker may keep cached past its test (PyTorch's allocator keeps what a test freed).
+# Sixteen workers share one GPU: a worker that had once held tens of GB for a float64 oracle kept
+# them, and the other workers' tests ran out of memory one after another (lab/notes/method.md).
+KEPT_GPU_BYTES = 2 << 30
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory_returned():
+    yield
+    if ON_GPU and torch.cuda.is_initialized() and torch.cuda.memory_reserved() > KEPT_GPU_BYTES:
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def kernel_device():
     return torch.device("cuda" if ON_GPU else "cpu")

@@ -5,10 +5,16 @@ comparison reports a changed argument and a missing call."""
 from __future__ import annotations
 
 import json
+import os
+
+import pytest
+import torch
 
 from benchmarks import launch_snapshot
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the snapshot's calls run on CPU tensors under the interpreter "
+                    "(kernels defined interpreted): a GPU tier's kernel modules are compiled ones")
 def test_snapshots_record_every_launch_and_repeat_exactly():
     first = launch_snapshot.snapshot(only="^(merge-pair|local-lengths-window)$")
     assert set(first["cases"]) == {"merge-pair", "local-lengths-window"}
@@ -22,6 +28,16 @@ def test_snapshots_record_every_launch_and_repeat_exactly():
     assert lengths["args"]["HAS_WINDOW"] == ["bool", True] and lengths["options"] == {"num_warps": ["int", 4]}
     again = launch_snapshot.snapshot(only="^(merge-pair|local-lengths-window)$")
     assert json.dumps(again) == json.dumps(first)  # fresh tensors, new addresses: the same record
+
+
+def test_a_snapshot_leaves_the_environment_as_it_was(monkeypatch):
+    """(It once left TRITON_INTERPRET=1 behind in its process: the GPU suite's later tests in that
+    worker then refused bfloat16 caches as if interpreted.)"""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        monkeypatch.setattr(launch_snapshot, "calls", lambda: {})  # (the environment alone)
+    launch_snapshot.snapshot(only="^merge-pair$")
+    assert "TRITON_INTERPRET" not in os.environ
 
 
 def test_compare_reports_a_changed_argument_and_a_missing_call(tmp_path, capsys):

@@ -45,3 +45,15 @@ def test_spare_pages_are_poisoned_and_leave_the_pool_as_it_was(kv_format):
         assert torch.equal(_bytes(spared.kv_cache_sf[:pages]), _bytes(plain.kv_cache_sf))
     else:
         assert torch.isnan(spared.kv_cache[pages:].float()).all()
+
+
+def test_a_cache_built_under_a_default_device_context():
+    """The draws use a CPU generator: under ``with torch.device(...)`` (how tests/test_entry_routing.py
+    makes its tensors on a GPU) they must stay on the CPU, and the cache lands where it is asked."""
+    from kvattn.testing import make_paged_kv
+
+    with torch.device("meta"):
+        case = make_paged_kv([5, 20], num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16, device="cpu")
+    assert case.kv_cache.device.type == case.block_tables.device.type == case.seq_lens.device.type == "cpu"
+    plain = make_paged_kv([5, 20], num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16, device="cpu")
+    assert torch.equal(case.kv_cache.view(torch.int16), plain.kv_cache.view(torch.int16))

@@ -31,7 +31,7 @@ def seeded(seed: int, device="cpu") -> torch.Generator:
 
 def randn(*shape, dtype=torch.float32, device="cpu", generator=None, scale: float = 1.0) -> torch.Tensor:
     """Normal values drawn on the CPU (reproducible across devices), then moved."""
-    x = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
+    x = torch.randn(*shape, generator=generator, dtype=torch.float32, device="cpu") * scale
     return x.to(device=device, dtype=dtype)
 
 
@@ -109,10 +109,12 @@ def make_paged_kv(
     planes = 1 if form == "shared" else 2
     num_tables = 2 if split_tables else 1
     total = sum(need) * num_tables + extra_pages
-    perm = torch.randperm(total, generator=g)
+    # (the draws and the tables' bookkeeping on the CPU even under a default-device context: the
+    # generator is a CPU one, and the values are the same on every device)
+    perm = torch.randperm(total, generator=g, device="cpu")
     # Tables: each request's pages are a slice of the permutation; unused entries get wild ids that
     # must never be read.
-    tables = torch.randint(-(2**30), 2**30, (batch, num_tables, width), generator=g, dtype=torch.int64)
+    tables = torch.randint(-(2**30), 2**30, (batch, num_tables, width), generator=g, dtype=torch.int64, device="cpu")
     pos = 0
     for t in range(num_tables):
         for b in range(batch):
@@ -125,10 +127,10 @@ def make_paged_kv(
     # large batch of short requests in large pages is mostly unused slots, and their quantisation
     # on the CPU took seconds a call.
     vals = randn(total, planes, page_size, num_kv_heads, head_dim, device=device, generator=g, scale=scale)
-    used = torch.zeros(total, planes, page_size, dtype=torch.bool)
+    used = torch.zeros(total, planes, page_size, dtype=torch.bool, device="cpu")
     for b in range(batch):
         for which, plane in ((0, 0), (num_tables - 1, planes - 1)):  # K's and V's (table, plane)
-            t = torch.arange(lens[b])
+            t = torch.arange(lens[b], device="cpu")
             used[tables[b, which].to(torch.int64)[t // page_size], plane, t % page_size] = True
     used = used.to(device)
     fmt = BY_NAME[kv_format]
@@ -154,7 +156,7 @@ def make_paged_kv(
     for b in range(batch if tokens else 0):
         for which, plane, dst in ((0, 0, k_tokens), (num_tables - 1, planes - 1, v_tokens)):
             tab = tables[b, which].to(torch.int64)
-            t = torch.arange(lens[b])
+            t = torch.arange(lens[b], device="cpu")
             dst.append(vals[tab[t // page_size], plane, t % page_size].to(device))
 
     def to_layout(x):  # [P, planes, page, H, D] -> the asked layout, moved to device

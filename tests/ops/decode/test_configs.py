@@ -111,6 +111,14 @@ def test_split_count_fills_the_last_wave(items, span, expected):
     assert fill >= dc.wave_fill(items, SMS, 1)
 
 
+def test_a_workspace_without_room_for_partials_keeps_one_split():
+    """(A workspace with room for no partial: ``fit`` 0. The last-wave rule once divided by the
+    zero splits it got; the GPU case ``fp16-tiny-workspace-no-split`` found it.)"""
+    long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
+    kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, max_programs=None)
+    assert dc.num_splits(long, items=2, span=20000, fit=0, **kw) == 1
+
+
 def test_tail_fit_moves_only_for_four_points():
     assert dc.tail_fit(176, 132, 1, 16) == 3
     assert dc.tail_fit(131, 132, 1, 16) == 1  # 0.99 full already

@@ -202,7 +202,7 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     cap = min(useful, cfg.max_splits, fit)
     if max_programs is not None:
         cap = min(cap, max(1, max_programs // items))
-    splits = min(want, cap)
+    splits = max(1, min(want, cap))
     if cfg.tail_splits and -(-items * splits // slots) <= TAIL_WAVES and wave_fill(items, slots, splits) < TAIL_FILL:
         splits = tail_fit(items, slots, splits, min(cap, cfg.tail_splits))
     return max(1, splits)
