@@ -66,6 +66,18 @@ class Arg(NamedTuple):
     source: Optional[str] = None
 
 
+# The six launcher arguments a ``PagedKV`` parameter ``kv`` (:class:`kvattn._inputs.PagedKV`) gives
+# an op that reads K and V through their own tables (decode, prefill); declared here once.
+PAGED_KV_ARGS = (
+    Arg("k", Tensor, source="kv.k"),  # [P, page, Hkv, Ds] NHD view of the K pages
+    Arg("v", Tensor, source="kv.v"),
+    Arg("k_table", Tensor, source="kv.k_table"),  # [B, pages_per_seq] int32
+    Arg("v_table", Tensor, source="kv.v_table"),
+    Arg("k_sf", OptTensor, source="kv.k_sf"),  # NVFP4 block scales [P, page, Hkv, D/16], or None
+    Arg("v_sf", OptTensor, source="kv.v_sf"),
+)
+
+
 def _no_outputs(*args, **kwargs) -> None:
     return None
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ...runtime.opdecl import Arg, OptTensor, Tensor, declare_op
+from ...runtime.opdecl import PAGED_KV_ARGS, Arg, OptTensor, Tensor, declare_op
 from . import ragged
 from .plan import launch_decode
 
@@ -28,12 +28,7 @@ from .plan import launch_decode
 BATCH_DECODE = declare_op(
     "kvattn::batch_decode", launch_decode,
     Arg("query", Tensor),  # [B * q_len, Hq, D]
-    Arg("k", Tensor, source="kv.k"),  # [P, page, Hkv, Ds] NHD view of the K pages
-    Arg("v", Tensor, source="kv.v"),
-    Arg("k_table", Tensor, source="kv.k_table"),  # [B, pages_per_seq] int32
-    Arg("v_table", Tensor, source="kv.v_table"),
-    Arg("k_sf", OptTensor, source="kv.k_sf"),  # NVFP4 block scales [P, page, Hkv, D/16], or None
-    Arg("v_sf", OptTensor, source="kv.v_sf"),
+    *PAGED_KV_ARGS,
     Arg("seq_lens", Tensor),  # [B] int32 / uint32
     Arg("mask", OptTensor),  # packed draft-tree mask, or None
     Arg("sinks", OptTensor),  # [Hq] float32, or None

@@ -11,7 +11,7 @@ values from them (each ``Arg``'s ``source``); eager calls run the launcher witho
 
 from __future__ import annotations
 
-from ...runtime.opdecl import Arg, OptTensor, Tensor, declare_op
+from ...runtime.opdecl import PAGED_KV_ARGS, Arg, OptTensor, Tensor, declare_op
 from .plan import launch_context
 
 # Paged causal (or, ``causal=False``, bidirectional) prefill into ``out`` (NVFP4: codes in ``out``,
@@ -23,12 +23,7 @@ from .plan import launch_context
 CONTEXT = declare_op(
     "kvattn::context", launch_context,
     Arg("query", Tensor),  # [sum_q, Hq, D]
-    Arg("k", Tensor, source="kv.k"),  # [P, page, Hkv, Ds] NHD view of the K pages
-    Arg("v", Tensor, source="kv.v"),
-    Arg("k_table", Tensor, source="kv.k_table"),  # [B, pages_per_seq] int32
-    Arg("v_table", Tensor, source="kv.v_table"),
-    Arg("k_sf", OptTensor, source="kv.k_sf"),  # NVFP4 block scales [P, page, Hkv, D/16], or None
-    Arg("v_sf", OptTensor, source="kv.v_sf"),
+    *PAGED_KV_ARGS,
     Arg("seq_lens", Tensor),  # [B] int32 / uint32
     Arg("cum_seq_lens_q", Tensor),  # [B + 1] int32 / int64
     Arg("sinks", OptTensor),  # [Hq] float32, or None
