@@ -11,10 +11,7 @@
 #   git archive ragged-grid src benchmarks | tar -x -C .dev/ragged
 #   git archive ragged-deal src benchmarks tests pyproject.toml | tar -x -C .dev/deal
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$OUT/env.txt" 2>&1
+source lab/probes/device_env.sh
 t0=$(date +%s)
 ROWS="--filter sw07 --filter sw12 --filter sw09 --filter sw13 --filter sw04 --filter sw34 --filter sw52 --filter sw40 --filter sw16 --filter sw03"
 for b in ragged deal; do
