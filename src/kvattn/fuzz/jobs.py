@@ -58,8 +58,8 @@ def _worker(index: int, target, kwargs: dict, threads: int, results, jobs: int =
     try:
         device = torch.device(kwargs.get("device", "cpu"))
         if device.type == "cuda" and jobs > 1:
-            index = torch.cuda.current_device() if device.index is None else device.index  # ("cuda" alone)
-            torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs, index)
+            gpu = torch.cuda.current_device() if device.index is None else device.index  # ("cuda" alone)
+            torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs, gpu)
         report = target(progress=progress, quiet=True, **kwargs)
         results.put(("done", index, report.as_json()))
     except BaseException:  # noqa: BLE001 - a worker's crash (Ctrl-C too) is reported, never lost
