@@ -148,3 +148,26 @@ def test_shared_classes_give_every_worker_the_class_seed(shared, one_thread_work
     assert not report.failed, report.failures
     assert [w["seed"] for w in report.workers] == ([1007, 1007] if shared else [7, 8])
     assert report.as_json()["class_seed"] == (7 if shared else None)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_gpu_worker_caps_its_memory_and_reports_under_its_own_index(device, monkeypatch):
+    """A GPU worker caps its allocator at its share of the device (``"cuda"`` alone: the current
+    device) and reports under its own index: reading the device's index once shadowed the worker's,
+    and every worker reported as worker 0, so the merge kept one report of twelve."""
+    capped = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda share, gpu: capped.append((share, gpu)))
+
+    class Done:
+        def as_json(self):
+            return {"calls": 1}
+
+    results = []
+
+    class Results:
+        put = results.append
+
+    jobs._worker(5, lambda **kwargs: Done(), {"device": device}, 1, Results(), jobs=4)
+    assert capped == [(jobs.GPU_MEMORY_SHARE / 4, 0 if device == "cuda" else 1)]
+    assert results == [("done", 5, {"calls": 1})]
