@@ -16,7 +16,8 @@ The forms table (``--forms-only`` prints it alone, in well under a minute with t
 compiled: ``--form-calls`` calls a form) times every call form of each function, in the same run:
 its output given (``out``) or allocated by kvattn (``no out``), with the LSE given, allocated
 (``lse``) or not asked for, over pages of 16 and 64 tokens and a bf16 and an fp8 cache (single
-decode: contiguous K/V, no pages; MLA also at 128 heads, the Gluon kernel on Hopper). Each cell is
+decode: contiguous K/V, no pages; MLA also at 128 heads, the Gluon kernel on Hopper), a row's
+forms called in turn so that the host's drift falls on all of them alike. Each cell is
 the median host time (us) and its ratio to the same call with everything given; ``*`` marks a form
 whose timed calls were not all replayed. ``bits`` says whether each allocating form returned the
 bits of the same call with everything given. A last line times single decode over a length that
@@ -47,6 +48,7 @@ import contextlib
 import datetime
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -247,6 +249,34 @@ def _bits_of(result) -> torch.Tensor:
     return torch.cat([t.reshape(-1).view(torch.uint8) for t in parts if t is not None])
 
 
+def interleaved_times(fns: dict, calls: int) -> dict:
+    """``{name: (median us, p90 us, cache hits)}`` of ``calls`` single calls of each function, made
+    in turn (one call of each, then the next round), each with the GPU idle. A form timed in a block
+    of its own took the host's drift with it: neighbouring rows of one table differed by up to 1.4x
+    in the same form (lab/notes/host-path.md); in turn, every form of a row shares the drift, and
+    their ratios keep only what the forms cost."""
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    times = {name: [] for name in fns}
+    hits = dict.fromkeys(fns, 0)
+    for _ in range(calls):
+        for name, fn in fns.items():
+            _sync()
+            before = _cache_hits()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            hits[name] += _cache_hits() - before
+            times[name].append(t1 - t0)
+    _sync()
+    stats = {}
+    for name, ts in times.items():
+        ts.sort()
+        stats[name] = (statistics.median(ts) * 1e6, ts[int(0.9 * (len(ts) - 1))] * 1e6, hits[name])
+    return stats
+
+
 def time_forms(rows: list, calls: int, fake: bool) -> list[dict]:
     """Each row's forms timed (median / p90 us), their ratios to the same call with everything
     given, whether every timed call was replayed, and whether each form gave the baseline's bits."""
@@ -255,16 +285,14 @@ def time_forms(rows: list, calls: int, fake: bool) -> list[dict]:
         row = {"function": function, "page": page, "kv": kv_name, "forms": {}}
         forms = [f for f in FORMS if not (function == "xqa" and f.startswith("no out"))]
         try:
-            results = {}
-            for form in forms:
-                kw = _form_kwargs(form, out, lse)
-                fn = (lambda kw=kw: call(**kw))
+            fns = {form: (lambda kw=_form_kwargs(form, out, lse): call(**kw)) for form in forms}
+            for fn in fns.values():
                 for _ in range(3):  # compiled, seen, recorded
                     fn()
-                hits = _cache_hits()
-                median, p90 = host_times(fn, calls)
-                replayed = _cache_hits() - hits == calls + 20  # (host_times' 20 warm-up calls, then the timed ones)
-                row["forms"][form] = {"median": median, "p90": p90, "replayed": replayed}
+            for form, (median, p90, hits) in interleaved_times(fns, calls).items():
+                row["forms"][form] = {"median": median, "p90": p90, "replayed": hits == calls}
+            results = {}
+            for form, fn in fns.items():
                 got = fn()
                 if function == "xqa":  # (it writes into its given output, and returns the LSE or None)
                     got = (out, got)
