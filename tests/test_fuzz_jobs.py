@@ -156,6 +156,7 @@ def test_a_gpu_worker_caps_its_memory_and_reports_under_its_own_index(device, mo
     device) and reports under its own index: reading the device's index once shadowed the worker's,
     and every worker reported as worker 0, so the merge kept one report of twelve."""
     capped = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # (the worker's, not this process's)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda share, gpu: capped.append((share, gpu)))
 
