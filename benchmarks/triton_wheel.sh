@@ -11,8 +11,16 @@
 #   bash benchmarks/triton_wheel.sh install             # joins, checks the sha256, pip install --target
 #   export PYTHONPATH=/tmp/triton-site:src               # that Triton first, kvattn from the checkout
 #   bash benchmarks/device_check.sh ...                  # or any command
+#
+# Or in ONE call: the wheel cut to what kvattn runs, packed under the carry limit (64 MiB):
+#   bash benchmarks/triton_wheel.sh slim                # here, after split: .t371slim/*.tar.xz (~57 MiB)
+#   bash benchmarks/triton_wheel.sh unpack              # on the device (carry [".t371slim"]), then as above
+# The cut: the static CUPTI archives (profiler builds only), the Blackwell ptxas (sm_100+) and the
+# copies pip makes of CUPTI's symlinks go; libtriton.so loses its debug sections (strip
+# --strip-unneeded keeps the dynamic symbols Python loads it by: 441 -> 180 MB). Checked here with
+# the same cut of the cp311 wheel: the sm_90a compile-only tests (ptxas included) pass.
 set -euo pipefail
-cmd=${1:?usage: triton_wheel.sh split [VERSION] | stage | install}
+cmd=${1:?usage: triton_wheel.sh split [VERSION] | stage | install | slim | unpack}
 parts=/tmp/triton-parts
 site=/tmp/triton-site
 case "$cmd" in
@@ -40,6 +48,27 @@ case "$cmd" in
     cat "$parts"/part-* > "$wheel"
     echo "$(cat "$parts/sha256")  $wheel" | sha256sum -c -
     python3 -m pip install -q --no-deps --no-compile --no-cache-dir --target "$site" "$wheel"
+    PYTHONPATH="$site" python3 -c 'import triton; print("triton", triton.__version__, triton.__file__)'
+    ;;
+  slim)
+    wheel=/tmp/$(cat .t371/name)
+    cat .t371/part-* > "$wheel"
+    echo "$(cat .t371/sha256)  $wheel" | sha256sum -c -
+    tree=$(mktemp -d)
+    python3 -m zipfile -e "$wheel" "$tree"
+    nv="$tree/triton/backends/nvidia"
+    chmod +x "$nv"/bin/*  # (zipfile drops the mode bits)
+    rm -f "$nv/bin/ptxas-blackwell" "$nv"/lib/cupti/*_static.a "$nv"/lib/cupti/libcupti.so.[0-9]*
+    strip --strip-unneeded "$tree/triton/_C/libtriton.so"
+    version=$(sed -n 's/^triton-\([0-9.]*\)-.*/\1/p' .t371/name)
+    mkdir -p .t371slim
+    tar -cf - -C "$tree" . | xz -9 -T2 > ".t371slim/triton-$version-slim.tar.xz"
+    rm -rf "$tree" "$wheel"
+    ls -l .t371slim
+    ;;
+  unpack)
+    rm -rf "$site" && mkdir -p "$site"
+    tar -xJf .t371slim/triton-*-slim.tar.xz -C "$site"
     PYTHONPATH="$site" python3 -c 'import triton; print("triton", triton.__version__, triton.__file__)'
     ;;
   *) echo "triton_wheel.sh: unknown command $cmd" >&2; exit 2 ;;
