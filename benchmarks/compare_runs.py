@@ -1,8 +1,8 @@
-"""Table of a same-run comparison of two trees (``benchmarks/compare_trees.sh``): per shape, each
+"""Table of a same-run comparison of trees (``benchmarks/compare_trees.sh``): per shape, each
 tree's graph-replay time (median of its rounds), the spread of its rounds (the run's noise), and
-B's change against A; then both trees' eager host time per call.
+each other tree's change against the first; then the trees' eager host time per call.
 
-    python benchmarks/compare_runs.py OUT_DIR NAME_A NAME_B
+    python benchmarks/compare_runs.py OUT_DIR NAME_A NAME_B [NAME_C ...]
 """
 
 from __future__ import annotations
@@ -34,22 +34,28 @@ def _host(out: Path, name: str) -> dict[str, float]:
     return rows
 
 
-def table(out: Path, a: str, b: str) -> str:
-    ta, tb = _times(out, a), _times(out, b)
-    lines = [f"| shape | {a} us | spread | {b} us | spread | {b} vs {a} |", "|---|---|---|---|---|---|"]
+def table(out: Path, a: str, *others: str) -> str:
+    ta = _times(out, a)
+    tos = {b: _times(out, b) for b in others}
+    head = f"| shape | {a} us | spread |" + "".join(f" {b} us | spread | {b} vs {a} |" for b in others)
+    lines = [head, "|---|---|---|" + "---|---|---|" * len(others)]
     for shape in ta:
-        if shape not in tb:
+        if not all(shape in tb for tb in tos.values()):
             continue
-        ma, mb = statistics.median(ta[shape]), statistics.median(tb[shape])
-        sa = (max(ta[shape]) - min(ta[shape])) / ma * 100
-        sb = (max(tb[shape]) - min(tb[shape])) / mb * 100
-        lines.append(f"| {shape} | {ma:.1f} | {sa:.1f} % | {mb:.1f} | {sb:.1f} % | {100 * (mb / ma - 1):+.1f} % |")
-    ha, hb = _host(out, a), _host(out, b)
-    if ha and hb:
-        lines += ["", f"| eager call | {a} host us | {b} host us |", "|---|---|---|"]
-        lines += [f"| {k} | {ha[k]:.1f} | {hb[k]:.1f} |" for k in ha if k in hb]
+        ma = statistics.median(ta[shape])
+        row = f"| {shape} | {ma:.1f} | {(max(ta[shape]) - min(ta[shape])) / ma * 100:.1f} % |"
+        for tb in tos.values():
+            mb = statistics.median(tb[shape])
+            sb = (max(tb[shape]) - min(tb[shape])) / mb * 100
+            row += f" {mb:.1f} | {sb:.1f} % | {100 * (mb / ma - 1):+.1f} % |"
+        lines.append(row)
+    hosts = {name: _host(out, name) for name in (a, *others)}
+    if all(hosts.values()):
+        lines += ["", "| eager call |" + "".join(f" {name} host us |" for name in hosts), "|---|" + "---|" * len(hosts)]
+        lines += [f"| {k} |" + "".join(f" {h[k]:.1f} |" for h in hosts.values())
+                  for k in hosts[a] if all(k in h for h in hosts.values())]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(table(Path(sys.argv[1]), sys.argv[2], sys.argv[3]))
+    print(table(Path(sys.argv[1]), *sys.argv[2:]))
