@@ -134,7 +134,7 @@ def _decode_item(
         kvh = rest % NUM_KV_HEADS
         unit = rest // NUM_KV_HEADS
         b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits, unit_target,
-                                                       MIN_CHUNK, BLOCK_N, BLOCK_B)
+                                                       MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
         bh = b * NUM_KV_HEADS + kvh
     else:
         split = rest % num_splits
@@ -435,9 +435,10 @@ def decode_split_kernel(
         # undealt item from the counter at DEAL_SLOT until the plan's items run out, so programs
         # that drew short units take more; the last program to finish resets the counter (and its
         # finish count at DEAL_SLOT + 1) for the next launch. Otherwise the uniform split: one item
-        # a program, as below.
+        # a program, as below; the grid is at least one wave of resident programs (for the deal),
+        # so the programs past the uniform split's num_items have none and end at once.
         ragged, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
-                                      BLOCK_B)
+                                      BLOCK_B, MERGE_BLOCK_S)
         if ragged:
             num_items_plan = units * NUM_KV_HEADS * M_BLOCKS
             item = pid
@@ -463,7 +464,7 @@ def decode_split_kernel(
             if finished == tl.num_programs(0) - 1:
                 tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
                 tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
-        else:
+        elif pid < num_items:
             _decode_item(
                 pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
                 mask_ptr,

@@ -33,7 +33,6 @@ from ...runtime.common import (
 )
 from ...runtime.plans import cached_plan
 from ...runtime.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
-from ..common.balance import MAX_UNITS
 from ..common.splits import combine_block_s, invariant_span, invariant_splits
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
@@ -276,24 +275,35 @@ class _Plan:
     def balance(self, cfg: decode_configs.DecodeConfig, splits: int) -> Balance | None:
         """The balanced launch's sizes for ``splits`` uniform splits, or None where the plan does
         not allow one (common.balance): its programs merge in the kernel (counters, with two more
-        for the dynamic deal), its partials fit the workspace, and the launch is of the kind the
-        balanced split was measured to pay on (``configs.balance_pays``; not the short-request
-        tiles, whose spans are too short to be unbalanced)."""
+        for the dynamic deal), a batch found uniform merges its ``splits`` partials in at most
+        ``MAX_BALANCED_ROUNDS`` rounds, its partials fit the workspace, and the launch is of the
+        kind the balanced split was measured to pay on (``configs.balance_pays``; not the
+        short-request tiles, whose spans are too short to be unbalanced).
+
+        The grid is at least one wave of resident programs (``configs.resident_slots``), not only
+        the uniform split's ``items x splits``: a ragged batch of few items deals its units over
+        the whole GPU, and the programs past ``items x splits`` of a batch found uniform end at
+        once."""
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
-                or not (splits == 1 or self.merges(cfg, splits)) or cfg is self.cfg_short):
+                or cfg is self.cfg_short):
+            return None
+        merge_block_s = _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS))
+        if cdiv(splits, merge_block_s) > MAX_BALANCED_ROUNDS:
             return None
         if not decode_configs.balance_pays(cfg, items=self.items, sm_count=self.sm_count, kv_format=self.kv_format,
                                            head_dim=self.head_dim, rope_query=self.rope_query):
             return None
+        slots = decode_configs.resident_slots(cfg, sm_count=self.sm_count, kv_format=self.kv_format,
+                                              head_dim=self.head_dim, rope_query=self.rope_query)
         target = max(self.batch * splits, decode_configs.balance_target(
             cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
             kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
         # A ragged plan has at most target + batch units (each request rounds up once), a uniform one
-        # batch x splits; a request at most MAX_UNITS (ragged) or splits.
+        # batch x splits; a request at most common.balance.unit_cap(merge_block_s) (ragged) or splits.
         units = target + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
-        return Balance(target, units, _merge_block_s(self, cfg, max(splits, MAX_UNITS)))
+        return Balance(target, units, merge_block_s, max(self.items * splits, slots))
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
@@ -331,12 +341,22 @@ class Balance(NamedTuple):
     target: int  # units a ragged plan aims at
     units: int  # units a plan has at most (the partials' room)
     merge_block_s: int  # partials the in-kernel merge loads a round
+    programs: int  # the grid: the uniform split's items x splits, at least one wave of resident programs
 
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
 # critical path (~1 us on an H100): past two rounds the combine launch (~2 us after the last split
 # program) is the faster merge (lab/notes/decode.md "Decode: merging the split partials").
 MAX_MERGE_ROUNDS = 2
+# A balanced launch has no combine launch, so a batch it finds uniform merges its splits in the
+# kernel: allowed up to 4 rounds (~3 us after the last split, ~1 us past the combine launch it
+# replaces), which takes the last-wave split counts (configs.tail_fit, at most TAIL_SPLITS = 16) of
+# few-item launches at 4 partials a round: 45 requests at 8/1 heads on long tiles, 14 splits.
+MAX_BALANCED_ROUNDS = 4
+# The partials a balanced launch's merge loads a round are sized for this many (_merge_block_s's
+# register budget caps it first except on one-row tiles), whatever MAX_UNITS is: the round size
+# the balanced launches were measured with.
+_BALANCED_ROUND_UNITS = 16
 
 
 def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
@@ -355,11 +375,12 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
                   bal: Balance | None = None) -> fast_launch.Launch:
     """The split kernel's launch, every argument by its parameter's name (``bal``: balanced)."""
     s, has = plan.strides, plan.has
-    num_items = plan.items * splits  # (balanced: the uniform split's grid; a ragged plan deals its units)
+    num_items = plan.items * splits  # (balanced: the uniform split's items; a ragged plan deals its units)
     tma = cfg.tma and plan.tma_ok
     persistent = plan.max_programs is not None and num_items > plan.max_programs
+    programs = bal.programs if bal else (plan.max_programs if persistent else num_items)
     return fast_launch.Launch(
-        decode_split_kernel, (plan.max_programs if persistent else num_items,),
+        decode_split_kernel, (programs,),
         layout=plan.layout,
         per_call=dict(
             q_ptr="query", k_ptr="k", v_ptr="v", k_sf_ptr=_given(plan, "k_sf"), v_sf_ptr=_given(plan, "v_sf"),
