@@ -31,6 +31,35 @@ for _path in sorted(set(TRITON_OPS.values())):
     importlib.import_module(_path)
 
 
+def _switch_state() -> tuple:
+    from kvattn.runtime import env as _env
+
+    names = sorted(set(_env.SWITCH_NAMES) | {"TRITON_INTERPRET"})
+    return tuple((name, os.environ.get(name)) for name in names) + (("set_batch_invariant", _env._BATCH_INVARIANT[0]),)
+
+
+@pytest.fixture(autouse=True)
+def _switches_kept():
+    """A test leaves kvattn's switches (its environment variables, TRITON_INTERPRET and the
+    batch-invariant override) as it found them: a leak changes what every later test of the
+    process runs, and shows up as some other test failing, in one test order only. The leaking
+    test fails here instead, and the state is put back."""
+    before = _switch_state()
+    yield
+    after = _switch_state()
+    if after != before:
+        from kvattn.runtime import env as _env
+
+        for (name, value), _ in zip(before[:-1], after[:-1]):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _env._BATCH_INVARIANT[0] = before[-1][1]
+        changed = [(b, a) for b, a in zip(before, after) if a != b]
+        pytest.fail(f"the test left kvattn's switches changed (before, after): {changed}")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_call_caches():
     """No recorded call, and no prefill plan, outlives its test (tests patch what recorded calls and

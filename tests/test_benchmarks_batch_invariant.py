@@ -15,7 +15,11 @@ from benchmarks import run as bench_run  # noqa: E402
 
 
 def test_batch_invariant_flag_turns_the_mode_on_for_the_run(monkeypatch, tmp_path):
-    monkeypatch.delenv("KVATTN_BATCH_INVARIANT", raising=False)
+    # main() sets the variable itself, past monkeypatch: set it here first, so that the
+    # teardown removes it again whatever main() left (a leaked "1" turns the mode on for every
+    # later test of the process).
+    monkeypatch.setenv("KVATTN_BATCH_INVARIANT", "0")
+    monkeypatch.delenv("KVATTN_BATCH_INVARIANT")
     seen = []
     monkeypatch.setattr(bench_run, "run", lambda suites, **kw: seen.append((suites, kvattn.is_batch_invariant())))
     assert bench_run.main(["--suite", "decode,mla,prefill", "--batch-invariant", "--out", str(tmp_path / "r.json")]) == 0

@@ -292,6 +292,7 @@ def test_cuda_graph_replay_with_new_tokens():
             assert torch.equal(cache[pg, 1, int(p[i]) % page], value[i])
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("kv_format,cache_ptr", [("half", "*bf16"), ("fp8", "*u8"), ("nvfp4", "*u8")])
 @pytest.mark.parametrize("head_dim,heads", [(128, 8), (256, 4)])
 def test_compiles_for_sm90_without_spills(kv_format, cache_ptr, head_dim, heads):

@@ -75,6 +75,7 @@ def _without_debug_info(got: dict) -> tuple[str, str]:
     return ttgir, ptx
 
 
+@pytest.mark.codegen
 def test_as_mask_compiles_to_the_bare_mask(tmp_path, monkeypatch):
     """The same kernel with and without as_mask (one module each, so names match) compiles to the
     same TTGIR and PTX: the comparison with false folds away."""

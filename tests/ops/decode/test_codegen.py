@@ -18,6 +18,8 @@ from kvattn.runtime import ptx_hints
 
 from ..sm90 import compile_sm90, gpu_verified_fact
 
+pytestmark = pytest.mark.codegen  # compiled, not run: CI runs these (pyproject.toml markers)
+
 FLOATS = ("logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale")
 PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "kv_start_ptr": "*i32", "mask_ptr": "*i16",
         "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32", "lse_ptr": "*fp32",

@@ -27,6 +27,8 @@ from kvattn.runtime import versions as _versions
 
 from ..sm90 import compile_sm90
 
+pytestmark = pytest.mark.codegen  # compiled, not run: CI runs these (pyproject.toml markers)
+
 VERSION = _versions.parse(triton.__version__)
 HAS_MULTICAST = "multicast" in inspect.signature(getattr(tma, "async_load", None)
                                                  or tma.async_copy_global_to_shared).parameters

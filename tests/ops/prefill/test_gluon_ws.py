@@ -281,6 +281,7 @@ def test_bound_check_catches_a_bound_from_before_the_loop():
     assert bounds_fixed_before_the_loop(sibling.replace("to %n step %c1 iter_args(%z", "to %x step %c1 iter_args(%z")) == []
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("kw,n_by_shape", [
     ({}, {"m64n128k16": 2 * (8 + 8 + 8 + 8)}),
     ({"HEAD_DIM": 64, "STAGES": 4}, {"m64n128k16": 2 * (4 + 4), "m64n64k16": 2 * (8 + 8)}),
@@ -366,6 +367,7 @@ def assert_fp8_schedule_fits(got: dict, sass: str) -> None:
         assert loop_overlaps(sass) == 2, "the softmax no longer runs under P.V in both consumer loops"
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("q,kw,products", [
     ("bf16", {}, {"m64n128k16.f32.f16.f16": 64}),
     ("fp16", {"HEAD_DIM": 64}, {"m64n128k16.f32.f16.f16": 16, "m64n64k16.f32.f16.f16": 32}),
@@ -394,6 +396,7 @@ def test_fp8_cache_kernel_compiles_to_its_schedule(q, kw, products):
     assert_fp8_schedule_fits(got, sass)
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("kw,products", [
     ({}, {"m64n128k32.f32.e4m3.e4m3": 16, "m64n128k16.f32.f16.f16": 32}),
     ({"STAGES": 3}, {"m64n128k32.f32.e4m3.e4m3": 16, "m64n128k16.f32.f16.f16": 32}),
