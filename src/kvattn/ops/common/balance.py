@@ -6,11 +6,10 @@ cuts a ragged batch's keys into *units* of about equal length instead: one chunk
 whole launch, from the batch's total key count, so a long request gets several units and a short
 one a single unit; the launch's programs then take units from a shared counter as they finish
 (a dynamic deal), so no program waits on a long one. No host sync: every program reads the
-device-side lengths and derives the same plan, and the grid (at least one wave of resident
-programs, and at least the uniform split's) comes from host bounds, so a captured CUDA graph
-replays with new lengths. A batch of about equal lengths keeps
-the uniform split (each program its one item, as without the plan). docs/performance.md, "Ragged
-batches", has the measurements.
+device-side lengths and derives the same plan, and the grid (one wave of resident programs)
+comes from host bounds, so a captured CUDA graph replays with new lengths. A batch of about equal
+lengths keeps the uniform split's pieces as its units (``num_splits`` a request), dealt the same
+way. docs/performance.md, "Ragged batches", has the measurements.
 """
 
 from __future__ import annotations

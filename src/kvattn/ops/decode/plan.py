@@ -280,10 +280,10 @@ class _Plan:
         kind the balanced split was measured to pay on (``configs.balance_pays``; not the
         short-request tiles, whose spans are too short to be unbalanced).
 
-        The grid is at least one wave of resident programs (``configs.resident_slots``), not only
-        the uniform split's ``items x splits``: a ragged batch of few items deals its units over
-        the whole GPU, and the programs past ``items x splits`` of a batch found uniform end at
-        once."""
+        The grid is one wave of resident programs (``configs.resident_slots``), whatever the
+        split: the programs deal the units to themselves (a ragged batch's cut from its lengths,
+        a uniform batch's ``splits`` a request), so a batch of few items still spreads over the
+        whole GPU, and no program of a later wave starts only to find nothing left."""
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
                 or cfg is self.cfg_short):
             return None
@@ -303,7 +303,7 @@ class _Plan:
         units = target + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
-        return Balance(target, units, merge_block_s, max(self.items * splits, slots))
+        return Balance(target, units, merge_block_s, slots)
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
@@ -341,7 +341,7 @@ class Balance(NamedTuple):
     target: int  # units a ragged plan aims at
     units: int  # units a plan has at most (the partials' room)
     merge_block_s: int  # partials the in-kernel merge loads a round
-    programs: int  # the grid: the uniform split's items x splits, at least one wave of resident programs
+    programs: int  # the grid: one wave of resident programs, which deal the units among themselves
 
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
