@@ -94,3 +94,37 @@ def test_empty_request_row_is_zero_and_window_zero_is_own_value():
     o = dense.batch_decode(q, cache, table2, torch.tensor([0, 5], dtype=torch.int32), window_left=0)
     assert (o[0] == 0).all()
     torch.testing.assert_close(o[1], v[4].double())
+
+
+def test_bidirectional_context_by_hand():
+    """causal=False: every query row of a request sees all its keys, whatever its position: here a
+    request of 3 keys and 2 rows, each row's output the softmax over all 3 keys by hand (the first
+    row would see 2 of them causally), and an empty request's row is zero."""
+    k, v = torch.randn(3, 1, 8), torch.randn(3, 1, 8)
+    cache, table, _ = _one_request_cache(k, v)
+    q = torch.randn(3, 1, 8)
+    tables = torch.cat([table, table])
+    lens = torch.tensor([3, 0], dtype=torch.int32)
+    cum = torch.tensor([0, 2, 3], dtype=torch.int32)
+    o, lse = dense.context(q, cache, tables, lens, cum, 0.5, 1.0, kv_layout="NHD", causal=False, return_lse=True)
+    for row in range(2):
+        logits = 0.5 * (k[:, 0].double() @ q[row, 0].double())
+        torch.testing.assert_close(o[row, 0], torch.softmax(logits, 0) @ v[:, 0].double())
+        torch.testing.assert_close(lse[row, 0], torch.logsumexp(logits, 0) / math.log(2))  # (base 2)
+    assert (o[2] == 0).all()
+    causal = dense.context(q, cache, tables, lens, cum, 0.5, 1.0, kv_layout="NHD")
+    assert not torch.allclose(causal[0], o[0])  # (the causal first row sees two keys)
+    torch.testing.assert_close(causal[1], o[1])  # (the last row sees all three either way)
+
+
+def test_bidirectional_context_takes_no_window():
+    k = v = torch.randn(3, 1, 8)
+    cache, table, lens = _one_request_cache(k, v)
+    q = torch.randn(1, 1, 8)
+    try:
+        dense.context(q, cache, table, lens, torch.tensor([0, 1], dtype=torch.int32), kv_layout="NHD",
+                      window_left=1, causal=False)
+    except ValueError as e:
+        assert "window_left" in str(e)
+    else:
+        raise AssertionError("causal=False with a window was accepted")

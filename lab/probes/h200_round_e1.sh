@@ -3,10 +3,8 @@
 # failures (test switches kept, GPU memory handed back, the snapshot's TRITON_INTERPRET), changed
 # files first, the sm_90a compile-only tests (marker codegen) left to CI; then the host-time forms table (issue 39).
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
+source lab/probes/device_env.sh
+export PYTHONPATH=src:${PYTHONPATH:-}
 t0=$(date +%s)
 OMP_NUM_THREADS=1 timeout -s INT $(( ${TOTAL:-545} - 45 )) python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
   --junitxml="$OUT/junit.xml" -m "not codegen" \

@@ -2,10 +2,8 @@
 # Second device call of round e (H200): issue 43's ten-minute differential fuzz run of the five
 # public functions in every mode, workers sharing their kernel classes, with the compile log.
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$OUT/env.txt" 2>&1
+source lab/probes/device_env.sh
+export PYTHONPATH=src:${PYTHONPATH:-}
 KVATTN_FUZZ_COMPILE_LOG="$OUT/compiles.jsonl" timeout ${TOTAL:-570} python3 -m kvattn fuzz --device cuda \
   --seconds $(( ${TOTAL:-570} - 50 )) --jobs 12 --shared-classes --json "$OUT/fuzz.json" > "$OUT/fuzz.txt" 2>&1
 echo "rc $?"; tail -n 30 "$OUT/fuzz.txt"

@@ -542,6 +542,7 @@ def context(
     skip_softmax_threshold_scale_factor: float | None = None,
     skip_tile: tuple[int, int] = (128, 128),
     return_lse: bool = False,
+    causal: bool = True,
     **_launch_args,
 ) -> torch.Tensor:
     """Dense ``trtllm_batch_context_with_kv_cache``: float64 ``[sum_q, Hq, D]`` (``bmm2 * softmax V``).
@@ -555,6 +556,8 @@ def context(
     sinks : ``[Hq]`` (or a list of one tensor)
     skip_softmax_threshold_scale_factor : None/0 exact; ``f > 0`` keeps only the tiles that
         :func:`skip_softmax_kept_tiles` keeps (``skip_tile`` = (rows, keys))
+    causal : False: bidirectional, every row sees all ``seq_lens[b]`` keys of its request (no
+        window: ``window_left`` must be -1)
     **_launch_args : ignored (``workspace_buffer``, ``max_q_len``, ``max_kv_len``, ``batch_size``,
         ``cum_seq_lens_kv``, ``out``, ``out_dtype``, ``o_sf_scale``, ``o_sf_vec_size``, ``enable_pdl``)
     """
@@ -578,7 +581,12 @@ def context(
     real_row = i < lq.view(-1, 1)
     src = torch.where(real_row, cum[:-1].view(-1, 1) + i, torch.zeros_like(i))
     q = torch.where(real_row[:, :, None, None], query.to(F64)[src], torch.zeros((), dtype=F64))
-    pos = (lens - lq).view(-1, 1, 1) + i.view(1, -1, 1)  # [B, Qmax, 1]
+    if causal:
+        pos = (lens - lq).view(-1, 1, 1) + i.view(1, -1, 1)  # [B, Qmax, 1]
+    elif window_left >= 0:
+        raise ValueError(f"window_left: causal=False takes no window (-1), got {window_left}")
+    else:
+        pos = (lens - 1).view(-1, 1, 1).expand(-1, qmax, 1)  # every row where the last one sits
     j = torch.arange(lmax).view(1, 1, -1)
     visible = (j <= pos) & real_row.unsqueeze(-1) & (j < lens.view(-1, 1, 1))
     if window_left >= 0:

@@ -87,23 +87,29 @@ def test_sourced_arguments_are_read_from_the_entrys_parameters():
     assert [a.name for a in schema.arguments] == ["src", "dst", "factor", "extra"]
 
 
-def test_traced_sourced_entry_calls_the_op_with_the_flat_arguments():
+def _traced(step, *args):
+    """``step(*args)`` under ``torch.compile(fullgraph=True)``, and the one FX graph it traced."""
     graphs = []
 
     def backend(gm, inputs):
         graphs.append(gm)
         return gm.forward
 
+    torch._dynamo.reset()
+    got = torch.compile(step, backend=backend, fullgraph=True)(*args)
+    (gm,) = graphs
+    return got, gm
+
+
+def test_traced_sourced_entry_calls_the_op_with_the_flat_arguments():
     def step(src, extra):
         dst = torch.empty_like(src)
         SOURCED_COPY.entry(src, dst, Scale(2.0, extra))
         return dst + 1
 
     src, extra = torch.randn(6), torch.randn(6)
-    torch._dynamo.reset()
-    got = torch.compile(step, backend=backend, fullgraph=True)(src, extra)
+    got, gm = _traced(step, src, extra)
     assert torch.equal(got, src * 2.0 + extra + 1)
-    (gm,) = graphs
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and "sourced_copy" in str(n.target)]
     assert len(calls) == 1 and len(calls[0].args) + len(calls[0].kwargs) == 4
 
@@ -123,22 +129,14 @@ def test_schema_has_the_declared_order_types_and_writes_and_no_defaults():
 
 
 def test_traced_entry_calls_the_op_with_every_argument():
-    graphs = []
-
-    def backend(gm, inputs):
-        graphs.append(gm)
-        return gm.forward
-
     def step(src, extra):
         dst = torch.empty_like(src)
         SCALED_COPY.entry(src, dst, extra=extra)  # (factor left to its declared default)
         return dst * 2
 
     src, extra = torch.randn(6), torch.randn(6)
-    torch._dynamo.reset()
-    got = torch.compile(step, backend=backend, fullgraph=True)(src, extra)
+    got, gm = _traced(step, src, extra)
     assert torch.equal(got, (src + extra) * 2)
-    (gm,) = graphs
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and "scaled_copy" in str(n.target)]
     assert len(calls) == 1
     assert len(calls[0].args) + len(calls[0].kwargs) == 4

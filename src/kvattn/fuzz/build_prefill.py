@@ -75,21 +75,14 @@ def _prefill(spec, device) -> Call:
 
     def exact(kw=kw):
         tables_, seq_, cum_ = kw["block_tables"], kw["seq_lens"], kw["cum_seq_lens_q"]
-        if not kw["causal"]:
-            # Bidirectional: every row sees all L keys, as the last row of a causal request does;
-            # each row runs as a one-row request over its request's keys (no window, no
-            # skip-softmax: draws.normalise).
-            cum_cpu = cum_.cpu().to(torch.int64)
-            owner = torch.repeat_interleave(torch.arange(cum_cpu.numel() - 1), cum_cpu[1:] - cum_cpu[:-1])
-            tables_, seq_ = tables_.cpu()[owner], seq_.cpu().to(torch.int64)[owner]
-            cum_ = torch.arange(owner.numel() + 1, dtype=torch.int32)
         blocks = kw["kv_cache_sf"] if kw["kv_cache_sf"] is not None else kw["kv_block_scales"]
         return float64(dense.context, query=kw["query"], kv_cache=kw["kv_cache"], block_tables=tables_,
                       seq_lens=seq_, cum_seq_lens_q=cum_, bmm1_scale=kw["bmm1_scale"],
                       bmm2_scale=kw["bmm2_scale"], window_left=kw["window_left"], sinks=kw["sinks"],
                       kv_layout=kw["kv_layout"], kv_block_scales=blocks,
                       uses_shared_paged_kv_idx=kw["uses_shared_paged_kv_idx"],
-                      skip_softmax_threshold_scale_factor=kw["skip_softmax_threshold_scale_factor"], return_lse=True)
+                      skip_softmax_threshold_scale_factor=kw["skip_softmax_threshold_scale_factor"], return_lse=True,
+                      causal=kw["causal"])
 
     out_kind = "nvfp4" if out_dtype == "nvfp4" else _kind(out_dtype or qdt)
     sf_scale = spec["o_sf_scale"] or 1.0

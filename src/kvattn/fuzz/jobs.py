@@ -47,9 +47,6 @@ def _worker(index: int, target, kwargs: dict, threads: int, results, jobs: int =
     i, traceback)`` on ``results``; progress as ``("progress", i, calls, mismatches, errors)``.
     (Not a daemon process: Triton may start processes of its own.)"""
     torch.set_num_threads(threads)
-    device = torch.device(kwargs.get("device", "cpu"))
-    if device.type == "cuda" and jobs > 1:
-        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs, device)
     last = [0.0]
 
     def progress(report: Report) -> None:
@@ -59,6 +56,10 @@ def _worker(index: int, target, kwargs: dict, threads: int, results, jobs: int =
             results.put(("progress", index, report.calls, report.mismatches, report.errors))
 
     try:
+        device = torch.device(kwargs.get("device", "cpu"))
+        if device.type == "cuda" and jobs > 1:
+            gpu = torch.cuda.current_device() if device.index is None else device.index  # ("cuda" alone)
+            torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs, gpu)
         report = target(progress=progress, quiet=True, **kwargs)
         results.put(("done", index, report.as_json()))
     except BaseException:  # noqa: BLE001 - a worker's crash (Ctrl-C too) is reported, never lost

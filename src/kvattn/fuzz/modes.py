@@ -122,8 +122,21 @@ _CAPTURE_STREAMS: dict = {}  # device -> the side stream the graph mode captures
 
 def _capture(fn, kwargs: dict, device) -> tuple:
     """``fn(**kwargs)`` captured in a CUDA graph on a side stream: ``(graph, its result)``. What
-    ``torch.cuda.graph`` does, less its ``empty_cache``: that handed every cached block back to
-    the driver at each graph-mode call, and the next calls' tensors came from ``cudaMalloc``."""
+    ``torch.cuda.graph`` does, less its ``empty_cache`` at every call (that handed every cached
+    block back to the driver, and the next calls' tensors came from ``cudaMalloc``): the cache is
+    handed back only when a capture runs out of memory, and the capture made again. A capture
+    allocates from the graph's own pool, and PyTorch's allocator does not free the ordinary pool's
+    cached blocks while a capture is under way; a worker under its share of the GPU
+    (:mod:`kvattn.fuzz.jobs`) whose earlier large calls left that share cached would otherwise
+    fail every capture that needs a new block (lab/notes/robustness.md)."""
+    try:
+        return _capture_once(fn, kwargs, device)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return _capture_once(fn, kwargs, device)
+
+
+def _capture_once(fn, kwargs: dict, device) -> tuple:
     stream = _CAPTURE_STREAMS.get(device)
     if stream is None:
         stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
