@@ -265,6 +265,27 @@ def balance_target(cfg: DecodeConfig, *, sm_count: int, programs_per_unit: int, 
     return max(1, cfg.balance_waves * slots // max(1, programs_per_unit))
 
 
+def balance_min_span(cfg: DecodeConfig, *, items: int, splits: int, slots: int) -> int:
+    """Shortest key span (the host bound ``max_seq_len``) for which a launch of ``items`` work items
+    at ``splits`` uniform splits takes the balanced split (``common.balance``); 0: every span.
+
+    Where the uniform launch's ``items x splits`` programs fit one wave of ``slots`` resident
+    programs, they all run at once and the longest holds ``span / splits`` keys in whole tiles
+    (``split_bounds``). The balanced plan cuts no unit under ``balance_min_chunk`` keys in whole
+    tiles, and its grid is that same wave: up to ``splits`` such chunks of span, none of its
+    programs can hold fewer keys than the uniform launch's longest, so the deal brings only its
+    costs (the plan at every program's start, the counters, a merge of up to
+    ``plan.MAX_BALANCED_ROUNDS`` rounds in the last unit's program where the uniform launch merges
+    in one combine launch or in fewer rounds). Small batches of short requests: fp8 4 x [1, 4075]
+    p64 HND 64/8 heads (32 items, 8 splits of 475 keys on 264 slots, the plan's units 512 keys
+    merged in 4 rounds of 2) ran 23.9 us uniform against 26.7 balanced on an H200
+    (lab/notes/decode-ragged-batches.md "Small batches under the deal")."""
+    if items * splits > slots:
+        return 0
+    chunk = -(-cfg.balance_min_chunk // cfg.block_n) * cfg.block_n
+    return splits * chunk + 1
+
+
 def resident_slots(cfg: DecodeConfig, *, sm_count: int, kv_format: str, head_dim: int, rope_query: bool) -> int:
     """Programs of the split kernel resident at once over ``sm_count`` SMs (one wave): the
     ``occupancy`` estimate, at most ``cfg.max_per_sm`` an SM where the config caps it. A balanced

@@ -237,7 +237,8 @@ class _Plan:
         self.balance_ok = (f.paged and not invariant and not f.has_window and not self.has["kv_start"]
                            and f.max_programs is None and 1 < self.batch <= MAX_BALANCED_BATCH)
         self._by_span: dict[int, tuple] = {}
-        self._by_splits: dict[tuple, tuple] = {}
+        self._balances: dict[tuple, Balance | None] = {}  # by (config, split count)
+        self._by_splits: dict[tuple, tuple] = {}  # by (config, split count, balanced)
 
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
@@ -283,7 +284,9 @@ class _Plan:
         The grid is one wave of resident programs (``configs.resident_slots``), whatever the
         split: the programs deal the units to themselves (a ragged batch's cut from its lengths,
         a uniform batch's ``splits`` a request), so a batch of few items still spreads over the
-        whole GPU, and no program of a later wave starts only to find nothing left."""
+        whole GPU, and no program of a later wave starts only to find nothing left. Key spans
+        under ``min_span`` keep the uniform launch (``configs.balance_min_span``: the uniform
+        launch runs in one wave, and its programs are no longer than the balanced plan's units)."""
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
                 or cfg is self.cfg_short):
             return None
@@ -303,7 +306,8 @@ class _Plan:
         units = target + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
-        return Balance(target, units, merge_block_s, slots)
+        min_span = decode_configs.balance_min_span(cfg, items=self.items, splits=splits, slots=slots)
+        return Balance(target, units, merge_block_s, slots, min_span)
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
@@ -313,9 +317,13 @@ class _Plan:
             return hit
         cfg = self.config_for(span)
         splits = self.num_splits(span, cfg)
-        hit = self._by_splits.get((cfg, splits))
+        if (cfg, splits) not in self._balances:
+            self._balances[cfg, splits] = self.balance(cfg, splits)
+        bal = self._balances[cfg, splits]
+        if bal is not None and span < bal.min_span:
+            bal = None
+        hit = self._by_splits.get((cfg, splits, bal is not None))
         if hit is None:
-            bal = self.balance(cfg, splits)
             if bal is not None:
                 rows = bal.units * self.q_len * self.num_heads
                 hit = (_split_launch(self, cfg, splits, bal), None, rows * self.head_dim, rows, True)
@@ -325,7 +333,7 @@ class _Plan:
                 merged = self.merges(cfg, splits)
                 combine = _combine_launch(self, splits) if splits > 1 and not merged else None
                 hit = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse, merged)
-            self._by_splits[cfg, splits] = hit
+            self._by_splits[cfg, splits, bal is not None] = hit
         if len(self._by_span) >= _MAX_SPANS:
             self._by_span.clear()
         self._by_span[span] = hit
@@ -342,6 +350,7 @@ class Balance(NamedTuple):
     units: int  # units a plan has at most (the partials' room)
     merge_block_s: int  # partials the in-kernel merge loads a round
     programs: int  # the grid: one wave of resident programs, which deal the units among themselves
+    min_span: int  # shorter key spans keep the uniform launch (configs.balance_min_span)
 
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
