@@ -272,13 +272,13 @@ def balance_min_span(cfg: DecodeConfig, *, items: int, splits: int, slots: int) 
     Where the uniform launch's ``items x splits`` programs fit one wave of ``slots`` resident
     programs, they all run at once and the longest holds ``span / splits`` keys in whole tiles
     (``split_bounds``). The balanced plan cuts no unit under ``balance_min_chunk`` keys in whole
-    tiles, and its grid is that same wave: up to ``splits`` such chunks of span, none of its
-    programs can hold fewer keys than the uniform launch's longest, so the deal brings only its
-    costs (the plan at every program's start, the counters, a merge of up to
-    ``plan.MAX_BALANCED_ROUNDS`` rounds in the last unit's program where the uniform launch merges
-    in one combine launch or in fewer rounds). Small batches of short requests: fp8 4 x [1, 4075]
-    p64 HND 64/8 heads (32 items, 8 splits of 475 keys on 264 slots, the plan's units 512 keys
-    merged in 4 rounds of 2) ran 23.9 us uniform against 26.7 balanced on an H200
+    tiles, and its grid is that same wave: up to ``splits`` such chunks of span, its longest
+    program cannot hold fewer keys than the uniform launch's longest, so the deal brings only its
+    costs (the plan at every program's start, the counters, a chain of merge rounds in a request's
+    last unit, up to ``common.balance.unit_cap`` partials, where the uniform launch merges its
+    ``splits`` in one combine launch or in fewer rounds). Small batches of short requests: fp8
+    4 x [1, 4075] p64 HND 64/8 heads (32 items, 8 splits of 475 keys on 264 slots, the plan's
+    units 512 keys merged in 4 rounds of 2) ran 23.9 us uniform against 26.7 balanced on an H200
     (lab/notes/decode-ragged-batches.md "Small batches under the deal")."""
     if items * splits > slots:
         return 0
