@@ -288,3 +288,18 @@ def test_balanced_split_only_where_it_was_measured_to_pay(table, items, pays):
     cfg = dc.config("sm90", "bfloat16", 128, 16, False, table)
     assert dc.balance_pays(cfg, items=items, sm_count=132, kv_format="bfloat16", head_dim=128,
                                        rope_query=False) is pays
+
+
+@pytest.mark.parametrize("fmt,table,items,splits,slots,min_span", [
+    ("fp8", "main", 32, 8, 264, 8 * 512 + 1),  # 4 requests x 8 KV heads: 256 programs, one wave
+    ("bfloat16", "long", 22, 6, 132, 6 * 512 + 1),  # 22 requests x 1 KV head: 132 programs, one wave
+    ("bfloat16", "long", 45, 14, 132, 0),  # 630 programs over 132 slots: any span may deal
+    ("bfloat16", "main", 3, 1, 396, 512 + 1),  # one split of one tile-rounded chunk at most
+], ids=["fp8-32-items-8-splits", "long-22-items-6-splits", "long-45-items-14-splits", "main-3-items-1-split"])
+def test_balanced_split_only_past_the_spans_it_cannot_shorten(fmt, table, items, splits, slots, min_span):
+    """The balanced launch is taken only for key spans whose uniform launch is over one wave or
+    has pieces longer than the balanced plan's shortest unit (balance_min_chunk in whole tiles)."""
+    cfg = dc.config("sm90", fmt, 128, 16, False, table)
+    assert dc.balance_min_span(cfg, items=items, splits=splits, slots=slots) == min_span
+    odd = dataclasses.replace(cfg, block_n=96, balance_min_chunk=500)  # the chunk rounds up to 576
+    assert dc.balance_min_span(odd, items=items, splits=splits, slots=slots) == (splits * 576 + 1 if min_span else 0)

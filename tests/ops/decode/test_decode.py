@@ -158,11 +158,12 @@ CASES = [
     param("bf16-ragged-splits", lens=[1, 5000, 17, 12000, 0, 333], hkv=4, d=128, qdt=torch.bfloat16),
     param("fp16-max_seq_len-above-lengths", lens=[100, 30], max_seq_len="capacity"),
     # ragged batches (the balanced split, common.balance): one giant request among tiny ones, more
-    # requests than SMs with heavy-tailed lengths, fp8 on pages of 16, drafts
+    # requests than SMs with heavy-tailed lengths, fp8 on pages of 16, drafts (the fp16 case's 1100
+    # keys: past the interpreter's 2 splits of 512, where configs.balance_min_span lets it deal)
     # (the float64 oracle gathers every request to the longest: 8 KV heads at 60000 keys took ~33 GB
     # a worker and the H200 run's worker was killed; 2 heads at 20000 keep it under 3 GB)
     param("bf16-ragged-one-giant-among-tiny", lens=[1] * 30 + [0, 2, 20000, 17], hkv=2, d=128, qdt=torch.bfloat16),
-    param("fp16-ragged-one-giant-among-tiny", True, lens=[1] * 12 + [0, 2, 700, 17], hkv=1, group=4),
+    param("fp16-ragged-one-giant-among-tiny", True, lens=[1] * 12 + [0, 2, 1100, 17], hkv=1, group=4),
     # (2 KV heads, lengths to 20000; the oracle checks it in groups of similar lengths: dense_by_length)
     param("bf16-ragged-300-requests-lognormal", lens=[0, 1] + [int(min(20000, 2 ** (6 + 9 * ((i * 37) % 101) / 100)))
                                                                for i in range(298)],
@@ -311,6 +312,40 @@ def test_balanced_deal_leaves_its_counters_at_zero(kernel_device, triton_backend
     start = (-ws.data_ptr()) % ALIGN
     assert (ws[start : start + COUNTER_BYTES] == 0).all()
     assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: no request was split"
+
+
+@pytest.mark.parametrize("lens", [[600, 3, 0, 97, 1], [100, 100, 100, 100, 1], [100, 100, 100, 100, 0]],
+                         ids=["ragged-with-0-and-1", "uniform-with-1", "uniform-with-0"])
+@pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
+def test_balanced_launch_deals_over_one_wave(lens, q_len, group, kernel_device, triton_backend, monkeypatch):
+    """The balanced launch's grid is one wave of resident programs, fewer here than the uniform
+    split's items x splits: the programs deal the units to themselves, a ragged batch's and a
+    batch found uniform (the 5/4 rule of common.balance: one request of q_len or 0 keys among four
+    of 100 keeps it uniform) alike. Exact either way, with sinks, and every counter reads zero
+    after calls sharing one workspace."""
+    from kvattn.runtime.workspace import ALIGN, COUNTER_BYTES
+
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    built = []
+    real = decode_launch._split_launch
+    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
+    lens = [q_len if x == 1 else x for x in lens]  # (a request of q_len > 1 rows has q_len keys at least)
+    lens = lens if not ON_GPU else [x * 10 if x > q_len else x for x in lens]
+    # (6 splits of 10 items: 60 units of the uniform split over the interpreter's 32 slots, so
+    # programs deal themselves several units each, and a unit dealt twice or never would leave an
+    # item's arrival counter part-counted or its output poisoned)
+    with decode_configs.override(min_chunk=32, waves=2, max_splits=6, balance_waves=4, balance_min_chunk=32):
+        for seed in range(2):
+            decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=seed == 0, seed=seed,
+                        workspace=ws)
+    balanced = [launch for launch in built if launch.constexprs["BALANCED"]]
+    assert balanced, [launch.constexprs["BALANCED"] for launch in built]
+    if not ON_GPU:  # (the GPU's wave is larger than these batches' items)
+        assert all(launch.grid[0] < launch.fixed["num_items"] for launch in balanced), [
+            (launch.grid, launch.fixed["num_items"]) for launch in balanced]
+    start = (-ws.data_ptr()) % ALIGN
+    assert (ws[start : start + COUNTER_BYTES] == 0).all()
 
 
 def test_empty_batch_all_zero(kernel_device, triton_backend, monkeypatch):

@@ -6,10 +6,10 @@ cuts a ragged batch's keys into *units* of about equal length instead: one chunk
 whole launch, from the batch's total key count, so a long request gets several units and a short
 one a single unit; the launch's programs then take units from a shared counter as they finish
 (a dynamic deal), so no program waits on a long one. No host sync: every program reads the
-device-side lengths and derives the same plan, and the grid is the uniform split's, from host
-bounds, so a captured CUDA graph replays with new lengths. A batch of about equal lengths keeps
-the uniform split (each program its one item, as without the plan). docs/performance.md, "Ragged
-batches", has the measurements.
+device-side lengths and derives the same plan, and the grid (one wave of resident programs)
+comes from host bounds, so a captured CUDA graph replays with new lengths. A batch of about equal
+lengths keeps the uniform split's pieces as its units (``num_splits`` a request), dealt the same
+way. docs/performance.md, "Ragged batches", has the measurements.
 """
 
 from __future__ import annotations
@@ -17,22 +17,38 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Units of one request at most: the chunk is at least the longest request's keys over this, so
-# a request's partials merge in a few rounds in its last program (no combine launch). The host
-# reads it too (the merge's rounds); _unit_counts repeats the value as a local constexpr, which
-# every Triton's interpreter takes (3.7.1's did not take a module-level one in arithmetic).
-MAX_UNITS = 16
+# Units of one request at most: the chunk is at least the longest request's keys over this cap,
+# so a request's partials merge in a bounded number of rounds in its last program (no combine
+# launch). The cap is MAX_UNITS where the merge loads 4 or more partials a round (8 rounds at
+# most), else MIN_UNITS (16 rounds at one partial a round, 8 at two: one-row and fp8 tiles). It
+# binds on batches of few requests with one long one, whose chunk would otherwise stay far longer
+# than the keys a program gets: 45 log-normal requests up to 51550 keys over 132 programs, 1790
+# keys a program, units of 3328 keys under a cap of 16 and of 1664 under 32. The host reads it
+# through unit_cap; _unit_counts repeats the values as local constexprs, which every Triton's
+# interpreter takes (3.7.1's did not take a module-level one in arithmetic).
+MAX_UNITS = 32
+MIN_UNITS = 16
+UNIT_CAP_ROUNDS = 8  # merge rounds of 4 partials that MAX_UNITS takes
+
+
+def unit_cap(merge_block_s: int) -> int:
+    """Units of one request at most in a balanced launch whose merge loads ``merge_block_s``
+    partials a round (the host's view of ``_unit_counts``' cap)."""
+    return MAX_UNITS if merge_block_s * UNIT_CAP_ROUNDS >= MAX_UNITS else MIN_UNITS
 
 
 @triton.jit
 def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
     """``(ragged, n [BLOCK_B], ends [BLOCK_B])``: whether the batch is ragged, each request's unit
     count and one past its last unit (see :func:`balanced_unit`)."""
     # A ragged batch: its longest request holds more than 5/4 of the mean's keys.
     RAGGED_NUM: tl.constexpr = 5
     RAGGED_DEN: tl.constexpr = 4
-    UNITS_MAX: tl.constexpr = 16  # MAX_UNITS
+    UNITS_MANY: tl.constexpr = 32  # MAX_UNITS
+    UNITS_FEW: tl.constexpr = 16  # MIN_UNITS
+    CAP_ROUNDS: tl.constexpr = 8  # UNIT_CAP_ROUNDS
+    UNITS_MAX: tl.constexpr = UNITS_MANY if MERGE_BLOCK_S * CAP_ROUNDS >= UNITS_MANY else UNITS_FEW  # unit_cap
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < batch
     lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
@@ -49,16 +65,16 @@ def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN
 
 @triton.jit
 def balanced_plan(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
     """``(ragged, units)``: whether the batch takes the balanced split, and its unit count."""
     ragged, n, ends = _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N,
-                                   BLOCK_B)
+                                   BLOCK_B, MERGE_BLOCK_S)
     return ragged, tl.sum(n, 0)
 
 
 @triton.jit
 def balanced_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
     """``(b, split, n_splits, first_unit)`` of work unit ``unit`` (``< units``) of the plan.
 
     ``seq_lens_ptr``: ``[batch]`` int32 key counts (clamped into ``[0, capacity]`` as the kernels
@@ -70,11 +86,11 @@ def balanced_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, unit_targ
       programs, which suits equal lengths best);
     * a ragged batch takes ``n_b = max(1, ceil(L_b / chunk))`` (an empty request still takes one
       unit: its rows are written, as zeros), with one ``chunk`` for the whole batch:
-      ``total / unit_target`` keys, at least the longest over ``MAX_UNITS`` and ``MIN_CHUNK``,
+      ``total / unit_target`` keys, at least the longest over ``unit_cap(MERGE_BLOCK_S)`` and ``MIN_CHUNK``,
       rounded up to whole ``BLOCK_N`` tiles.
     """
     ragged, n, ends = _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N,
-                                   BLOCK_B)
+                                   BLOCK_B, MERGE_BLOCK_S)
     offs_b = tl.arange(0, BLOCK_B)
     b = tl.minimum(tl.sum((ends <= unit).to(tl.int32), 0), batch - 1)  # requests wholly before this unit
     mine = offs_b == b

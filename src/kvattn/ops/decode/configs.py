@@ -252,9 +252,7 @@ def balance_pays(cfg: DecodeConfig, *, items: int, sm_count: int, kv_format: str
     over several waves (the long tiles of pages of 64: ragged 128 x [1, 8192] p64 593 -> 640) and
     where the items already fill many waves, which the hardware's block scheduler balances by
     itself (112 one-row MHA requests, 6.8 waves: 604 -> 672; equal 256 x 1024: 282 -> 286)."""
-    per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
-    if cfg.max_per_sm:
-        per_sm = min(per_sm, cfg.max_per_sm)
+    per_sm = resident_slots(cfg, sm_count=1, kv_format=kv_format, head_dim=head_dim, rope_query=rope_query)
     return (per_sm >= 2 or items <= sm_count) and items <= cfg.balance_max_waves * sm_count * per_sm
 
 
@@ -263,10 +261,40 @@ def balance_target(cfg: DecodeConfig, *, sm_count: int, programs_per_unit: int, 
     """Units the balanced split of a ragged batch aims at (``common.balance``): ``balance_waves``
     waves of resident programs, a unit being ``programs_per_unit`` programs (KV heads x row
     blocks)."""
+    slots = resident_slots(cfg, sm_count=sm_count, kv_format=kv_format, head_dim=head_dim, rope_query=rope_query)
+    return max(1, cfg.balance_waves * slots // max(1, programs_per_unit))
+
+
+def balance_min_span(cfg: DecodeConfig, *, items: int, splits: int, slots: int) -> int:
+    """Shortest key span (the host bound ``max_seq_len``) for which a launch of ``items`` work items
+    at ``splits`` uniform splits takes the balanced split (``common.balance``); 0: every span.
+
+    Where the uniform launch's ``items x splits`` programs fit one wave of ``slots`` resident
+    programs, they all run at once and the longest holds ``span / splits`` keys in whole tiles
+    (``split_bounds``). The balanced plan cuts no unit under ``balance_min_chunk`` keys in whole
+    tiles, and its grid is that same wave: up to ``splits`` such chunks of span, its longest
+    program cannot hold fewer keys than the uniform launch's longest, so the deal brings only its
+    costs (the plan at every program's start, the counters, a chain of merge rounds in a request's
+    last unit, up to ``common.balance.unit_cap`` partials, where the uniform launch merges its
+    ``splits`` in one combine launch or in fewer rounds). Small batches of short requests: fp8
+    4 x [1, 4075] p64 HND 64/8 heads (32 items, 8 splits of 475 keys on 264 slots, the plan's
+    units 512 keys merged in 4 rounds of 2) ran 23.9 us uniform against 26.7 balanced on an H200
+    (lab/notes/decode-ragged-batches.md "Small batches under the deal")."""
+    if items * splits > slots:
+        return 0
+    chunk = -(-cfg.balance_min_chunk // cfg.block_n) * cfg.block_n
+    return splits * chunk + 1
+
+
+def resident_slots(cfg: DecodeConfig, *, sm_count: int, kv_format: str, head_dim: int, rope_query: bool) -> int:
+    """Programs of the split kernel resident at once over ``sm_count`` SMs (one wave): the
+    ``occupancy`` estimate, at most ``cfg.max_per_sm`` an SM where the config caps it. A balanced
+    launch has at least this many programs (``plan._Plan.balance``), so a ragged batch of few
+    items deals its units over the whole GPU."""
     per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
     if cfg.max_per_sm:
         per_sm = min(per_sm, cfg.max_per_sm)
-    return max(1, cfg.balance_waves * sm_count * per_sm // max(1, programs_per_unit))
+    return sm_count * per_sm
 
 
 def _fmt(kv_format: str) -> str:

@@ -134,7 +134,7 @@ def _decode_item(
         kvh = rest % NUM_KV_HEADS
         unit = rest // NUM_KV_HEADS
         b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits, unit_target,
-                                                       MIN_CHUNK, BLOCK_N, BLOCK_B)
+                                                       MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
         bh = b * NUM_KV_HEADS + kvh
     else:
         split = rest % num_splits
@@ -431,43 +431,22 @@ def decode_split_kernel(
     # per SM and 20-25 % of its time on an H100 (lab/notes/single-decode.md).
     pid = tl.program_id(0)
     if BALANCED:
-        # A ragged batch (common.balance): after its own item, each program deals itself the next
-        # undealt item from the counter at DEAL_SLOT until the plan's items run out, so programs
-        # that drew short units take more; the last program to finish resets the counter (and its
-        # finish count at DEAL_SLOT + 1) for the next launch. Otherwise the uniform split: one item
-        # a program, as below.
-        ragged, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
-                                      BLOCK_B)
-        if ragged:
-            num_items_plan = units * NUM_KV_HEADS * M_BLOCKS
-            item = pid
-            while item < num_items_plan:
-                _decode_item(
-                    item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr,
-                    kv_start_ptr, mask_ptr,
-                    sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
-                    counter_ptr,
-                    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-                    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-                    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
-                    num_rows, num_splits, num_pages, fixed_len, window_left,
-                    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
-                    HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
-                    KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                    OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                    MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
-                )
-                item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
-            finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
-            if finished == tl.num_programs(0) - 1:
-                tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
-        else:
+        # The balanced split (common.balance): the grid is one wave of resident programs, and each
+        # program deals itself units from the counter at DEAL_SLOT (its first unit is its own
+        # index) until the plan's units run out, so programs that drew short units take more. A
+        # ragged batch's units are cut from its lengths, a uniform batch's are the host's split
+        # (num_splits units a request), so both take the same loop. The last program to finish
+        # resets the counter (and its finish count at DEAL_SLOT + 1) for the next launch.
+        _, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
+                                 BLOCK_B, MERGE_BLOCK_S)
+        num_items_plan = units * NUM_KV_HEADS * M_BLOCKS
+        item = pid
+        while item < num_items_plan:
             _decode_item(
-                pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
-                mask_ptr,
-                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr,
+                kv_start_ptr, mask_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+                counter_ptr,
                 stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                 stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
                 stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
@@ -479,6 +458,11 @@ def decode_split_kernel(
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
                 MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
             )
+            item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
+        finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
+        if finished == tl.num_programs(0) - 1:
+            tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
     elif PERSISTENT:
         # A capped grid (xqa's sm_count): each program walks the work items.
         for item in range(pid, num_items, tl.num_programs(0)):

@@ -33,7 +33,6 @@ from ...runtime.common import (
 )
 from ...runtime.plans import cached_plan
 from ...runtime.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
-from ..common.balance import MAX_UNITS
 from ..common.splits import combine_block_s, invariant_span, invariant_splits
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
@@ -238,7 +237,8 @@ class _Plan:
         self.balance_ok = (f.paged and not invariant and not f.has_window and not self.has["kv_start"]
                            and f.max_programs is None and 1 < self.batch <= MAX_BALANCED_BATCH)
         self._by_span: dict[int, tuple] = {}
-        self._by_splits: dict[tuple, tuple] = {}
+        self._balances: dict[tuple, Balance | None] = {}  # by (config, split count)
+        self._by_splits: dict[tuple, tuple] = {}  # by (config, split count, balanced)
 
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
@@ -276,24 +276,38 @@ class _Plan:
     def balance(self, cfg: decode_configs.DecodeConfig, splits: int) -> Balance | None:
         """The balanced launch's sizes for ``splits`` uniform splits, or None where the plan does
         not allow one (common.balance): its programs merge in the kernel (counters, with two more
-        for the dynamic deal), its partials fit the workspace, and the launch is of the kind the
-        balanced split was measured to pay on (``configs.balance_pays``; not the short-request
-        tiles, whose spans are too short to be unbalanced)."""
+        for the dynamic deal), a batch found uniform merges its ``splits`` partials in at most
+        ``MAX_BALANCED_ROUNDS`` rounds, its partials fit the workspace, and the launch is of the
+        kind the balanced split was measured to pay on (``configs.balance_pays``; not the
+        short-request tiles, whose spans are too short to be unbalanced).
+
+        The grid is one wave of resident programs (``configs.resident_slots``), whatever the
+        split: the programs deal the units to themselves (a ragged batch's cut from its lengths,
+        a uniform batch's ``splits`` a request), so a batch of few items still spreads over the
+        whole GPU, and no program of a later wave starts only to find nothing left. Key spans
+        under ``min_span`` keep the uniform launch (``configs.balance_min_span``: the uniform
+        launch runs in one wave, and its programs are no longer than the balanced plan's units)."""
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
-                or not (splits == 1 or self.merges(cfg, splits)) or cfg is self.cfg_short):
+                or cfg is self.cfg_short):
+            return None
+        merge_block_s = _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS))
+        if cdiv(splits, merge_block_s) > MAX_BALANCED_ROUNDS:
             return None
         if not decode_configs.balance_pays(cfg, items=self.items, sm_count=self.sm_count, kv_format=self.kv_format,
                                            head_dim=self.head_dim, rope_query=self.rope_query):
             return None
+        slots = decode_configs.resident_slots(cfg, sm_count=self.sm_count, kv_format=self.kv_format,
+                                              head_dim=self.head_dim, rope_query=self.rope_query)
         target = max(self.batch * splits, decode_configs.balance_target(
             cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
             kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
         # A ragged plan has at most target + batch units (each request rounds up once), a uniform one
-        # batch x splits; a request at most MAX_UNITS (ragged) or splits.
+        # batch x splits; a request at most common.balance.unit_cap(merge_block_s) (ragged) or splits.
         units = target + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
-        return Balance(target, units, _merge_block_s(self, cfg, max(splits, MAX_UNITS)))
+        min_span = decode_configs.balance_min_span(cfg, items=self.items, splits=splits, slots=slots)
+        return Balance(target, units, merge_block_s, slots, min_span)
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
@@ -303,9 +317,13 @@ class _Plan:
             return hit
         cfg = self.config_for(span)
         splits = self.num_splits(span, cfg)
-        hit = self._by_splits.get((cfg, splits))
+        if (cfg, splits) not in self._balances:
+            self._balances[cfg, splits] = self.balance(cfg, splits)
+        bal = self._balances[cfg, splits]
+        if bal is not None and span < bal.min_span:
+            bal = None
+        hit = self._by_splits.get((cfg, splits, bal is not None))
         if hit is None:
-            bal = self.balance(cfg, splits)
             if bal is not None:
                 rows = bal.units * self.q_len * self.num_heads
                 hit = (_split_launch(self, cfg, splits, bal), None, rows * self.head_dim, rows, True)
@@ -315,7 +333,7 @@ class _Plan:
                 merged = self.merges(cfg, splits)
                 combine = _combine_launch(self, splits) if splits > 1 and not merged else None
                 hit = (_split_launch(self, cfg, splits), combine, numel_o, numel_lse, merged)
-            self._by_splits[cfg, splits] = hit
+            self._by_splits[cfg, splits, bal is not None] = hit
         if len(self._by_span) >= _MAX_SPANS:
             self._by_span.clear()
         self._by_span[span] = hit
@@ -331,12 +349,23 @@ class Balance(NamedTuple):
     target: int  # units a ragged plan aims at
     units: int  # units a plan has at most (the partials' room)
     merge_block_s: int  # partials the in-kernel merge loads a round
+    programs: int  # the grid: one wave of resident programs, which deal the units among themselves
+    min_span: int  # shorter key spans keep the uniform launch (configs.balance_min_span)
 
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
 # critical path (~1 us on an H100): past two rounds the combine launch (~2 us after the last split
 # program) is the faster merge (lab/notes/decode.md "Decode: merging the split partials").
 MAX_MERGE_ROUNDS = 2
+# A balanced launch has no combine launch, so a batch it finds uniform merges its splits in the
+# kernel: allowed up to 4 rounds (~3 us after the last split, ~1 us past the combine launch it
+# replaces), which takes the last-wave split counts (configs.tail_fit, at most TAIL_SPLITS = 16) of
+# few-item launches at 4 partials a round: 45 requests at 8/1 heads on long tiles, 14 splits.
+MAX_BALANCED_ROUNDS = 4
+# The partials a balanced launch's merge loads a round are sized for this many (_merge_block_s's
+# register budget caps it first except on one-row tiles), whatever MAX_UNITS is: the round size
+# the balanced launches were measured with.
+_BALANCED_ROUND_UNITS = 16
 
 
 def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
@@ -355,11 +384,12 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
                   bal: Balance | None = None) -> fast_launch.Launch:
     """The split kernel's launch, every argument by its parameter's name (``bal``: balanced)."""
     s, has = plan.strides, plan.has
-    num_items = plan.items * splits  # (balanced: the uniform split's grid; a ragged plan deals its units)
+    num_items = plan.items * splits  # (balanced: the uniform split's items; a ragged plan deals its units)
     tma = cfg.tma and plan.tma_ok
     persistent = plan.max_programs is not None and num_items > plan.max_programs
+    programs = bal.programs if bal else (plan.max_programs if persistent else num_items)
     return fast_launch.Launch(
-        decode_split_kernel, (plan.max_programs if persistent else num_items,),
+        decode_split_kernel, (programs,),
         layout=plan.layout,
         per_call=dict(
             q_ptr="query", k_ptr="k", v_ptr="v", k_sf_ptr=_given(plan, "k_sf"), v_sf_ptr=_given(plan, "v_sf"),
