@@ -1,0 +1,110 @@
+"""MLA's balanced split of ragged batches (``BALANCED``: common.balance.launch_unit, the combine's
+balanced_combine_kernel) against the oracles, and the plan's rule for taking it.
+
+Each case forces several splits a launch (short min_chunk, several waves) so the plan takes the
+balanced kernel; a ragged batch then cuts its keys into units of one chunk length counted for the
+launch (a long request gets more units than the uniform split count, a short one one), an equal
+batch keeps the uniform split inside the same kernel. Lengths 0 and 1, one giant among tiny ones,
+more requests than the interpreter's programs a wave, two head blocks, Q 1 and 2 (MTP).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvattn.ops.common.combine import balanced_combine_kernel
+from kvattn.ops.mla import configs as mla_configs
+from kvattn.ops.mla import plan as mla_plan
+
+from ..oracle import ON_GPU
+from .test_mla import ops_case
+from .test_mtp import ops_mtp_case
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The split and combine launches the plans build (plans under an override are not cached)."""
+    got = {"split": [], "combine": []}
+    real_split, real_combine = mla_plan._Plan._split, mla_plan._Plan._combine
+    monkeypatch.setattr(mla_plan._Plan, "_split", lambda self, s: got["split"].append(real_split(self, s))
+                        or got["split"][-1])
+    monkeypatch.setattr(mla_plan._Plan, "_combine", lambda self, s: got["combine"].append(real_combine(self, s))
+                        or got["combine"][-1])
+    return got
+
+
+def balanced_units(lens, splits, block_n, min_chunk, cap=mla_configs.MAX_UNITS):
+    """The plan's unit counts, as the kernels derive them (common.balance.launch_unit)."""
+    total, longest, batch = sum(lens), max(lens), len(lens)
+    if longest * batch * 4 <= 5 * total:
+        return [splits] * batch
+    target = max(batch * (splits - 1), 1)
+    chunk = max(-(-total // target), -(-longest // cap))
+    chunk = max(-(-chunk // block_n) * block_n, min_chunk)
+    return [max(1, -(-n // chunk)) for n in lens]
+
+
+SCALE = 1 if not ON_GPU else 10
+CASES = [
+    # (lengths, heads, page, waves, Q): a long request with more units than the uniform split count
+    pytest.param([0, 1, 15 * SCALE * 10, 3], 16, 16, 4, 1, id="B4-Hq16-lens-0-1-150-3"),
+    pytest.param([20 * SCALE * 10, 1, 2, 1, 0, 3], 16, 16, 2, 1, id="B6-Hq16-one-giant-among-tiny"),
+    pytest.param([5, 90, 1, 0, 17, 33, 2, 60, 9, 1, 40, 3], 16, 32, 3, 1, id="B12-Hq16-more-requests-than-programs"),
+    pytest.param([40, 41, 39, 44], 16, 16, 4, 1, id="B4-Hq16-equal-lengths-uniform-inside"),
+    pytest.param([70, 2, 0, 1], 20, 16, 4, 1, id="B4-Hq20-two-head-blocks"),
+]
+
+
+@pytest.mark.parametrize("lens,hq,page,waves,q_len", CASES)
+def test_mla_balanced_split_matches_oracles(lens, hq, page, waves, q_len, kernel_device, built):
+    over = dict(min_chunk=16, waves=waves, **({"block_h": 16} if hq == 20 else {}))
+    with mla_configs.override(**over):
+        ops_case(kernel_device, lens=lens, hq=hq, page=page, seed=len(lens) + hq)
+    launch = built["split"][-1]
+    assert launch.constexprs["BALANCED"], "the launch did not take the balanced split"
+    splits = launch.fixed["num_splits"]
+    assert splits >= 2 and built["combine"][-1].kernel is balanced_combine_kernel
+    if not ON_GPU and max(lens) > 100:  # the giant gets more units than the uniform split count
+        assert max(balanced_units(lens, splits, launch.constexprs["BLOCK_N"], 16)) > splits
+
+
+@pytest.mark.parametrize("lens,hq", [([40, 1, 0, 3], 16), ([2, 30, 1], 8)], ids=["B4-Hq16", "B3-Hq8"])
+def test_mla_balanced_split_mtp_two_tokens(lens, hq, kernel_device, built):
+    """Q 2: a request shorter than Q among long ones; the LSE from the balanced combine."""
+    with mla_configs.override(min_chunk=16, waves=4):
+        ops_mtp_case(kernel_device, lens=lens, q_len=2, hq=hq, page=16, seed=len(lens))
+    assert built["split"][-1].constexprs["BALANCED"]
+
+
+def test_mla_balanced_rule():
+    """The balanced split needs several splits (partials, and more units than requests in the
+    grid), two to MAX_BALANCED_BATCH requests, and not batch-invariant mode."""
+    assert mla_configs.balanced(splits=2, batch=2, invariant=False)
+    assert mla_configs.balanced(splits=12, batch=mla_configs.MAX_BALANCED_BATCH, invariant=False)
+    assert not mla_configs.balanced(splits=1, batch=100, invariant=False)
+    assert not mla_configs.balanced(splits=8, batch=1, invariant=False)
+    assert not mla_configs.balanced(splits=8, batch=mla_configs.MAX_BALANCED_BATCH + 1, invariant=False)
+    assert not mla_configs.balanced(splits=8, batch=4, invariant=True)
+
+
+def test_mla_one_split_and_batch_invariant_keep_the_uniform_split(kernel_device, built, monkeypatch):
+    """One split a request (no combine) and batch-invariant mode (fixed-span splits) launch the
+    uniform path, and the decode family's combine merges the invariant launch's splits."""
+    ops_case(kernel_device, lens=[1, 37, 0, 70], hq=16, page=16, seed=5)
+    assert built["split"][-1].fixed["num_splits"] == 1 and not built["split"][-1].constexprs["BALANCED"]
+    monkeypatch.setenv("KVATTN_BATCH_INVARIANT", "1")
+    with mla_configs.override(invariant_span=16):
+        ops_case(kernel_device, lens=[1, 37, 0, 70], hq=16, page=16, seed=6)
+    launch = built["split"][-1]
+    assert launch.fixed["num_splits"] >= 2 and not launch.constexprs["BALANCED"]
+    assert launch.constexprs["SPLIT_SPAN"] == 16 and built["combine"][-1].kernel is not balanced_combine_kernel
+
+
+def test_mla_gluon_launches_keep_the_uniform_split():
+    """The Gluon kernels have no balanced form: their launches keep the uniform split."""
+    plan = mla_plan._Plan.__new__(mla_plan._Plan)
+    plan.batch, plan.invariant, plan.gluon = 8, False, True
+    assert not plan.balanced(4)
+    plan.gluon = False
+    assert plan.balanced(4) and not plan.balanced(1)
