@@ -17,8 +17,8 @@ from kvattn.ops.common.combine import balanced_combine_kernel
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import plan as mla_plan
 
-from ..oracle import ON_GPU
-from .test_mla import ops_case
+from ..oracle import GPU_ONLY, ON_GPU
+from .test_mla import mla_case, ops_case
 from .test_mtp import ops_mtp_case
 
 
@@ -77,6 +77,44 @@ def test_mla_balanced_split_mtp_two_tokens(lens, hq, kernel_device, built):
     assert built["split"][-1].constexprs["BALANCED"]
 
 
+# GPU: the public function on the kernels sm90 gives these launches: the warp-specialised Gluon
+# kernel (bf16 and e4m3, pages of 64), the Gluon kernel (return_lse: the MTP ops case below) and
+# the Triton kernel (pages of 16, fp8 cache with a bf16 query, KVATTN_GLUON=0).
+RAGGED_GPU = [1, 20000, 3, 0, 17, 5000, 64, 2049]
+GPU_CASES = [
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=64), id="bf16-Hq128-p64-ws", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=64, page=64), id="bf16-Hq64-p64-ws", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=64, kv_format="fp8"), id="fp8-Hq128-p64-ws-e4m3",
+                 marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=16, page=64, kv_format="fp8"), id="fp8-Hq16-p64-heads-as-n",
+                 marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=16), id="bf16-Hq128-p16-triton", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=64, gluon=False), id="bf16-Hq128-p64-triton", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=64, kv_format="fp8", q_format="bfloat16"),
+                 id="fp8-cache-bf16-q-Hq128-triton", marks=GPU_ONLY),
+    pytest.param(dict(lens=[3000, 2990, 3010, 2950], hq=128, page=64), id="bf16-Hq128-p64-equal-lengths",
+                 marks=GPU_ONLY),
+]
+
+
+@pytest.mark.parametrize("kw", GPU_CASES)
+def test_mla_balanced_split_public_function(kw, kernel_device, triton_backend, monkeypatch, built):
+    """Several splits forced (short min_chunk, several waves) so the ragged batch takes the
+    balanced split in the kernel sm90 gives the launch: a 20000-key request among short ones."""
+    with mla_configs.override(min_chunk=64, waves=4):
+        mla_case(kernel_device, monkeypatch, **kw, seed=17)
+    assert any(launch.constexprs["BALANCED"] for launch in built["split"])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="GPU grid")
+@pytest.mark.parametrize("hq,page", [(32, 64), (16, 16)], ids=["Hq32-p64-gluon-lse", "Hq16-p16-triton"])
+def test_mla_balanced_split_mtp_gpu(hq, page, kernel_device, built):
+    """Q 2 with the LSE (the Gluon kernel over pages of 64: 64 rows), ragged."""
+    with mla_configs.override(min_chunk=64, waves=4):
+        ops_mtp_case(kernel_device, lens=[4000, 1, 0, 700, 2], q_len=2, hq=hq, page=page, seed=9)
+    assert built["split"][-1].constexprs["BALANCED"]
+
+
 def test_mla_balanced_rule():
     """The balanced split needs several splits (partials, and more units than requests in the
     grid), two to MAX_BALANCED_BATCH requests, and not batch-invariant mode."""
@@ -101,10 +139,9 @@ def test_mla_one_split_and_batch_invariant_keep_the_uniform_split(kernel_device,
     assert launch.constexprs["SPLIT_SPAN"] == 16 and built["combine"][-1].kernel is not balanced_combine_kernel
 
 
-def test_mla_gluon_launches_keep_the_uniform_split():
-    """The Gluon kernels have no balanced form: their launches keep the uniform split."""
+def test_mla_balanced_split_is_the_same_rule_for_every_kernel():
+    """The Gluon kernels take the balanced split as the Triton kernel does (common.gluon_balance)."""
     plan = mla_plan._Plan.__new__(mla_plan._Plan)
-    plan.batch, plan.invariant, plan.gluon = 8, False, True
-    assert not plan.balanced(4)
-    plan.gluon = False
-    assert plan.balanced(4) and not plan.balanced(1)
+    plan.batch, plan.invariant = 8, False
+    for plan.gluon in (True, False):
+        assert plan.balanced(4) and not plan.balanced(1)

@@ -159,9 +159,9 @@ class _Plan:
         return hit
 
     def balanced(self, splits: int) -> bool:
-        """Whether the launch of ``splits`` splits takes the balanced split (``configs.balanced``),
-        in the kernel that serves it (the Gluon kernels keep the uniform split)."""
-        return not self.gluon and mla_configs.balanced(splits=splits, batch=self.batch, invariant=self.invariant)
+        """Whether the launch of ``splits`` splits takes the balanced split (``configs.balanced``;
+        every MLA kernel has the ``BALANCED`` form, the Gluon ones by ``common.gluon_balance``)."""
+        return mla_configs.balanced(splits=splits, batch=self.batch, invariant=self.invariant)
 
     def _balance_constexprs(self, splits: int) -> dict:
         """The balanced plan's constexprs (``common.balance.launch_unit``), or the uniform path's."""
@@ -228,7 +228,8 @@ class _Plan:
             constexprs=dict(
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(most, CKV_DIM, False),
                 OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
-                BLOCK_N=self.cfg.block_n, BLOCK_B=cx["BLOCK_B"], UNITS_CAP=cx["UNITS_CAP"],
+                BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
+                UNITS_CAP=cx["UNITS_CAP"],
             ),
             options=dict(num_warps=4, num_stages=2),
         )
@@ -288,7 +289,7 @@ def _gluon_split(plan: _Plan, splits: int) -> fast_launch.Launch:
     constexprs = dict(
         CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h, BLOCK_N=GLUON_BLOCK_N,
         H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale, SPLIT_SPAN=plan.split_span,
-        Q_LEN=plan.q_len,
+        Q_LEN=plan.q_len, **plan._balance_constexprs(splits),
     )
     if plan.ws:
         kernel, options = mla_gluon_ws_kernel, dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
