@@ -39,6 +39,15 @@ the 64-row tile as 64 heads do). Token ``r`` sees keys up to its position ``L - 
 (:func:`mla_row_ends`): a per-row limit on the score mask, which differs from the split's end only
 in a request's last keys. ``Q_LEN == 1`` compiles exactly as before (the mask stays a column mask).
 
+Ragged batches (``BALANCED``, chosen by the plan for launches of several splits): instead of
+``num_splits`` equal shares of each request, the programs take units of one chunk length for the
+launch, planned from the device-side lengths by every program (:func:`~..common.balance.launch_unit`:
+a long request several units, more than ``num_splits`` where the batch is ragged, a short one one;
+an equal batch keeps the uniform split). The grid stays the uniform one (host bounds, so a CUDA
+graph replays with new lengths), unit ``u``'s partial goes to slot ``u``, and
+:func:`~..common.combine.balanced_combine_kernel` merges each request's units
+(lab/notes/mla-ragged.md "MLA: the balanced split (design)").
+
 ``HEADS_AS_N`` swaps the operands of both products, ``S^T = ckv q_nope^T + kpe q_rope^T`` and
 ``O^T = ckv^T P^T``: the keys fill wgmma's M (64 rows and more) and the heads are its N (16 is
 enough), so few heads need no padding to 64 rows. With fp8 scores at Hq <= 16 this cuts the tensor
