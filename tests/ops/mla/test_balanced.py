@@ -18,13 +18,16 @@ from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import plan as mla_plan
 
 from ..oracle import GPU_ONLY, ON_GPU
-from .test_mla import mla_case, ops_case
+from .test_mla import graph_replay_case, mla_case, ops_case
 from .test_mtp import ops_mtp_case
 
 
 @pytest.fixture
 def built(monkeypatch):
-    """The split and combine launches the plans build (plans under an override are not cached)."""
+    """The split and combine launches the plans build: every call plans afresh (plans under an
+    override are not cached; no plan or replayed call of another test is reused)."""
+    monkeypatch.setattr(mla_plan, "_PLANS", {})
+    monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
     got = {"split": [], "combine": []}
     real_split, real_combine = mla_plan._Plan._split, mla_plan._Plan._combine
     monkeypatch.setattr(mla_plan._Plan, "_split", lambda self, s: got["split"].append(real_split(self, s))
@@ -114,6 +117,17 @@ def test_mla_balanced_split_mtp_gpu(hq, page, kernel_device, built):
     with mla_configs.override(min_chunk=64, waves=4):
         ops_mtp_case(kernel_device, lens=[4000, 1, 0, 700, 2], q_len=2, hq=hq, page=page, seed=9)
     assert built["split"][-1].constexprs["BALANCED"]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("hq,kv_format", [(16, "bfloat16"), (128, "bfloat16"), (128, "fp8")],
+                         ids=["bf16-Hq16", "bf16-Hq128", "fp8-Hq128"])
+def test_mla_balanced_graph_replays_equal_and_ragged_lengths(hq, kv_format, triton_backend, built):
+    """One capture (several splits a request: the balanced kernel) replayed on equal lengths (the
+    uniform split inside it), then ragged ones (units), then equal again: the plan is the device's."""
+    graph_replay_case(hq, [3000, 2900, 3100, 3050], [(2, [6000, 1, 0, 40], 1.0), (3, [2000, 2100, 1990, 2050], 0.7),
+                                                    (4, [17, 6300, 64, 3000], 1.3)], kv_format=kv_format)
+    assert built["split"] and all(launch.constexprs["BALANCED"] for launch in built["split"])
 
 
 def test_mla_balanced_rule():
