@@ -178,7 +178,7 @@ def mla_split_kernel(
         # The balanced split (common.balance.launch_unit): program group ``rest`` runs unit ``rest``
         # of a plan every program derives from the lengths; a ragged batch's requests take units
         # of one chunk length (a long request several), an equal batch the uniform split below.
-        # Units past the plan's last (a ragged batch needs fewer than the grid holds) read nothing
+        # Units past the plan's last (a ragged batch needs fewer than the grid holds) read no key
         # and write nothing. BLOCK_N = the tile the chunk rounds to; MIN_CHUNK its least keys.
         live, b, split, n_splits = launch_unit(seq_lens_ptr, rest, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N,
                                                BLOCK_B, UNITS_CAP)

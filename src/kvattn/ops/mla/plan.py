@@ -4,7 +4,9 @@ Host-side facts only (shapes, strides, dtypes, the SM count, the bound ``max_seq
 waits for the device, and with a large enough workspace nothing is allocated, so a call can be
 captured in a CUDA graph and replayed with new lengths and tables. What a call derives from its
 facts is a :class:`_Plan`, cached under them; the split count is memoised per ``max_seq_len``.
-The partials are merged by the decode family's :func:`~..common.combine.decode_combine_kernel`.
+The partials are merged by the decode family's :func:`~..common.combine.decode_combine_kernel`,
+or, for a launch that takes the balanced split of ragged batches (``configs.balanced``: the kernels'
+``BALANCED``), by :func:`~..common.combine.balanced_combine_kernel`.
 """
 
 from __future__ import annotations
