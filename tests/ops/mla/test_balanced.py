@@ -11,7 +11,6 @@ more requests than the interpreter's programs a wave, two head blocks, Q 1 and 2
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvattn.ops.common.combine import balanced_combine_kernel
 from kvattn.ops.mla import configs as mla_configs

@@ -729,7 +729,8 @@ def mla_gluon_ws_kernel(
             (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
                                 out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
                                 num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h,
-                                logit_factor, out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN, BALANCED)),
+                                logit_factor, out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN,
+                                BALANCED)),
             (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
                                num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N)),
         ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
