@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # run as a script
 KERNELS = {
     "decode_split": "kvattn.ops.decode.kernels.decode_split_kernel",
     "decode_combine": "kvattn.ops.common.combine.decode_combine_kernel",
+    "balanced_combine": "kvattn.ops.common.combine.balanced_combine_kernel",
     "ragged_pack": "kvattn.ops.decode.kernels_ragged.ragged_pack_kernel",
     "ragged_unpack": "kvattn.ops.decode.kernels_ragged.ragged_unpack_kernel",
     "mla_split": "kvattn.ops.mla.kernels.mla_split_kernel",
@@ -67,9 +68,11 @@ _MLA_PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*f
              "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"}
 _MLA = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, KV_FORMAT=0,
             LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False, SPLIT_SCORES=True, STORE_LSE=False,
-            SPLIT_SPAN=0, Q_LEN=1)
+            SPLIT_SPAN=0, Q_LEN=1, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, UNITS_CAP=1)
 _MLA_GLUON = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
-                  OUT_PTR=False, STORE_LSE=False, SPLIT_SPAN=0, Q_LEN=1)
+                  OUT_PTR=False, STORE_LSE=False, SPLIT_SPAN=0, Q_LEN=1, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0,
+                  UNITS_CAP=1)
+_MLA_BALANCED = dict(BALANCED=True, BLOCK_B=32, MIN_CHUNK=256, UNITS_CAP=64)
 _MLA_WS = {k: v for k, v in _MLA_GLUON.items() if k != "STORE_LSE"}
 _SMEM16 = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
            "fp4_padded=False, cga_layout=[])")
@@ -155,18 +158,35 @@ def configs() -> dict[str, dict]:
         out[f"mla_split/{name}"] = dict(kernel="mla_split", constexprs=dict(_MLA, **over),
                                         ptrs=dict(_MLA_PTRS, kv_ptr=kv, q_ptr=q), floats=FLOATS, warps=warps,
                                         stages=stages)
+    # the balanced split of ragged batches (mla/plan.py: up to 256 requests, 64 units a request)
+    out["mla_split/bf16-h16-balanced"] = dict(kernel="mla_split", constexprs=dict(
+        _MLA, BLOCK_H=16, H_BLOCKS=1, SPLIT_SCORES=False, **_MLA_BALANCED),
+        ptrs=dict(_MLA_PTRS, kv_ptr="*bf16", q_ptr="*bf16"), floats=FLOATS, warps=8, stages=3)
+    out["mla_split/fp8qk-h16-heads-as-n-balanced"] = dict(kernel="mla_split", constexprs=dict(
+        _MLA, BLOCK_H=16, H_BLOCKS=1, KV_FORMAT=1, QK_FP8=True, HEADS_AS_N=True, **_MLA_BALANCED),
+        ptrs=dict(_MLA_PTRS, kv_ptr="*fp8e4nv", q_ptr="*fp8e4nv"), floats=FLOATS, warps=8, stages=3)
+    out["balanced_combine/mla-d512"] = dict(kernel="balanced_combine", constexprs=dict(
+        NUM_HEADS=128, HEAD_DIM=512, BLOCK_S=16, OUT_PTR=False, STORE_LSE=False, MIN_CHUNK=256, BLOCK_N=64,
+        BLOCK_B=32, UNITS_CAP=64), ptrs={"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "seq_lens_ptr": "*i32",
+                                         "out_scale_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"},
+        floats=FLOATS, warps=4, stages=2)
     gptrs = dict(_MLA_PTRS, q_ptr="*bf16")
-    for name, over in (("p64", {}), ("p64-lse", dict(STORE_LSE=True)), ("p64-mtp4", dict(Q_LEN=4))):
+    for name, over in (("p64", {}), ("p64-lse", dict(STORE_LSE=True)), ("p64-mtp4", dict(Q_LEN=4)),
+                       ("p64-balanced", _MLA_BALANCED)):
         out[f"mla_gluon/{name}"] = dict(kernel="mla_gluon", constexprs=dict(_MLA_GLUON, **over), ptrs=gptrs,
                                         floats=FLOATS, warps=8, gluon=True,
                                         descs={"kv_desc": f"tensordesc<bf16[64, 64],{_SMEM16}>"})
-    for name, over in (("p64", {}), ("p256", dict(PAGE_SIZE=256)), ("invariant", dict(SPLIT_SPAN=1024))):
+    for name, over in (("p64", {}), ("p256", dict(PAGE_SIZE=256)), ("invariant", dict(SPLIT_SPAN=1024)),
+                       ("p64-balanced", _MLA_BALANCED)):
         out[f"mla_gluon_ws/bf16-{name}"] = dict(kernel="mla_gluon_ws", constexprs=dict(_MLA_WS, **over), ptrs=gptrs,
                                                 floats=FLOATS, warps=4, gluon=True,
                                                 descs={"kv_desc": f"tensordesc<bf16[64, 64],{_SMEM16}>"})
     out["mla_gluon_ws/fp8-p64"] = dict(kernel="mla_gluon_ws", constexprs=_MLA_WS,
                                        ptrs=dict(gptrs, q_ptr="*fp8e4nv"), floats=FLOATS, warps=4, gluon=True,
                                        descs={"kv_desc": f"tensordesc<fp8e4nv[64, 64],{_SMEM8}>"})
+    out["mla_gluon_ws/fp8-p64-balanced"] = dict(kernel="mla_gluon_ws", constexprs=dict(_MLA_WS, **_MLA_BALANCED),
+                                                ptrs=dict(gptrs, q_ptr="*fp8e4nv"), floats=FLOATS, warps=4,
+                                                gluon=True, descs={"kv_desc": f"tensordesc<fp8e4nv[64, 64],{_SMEM8}>"})
     # prefill (Triton): 16-bit gathers, fp8 pages, NVFP4 pages
     for name, over, kv, warps, stages in (
             ("bf16-d128", {}, "*bf16", 8, 2),

@@ -680,7 +680,7 @@ class FakeGPU:
             monkeypatch.setattr(decode_launch, name, JITFunction(getattr(decode_launch, name).fn))
         monkeypatch.setattr(append_launch, "append_kv_kernel", JITFunction(append_launch.append_kv_kernel.fn))
         monkeypatch.setattr(decode_launch, "_PLANS", {})  # no plan of these kernels outlives the test
-        for name in ("mla_split_kernel", "decode_combine_kernel"):  # MLA's launches (the Triton kernel)
+        for name in ("mla_split_kernel", "decode_combine_kernel", "balanced_combine_kernel"):  # MLA's (Triton kernel)
             monkeypatch.setattr(mla_launch, name, JITFunction(getattr(mla_launch, name).fn))
         monkeypatch.setattr(mla_launch, "_PLANS", {})
         monkeypatch.setattr(append_launch, "_PLANS", {})

@@ -22,7 +22,10 @@ pytestmark = pytest.mark.codegen  # compiled, not run: CI runs these (pyproject.
 PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"}
 BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, KV_FORMAT=0,
-            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False, STORE_LSE=False, SPLIT_SPAN=0, Q_LEN=1)
+            LOGIT_PTR=False, OUT_PTR=False, QK_FP8=False, HEADS_AS_N=False, STORE_LSE=False, SPLIT_SPAN=0, Q_LEN=1,
+            BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, UNITS_CAP=1)
+# The balanced split of a ragged batch (mla/plan.py: 32 requests, 64 units a request at most)
+BALANCED = dict(BALANCED=True, BLOCK_B=32, MIN_CHUNK=256, UNITS_CAP=64)
 
 
 def _compile(split: bool, **constexprs) -> dict:
@@ -31,7 +34,8 @@ def _compile(split: bool, **constexprs) -> dict:
     return {"score_wgmmas": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16", got["ptx"])),
             "warps": sorted(set(re.findall(r"warpsPerCTA = \[(\d+), (\d+)\], instrShape = \[16, 32, 16\]",
                                            got["ttgir"]))),
-            "cp_async": len(re.findall(r"cp\.async\.c[ag]", got["ptx"]))}
+            "cp_async": len(re.findall(r"cp\.async\.c[ag]", got["ptx"])), "stack": got.get("stack"),
+            "reg": got.get("reg")}
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["chained", "split"])
@@ -49,7 +53,8 @@ def test_score_products_split_between_warpgroups(split):
 # ---------------------------------------------------------------------------------------------
 GLUON_PTRS = dict(PTRS, q_ptr="*bf16")
 GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64, H_BLOCKS=2, LOGIT_PTR=False,
-                  OUT_PTR=False, STORE_LSE=False, SPLIT_SPAN=0, Q_LEN=1)
+                  OUT_PTR=False, STORE_LSE=False, SPLIT_SPAN=0, Q_LEN=1, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0,
+                  UNITS_CAP=1)
 ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
             "fp4_padded=False, cga_layout=[])")
 
@@ -229,5 +234,52 @@ def test_gluon_kernel_with_four_tokens_keeps_its_schedule():
                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", got["ptx"])) == 36
     assert got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+
+
+# ---------------------------------------------------------------------------------------------
+# The balanced split (BALANCED: common.balance / common.gluon_balance): the unit decode at each
+# program's start costs no product, buffer or spill
+# ---------------------------------------------------------------------------------------------
+def test_triton_kernel_balanced_keeps_its_products():
+    """The Triton kernel's balanced form: the same split score products, the row loads still
+    pipelined and no more stack than the uniform split's (the plan is scalar work before the loop)."""
+    got, uniform = _compile(True, **BALANCED), _compile(True)
+    assert got["warps"] == [("4", "2")] and got["score_wgmmas"] == 36 and got["cp_async"] > 0
+    if got["stack"] is not None:
+        assert got["stack"] <= uniform["stack"] and got["reg"] <= 255
+
+
+def test_gluon_kernel_balanced_keeps_its_schedule():
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon.mla_gluon_kernel", dict(GLUON_BASE, **BALANCED),
+                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=8, gluon=True,
+                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 36
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16", ptx)) == 4
+    assert len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) == 27
+    assert got["shared"] <= 227 * 1024
+    if "stack" in got:
+        assert got["stack"] == 0 and got["reg"] <= 255
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_ws_kernel_balanced_keeps_its_budget(fp8):
+    """The warp-specialised kernel's balanced form (bf16 and e4m3): the same products, TMA boxes,
+    registers 240 / 240 / 24 and shared memory as the uniform split, no spill."""
+    if fp8:
+        got = _compile_fp8(**BALANCED)
+        wgmmas, shared = (r"m64n64k32\.f32\.e4m3\.e4m3", 36), (200 * 1024, 216 * 1024)
+    else:
+        got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, **BALANCED),
+                           ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                           descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+        wgmmas, shared = (r"m64n64k16\.f32\.bf16\.bf16", 72), (216 * 1024, 227 * 1024)
+    ptx = got["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\." + wgmmas[0], ptx)) == wgmmas[1]
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    assert {"240", "24"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert shared[0] < got["shared"] <= shared[1]
     if "stack" in got:
         assert got["stack"] == 0 and got["reg"] <= 255

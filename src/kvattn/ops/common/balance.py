@@ -42,13 +42,22 @@ def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN
                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
     """``(ragged, n [BLOCK_B], ends [BLOCK_B])``: whether the batch is ragged, each request's unit
     count and one past its last unit (see :func:`balanced_unit`)."""
-    # A ragged batch: its longest request holds more than 5/4 of the mean's keys.
-    RAGGED_NUM: tl.constexpr = 5
-    RAGGED_DEN: tl.constexpr = 4
     UNITS_MANY: tl.constexpr = 32  # MAX_UNITS
     UNITS_FEW: tl.constexpr = 16  # MIN_UNITS
     CAP_ROUNDS: tl.constexpr = 8  # UNIT_CAP_ROUNDS
     UNITS_MAX: tl.constexpr = UNITS_MANY if MERGE_BLOCK_S * CAP_ROUNDS >= UNITS_MANY else UNITS_FEW  # unit_cap
+    return unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B,
+                       UNITS_MAX)
+
+
+@triton.jit
+def unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr):
+    """:func:`_unit_counts` with a request's unit cap ``UNITS_CAP`` of the caller's (the chunk is at
+    least the longest request's keys over it)."""
+    # A ragged batch: its longest request holds more than 5/4 of the mean's keys.
+    RAGGED_NUM: tl.constexpr = 5
+    RAGGED_DEN: tl.constexpr = 4
     offs_b = tl.arange(0, BLOCK_B)
     b_ok = offs_b < batch
     lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
@@ -56,7 +65,7 @@ def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN
     total = tl.sum(lens.to(tl.int64), 0)
     longest = tl.max(lens, 0)
     ragged = longest.to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * total
-    chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, UNITS_MAX)).to(tl.int32)
+    chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, UNITS_CAP)).to(tl.int32)
     chunk = tl.maximum(tl.cdiv(chunk, BLOCK_N) * BLOCK_N, MIN_CHUNK)
     n = tl.where(ragged, tl.maximum(tl.cdiv(lens, chunk), 1), uniform_splits)
     n = tl.where(b_ok, n, 0)
@@ -97,3 +106,45 @@ def balanced_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, unit_targ
     n_b = tl.sum(tl.where(mine, n, 0), 0)
     first = tl.sum(tl.where(mine, ends, 0), 0) - n_b
     return b, unit - first, n_b, first
+
+
+@triton.jit
+def _launch_unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr):
+    # The grid holds batch * uniform_splits units; a chunk of at least total / (that - batch) keys
+    # keeps sum_b ceil(L_b / chunk) <= total / chunk + batch within it.
+    unit_target = tl.maximum(batch * (uniform_splits - 1), 1)
+    return unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B,
+                       UNITS_CAP)
+
+
+@triton.jit
+def launch_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr):
+    """``(live, b, split, n_splits)`` of unit ``unit`` of a plan whose units each take one program
+    of a grid of ``batch * uniform_splits`` units (MLA: no counter; lab/notes/mla-ragged.md "MLA:
+    the balanced split (design)"). The plan of :func:`balanced_unit`, its units counted for the
+    grid rather than a request: the chunk is at least ``total / (batch * (uniform_splits - 1))``
+    keys (so the units fit the grid) and the longest request's keys over ``UNITS_CAP`` (a
+    request's units at most). ``live`` is false for the grid's units past the plan's last. An
+    equal batch keeps the uniform split: unit ``b * uniform_splits + split``."""
+    ragged, n, ends = _launch_unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, MIN_CHUNK, BLOCK_N, BLOCK_B,
+                                          UNITS_CAP)
+    offs_b = tl.arange(0, BLOCK_B)
+    b = tl.minimum(tl.sum((ends <= unit).to(tl.int32), 0), batch - 1)  # requests wholly before this unit
+    mine = offs_b == b
+    n_b = tl.sum(tl.where(mine, n, 0), 0)
+    first = tl.sum(tl.where(mine, ends, 0), 0) - n_b
+    return unit < tl.sum(n, 0), b, unit - first, n_b
+
+
+@triton.jit
+def request_units(seq_lens_ptr, b, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr):
+    """``(n_b, first)``: request ``b``'s unit count and first unit in the plan of
+    :func:`launch_unit` (where the merge finds its partials)."""
+    ragged, n, ends = _launch_unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, MIN_CHUNK, BLOCK_N, BLOCK_B,
+                                          UNITS_CAP)
+    mine = tl.arange(0, BLOCK_B) == b
+    n_b = tl.sum(tl.where(mine, n, 0), 0)
+    return n_b, tl.sum(tl.where(mine, ends, 0), 0) - n_b

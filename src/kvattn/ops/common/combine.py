@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .balance import request_units
 from .masks import sink_logits2
 from .quantize import store_scaled
 from .softmax_merge import merge_partials, softmax_finalize
@@ -57,4 +58,40 @@ def decode_combine_kernel(
         tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
 
 
-__all__ = ["decode_combine_kernel"]
+@triton.jit
+def balanced_combine_kernel(
+    part_o_ptr,  # [num_splits * batch, NUM_HEADS, HEAD_DIM] float32 normalised unit outputs (unit u: slot u)
+    part_lse_ptr,  # [num_splits * batch, NUM_HEADS] float32 unit LSEs (base 2; -inf: an empty unit)
+    seq_lens_ptr,  # [batch] int32
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [batch, NUM_HEADS, HEAD_DIM] 16-bit or float32
+    lse_ptr,  # [batch, NUM_HEADS] float32 (STORE_LSE; head stride 1)
+    stride_o_t, stride_o_h, stride_lse_t,
+    batch, num_splits, capacity, out_factor,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, OUT_PTR: tl.constexpr,
+    STORE_LSE: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    UNITS_CAP: tl.constexpr,
+):
+    """The merge of a balanced split launch (``common.balance.launch_unit``; the MLA kernels'
+    ``BALANCED``): one (request, row)'s units, the consecutive slots ``first .. first + n - 1``,
+    which it derives from the lengths as the split programs did (a ragged batch's requests have
+    different unit counts; an equal batch's ``num_splits`` each)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
+    heads = h + tl.zeros([1], dtype=tl.int32)
+    row_ok = heads < NUM_HEADS
+    m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, first.to(tl.int64) * NUM_HEADS + heads, row_ok,
+                                 NUM_HEADS, n_t, HEAD_DIM, BLOCK_S, False)
+    o, lse2 = softmax_finalize(acc, m, den, den, False)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    offs_d = tl.arange(0, HEAD_DIM)
+    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
+                 o * out_mult, row_ok[:, None], False)
+    if STORE_LSE:
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
+
+
+__all__ = ["balanced_combine_kernel", "decode_combine_kernel"]

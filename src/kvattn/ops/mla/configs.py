@@ -191,6 +191,22 @@ def warp_specialized(arch: str, kv_format: str, block_h: int, q_fp8: bool = Fals
     return (_fmt(kv_format, q_fp8), block_h) in WARP_SPECIALIZED.get(arch, ())
 
 
+# The balanced split of a ragged batch (mla/plan.py, common.balance.launch_unit): a request's units
+# at most (the combine merges them in rounds of 16), and the batches a plan holds (the lengths are
+# one [BLOCK_B] register vector in every split and combine program).
+MAX_UNITS = 64
+MAX_BALANCED_BATCH = 256
+
+
+def balanced(*, splits: int, batch: int, invariant: bool) -> bool:
+    """Whether a launch of ``splits`` splits a request takes the balanced split (a production
+    path: ragged batches balance on the device, equal ones keep the uniform split inside it).
+    Not a launch of one split (no partials, no room for more units than requests), nor
+    batch-invariant mode (fixed-span splits: a request's result must not depend on the batch), nor
+    one request (nothing to balance) or more than :data:`MAX_BALANCED_BATCH`."""
+    return not invariant and splits >= 2 and 1 < batch <= MAX_BALANCED_BATCH
+
+
 def num_splits(cfg: MLAConfig, *, items: int, span: int, sm_count: int, fit: int) -> int:
     """KV splits per work item (request x head block).
 

@@ -39,6 +39,15 @@ the 64-row tile as 64 heads do). Token ``r`` sees keys up to its position ``L - 
 (:func:`mla_row_ends`): a per-row limit on the score mask, which differs from the split's end only
 in a request's last keys. ``Q_LEN == 1`` compiles exactly as before (the mask stays a column mask).
 
+Ragged batches (``BALANCED``, chosen by the plan for launches of several splits): instead of
+``num_splits`` equal shares of each request, the programs take units of one chunk length for the
+launch, planned from the device-side lengths by every program (:func:`~..common.balance.launch_unit`:
+a long request several units, more than ``num_splits`` where the batch is ragged, a short one one;
+an equal batch keeps the uniform split). The grid stays the uniform one (host bounds, so a CUDA
+graph replays with new lengths), unit ``u``'s partial goes to slot ``u``, and
+:func:`~..common.combine.balanced_combine_kernel` merges each request's units
+(lab/notes/mla-ragged.md "MLA: the balanced split (design)").
+
 ``HEADS_AS_N`` swaps the operands of both products, ``S^T = ckv q_nope^T + kpe q_rope^T`` and
 ``O^T = ckv^T P^T``: the keys fill wgmma's M (64 rows and more) and the heads are its N (16 is
 enough), so few heads need no padding to 64 rows. With fp8 scores at Hq <= 16 this cuts the tensor
@@ -64,6 +73,7 @@ from ..common import (
     split_bounds,
     token_pages,
 )
+from ..common.balance import launch_unit
 
 
 @triton.jit
@@ -140,8 +150,8 @@ def mla_split_kernel(
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
     out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] bfloat16 (or the query's 16-bit dtype, or float32; last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2)
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs (BALANCED: [units, ...])
+    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2; BALANCED: [units, ...])
     lse_ptr,  # [B, Q_LEN * Hq] float32 base-2 LSE (STORE_LSE; row stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_kv_p, stride_kv_s, stride_t_b, stride_t_p,
     batch, num_heads, num_splits, num_pages, capacity, stride_lse_b,
@@ -150,6 +160,8 @@ def mla_split_kernel(
     BLOCK_N: tl.constexpr, H_BLOCKS: tl.constexpr, KV_FORMAT: tl.constexpr, LOGIT_PTR: tl.constexpr,
     OUT_PTR: tl.constexpr, QK_FP8: tl.constexpr, HEADS_AS_N: tl.constexpr, SPLIT_SCORES: tl.constexpr,
     STORE_LSE: tl.constexpr = False, SPLIT_SPAN: tl.constexpr = 0, Q_LEN: tl.constexpr = 1,
+    BALANCED: tl.constexpr = False, BLOCK_B: tl.constexpr = 1, MIN_CHUNK: tl.constexpr = 0,
+    UNITS_CAP: tl.constexpr = 1,
 ):
     # Operand type of the products: the cache's 16-bit type, or float16 for fp8 (e4m3 converts to
     # float16 exactly, in one instruction per pair; an fp8 query too). QK_FP8 (fp8 query and cache,
@@ -162,15 +174,28 @@ def mla_split_kernel(
     pid = tl.program_id(0)
     hb = pid % H_BLOCKS
     rest = pid // H_BLOCKS
-    split = rest % num_splits
-    b = rest // num_splits
+    if BALANCED:
+        # The balanced split (common.balance.launch_unit): program group ``rest`` runs unit ``rest``
+        # of a plan every program derives from the lengths; a ragged batch's requests take units
+        # of one chunk length (a long request several), an equal batch the uniform split below.
+        # Units past the plan's last (a ragged batch needs fewer than the grid holds) read no key
+        # and write nothing. BLOCK_N = the tile the chunk rounds to; MIN_CHUNK its least keys.
+        live, b, split, n_splits = launch_unit(seq_lens_ptr, rest, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N,
+                                               BLOCK_B, UNITS_CAP)
+        kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
+        chunk = split_bounds(kv_len, 0, n_splits, BLOCK_N, 0)
+        start = split * chunk
+        end = tl.where(live, tl.minimum(start + chunk, kv_len), start)
+    else:
+        split = rest % num_splits
+        b = rest // num_splits
 
-    # Lengths clamped into [0, capacity] (capacity: the table row's tokens): a longer one would
-    # read past the request's row of the table (lab/notes/robustness.md "Device-side clamps").
-    kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
-    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
-    start = split * chunk
-    end = tl.minimum(start + chunk, kv_len)
+        # Lengths clamped into [0, capacity] (capacity: the table row's tokens): a longer one would
+        # read past the request's row of the table (lab/notes/robustness.md "Device-side clamps").
+        kv_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), capacity)
+        chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
+        start = split * chunk
+        end = tl.minimum(start + chunk, kv_len)
 
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)  # rows: (token, head) pairs with Q_LEN > 1
     head_ok = heads < num_heads
@@ -231,8 +256,12 @@ def mla_split_kernel(
     tl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=as_mask(head_ok[:, None] & final))
     if STORE_LSE:
         tl.store(lse_ptr + b.to(tl.int64) * stride_lse_b + heads, lse2, mask=as_mask(head_ok & final))
-    partial = num_splits > 1
-    p_row = (split.to(tl.int64) * batch + b) * num_heads + heads
+    if BALANCED:  # unit u's partial in slot u (the combine finds a request's units as its programs did)
+        partial = (num_splits > 1) & live
+        p_row = rest.to(tl.int64) * num_heads + heads
+    else:
+        partial = num_splits > 1
+        p_row = (split.to(tl.int64) * batch + b) * num_heads + heads
     tl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=as_mask(head_ok[:, None] & partial))
     tl.store(part_lse_ptr + p_row, lse2, mask=as_mask(head_ok & partial))
 

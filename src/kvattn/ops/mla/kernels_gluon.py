@@ -51,6 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
+from ..common.gluon_balance import balanced_split_work
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 from .kernels import mla_row_ends
@@ -139,11 +140,13 @@ def logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR: gl.constexpr):
 def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
                num_splits, stride_o_b, stride_o_h, out_factor, COL0: gl.constexpr, COLS: gl.constexpr,
                CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr,
-               o_layout: gl.constexpr):
+               o_layout: gl.constexpr, BALANCED: gl.constexpr = False):
     """Write the output columns ``[COL0, COL0 + COLS)`` of the head block's rows from the
     accumulator ``o_acc [BLOCK_H, COLS]`` (row max ``m_i``, row sum ``l_i``): the final output
     (one split), or the normalised split partial and (``STORE_LSE``) its base-2 LSE, which the
-    decode family's combine kernel merges (an empty split: o = 0, lse = -inf)."""
+    decode family's combine kernel merges (an empty split: o = 0, lse = -inf). ``BALANCED``
+    (``balanced_split_work``): ``split`` is the partial's slot, its unit (none past the partials:
+    a unit past the plan's last), which ``combine.balanced_combine_kernel`` merges."""
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
     heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
@@ -155,8 +158,12 @@ def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr
         out_mult = out_mult * gl.load(out_scale_ptr)
     o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
     gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
-    partial = num_splits > 1
-    p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
+    if BALANCED:
+        partial = (num_splits > 1) & (split < batch * num_splits)
+        p_row = split.to(gl.int64) * num_heads + heads
+    else:
+        partial = num_splits > 1
+        p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
     gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
     if STORE_LSE:
         gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
@@ -184,8 +191,8 @@ def mla_gluon_kernel(
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
     out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] the query's 16-bit dtype (last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2)
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs (BALANCED: [units, ...])
+    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2; BALANCED: [units, ...])
     lse_ptr,  # [B, Q_LEN * Hq] float32 base-2 LSE (STORE_LSE; row stride 1)
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
     batch, num_heads, num_splits, num_pages, capacity, stride_lse_b,
@@ -193,6 +200,8 @@ def mla_gluon_kernel(
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
     STORE_LSE: gl.constexpr = False, SPLIT_SPAN: gl.constexpr = 0, Q_LEN: gl.constexpr = 1,
+    BALANCED: gl.constexpr = False, BLOCK_B: gl.constexpr = 1, MIN_CHUNK: gl.constexpr = 0,
+    UNITS_CAP: gl.constexpr = 1,
 ):
     dt: gl.constexpr = q_ptr.dtype.element_ty
     # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
@@ -205,7 +214,12 @@ def mla_gluon_kernel(
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
+    if BALANCED:  # a ragged batch's units (common.gluon_balance; ``split``: the partial's slot)
+        b, hb, split, start, end, num_tiles = balanced_split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS,
+                                                                  BLOCK_N, MIN_CHUNK, BLOCK_B, UNITS_CAP)
+    else:
+        b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N,
+                                                         SPLIT_SPAN)
     total_rows = num_pages * PAGE_SIZE
     row_end = end
     if Q_LEN > 1:  # (rows are (token, head) pairs: each token's own key limit)
@@ -281,6 +295,7 @@ def mla_gluon_kernel(
     # One split: the final rows. Several: every split writes a partial, which the decode
     # family's combine kernel merges.
     store_rows(acc_t, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
-               num_splits, stride_o_b, stride_o_h, out_factor, 0, CKV_DIM, CKV_DIM, BLOCK_H, OUT_PTR, True, o_layout)
+               num_splits, stride_o_b, stride_o_h, out_factor, 0, CKV_DIM, CKV_DIM, BLOCK_H, OUT_PTR, True, o_layout,
+               BALANCED)
     if STORE_LSE:
         store_final_lse(m_i, l_i, lse_ptr, b, hb, num_heads, num_splits, stride_lse_b, BLOCK_H, o_layout)

@@ -90,6 +90,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..common.gluon_dequant import f16_words, words_view
 from ..common import load_page_ids, online_softmax_step
+from ..common.gluon_balance import balanced_split_work
 from .kernels_gluon import logit_scale2, mtp_row_ends, split_work, stage_query, store_rows
 
 # Barrier slots (one [N_BARS, 1] allocation). full / empty come per buffer (0: tile A, 1: tile B)
@@ -291,7 +292,8 @@ def _zero_tail(ckv_buf, n0, end, COL0: gl.constexpr, HALF: gl.constexpr, ld_layo
 def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MINE: gl.constexpr, X_OTHER: gl.constexpr,
             COL0: gl.constexpr, HALF: gl.constexpr, CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
-            OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr, x_layout: gl.constexpr, o_layout: gl.constexpr):
+            OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr, x_layout: gl.constexpr, o_layout: gl.constexpr,
+            BALANCED: gl.constexpr = False):
     """A warpgroup's end: once both are past their last read of the row maxima (``BAR_DONE``), its
     row sums out (slot ``X_MINE``), the other's in (``X_OTHER``), then its columns ``[COL0, COL0 +
     HALF)`` of the rows written with the sum of both (``l_0 + l_1``)."""
@@ -305,7 +307,7 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
     l_other = _read_rows(x_smem, X_OTHER, x_layout)
     store_rows(o, m_i, l_i + l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, COL0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-               STORE_LSE, o_layout)
+               STORE_LSE, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -313,7 +315,8 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
                     out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs,
                     batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h,
                     logit_factor, out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
-                    BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr):
+                    BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr,
+                    BALANCED: gl.constexpr = False):
     """Warpgroup 0 (the default partition): stages the query, then per pair the scores of tile A
     and the output columns ``[0, 256)``."""
     HALF: gl.constexpr = CKV_DIM // 2
@@ -384,7 +387,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-            True, x_layout, o_layout)
+            True, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -392,7 +395,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
                      out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs,
                      batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor,
                      CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr,
-                     OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr):
+                     OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr, BALANCED: gl.constexpr = False):
     """Warpgroup 1: per pair the scores of tile B and the output columns ``[256, 512)``.
 
     S_B is issued once S_A is (the tensor cores run S_A first, so the left softmax
@@ -460,7 +463,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
-            OUT_PTR, False, x_layout, o_layout)
+            OUT_PTR, False, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -486,7 +489,8 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
               out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs, batch,
               num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b, stride_o_h, logit_factor,
               out_factor, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-              LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr):
+              LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr, Q_LEN: gl.constexpr,
+              BALANCED: gl.constexpr = False):
     """Warpgroup 0 of the fp8 kernel: the left's schedule (tile A's scores on e4m3 wgmmas, output
     columns ``[0, 256)``), with its values converted into one float16 buffer (``v_smem`` slot 0):
     A's while S_A runs, B's while the right's softmax runs (the left waits for P_B then anyway)."""
@@ -558,7 +562,7 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-            True, x_layout, o_layout)
+            True, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -566,7 +570,7 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
                out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len, num_pairs, batch, num_heads,
                num_splits, num_pages, stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM: gl.constexpr,
                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-               Q_LEN: gl.constexpr):
+               Q_LEN: gl.constexpr, BALANCED: gl.constexpr = False):
     """Warpgroup 1 of the fp8 kernel: the right's schedule (tile B's scores on e4m3 wgmmas,
     output columns ``[256, 512)``, P_A read into registers), with both tiles' right values
     converted into float16 buffers of their own (``v_smem`` slots 1 and 2) while S_B runs."""
@@ -635,7 +639,7 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
-            OUT_PTR, False, x_layout, o_layout)
+            OUT_PTR, False, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -647,21 +651,27 @@ def mla_gluon_ws_kernel(
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
     out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] the query's 16-bit dtype, bfloat16 for an e4m3 query (last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs
-    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2)
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs (BALANCED: [units, ...])
+    part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2; BALANCED: [units, ...])
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
     batch, num_heads, num_splits, num_pages, capacity,
     logit_factor, out_factor,
     CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr, H_BLOCKS: gl.constexpr, LOGIT_PTR: gl.constexpr, OUT_PTR: gl.constexpr,
-    SPLIT_SPAN: gl.constexpr = 0, Q_LEN: gl.constexpr = 1,
+    SPLIT_SPAN: gl.constexpr = 0, Q_LEN: gl.constexpr = 1, BALANCED: gl.constexpr = False,
+    BLOCK_B: gl.constexpr = 1, MIN_CHUNK: gl.constexpr = 0, UNITS_CAP: gl.constexpr = 1,
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
     dt: gl.constexpr = q_ptr.dtype.element_ty
     FP8: gl.constexpr = dt == gl.float8e4nv
     x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 
-    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N, SPLIT_SPAN)
+    if BALANCED:  # a ragged batch's units (common.gluon_balance; ``split``: the partial's slot)
+        b, hb, split, start, end, num_tiles = balanced_split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS,
+                                                                  BLOCK_N, MIN_CHUNK, BLOCK_B, UNITS_CAP)
+    else:
+        b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N,
+                                                         SPLIT_SPAN)
     num_pairs = (num_tiles + 1) // 2
     total_rows = num_pages * PAGE_SIZE
     table_row = table_ptr + b.to(gl.int64) * stride_t_b
@@ -701,11 +711,11 @@ def mla_gluon_ws_kernel(
                          out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
                          num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h, stride_o_b,
                          stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR,
-                         OUT_PTR, Q_LEN)),
+                         OUT_PTR, Q_LEN, BALANCED)),
             (_right_fp8, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bars, logit_scale_ptr,
                           out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
                           num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h, logit_factor,
-                          out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN)),
+                          out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN, BALANCED)),
             (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
                                num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N)),
         ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])
@@ -715,11 +725,12 @@ def mla_gluon_ws_kernel(
                                out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
                                num_pairs, batch, num_heads, num_splits, num_pages, stride_q_b, stride_q_h,
                                stride_o_b, stride_o_h, logit_factor, out_factor, CKV_DIM, KPE_DIM, BLOCK_H, BLOCK_N,
-                               LOGIT_PTR, OUT_PTR, Q_LEN)),
+                               LOGIT_PTR, OUT_PTR, Q_LEN, BALANCED)),
             (_right_partition, (qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars, logit_scale_ptr,
                                 out_scale_ptr, out_ptr, part_o_ptr, part_lse_ptr, b, hb, split, start, end, kv_len,
                                 num_pairs, batch, num_heads, num_splits, num_pages, stride_o_b, stride_o_h,
-                                logit_factor, out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN)),
+                                logit_factor, out_factor, CKV_DIM, BLOCK_H, BLOCK_N, LOGIT_PTR, OUT_PTR, Q_LEN,
+                                BALANCED)),
             (_copy_partition, (kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs,
                                num_pages, total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N)),
         ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])

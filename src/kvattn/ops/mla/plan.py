@@ -4,7 +4,9 @@ Host-side facts only (shapes, strides, dtypes, the SM count, the bound ``max_seq
 waits for the device, and with a large enough workspace nothing is allocated, so a call can be
 captured in a CUDA graph and replayed with new lengths and tables. What a call derives from its
 facts is a :class:`_Plan`, cached under them; the split count is memoised per ``max_seq_len``.
-The partials are merged by the decode family's :func:`~..common.combine.decode_combine_kernel`.
+The partials are merged by the decode family's :func:`~..common.combine.decode_combine_kernel`,
+or, for a launch that takes the balanced split of ragged batches (``configs.balanced``: the kernels'
+``BALANCED``), by :func:`~..common.combine.balanced_combine_kernel`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as mla_configs
 from ...runtime import fast_launch
-from ..common.combine import decode_combine_kernel
+from ..common.combine import balanced_combine_kernel, decode_combine_kernel
 from ..common.splits import combine_block_s, invariant_span, invariant_splits
-from ...runtime.common import arch, device_guard, int32_lengths, kv_format_code, words_allowed
+from ...runtime.common import arch, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_allowed
 from ...runtime.plans import cached_plan
 from ...runtime.workspace import partials_fit, split_partials
 from .kernels import mla_split_kernel
@@ -158,6 +160,18 @@ class _Plan:
         self._by_span[span] = hit
         return hit
 
+    def balanced(self, splits: int) -> bool:
+        """Whether the launch of ``splits`` splits takes the balanced split (``configs.balanced``;
+        every MLA kernel has the ``BALANCED`` form, the Gluon ones by ``common.gluon_balance``)."""
+        return mla_configs.balanced(splits=splits, batch=self.batch, invariant=self.invariant)
+
+    def _balance_constexprs(self, splits: int) -> dict:
+        """The balanced plan's constexprs (``common.balance.launch_unit``), or the uniform path's."""
+        if not self.balanced(splits):
+            return dict(BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, UNITS_CAP=1)
+        return dict(BALANCED=True, BLOCK_B=next_power_of_2(self.batch), MIN_CHUNK=self.cfg.min_chunk,
+                    UNITS_CAP=mla_configs.MAX_UNITS)
+
     def _split(self, splits: int):
         cfg = self.cfg
         if self.gluon:
@@ -177,11 +191,14 @@ class _Plan:
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
                 STORE_LSE=self.has_lse, SPLIT_SPAN=self.split_span, Q_LEN=self.q_len,
+                **self._balance_constexprs(splits),
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
 
     def _combine(self, splits: int) -> fast_launch.Launch:
+        if self.balanced(splits):
+            return self._balanced_combine(splits)
         # The decode family's combine kernel; the query stands in for the absent sinks (and LSE).
         return fast_launch.Launch(
             decode_combine_kernel, (self.batch, self.num_heads),
@@ -194,6 +211,27 @@ class _Plan:
             constexprs=dict(
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(splits, CKV_DIM, self.invariant),
                 HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=self.has_lse, USE_PDL=False,
+            ),
+            options=dict(num_warps=4, num_stages=2),
+        )
+
+    def _balanced_combine(self, splits: int) -> fast_launch.Launch:
+        # A request's units: at most UNITS_CAP (ragged) or splits (equal lengths), in rounds of BLOCK_S.
+        cx = self._balance_constexprs(splits)
+        most = max(splits, min(cx["UNITS_CAP"], self.batch * splits))
+        return fast_launch.Launch(
+            balanced_combine_kernel, (self.batch, self.num_heads),
+            layout=_LAYOUT,
+            per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", seq_lens_ptr="seq_lens",
+                          out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
+                          lse_ptr="lse" if self.has_lse else "query", out_factor="out_factor", capacity="capacity"),
+            fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"],
+                       stride_lse_t=self.lse_stride, batch=self.batch, num_splits=splits),
+            constexprs=dict(
+                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(most, CKV_DIM, False),
+                OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
+                BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
+                UNITS_CAP=cx["UNITS_CAP"],
             ),
             options=dict(num_warps=4, num_stages=2),
         )
@@ -253,7 +291,7 @@ def _gluon_split(plan: _Plan, splits: int) -> fast_launch.Launch:
     constexprs = dict(
         CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h, BLOCK_N=GLUON_BLOCK_N,
         H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale, SPLIT_SPAN=plan.split_span,
-        Q_LEN=plan.q_len,
+        Q_LEN=plan.q_len, **plan._balance_constexprs(splits),
     )
     if plan.ws:
         kernel, options = mla_gluon_ws_kernel, dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
