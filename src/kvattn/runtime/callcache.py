@@ -63,7 +63,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import env as _env
+from . import env as _env, native_checks as _native
 
 MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache starts over
 MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
@@ -114,6 +114,7 @@ def _forget_recordings() -> None:
     for cache in _caches:
         cache.entries.clear()
         cache.failures.clear()
+        cache.hot.clear()
 
 
 _shape = operator.attrgetter("shape")
@@ -152,6 +153,22 @@ def _getter(indices: list):
 
 
 _CACHE_ON: dict = {}  # raw switch values -> whether they leave the call cache on (KVATTN_CALL_CACHE)
+# os.environ's dict version (None: not known) -> the switches' raw values, whether the cache is on.
+# Reading the nine switches costs ~0.5 us a call; the version ~0.1 (lab/notes/host-path.md
+# "Host path: a replayed call's host time").
+_env_version = _native.dict_version() if _ENV_KEYS is not _ENV_NAMES else None
+_switch_state: tuple = (None, (), False)
+
+
+def _switches() -> tuple:
+    """``(version, raw switch values, cache on)``, read afresh only after ``os.environ`` changed."""
+    global _switch_state
+    state = _switch_state
+    version = None if _env_version is None else _env_version(_DATA)
+    if version is None or version != state[0]:
+        switches = tuple(map(_env_get, _ENV_KEYS))
+        state = _switch_state = (version, switches, _cache_on(switches))
+    return state
 
 
 def _cache_on(switches: tuple) -> bool:
@@ -164,15 +181,17 @@ def _cache_on(switches: tuple) -> bool:
     return on
 
 
-def _flatten(args: tuple, switches: tuple | None = None) -> tuple[tuple, list]:
+def _flatten(args: tuple, switches: tuple | None = None, types: tuple | None = None) -> tuple[tuple, list]:
     """``(key, pointers)``: the metadata key of a call's arguments and its tensors' data pointers in
     order (:func:`_tensors`' order). Raises :class:`Bypass` for an argument the key does not model.
     ``switches``: the raw values of the switches (``_ENV_KEYS``' values) where the caller has read them.
 
     Per tensor: shape, strides, dtype, CUDA device index (-1 off CUDA, where no call is recorded:
     only CUDA tensors take the fast path) and the data pointer modulo 16; per other argument its value, and the
-    type of every argument. Each fact is read for all tensors at once (``map``), at C speed."""
-    types = tuple(map(type, args))
+    type of every argument (``types``, where the caller has them). Each fact is read for all
+    tensors at once (``map``), at C speed."""
+    if types is None:
+        types = tuple(map(type, args))
     sig = _SIGNATURES.get(types, _MISSING)
     if sig is _MISSING:
         sig = _signature(types)
@@ -283,7 +302,7 @@ class _Entry:
     offset (or a kept buffer's), the allocations to make again, and what the call returned."""
 
     __slots__ = ("steps", "pick", "offsets", "rebuild", "constants", "stream", "device", "knobs", "returns",
-                 "launches", "allocs", "alloc_bits", "fills")
+                 "launches", "allocs", "alloc_bits", "fills", "guard")
 
     def __init__(self, steps, pick, offsets, rebuild, constants, stream, device, knobs, returns, launches,
                  allocs=(), alloc_bits=(), fills=()):
@@ -300,6 +319,7 @@ class _Entry:
         self.allocs = allocs  # per allocation made again: a function making it (torch.empty_strided)
         self.alloc_bits = alloc_bits  # each recorded allocation's data pointer modulo 16
         self.fills = fills  # ((index into the tensor arguments + allocations, value), ...): fill_ first
+        self.guard = None  # the check of the key's tensor facts (native_checks.tensor_guard), once made
 
 
 def _load() -> None:
@@ -460,6 +480,7 @@ class CallCache:
         self.entries: dict = {}
         self.failures: dict = {}  # key -> recordings that made no entry (the first call compiles)
         self.seen: dict = {}  # keys seen before (a key is recorded when it comes back)
+        self.hot: dict = {}  # argument types -> (pickers, tensor check, facts, entry): see run
         self.hits = self.misses = 0  # (tests and tools)
         _caches.append(self)
 
@@ -468,37 +489,37 @@ class CallCache:
         ``call()`` (the ordinary call), recorded into an entry where it can be."""
         if _suspended or _is_compiling():
             return call()
-        switches = tuple(map(_env_get, _ENV_KEYS))  # (once: KVATTN_CALL_CACHE's, and the key's)
-        if not _cache_on(switches):
+        _, switches, on = _switches()  # (KVATTN_CALL_CACHE's, and the key's)
+        if not on:
             return call()
+        types = tuple(map(type, args))
+        hot = self.hot.get(types)
+        if hot is not None:
+            # The entry these argument types last replayed: its key holds if one C++ check passes
+            # on the tensors' metadata and the rest (scalars, switches, alignment) compares equal.
+            tensors_of, others_of, check, others, hot_switches, override, bits, entry = hot
+            tensors = tensors_of(args)
+            if check(*tensors) and others_of(args) == others and switches == hot_switches and (
+                    _OVERRIDES[0] is override):
+                ptrs = list(map(_data_ptr, tensors))
+                if tuple(map(_low_bits, ptrs)) == bits:
+                    result = self._replayed(entry, args, ptrs)
+                    if result is _MISSING:
+                        self.misses += 1
+                        return call()
+                    return result
         try:
-            key, ptrs = _flatten(args, switches)
+            key, ptrs = _flatten(args, switches, types)
         except (Bypass, RuntimeError):  # (RuntimeError: a tensor without strides or data)
             return call()
         entry = self.entries.get(key)
-        if entry is not None and (not self.capture_sensitive or not _launch_replay.capturing()):
-            pool = args
-            made = []
-            if entry.allocs:  # the output / LSE the call allocates, made again
-                made = [make() for make in entry.allocs]
-                more = list(map(_data_ptr, made))
-                if tuple(map(_low_bits, more)) == entry.alloc_bits:
-                    ptrs += more
-                    pool = (*args, *made)
-                else:  # (another alignment: another compiled kernel, maybe)
-                    ptrs = None
-            if entry.fills and ptrs is not None:
-                tensors = _tensors(args) + made
-                for j, value in entry.fills:
-                    tensors[j].fill_(value)
-            if ptrs is not None and _launch_replay.replay(entry, ptrs):
-                self.hits += 1
-                returns = entry.returns
-                if returns is None:
-                    return None
-                if type(returns) is int:
-                    return pool[returns]
-                return tuple(None if j is None else pool[j] for j in returns)
+        if entry is not None:
+            bits = key[7] if len(key) == 9 else None  # (before the replay extends ptrs)
+            result = self._replayed(entry, args, ptrs)
+            if result is not _MISSING:
+                if bits is not None:
+                    self._promote(types, key, bits, args, entry, hot)
+                return result
         self.misses += 1
         if entry is not None:
             return call()
@@ -538,5 +559,50 @@ class CallCache:
             return result
         if len(self.entries) >= MAX_ENTRIES:
             self.entries.clear()
+            self.hot.clear()
         self.entries[key] = entry
         return result
+
+    def _replayed(self, entry: "_Entry", args: tuple, ptrs: list):
+        """``entry`` replayed for a call with ``args`` (its tensors' data pointers ``ptrs``, extended
+        here): the call's result, or ``_MISSING`` where it cannot be replayed now."""
+        if self.capture_sensitive and _launch_replay.capturing():
+            return _MISSING
+        pool = args
+        made = []
+        if entry.allocs:  # the output / LSE the call allocates, made again
+            made = [make() for make in entry.allocs]
+            more = list(map(_data_ptr, made))
+            if tuple(map(_low_bits, more)) != entry.alloc_bits:
+                return _MISSING  # (another alignment: another compiled kernel, maybe)
+            ptrs += more
+            pool = (*args, *made)
+        if entry.fills:
+            tensors = _tensors(args) + made
+            for j, value in entry.fills:
+                tensors[j].fill_(value)
+        if not _launch_replay.replay(entry, ptrs):
+            return _MISSING
+        self.hits += 1
+        returns = entry.returns
+        if returns is None:
+            return None
+        if type(returns) is int:
+            return pool[returns]
+        return tuple(None if j is None else pool[j] for j in returns)
+
+    def _promote(self, types: tuple, key: tuple, bits: tuple, args: tuple, entry: "_Entry", hot) -> None:
+        """Make ``entry`` the one the hit path checks first for calls of these argument types."""
+        sig = _SIGNATURES.get(types)
+        if not sig:
+            return
+        check = entry.guard
+        if check is None or (hot is not None and hot[-1] is entry):
+            # (None: not made yet; the same entry: its check failed on this call's tensors whose key
+            # is the entry's: made under another thread-local dispatch state, or requires_grad.)
+            check = entry.guard = _native.tensor_guard(sig[0](args)) or False
+        if check is False:
+            return
+        if len(self.hot) >= MAX_ENTRIES:
+            self.hot.clear()
+        self.hot[types] = (sig[0], sig[1], check, key[8], key[1], key[2], bits, entry)
