@@ -68,6 +68,7 @@ from . import env as _env, native_checks as _native
 MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache starts over
 MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
 MAX_SEEN = 4 * MAX_ENTRIES  # signatures seen a function keeps; past this it forgets them
+MAX_HOT = 4  # entries the hit path checks, per argument types, before building the key
 
 _ENV_NAMES = tuple(_env.SWITCH_NAMES)  # every switch kvattn reads (TRITON_INTERPRET included)
 _OVERRIDES = _env._BATCH_INVARIANT  # kvattn.set_batch_invariant's value: [None | bool]
@@ -302,10 +303,10 @@ class _Entry:
     offset (or a kept buffer's), the allocations to make again, and what the call returned."""
 
     __slots__ = ("steps", "pick", "offsets", "rebuild", "constants", "stream", "device", "knobs", "returns",
-                 "launches", "allocs", "alloc_bits", "fills", "guard")
+                 "launches", "allocs", "alloc_bits", "fills", "guard", "result", "fill_at")
 
     def __init__(self, steps, pick, offsets, rebuild, constants, stream, device, knobs, returns, launches,
-                 allocs=(), alloc_bits=(), fills=()):
+                 allocs=(), alloc_bits=(), fills=(), fill_at=None):
         self.steps = steps  # per launch: launch_replay.replay_step's tuple
         self.pick = pick  # arg pointers, allocation pointers (+ constants) -> the launches' pointers, in order
         self.offsets = offsets
@@ -320,6 +321,19 @@ class _Entry:
         self.alloc_bits = alloc_bits  # each recorded allocation's data pointer modulo 16
         self.fills = fills  # ((index into the tensor arguments + allocations, value), ...): fill_ first
         self.guard = None  # the check of the key's tensor facts (native_checks.tensor_guard), once made
+        self.fill_at = fill_at  # fills as (index into args + allocations, value), where every one has one
+        self.result = _result_picker(returns)  # args + allocations -> what the call returns
+
+
+def _result_picker(returns) -> Callable[[tuple], Any]:
+    """``f(args + allocations)``: the call's result, at C speed where it holds no None."""
+    if returns is None:
+        return lambda pool: None
+    if type(returns) is int:
+        return operator.itemgetter(returns)
+    if None not in returns and len(returns) > 1:
+        return operator.itemgetter(*returns)
+    return lambda pool: tuple(None if j is None else pool[j] for j in returns)
 
 
 def _load() -> None:
@@ -370,6 +384,9 @@ def _same_tensor(x, tensors: list) -> int | None:
         if (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) == seen:
             return j
     return None
+
+
+_call = functools.partial.__call__  # (every maker is a partial: called by map at C speed)
 
 
 def _maker(t: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -463,7 +480,23 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
     pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda t, i=picks[0]: (t[i],))
     return _Entry(tuple(steps), pick, tuple(offsets), tuple(rebuild), constants, first.stream if constants else None,
                   next(iter(record.devices)), _launch_replay.knob_state(), returns, tuple(s[0] for s in steps),
-                  tuple(map(_maker, made)), tuple(t.data_ptr() & 15 for t in made), tuple(fills))
+                  tuple(map(_maker, made)), tuple(t.data_ptr() & 15 for t in made), tuple(fills),
+                  _fills_in_args(fills, tensors, args))
+
+
+def _fills_in_args(fills: list, tensors: list, args: tuple) -> tuple | None:
+    """``fills`` (indices into ``tensors`` + allocations) as indices into ``args`` + allocations,
+    or None where a filled tensor is not itself an argument (an item of a tuple argument)."""
+    out = []
+    for j, value in fills:
+        if j >= len(tensors):
+            out.append((len(args) + j - len(tensors), value))
+            continue
+        at = [i for i, a in enumerate(args) if a is tensors[j]]
+        if not at:
+            return None
+        out.append((at[0], value))
+    return tuple(out)
 
 
 class CallCache:
@@ -495,13 +528,21 @@ class CallCache:
         types = tuple(map(type, args))
         hot = self.hot.get(types)
         if hot is not None:
-            # The entry these argument types last replayed: its key holds if one C++ check passes
-            # on the tensors' metadata and the rest (scalars, switches, alignment) compares equal.
-            tensors_of, others_of, check, others, hot_switches, override, bits, entry = hot
-            tensors = tensors_of(args)
-            if check(*tensors) and others_of(args) == others and switches == hot_switches and (
-                    _OVERRIDES[0] is override):
-                ptrs = list(map(_data_ptr, tensors))
+            # The entries these argument types last replayed: an entry's key holds if the scalars,
+            # switches and alignment compare equal and one C++ check passes on the tensors' metadata.
+            tensors_of, others_of, candidates = hot
+            others = others_of(args)
+            override = _OVERRIDES[0]
+            tensors = ptrs = None
+            for entry, check, entry_others, entry_switches, entry_override, bits in candidates:
+                if entry_others != others or entry_switches != switches or entry_override is not override:
+                    continue
+                if tensors is None:
+                    tensors = tensors_of(args)
+                if not check(*tensors):
+                    continue
+                if ptrs is None:
+                    ptrs = list(map(_data_ptr, tensors))
                 if tuple(map(_low_bits, ptrs)) == bits:
                     result = self._replayed(entry, args, ptrs)
                     if result is _MISSING:
@@ -569,40 +610,48 @@ class CallCache:
         if self.capture_sensitive and _launch_replay.capturing():
             return _MISSING
         pool = args
-        made = []
-        if entry.allocs:  # the output / LSE the call allocates, made again
-            made = [make() for make in entry.allocs]
-            more = list(map(_data_ptr, made))
+        allocs = entry.allocs
+        if len(allocs) == 1:  # the output or LSE the call allocates, made again
+            made = allocs[0]()
+            ptr = _data_ptr(made)
+            if ptr & 15 != entry.alloc_bits[0]:
+                return _MISSING  # (another alignment: another compiled kernel, maybe)
+            ptrs.append(ptr)
+            pool = (*args, made)
+        elif allocs:  # both
+            made = (allocs[0](), allocs[1]()) if len(allocs) == 2 else tuple(map(_call, allocs))
+            more = tuple(map(_data_ptr, made))
             if tuple(map(_low_bits, more)) != entry.alloc_bits:
                 return _MISSING  # (another alignment: another compiled kernel, maybe)
             ptrs += more
-            pool = (*args, *made)
+            pool = args + made
         if entry.fills:
-            tensors = _tensors(args) + made
-            for j, value in entry.fills:
-                tensors[j].fill_(value)
+            if entry.fill_at is not None:
+                for j, value in entry.fill_at:
+                    pool[j].fill_(value)
+            else:
+                tensors = _tensors(args) + list(pool[len(args):])
+                for j, value in entry.fills:
+                    tensors[j].fill_(value)
         if not _launch_replay.replay(entry, ptrs):
             return _MISSING
         self.hits += 1
-        returns = entry.returns
-        if returns is None:
-            return None
-        if type(returns) is int:
-            return pool[returns]
-        return tuple(None if j is None else pool[j] for j in returns)
+        return entry.result(pool)
 
     def _promote(self, types: tuple, key: tuple, bits: tuple, args: tuple, entry: "_Entry", hot) -> None:
-        """Make ``entry`` the one the hit path checks first for calls of these argument types."""
+        """Put ``entry`` first among those the hit path checks for calls of these argument types
+        (at most ``MAX_HOT``: a serving loop alternates a few call forms or shapes)."""
         sig = _SIGNATURES.get(types)
         if not sig:
             return
+        candidates = [] if hot is None else [c for c in hot[2] if c[0] is not entry]
         check = entry.guard
-        if check is None or (hot is not None and hot[-1] is entry):
-            # (None: not made yet; the same entry: its check failed on this call's tensors whose key
-            # is the entry's: made under another thread-local dispatch state, or requires_grad.)
+        if check is None or (hot is not None and len(candidates) != len(hot[2])):
+            # (None: not made yet. Already a candidate: its check failed on this call, whose key is
+            # the entry's: made under another thread-local dispatch state, or requires_grad.)
             check = entry.guard = _native.tensor_guard(sig[0](args)) or False
         if check is False:
             return
         if len(self.hot) >= MAX_ENTRIES:
             self.hot.clear()
-        self.hot[types] = (sig[0], sig[1], check, key[8], key[1], key[2], bits, entry)
+        self.hot[types] = (sig[0], sig[1], ((entry, check, key[8], key[1], key[2], bits), *candidates[:MAX_HOT - 1]))
