@@ -37,6 +37,12 @@ A key is recorded the second time it is seen, not the first: recording costs mor
 length grows every step) would otherwise pay it on every call. The first call of a kernel
 compiles through Triton and could not be recorded anyway.
 
+A hit does not build the key: each cache keeps, per tuple of argument types, the entries those
+types last replayed (``hot``, at most ``MAX_HOT``), and takes the first whose scalars, switches
+and alignment compare equal to the call's and whose tensors pass one C++ check of shapes,
+strides, dtypes and devices (:func:`.native_checks.tensor_guard`, stricter than the key: it also
+compares dispatch keys and ``requires_grad``); the key is built only where none passes. The
+switches' raw values are read again only after ``os.environ`` changed (its dict version).
 A hit checks what the key does not hold (the fast path still on: no Triton launch hooks, the same
 Triton debug knobs, each launch's compiled kernel still current, the same CUDA device; the
 current stream is read afresh), makes the recorded allocations (their 16-byte alignment must be
@@ -499,6 +505,29 @@ def _fills_in_args(fills: list, tensors: list, args: tuple) -> tuple | None:
     return tuple(out)
 
 
+def _hot_entry(hot: tuple, args: tuple, switches: tuple):
+    """``(entry, pointers)`` of the candidate in ``hot`` (:attr:`CallCache.hot`'s value for these
+    argument types) whose key is the call's, or None: the scalars, switches and alignment compare
+    equal and one C++ check passes on the tensors' shapes, strides, dtypes and devices (what the
+    key holds of them), without building the key."""
+    tensors_of, others_of, candidates = hot
+    others = others_of(args)
+    override = _OVERRIDES[0]
+    tensors = ptrs = None
+    for entry, check, entry_others, entry_switches, entry_override, bits in candidates:
+        if entry_others != others or entry_switches != switches or entry_override is not override:
+            continue
+        if tensors is None:
+            tensors = tensors_of(args)
+        if not check(*tensors):
+            continue
+        if ptrs is None:
+            ptrs = list(map(_data_ptr, tensors))
+        if tuple(map(_low_bits, ptrs)) == bits:
+            return entry, ptrs
+    return None
+
+
 class CallCache:
     """The replay cache of one public function (see the module docstring).
 
@@ -528,27 +557,13 @@ class CallCache:
         types = tuple(map(type, args))
         hot = self.hot.get(types)
         if hot is not None:
-            # The entries these argument types last replayed: an entry's key holds if the scalars,
-            # switches and alignment compare equal and one C++ check passes on the tensors' metadata.
-            tensors_of, others_of, candidates = hot
-            others = others_of(args)
-            override = _OVERRIDES[0]
-            tensors = ptrs = None
-            for entry, check, entry_others, entry_switches, entry_override, bits in candidates:
-                if entry_others != others or entry_switches != switches or entry_override is not override:
-                    continue
-                if tensors is None:
-                    tensors = tensors_of(args)
-                if not check(*tensors):
-                    continue
-                if ptrs is None:
-                    ptrs = list(map(_data_ptr, tensors))
-                if tuple(map(_low_bits, ptrs)) == bits:
-                    result = self._replayed(entry, args, ptrs)
-                    if result is _MISSING:
-                        self.misses += 1
-                        return call()
-                    return result
+            found = _hot_entry(hot, args, switches)
+            if found is not None:
+                result = self._replayed(found[0], args, found[1])
+                if result is _MISSING:
+                    self.misses += 1
+                    return call()
+                return result
         try:
             key, ptrs = _flatten(args, switches, types)
         except (Bypass, RuntimeError):  # (RuntimeError: a tensor without strides or data)
