@@ -314,9 +314,11 @@ class _Entry:
     def __init__(self, steps, pick, offsets, rebuild, constants, stream, device, knobs, returns, launches,
                  allocs=(), alloc_bits=(), fills=(), fill_at=None):
         self.steps = steps  # per launch: launch_replay.replay_step's tuple
-        self.pick = pick  # arg pointers, allocation pointers (+ constants) -> the launches' pointers, in order
+        # A replay's values (launch_replay._replay_values): the pointers of the tensor arguments and
+        # allocations, the constants, the stream, then each owner's pointer (pick) plus its offset.
+        self.pick = pick  # values so far -> the owners of the pointers at an offset, or None
         self.offsets = offsets
-        self.rebuild = rebuild  # ((index into the launches' pointers, descriptor template), ...): see _build
+        self.rebuild = rebuild  # ((index into the values, descriptor template), ...): see _build
         self.constants = constants  # kept buffers' pointers (appended to the arg pointers), or []
         self.stream = stream  # the recorded stream where constants pin it, else None
         self.device = device
@@ -476,15 +478,36 @@ def _build(record: Record, args: tuple, result) -> _Entry | None:
 
         returns = tuple(map(move, returns)) if type(returns) is tuple else move(returns)
     made = [allocations[i] for i in used]
+    # A replay's values: the pool's pointers, the kept buffers', the stream, then one slot per
+    # distinct pointer at an offset and per descriptor (rebuilt in its own slot): where[i] is the
+    # slot of the launches' pointer i (where[-1] the stream's).
+    stream_at = len(tensors) + len(made) + len(constants)
+    described = {i for i, _ in rebuild}
+    slots: dict = {}
+    owners, moved, where = [], [], []
+    for i, (p, off) in enumerate(zip(picks, offsets)):
+        if off == 0 and i not in described:
+            where.append(p)
+            continue
+        at = None if i in described else slots.get((p, off))
+        if at is None:
+            at = stream_at + 1 + len(owners)
+            owners.append(p)
+            moved.append(off)
+            if i not in described:
+                slots[p, off] = at
+        where.append(at)
+    where.append(stream_at)
+    size = stream_at + 1 + len(owners)
     steps = []
-    total = len(picks)
     for (launch, call, key), (start, count) in zip(record.launches, spans):
-        step = _launch_replay.replay_step(launch, key, start, count, call.values[count:], total)
+        step = _launch_replay.replay_step(launch, key, start, count, call.values[count:], where, size)
         if step is None:
             return None
         steps.append(step)
-    pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda t, i=picks[0]: (t[i],))
-    return _Entry(tuple(steps), pick, tuple(offsets), tuple(rebuild), constants, first.stream if constants else None,
+    rebuild = [(where[i], template) for i, template in rebuild]
+    pick = _getter(owners) if owners else None
+    return _Entry(tuple(steps), pick, tuple(moved), tuple(rebuild), constants, first.stream if constants else None,
                   next(iter(record.devices)), _launch_replay.knob_state(), returns, tuple(s[0] for s in steps),
                   tuple(map(_maker, made)), tuple(t.data_ptr() & 15 for t in made), tuple(fills),
                   _fills_in_args(fills, tensors, args))

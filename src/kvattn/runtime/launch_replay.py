@@ -85,16 +85,15 @@ def replay(entry, ptrs: list):
     return True
 
 
-def _replay_values(entry, ptrs: list, stream: int) -> tuple:
-    """Every pointer (or rebuilt descriptor) of a recorded call's launches, then the stream."""
-    if entry.constants:
-        ptrs = ptrs + entry.constants
-    values = (*map(_add, entry.pick(ptrs), entry.offsets), stream)
-    if entry.rebuild:  # tensor descriptors, rebuilt on their bases' new pointers
-        values = list(values)
-        for i, make in entry.rebuild:
-            values[i] = make(values[i])
-        values = tuple(values)
+def _replay_values(entry, ptrs: list, stream: int) -> list:
+    """A replay's values (see ``kvattn.runtime.callcache._build``): the pointers ``ptrs``, the kept
+    buffers', the stream, each pointer at an offset, each descriptor rebuilt on its new base."""
+    values = ptrs + entry.constants
+    values.append(stream)
+    if entry.pick is not None:
+        values += map(_add, entry.pick(values), entry.offsets)
+    for i, make in entry.rebuild:  # tensor descriptors, rebuilt on their bases' new pointers
+        values[i] = make(values[i])
     return values
 
 
@@ -105,33 +104,36 @@ def replay_launches(entry, ptrs: list, stream: int) -> list[tuple[Callable, tupl
     return [(hit[1], head + pick(values + inner) + tail) for _, _, hit, head, pick, inner, tail in entry.steps]
 
 
-def replay_step(launch: Launch, key: int, first: int, count: int, tail: tuple, total: int) -> tuple:
+def replay_step(launch: Launch, key: int, first: int, count: int, tail: tuple, where: list, size: int) -> tuple:
     """One launch of a recorded call as :func:`replay` runs it: ``(launch, key, hit, head, pick,
     inner, tail)`` where ``head + pick(values + inner) + tail`` is the whole argument list of the
-    launcher, ``values`` the call's ``total`` pointers (this launch's at ``first .. first + count``)
-    and the stream. ``head`` and ``tail`` are the fixed arguments before the first and after the
-    last value taken from ``values`` (grid, launcher metadata, most of the kernel's scalars and
-    constexprs): tuples concatenated as they are, so that a replay picks only the span between
-    them (a launcher of ~100 arguments: ~0.8 us less a launch than picking every argument). None
-    where the launch would not take the fast path now."""
+    launcher, ``values`` the ``size`` values of :func:`_replay_values` (``where[first + i]`` the
+    index of this launch's pointer ``i``, ``where[-1]`` the stream's). ``head`` and ``tail`` are the
+    fixed arguments before the first and after the last value taken from ``values`` (grid,
+    launcher metadata, most of the kernel's scalars and constexprs): tuples concatenated as they
+    are, so that a replay picks only the span between them (a launcher of ~100 arguments: ~0.8 us
+    less a launch than picking every argument). None where the launch would not take the fast
+    path now."""
     hit = launch.ready(key)
     if hit is None:
         return None
     _, _, fixed = hit
     static = (*launch._grid3, *fixed, *tail, *launch._bound)
-    base = total + 1
-    order = [base, base + 1, base + 2, total]  # grid x, y, z; the stream
-    order += range(base + 3, base + 3 + len(fixed))
-    rest = base + 3 + len(fixed)
+    # each launcher argument: (True, index into the values) or (False, index into static)
+    order = [(False, 0), (False, 1), (False, 2), (True, where[-1])]  # grid x, y, z; the stream
+    order += ((False, 3 + j) for j in range(len(fixed)))
+    rest = 3 + len(fixed)
     for i in launch._indices:  # into call.values (pointers, ints, floats) + bound
-        order.append(first + i if i < count else rest + i - count)
-    whole = (*range(base), *static)  # (stand-ins for values, then the fixed arguments)
-    dynamic = [j for j, o in enumerate(order) if o < base]
-    lo, hi = dynamic[0], dynamic[-1] + 1  # (the stream is always one)
-    inner_at = [o for o in order[lo:hi] if o >= base]
-    inner = tuple(whole[o] for o in inner_at)
-    span = []
-    for o in order[lo:hi]:
-        span.append(o if o < base else base + len(span) - sum(1 for x in span if x < base))
+        order.append((True, where[first + i]) if i < count else (False, rest + i - count))
+    dynamic = [j for j, (is_value, _) in enumerate(order) if is_value]
+    lo, hi = dynamic[0], dynamic[-1] + 1
+    inner, span = [], []
+    for is_value, x in order[lo:hi]:
+        if is_value:
+            span.append(x)
+        else:
+            span.append(size + len(inner))
+            inner.append(static[x])
     pick = operator.itemgetter(*span) if len(span) > 1 else (lambda t, i=span[0]: (t[i],))
-    return launch, key, hit, tuple(whole[o] for o in order[:lo]), pick, inner, tuple(whole[o] for o in order[hi:])
+    return (launch, key, hit, tuple(static[x] for _, x in order[:lo]), pick, inner,
+            tuple(static[x] for _, x in order[hi:]))
