@@ -124,8 +124,7 @@ def _forget_recordings() -> None:
         cache.hot.clear()
 
 
-_shape = operator.attrgetter("shape")
-_dtype = operator.attrgetter("dtype")
+_shape_dtype = operator.attrgetter("shape", "dtype")  # (both in one read: ~0.1 us less a tensor)
 _stride = _Tensor.stride
 _data_ptr = _Tensor.data_ptr
 _get_device = _Tensor.get_device
@@ -188,6 +187,10 @@ def _cache_on(switches: tuple) -> bool:
     return on
 
 
+_KEY_LEN, _KEY_BITS, _KEY_OTHERS = 8, 6, 7  # a flat call's key (_flatten): its length, where its
+# pointers' alignment and its other arguments' values are
+
+
 def _flatten(args: tuple, switches: tuple | None = None, types: tuple | None = None) -> tuple[tuple, list]:
     """``(key, pointers)``: the metadata key of a call's arguments and its tensors' data pointers in
     order (:func:`_tensors`' order). Raises :class:`Bypass` for an argument the key does not model.
@@ -216,10 +219,8 @@ def _flatten(args: tuple, switches: tuple | None = None, types: tuple | None = N
     ptrs = list(map(_data_ptr, tensors))
     if switches is None:
         switches = tuple(map(_env_get, _ENV_KEYS))
-    key = (types, switches, _OVERRIDES[0], tuple(map(_shape, tensors)),
-           tuple(map(_stride, tensors)),
-           tuple(map(_dtype, tensors)), tuple(map(_get_device, tensors)), tuple(map(_low_bits, ptrs)),
-           sig[1](args))
+    key = (types, switches, _OVERRIDES[0], tuple(map(_shape_dtype, tensors)), tuple(map(_stride, tensors)),
+           tuple(map(_get_device, tensors)), tuple(map(_low_bits, ptrs)), sig[1](args))
     return key, ptrs
 
 
@@ -593,7 +594,7 @@ class CallCache:
             return call()
         entry = self.entries.get(key)
         if entry is not None:
-            bits = key[7] if len(key) == 9 else None  # (before the replay extends ptrs)
+            bits = key[_KEY_BITS] if len(key) == _KEY_LEN else None  # (before the replay extends ptrs)
             result = self._replayed(entry, args, ptrs)
             if result is not _MISSING:
                 if bits is not None:
@@ -692,4 +693,5 @@ class CallCache:
             return
         if len(self.hot) >= MAX_ENTRIES:
             self.hot.clear()
-        self.hot[types] = (sig[0], sig[1], ((entry, check, key[8], key[1], key[2], bits), *candidates[:MAX_HOT - 1]))
+        self.hot[types] = (sig[0], sig[1], ((entry, check, key[_KEY_OTHERS], key[1], key[2], bits),
+                                               *candidates[:MAX_HOT - 1]))
