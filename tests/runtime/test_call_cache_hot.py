@@ -220,3 +220,67 @@ def test_forgetting_the_recordings_empties_the_hot_entries(monkeypatch):
     assert cache.hot
     _callcache.clear()
     assert not cache.hot and not cache.entries
+
+
+# ---------------------------------------------------------------------------------------------
+# tuple arguments (K and V as a tuple): the tensors in the key's order, the tuple's length
+# ---------------------------------------------------------------------------------------------
+def nested_hot_of(args: tuple) -> tuple:
+    types = tuple(map(type, args))
+    _callcache._flatten(args)  # (the signature, as a call's key makes it)
+    tensors_of, others_of = _callcache._hot_pickers(types)
+    tensors = tensors_of(args)
+    assert tensors == _callcache._tensors(args)
+    check = native_checks.tensor_guard(tensors)
+    bits = tuple(t.data_ptr() & 15 for t in tensors)
+    return tensors_of, others_of, (("entry", check, others_of(args), ("s",), None, bits),)
+
+
+def kv_args():
+    q = torch.randn(2, 8, 64, dtype=torch.float16)
+    k, v = (torch.randn(5, 2, 16, 64, dtype=torch.float16) for _ in range(2))
+    return q, (k, v), 16, None
+
+
+NESTED_CHANGES = {
+    "v strides": lambda a: (a[0], (a[1][0], torch.randn(5, 16, 2, 64, dtype=torch.float16).transpose(1, 2)), *a[2:]),
+    "v dtype": lambda a: (a[0], (a[1][0], a[1][1].bfloat16()), *a[2:]),
+    "k and v swapped shapes": lambda a: (a[0], (a[1][0][:4], a[1][1]), *a[2:]),
+    "three items": lambda a: (a[0], (*a[1], a[1][1]), *a[2:]),
+    "an int item": lambda a: (a[0], (a[1][0], 3), *a[2:]),
+    "a scalar": lambda a: (*a[:2], 32, None),
+}
+
+
+def test_tuple_arguments_find_their_entry_at_new_addresses():
+    args = kv_args()
+    hot = nested_hot_of(args)
+    again = fresh(args)
+    found = _callcache._hot_entry(hot, again, ("s",))
+    assert found is not None and found[1] == [t.data_ptr() for t in _callcache._tensors(again)]
+
+
+@pytest.mark.parametrize("change", list(NESTED_CHANGES))
+def test_tuple_arguments_fail_the_check_on_each_change(change):
+    args = kv_args()
+    hot = nested_hot_of(args)
+    assert _callcache._hot_entry(hot, NESTED_CHANGES[change](fresh(args)), ("s",)) is None
+
+
+@FAST_PATH_TRITON
+@pytest.mark.parametrize("name", ["batch-HND-tuple", "prefill-gluon-hopper"])
+def test_calls_with_a_tuple_argument_replay_from_the_hot_entries(name, monkeypatch):
+    fake, fn, args, kwargs = setup(monkeypatch, name)
+    cache = cache_of(fn)
+    if name.startswith("prefill"):  # (K and V of its HND cache as a tuple)
+        args = (args[0], (args[1][:, 0].contiguous(), args[1][:, 1].contiguous()), *args[2:])
+        fn(*args, **kwargs)
+        fn(*args, **kwargs)
+        fake.launches()
+    assert isinstance(args[1], tuple)
+    _ = replayed(fake, fn, args, kwargs)
+    assert any(tuple in types for types in cache.hot)
+    for _ in range(2):
+        args, kwargs = fresh(args), {k: fresh(v) for k, v in kwargs.items()}
+        _, launches = replayed(fake, fn, args, kwargs)
+        assert launches == ordinary(fake, monkeypatch, fn, args, kwargs)

@@ -529,6 +529,41 @@ def _fills_in_args(fills: list, tensors: list, args: tuple) -> tuple | None:
     return tuple(out)
 
 
+_NESTED: dict = {}  # argument types with a tuple or list among them -> _hot_pickers' pickers
+
+
+def _hot_pickers(types: tuple):
+    """``(tensors_of, others_of)`` for the hit path's check of calls with these argument types:
+    the tensors in :func:`_tensors`' order (a tuple argument's items in its place) and the other
+    arguments' values (with each tuple argument's length); None for types the key does not model."""
+    sig = _SIGNATURES.get(types, _MISSING)
+    if sig is not None:
+        return None if sig is _MISSING else sig
+    got = _NESTED.get(types)
+    if got is None:
+        order = [i for i, t in enumerate(types) if t is _Tensor or t is tuple or t is list]
+        other_of = _getter([i for i, t in enumerate(types) if t is not _Tensor and t is not tuple and t is not list])
+        seq_of = _getter([i for i, t in enumerate(types) if t is tuple or t is list])
+
+        def tensors_of(args):
+            out = []
+            for i in order:
+                a = args[i]
+                if type(a) is _Tensor:
+                    out.append(a)
+                else:
+                    out += a
+            return out
+
+        def others_of(args):
+            return other_of(args), tuple(map(len, seq_of(args)))
+
+        if len(_NESTED) >= MAX_ENTRIES:
+            _NESTED.clear()
+        got = _NESTED[types] = (tensors_of, others_of)
+    return got
+
+
 def _hot_entry(hot: tuple, args: tuple, switches: tuple):
     """``(entry, pointers)`` of the candidate in ``hot`` (:attr:`CallCache.hot`'s value for these
     argument types) whose key is the call's, or None: the scalars, switches and alignment compare
@@ -594,11 +629,11 @@ class CallCache:
             return call()
         entry = self.entries.get(key)
         if entry is not None:
-            bits = key[_KEY_BITS] if len(key) == _KEY_LEN else None  # (before the replay extends ptrs)
+            flat = key if len(key) == _KEY_LEN else key[1]  # (a key of tuple arguments: (types, flat key))
             result = self._replayed(entry, args, ptrs)
             if result is not _MISSING:
-                if bits is not None:
-                    self._promote(types, key, bits, args, entry, hot)
+                if len(flat) == _KEY_LEN:
+                    self._promote(types, flat, args, entry, hot)
                 return result
         self.misses += 1
         if entry is not None:
@@ -677,21 +712,25 @@ class CallCache:
         self.hits += 1
         return entry.result(pool)
 
-    def _promote(self, types: tuple, key: tuple, bits: tuple, args: tuple, entry: "_Entry", hot) -> None:
+    def _promote(self, types: tuple, key: tuple, args: tuple, entry: "_Entry", hot) -> None:
         """Put ``entry`` first among those the hit path checks for calls of these argument types
-        (at most ``MAX_HOT``: a serving loop alternates a few call forms or shapes)."""
-        sig = _SIGNATURES.get(types)
-        if not sig:
+        (at most ``MAX_HOT``: a serving loop alternates a few call forms or shapes). ``key``: the
+        call's flat key (of its arguments with tuples' items in their place)."""
+        pickers = _hot_pickers(types)
+        if pickers is None:
             return
+        tensors = pickers[0](args)
+        if any(type(t) is not _Tensor for t in tensors):
+            return  # (a tuple argument holding more than tensors)
         candidates = [] if hot is None else [c for c in hot[2] if c[0] is not entry]
         check = entry.guard
         if check is None or (hot is not None and len(candidates) != len(hot[2])):
             # (None: not made yet. Already a candidate: its check failed on this call, whose key is
             # the entry's: made under another thread-local dispatch state, or requires_grad.)
-            check = entry.guard = _native.tensor_guard(sig[0](args)) or False
+            check = entry.guard = _native.tensor_guard(tensors) or False
         if check is False:
             return
         if len(self.hot) >= MAX_ENTRIES:
             self.hot.clear()
-        self.hot[types] = (sig[0], sig[1], ((entry, check, key[_KEY_OTHERS], key[1], key[2], bits),
-                                               *candidates[:MAX_HOT - 1]))
+        self.hot[types] = (*pickers, ((entry, check, pickers[1](args), key[1], key[2], key[_KEY_BITS]),
+                                      *candidates[:MAX_HOT - 1]))
