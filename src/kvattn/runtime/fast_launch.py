@@ -529,7 +529,7 @@ class Launch:
 # ---------------------------------------------------------------------------------------------
 # recording a call's launches (kvattn.runtime.callcache; .launch_replay replays them)
 # ---------------------------------------------------------------------------------------------
-_RECORDER = None  # the kvattn.runtime.callcache.Record of the call being recorded, if any (.launch_replay reads it)
+_RECORDER = None  # the kvattn.runtime.call_record.Record of the call being recorded, if any (.launch_replay reads it)
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ _cuda_get_device = getattr(torch._C, "_cuda_getDevice", _torch_current_device)  
 
 
 def replay(entry, ptrs: list):
-    """Launch a recorded call's launches (``kvattn.runtime.callcache._Entry``) for a call whose tensor
+    """Launch a recorded call's launches (``kvattn.runtime.call_record._Entry``) for a call whose tensor
     arguments have the data pointers ``ptrs``: True, or False (nothing
     launched) where the fast path would not launch them all as recorded now.
 
@@ -86,7 +86,7 @@ def replay(entry, ptrs: list):
 
 
 def _replay_values(entry, ptrs: list, stream: int) -> list:
-    """A replay's values (see ``kvattn.runtime.callcache._build``): the pointers ``ptrs``, the kept
+    """A replay's values (see ``kvattn.runtime.call_record._build``): the pointers ``ptrs``, the kept
     buffers', the stream, each pointer at an offset, each descriptor rebuilt on its new base."""
     values = ptrs + entry.constants
     values.append(stream)
