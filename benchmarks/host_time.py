@@ -31,10 +31,12 @@ Usage (on the GPU machine, from the repository root; about 2 minutes with --cold
     PYTHONPATH=src python benchmarks/host_time.py --fake-gpu       # any machine: Python only
 
 ``--breakdown`` then splits each replayed call (medians, GPU idle before each): the whole call,
-its key alone (``_callcache._flatten`` of its arguments), the replay of its recorded launches
-alone (``launch_replay.replay``, no key), and each launch's launcher alone with its arguments
-prebuilt (Triton's C launch entry point, or the thin wrapper that hands it kept descriptor
-encodings); ``rest`` is the whole less key and replay (the public function and the cache lookup).
+its key check alone (``callcache._hot_entry``: the entry a hit replays found without building
+the key), the replay of its recorded launches alone (``launch_replay.replay``), and each
+launch's launcher alone with its arguments prebuilt (Triton's C launch entry point, or the thin
+wrapper that hands it kept descriptor encodings); ``rest`` is the whole less key check and replay
+(the public function, the switches, the argument types). ``full key`` is the key a call the
+check does not find builds (``callcache._flatten``: a new entry, or one not checked first).
 
 ``--fake-gpu`` (see ``profile_host.py``) fakes Triton's GPU side: CPU tensors, launchers that do
 nothing; it measures kvattn's Python around the launches on this machine's CPU (no kernel runs,
@@ -401,11 +403,12 @@ def _calls_into_the_cache():
 
 def breakdown(fn, calls: int) -> dict | None:
     """Medians (us, GPU idle before each) of the parts of ``fn``'s replayed call: ``whole`` (the
-    call), ``key`` (``_callcache._flatten`` of its arguments), ``replay`` (``launch_replay.replay`` of
-    the recorded launches, no key), ``launcher`` (each launch's launcher alone, arguments prebuilt:
-    Triton's C entry point, or kvattn's thin wrapper around it that expands the kept descriptors);
-    ``rest`` = whole - key - replay (the public function, argument tuple, lookup, result). None
-    where the call is not replayed."""
+    call), ``key`` (the hit's check of its key, ``_callcache._hot_entry``), ``replay``
+    (``launch_replay.replay`` of the recorded launches), ``launcher`` (each launch's launcher
+    alone, arguments prebuilt: Triton's C entry point, or kvattn's thin wrapper around it that
+    expands the kept descriptors); ``rest`` = whole - key - replay (the public function, argument
+    tuple, switches, result); ``full_key`` (``_callcache._flatten``: the key of a call the check
+    does not find). None where the call is not replayed."""
     from kvattn.runtime import callcache as _callcache
     from kvattn.runtime import launch_replay
 
@@ -424,9 +427,15 @@ def breakdown(fn, calls: int) -> dict | None:
     active = launch_replay.driver.active
     stream = active.get_current_stream(active.get_current_device())
     launches = launch_replay.replay_launches(entry, ptrs, stream)
+    switches = _callcache._switches()[1]
+    hot = cache.hot.get(tuple(map(type, args)))
+    if hot is None or _callcache._hot_entry(hot, args, switches) is None:
+        return None
     got = {
         "whole": host_times(fn, calls)[0],
-        "key": host_times(lambda: _callcache._flatten(args), calls)[0],
+        "key": host_times(lambda: _callcache._hot_entry(cache.hot.get(tuple(map(type, args))), args, switches),
+                          calls)[0],
+        "full_key": host_times(lambda: _callcache._flatten(args), calls)[0],
         "replay": host_times(lambda: launch_replay.replay(entry, ptrs), calls)[0],
         "launcher": [host_times(lambda launch=launch, a=a: launch(*a), calls)[0] for launch, a in launches],
         "launches": len(launches),
@@ -520,7 +529,8 @@ def main(argv=None) -> int:
     if args.breakdown:
         doc["breakdown"] = {}
         print(f"\nreplayed call, medians in us (GPU idle before each); torch.add floor {doc['floor_us'][0]:.1f}")
-        print(f"{'function':28s} {'whole':>6s} {'key':>6s} {'replay':>6s} {'rest':>6s}   launcher alone, per launch")
+        print(f"{'function':28s} {'whole':>6s} {'key':>6s} {'replay':>6s} {'rest':>6s} {'full key':>8s}   "
+              f"launcher alone, per launch")
         for name, fn, _, env in rows:
             os.environ.update(env)
             got = breakdown(fn, args.calls)
@@ -531,8 +541,8 @@ def main(argv=None) -> int:
                 print(f"{name:28s} not replayed")
                 continue
             launchers = " + ".join(f"{t:.1f}" for t in got["launcher"])
-            print(f"{name:28s} {got['whole']:6.1f} {got['key']:6.1f} {got['replay']:6.1f} {got['rest']:6.1f}   "
-                  f"{launchers}", flush=True)
+            print(f"{name:28s} {got['whole']:6.1f} {got['key']:6.1f} {got['replay']:6.1f} {got['rest']:6.1f} "
+                  f"{got['full_key']:8.1f}   {launchers}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

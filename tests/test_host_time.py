@@ -1,5 +1,6 @@
 """``benchmarks/host_time.py --breakdown`` on the faked GPU (any machine): every function's replayed
-call is split into its key, the replay of its launches and each launcher alone; the forms table
+call is split into its key check, the replay of its launches and each launcher alone (and the
+full key of a call the check does not find); the forms table
 times every call form of each function, every one replayed."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def test_breakdown_splits_every_replayed_call(tmp_path):
         assert row["launches"] == len(row["launcher"]) >= 1
         if "h16" in name:  # the split and the combine
             assert row["launches"] == 2
-        assert all(t > 0 for t in (row["whole"], row["key"], row["replay"], *row["launcher"])), name
+        assert all(t > 0 for t in (row["whole"], row["key"], row["replay"], row["full_key"], *row["launcher"])), name
         assert abs(row["whole"] - row["key"] - row["replay"] - row["rest"]) < 1e-6
         assert f"{name:28s} {row['whole']:6.1f} {row['key']:6.1f}" in got.stdout
     assert "torch.add floor" in got.stdout

@@ -47,7 +47,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 import triton
 
-from . import device as _device, env as _env
+from . import device as _device, env as _env, native_checks as _native
 from .arg_specs import Unspecializable, arg_spec, int_spec
 from .c_launcher import launcher
 from .ptx_hints import applied as ptx_hints_applied
@@ -76,6 +76,9 @@ if TRITON_SUPPORTED:  # the names this module relies on, as Triton 3.6 and 3.7 s
 
 _MISSING = object()
 _NO_GLOBALS = ((), (), (), (), ())  # what _remember_globals keeps for a kernel that reads no globals
+# A module dict's version changes with any of its globals: the globals a kernel read are compared
+# only after one of their modules changed (a decode kernel's ten: ~0.5 us a launch otherwise).
+_dict_version = _native.dict_version()
 
 _data_ptr = torch.Tensor.data_ptr
 _dtype = operator.attrgetter("dtype")
@@ -396,6 +399,8 @@ class Launch:
         self._pick = _picker(indices)
         self._indices = indices
         self._globals = None  # what _globals_unchanged compares, once the kernel has compiled
+        self._global_dicts: tuple = ()  # the module dicts those globals live in
+        self._global_versions = None  # their versions when the globals last compared unchanged
         static = self.static_key()
         self.fast = static is not None
         self._compiled: dict = _shared_cache(kernel, static) if self.fast else {}
@@ -492,6 +497,8 @@ class Launch:
         names = tuple(name for (name, _), _ in items)
         missing = tuple(repeat(_MISSING, len(items)))
         values = tuple(v for _, (v, _) in items)  # Triton's copies, compared by value
+        self._global_dicts = tuple({id(d): d for d in dicts}.values())
+        self._global_versions = None
         self._globals = (dicts, names, missing, values, tuple(map(dict.get, dicts, names, missing)))
 
     def _globals_unchanged(self) -> bool:
@@ -499,14 +506,22 @@ class Launch:
             return False
         if self._globals is _NO_GLOBALS:
             return True
+        versions = None
+        if _dict_version is not None:
+            # (read before the values: a change in between shows as another version next time)
+            versions = tuple(map(_dict_version, self._global_dicts))
+            if versions == self._global_versions:
+                return True
         dicts, names, missing, values, seen = self._globals
         now = tuple(map(dict.get, dicts, names, missing))
         # Tuple equality skips __eq__ for identical items: the globals as last seen are the cheap
         # test; Triton's value comparison settles the rest.
         if now == seen:
+            self._global_versions = versions
             return True
         if now == values:
             self._globals = (dicts, names, missing, values, now)
+            self._global_versions = versions
             return True
         return False
 
@@ -514,7 +529,7 @@ class Launch:
 # ---------------------------------------------------------------------------------------------
 # recording a call's launches (kvattn.runtime.callcache; .launch_replay replays them)
 # ---------------------------------------------------------------------------------------------
-_RECORDER = None  # the kvattn.runtime.callcache.Record of the call being recorded, if any (.launch_replay reads it)
+_RECORDER = None  # the kvattn.runtime.call_record.Record of the call being recorded, if any (.launch_replay reads it)
 
 
 @contextlib.contextmanager
