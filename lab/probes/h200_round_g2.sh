@@ -37,6 +37,7 @@ left=$(( ${TOTAL:-560} - $(date +%s) + t0 ))
   -p no:cacheprovider -n 16 -m "not codegen" tests/ops/decode) > "$OUT/pytest-deal2.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-deal2.txt" | tail -n 20
 cp "$OUT/ab-sweep/compare.md" "$OUT/ab-sweep.md" 2>/dev/null; cp "$OUT/ab-mla-grid/compare.md" "$OUT/ab-mla-grid.md" 2>/dev/null
-tar -cJf "$OUT/ab.tar.xz" -C "$OUT" ab-sweep ab-mla-grid 2>/dev/null && rm -rf "$OUT/ab-sweep" "$OUT/ab-mla-grid"
-xz -9 "$OUT"/pytest-*.txt 2>/dev/null
+# (at most 8 files come back: the tables and forms as text, the rest in one archive)
+(cd "$OUT" && tar -cJf ab.tar.xz ab-sweep ab-mla-grid forms-*.json pytest-*.txt 2>/dev/null \
+  && rm -rf ab-sweep ab-mla-grid forms-*.json pytest-*.txt)
 echo "done: $(( $(date +%s) - t0 )) s"
