@@ -5,7 +5,8 @@
 # the decode sweep rows the deal and its small-batch rule change (lab/probes/h200_round_g1.sh's
 # twelve) and the sweep's MLA rows sw64-sw79, the MLA grid's equal rows main against mla-balance,
 # then the host-forms table of main and of host-speed (each tree's own host_time.py, forms in turn),
-# then ragged-deal2's decode GPU tests while time remains.
+# then ragged-deal2's decode GPU tests while time remains (the merged tree's whole suite, the next
+# call, runs them in any case).
 # Before the call, here (.dev/ in .git/info/exclude; carry [".dev"]):
 #   rm -rf .dev && mkdir -p .dev/main .dev/deal2 .dev/mlabal .dev/hostspeed
 #   git archive main src benchmarks | tar -x -C .dev/main
@@ -25,7 +26,7 @@ RUN_ARGS="--suite sweep --filter $DECODE,$MLA --graph-only --warmup 10 --rep 30"
   timeout ${AB_S:-260} bash benchmarks/compare_trees.sh .dev/main .dev/deal2 .dev/mlabal 2
 echo "sweep A/B: $(( $(date +%s) - t0 )) s"
 RUN_ARGS="--suite mla --filter 64x4096,128x8192 --graph-only --warmup 10 --rep 30" SKIP_HOST=1 OUT="$OUT/ab-mla-grid" \
-  timeout ${GRID_S:-70} bash benchmarks/compare_trees.sh .dev/main .dev/mlabal 2
+  timeout ${GRID_S:-90} bash benchmarks/compare_trees.sh .dev/main .dev/mlabal 2
 echo "MLA grid A/B: $(( $(date +%s) - t0 )) s"
 for tree in main hostspeed; do
   (cd .dev/$tree && PYTHONPATH=src timeout 60 python3 benchmarks/host_time.py --forms-only --json "$OUT/forms-$tree.json") \
@@ -38,6 +39,6 @@ left=$(( ${TOTAL:-560} - $(date +%s) + t0 ))
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-deal2.txt" | tail -n 20
 cp "$OUT/ab-sweep/compare.md" "$OUT/ab-sweep.md" 2>/dev/null; cp "$OUT/ab-mla-grid/compare.md" "$OUT/ab-mla-grid.md" 2>/dev/null
 # (at most 8 files come back: the tables and forms as text, the rest in one archive)
-(cd "$OUT" && tar -cJf ab.tar.xz ab-sweep ab-mla-grid forms-*.json pytest-*.txt 2>/dev/null \
+(cd "$OUT" && tar -cJf ab.tar.xz $(ls -d ab-sweep ab-mla-grid forms-*.json pytest-*.txt 2>/dev/null) \
   && rm -rf ab-sweep ab-mla-grid forms-*.json pytest-*.txt)
 echo "done: $(( $(date +%s) - t0 )) s"
