@@ -50,7 +50,6 @@ import contextlib
 import datetime
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -60,7 +59,7 @@ if __package__ in (None, ""):  # run as a script
 
 import torch  # noqa: E402
 
-from benchmarks.profile_host import _sync, host_times  # noqa: E402
+from benchmarks.profile_host import _sync, host_times, median_p90  # noqa: E402
 
 
 
@@ -272,11 +271,7 @@ def interleaved_times(fns: dict, calls: int) -> dict:
             hits[name] += _cache_hits() - before
             times[name].append(t1 - t0)
     _sync()
-    stats = {}
-    for name, ts in times.items():
-        ts.sort()
-        stats[name] = (statistics.median(ts) * 1e6, ts[int(0.9 * (len(ts) - 1))] * 1e6, hits[name])
-    return stats
+    return {name: (*median_p90(ts), hits[name]) for name, ts in times.items()}
 
 
 def time_forms(rows: list, calls: int, fake: bool) -> list[dict]:

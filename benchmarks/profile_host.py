@@ -79,6 +79,12 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def median_p90(seconds: list) -> tuple[float, float]:
+    """(median, 90th percentile) in microseconds of wall times in seconds."""
+    seconds = sorted(seconds)
+    return statistics.median(seconds) * 1e6, seconds[int(0.9 * (len(seconds) - 1))] * 1e6
+
+
 def host_times(fn, calls: int) -> tuple[float, float]:
     """(median, 90th percentile) wall microseconds of ``calls`` single calls, each made with the
     GPU idle."""
@@ -91,8 +97,7 @@ def host_times(fn, calls: int) -> tuple[float, float]:
         fn()
         times.append(time.perf_counter() - t0)
     _sync()
-    times.sort()
-    return statistics.median(times) * 1e6, times[int(0.9 * (len(times) - 1))] * 1e6
+    return median_p90(times)
 
 
 def host_us(fn, calls: int) -> float:

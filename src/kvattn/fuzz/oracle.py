@@ -46,13 +46,18 @@ def vector_error(out: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(o).all(dim=-1), err, torch.full_like(err, float("inf")))
 
 
-def nvfp4_floor(target: torch.Tensor, o_sf_scale: float) -> torch.Tensor:
-    """Per-vector error of ``target [rows, Hq, D]`` stored as an NVFP4 output and read back (the
-    format's own error of the exact values, as :func:`vector_error` measures it)."""
+def nvfp4_round_trip(target: torch.Tensor, o_sf_scale: float) -> torch.Tensor:
+    """``target [rows, Hq, D]`` stored as an NVFP4 output and read back (float32, on the CPU)."""
     t = target.float().cpu()
     packed = FP4Tensor.empty(t.shape[0], t.shape[1], t.shape[2], t.device, scale_start_index=0)
     quantize_nvfp4_output(t, o_sf_scale, packed)
-    return vector_error(dequantize_nvfp4_output(packed, o_sf_scale), t)
+    return dequantize_nvfp4_output(packed, o_sf_scale)
+
+
+def nvfp4_floor(target: torch.Tensor, o_sf_scale: float) -> torch.Tensor:
+    """Per-vector error of :func:`nvfp4_round_trip` of ``target`` (the format's own error of the
+    exact values, as :func:`vector_error` measures it)."""
+    return vector_error(nvfp4_round_trip(target, o_sf_scale), target.float().cpu())
 
 
 def compare(call, out: torch.Tensor, lse, exact_out: torch.Tensor, exact_lse) -> dict:

@@ -87,12 +87,11 @@ def decode_case(
 ORACLE_ELEMENTS = 1 << 26
 
 
-def dense_by_length(q, case, q_len, kw):
-    """The float64 oracle (``dense.batch_decode``) on the CPU; a batch too large to pad at once is
-    checked in groups of requests of similar length, each group padded to its own longest."""
+def dense_by_length(q, case, q_len, kw, elements=ORACLE_ELEMENTS):
+    """The float64 oracle (``dense.batch_decode``) on the CPU; a batch whose padded K would pass
+    ``elements`` is checked in groups of requests of similar length, each padded to its own longest."""
     lens = case.seq_lens.cpu().long()
-    hkv, d = q.shape[1], q.shape[2]  # (an upper bound on the cache's heads: Hq >= Hkv)
-    budget = max(1, ORACLE_ELEMENTS // (hkv * d))
+    budget = max(1, elements // (q.shape[1] * q.shape[2]))  # keys a group may pad to (Hq >= Hkv: a bound)
     args = {k: cpu(v) for k, v in kw.items()}
     if lens.numel() * int(lens.max()) <= budget:
         return dense.batch_decode(cpu(q), cpu(case.kv_cache), cpu(case.block_tables), cpu(case.seq_lens), **args)
@@ -209,7 +208,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("q_len,mask", [(1, False), (3, True)], ids=["Q1", "Q3-mask"])
-def test_oracle_by_length_groups_equals_the_oracle_at_once(q_len, mask, monkeypatch):
+def test_oracle_by_length_groups_equals_the_oracle_at_once(q_len, mask):
     """The grouped float64 oracle (for batches too large to pad at once) is the same numbers."""
     lens = [0, 5, 300, 3, 77, 12, 150, 3, 1]
     case = make_paged_kv(lens, num_kv_heads=2, head_dim=16, page_size=16, dtype=torch.float16, seed=4)
@@ -219,8 +218,7 @@ def test_oracle_by_length_groups_equals_the_oracle_at_once(q_len, mask, monkeypa
     kw = dict(bmm1_scale=0.3, bmm2_scale=1.0, window_left=-1, sinks=None, kv_layout="NHD",
               q_len_per_req=q_len, o_scale=1.0, mask=mask_t if mask else None, kv_cache_sf=None)
     at_once = dense_by_length(q, case, q_len, kw)
-    monkeypatch.setattr(__import__(__name__, fromlist=["_"]), "ORACLE_ELEMENTS", 64 * 400)  # groups of 400 keys
-    grouped = dense_by_length(q, case, q_len, kw)
+    grouped = dense_by_length(q, case, q_len, kw, elements=64 * 400)  # groups padded to 400 keys at most
     assert (at_once - grouped).abs().max() <= 1e-12 * at_once.abs().max(), (at_once - grouped).abs().max()
 
 
