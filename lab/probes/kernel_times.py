@@ -1,0 +1,60 @@
+"""Per-kernel GPU time of the kvattn call of benchmark rows (grid or sweep), by torch.profiler.
+
+Where a row's time goes between its launches (split, combine, plan), to tell which one a change
+slowed. Eager calls after a warm-up, L2 not flushed (relative numbers: run every tree the same way).
+Run from a tree's root with that tree's ``src`` first on the path; the registry comes from this
+tree's ``benchmarks``.
+
+    PYTHONPATH=src python3 lab/probes/kernel_times.py --filter sw71 --filter "Hq64 64x4096" --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path.cwd()))
+from benchmarks import problems, shapes, sweep  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--filter", action="append", required=True)
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    rows = shapes.select(shapes.GRID, filters=args.filter)
+    rows += sweep.select(sweep.SWEEP, filters=args.filter)
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    report = {}
+    for shape in rows:
+        prob = problems.build(shape, dev, l2_bytes=l2, workspace_mib=256)
+        call = prob.sets[0].kvattn
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.calls):
+                call()
+            torch.cuda.synchronize()
+        per = defaultdict(float)
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                per[ev.name[:60]] += ev.device_time / args.calls
+        report[shape.id] = dict(per)
+        print(f"{args.label} {shape.id}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items())), flush=True)
+        del prob
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
