@@ -46,7 +46,7 @@ def makespan(lens: list[int], head_blocks: int, splits: int, slots: int) -> tupl
 def balanced_programs(lens: list[int], splits: int, block_n: int, min_chunk: int) -> list[int] | None:
     """The keys of each unit of the balanced split (common.balance.launch_unit, MLA's plan), or
     None where the launch keeps the uniform split (configs.balanced)."""
-    if not configs.balanced(splits=splits, batch=len(lens), invariant=False):
+    if not configs.balanced(splits=splits, batch=len(lens), invariant=False, span=max(lens), min_chunk=min_chunk):
         return None
     total, longest, batch = sum(lens), max(lens), len(lens)
     if longest * batch * 4 <= 5 * total:

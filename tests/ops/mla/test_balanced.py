@@ -1,14 +1,16 @@
 """MLA's balanced split of ragged batches (``BALANCED``: common.balance.launch_unit, the combine's
 balanced_combine_kernel) against the oracles, and the plan's rule for taking it.
 
-Each case forces several splits a launch (short min_chunk, several waves) so the plan takes the
-balanced kernel; a ragged batch then cuts its keys into units of one chunk length counted for the
+Each case forces a few splits a launch (short min_chunk, several waves, a split count under the
+one the longest request allows) so the plan takes the balanced kernel; a ragged batch then cuts its keys into units of one chunk length counted for the
 launch (a long request gets more units than the uniform split count, a short one one), an equal
 batch keeps the uniform split inside the same kernel. Lengths 0 and 1, one giant among tiny ones,
 more requests than the interpreter's programs a wave, two head blocks, Q 1 and 2 (MTP).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,9 +31,9 @@ def built(monkeypatch):
     monkeypatch.setenv("KVATTN_CALL_CACHE", "0")
     got = {"split": [], "combine": []}
     real_split, real_combine = mla_plan._Plan._split, mla_plan._Plan._combine
-    monkeypatch.setattr(mla_plan._Plan, "_split", lambda self, s: got["split"].append(real_split(self, s))
+    monkeypatch.setattr(mla_plan._Plan, "_split", lambda self, *a: got["split"].append(real_split(self, *a))
                         or got["split"][-1])
-    monkeypatch.setattr(mla_plan._Plan, "_combine", lambda self, s: got["combine"].append(real_combine(self, s))
+    monkeypatch.setattr(mla_plan._Plan, "_combine", lambda self, *a: got["combine"].append(real_combine(self, *a))
                         or got["combine"][-1])
     return got
 
@@ -61,7 +63,7 @@ CASES = [
 
 @pytest.mark.parametrize("lens,hq,page,waves", CASES)
 def test_mla_balanced_split_matches_oracles(lens, hq, page, waves, kernel_device, built):
-    over = dict(min_chunk=16, waves=waves, **({"block_h": 16} if hq == 20 else {}))
+    over = dict(min_chunk=16, waves=waves, max_splits=2, **({"block_h": 16} if hq == 20 else {}))
     with mla_configs.override(**over):
         ops_case(kernel_device, lens=lens, hq=hq, page=page, seed=len(lens) + hq)
     launch = built["split"][-1]
@@ -72,10 +74,10 @@ def test_mla_balanced_split_matches_oracles(lens, hq, page, waves, kernel_device
         assert max(balanced_units(lens, splits, launch.constexprs["BLOCK_N"], 16)) > splits
 
 
-@pytest.mark.parametrize("lens,hq", [([40, 1, 0, 3], 16), ([2, 30, 1], 8)], ids=["B4-Hq16", "B3-Hq8"])
+@pytest.mark.parametrize("lens,hq", [([40, 1, 0, 3], 16), ([2, 40, 1], 8)], ids=["B4-Hq16", "B3-Hq8"])
 def test_mla_balanced_split_mtp_two_tokens(lens, hq, kernel_device, built):
     """Q 2: a request shorter than Q among long ones; the LSE from the balanced combine."""
-    with mla_configs.override(min_chunk=16, waves=4):
+    with mla_configs.override(min_chunk=16, waves=4, max_splits=2):
         ops_mtp_case(kernel_device, lens=lens, q_len=2, hq=hq, page=16, seed=len(lens))
     assert built["split"][-1].constexprs["BALANCED"]
 
@@ -104,7 +106,7 @@ GPU_CASES = [
 def test_mla_balanced_split_public_function(kw, kernel_device, triton_backend, monkeypatch, built):
     """Several splits forced (short min_chunk, several waves) so the ragged batch takes the
     balanced split in the kernel sm90 gives the launch: a 20000-key request among short ones."""
-    with mla_configs.override(min_chunk=64, waves=4):
+    with mla_configs.override(min_chunk=64, waves=4, max_splits=16):
         mla_case(kernel_device, monkeypatch, **kw, seed=17)
     assert any(launch.constexprs["BALANCED"] for launch in built["split"])
 
@@ -113,7 +115,7 @@ def test_mla_balanced_split_public_function(kw, kernel_device, triton_backend, m
 @pytest.mark.parametrize("hq,page", [(32, 64), (16, 16)], ids=["Hq32-p64-gluon-lse", "Hq16-p16-triton"])
 def test_mla_balanced_split_mtp_gpu(hq, page, kernel_device, built):
     """Q 2 with the LSE (the Gluon kernel over pages of 64: 64 rows), ragged."""
-    with mla_configs.override(min_chunk=64, waves=4):
+    with mla_configs.override(min_chunk=64, waves=4, max_splits=8):
         ops_mtp_case(kernel_device, lens=[4000, 1, 0, 700, 2], q_len=2, hq=hq, page=page, seed=9)
     assert built["split"][-1].constexprs["BALANCED"]
 
@@ -124,20 +126,26 @@ def test_mla_balanced_split_mtp_gpu(hq, page, kernel_device, built):
 def test_mla_balanced_graph_replays_equal_and_ragged_lengths(hq, kv_format, triton_backend, built):
     """One capture (several splits a request: the balanced kernel) replayed on equal lengths (the
     uniform split inside it), then ragged ones (units), then equal again: the plan is the device's."""
-    graph_replay_case(hq, [3000, 2900, 3100, 3050], [(2, [6000, 1, 0, 40], 1.0), (3, [2000, 2100, 1990, 2050], 0.7),
-                                                    (4, [17, 6300, 64, 3000], 1.3)], kv_format=kv_format)
+    with mla_configs.override(max_splits=8):
+        graph_replay_case(hq, [3000, 2900, 3100, 3050], [(2, [6000, 1, 0, 40], 1.0),
+                                                        (3, [2000, 2100, 1990, 2050], 0.7),
+                                                        (4, [17, 6300, 64, 3000], 1.3)], kv_format=kv_format)
     assert built["split"] and all(launch.constexprs["BALANCED"] for launch in built["split"])
 
 
 def test_mla_balanced_rule():
     """The balanced split needs several splits (partials, and more units than requests in the
-    grid), two to MAX_BALANCED_BATCH requests, and not batch-invariant mode."""
-    assert mla_configs.balanced(splits=2, batch=2, invariant=False)
-    assert mla_configs.balanced(splits=12, batch=mla_configs.MAX_BALANCED_BATCH, invariant=False)
-    assert not mla_configs.balanced(splits=1, batch=100, invariant=False)
-    assert not mla_configs.balanced(splits=8, batch=1, invariant=False)
-    assert not mla_configs.balanced(splits=8, batch=mla_configs.MAX_BALANCED_BATCH + 1, invariant=False)
-    assert not mla_configs.balanced(splits=8, batch=4, invariant=True)
+    grid), fewer than the longest request's span allows at min_chunk keys a split, two to
+    MAX_BALANCED_BATCH requests, and not batch-invariant mode."""
+    rule = dict(span=4096, min_chunk=256)  # 16 splits of min_chunk keys
+    assert mla_configs.balanced(splits=2, batch=2, invariant=False, **rule)
+    assert mla_configs.balanced(splits=15, batch=mla_configs.MAX_BALANCED_BATCH, invariant=False, **rule)
+    assert not mla_configs.balanced(splits=16, batch=8, invariant=False, **rule)
+    assert not mla_configs.balanced(splits=6, batch=5, invariant=False, span=1433, min_chunk=256)  # sw71's
+    assert not mla_configs.balanced(splits=1, batch=100, invariant=False, **rule)
+    assert not mla_configs.balanced(splits=8, batch=1, invariant=False, **rule)
+    assert not mla_configs.balanced(splits=8, batch=mla_configs.MAX_BALANCED_BATCH + 1, invariant=False, **rule)
+    assert not mla_configs.balanced(splits=8, batch=4, invariant=True, **rule)
 
 
 def test_mla_one_split_and_batch_invariant_keep_the_uniform_split(kernel_device, built, monkeypatch):
@@ -150,12 +158,13 @@ def test_mla_one_split_and_batch_invariant_keep_the_uniform_split(kernel_device,
         ops_case(kernel_device, lens=[1, 37, 0, 70], hq=16, page=16, seed=6)
     launch = built["split"][-1]
     assert launch.fixed["num_splits"] >= 2 and not launch.constexprs["BALANCED"]
-    assert launch.constexprs["SPLIT_SPAN"] == 16 and built["combine"][-1].kernel is not balanced_combine_kernel
+    # (the Gluon kernels round the span up to their 64-key box)
+    assert launch.constexprs["SPLIT_SPAN"] in (16, 64) and built["combine"][-1].kernel is not balanced_combine_kernel
 
 
 def test_mla_balanced_split_is_the_same_rule_for_every_kernel():
     """The Gluon kernels take the balanced split as the Triton kernel does (common.gluon_balance)."""
     plan = mla_plan._Plan.__new__(mla_plan._Plan)
-    plan.batch, plan.invariant = 8, False
+    plan.batch, plan.invariant, plan.cfg = 8, False, SimpleNamespace(min_chunk=256)
     for plan.gluon in (True, False):
-        assert plan.balanced(4) and not plan.balanced(1)
+        assert plan.balanced(4, 4096) and not plan.balanced(1, 4096) and not plan.balanced(4, 1024)

@@ -68,9 +68,9 @@ def balanced_combine_kernel(
     lse_ptr,  # [batch, NUM_HEADS] float32 (STORE_LSE; head stride 1)
     stride_o_t, stride_o_h, stride_lse_t,
     batch, num_splits, capacity, out_factor,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, OUT_PTR: tl.constexpr,
-    STORE_LSE: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    UNITS_CAP: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_S_FEW: tl.constexpr,
+    OUT_PTR: tl.constexpr, STORE_LSE: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr,
 ):
     """The merge of a balanced split launch (``common.balance.launch_unit``; the MLA kernels'
     ``BALANCED``): one (request, row)'s units, the consecutive slots ``first .. first + n - 1``,
@@ -81,8 +81,16 @@ def balanced_combine_kernel(
     n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
     heads = h + tl.zeros([1], dtype=tl.int32)
     row_ok = heads < NUM_HEADS
-    m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, first.to(tl.int64) * NUM_HEADS + heads, row_ok,
-                                 NUM_HEADS, n_t, HEAD_DIM, BLOCK_S, False)
+    p_row = first.to(tl.int64) * NUM_HEADS + heads
+    # Most requests hold at most the uniform split count of units (every request of an equal batch,
+    # the short ones of a ragged one): their merge takes the uniform combine's narrow tile; a wide
+    # tile for all cost an equal batch 2.5-4x the combine's time (lab/notes/mla-ragged.md).
+    if n_t <= BLOCK_S_FEW:
+        m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, NUM_HEADS, n_t, HEAD_DIM, BLOCK_S_FEW,
+                                     False)
+    else:
+        m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, NUM_HEADS, n_t, HEAD_DIM, BLOCK_S,
+                                     False)
     o, lse2 = softmax_finalize(acc, m, den, den, False)
     out_mult = out_factor
     if OUT_PTR:

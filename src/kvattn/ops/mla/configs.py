@@ -198,13 +198,18 @@ MAX_UNITS = 64
 MAX_BALANCED_BATCH = 256
 
 
-def balanced(*, splits: int, batch: int, invariant: bool) -> bool:
-    """Whether a launch of ``splits`` splits a request takes the balanced split (a production
-    path: ragged batches balance on the device, equal ones keep the uniform split inside it).
-    Not a launch of one split (no partials, no room for more units than requests), nor
-    batch-invariant mode (fixed-span splits: a request's result must not depend on the batch), nor
-    one request (nothing to balance) or more than :data:`MAX_BALANCED_BATCH`."""
-    return not invariant and splits >= 2 and 1 < batch <= MAX_BALANCED_BATCH
+def balanced(*, splits: int, batch: int, invariant: bool, span: int, min_chunk: int) -> bool:
+    """Whether a launch of ``splits`` splits a request for ``max_seq_len = span`` takes the balanced
+    split (a production path: ragged batches balance on the device, equal ones keep the uniform
+    split inside it). Not a launch of one split (no partials, no room for more units than
+    requests), nor batch-invariant mode (fixed-span splits: a request's result must not depend on
+    the batch), nor one request (nothing to balance) or more than :data:`MAX_BALANCED_BATCH`; nor
+    a launch whose splits are already ``min_chunk`` keys of the longest request (the split count
+    the span allows, :func:`num_splits`): no balanced unit is shorter, so the balanced split could
+    only add units (measured on the H200: 3-15 % slower on such small ragged batches,
+    lab/notes/mla-ragged.md)."""
+    useful = -(-span // max(min_chunk, 1))
+    return not invariant and 2 <= splits < useful and 1 < batch <= MAX_BALANCED_BATCH
 
 
 def num_splits(cfg: MLAConfig, *, items: int, span: int, sm_count: int, fit: int) -> int:

@@ -150,32 +150,36 @@ class _Plan:
         if hit is not None:
             return hit
         splits = self.num_splits(span)
-        hit = self._by_splits.get(splits)
+        balanced = self.balanced(splits, span)
+        hit = self._by_splits.get((splits, balanced))
         if hit is None:
             rows = self.batch * self.num_heads
-            combine = self._combine(splits) if splits > 1 else None
-            hit = self._by_splits[splits] = (self._split(splits), combine, splits * rows * CKV_DIM, splits * rows)
+            combine = self._combine(splits, balanced) if splits > 1 else None
+            hit = (self._split(splits, balanced), combine, splits * rows * CKV_DIM, splits * rows)
+            self._by_splits[splits, balanced] = hit
         if len(self._by_span) >= _MAX_SPANS:
             self._by_span.clear()
         self._by_span[span] = hit
         return hit
 
-    def balanced(self, splits: int) -> bool:
-        """Whether the launch of ``splits`` splits takes the balanced split (``configs.balanced``;
-        every MLA kernel has the ``BALANCED`` form, the Gluon ones by ``common.gluon_balance``)."""
-        return mla_configs.balanced(splits=splits, batch=self.batch, invariant=self.invariant)
+    def balanced(self, splits: int, span: int) -> bool:
+        """Whether the launch of ``splits`` splits for ``max_seq_len = span`` takes the balanced split
+        (``configs.balanced``; every MLA kernel has the ``BALANCED`` form, the Gluon ones by
+        ``common.gluon_balance``)."""
+        return mla_configs.balanced(splits=splits, batch=self.batch, invariant=self.invariant, span=span,
+                                    min_chunk=self.cfg.min_chunk)
 
-    def _balance_constexprs(self, splits: int) -> dict:
+    def _balance_constexprs(self, balanced: bool) -> dict:
         """The balanced plan's constexprs (``common.balance.launch_unit``), or the uniform path's."""
-        if not self.balanced(splits):
+        if not balanced:
             return dict(BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, UNITS_CAP=1)
         return dict(BALANCED=True, BLOCK_B=next_power_of_2(self.batch), MIN_CHUNK=self.cfg.min_chunk,
                     UNITS_CAP=mla_configs.MAX_UNITS)
 
-    def _split(self, splits: int):
+    def _split(self, splits: int, balanced: bool):
         cfg = self.cfg
         if self.gluon:
-            return _gluon_split(self, splits)
+            return _gluon_split(self, splits, balanced)
         return fast_launch.Launch(
             mla_split_kernel, (self.items * splits,),
             layout=_LAYOUT,
@@ -191,13 +195,13 @@ class _Plan:
                 BLOCK_N=cfg.block_n, H_BLOCKS=self.h_blocks, KV_FORMAT=self.kv_code, LOGIT_PTR=self.has_logit,
                 OUT_PTR=self.has_out_scale, QK_FP8=cfg.qk_fp8, HEADS_AS_N=cfg.heads_as_n, SPLIT_SCORES=cfg.split_scores,
                 STORE_LSE=self.has_lse, SPLIT_SPAN=self.split_span, Q_LEN=self.q_len,
-                **self._balance_constexprs(splits),
+                **self._balance_constexprs(balanced),
             ),
             options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         )
 
-    def _combine(self, splits: int) -> fast_launch.Launch:
-        if self.balanced(splits):
+    def _combine(self, splits: int, balanced: bool) -> fast_launch.Launch:
+        if balanced:
             return self._balanced_combine(splits)
         # The decode family's combine kernel; the query stands in for the absent sinks (and LSE).
         return fast_launch.Launch(
@@ -217,7 +221,7 @@ class _Plan:
 
     def _balanced_combine(self, splits: int) -> fast_launch.Launch:
         # A request's units: at most UNITS_CAP (ragged) or splits (equal lengths), in rounds of BLOCK_S.
-        cx = self._balance_constexprs(splits)
+        cx = self._balance_constexprs(True)
         most = max(splits, min(cx["UNITS_CAP"], self.batch * splits))
         return fast_launch.Launch(
             balanced_combine_kernel, (self.batch, self.num_heads),
@@ -229,6 +233,7 @@ class _Plan:
                        stride_lse_t=self.lse_stride, batch=self.batch, num_splits=splits),
             constexprs=dict(
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(most, CKV_DIM, False),
+                BLOCK_S_FEW=combine_block_s(splits, CKV_DIM, False),
                 OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
                 BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
                 UNITS_CAP=cx["UNITS_CAP"],
@@ -274,7 +279,7 @@ def _row_layout(kv_dtype):
 GLUON_BLOCK_N = 64  # keys a Gluon program's TMA box holds (64 rows of the cache)
 
 
-def _gluon_split(plan: _Plan, splits: int) -> fast_launch.Launch:
+def _gluon_split(plan: _Plan, splits: int, balanced: bool) -> fast_launch.Launch:
     """The split launch of a Gluon kernel: :func:`~.kernels_gluon_ws.mla_gluon_ws_kernel` (``plan.ws``:
     4 warps a partition, the registers a thread its ``warp_specialize`` redistributes, no final
     LSE) or :func:`~.kernels_gluon.mla_gluon_kernel`, each reading the cache through a TMA
@@ -291,7 +296,7 @@ def _gluon_split(plan: _Plan, splits: int) -> fast_launch.Launch:
     constexprs = dict(
         CKV_DIM=CKV_DIM, KPE_DIM=KPE_DIM, PAGE_SIZE=plan.page_size, BLOCK_H=plan.cfg.block_h, BLOCK_N=GLUON_BLOCK_N,
         H_BLOCKS=plan.h_blocks, LOGIT_PTR=plan.has_logit, OUT_PTR=plan.has_out_scale, SPLIT_SPAN=plan.split_span,
-        Q_LEN=plan.q_len, **plan._balance_constexprs(splits),
+        Q_LEN=plan.q_len, **plan._balance_constexprs(balanced),
     )
     if plan.ws:
         kernel, options = mla_gluon_ws_kernel, dict(num_warps=_WS_WARPS.value, maxnreg=_WS_MAXNREG.value)
