@@ -158,6 +158,9 @@ FORMS = ("out", "no out", "out+lse", "lse", "no out+lse")
 # output and lets kvattn allocate the LSE, "no out+lse" gives neither. The same call with
 # everything given, each form's baseline:
 BASELINE = {"out": "out", "no out": "out", "out+lse": "out+lse", "lse": "out+lse", "no out+lse": "out+lse"}
+# The tensors a form leaves kvattn to allocate (the bound: a form costs at most its
+# allocations more than its baseline); their bare torch.empty_like is timed in the same rounds.
+ALLOCS = {"no out": ("out",), "lse": ("lse",), "no out+lse": ("out", "lse")}
 
 
 def _form_kwargs(form: str, out, lse) -> dict:
@@ -286,8 +289,15 @@ def time_forms(rows: list, calls: int, fake: bool) -> list[dict]:
             for fn in fns.values():
                 for _ in range(3):  # compiled, seen, recorded
                     fn()
-            for form, (median, p90, hits) in interleaved_times(fns, calls).items():
+            bufs = {"out": out, "lse": lse}
+            allocs = {f"alloc {form}": (lambda names=ALLOCS[form]: [torch.empty_like(bufs[n]) for n in names])
+                      for form in forms if form in ALLOCS}
+            timed = interleaved_times({**fns, **allocs}, calls)
+            for form in forms:
+                median, p90, hits = timed[form]
                 row["forms"][form] = {"median": median, "p90": p90, "replayed": hits == calls}
+                if form in ALLOCS:
+                    row["forms"][form]["alloc"] = timed[f"alloc {form}"][0]
             results = {}
             for form, fn in fns.items():
                 got = fn()
@@ -299,7 +309,10 @@ def time_forms(rows: list, calls: int, fake: bool) -> list[dict]:
             out_rows.append(row)
             continue
         for form, got in row["forms"].items():
-            got["ratio"] = got["median"] / row["forms"][BASELINE[form]]["median"]
+            base = row["forms"][BASELINE[form]]["median"]
+            got["ratio"] = got["median"] / base
+            # (net of the bare allocations: what the form costs kvattn's host path beyond them)
+            got["net_ratio"] = (got["median"] - got.get("alloc", 0.0)) / base
         if not fake:
             row["bits"] = all(torch.equal(results[f], results[BASELINE[f]]) for f in forms)
         out_rows.append(row)
@@ -326,6 +339,13 @@ def print_forms(rows: list, floor_us: float) -> None:
             cells.append(f"{got['median']:6.1f}{ratio}{mark}".rjust(13))
         bits = {True: "same", False: "DIFFER"}.get(row.get("bits"), "-")
         print(head + " ".join(cells) + f"  {bits}", flush=True)
+    nets = [(got["net_ratio"], got["alloc"], row["function"], row["page"], row["kv"], form)
+            for row in rows if "error" not in row for form, got in row["forms"].items() if "alloc" in got]
+    if nets:
+        net, alloc, function, page, kv, form = max(nets)
+        print(f"net of their bare allocations (torch.empty_like, timed in the same rounds): the forms that "
+              f"allocate at most {net:.2f}x their baseline ({function} {page or '-'} {kv} {form}: "
+              f"{alloc:.1f} us of allocation)")
 
 
 def growing_single(device: torch.device, calls: int) -> dict:
