@@ -116,7 +116,9 @@ def test_mla_balanced_split_public_function(kw, kernel_device, triton_backend, m
 def test_mla_balanced_split_mtp_gpu(hq, page, kernel_device, built):
     """Q 2 with the LSE (the Gluon kernel over pages of 64: 64 rows), ragged."""
     with mla_configs.override(min_chunk=64, waves=4, max_splits=8):
-        ops_mtp_case(kernel_device, lens=[4000, 1, 0, 700, 2], q_len=2, hq=hq, page=page, seed=9)
+        # (a workspace with room for the splits: 1 MiB holds one split of 5 x 64 rows)
+        ops_mtp_case(kernel_device, lens=[4000, 1, 0, 700, 2], q_len=2, hq=hq, page=page, seed=9,
+                     ws_bytes=32 << 20)
     assert built["split"][-1].constexprs["BALANCED"]
 
 
