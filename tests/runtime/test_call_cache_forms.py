@@ -226,6 +226,36 @@ def test_a_kept_buffer_replaced_inside_a_recording_is_not_taken_for_an_allocatio
     fake.launches()
 
 
+def test_a_run_of_new_keys_skips_the_cache_then_probes_it_again(monkeypatch):
+    """FRESH_RUN calls in a row each with a new key (a length that grows every call): the next
+    SKIP_CALLS calls skip the cache (no key built, nothing seen or recorded, the ordinary call's
+    launches), after which a key that comes back is recorded and replayed again."""
+    fake = _start(monkeypatch, "single")
+    monkeypatch.setattr(_callcache, "FRESH_RUN", 4)
+    monkeypatch.setattr(_callcache, "SKIP_CALLS", 5)
+    fn = kvattn.decode.single_decode_with_kv_cache
+    q = torch.randn(32, 128).to(torch.float16)
+    k, v = (torch.randn(600, 8, 128).to(torch.float16) for _ in range(2))
+    cache = cache_of(fn)
+    for length in range(500, 504):  # the run of new keys
+        fn(q, k[:length], v[:length])
+    assert cache.skip == 5 and len(cache.seen) == 4
+    fake.launches()
+    for _ in range(4):  # a repeated key: skipped, never seen, never recorded
+        fn(q, k[:510], v[:510])
+    fake.launches()
+    fn(q, k[:510], v[:510])
+    assert cache.skip == 0 and len(cache.seen) == 4 and not cache.entries
+    assert fake.launches() == ordinary(fake, monkeypatch, fn, (q, k[:510], v[:510]), {})
+    fn(q, k[:510], v[:510])  # the cache again: seen now
+    assert len(cache.seen) == 5
+    hits = cache.hits
+    fn(q, k[:510], v[:510])  # recorded
+    fn(q, k[:510], v[:510])
+    assert cache.hits == hits + 1 and cache.fresh == 0
+    fake.launches()
+
+
 def test_only_the_allocations_the_launches_or_the_result_use_are_made_again(monkeypatch):
     """A call that allocates a tensor nothing reads: the replay makes only the output, and returns it
     where the ordinary call returned its own."""

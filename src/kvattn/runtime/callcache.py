@@ -73,6 +73,12 @@ MAX_ENTRIES = 256  # metadata signatures a function keeps; past this its cache s
 MAX_TRIES = 3  # recordings of one signature that made no entry before its calls stop being recorded
 MAX_SEEN = 4 * MAX_ENTRIES  # signatures seen a function keeps; past this it forgets them
 MAX_HOT = 4  # entries the hit path checks, per argument types, before building the key
+# A function whose last FRESH_RUN calls each brought a key never seen before (single decode over a
+# length that grows every call, one layer at a time) skips the cache for its next SKIP_CALLS calls:
+# building and remembering a key that will never come back cost such a call ~14 us (1.2x the call
+# with the cache off; lab/notes/host-path.md). A hit or a key seen again ends the run.
+FRESH_RUN = 64
+SKIP_CALLS = 256
 
 _ENV_NAMES = tuple(_env.SWITCH_NAMES)  # every switch kvattn reads (TRITON_INTERPRET included)
 _OVERRIDES = _env._BATCH_INVARIANT  # kvattn.set_batch_invariant's value: [None | bool]
@@ -105,6 +111,7 @@ def clear() -> None:
     _forget_recordings()
     for cache in _caches:
         cache.seen.clear()
+        cache.fresh = cache.skip = 0
 
 
 def _forget_recordings() -> None:
@@ -293,12 +300,17 @@ class CallCache:
         self.seen: dict = {}  # keys seen before (a key is recorded when it comes back)
         self.hot: dict = {}  # argument types -> (pickers, tensor check, facts, entry): see run
         self.hits = self.misses = 0  # (tests and tools)
+        self.fresh = 0  # calls in a row that brought a new key (FRESH_RUN)
+        self.skip = 0  # calls left that skip the cache (SKIP_CALLS)
         _caches.append(self)
 
     def run(self, args: tuple, call: Callable[[], Any]):
         """The result of a call with ``args``: replayed from a recorded call of the same key, or
         ``call()`` (the ordinary call), recorded into an entry where it can be."""
         if _suspended or _is_compiling():
+            return call()
+        if self.skip:
+            self.skip -= 1
             return call()
         _, switches, on = _switches()  # (KVATTN_CALL_CACHE's, and the key's)
         if not on:
@@ -312,6 +324,7 @@ class CallCache:
                 if result is _MISSING:
                     self.misses += 1
                     return call()
+                self.fresh = 0
                 return result
         try:
             key, ptrs = _flatten(args, switches, types)
@@ -322,6 +335,7 @@ class CallCache:
             flat = key if len(key) == _KEY_LEN else key[1]  # (a key of tuple arguments: (types, flat key))
             result = self._replayed(entry, args, ptrs)
             if result is not _MISSING:
+                self.fresh = 0
                 if len(flat) == _KEY_LEN:
                     self._promote(types, flat, args, entry, hot)
                 return result
@@ -337,7 +351,11 @@ class CallCache:
             if count >= MAX_SEEN:
                 seen.clear()
                 seen[key] = None
+            self.fresh += 1
+            if self.fresh >= FRESH_RUN:
+                self.fresh, self.skip = 0, SKIP_CALLS
             return call()
+        self.fresh = 0
         # (KVATTN_DEBUG=1: its raw value is in the key, and nothing is recorded under it.)
         if self.failures.get(key, 0) >= MAX_TRIES or _env.debug_checks():
             return call()
