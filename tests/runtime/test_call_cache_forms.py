@@ -246,7 +246,10 @@ def test_a_run_of_new_keys_skips_the_cache_then_probes_it_again(monkeypatch):
     fake.launches()
     fn(q, k[:510], v[:510])
     assert cache.skip == 0 and len(cache.seen) == 4 and not cache.entries
-    assert fake.launches() == ordinary(fake, monkeypatch, fn, (q, k[:510], v[:510]), {})
+    # (the kernels and grids: a temporary's address depends on what the allocator holds then)
+    kernels_and_grids = [launch[:2] for launch in fake.launches()]
+    plain = ordinary(fake, monkeypatch, fn, (q, k[:510], v[:510]), {})
+    assert kernels_and_grids == [launch[:2] for launch in plain]
     fn(q, k[:510], v[:510])  # the cache again: seen now
     assert len(cache.seen) == 5
     hits = cache.hits
