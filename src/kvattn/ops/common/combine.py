@@ -20,6 +20,23 @@ except ImportError:  # pragma: no cover
 
 
 @triton.jit
+def _finish_row(acc, m, den, sink2, t, heads, row_ok, out_scale_ptr, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+                stride_lse_t, out_factor, HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, OUT_PTR: tl.constexpr,
+                OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Both combine kernels' end: one (row ``t``, head) merged state ``(acc [1, D], m, den)``
+    normalised (the sink's logit joining the denominator), scaled and stored, and its LSE."""
+    o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
+    out_mult = out_factor
+    if OUT_PTR:
+        out_mult = out_mult * tl.load(out_scale_ptr)
+    offs_d = tl.arange(0, HEAD_DIM)
+    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
+                 o * out_mult, row_ok[:, None], OUT_FP8)
+    if STORE_LSE:
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
+
+
+@triton.jit
 def decode_combine_kernel(
     part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs (base 2; -inf: empty split)
@@ -47,15 +64,8 @@ def decode_combine_kernel(
     m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, t.to(tl.int64) * NUM_HEADS + heads, row_ok,
                                  num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S, False)
     sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
-    o, lse2 = softmax_finalize(acc, m, den, sink2, HAS_SINKS)
-    out_mult = out_factor
-    if OUT_PTR:
-        out_mult = out_mult * tl.load(out_scale_ptr)
-    offs_d = tl.arange(0, HEAD_DIM)
-    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
-                 o * out_mult, row_ok[:, None], OUT_FP8)
-    if STORE_LSE:
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
+    _finish_row(acc, m, den, sink2, t, heads, row_ok, out_scale_ptr, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+                stride_lse_t, out_factor, HEAD_DIM, HAS_SINKS, OUT_PTR, OUT_FP8, STORE_LSE)
 
 
 @triton.jit
@@ -91,15 +101,8 @@ def balanced_combine_kernel(
     else:
         m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, NUM_HEADS, n_t, HEAD_DIM, BLOCK_S,
                                      False)
-    o, lse2 = softmax_finalize(acc, m, den, den, False)
-    out_mult = out_factor
-    if OUT_PTR:
-        out_mult = out_mult * tl.load(out_scale_ptr)
-    offs_d = tl.arange(0, HEAD_DIM)
-    store_scaled(out_ptr + t.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
-                 o * out_mult, row_ok[:, None], False)
-    if STORE_LSE:
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lse_t + heads, lse2, mask=row_ok)
+    _finish_row(acc, m, den, den, t, heads, row_ok, out_scale_ptr, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+                stride_lse_t, out_factor, HEAD_DIM, False, OUT_PTR, False, STORE_LSE)
 
 
 __all__ = ["balanced_combine_kernel", "decode_combine_kernel"]
