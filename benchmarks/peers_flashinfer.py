@@ -62,10 +62,10 @@ XQA_SEMAPHORE_BYTES = 8 << 20  # XQA keeps its semaphores in the workspace's fir
 XQA_PAGES = (16, 32, 64, 128)
 XQA_MAX_HEAD_DIM = 256
 POS_ENCODING = {"NONE": 0, "ROPE_LLAMA": 1}
-MLA_CKV_DIM, MLA_KPE_DIM = 512, 64
+MLA_CKV_DIM, MLA_KPE_DIM = 512, 64  # the packed latent pool's compressed-KV and RoPE parts
 # A peer's set-up plus first call above this many seconds compiled a module (a prebuilt one loads
 # in well under a second; nvcc takes 10-90 s).
-COMPILE_HINT_S = 2.0  # the packed latent pool's compressed-KV and RoPE parts
+COMPILE_HINT_S = 2.0
 
 _import_error: str | None = None
 _workspaces: dict[tuple[str, str], torch.Tensor] = {}
@@ -155,8 +155,9 @@ def decode_query(spec: AttnSpec) -> torch.Tensor:
 
 
 def kernels(shape: Shape) -> tuple[list[tuple[str, tuple]], str]:
-    """``([(peer name, JIT variant key), ...], note)``: FlashInfer's kernels for this shape; the
-    note says why a shape has none (or fewer than usual)."""
+    """``([(peer name, its variant in short), ...], note)``: FlashInfer's kernels for this shape;
+    the note says why a shape has none (or fewer than usual). The modules each one loads (what the
+    prebuild compiles) are :func:`modules` of :func:`fi_call`."""
     kv, d, page = shape.kv_dtype, shape.head_dim, shape.page_size
     sweep = "sweep" in shape.tags
     if shape.suite in ("decode", "spec_decode"):
@@ -204,7 +205,7 @@ def fi_call(name: str, shape: Shape) -> dict:
     if name == "fi-single":
         call["pos_encoding_mode"] = shape.pos_encoding_mode
     if name == "fi-fa3-mla":  # the latent pool's two parts; the query is handed over in bf16
-        call.update(head_dim=MLA_CKV_DIM, head_dim_kpe=MLA_KPE_DIM, group=shape.num_qo_heads)
+        call.update(head_dim=MLA_CKV_DIM, head_dim_kpe=MLA_KPE_DIM)
     return call
 
 
@@ -235,12 +236,13 @@ def modules(name: str, call: dict) -> list[tuple]:
         # plan() loads get_batch_prefill_module("fa2", ...): its primary module, for K and V pools
         # of equal strides. run() would load a second one for unequal strides; check_call refuses
         # those, so the peer never needs it.
-        return [("fa2-tc", "_gen_batch_prefill_primary_module", ("fa2", q, kv, out, idx, d, d, pos, window, cap, False))]
+        return [("fa2-tc", "_gen_batch_prefill_primary_module",
+                 ("fa2", q, kv, out, idx, d, d, pos, window, cap, False))]
     if name == "fi-fa2":
         return [("fa2-decode", "gen_batch_decode_module", (q, kv, out, idx, d, d, pos, window, cap))]
-    if name == "fi-xqa":  # one module per page size, head dim, group and q_len (sliding window: window_left >= 0)
-        return [("xqa", "gen_xqa_module", (q, kv, call["page_size"], d, call["group"], window, out, call["q_len"],
-                                           False))]
+    if name == "fi-xqa":  # one module per page size, head dim, group and q_len; no ragged drafts
+        return [("xqa", "gen_xqa_module",
+                 (q, kv, call["page_size"], d, call["group"], window, out, call["q_len"], False))]
     if name == "fi-single":  # the output takes the query's dtype
         return [("single", "gen_single_decode_module", (q, kv, q, d, d, pos, window, cap))]
     if name == "fi-fa3":
@@ -271,17 +273,21 @@ def describe(key: tuple) -> str:
     f = dict(zip(GENERATOR_FIELDS[generator], args))
     kvs = _SHORT.get(f["kv"], f["kv"])
     if kind == "xqa":
-        text = f"xqa {kvs} p{f['page_size']} D{f['head_dim']} g{f['group']}" + (f" q{f['q_len']}" if f["q_len"] > 1 else "")
+        text = f"xqa {kvs} p{f['page_size']} D{f['head_dim']} g{f['group']}"
+        text += f" q{f['q_len']}" if f["q_len"] > 1 else ""
     elif kind == "single":
-        text = f"single-decode {kvs} D{f['head_dim_qk']} " + {v: k for k, v in POS_ENCODING.items()}[f["pos_encoding"]]
+        mode = {v: k for k, v in POS_ENCODING.items()}[f["pos_encoding"]]
+        text = f"single-decode {kvs} D{f['head_dim_qk']} {mode}"
     elif kind == "fa3-prefill":
         text = f"fa3-prefill {kvs} D{f['head_dim_qk']}"
     elif kind == "fa3-mla":
         text = f"fa3-mla {kvs}"
     else:
         text = f"{kind} {kvs} D{f['head_dim_qk']}"
-    unusual = [f"{k}={v}" for k, v in f.items() if k in ("q", "out", "idx") and v != {"idx": "int32"}.get(k, "bfloat16")]
-    unusual += [k for k in ("sliding_window", "logits_soft_cap", "fp16_qk_reduction", "ragged_q", "profiler") if f.get(k)]
+    usual = {"q": "bfloat16", "out": "bfloat16", "idx": "int32"}
+    unusual = [f"{k}={f[k]}" for k in usual if k in f and f[k] != usual[k]]
+    unusual += [k for k in ("sliding_window", "logits_soft_cap", "fp16_qk_reduction", "ragged_q", "profiler")
+                if f.get(k)]
     if kind != "single" and f.get("pos_encoding"):
         unusual.append(f"pos_encoding={f['pos_encoding']}")
     return text + (f" ({', '.join(unusual)})" if unusual else "")
@@ -412,10 +418,12 @@ def prebuild(shapes: list[Shape], log=print) -> dict:
         env_jobs = os.environ.get("FLASHINFER_JIT_PREBUILD_MAX_JOBS", "")
         jobs = int(env_jobs) if env_jobs.isdigit() else (os.cpu_count() or 8)
         specs = jit_specs(keys)
-        log(f"FlashInfer: compiling {len(specs)} variants, {jobs} jobs ({', '.join(names)}) ...")
-        secs = build_in_parallel(specs, jobs)
-        info["variant_seconds"] = {n: round(s, 1) for n, s in zip(names, secs)}
-        info["stale"] = [n for n, spec in zip(names, specs) if not up_to_date(spec)]
+        # A module shipped ahead of time (an installed jit-cache package) loads without ninja.
+        todo = [i for i, spec in enumerate(specs) if not getattr(spec, "is_aot", False)]
+        log(f"FlashInfer: compiling {len(todo)} variants, {jobs} jobs ({', '.join(names[i] for i in todo)}) ...")
+        secs = build_in_parallel([specs[i] for i in todo], jobs)
+        info["variant_seconds"] = {names[i]: round(s, 1) for i, s in zip(todo, secs)}
+        info["stale"] = [names[i] for i in todo if not up_to_date(specs[i])]
         log(f"FlashInfer: built in {time.perf_counter() - t0:.1f} s; "
             + (f"still to compile on first use: {', '.join(info['stale'])}" if info["stale"]
                else "ninja has nothing left to do in any variant's build directory"))

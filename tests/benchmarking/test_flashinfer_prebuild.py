@@ -332,3 +332,27 @@ def test_ninja_reuses_a_build_only_from_its_own_directory(tmp_path):
     assert not fi.up_to_date(spec)
     subprocess.run(["ninja", "-C", str(mod), "-f", str(ninja_file)], check=True, capture_output=True)
     assert fi.up_to_date(spec)
+
+
+# -- the timed phase's record of a peer's set-up ---------------------------------------------------
+
+
+@pytest.mark.parametrize("hint_s", [60.0, 0.0], ids=["prebuilt", "compiled"])
+def test_peer_records_carry_their_set_up_seconds(deriving_flashinfer, monkeypatch, hint_s):
+    from benchmarks.runner import Options, run_shape
+    from kvattn.benchmarking.timing import Timer
+
+    monkeypatch.setattr(fi, "COMPILE_HINT_S", hint_s)
+    opt = Options(l2_bytes=1 << 40, workspace_mib=16, flex=False, sdpa_backends=())
+    recs = run_shape(GRID_DECODE, CPU, Timer(CPU, warmup_ms=1, rep_ms=1), {}, opt, log=lambda *a: None)
+    fi_recs = [r for r in recs if r["family"] == fi.FAMILY]
+    assert [r["impl"] for r in fi_recs] == ["fi-fa2-tc", "fi-fa2", "fi-xqa"]
+    assert all(0 <= r["build_s"] < 60 for r in fi_recs)
+    assert all(("compiled in the timed phase?" in r["note"]) == (hint_s == 0.0) for r in fi_recs)
+
+
+def test_row_log_shows_a_long_set_up():
+    recs = [{"impl": "kvattn", "status": "ok", "us": 10.0, "fraction": 0.5},
+            {"impl": "fi-fa2-tc", "status": "ok", "us": 9.0, "fraction": 0.6, "build_s": 38.04},
+            {"impl": "fi-xqa", "status": "ok", "us": 9.5, "fraction": 0.55, "build_s": 0.01}]
+    assert run._summary(recs) == "kvattn 10.0us 0.50 | fi-fa2-tc 9.0us 0.60 (set-up 38.0s) | fi-xqa 9.5us 0.55"
