@@ -129,10 +129,12 @@ def _flashinfer_env(prebuild_shapes) -> dict:
 def _summary(recs: list[dict]) -> str:
     parts = []
     for r in recs:
+        built = r.get("build_s") or 0.0  # a peer's set-up (FlashInfer: a compile if not prebuilt)
+        setup = f" (set-up {built:.1f}s)" if built >= 1.0 else ""
         if r["status"] == "ok":
-            parts.append(f"{r['impl']} {r.get('us') or 0:.1f}us {r.get('fraction') or 0:.2f}")
+            parts.append(f"{r['impl']} {r.get('us') or 0:.1f}us {r.get('fraction') or 0:.2f}{setup}")
         else:
-            parts.append(f"{r['impl']} [{r['status']}]")
+            parts.append(f"{r['impl']} [{r['status']}]{setup}")
     return " | ".join(parts)
 
 
@@ -180,6 +182,8 @@ def run(
         env["flashinfer"] = _flashinfer_env(selected if fi_prebuild else None)
         pre = env["flashinfer"].get("prebuild")
         built = f"; prebuild {pre['seconds']} s, {len(pre['variants'])} variants {pre['error'] or ''}" if pre else ""
+        if pre and pre.get("stale"):  # the timed phase's first use of these will compile again
+            built += f" STILL TO COMPILE on first use: {', '.join(pre['stale'])}"
         _log(f"  FlashInfer: {env['flashinfer'].get('version') or env['flashinfer'].get('error')}{built}")
         _save(doc, out)
     if doc["ceilings"] is None:
