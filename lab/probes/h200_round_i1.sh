@@ -17,7 +17,7 @@ KVATTN_FUZZ_COMPILE_LOG="$OUT/compiles.jsonl" timeout ${FUZZ_S:-300} python3 -m 
   | grep -v "UserWarning\|capture_end()" > "$OUT/fuzz.txt"
 echo "fuzz at $(( $(date +%s) - t0 )) s"; tail -n 20 "$OUT/fuzz.txt"
 left=$(( ${TOTAL:-560} - $(date +%s) + t0 ))
-RUN_ARGS="--quick --graph-only" OUT="$OUT/old-new" timeout $left bash benchmarks/compare_trees.sh .dev/old .dev/new 1
+RUN_ARGS="--quick --graph-only" SKIP_HOST=1 OUT="$OUT/old-new" timeout $left bash benchmarks/compare_trees.sh .dev/old .dev/new 1
 python3 benchmarks/compare_runs.py "$OUT/old-new" old new > "$OUT/old-new.md" 2>&1; cat "$OUT/old-new.md"
 (cd "$OUT" && xz -9 compiles.jsonl 2>/dev/null; tar -cJf old-new.tar.xz old-new compiles.jsonl.xz 2>/dev/null \
   && rm -rf old-new compiles.jsonl.xz)
