@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import kvattn
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import plan as mla_launch
 from kvattn.runtime import fast_launch
+from kvattn.testing import relative_error
 
-from .test_mla import GPU_LENS, _fits, graph_replay_case, mla_case
+from .test_mla import BMM1, DIM, GPU_LENS, V_DIM, _fits, exact_mla, graph_replay_case, mla_case
 
 ON_GPU = torch.cuda.is_available()
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
@@ -143,6 +145,40 @@ def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, page, ws
     graph_replay_case(hq, [700, 40, 2500, 0, 6000],
                       [(2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)], pool=400, page=page)
     assert ws_spy
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("ws", [True, False], ids=["ws", "gluon"])
+@pytest.mark.parametrize("page", [16, 32, 64], ids=lambda p: f"p{p}")
+def test_gluon_kernels_read_unusable_page_ids_as_zeros(page, ws, ws_spy, gluon_spy, triton_backend, monkeypatch):
+    """Page ids outside the cache (-1, past the last page, INT_MIN) inside a request's pages, and
+    so inside a tile over several pages of 16 / 32 next to usable ones: a zero key and value that
+    keep their logit (docs/semantics.md "Unusable page ids"), as the cache with those ids pointing
+    at a page of zeros gives; NaN in the cache's last, never-named page."""
+    monkeypatch.setenv("KVATTN_DEBUG", "0")  # (the device-value checks reject these ids; the kernels are tested)
+    if not ws:
+        monkeypatch.setenv("KVATTN_GLUON_WS", "0")
+    device = torch.device("cuda")
+    g = torch.Generator().manual_seed(600 + page)
+    width, lens = 640 // page, [640, 300, 129]
+    pages = 3 * width + 2  # (the last one never named by the table)
+    cache = torch.randn(pages, page, DIM, generator=g).to(device=device, dtype=torch.bfloat16)
+    cache[-1] = float("nan")
+    tables = torch.randperm(pages - 1, generator=g)[: 3 * width].view(3, width).to(torch.int32)
+    bad = torch.zeros_like(tables, dtype=torch.bool)
+    for b, col, wild in ((0, 1, -1), (0, width // 2 + 1, pages + 7), (1, 2, -2**31), (2, 128 // page, pages)):
+        tables[b, col], bad[b, col] = wild, True
+    q = torch.randn(3, 1, 64, DIM, generator=g).to(device=device, dtype=torch.bfloat16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = torch.full((3, 64, V_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+    kvattn.mla.xqa_batch_decode_with_kv_cache_mla(q, cache, torch.zeros(64 << 20, dtype=torch.uint8, device=device),
+                                                  128, V_DIM, 64, tables.to(device), seq_lens, 640, out=out,
+                                                  bmm1_scale=BMM1)
+    zeroed = torch.cat([cache.cpu(), torch.zeros(1, page, DIM, dtype=torch.bfloat16)])
+    exact = exact_mla(q, zeroed, torch.where(bad, pages, tables), seq_lens, BMM1, 1.0)
+    assert not torch.isnan(out).any()
+    assert relative_error(out.cpu(), exact) <= 1e-2
+    assert (ws_spy if ws else gluon_spy), "the Gluon kernel did not run"
 
 
 # The e4m3 form (an fp8 query over an fp8 cache): the same grid, plus head counts padded to the
