@@ -144,12 +144,13 @@ def test_ws_kernel_compiles_to_its_schedule(page):
         assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8
 
 
-def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode():
+@pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
+def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode(page):
     """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
     split bounds: the same registers, no spill, the same shared memory."""
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, SPLIT_SPAN=1024),
-                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
+                       dict(WS_BASE, SPLIT_SPAN=1024, PAGE_SIZE=page), ptrs=GLUON_PTRS,
+                       floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(page))
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", got["ptx"]))
     assert {"240", "24"} <= regs
     assert 216 * 1024 < got["shared"] <= 227 * 1024
@@ -220,16 +221,17 @@ def test_ws_fp8_timing_floors_compile():
 # ---------------------------------------------------------------------------------------------
 # Multi-token prediction (Q_LEN > 1): the per-row key limits cost no product, register or buffer
 # ---------------------------------------------------------------------------------------------
-def test_ws_kernel_with_four_tokens_keeps_its_schedule():
+@pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
+def test_ws_kernel_with_four_tokens_keeps_its_schedule(page):
     """Q_LEN 4 (16 heads x 4 tokens in the 64 rows): the same products, TMA boxes, registers and
     shared memory as one token, no spill; the per-row limits are a mask, not a second schedule."""
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4), ptrs=GLUON_PTRS,
-                       floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4, PAGE_SIZE=page),
+                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                       descs=_kv_desc(page))
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18 * _boxes_a_tile(page)
     assert {"240", "24"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert 216 * 1024 < got["shared"] <= 227 * 1024
     if "stack" in got:
