@@ -171,22 +171,26 @@ def configs() -> dict[str, dict]:
                                          "out_scale_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"},
         floats=FLOATS, warps=4, stages=2)
     gptrs = dict(_MLA_PTRS, q_ptr="*bf16")
+
+    def rows(elem, over):  # the cache's TMA box: a tile's 64 rows, or a page's over pages of 16 / 32
+        return {"kv_desc": f"tensordesc<{elem}[{min(over.get('PAGE_SIZE', 64), 64)}, 64],"
+                           f"{_SMEM8 if elem == 'fp8e4nv' else _SMEM16}>"}
+
     for name, over in (("p64", {}), ("p64-lse", dict(STORE_LSE=True)), ("p64-mtp4", dict(Q_LEN=4)),
-                       ("p64-balanced", _MLA_BALANCED)):
+                       ("p64-balanced", _MLA_BALANCED), ("p16", dict(PAGE_SIZE=16)), ("p32", dict(PAGE_SIZE=32)),
+                       ("p16-balanced", dict(PAGE_SIZE=16, **_MLA_BALANCED))):
         out[f"mla_gluon/{name}"] = dict(kernel="mla_gluon", constexprs=dict(_MLA_GLUON, **over), ptrs=gptrs,
-                                        floats=FLOATS, warps=8, gluon=True,
-                                        descs={"kv_desc": f"tensordesc<bf16[64, 64],{_SMEM16}>"})
+                                        floats=FLOATS, warps=8, gluon=True, descs=rows("bf16", over))
     for name, over in (("p64", {}), ("p256", dict(PAGE_SIZE=256)), ("invariant", dict(SPLIT_SPAN=1024)),
-                       ("p64-balanced", _MLA_BALANCED)):
+                       ("p64-balanced", _MLA_BALANCED), ("p16", dict(PAGE_SIZE=16)), ("p32", dict(PAGE_SIZE=32)),
+                       ("p16-balanced", dict(PAGE_SIZE=16, **_MLA_BALANCED))):
         out[f"mla_gluon_ws/bf16-{name}"] = dict(kernel="mla_gluon_ws", constexprs=dict(_MLA_WS, **over), ptrs=gptrs,
-                                                floats=FLOATS, warps=4, gluon=True,
-                                                descs={"kv_desc": f"tensordesc<bf16[64, 64],{_SMEM16}>"})
-    out["mla_gluon_ws/fp8-p64"] = dict(kernel="mla_gluon_ws", constexprs=_MLA_WS,
-                                       ptrs=dict(gptrs, q_ptr="*fp8e4nv"), floats=FLOATS, warps=4, gluon=True,
-                                       descs={"kv_desc": f"tensordesc<fp8e4nv[64, 64],{_SMEM8}>"})
-    out["mla_gluon_ws/fp8-p64-balanced"] = dict(kernel="mla_gluon_ws", constexprs=dict(_MLA_WS, **_MLA_BALANCED),
-                                                ptrs=dict(gptrs, q_ptr="*fp8e4nv"), floats=FLOATS, warps=4,
-                                                gluon=True, descs={"kv_desc": f"tensordesc<fp8e4nv[64, 64],{_SMEM8}>"})
+                                                floats=FLOATS, warps=4, gluon=True, descs=rows("bf16", over))
+    for name, over in (("p64", {}), ("p64-balanced", _MLA_BALANCED), ("p16", dict(PAGE_SIZE=16)),
+                       ("p32", dict(PAGE_SIZE=32))):
+        out[f"mla_gluon_ws/fp8-{name}"] = dict(kernel="mla_gluon_ws", constexprs=dict(_MLA_WS, **over),
+                                               ptrs=dict(gptrs, q_ptr="*fp8e4nv"), floats=FLOATS, warps=4,
+                                               gluon=True, descs=rows("fp8e4nv", over))
     # prefill (Triton): 16-bit gathers, fp8 pages, NVFP4 pages
     for name, over, kv, warps, stages in (
             ("bf16-d128", {}, "*bf16", 8, 2),

@@ -83,8 +83,8 @@ def test_mla_balanced_split_mtp_two_tokens(lens, hq, kernel_device, built):
 
 
 # GPU: the public function on the kernels sm90 gives these launches: the warp-specialised Gluon
-# kernel (bf16 and e4m3, pages of 64), the Gluon kernel (return_lse: the MTP ops case below) and
-# the Triton kernel (pages of 16, fp8 cache with a bf16 query, KVATTN_GLUON=0).
+# kernel (bf16 and e4m3, pages of 64, 32 and 16), the Gluon kernel (return_lse: the MTP ops cases
+# below) and the Triton kernel (fp8 cache with a bf16 query, heads in N, KVATTN_GLUON=0).
 RAGGED_GPU = [1, 20000, 3, 0, 17, 5000, 64, 2049]
 GPU_CASES = [
     pytest.param(dict(lens=RAGGED_GPU, hq=128, page=64), id="bf16-Hq128-p64-ws", marks=GPU_ONLY),
@@ -93,7 +93,12 @@ GPU_CASES = [
                  marks=GPU_ONLY),
     pytest.param(dict(lens=RAGGED_GPU, hq=16, page=64, kv_format="fp8"), id="fp8-Hq16-p64-heads-as-n",
                  marks=GPU_ONLY),
-    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=16), id="bf16-Hq128-p16-triton", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=16), id="bf16-Hq128-p16-ws", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=64, page=32), id="bf16-Hq64-p32-ws", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=32, page=32), id="bf16-Hq32-p32-ws-padded-heads", marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=16, kv_format="fp8"), id="fp8-Hq128-p16-ws-e4m3",
+                 marks=GPU_ONLY),
+    pytest.param(dict(lens=RAGGED_GPU, hq=128, page=16, gluon=False), id="bf16-Hq128-p16-triton", marks=GPU_ONLY),
     pytest.param(dict(lens=RAGGED_GPU, hq=128, page=64, gluon=False), id="bf16-Hq128-p64-triton", marks=GPU_ONLY),
     pytest.param(dict(lens=RAGGED_GPU, hq=128, page=64, kv_format="fp8", q_format="bfloat16"),
                  id="fp8-cache-bf16-q-Hq128-triton", marks=GPU_ONLY),
@@ -112,26 +117,33 @@ def test_mla_balanced_split_public_function(kw, kernel_device, triton_backend, m
 
 
 @pytest.mark.skipif(not ON_GPU, reason="GPU grid")
-@pytest.mark.parametrize("hq,page", [(32, 64), (16, 16)], ids=["Hq32-p64-gluon-lse", "Hq16-p16-triton"])
+@pytest.mark.parametrize("hq,page", [(32, 64), (32, 16), (32, 32), (16, 16)],
+                         ids=["Hq32-p64-gluon-lse", "Hq32-p16-gluon-lse", "Hq32-p32-gluon-lse", "Hq16-p16-triton"])
 def test_mla_balanced_split_mtp_gpu(hq, page, kernel_device, built):
-    """Q 2 with the LSE (the Gluon kernel over pages of 64: 64 rows), ragged."""
+    """Q 2 with the LSE (the Gluon kernel over pages of 64, 32 and 16: 64 rows; 32 rows: the
+    Triton kernel), ragged."""
     with mla_configs.override(min_chunk=64, waves=4, max_splits=8):
         # (a workspace with room for the splits: 1 MiB holds one split of 5 x 64 rows)
         ops_mtp_case(kernel_device, lens=[4000, 1, 0, 700, 2], q_len=2, hq=hq, page=page, seed=9,
                      ws_bytes=32 << 20)
-    assert built["split"][-1].constexprs["BALANCED"]
+    launch = built["split"][-1]
+    assert launch.constexprs["BALANCED"]
+    assert (launch.kernel is mla_plan.mla_gluon_kernel) is (hq == 32), "the LSE's 64 rows: the Gluon kernel"
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("hq,kv_format", [(16, "bfloat16"), (128, "bfloat16"), (128, "fp8")],
-                         ids=["bf16-Hq16", "bf16-Hq128", "fp8-Hq128"])
-def test_mla_balanced_graph_replays_equal_and_ragged_lengths(hq, kv_format, triton_backend, built):
+@pytest.mark.parametrize("hq,kv_format,page", [(16, "bfloat16", 64), (128, "bfloat16", 64), (128, "fp8", 64),
+                                               (128, "bfloat16", 16), (32, "bfloat16", 32), (128, "fp8", 32)],
+                         ids=["bf16-Hq16", "bf16-Hq128", "fp8-Hq128", "bf16-Hq128-p16", "bf16-Hq32-p32",
+                              "fp8-Hq128-p32"])
+def test_mla_balanced_graph_replays_equal_and_ragged_lengths(hq, kv_format, page, triton_backend, built):
     """One capture (several splits a request: the balanced kernel) replayed on equal lengths (the
     uniform split inside it), then ragged ones (units), then equal again: the plan is the device's."""
     with mla_configs.override(max_splits=8):
         graph_replay_case(hq, [3000, 2900, 3100, 3050], [(2, [6000, 1, 0, 40], 1.0),
                                                         (3, [2000, 2100, 1990, 2050], 0.7),
-                                                        (4, [17, 6300, 64, 3000], 1.3)], kv_format=kv_format)
+                                                        (4, [17, 6300, 64, 3000], 1.3)], kv_format=kv_format,
+                          page=page)
     assert built["split"] and all(launch.constexprs["BALANCED"] for launch in built["split"])
 
 

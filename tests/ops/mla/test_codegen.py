@@ -57,23 +57,38 @@ GLUON_BASE = dict(CKV_DIM=512, KPE_DIM=64, PAGE_SIZE=64, BLOCK_H=64, BLOCK_N=64,
                   UNITS_CAP=1)
 ROW_SMEM = ("NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False, "
             "fp4_padded=False, cga_layout=[])")
+# Pages of 64+ tokens, and of 16 and 32: a 64-key tile over 4 / 2 pages, copied one box of a page's
+# rows a page (mla/plan.py _tile_pages); the descriptor's box is [min(page, 64), 64].
+PAGES = [pytest.param(64, id="p64"), pytest.param(256, id="p256"), pytest.param(16, id="p16"),
+         pytest.param(32, id="p32")]
 
 
-@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+def _kv_desc(page: int, elem: str = "bf16", smem: str = ROW_SMEM) -> dict:
+    return {"kv_desc": f"tensordesc<{elem}[{min(page, 64)}, 64],{smem}>"}
+
+
+def _boxes_a_tile(page: int) -> int:
+    """TMA boxes a 64-column piece of a tile: one, or one a page over pages smaller than the tile."""
+    return 64 // min(page, 64)
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_gluon_kernel_compiles_to_its_schedule(page):
     """The Gluon MLA kernel still compiles with this Triton (its language is experimental), and to
     what its docstring promises: whole-tile m64n64 score wgmmas in each warpgroup (36 k-steps of
-    512 + 64 columns) and m64n256 P.V ones, nine + nine TMA copies before the loop and nine in it,
-    the query and two row buffers in shared memory (216 KB of the 227 an H100 gives a program), and
-    no register spill."""
+    512 + 64 columns) and m64n256 P.V ones, nine + nine TMA copies before the loop and nine in it
+    (each one a page over pages of 16 / 32: 4 / 2 times as many, the expected bytes a tile's), the
+    query and two row buffers in shared memory (216 KB of the 227 an H100 gives a program), and no
+    register spill."""
     got = compile_sm90("kvattn.ops.mla.kernels_gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
-                       floats=("logit_factor", "out_factor"), warps=8, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+                       floats=("logit_factor", "out_factor"), warps=8, gluon=True, descs=_kv_desc(page))
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 36
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16", ptx)) == 4
-    assert len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) == 27
-    assert got["shared"] <= 227 * 1024
+    assert len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) == 27 * _boxes_a_tile(page)
+    expects = re.findall(r"expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);", ptx)
+    assert expects == [str(64 * 576 * 2)] * 3
+    assert 216 * 1024 < got["shared"] <= 227 * 1024
     if "stack" in got:
         assert got["stack"] == 0 and got["reg"] <= 255
 
@@ -99,22 +114,26 @@ def test_gluon_kernel_stores_the_lse_without_spilling():
 WS_BASE = {k: v for k, v in GLUON_BASE.items() if k != "STORE_LSE"}
 
 
-@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+@pytest.mark.parametrize("page", PAGES)
 def test_ws_kernel_compiles_to_its_schedule(page):
     """Per pair of 64-key tiles: each warpgroup's score tile as m64n64 wgmmas (36 k-steps of
     64 + 512 columns, two warpgroups), its two half P.V products as m64n256 ones (4 k-steps each),
-    18 TMA boxes from the copy warp (rope 2 x 1, values 4 x 4); registers 240 / 240 / 24 for the
-    two warpgroups and the copy warp; shared memory within 227 KB; no spill; and the wgmmas left
+    18 TMA boxes from the copy warp (rope 2 x 1, values 4 x 4; one a page over pages of 16 / 32:
+    4 / 2 times as many, each part's expected bytes unchanged); registers 240 / 240 / 24 for the
+    two warpgroups and the copy warp (the pair's page ids one a lane there: no spill at 24);
+    shared memory within 227 KB; no spill; and the wgmmas left
     asynchronous by ptxas: a handful of waits (one a product), not one after every wgmma, which is
     what ptxas emits when it serialises them (C7514 / C7515: a P.V product in flight across the
     loop's back edge did it, lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
     got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=page),
                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"}, sass=True)
+                       descs=_kv_desc(page), sass=True)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18 * _boxes_a_tile(page)
+    expects = re.findall(r"expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);", ptx)
+    assert sorted(expects) == ["32768"] * 4 + ["8192"] * 2
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert {"240", "24"} <= regs
     assert 216 * 1024 < got["shared"] <= 227 * 1024
@@ -125,12 +144,13 @@ def test_ws_kernel_compiles_to_its_schedule(page):
         assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8
 
 
-def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode():
+@pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
+def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode(page):
     """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
     split bounds: the same registers, no spill, the same shared memory."""
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, SPLIT_SPAN=1024),
-                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
+                       dict(WS_BASE, SPLIT_SPAN=1024, PAGE_SIZE=page), ptrs=GLUON_PTRS,
+                       floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(page))
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", got["ptx"]))
     assert {"240", "24"} <= regs
     assert 216 * 1024 < got["shared"] <= 227 * 1024
@@ -147,10 +167,10 @@ FP8_PTRS = dict(GLUON_PTRS, q_ptr="*fp8e4nv")
 def _compile_fp8(kernel="kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", **constexprs) -> dict:
     return compile_sm90(kernel, dict(WS_BASE, **constexprs), ptrs=FP8_PTRS,
                         floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                        descs={"kv_desc": f"tensordesc<fp8e4nv[64, 64],{ROW_SMEM8}>"}, sass=True)
+                        descs=_kv_desc(constexprs.get("PAGE_SIZE", 64), "fp8e4nv", ROW_SMEM8), sass=True)
 
 
-@pytest.mark.parametrize("page", [64, 256], ids=["p64", "p256"])
+@pytest.mark.parametrize("page", PAGES)
 def test_ws_fp8_kernel_compiles_to_its_schedule(page):
     """The e4m3 form, per pair of 64-key tiles: each warpgroup's score tile as m64n64k32 e4m3
     wgmmas (18 k-steps of 64 + 512 byte columns, two warpgroups), the half P.V products on float16
@@ -159,13 +179,14 @@ def test_ws_fp8_kernel_compiles_to_its_schedule(page):
     64 x 256 a pair: 256 a thread), read and written 16 bytes at a time and no byte loads in the
     loop; registers 240 / 240 / 24, no spill; shared memory 214 KB (the query, two byte tiles,
     three float16 value halves, P); and the wgmmas left asynchronous by ptxas (a handful of waits,
-    not one after each: lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
+    not one after each: lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)"). Pages of
+    16 / 32: 4 / 2 times the boxes, one a page, the same bytes a part."""
     got = _compile_fp8(PAGE_SIZE=page)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", ptx)) == 36
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16", ptx)) == 16
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 52
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18 * _boxes_a_tile(page)
     expects = re.findall(r"expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);", ptx)
     assert sorted(expects) == ["16384"] * 4 + ["4096"] * 2
     assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", ptx)) == 256
@@ -200,16 +221,17 @@ def test_ws_fp8_timing_floors_compile():
 # ---------------------------------------------------------------------------------------------
 # Multi-token prediction (Q_LEN > 1): the per-row key limits cost no product, register or buffer
 # ---------------------------------------------------------------------------------------------
-def test_ws_kernel_with_four_tokens_keeps_its_schedule():
+@pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
+def test_ws_kernel_with_four_tokens_keeps_its_schedule(page):
     """Q_LEN 4 (16 heads x 4 tokens in the 64 rows): the same products, TMA boxes, registers and
     shared memory as one token, no spill; the per-row limits are a mask, not a second schedule."""
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4), ptrs=GLUON_PTRS,
-                       floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4, PAGE_SIZE=page),
+                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
+                       descs=_kv_desc(page))
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18 * _boxes_a_tile(page)
     assert {"240", "24"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert 216 * 1024 < got["shared"] <= 227 * 1024
     if "stack" in got:
@@ -251,34 +273,36 @@ def test_triton_kernel_balanced_keeps_its_products():
         assert got["stack"] <= uniform["stack"] and got["reg"] <= 255
 
 
-def test_gluon_kernel_balanced_keeps_its_schedule():
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon.mla_gluon_kernel", dict(GLUON_BASE, **BALANCED),
+@pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
+def test_gluon_kernel_balanced_keeps_its_schedule(page):
+    got = compile_sm90("kvattn.ops.mla.kernels_gluon.mla_gluon_kernel", dict(GLUON_BASE, PAGE_SIZE=page, **BALANCED),
                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=8, gluon=True,
-                       descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+                       descs=_kv_desc(page))
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 36
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16", ptx)) == 4
-    assert len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) == 27
+    assert len(re.findall(r"cp\.async\.bulk\.tensor", ptx)) == 27 * _boxes_a_tile(page)
     assert got["shared"] <= 227 * 1024
     if "stack" in got:
         assert got["stack"] == 0 and got["reg"] <= 255
 
 
+@pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_ws_kernel_balanced_keeps_its_budget(fp8):
-    """The warp-specialised kernel's balanced form (bf16 and e4m3): the same products, TMA boxes,
-    registers 240 / 240 / 24 and shared memory as the uniform split, no spill."""
+def test_ws_kernel_balanced_keeps_its_budget(fp8, page):
+    """The warp-specialised kernel's balanced form (bf16 and e4m3, pages of 64 and 16): the same
+    products, TMA boxes, registers 240 / 240 / 24 and shared memory as the uniform split, no spill."""
     if fp8:
-        got = _compile_fp8(**BALANCED)
+        got = _compile_fp8(PAGE_SIZE=page, **BALANCED)
         wgmmas, shared = (r"m64n64k32\.f32\.e4m3\.e4m3", 36), (200 * 1024, 216 * 1024)
     else:
-        got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, **BALANCED),
-                           ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                           descs={"kv_desc": f"tensordesc<bf16[64, 64],{ROW_SMEM}>"})
+        got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
+                           dict(WS_BASE, PAGE_SIZE=page, **BALANCED), ptrs=GLUON_PTRS,
+                           floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(page))
         wgmmas, shared = (r"m64n64k16\.f32\.bf16\.bf16", 72), (216 * 1024, 227 * 1024)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\." + wgmmas[0], ptx)) == wgmmas[1]
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18 * _boxes_a_tile(page)
     assert {"240", "24"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert shared[0] < got["shared"] <= shared[1]
     if "stack" in got:

@@ -2,7 +2,8 @@
 
 GPU (Hopper): the public function against the oracles on the launches the kernel takes (a 16-bit
 cache with a query of its dtype, Hq 33-128, or an e4m3 query over an e4m3 cache, Hq 17-128; pages of
-a multiple of 64 tokens), with a spy on the launcher proving the kernel ran: fresh random inputs,
+a multiple of 64 tokens, or of 16 or 32, a tile over 4 / 2 pages), with a spy on the launcher
+proving the kernel ran: fresh random inputs,
 poisoned outputs, NaN in every unused cache slot, permuted pages, lengths 0 / 1 / off-tile / odd
 and even tile counts, a request longer than one split, scales as floats and as device tensors,
 CUDA-graph replay with new lengths, tables and scales.
@@ -19,32 +20,45 @@ from pathlib import Path
 import pytest
 import torch
 
+import kvattn
 from kvattn.formats import FP8_DTYPE
 from kvattn.ops.mla import configs as mla_configs
 from kvattn.ops.mla import plan as mla_launch
 from kvattn.runtime import fast_launch
+from kvattn.testing import relative_error
 
-from .test_mla import GPU_LENS, _fits, graph_replay_case, mla_case
+from .test_mla import BMM1, DIM, GPU_LENS, V_DIM, _fits, exact_mla, graph_replay_case, mla_case
 
 ON_GPU = torch.cuda.is_available()
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 GPU_ONLY = pytest.mark.skipif(not HOPPER, reason="the warp-specialised kernel runs on Hopper (sm_90)")
 
 
-@pytest.fixture
-def ws_spy(monkeypatch):
-    """Counts the launches of the warp-specialised kernel (its split count, each launch)."""
+def _spy(monkeypatch, kernel_name):
     calls = []
     run = fast_launch.Launch.__call__
 
     def spy(self, *args, **kwargs):
-        if self.kernel is mla_launch.mla_gluon_ws_kernel:
+        if self.kernel is getattr(mla_launch, kernel_name):
             calls.append(self.fixed["num_splits"])
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(fast_launch.Launch, "__call__", spy)
     mla_launch._PLANS.clear()
-    yield calls
+    return calls
+
+
+@pytest.fixture
+def ws_spy(monkeypatch):
+    """Counts the launches of the warp-specialised kernel (its split count, each launch)."""
+    yield _spy(monkeypatch, "mla_gluon_ws_kernel")
+    mla_launch._PLANS.clear()
+
+
+@pytest.fixture
+def gluon_spy(monkeypatch):
+    """Counts the launches of the other Gluon kernel (mla/kernels_gluon.py; its split count, each launch)."""
+    yield _spy(monkeypatch, "mla_gluon_kernel")
     mla_launch._PLANS.clear()
 
 
@@ -68,6 +82,18 @@ WS_CASES = [
     pytest.param(dict(lens=GPU_LENS, hq=128, four_d=True, give_out=False, seed=332), id="Hq128-4d-out-allocated"),
     pytest.param(dict(lens=[100, 30, 0], hq=128, max_seq_len="capacity", seed=333), id="Hq128-max_seq_len-capacity"),
     pytest.param(dict(lens=[0, 0, 0], hq=128, max_seq_len="capacity", seed=334), id="Hq128-all-empty"),
+    # pages of 16 and 32: a 64-key tile over 4 / 2 pages, one TMA box a page (Hq 16 / 32 in padded
+    # 64-head programs); lengths 0 / 1 / inside a page / inside a tile / odd and even tile counts
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=370 + hq + page), id=f"Hq{hq}-p{page}")
+      for hq in (16, 32, 64, 128) for page in (16, 32)],
+    *[pytest.param(dict(lens=ODD_EVEN + [15, 16, 17, 31, 33, 48, 80, 96], hq=hq, page=page, seed=380 + hq + page),
+                   id=f"Hq{hq}-p{page}-odd-even-tiles-off-page") for hq in (32, 128) for page in (16, 32)],
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, tensor_scales=True, seed=390 + hq + page),
+                   id=f"Hq{hq}-p{page}-tensor-scales") for hq, page in ((64, 16), (128, 32))],
+    *[pytest.param(dict(lens=[16384, 5, 9000], hq=128, page=page, seed=398 + page), id=f"Hq128-p{page}-long-split")
+      for page in (16, 32)],
+    pytest.param(dict(lens=[100, 30, 0], hq=64, page=16, max_seq_len="capacity", seed=399),
+                 id="Hq64-p16-max_seq_len-capacity"),
 ]
 
 
@@ -79,13 +105,30 @@ def test_ws_kernel_matches_oracles(kw, ws_spy, triton_backend, monkeypatch):
 
 
 @GPU_ONLY
+@pytest.mark.parametrize("page", [64, 16, 32], ids=lambda p: f"p{p}")
 @pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
-def test_ws_kernel_many_splits(hq, ws_spy, triton_backend, monkeypatch):
+def test_ws_kernel_many_splits(hq, page, ws_spy, triton_backend, monkeypatch):
     """Short splits: many partials a request (some empty, some of one or a few tiles, odd and even
     counts), merged by the combine kernel."""
     with mla_configs.override(min_chunk=64, waves=16):
-        mla_case(torch.device("cuda"), monkeypatch, lens=[1500, 3, 0, 970, 64, 2049, 129], hq=hq, seed=340 + hq)
+        mla_case(torch.device("cuda"), monkeypatch, lens=[1500, 3, 0, 970, 64, 2049, 129], hq=hq, page=page,
+                 seed=340 + hq + page)
     assert ws_spy and max(ws_spy) > 1
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("kw", [
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=410 + hq + page), id=f"Hq{hq}-p{page}")
+      for hq in (64, 128) for page in (16, 32)],
+    pytest.param(dict(lens=ODD_EVEN + [15, 17, 33], hq=128, page=16, seed=415), id="Hq128-p16-odd-even-tiles"),
+    pytest.param(dict(lens=[16384, 5, 9000], hq=64, page=32, seed=416), id="Hq64-p32-long-split"),
+])
+def test_gluon_kernel_over_small_pages_matches_oracles(kw, gluon_spy, triton_backend, monkeypatch):
+    """``KVATTN_GLUON_WS=0``: mla/kernels_gluon.py's kernel over pages of 16 and 32 (its tile's
+    copies one box a page), as a launch asking for the LSE takes it."""
+    monkeypatch.setenv("KVATTN_GLUON_WS", "0")
+    mla_case(torch.device("cuda"), monkeypatch, **kw)
+    assert gluon_spy, "mla/kernels_gluon.py's kernel did not run"
 
 
 @GPU_ONLY
@@ -96,11 +139,46 @@ def test_ws_switch_keeps_the_previous_gluon_kernel(ws_spy, triton_backend, monke
 
 
 @GPU_ONLY
+@pytest.mark.parametrize("page", [64, 16, 32], ids=lambda p: f"p{p}")
 @pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
-def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, triton_backend):
+def test_ws_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, page, ws_spy, triton_backend):
     graph_replay_case(hq, [700, 40, 2500, 0, 6000],
-                      [(2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)], pool=400)
+                      [(2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)], pool=400, page=page)
     assert ws_spy
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("ws", [True, False], ids=["ws", "gluon"])
+@pytest.mark.parametrize("page", [16, 32, 64], ids=lambda p: f"p{p}")
+def test_gluon_kernels_read_unusable_page_ids_as_zeros(page, ws, ws_spy, gluon_spy, triton_backend, monkeypatch):
+    """Page ids outside the cache (-1, past the last page, INT_MIN) inside a request's pages, and
+    so inside a tile over several pages of 16 / 32 next to usable ones: a zero key and value that
+    keep their logit (docs/semantics.md "Unusable page ids"), as the cache with those ids pointing
+    at a page of zeros gives; NaN in the cache's last, never-named page."""
+    monkeypatch.setenv("KVATTN_DEBUG", "0")  # (the device-value checks reject these ids; the kernels are tested)
+    if not ws:
+        monkeypatch.setenv("KVATTN_GLUON_WS", "0")
+    device = torch.device("cuda")
+    g = torch.Generator().manual_seed(600 + page)
+    width, lens = 640 // page, [640, 300, 129]
+    pages = 3 * width + 2  # (the last one never named by the table)
+    cache = torch.randn(pages, page, DIM, generator=g).to(device=device, dtype=torch.bfloat16)
+    cache[-1] = float("nan")
+    tables = torch.randperm(pages - 1, generator=g)[: 3 * width].view(3, width).to(torch.int32)
+    bad = torch.zeros_like(tables, dtype=torch.bool)
+    for b, col, wild in ((0, 1, -1), (0, width // 2 + 1, pages + 7), (1, 2, -2**31), (2, 128 // page, pages)):
+        tables[b, col], bad[b, col] = wild, True
+    q = torch.randn(3, 1, 64, DIM, generator=g).to(device=device, dtype=torch.bfloat16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = torch.full((3, 64, V_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+    kvattn.mla.xqa_batch_decode_with_kv_cache_mla(q, cache, torch.zeros(64 << 20, dtype=torch.uint8, device=device),
+                                                  128, V_DIM, 64, tables.to(device), seq_lens, 640, out=out,
+                                                  bmm1_scale=BMM1)
+    zeroed = torch.cat([cache.cpu(), torch.zeros(1, page, DIM, dtype=torch.bfloat16)])
+    exact = exact_mla(q, zeroed, torch.where(bad, pages, tables), seq_lens, BMM1, 1.0)
+    assert not torch.isnan(out).any()
+    assert relative_error(out.cpu(), exact) <= 1e-2
+    assert (ws_spy if ws else gluon_spy), "the Gluon kernel did not run"
 
 
 # The e4m3 form (an fp8 query over an fp8 cache): the same grid, plus head counts padded to the
@@ -119,6 +197,12 @@ WS_FP8_CASES = [
     pytest.param(dict(lens=[100, 30, 0], hq=128, max_seq_len="capacity", seed=533),
                  id="fp8-Hq128-max_seq_len-capacity"),
     pytest.param(dict(lens=[0, 0, 0], hq=128, max_seq_len="capacity", seed=534), id="fp8-Hq128-all-empty"),
+    # pages of 16 and 32 (a tile over 4 / 2 pages, one 64-byte-wide box a page and piece)
+    *[pytest.param(dict(lens=GPU_LENS, hq=hq, page=page, seed=560 + hq + page), id=f"fp8-Hq{hq}-p{page}")
+      for hq in (20, 64, 128) for page in (16, 32)],
+    *[pytest.param(dict(lens=ODD_EVEN + [15, 17, 33], hq=128, page=page, seed=570 + page),
+                   id=f"fp8-Hq128-p{page}-odd-even-tiles") for page in (16, 32)],
+    pytest.param(dict(lens=[16384, 5, 9000], hq=128, page=16, seed=580), id="fp8-Hq128-p16-long-split"),
 ]
 
 
@@ -148,11 +232,12 @@ def test_ws_fp8_switch_keeps_the_triton_kernel(ws_spy, triton_backend, monkeypat
 
 
 @GPU_ONLY
+@pytest.mark.parametrize("page", [64, 16], ids=lambda p: f"p{p}")
 @pytest.mark.parametrize("hq", [64, 128], ids=["Hq64", "Hq128"])
-def test_ws_fp8_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, ws_spy, triton_backend):
+def test_ws_fp8_cuda_graph_replay_follows_new_lengths_tables_and_scales(hq, page, ws_spy, triton_backend):
     graph_replay_case(hq, [700, 40, 2500, 0, 6000],
                       [(2, [1200, 0, 6000, 33, 64 * 17], 0.5), (3, [1, 6399, 65, 128, 0], 1.7)], pool=400,
-                      kv_format="fp8")
+                      kv_format="fp8", page=page)
     assert ws_spy
 
 
@@ -238,30 +323,59 @@ def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
     assert _plan(monkeypatch, hq=64, page=128).launches(100)[0].kernel is mla_launch.mla_gluon_ws_kernel
     old = _plan(monkeypatch, gluon_ws=False).launches(4096)[0]
     assert old.kernel is mla_launch.mla_gluon_kernel and old.options == dict(num_warps=8)
-    for kw in (dict(gluon=False), dict(page=32), dict(hq=16, gluon_ws=False)):
+    for kw in (dict(gluon=False), dict(page=8), dict(page=48), dict(hq=16, gluon_ws=False)):
         assert _plan(monkeypatch, **kw).launches(4096)[0].kernel is mla_launch.mla_split_kernel, kw
     # 16 heads: the 64-head programs, padded; without the warp-specialised kernel the Triton one
     assert _plan(monkeypatch, hq=16).launches(4096)[0].kernel is mla_launch.mla_gluon_ws_kernel
+
+
+@pytest.mark.parametrize("page", [16, 32, 64, 128], ids=lambda p: f"p{p}")
+def test_small_pages_take_the_gluon_kernels_with_a_box_a_page(page, monkeypatch):
+    """Pages of 16 and 32 (a 64-key tile over 4 / 2 pages) take the kernels pages of 64+ take: the
+    warp-specialised one (bf16 at 128 and at 16 heads, e4m3), mla/kernels_gluon.py's with the LSE
+    or ``KVATTN_GLUON_WS=0``, each with the page size as its ``PAGE_SIZE`` and a TMA box of one page
+    (pages of 64+: a tile's 64 rows) over the same ``[pages * page, 576]`` view; the balanced split's
+    combine counts the Gluon kernels' 64-key tiles whatever the page."""
+    box = (min(page, 64), 64)
+    for kw, kernel in ((dict(), "mla_gluon_ws_kernel"), (dict(hq=16), "mla_gluon_ws_kernel"),
+                       (dict(dtype=FP8_DTYPE), "mla_gluon_ws_kernel"), (dict(lse_stride=128), "mla_gluon_kernel"),
+                       (dict(gluon_ws=False), "mla_gluon_kernel"), (dict(gluon=False), "mla_split_kernel")):
+        plan = _plan(monkeypatch, page=page, **kw)
+        split, combine = plan.launches(4096)[:2]
+        assert split.kernel is getattr(mla_launch, kernel), kw
+        assert split.constexprs["PAGE_SIZE"] == page, kw
+        if kernel == "mla_split_kernel":
+            assert not split.descriptors
+            continue
+        (rows,) = split.descriptors
+        assert rows.shape == (100 * page, 576) and rows.block_shape == box, kw
+        assert split.constexprs["BLOCK_N"] == 64 and plan.cfg.block_h == 64, kw
+        # the balanced split: more splits than the uniform split gives these 4 requests, a ragged batch
+        assert plan.balanced(8, 8192), kw
+        balanced_split, balanced_combine = plan._split(8, True), plan._combine(8, True)
+        assert balanced_split.constexprs["BALANCED"] and balanced_split.constexprs["PAGE_SIZE"] == page, kw
+        assert balanced_split.descriptors[0].block_shape == box, kw
+        assert balanced_combine.constexprs["BLOCK_N"] == 64, kw
 
 
 def test_fp8_plan_launches_the_ws_kernel_where_it_fits(monkeypatch):
     """An e4m3 query over an e4m3 cache on sm90 with 64 heads a program: the warp-specialised split
     with a descriptor of 64-byte swizzled byte rows; the Triton kernel (fp8 scores) for everything
     else: ``KVATTN_GLUON_WS=0`` or ``KVATTN_GLUON=0``, a call asking for the LSE, 16 heads (heads in
-    N), pages of 32 tokens, a 16-bit query over the fp8 cache."""
+    N), pages of 8 tokens, a 16-bit query over the fp8 cache."""
     fp8 = dict(dtype=FP8_DTYPE)
-    for hq, page in ((128, 64), (64, 128), (20, 256)):
+    for hq, page in ((128, 64), (64, 128), (20, 256), (128, 16), (64, 32)):
         plan = _plan(monkeypatch, hq=hq, page=page, **fp8)
         launch = plan.launches(4096)[0]  # (fast_launch.Launch checks that every kernel parameter is named once)
         assert plan.fp8_ws and launch.kernel is mla_launch.mla_gluon_ws_kernel
         assert launch.options == dict(num_warps=4, maxnreg=168)
         (rows,) = launch.descriptors
         assert (rows.layout.swizzle_byte_width, rows.layout.element_bitwidth) == (64, 8)
-        assert rows.tensor == "kv" and rows.shape == (100 * page, 576) and rows.block_shape == (64, 64)
+        assert rows.tensor == "kv" and rows.shape == (100 * page, 576) and rows.block_shape == (min(page, 64), 64)
         assert launch.constexprs["PAGE_SIZE"] == page and launch.constexprs["BLOCK_H"] == 64
     (bf16,) = _plan(monkeypatch).launches(4096)[0].descriptors
     assert (bf16.layout.swizzle_byte_width, bf16.layout.element_bitwidth) == (128, 16)
-    for kw in (dict(gluon_ws=False), dict(gluon=False), dict(lse_stride=128), dict(hq=16), dict(page=32),
+    for kw in (dict(gluon_ws=False), dict(gluon=False), dict(lse_stride=128), dict(hq=16), dict(page=8),
                dict(q_dtype=torch.bfloat16)):
         plan = _plan(monkeypatch, **fp8, **kw)
         assert not plan.fp8_ws and not plan.ws and not plan.gluon, kw
@@ -271,7 +385,7 @@ def test_fp8_plan_launches_the_ws_kernel_where_it_fits(monkeypatch):
 def test_ws_fp8_fits_only_byte_rows_tma_can_address():
     """The e4m3 form's launch rule: fp8 query and cache, the fp8-score entry at 64 heads in M with
     64-key tiles and 8 warps (overrides of those keep the Triton kernel), pages of a multiple of 64
-    tokens, a 16-byte aligned base and row stride, pages back to back, rows below 2^31."""
+    tokens or of 16 or 32, a 16-byte aligned base and row stride, pages back to back, rows below 2^31."""
     def fits(hq=128, page=64, q_dtype=FP8_DTYPE, kv_dtype=FP8_DTYPE, *, pages=100, row_stride=576, aligned16=True,
              **fields):
         with mla_configs.override(**fields):
@@ -282,7 +396,8 @@ def test_ws_fp8_fits_only_byte_rows_tma_can_address():
     assert fits() and fits(hq=64) and fits(hq=20) and fits(page=128) and fits(page=256) and fits(row_stride=592)
     assert not fits(hq=16)  # heads in N
     assert not fits(q_dtype=torch.bfloat16)  # a 16-bit query: no fp8 scores
-    assert not fits(page=16) and not fits(page=32)  # a 64-key tile would span pages
+    assert fits(page=16) and fits(page=32) and fits(hq=20, page=16)  # a 64-key tile over 4 / 2 pages
+    assert not fits(page=8) and not fits(page=48) and not fits(page=1)  # 8 boxes a tile / a tile across pages
     assert not fits(aligned16=False) and not fits(row_stride=584)  # TMA: 16-byte base and row stride
     assert not fits(block_n=32) and not fits(num_warps=4) and not fits(heads_as_n=True)
     assert not fits(pages=2**25)  # rows past 2^31: int32 TMA coordinates

@@ -114,9 +114,11 @@ GPU_CASES = [
     param("bf16-max_seq_len-capacity", lens=[100, 30, 0], hq=32, max_seq_len="capacity"),
     param("bf16-all-empty", lens=[0, 0, 0], hq=16, max_seq_len="capacity"),
     param("bf16-page128", lens=[1, 129, 1000], hq=16, page=128),
-    # Hq >= 64 with 16-bit caches on Hopper take the warp-specialised Gluon kernel on pages of 64+
-    # tokens (tiles at offsets 0 / 64 / ... of a page; test_gluon_ws.py has its own grid, and the
-    # other Gluon kernel under KVATTN_GLUON_WS=0); the Triton kernel for the same launches:
+    # 16-bit caches on Hopper take the warp-specialised Gluon kernel (Hq < 64 in padded 64-head
+    # programs) on pages of 64+ tokens (tiles at offsets 0 / 64 / ... of a page) and, in the grid
+    # above, of 16 and 32 (a tile over 4 / 2 pages); test_gluon_ws.py has its own grid (with a spy
+    # on the kernel), and the other Gluon kernel under KVATTN_GLUON_WS=0; the Triton kernel for the
+    # same launches:
     *[param(f"bf16-Hq128-p{page}", lens=GPU_LENS, hq=128, page=page, seed=page) for page in (128, 256)],
     param("bf16-Hq96-padded-heads", lens=GPU_LENS, hq=96, seed=96),
     *[param(f"bf16-Hq{hq}-triton-kernel", lens=GPU_LENS, hq=hq, gluon=False, seed=hq + 1) for hq in (64, 128)],
@@ -288,12 +290,16 @@ def _fits(hq=128, page=64, kv_dtype=torch.bfloat16, q_dtype=None, *, pages=100, 
 
 def test_mla_gluon_kernel_takes_only_the_launches_it_serves():
     """The Gluon kernels (sm90) run 16-bit caches with a query of the same dtype, 64 heads a
-    program, 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address; every
-    other launch keeps the Triton kernel (which the GPU cases then run too)."""
+    program, 64-key tiles inside pages of a multiple of 64 tokens or over whole pages of 16 or 32
+    (one TMA box a page), rows TMA can address; every other launch keeps the Triton kernel (which
+    the GPU cases then run too)."""
     assert _fits() and _fits(hq=64) and _fits(hq=96) and _fits(page=128) and _fits(page=256)
     assert _fits(kv_dtype=torch.float16) and _fits(row_stride=640)
     assert not _fits(hq=32) and not _fits(hq=16)  # BLOCK_H 32 / 16: mma.sync tables
-    assert not _fits(page=16) and not _fits(page=32)  # a 64-key tile would span pages
+    assert _fits(page=16) and _fits(page=32) and _fits(hq=64, page=16, row_stride=640)  # a tile over 4 / 2 pages
+    for page in (1, 8, 48, 96):  # more boxes a tile than the copies afford, or a tile across a page's end
+        assert not _fits(page=page), page
+    assert not _fits(page=16, pages=2**27)  # rows past 2^31 at any page size
     assert not _fits(kv_dtype=FP8_DTYPE) and not _fits(kv_dtype=FP8_DTYPE, q_dtype=torch.bfloat16)
     assert not _fits(q_dtype=FP8_DTYPE)  # fp8 query over a 16-bit cache: the operand types differ
     assert not _fits(aligned16=False) and not _fits(row_stride=580)  # TMA: 16-byte base and row stride
@@ -344,14 +350,16 @@ def test_mla_launch_sizes_come_from_host_bounds():
 POOL_PAGES = 300
 
 
-def graph_replay_case(hq, first_lens, replays, *, pool=POOL_PAGES, kv_format="bfloat16"):
-    """Capture one call (64-token pages, a logit scale tensor; a bf16 query and cache, or with
-    ``kv_format="fp8"`` an e4m3 query and cache) on ``first_lens`` in a CUDA graph, then for each
-    ``(seed, lens, factor)`` of ``replays``: new cache rows, tables and lengths (as many
-    requests), a fresh query, the scale times ``factor``, a poisoned output; replay and compare
-    with the exact result (empty requests: zero rows)."""
+def graph_replay_case(hq, first_lens, replays, *, pool=POOL_PAGES, kv_format="bfloat16", page=64):
+    """Capture one call (``page``-token pages, 6400 tokens of table a request, a logit scale
+    tensor; a bf16 query and cache, or with ``kv_format="fp8"`` an e4m3 query and cache) on
+    ``first_lens`` in a CUDA graph, then for each ``(seed, lens, factor)`` of ``replays``: new cache
+    rows, tables and lengths (as many requests), a fresh query, the scale times ``factor``, a
+    poisoned output; replay and compare with the exact result (empty requests: zero rows).
+    ``pool`` counts pages of 64 tokens (pages of 16 or 32: as many tokens)."""
     device = torch.device("cuda")
-    page, width = 64, 100
+    width = 6400 // page
+    pool = pool * 64 // page
     q_dtype = {"bfloat16": torch.bfloat16, "fp8": FP8_DTYPE}[kv_format]
 
     def case(lens, seed):

@@ -152,8 +152,11 @@ def gpu_lens(q_len):
     return [q_len, 1500, max(q_len - 1, 0), 37, 0, 4099, 2048 + q_len]
 
 
+# (Pages of 16 and 32 take the Gluon kernels as pages of 64 do, a tile over 4 / 2 pages.)
 GRID = [pytest.param(dict(q_len=q, hq=h, kv_format=f, page=p), id=f"{f}-Q{q}-Hq{h}-p{p}")
         for f in ("bfloat16", "fp8") for q in (1, 2, 3, 4) for h in (16, 32, 64, 128) for p in (16, 64)]
+GRID += [pytest.param(dict(q_len=q, hq=h, kv_format=f, page=32), id=f"{f}-Q{q}-Hq{h}-p32")
+         for f in ("bfloat16", "fp8") for q in (2, 4) for h in (16, 128)]
 
 
 @GPU
@@ -164,8 +167,11 @@ def test_mla_mtp_grid(kw, kernel_device, triton_backend, monkeypatch):
 
 @GPU
 @pytest.mark.parametrize("kw", [
-    pytest.param(dict(q_len=q, hq=h, kv_format=f), id=f"{f}-Q{q}-Hq{h}")
-    for f in ("bfloat16", "fp8") for q in (2, 4) for h in (16, 128)])
+    *[pytest.param(dict(q_len=q, hq=h, kv_format=f), id=f"{f}-Q{q}-Hq{h}")
+      for f in ("bfloat16", "fp8") for q in (2, 4) for h in (16, 128)],
+    # the LSE over pages of 16 / 32: mla/kernels_gluon.py's kernel (64+ rows of a 16-bit cache)
+    *[pytest.param(dict(q_len=q, hq=h, page=p), id=f"bfloat16-Q{q}-Hq{h}-p{p}")
+      for q, h, p in ((2, 128, 16), (4, 16, 16), (2, 32, 32), (3, 128, 32))]])
 def test_mla_mtp_return_lse(kw, kernel_device, triton_backend, monkeypatch):
     mtp_case(kernel_device, monkeypatch, lens=gpu_lens(kw["q_len"]), return_lse=True, seed=kw["hq"], **kw)
 

@@ -18,9 +18,10 @@ the warpgroups. H100, bf16, Hq 128 (CUDA-graph replay, L2 flushed; lab/notes/mla
 crossing through shared memory, measured 244 / 926 / 415 here.)
 
 Scope: 16-bit caches with a query of the same dtype, ``BLOCK_H = 64`` query heads a program
-(Hq >= 64; rows past Hq padded), 64-key tiles, pages of a multiple of 64 tokens whose rows TMA
-can address as one ``[pages * page, 576]`` view. Every other launch takes :mod:`.kernels`
-(the ``KVATTN_GLUON=0`` switch too).
+(Hq >= 64; rows past Hq padded), 64-key tiles, pages of a multiple of 64 tokens or of 16 or 32
+(a tile then spans 64 / page pages, copied as one box of ``page`` rows a page into the tile's rows),
+whose rows TMA can address as one ``[pages * page, 576]`` view. Every other launch takes
+:mod:`.kernels` (the ``KVATTN_GLUON=0`` switch too).
 
 Multi-token prediction (``Q_LEN > 1``): the rows are ``Q_LEN * Hq`` (token, head) pairs,
 token-major, as in :mod:`.kernels`; the score mask takes each row's own key limit.
@@ -31,8 +32,9 @@ Per tile ``j`` (8 warps; the accumulator ``[64, 512]`` split by columns between 
    end zeroed in shared memory (a page's slots past the request may hold anything, NaN too, and
    ``0 * NaN`` is NaN in the product);
 2. retire P.V of tile ``j - 1``; a CTA barrier (both warpgroups read that buffer);
-3. one thread issues the copy of tile ``j + 1`` into the freed buffer (nine 64-column TMA boxes;
-   a page id outside the cache becomes a row past the view's end, which TMA reads as zeros);
+3. one thread issues the copy of tile ``j + 1`` into the freed buffer (nine 64-column TMA boxes,
+   nine a page over pages smaller than the tile; a page id outside the cache becomes a row past
+   the view's end, which TMA reads as zeros);
 4. ``S = q_rope kpe^T + q_nope ckv^T`` (A = the query in shared memory);
 5. online softmax in registers;
 6. ``acc = acc * alpha + P ckv`` issued asynchronously (P from registers), retired in step 2.
@@ -61,18 +63,33 @@ from .kernels import mla_row_ends
 def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, end, num_pages, total_rows,
                 PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, CKV_DIM: gl.constexpr, KPE_DIM: gl.constexpr,
                 pred):
-    """Start the TMA copy of the tile of tokens ``[n0, n0 + BLOCK_N)`` (one page's slots) into
-    ``ckv_buf [BLOCK_N, CKV_DIM]`` and ``kpe_buf [BLOCK_N, KPE_DIM]``; ``bar`` counts its bytes.
-    A page id outside the cache becomes the row ``total_rows``, past the descriptor's end, which
-    TMA reads as zeros: a zero key and value that keep their logit (docs/semantics.md, "Unusable
-    page ids")."""
-    pid = load_page_ids(table_row_ptr, stride_t_p, n0, pred & (n0 < end), num_pages, PAGE_SIZE, True)
-    ok = pid >= 0
-    row = gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows)
-    mbarrier.expect(bar, BLOCK_N * (CKV_DIM + KPE_DIM) * 2, pred=pred)
-    for c in gl.static_range(CKV_DIM // 64):
-        tma_load(kv_desc, [row, c * 64], bar, ckv_buf.slice(c * 64, 64, dim=1), pred=pred)
-    tma_load(kv_desc, [row, CKV_DIM], bar, kpe_buf, pred=pred)
+    """Start the TMA copy of the tile of tokens ``[n0, n0 + BLOCK_N)`` into ``ckv_buf [BLOCK_N,
+    CKV_DIM]`` and ``kpe_buf [BLOCK_N, KPE_DIM]``; ``bar`` counts its bytes. A page of at least
+    ``BLOCK_N`` tokens holds the whole tile: one box of ``BLOCK_N`` rows a 64-column piece. A
+    smaller page (16, 32) holds ``PAGE_SIZE`` of its rows: one box of ``PAGE_SIZE`` rows a page and
+    piece, each at its page's row offset in the same buffers (the descriptor's box is ``[PAGE_SIZE,
+    64]``; the byte count is the tile's either way). A page id outside the cache, or a page wholly
+    past ``end`` (its table entry never read), becomes the row ``total_rows``, past the descriptor's
+    end, which TMA reads as zeros: a zero key and value that keep their logit (docs/semantics.md,
+    "Unusable page ids")."""
+    if PAGE_SIZE < BLOCK_N:
+        mbarrier.expect(bar, BLOCK_N * (CKV_DIM + KPE_DIM) * 2, pred=pred)
+        for j in gl.static_range(BLOCK_N // PAGE_SIZE):
+            tok = n0 + j * PAGE_SIZE
+            pid = load_page_ids(table_row_ptr, stride_t_p, tok, pred & (tok < end), num_pages, PAGE_SIZE, True)
+            row = gl.where(pid >= 0, pid * PAGE_SIZE, total_rows)
+            ckv_rows = ckv_buf.slice(j * PAGE_SIZE, PAGE_SIZE, dim=0)
+            for c in gl.static_range(CKV_DIM // 64):
+                tma_load(kv_desc, [row, c * 64], bar, ckv_rows.slice(c * 64, 64, dim=1), pred=pred)
+            tma_load(kv_desc, [row, CKV_DIM], bar, kpe_buf.slice(j * PAGE_SIZE, PAGE_SIZE, dim=0), pred=pred)
+    else:
+        pid = load_page_ids(table_row_ptr, stride_t_p, n0, pred & (n0 < end), num_pages, PAGE_SIZE, True)
+        ok = pid >= 0
+        row = gl.where(ok, pid * PAGE_SIZE + n0 % PAGE_SIZE, total_rows)
+        mbarrier.expect(bar, BLOCK_N * (CKV_DIM + KPE_DIM) * 2, pred=pred)
+        for c in gl.static_range(CKV_DIM // 64):
+            tma_load(kv_desc, [row, c * 64], bar, ckv_buf.slice(c * 64, 64, dim=1), pred=pred)
+        tma_load(kv_desc, [row, CKV_DIM], bar, kpe_buf, pred=pred)
 
 
 # Pieces both Gluon MLA kernels run (this one and the warp-specialised one of kernels_gluon_ws.py).
@@ -185,7 +202,7 @@ def store_final_lse(m_i, l_i, lse_ptr, b, hb, num_heads, num_splits, stride_lse_
 @gluon.jit
 def mla_gluon_kernel(
     q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major (last dim contiguous)
-    kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [BLOCK_N, 64]
+    kv_desc,  # TMA descriptor of the rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [min(PAGE_SIZE, 64), 64]
     table_ptr,  # [B, pages_per_seq] int32 page ids
     seq_lens_ptr,  # [B] int32
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
@@ -203,6 +220,8 @@ def mla_gluon_kernel(
     BALANCED: gl.constexpr = False, BLOCK_B: gl.constexpr = 1, MIN_CHUNK: gl.constexpr = 0,
     UNITS_CAP: gl.constexpr = 1,
 ):
+    # A tile inside one page, or over whole pages (_issue_tile).
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0 or BLOCK_N % PAGE_SIZE == 0)
     dt: gl.constexpr = q_ptr.dtype.element_ty
     # Layouts (8 warps): S [64, BLOCK_N] whole in each warpgroup ([8, 1]: m64n64, both warpgroups
     # compute it); O [64, 512] split by columns ([4, 2]: m64n256 a warpgroup).

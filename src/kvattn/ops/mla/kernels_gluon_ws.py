@@ -64,8 +64,10 @@ memory 214 KB (the query 36, rows 72, three converted halves 96, P 8, row vector
 
 Scope: 16-bit caches with a query of the same dtype (Hq >= 33 in the launcher's tables), or an
 e4m3 query over an e4m3 cache (Hq >= 17), 64 query heads a program (rows past Hq padded), pages of
-a multiple of 64 tokens addressed as one ``[pages * page, 576]`` TMA view, as :mod:`.kernels_gluon`. The
-output is the 16-bit query's dtype, bfloat16 for e4m3.
+a multiple of 64 tokens or of 16 or 32 addressed as one ``[pages * page, 576]`` TMA view, as
+:mod:`.kernels_gluon`. Over pages smaller than a tile the copy warp copies each part page by page
+(one box of ``page`` rows a page into the part's rows), the page ids of a pair one a lane
+(:func:`_copy_pages`). The output is the 16-bit query's dtype, bfloat16 for e4m3.
 
 Multi-token prediction (``Q_LEN > 1``): the rows are ``Q_LEN * Hq`` (token, head) pairs,
 token-major, as in :mod:`.kernels`; both warpgroups mask their scores with each row's own key
@@ -184,35 +186,101 @@ def _copy_part(kv_desc, dst, bar_full, bar_empty, ph, row, COL0: gl.constexpr, C
 
 
 @gluon.jit
+def _pair_rows(table_row, stride_t_p, n0, end, num_pages, total_rows, offs, PAGE_SIZE: gl.constexpr):
+    """The first row of each page of the tokens ``[n0, n0 + 2 * 64)`` (a pair of tiles, pages
+    smaller than a tile) in the ``[pages * page, 576]`` view, one a lane (``offs``: the pages'
+    places in the pair, in a layout over the copy warp's lanes): a page wholly past ``end`` (its
+    table entry never read) or an id outside ``[0, num_pages)`` gives the row ``total_rows``, past
+    the view's end, which TMA reads as zeros (docs/semantics.md "Unusable page ids"). One load a
+    pair, kept in one register a lane: the copy warp's 24 registers hold no four ids a tile."""
+    ok = n0 + offs * PAGE_SIZE < end
+    pid = gl.load(table_row + (n0 // PAGE_SIZE + offs) * stride_t_p, mask=ok, other=-1)
+    return gl.where((pid >= 0) & (pid < num_pages), pid * PAGE_SIZE, total_rows)
+
+
+@gluon.jit
+def _copy_part_pages(kv_desc, dst, bar_full, bar_empty, ph, rows, offs, FIRST: gl.constexpr, COL0: gl.constexpr,
+                     COLS: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """:func:`_copy_part` for pages smaller than a tile (16, 32 tokens): the part ``dst [BLOCK_N,
+    COLS]`` of a tile as one box of ``PAGE_SIZE`` rows a page and 64-column piece, at the page's
+    row offset in ``dst`` (the descriptor's box is ``[PAGE_SIZE, 64]``; the byte count is the
+    part's). The tile's pages are entries ``FIRST ..`` of the pair's ``rows``
+    (:func:`_pair_rows`), each taken out of its lane as its boxes go."""
+    mbarrier.wait(bar_empty, ph ^ 1)
+    mbarrier.expect(bar_full, BLOCK_N * COLS * dst.dtype.primitive_bitwidth // 8)
+    for j in gl.static_range(BLOCK_N // PAGE_SIZE):
+        row = gl.sum(gl.where(offs == FIRST + j, rows, 0), 0)
+        part = dst.slice(j * PAGE_SIZE, PAGE_SIZE, dim=0)
+        for c in gl.static_range(COLS // 64):
+            tma_load(kv_desc, [row, COL0 + c * 64], bar_full, part.slice(c * 64, 64, dim=1))
+
+
+@gluon.jit
+def _copy_pages(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs, num_pages,
+                total_rows, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """:func:`_copy_partition` for pages smaller than a tile: the same parts in the same order,
+    each copied page by page (:func:`_copy_part_pages`), the page ids one pair ahead."""
+    HALF: gl.constexpr = CKV_DIM // 2
+    PAGES: gl.constexpr = BLOCK_N // PAGE_SIZE  # pages a tile (A's: entries [0, PAGES), B's: [PAGES, 2 PAGES))
+    lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    offs = gl.arange(0, 2 * PAGES, layout=lanes)
+    rows = _pair_rows(table_row, stride_t_p, start, end, num_pages, total_rows, offs, PAGE_SIZE)
+    for i in range(num_pairs):
+        ph = i & 1
+        next_rows = _pair_rows(table_row, stride_t_p, start + (2 * i + 2) * BLOCK_N, end, num_pages, total_rows,
+                               offs, PAGE_SIZE)
+        ckv_a = ckv_smem.index(0)
+        ckv_b = ckv_smem.index(1)
+        _copy_part_pages(kv_desc, kpe_smem.index(0), bars.index(FULL_K), bars.index(EMPTY_K), ph, rows, offs, 0,
+                         CKV_DIM, 64, BLOCK_N, PAGE_SIZE)
+        _copy_part_pages(kv_desc, kpe_smem.index(1), bars.index(FULL_K + 1), bars.index(EMPTY_K + 1), ph, rows, offs,
+                         PAGES, CKV_DIM, 64, BLOCK_N, PAGE_SIZE)
+        _copy_part_pages(kv_desc, ckv_a.slice(0, HALF, dim=1), bars.index(FULL_L), bars.index(EMPTY_L), ph, rows,
+                         offs, 0, 0, HALF, BLOCK_N, PAGE_SIZE)
+        _copy_part_pages(kv_desc, ckv_a.slice(HALF, HALF, dim=1), bars.index(FULL_R), bars.index(EMPTY_R), ph, rows,
+                         offs, 0, HALF, HALF, BLOCK_N, PAGE_SIZE)
+        _copy_part_pages(kv_desc, ckv_b.slice(0, HALF, dim=1), bars.index(FULL_L + 1), bars.index(EMPTY_L + 1), ph,
+                         rows, offs, PAGES, 0, HALF, BLOCK_N, PAGE_SIZE)
+        _copy_part_pages(kv_desc, ckv_b.slice(HALF, HALF, dim=1), bars.index(FULL_R + 1), bars.index(EMPTY_R + 1),
+                         ph, rows, offs, PAGES, HALF, HALF, BLOCK_N, PAGE_SIZE)
+        rows = next_rows
+
+
+@gluon.jit
 def _copy_partition(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs, num_pages,
                     total_rows, CKV_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr):
     """The copy warp: per pair, the parts of tiles A (buffer 0) and B (buffer 1) in the order the
     warpgroups free them (the rope parts after the score products, A's values mid-pair, B's at
-    the pair's end, see the module docstring); page ids one pair ahead."""
-    HALF: gl.constexpr = CKV_DIM // 2
-    row_a = _tile_row(table_row, stride_t_p, start, end, num_pages, total_rows, PAGE_SIZE)
-    row_b = _tile_row(table_row, stride_t_p, start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
-    for i in range(num_pairs):
-        ph = i & 1
-        n_next = start + (2 * i + 2) * BLOCK_N
-        next_a = _tile_row(table_row, stride_t_p, n_next, end, num_pages, total_rows, PAGE_SIZE)
-        next_b = _tile_row(table_row, stride_t_p, n_next + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
-        ckv_a = ckv_smem.index(0)
-        ckv_b = ckv_smem.index(1)
-        _copy_part(kv_desc, kpe_smem.index(0), bars.index(FULL_K), bars.index(EMPTY_K), ph, row_a, CKV_DIM, 64,
-                   BLOCK_N)
-        _copy_part(kv_desc, kpe_smem.index(1), bars.index(FULL_K + 1), bars.index(EMPTY_K + 1), ph, row_b, CKV_DIM,
-                   64, BLOCK_N)
-        _copy_part(kv_desc, ckv_a.slice(0, HALF, dim=1), bars.index(FULL_L), bars.index(EMPTY_L), ph, row_a, 0,
-                   HALF, BLOCK_N)
-        _copy_part(kv_desc, ckv_a.slice(HALF, HALF, dim=1), bars.index(FULL_R), bars.index(EMPTY_R), ph, row_a,
-                   HALF, HALF, BLOCK_N)
-        _copy_part(kv_desc, ckv_b.slice(0, HALF, dim=1), bars.index(FULL_L + 1), bars.index(EMPTY_L + 1), ph,
-                   row_b, 0, HALF, BLOCK_N)
-        _copy_part(kv_desc, ckv_b.slice(HALF, HALF, dim=1), bars.index(FULL_R + 1), bars.index(EMPTY_R + 1), ph,
-                   row_b, HALF, HALF, BLOCK_N)
-        row_a = next_a
-        row_b = next_b
+    the pair's end, see the module docstring); page ids one pair ahead. Pages smaller than a tile
+    take :func:`_copy_pages`."""
+    if PAGE_SIZE < BLOCK_N:
+        _copy_pages(kv_desc, ckv_smem, kpe_smem, bars, table_row, stride_t_p, start, end, num_pairs, num_pages,
+                    total_rows, CKV_DIM, PAGE_SIZE, BLOCK_N)
+    else:
+        HALF: gl.constexpr = CKV_DIM // 2
+        row_a = _tile_row(table_row, stride_t_p, start, end, num_pages, total_rows, PAGE_SIZE)
+        row_b = _tile_row(table_row, stride_t_p, start + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
+        for i in range(num_pairs):
+            ph = i & 1
+            n_next = start + (2 * i + 2) * BLOCK_N
+            next_a = _tile_row(table_row, stride_t_p, n_next, end, num_pages, total_rows, PAGE_SIZE)
+            next_b = _tile_row(table_row, stride_t_p, n_next + BLOCK_N, end, num_pages, total_rows, PAGE_SIZE)
+            ckv_a = ckv_smem.index(0)
+            ckv_b = ckv_smem.index(1)
+            _copy_part(kv_desc, kpe_smem.index(0), bars.index(FULL_K), bars.index(EMPTY_K), ph, row_a, CKV_DIM, 64,
+                       BLOCK_N)
+            _copy_part(kv_desc, kpe_smem.index(1), bars.index(FULL_K + 1), bars.index(EMPTY_K + 1), ph, row_b, CKV_DIM,
+                       64, BLOCK_N)
+            _copy_part(kv_desc, ckv_a.slice(0, HALF, dim=1), bars.index(FULL_L), bars.index(EMPTY_L), ph, row_a, 0,
+                       HALF, BLOCK_N)
+            _copy_part(kv_desc, ckv_a.slice(HALF, HALF, dim=1), bars.index(FULL_R), bars.index(EMPTY_R), ph, row_a,
+                       HALF, HALF, BLOCK_N)
+            _copy_part(kv_desc, ckv_b.slice(0, HALF, dim=1), bars.index(FULL_L + 1), bars.index(EMPTY_L + 1), ph,
+                       row_b, 0, HALF, BLOCK_N)
+            _copy_part(kv_desc, ckv_b.slice(HALF, HALF, dim=1), bars.index(FULL_R + 1), bars.index(EMPTY_R + 1), ph,
+                       row_b, HALF, HALF, BLOCK_N)
+            row_a = next_a
+            row_b = next_b
 
 
 @gluon.jit
@@ -645,7 +713,7 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
 @gluon.jit
 def mla_gluon_ws_kernel(
     q_ptr,  # [B, Q_LEN * Hq, CKV_DIM + KPE_DIM] query rows [q_nope | q_rope], token-major, 16-bit or e4m3 (last dim contiguous)
-    kv_desc,  # TMA descriptor of the latent rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [64, 64]
+    kv_desc,  # TMA descriptor of the rows as [num_pages * PAGE_SIZE, CKV_DIM + KPE_DIM], box [min(PAGE_SIZE, 64), 64]
     table_ptr,  # [B, pages_per_seq] int32 page ids
     seq_lens_ptr,  # [B] int32
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
@@ -662,6 +730,8 @@ def mla_gluon_ws_kernel(
     BLOCK_B: gl.constexpr = 1, MIN_CHUNK: gl.constexpr = 0, UNITS_CAP: gl.constexpr = 1,
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and KPE_DIM == 64 and CKV_DIM % 128 == 0)
+    # A tile inside one page, or over at most 16 whole pages of a pair (_copy_pages: a page a lane).
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0 or (BLOCK_N % PAGE_SIZE == 0 and PAGE_SIZE >= 4))
     dt: gl.constexpr = q_ptr.dtype.element_ty
     FP8: gl.constexpr = dt == gl.float8e4nv
     x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])

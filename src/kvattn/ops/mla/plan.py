@@ -245,30 +245,49 @@ class _Plan:
 def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
                 aligned16: bool) -> bool:
     """Whether a Gluon kernel (:mod:`.kernels_gluon`, or :mod:`.kernels_gluon_ws` where it takes the entry) runs
-    a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles inside pages of
-    a multiple of 64 tokens, and rows TMA can address as one ``[pages * page, 576]`` view (16-byte
-    aligned base and row stride, pages back to back)."""
+    a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles over pages of a
+    multiple of 64 tokens or of 16 or 32 (:func:`_tile_pages`), and rows TMA can address as one
+    ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
     return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
             and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
-            and page % 64 == 0 and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0
+            and _tile_pages(page) and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0
             and kv_stride[0] == page * kv_stride[1] and pages * page < 2**31)
+
+
+def _tile_pages(page: int) -> bool:
+    """Whether the Gluon kernels' 64-key tile (``GLUON_BLOCK_N``) lies over whole pages of ``page``
+    tokens: a page of a multiple of 64 holds whole tiles (one TMA box of 64 rows a 64-column piece),
+    and a tile spans two pages of 32 or four of 16 (one box of ``page`` rows a page and piece, the
+    kernels' ``PAGE_SIZE < BLOCK_N`` path). Smaller pages would take more boxes than the copies
+    afford (lab/notes/mla.md "MLA: Gluon kernels over pages of 16 and 32")."""
+    return page % GLUON_BLOCK_N == 0 or page in (16, 32)
 
 
 def _ws_fp8_fits(cfg: mla_configs.MLAConfig, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16: bool) -> bool:
     """Whether the warp-specialised kernel's e4m3 form (:mod:`.kernels_gluon_ws`) runs an fp8 launch: an
     e4m3 query over an e4m3 cache on the fp8-score entry with 64 heads a program in M (not heads in
-    N), 64-key tiles inside pages of a multiple of 64 tokens, rows TMA can address as one ``[pages *
-    page, 576]`` byte view (16-byte aligned base and row stride, pages back to back)."""
+    N), 64-key tiles over pages of a multiple of 64 tokens or of 16 or 32 (:func:`_tile_pages`), rows
+    TMA can address as one ``[pages * page, 576]`` byte view (16-byte aligned base and row stride,
+    pages back to back)."""
     pages, page = kv_shape[0], kv_shape[1]
     return (q_dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and cfg.qk_fp8 and cfg.block_h == 64
-            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and page % 64 == 0 and aligned16
+            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and _tile_pages(page) and aligned16
             and kv_stride[-1] == 1 and kv_stride[1] % 16 == 0 and kv_stride[0] == page * kv_stride[1]
             and pages * page < 2**31)
 
 
+GLUON_BLOCK_N = 64  # keys a Gluon program's tile holds (64 rows of the cache)
+
+
+def _box_rows(page: int) -> int:
+    """Rows of the Gluon kernels' TMA box: a tile's 64, or a whole page where a tile spans pages
+    (:func:`_tile_pages`; the kernels issue one box a page into the tile's rows)."""
+    return min(page, GLUON_BLOCK_N)
+
+
 def _row_layout(kv_dtype):
-    """The shared-memory layout of a TMA box ``[64 rows, 64 columns]`` of the cache: 128-byte
+    """The shared-memory layout of a TMA box ``[64 or page rows, 64 columns]`` of the cache: 128-byte
     swizzled 16-bit rows, or 64-byte swizzled e4m3 rows (a box's width; lab/notes/mla.md "MLA:
     fp8 on the seesaw")."""
     if kv_dtype == FP8_DTYPE:
@@ -276,7 +295,6 @@ def _row_layout(kv_dtype):
     return _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
-GLUON_BLOCK_N = 64  # keys a Gluon program's TMA box holds (64 rows of the cache)
 
 
 def _gluon_split(plan: _Plan, splits: int, balanced: bool) -> fast_launch.Launch:
@@ -306,7 +324,7 @@ def _gluon_split(plan: _Plan, splits: int, balanced: bool) -> fast_launch.Launch
         fixed["stride_lse_b"] = plan.lse_stride
         constexprs["STORE_LSE"] = plan.has_lse
     rows = fast_launch.Descriptor("kv", (plan.num_pages * plan.page_size, CKV_DIM + KPE_DIM), (plan.row_stride, 1),
-                                  (GLUON_BLOCK_N, 64), _row_layout(plan.kv_dtype))
+                                  (_box_rows(plan.page_size), 64), _row_layout(plan.kv_dtype))
     return fast_launch.Launch(kernel, (plan.items * splits,), layout=_LAYOUT, per_call=per_call, fixed=fixed,
                               constexprs=constexprs, options=options, descriptors=(rows,))
 
