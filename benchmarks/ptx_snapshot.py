@@ -138,7 +138,7 @@ def configs() -> dict[str, dict]:
     out["decode_combine/lse-sinks"] = dict(kernel="decode_combine", constexprs=dict(
         _COMBINE, HAS_SINKS=True, STORE_LSE=True), ptrs=cptr, floats=FLOATS, warps=4, stages=2)
     out["decode_combine/mla-d512"] = dict(kernel="decode_combine", constexprs=dict(
-        _COMBINE, NUM_HEADS=128, HEAD_DIM=512, BLOCK_S=16, USE_PDL=False), ptrs=cptr, floats=FLOATS,
+        _COMBINE, NUM_HEADS=128, HEAD_DIM=512, BLOCK_S=16, USE_PDL=True), ptrs=cptr, floats=FLOATS,
         warps=4, stages=2)
     out["ragged_pack/q4"] = dict(kernel="ragged_pack", constexprs=dict(
         Q_LEN=4, HEAD_DIM=128, BLOCK_H=32, WORDS=4, BLOCK_W=4, HAS_MASK=False, MAKE_MASK=True, HAS_WINDOW=False),
@@ -167,7 +167,7 @@ def configs() -> dict[str, dict]:
         ptrs=dict(_MLA_PTRS, kv_ptr="*fp8e4nv", q_ptr="*fp8e4nv"), floats=FLOATS, warps=8, stages=3)
     out["balanced_combine/mla-d512"] = dict(kernel="balanced_combine", constexprs=dict(
         NUM_HEADS=128, HEAD_DIM=512, BLOCK_S=16, BLOCK_S_FEW=2, OUT_PTR=False, STORE_LSE=False, MIN_CHUNK=256, BLOCK_N=64,
-        BLOCK_B=32, UNITS_CAP=64), ptrs={"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "seq_lens_ptr": "*i32",
+        BLOCK_B=32, UNITS_CAP=64, USE_PDL=True), ptrs={"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "seq_lens_ptr": "*i32",
                                          "out_scale_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"},
         floats=FLOATS, warps=4, stages=2)
     gptrs = dict(_MLA_PTRS, q_ptr="*bf16")

@@ -80,7 +80,7 @@ def balanced_combine_kernel(
     batch, num_splits, capacity, out_factor,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_S_FEW: tl.constexpr,
     OUT_PTR: tl.constexpr, STORE_LSE: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr,
+    BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """The merge of a balanced split launch (``common.balance.launch_unit``; the MLA kernels'
     ``BALANCED``): one (request, row)'s units, the consecutive slots ``first .. first + n - 1``,
@@ -88,6 +88,8 @@ def balanced_combine_kernel(
     different unit counts; an equal batch's ``num_splits`` each)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
+    if USE_PDL:
+        gdc_wait()
     n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
     heads = h + tl.zeros([1], dtype=tl.int32)
     row_ok = heads < NUM_HEADS

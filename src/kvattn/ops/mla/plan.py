@@ -129,6 +129,10 @@ class _Plan:
         self.invariant = f.batch_invariant
         self.split_span = invariant_span(cfg) if self.invariant else 0
         self.has_workspace = f.ws_numel is not None
+        # The combine as a programmatic dependent launch of the split kernel (Hopper): its launch and
+        # prologue run under the split kernel's last programs, and it waits for their partials
+        # (griddepcontrol.wait) before its first load, as decode's combine does.
+        self.gdc = family == "sm90" and not f.interpreter
         self._by_span: dict[int, tuple] = {}
         self._by_splits: dict[int, tuple] = {}
 
@@ -214,9 +218,10 @@ class _Plan:
                        stride_lse_t=self.lse_stride, num_rows=self.batch, num_splits=splits),
             constexprs=dict(
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(splits, CKV_DIM, self.invariant),
-                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=self.has_lse, USE_PDL=False,
+                HAS_SINKS=False, OUT_PTR=self.has_out_scale, OUT_FP8=False, STORE_LSE=self.has_lse,
+                USE_PDL=self.gdc,
             ),
-            options=dict(num_warps=4, num_stages=2),
+            options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if self.gdc else {})),
         )
 
     def _balanced_combine(self, splits: int) -> fast_launch.Launch:
@@ -236,9 +241,9 @@ class _Plan:
                 BLOCK_S_FEW=combine_block_s(splits, CKV_DIM, False),
                 OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
                 BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
-                UNITS_CAP=cx["UNITS_CAP"],
+                UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc,
             ),
-            options=dict(num_warps=4, num_stages=2),
+            options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if self.gdc else {})),
         )
 
 
