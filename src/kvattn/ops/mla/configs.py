@@ -87,7 +87,8 @@ class MLAConfig:
 #   fp8qk 64: (64, 8, 3) 220-221 / 851 / 415 -> split (64, 8, 3) **201-203 / 764 / 397**, (64, 8, 4)
 #            203 / 768, (64, 8, 2) 233-237 / 869, (32, 8, 3) 269 / 1032; 16 warps 264-349. Taken.
 #   fp8qk 16 heads in N (Hq 16): 107 / 370 / 200 -> split **87.5 / 294 / 156**. Taken.
-# On sm90 the ("half", 64) entry's launches over pages of 64+ tokens run mla/kernels_gluon.py's kernel instead
+# On sm90 the ("half", 64) entry's launches over pages of 16, 32 or 64+ tokens run mla/kernels_gluon.py's
+# kernel instead
 # (mla/plan.py _gluon_fits: it keeps BLOCK_N 64, 8 warps and the split count this entry gives; H100 graph us
 # 224 / 845 / 423 against 278 / 1052 / 560, lab/notes/mla.md "MLA: Gluon kernel with TMA row tiles").
 # Overrides of BLOCK_N or the warps (tuning variants, tests) keep the Triton kernel. Where
@@ -109,7 +110,7 @@ _BLOCK_H_CAP = {"sm90": {"half": 64, "fp8": 32, "fp8qk": 64}}
 # the environment switch KVATTN_GLUON_WS=0 keeps mla/kernels_gluon.py's kernel. H200 (matmul 669 TFLOP/s
 # in the run), bf16 Hq 128, graph us 64x4096 / 128x8192 / 32x16384: kernels_gluon.py 229.8 / 918.7 /
 # 412.2 -> kernels_gluon_ws.py 140.4 / 546.8 / 269.5 (0.78-0.81 of the matmul rate).
-# ("fp8qk", 64): the fp8-score launches over pages of 64+ tokens (mla/plan.py _ws_fp8_fits) run
+# ("fp8qk", 64): the fp8-score launches over pages of 16, 32 or 64+ tokens (mla/plan.py _ws_fp8_fits) run
 # the same kernel's e4m3 form (lab/notes/mla.md "MLA: fp8 on the seesaw"); KVATTN_GLUON_WS=0
 # keeps this table's Triton entry (mla/kernels_gluon.py has no fp8 form), as do BLOCK_H 16 (heads in N).
 WARP_SPECIALIZED = {"sm90": frozenset({("half", 64), ("fp8qk", 64)})}

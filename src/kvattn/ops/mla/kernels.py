@@ -19,7 +19,7 @@ tile's keys (36 wgmmas a tile in all), the softmax reductions cross the warpgrou
 memory, and P reaches the P.V product (one ``m64n256k16`` a warpgroup and k-step) through shared
 memory. H100: bf16 Hq 128 0.30 -> 0.40-0.42 of the matmul rate with 64-key tiles.
 
-On Hopper, 16-bit caches at BLOCK_H 64 over pages of 64+ tokens take :mod:`.kernels_gluon` instead
+On Hopper, 16-bit caches at BLOCK_H 64 over pages of 16, 32 or 64+ tokens take :mod:`.kernels_gluon` instead
 (the same work division, with the copies and the score layout written out in Gluon: 224 against
 278 us at Hq 128, 64x4096, on an H100), or its warp-specialised successor :mod:`.kernels_gluon_ws`, which
 also takes the fp8-score launches below at BLOCK_H 64 over such pages; this kernel serves every
