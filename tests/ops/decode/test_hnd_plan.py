@@ -14,11 +14,12 @@ from kvattn.ops.decode import plan as decode_launch
 
 from ..oracle import ON_GPU
 from .test_balanced_plan import SM_COUNT, _faked_h200
+from .test_decode import decode_case
 
 D = 128
 POOL = 16  # pages in the pool
 
-pytestmark = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the "
+FAKED_H200 = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the "
                                                "interpreter")
 
 
@@ -50,6 +51,7 @@ ROWS = [
 ]
 
 
+@FAKED_H200
 @pytest.mark.parametrize("batch,length,page,num_heads,num_kv_heads", ROWS)
 def test_hnd_and_nhd_launch_the_same_kernel_and_grid(batch, length, page, num_heads, num_kv_heads, monkeypatch):
     """Both layouts get the same config, split count, grid, constexprs and options; only the K/V
@@ -77,6 +79,7 @@ def test_hnd_and_nhd_launch_the_same_kernel_and_grid(batch, length, page, num_he
     assert all(launches[layout][0].fixed[s] % 16 == 0 for layout in launches for s in strides)
 
 
+@FAKED_H200
 @pytest.mark.parametrize("batch,length,page,num_heads,num_kv_heads,splits,balanced", [
     # 408 items on 132 long-tile slots: 4 waves 0.77 full at one split; 6 splits: 2448 programs, 0.98
     pytest.param(51, 11629, 64, 64, 8, 6, False, id="51x11629-p64-h64-8"),
@@ -105,6 +108,7 @@ def test_long_tile_launches_fill_their_last_wave(batch, length, page, num_heads,
     assert decode_configs.wave_fill(plan.items, SM_COUNT, splits) >= min(0.97, whole + 0.04)
 
 
+@FAKED_H200
 def test_short_tiles_keep_whole_waves_past_two_waves(monkeypatch):
     """256 x 1024 pages of 64 (32/8 heads): three 4-warp programs an SM, 2048 items on 396 slots (5.2
     waves 0.86 full) keep one split, which the unbounded rule lost 265 -> 282 us to on an H200."""
@@ -113,3 +117,23 @@ def test_short_tiles_keep_whole_waves_past_two_waves(monkeypatch):
     split, combine, *_ = plan.launches(1024)
     assert plan.config_for(1024) is plan.cfg_short
     assert split.fixed["num_splits"] == 1 and combine is None and split.grid[0] == 2048
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("lens", [[1300] * 34, [1300] * 30 + [0, 1, 700, 1299]],
+                         ids=["34x1300-equal", "34-ragged-with-0-and-1"])
+def test_long_tile_batches_past_two_waves_split_exactly(lens, layout, triton_backend, monkeypatch):
+    """34 requests x 8 KV heads (272 items) on pages of 64, bf16 D 128: three waves of one long-tile
+    program an SM on an H100 / H200 (the third 0.06 full at one split on 132 SMs), so the launch
+    takes the split count of ``configs.tail_fit`` (5 on 132 SMs, 2 on 114), merged in the kernel;
+    the results are exact in both layouts, equal lengths and ragged ones with an empty and a
+    one-key request."""
+    built = []
+    real = decode_launch._split_launch
+    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    decode_case(torch.device("cuda"), monkeypatch, lens=lens, hkv=8, group=8, d=D, page=64, layout=layout,
+                qdt=torch.bfloat16, seed=23, ws_bytes=64 << 20)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if torch.cuda.get_device_capability()[0] == 9 and decode_configs.wave_fill(8 * len(lens), sms, 1) < 1:
+        assert max(launch.fixed["num_splits"] for launch in built) > 1, [launch.fixed["num_splits"] for launch in built]

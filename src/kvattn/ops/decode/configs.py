@@ -209,10 +209,11 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
 
 
 # Launches of two or more programs an SM whose whole-wave split count runs at most TAIL_WAVES waves
-# filled below TAIL_FILL take the split count of tail_fit (one program an SM: wants_tail_fit). Measured on an H200 (lab/notes/decode.md "Decode: filling the last
-# wave"): 22 x 24305 pages of 64 at 64/8 heads (176 items on 132 long-tile slots, 0.67 full) 729 ->
-# 528 us; 256 x 1024 pages of 64 (2048 items on 396 short-tile slots: 5.2 waves 0.86 full, which
-# the block scheduler already evens out) lost 265 -> 282 under the rule without these bounds.
+# filled below TAIL_FILL take the split count of tail_fit (one program an SM: wants_tail_fit).
+# Measured on an H200 (lab/notes/decode.md "Decode: filling the last wave"): 22 x 24305 pages of 64
+# at 64/8 heads (176 items on 132 long-tile slots, 0.67 full) 729 -> 528 us; 256 x 1024 pages of 64
+# (2048 items on 396 short-tile slots: 5.2 waves 0.86 full, which the block scheduler already evens
+# out) lost 265 -> 282 under the rule without these bounds.
 TAIL_WAVES = 2
 TAIL_FILL = 0.8
 TAIL_SPLITS = 16  # the most splits tail_fit considers (sm90 tables)
