@@ -96,10 +96,11 @@ def test_split_count_fills_whole_waves():
 @pytest.mark.parametrize("items,span,expected", [
     (176, 24305, 3),  # a wave and a third (0.67 full): 3 splits fill 4 whole waves
     (80, 49133, 8),  # 80 items on 132 slots (0.61): 640 programs, 5 waves 0.97 full
-    (408, 11629, 1),  # past TAIL_WAVES at one split: the whole-wave rule
+    (408, 11629, 6),  # 4 waves 0.77 full: one program an SM takes the tail past TAIL_WAVES (0.98)
+    (114, 26788, 8),  # one wave 0.86 full, above TAIL_FILL: one program an SM still moves (0.99)
     (128, 4096, 1),  # 0.97 full: the whole-wave rule
     (80, 700, 3),  # min_chunk caps the count the tail may take
-], ids=["176-items", "80-items", "408-items", "128-items", "80-items-short-span"])
+], ids=["176-items", "80-items", "408-items", "114-items", "128-items", "80-items-short-span"])
 def test_split_count_fills_the_last_wave(items, span, expected):
     long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
     kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, fit=64, max_programs=None)
@@ -117,6 +118,22 @@ def test_a_workspace_without_room_for_partials_keeps_one_split():
     long = dc.config("sm90", "bfloat16", 128, 16, False, "long")
     kw = dict(kv_format="bfloat16", head_dim=128, rope_query=False, sm_count=SMS, max_programs=None)
     assert dc.num_splits(long, items=2, span=20000, fit=0, **kw) == 1
+
+
+@pytest.mark.parametrize("items,slots,splits,per_sm,expected", [
+    (408, 132, 1, 1, True),  # long tiles, 4 waves 0.77 full
+    (114, 132, 1, 1, True),  # long tiles, one wave 0.86 full
+    (132, 132, 1, 1, False),  # every slot busy
+    (2048, 396, 1, 3, False),  # short tiles, 5.2 waves 0.86 full: the block scheduler evens them out
+    (408, 396, 1, 3, True),  # 2 waves 0.52 full
+    (800, 396, 1, 3, False),  # 3 waves (0.67 full): past TAIL_WAVES
+    (300, 396, 1, 3, True),  # one wave 0.76 full
+    (340, 396, 1, 3, False),  # one wave 0.86 full: above TAIL_FILL
+], ids=["long-408", "long-114", "long-full", "short-2048", "short-408", "short-800", "short-300", "short-340"])
+def test_tail_fit_bounds_only_bind_shared_sms(items, slots, splits, per_sm, expected):
+    """The last-wave search: every launch of one program an SM that leaves a slot idle, launches of
+    two or more programs an SM only within TAIL_WAVES waves and under TAIL_FILL."""
+    assert dc.wants_tail_fit(items, slots, splits, per_sm) is expected
 
 
 def test_tail_fit_moves_only_for_four_points():

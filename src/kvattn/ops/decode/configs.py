@@ -203,19 +203,42 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     if max_programs is not None:
         cap = min(cap, max(1, max_programs // items))
     splits = max(1, min(want, cap))
-    if cfg.tail_splits and -(-items * splits // slots) <= TAIL_WAVES and wave_fill(items, slots, splits) < TAIL_FILL:
+    if cfg.tail_splits and wants_tail_fit(items, slots, splits, per_sm):
         splits = tail_fit(items, slots, splits, min(cap, cfg.tail_splits))
     return max(1, splits)
 
 
-# Launches whose whole-wave split count runs at most TAIL_WAVES waves filled below TAIL_FILL take
-# the split count of tail_fit. Measured on an H200 (lab/notes/decode.md "Decode: filling the last
-# wave"): 22 x 24305 pages of 64 at 64/8 heads (176 items on 132 long-tile slots, 0.67 full) 729 ->
-# 528 us; 256 x 1024 pages of 64 (2048 items on 396 short-tile slots: 5.2 waves 0.86 full, which
-# the block scheduler already evens out) lost 265 -> 282 under the rule without these bounds.
+# Launches of two or more programs an SM whose whole-wave split count runs at most TAIL_WAVES waves
+# filled below TAIL_FILL take the split count of tail_fit (one program an SM: wants_tail_fit).
+# Measured on an H200 (lab/notes/decode.md "Decode: filling the last wave"): 22 x 24305 pages of 64
+# at 64/8 heads (176 items on 132 long-tile slots, 0.67 full) 729 -> 528 us; 256 x 1024 pages of 64
+# (2048 items on 396 short-tile slots: 5.2 waves 0.86 full, which the block scheduler already evens
+# out) lost 265 -> 282 under the rule without these bounds.
 TAIL_WAVES = 2
 TAIL_FILL = 0.8
 TAIL_SPLITS = 16  # the most splits tail_fit considers (sm90 tables)
+
+
+def wants_tail_fit(items: int, slots: int, splits: int, per_sm: int) -> bool:
+    """Whether a launch of ``items x splits`` programs on ``slots`` resident ones (``per_sm`` an
+    SM) looks for a split count that fills its last wave better (``tail_fit``).
+
+    Two or more programs an SM: only launches of at most ``TAIL_WAVES`` waves filled below
+    ``TAIL_FILL``. Past those, the block scheduler evens the waves out by itself, and more splits
+    only add partials and merges (256 x 1024 pages of 64: 2048 items on 396 short-tile slots, 5.2
+    waves 0.86 full, lost 265 -> 282 us under the unbounded rule on an H200).
+
+    One program an SM (the long tiles: 8 warps and 136 KB of shared memory each), whatever the
+    waves and the fill: no second program shares an SM, so the last wave's idle slots cost a whole
+    program's time however many waves came before (51 x 11629 pages of 64 at 64/8 heads: 408 items,
+    4 waves 0.77 full, 0.79 of copy bandwidth on an H200 where FlashInfer reads 1.0). Measured on an
+    H200 with the unbounded rule on every launch: 57 x 26788 pages of 32 at 16/2 heads (114 items,
+    0.86 full) 465 -> 443 us, the grid's long-tile launches unchanged (0.96+ full already, which
+    ``tail_fit`` keeps); lab/notes/decode.md "Decode: filling the last wave" and "Decode: HND rows
+    and the last wave"."""
+    if per_sm == 1:
+        return wave_fill(items, slots, splits) < 1.0
+    return -(-items * splits // slots) <= TAIL_WAVES and wave_fill(items, slots, splits) < TAIL_FILL
 
 
 def wave_fill(items: int, slots: int, splits: int) -> float:
