@@ -135,8 +135,10 @@ CASES = {
     "prefill-gluon-hopper": prefill_case,
     "prefill-tma-hopper": _gluon_off(prefill_case),
     "mla-gluon-ws-hopper": lambda: mla_case(hq=64, page=64),
+    "mla-gluon-ws-p16-hopper": lambda: mla_case(hq=64, page=16),
 }
-HOPPER = {"prefill-gluon-hopper", "prefill-tma-hopper", "mla-gluon-ws-hopper"}  # (planned for a faked Hopper)
+HOPPER = {"prefill-gluon-hopper", "prefill-tma-hopper", "mla-gluon-ws-hopper",
+          "mla-gluon-ws-p16-hopper"}  # (planned for a faked Hopper)
 
 
 def cache_of(fn) -> _callcache.CallCache:
@@ -203,7 +205,8 @@ def test_a_replay_hands_the_launcher_what_the_ordinary_call_does(name, monkeypat
 
 @pytest.mark.parametrize("name, kernel", [("prefill-gluon-hopper", "prefill_ws_kernel"),
                                           ("prefill-tma-hopper", "context_kernel"),
-                                          ("mla-gluon-ws-hopper", "mla_gluon_ws_kernel")])
+                                          ("mla-gluon-ws-hopper", "mla_gluon_ws_kernel"),
+                                          ("mla-gluon-ws-p16-hopper", "mla_gluon_ws_kernel")])
 def test_tma_descriptors_are_rebuilt_on_the_new_pointers(name, kernel, monkeypatch):
     """The launches that take TMA descriptors (a Hopper's, faked) are replayed: each descriptor has
     the recorded geometry and its base moves with the cache it describes (K and V of prefill's
@@ -220,6 +223,8 @@ def test_tma_descriptors_are_rebuilt_on_the_new_pointers(name, kernel, monkeypat
         bases = sorted(d[1] for d in seen)
         if name.startswith("mla"):
             assert bases == [cache.data_ptr()]
+            # (the box: a page's rows over pages smaller than the 64-key tile)
+            assert [d[4] for d in seen] == [(16, 64) if "p16" in name else (64, 64)]
         else:  # HND [P, 2, Hkv, page, D]: K at the cache's start, V one [Hkv, page, D] block on
             assert bases == [cache.data_ptr(), cache[:, 1].data_ptr()]
         assert launches == ordinary(fake, monkeypatch, fn, args, kwargs)
