@@ -130,7 +130,7 @@ class _Plan:
         self.split_span = invariant_span(cfg) if self.invariant else 0
         self.has_workspace = f.ws_numel is not None
         self._by_span: dict[int, tuple] = {}
-        self._by_splits: dict[int, tuple] = {}
+        self._by_splits: dict[tuple, tuple] = {}  # by (split count, balanced)
 
     def num_splits(self, span: int) -> int:
         if self.invariant:
