@@ -48,7 +48,12 @@ def test_breakdown_splits_every_replayed_call(tmp_path):
         assert "error" not in row, row
         expected = 3 if row["function"] == "xqa" else 5  # (xqa's output is always given)
         assert len(row["forms"]) == expected and all(f["replayed"] for f in row["forms"].values()), row
+        for form, got_form in row["forms"].items():  # the allocating forms' bare allocations, timed beside them
+            allocating = form in ("no out", "lse", "no out+lse")
+            assert ("alloc" in got_form) == allocating and got_form.get("alloc", 1.0) > 0, (row["function"], form)
+            assert got_form["net_ratio"] <= got_form["ratio"]
         line = next(x for x in got.stdout.splitlines() if x.startswith(f"{row['function']:16s} {row['page'] or '-':>4}"
                                                                       f" {row['kv']:4s}"))
         assert "*" not in line
     assert "a new length every call" in got.stdout
+    assert "net of their bare allocations" in got.stdout

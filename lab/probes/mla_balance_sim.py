@@ -29,18 +29,13 @@ OVERHEAD_KEYS = 64  # a program's fixed cost, in keys
 
 
 def makespan(lens: list[int], head_blocks: int, splits: int, slots: int) -> tuple[float, float]:
+    """The uniform split's programs laid out (:func:`lay_out`), and the perfectly balanced time."""
     programs = []
     for length in lens:
         chunk = -(-length // splits) if length else 0
         for s in range(splits):
             programs += [max(0, min(chunk, length - s * chunk)) + OVERHEAD_KEYS] * head_blocks
-    free = [0.0] * slots
-    end = 0.0
-    for cost in programs:
-        t = heapq.heappop(free) + cost
-        end = max(end, t)
-        heapq.heappush(free, t)
-    return end, sum(programs) / slots
+    return lay_out(programs, slots), sum(programs) / slots
 
 
 def balanced_programs(lens: list[int], splits: int, block_n: int, min_chunk: int) -> list[int] | None:
@@ -62,6 +57,8 @@ def balanced_programs(lens: list[int], splits: int, block_n: int, min_chunk: int
 
 
 def lay_out(costs: list[int], slots: int) -> float:
+    """The time the programs ``costs`` take in launch order on ``slots`` resident slots (a slot
+    takes the next program when its last one ends)."""
     free = [0.0] * slots
     end = 0.0
     for cost in costs:

@@ -94,24 +94,30 @@ def _issue_tile(kv_desc, ckv_buf, kpe_buf, bar, table_row_ptr, stride_t_p, n0, e
 
 # Pieces both Gluon MLA kernels run (this one and the warp-specialised one of kernels_gluon_ws.py).
 @gluon.jit
-def split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr,
-               SPLIT_SPAN: gl.constexpr = 0):
+def split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr,
+               SPLIT_SPAN: gl.constexpr, BALANCED: gl.constexpr, MIN_CHUNK: gl.constexpr, BLOCK_B: gl.constexpr,
+               UNITS_CAP: gl.constexpr):
     """``(b, hb, split, start, end, num_tiles)``: the program's request, head block and split, and
     the split's keys ``[start, end)`` in ``num_tiles`` tiles of ``BLOCK_N``. Head blocks vary
     fastest: the programs reading one request's split run side by side, so the second finds the
     rows in L2. The request's length is clamped into ``[0, capacity]`` (the table row's tokens;
-    lab/notes/robustness.md "Device-side clamps")."""
-    pid = gl.program_id(0)
-    hb = pid % H_BLOCKS
-    rest = pid // H_BLOCKS
-    split = rest % num_splits
-    b = rest // num_splits
+    lab/notes/robustness.md "Device-side clamps"). ``BALANCED``: a ragged batch's units
+    (``common.gluon_balance.balanced_split_work``; ``split`` is then the partial's slot)."""
+    if BALANCED:
+        b, hb, split, start, end, num_tiles = balanced_split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS,
+                                                                  BLOCK_N, MIN_CHUNK, BLOCK_B, UNITS_CAP)
+    else:
+        pid = gl.program_id(0)
+        hb = pid % H_BLOCKS
+        rest = pid // H_BLOCKS
+        split = rest % num_splits
+        b = rest // num_splits
 
-    kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
-    chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
-    start = split * chunk
-    end = gl.minimum(start + chunk, kv_len)
-    num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+        kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
+        chunk = split_bounds(kv_len, 0, num_splits, BLOCK_N, SPLIT_SPAN)
+        start = split * chunk
+        end = gl.minimum(start + chunk, kv_len)
+        num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
     return b, hb, split, start, end, num_tiles
 
 
@@ -233,12 +239,8 @@ def mla_gluon_kernel(
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    if BALANCED:  # a ragged batch's units (common.gluon_balance; ``split``: the partial's slot)
-        b, hb, split, start, end, num_tiles = balanced_split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS,
-                                                                  BLOCK_N, MIN_CHUNK, BLOCK_B, UNITS_CAP)
-    else:
-        b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N,
-                                                         SPLIT_SPAN)
+    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS, BLOCK_N,
+                                                     SPLIT_SPAN, BALANCED, MIN_CHUNK, BLOCK_B, UNITS_CAP)
     total_rows = num_pages * PAGE_SIZE
     row_end = end
     if Q_LEN > 1:  # (rows are (token, head) pairs: each token's own key limit)

@@ -92,7 +92,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..common.gluon_compat import cta_barrier, tma_load
 from ..common.gluon_dequant import f16_words, words_view
 from ..common import load_page_ids, online_softmax_step
-from ..common.gluon_balance import balanced_split_work
 from .kernels_gluon import logit_scale2, mtp_row_ends, split_work, stage_query, store_rows
 
 # Barrier slots (one [N_BARS, 1] allocation). full / empty come per buffer (0: tile A, 1: tile B)
@@ -736,12 +735,8 @@ def mla_gluon_ws_kernel(
     FP8: gl.constexpr = dt == gl.float8e4nv
     x_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 
-    if BALANCED:  # a ragged batch's units (common.gluon_balance; ``split``: the partial's slot)
-        b, hb, split, start, end, num_tiles = balanced_split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS,
-                                                                  BLOCK_N, MIN_CHUNK, BLOCK_B, UNITS_CAP)
-    else:
-        b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, num_splits, H_BLOCKS, BLOCK_N,
-                                                         SPLIT_SPAN)
+    b, hb, split, start, end, num_tiles = split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS, BLOCK_N,
+                                                     SPLIT_SPAN, BALANCED, MIN_CHUNK, BLOCK_B, UNITS_CAP)
     num_pairs = (num_tiles + 1) // 2
     total_rows = num_pages * PAGE_SIZE
     table_row = table_ptr + b.to(gl.int64) * stride_t_b

@@ -134,7 +134,7 @@ class _Plan:
         # (griddepcontrol.wait) before its first load, as decode's combine does.
         self.gdc = family == "sm90" and not f.interpreter
         self._by_span: dict[int, tuple] = {}
-        self._by_splits: dict[int, tuple] = {}
+        self._by_splits: dict[tuple, tuple] = {}  # by (split count, balanced)
 
     def num_splits(self, span: int) -> int:
         if self.invariant:
