@@ -28,5 +28,5 @@ left=$(( ${TOTAL:-560} - $(date +%s) + t0 ))
 (cd .dev/cand && source ../../.peers/flashinfer/activate.sh && export PYTHONPATH=src:$PYTHONPATH MAX_JOBS=16 \
   && timeout $left python3 benchmarks/run.py --suite sweep --filter " mla " --fi-prebuild --out "$OUT/sweep-mla.json" \
   --md "$OUT/sweep-mla.md" --time-budget $(( left - 70 )) 2> "$OUT/sweep-mla.err"); tail -n 12 "$OUT/sweep-mla.err"
-(cd "$OUT" && xz -9 pytest-cand.txt sweep-mla.err 2>/dev/null; tar -cJf ab.tar.xz ab *.xz 2>/dev/null && rm -rf ab *.xz)
+(cd "$OUT" && xz -9 pytest-cand.txt sweep-mla.err 2>/dev/null; tar -cJf ab.tar.xz ab pytest-cand.txt.xz sweep-mla.err.xz 2>/dev/null && rm -rf ab pytest-cand.txt.xz sweep-mla.err.xz)
 echo "done: $(( $(date +%s) - t0 )) s"
