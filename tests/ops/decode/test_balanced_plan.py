@@ -129,3 +129,44 @@ def test_a_plan_switches_between_its_uniform_and_balanced_launches_by_span(monke
     uniform = plan.launches(4096)[0]
     assert not uniform.constexprs["BALANCED"] and uniform.grid[0] == plan.items * 8 == 256
     assert plan.launches(4097)[0] is balanced and plan.launches(3799)[0] is uniform
+
+
+@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+@pytest.mark.parametrize("batch,max_len,page,heads,merge_block_s", [
+    # sw12 / sw07-like: 8 query rows a KV head, long tiles, one program an SM; 32 units in 2 rounds
+    pytest.param(45, 51550, 64, (8, 1), 16, id="45-requests-to-51550-p64-h8-1"),
+    pytest.param(22, 88289, 16, (8, 1), 16, id="22-requests-to-88289-p16-h8-1"),
+    # 16 rows a KV head (Q 2 at 64/8 would be; here 16 query heads on one): 8 a round
+    pytest.param(22, 88289, 16, (16, 1), 8, id="22-requests-to-88289-p16-h16-1"),
+])
+def test_one_program_an_sm_merges_more_partials_a_round(batch, max_len, page, heads, merge_block_s, monkeypatch):
+    """A balanced launch of one program an SM loads ``configs.balance_merge_values`` float32 values
+    a thread a merge round (its shared memory, not its registers, bounds its occupancy), so a long
+    request's 32 units merge in 2 rounds instead of 8 at the end of the deal; the unit cap, the
+    grid and the plan's target stay as they were. ``balance_merge_values=16`` (what ``--ab``
+    sets) gives the old rounds back."""
+    plan = _plan_of(monkeypatch, batch=batch, max_len=max_len, page=page, num_heads=heads[0],
+                    num_kv_heads=heads[1], kv_dtype=torch.float16)
+    split = plan.launches(max_len)[0]
+    assert split.constexprs["BALANCED"] and split.grid[0] == _slots(plan, max_len) == SM_COUNT
+    assert split.constexprs["MERGE_BLOCK_S"] == merge_block_s
+    from kvattn.ops.common.balance import MAX_UNITS, unit_cap
+    assert unit_cap(merge_block_s) == MAX_UNITS and -(-MAX_UNITS // merge_block_s) <= 32 // merge_block_s
+    with decode_configs.override(balance_merge_values=16):
+        old = decode_launch._Plan(next(iter(decode_launch._PLANS))).launches(max_len)[0]
+    assert old.constexprs["MERGE_BLOCK_S"] == merge_block_s // 4
+    assert {k: v for k, v in old.constexprs.items() if k != "MERGE_BLOCK_S"} == {
+        k: v for k, v in split.constexprs.items() if k != "MERGE_BLOCK_S"}
+    assert old.fixed == split.fixed and old.grid == split.grid
+
+
+@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+def test_two_programs_an_sm_keep_the_merge_budget(monkeypatch):
+    """A balanced launch of two or more programs an SM (fp8 main tiles, 64/8 heads: 264 slots)
+    keeps 16 values a thread a merge round: there its registers may bound the occupancy."""
+    plan = _plan_of(monkeypatch, batch=9, max_len=48279, page=64, num_heads=64, num_kv_heads=8,
+                    kv_dtype=torch.float8_e4m3fn)
+    split = plan.launches(48279)[0]
+    assert split.constexprs["BALANCED"] and split.grid[0] == _slots(plan, 48279) > SM_COUNT
+    cfg = plan.config_for(48279)
+    assert split.constexprs["MERGE_BLOCK_S"] == min(16, 16 * 32 * cfg.num_warps // (plan.merge_rows * 128))
