@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole sweep beside FlashInfer (H200), one call: FlashInfer's modules for every sweep row
 # prebuilt in their own build folders, then every row timed, kvattn and FlashInfer's kernels in
-# the same run (why the prebuild: lab/notes/method.md "FlashInfer's prebuild and the timed phase's compiles"); the
+# the same run (why the prebuild: lab/notes/method.md "Method: FlashInfer's prebuild and the timed phase's compiles"); the
 # report's per-class geometric means and worst ratios are issue 40's and 41's figures.
 # Carry [".peers"] (FlashInfer 0.7.2.post1 staged by ../shared/peers/flashinfer/stage.sh).
 # SEL narrows the rows (run.py --filter words, e.g. SEL="sw0,sw1,sw2") where one call does not hold them all.
