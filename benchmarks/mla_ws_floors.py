@@ -6,7 +6,14 @@ of the kernel (so its relative imports resolve) from a file in a temporary folde
 kernel's source from its file). The results are wrong by design: for timing only.
 
 * ``nocopies``: the copy warp signals each part full without copying (the buffers keep whatever
-  they held): the time without the HBM reads.
+  they held): the time without the HBM reads. Both copy paths are patched: ``_copy_part`` (pages
+  of 64+, one box a 64-column piece) and ``_copy_part_pages`` (pages of 16 / 32, one box a page);
+  without the second, the floor at small pages would still copy everything. The signal needs no
+  page id, so at small pages the floor also drops each page's row taken out of its lane (a lane
+  reduction a page and part, feeding only the boxes' coordinates). The page-table reads stay in
+  the source on both paths, but feed nothing once the boxes are gone, and the compiler drops
+  them (sm_90a PTX: fewer ``ld.global``): the floor is the kernel less its copies (the copy warp
+  still waits for each part free and signals it full), at every page size alike.
 * ``nopv``: no P.V products (the accumulators pass through).
 * ``noscores``: no score products (zero scores).
 * ``noconvert``: the e4m3 form's values are not converted to float16 (P.V reads stale buffers).
@@ -15,6 +22,12 @@ Each patch names the exact text it replaces, so an edit of the kernel that moves
 loudly rather than timing the unpatched kernel. :func:`floor_kernel` returns the patched
 ``mla_gluon_ws_kernel``; ``benchmarks/tune_mla.py``'s ``ws_no*`` variants launch it in place of
 the library's (``kvattn.ops.mla.plan.mla_gluon_ws_kernel``).
+
+Timing a floor over pages of 16 (``tune_mla.py --sweep`` takes the sweep's MLA rows; the
+registry's have pages of 64 only), e.g. sw77 (bf16, 128 heads, 5 ragged requests, pages of 16),
+the kernel and its copy-less floor in one run, on the device from the repository root::
+
+    PYTHONPATH=src python benchmarks/tune_mla.py --sweep --filter sw77 --variants default,ws_nocopies
 """
 
 from __future__ import annotations
@@ -31,6 +44,16 @@ PATCHES = {
         "    mbarrier.expect(bar_full, BLOCK_N * COLS * dst.dtype.primitive_bitwidth // 8)\n"
         "    for c in gl.static_range(COLS // 64):\n"
         "        tma_load(kv_desc, [row, COL0 + c * 64], bar_full, dst.slice(c * 64, 64, dim=1))\n",
+        "    mbarrier.arrive(bar_full, count=1)\n",
+    ), (
+        # pages of 16 / 32 (_copy_part_pages): the same signal in place of the expect and the
+        # per-page boxes; the page's row taken out of its lane goes too (it feeds only the boxes)
+        "    mbarrier.expect(bar_full, BLOCK_N * COLS * dst.dtype.primitive_bitwidth // 8)\n"
+        "    for j in gl.static_range(BLOCK_N // PAGE_SIZE):\n"
+        "        row = gl.sum(gl.where(offs == FIRST + j, rows, 0), 0)\n"
+        "        part = dst.slice(j * PAGE_SIZE, PAGE_SIZE, dim=0)\n"
+        "        for c in gl.static_range(COLS // 64):\n"
+        "            tma_load(kv_desc, [row, COL0 + c * 64], bar_full, part.slice(c * 64, 64, dim=1))\n",
         "    mbarrier.arrive(bar_full, count=1)\n",
     )],
     "nopv": [

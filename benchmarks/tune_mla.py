@@ -7,6 +7,11 @@ CUDA-graph replays (``do_bench``, L2 flushed); the winners go into ``src/kvattn/
 Usage (on the device, from the repository root)::
 
     PYTHONPATH=src python benchmarks/tune_mla.py --filter "Hq128 64x4096" --variants default,bn16s3
+
+``--sweep`` times the sweep's MLA rows (``benchmarks/sweep.py``: ragged lengths, pages of 16, 32
+and 64) instead of the registry's (pages of 64 only), e.g. a timing floor over pages of 16::
+
+    PYTHONPATH=src python benchmarks/tune_mla.py --sweep --filter sw77 --variants default,ws_nocopies
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from unittest import mock
 if __package__ in (None, ""):  # run as a script
     import _paths  # noqa: F401
 
-from benchmarks import mla_ws_floors, shapes, tuning  # noqa: E402
+from benchmarks import mla_ws_floors, shapes, sweep, tuning  # noqa: E402
 
 VARIANTS = {
     "default": {},
@@ -95,8 +100,12 @@ VARIANTS = {
 
 
 def main(argv=None, grid=None) -> int:
-    """``grid``: the shapes to time (default: the registry's MLA shapes), before ``--filter``."""
-    args = tuning.parse_args(__doc__, argv)
+    """``grid``: the shapes to time (default: the registry's MLA shapes, or the sweep's with
+    ``--sweep``), before ``--filter``."""
+    args = tuning.parse_args(__doc__, argv, extra=lambda ap: ap.add_argument(
+        "--sweep", action="store_true", help="the sweep's MLA rows (benchmarks/sweep.py) instead of the registry's"))
+    if grid is None:
+        grid = [s for s in sweep.SWEEP if s.suite == "mla"] if args.sweep else shapes._mla_grid()
     from kvattn.ops.mla import configs as mla_configs
     from kvattn.ops.mla import plan as mla_launch
 
@@ -115,7 +124,7 @@ def main(argv=None, grid=None) -> int:
                 mla_launch._PLANS.clear()
         return context
 
-    tuning.time_variants(shapes._mla_grid() if grid is None else grid, args, context_for, workspace_mib=256)
+    tuning.time_variants(grid, args, context_for, workspace_mib=256)
     return 0
 
 

@@ -232,6 +232,30 @@ def test_ws_fp8_timing_floors_compile():
         assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", got["ptx"])) == (0 if floor == "noconvert" else 256)
         assert len(re.findall(r"cp\.async\.bulk\.tensor", got["ptx"])) == (0 if floor == "nocopies" else 18)
 
+
+@pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
+def test_ws_nocopies_floor_copies_nothing_over_small_pages(fp8):
+    """Over pages of 16 the copy warp copies page by page (``_copy_part_pages``), apart from the
+    path of pages of 64+: the ``nocopies`` floor patches both, so its copy warp issues no TMA load
+    and expects no bytes where the library's kernel issues a box a page (4 x 18) against each part's
+    byte count; the products are the same, so the floor times the kernel less its copies."""
+    page = 16
+    wgmma = r"m64n64k32\.f32\.e4m3\.e4m3" if fp8 else r"m64n64k16\.f32\.bf16\.bf16"
+    counts = {}
+    for name, kernel in (("library", "kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel"),
+                         ("floor", "benchmarks.mla_ws_floors.floor_kernel_nocopies")):
+        if fp8:
+            ptx = _compile_fp8(kernel, PAGE_SIZE=page)["ptx"]
+        else:
+            ptx = compile_sm90(kernel, dict(WS_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
+                               floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(page))["ptx"]
+        counts[name] = {"tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                        "expect": len(re.findall(r"expect_tx", ptx)),
+                        "scores": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\." + wgmma, ptx))}
+    assert counts["library"]["tma"] == 18 * _boxes_a_tile(page) and counts["library"]["expect"] == 6
+    assert counts["floor"]["tma"] == 0 and counts["floor"]["expect"] == 0
+    assert counts["floor"]["scores"] == counts["library"]["scores"] == (36 if fp8 else 72)
+
 # ---------------------------------------------------------------------------------------------
 # Multi-token prediction (Q_LEN > 1): the per-row key limits cost no product, register or buffer
 # ---------------------------------------------------------------------------------------------

@@ -460,6 +460,26 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
         assert not _env.gluon_ws()
 
 
+def test_tune_mla_times_the_sweeps_small_page_rows(monkeypatch):
+    """``tune_mla.py --sweep`` takes the sweep's MLA rows (the registry's have pages of 64 only), so
+    a floor is timed over pages of 16: sw77 (128 heads, bf16, pages of 16) reaches the variants,
+    and ``ws_nocopies`` puts the floor in the warp-specialised kernel's place at pages of 16."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    from benchmarks import mla_ws_floors, tune_mla, tuning
+
+    seen = []
+
+    def collect(grid, args, context_for, *, workspace_mib):
+        seen.extend(s for s in grid if any(f in s.id for f in args.filter))
+        with context_for(seen[0], "ws_nocopies")():
+            seen.append(_plan(monkeypatch, page=16).launches(4096)[0])
+
+    monkeypatch.setattr(tuning, "time_variants", collect)
+    assert tune_mla.main(["--sweep", "--filter", "sw77", "--variants", "default,ws_nocopies"]) == 0
+    shape, launch = seen
+    assert shape.id.startswith("sw77 mla bf16 Hq128") and shape.page_size == 16 and shape.num_qo_heads == 128
+    assert launch.kernel is mla_ws_floors.floor_kernel("nocopies")
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("q_len,hq", [(4, 16), (2, 16), (2, 64)], ids=["Q4-Hq16", "Q2-Hq16", "Q2-Hq64"])
 def test_mtp_rows_fill_the_ws_kernels_tile(q_len, hq, dtype, monkeypatch):
