@@ -4,7 +4,7 @@
 # alternates them twice where the call has the time); then the new tree's forms table (host time of every call form against the call with `out`), and
 # in the new tree MLA's splits of one tile pair on the seesaw (`kvattn`) against min_chunk 256
 # (`kvattn-mc256`, the previous plan exactly) over the 38 MLA rows (lab/notes/mla-ragged.md "MLA:
-# splits of one tile pair on the seesaw").
+# splits of one tile pair on the seesaw"), after sw77's and sw70's no-copies floors.
 # Before the call, here (.dev/ in .git/info/exclude; carry [".dev"]):
 #   rm -rf .dev && mkdir -p .dev/old .dev/new
 #   git archive e5f67df src benchmarks | tar -x -C .dev/old
@@ -18,6 +18,10 @@ python3 benchmarks/compare_runs.py "$OUT/old-new" old new > "$OUT/old-new.md" 2>
 echo "A/B: $(( $(date +%s) - t0 )) s"
 (cd .dev/new && PYTHONPATH=src timeout 60 python3 benchmarks/host_time.py \
   --forms-only --json "$OUT/host-forms.json") > "$OUT/host-forms.txt" 2>&1; cat "$OUT/host-forms.txt"
+# sw77 (128 heads, pages of 16) and sw70 (32 heads, pages of 32) beside their no-copies floors:
+# whether the copies over small pages are the 6-12 us the MLA launch model does not place.
+for row in sw77 sw70; do (cd .dev/new && PYTHONPATH=src timeout 45 python3 benchmarks/tune_mla.py --sweep \
+  --filter "$row " --variants default,ws_nocopies); done > "$OUT/mla-floors.txt" 2>&1; cat "$OUT/mla-floors.txt"
 left=$(( ${TOTAL:-560} - $(date +%s) + t0 ))
 (cd .dev/new && PYTHONPATH=src timeout $left python3 benchmarks/run.py --suite sweep,mla --filter mla --no-peers \
   --graph-only --warmup 10 --rep 30 --ab mc256:mla:min_chunk=256 --out "$OUT/ab-mc.json" --md "$OUT/ab-mc.md" \
