@@ -252,13 +252,27 @@ class _Plan:
 def _gluon_fits(cfg: mla_configs.MLAConfig, kv_format: str, q_dtype, kv_dtype, kv_shape, kv_stride,
                 aligned16: bool) -> bool:
     """Whether a Gluon kernel (:mod:`.kernels_gluon`, or :mod:`.kernels_gluon_ws` where it takes the entry) runs
-    a launch: 16-bit cache and query of one dtype, 64 heads a program, 64-key tiles over pages of a
-    multiple of 64 tokens or of 16 or 32 (:func:`_tile_pages`), and rows TMA can address as one
-    ``[pages * page, 576]`` view (16-byte aligned base and row stride, pages back to back)."""
+    a launch: 16-bit cache and query of one dtype on a Gluon tile and cache view (:func:`_gluon_tiles_fit`)."""
+    return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and not cfg.qk_fp8
+            and _gluon_tiles_fit(cfg, kv_shape, kv_stride, aligned16, elem_bytes=2))
+
+
+def _ws_fp8_fits(cfg: mla_configs.MLAConfig, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16: bool) -> bool:
+    """Whether the warp-specialised kernel's e4m3 form (:mod:`.kernels_gluon_ws`) runs an fp8 launch: an
+    e4m3 query over an e4m3 cache on the fp8-score entry, on a Gluon tile and cache view
+    (:func:`_gluon_tiles_fit`)."""
+    return (q_dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and cfg.qk_fp8
+            and _gluon_tiles_fit(cfg, kv_shape, kv_stride, aligned16, elem_bytes=1))
+
+
+def _gluon_tiles_fit(cfg: mla_configs.MLAConfig, kv_shape, kv_stride, aligned16: bool, elem_bytes: int) -> bool:
+    """What both Gluon kernels need of the entry and the cache: 64 heads a program in M (not heads in
+    N), 64-key tiles of 8 warps over pages of a multiple of 64 tokens or of 16 or 32
+    (:func:`_tile_pages`), and rows TMA can address as one ``[pages * page, 576]`` view (16-byte
+    aligned base and row stride, pages back to back, row indices within int32)."""
     pages, page = kv_shape[0], kv_shape[1]
-    return (BY_NAME[kv_format].element_bits == 16 and q_dtype == kv_dtype and cfg.block_h == 64
-            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and not cfg.qk_fp8
-            and _tile_pages(page) and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * 2) % 16 == 0
+    return (cfg.block_h == 64 and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n
+            and _tile_pages(page) and aligned16 and kv_stride[-1] == 1 and (kv_stride[1] * elem_bytes) % 16 == 0
             and kv_stride[0] == page * kv_stride[1] and pages * page < 2**31)
 
 
@@ -269,19 +283,6 @@ def _tile_pages(page: int) -> bool:
     kernels' ``PAGE_SIZE < BLOCK_N`` path). Smaller pages would take more boxes than the copies
     afford (lab/notes/mla.md "MLA: Gluon kernels over pages of 16 and 32")."""
     return page % GLUON_BLOCK_N == 0 or page in (16, 32)
-
-
-def _ws_fp8_fits(cfg: mla_configs.MLAConfig, q_dtype, kv_dtype, kv_shape, kv_stride, aligned16: bool) -> bool:
-    """Whether the warp-specialised kernel's e4m3 form (:mod:`.kernels_gluon_ws`) runs an fp8 launch: an
-    e4m3 query over an e4m3 cache on the fp8-score entry with 64 heads a program in M (not heads in
-    N), 64-key tiles over pages of a multiple of 64 tokens or of 16 or 32 (:func:`_tile_pages`), rows
-    TMA can address as one ``[pages * page, 576]`` byte view (16-byte aligned base and row stride,
-    pages back to back)."""
-    pages, page = kv_shape[0], kv_shape[1]
-    return (q_dtype == FP8_DTYPE and kv_dtype == FP8_DTYPE and cfg.qk_fp8 and cfg.block_h == 64
-            and cfg.block_n == 64 and cfg.num_warps == 8 and not cfg.heads_as_n and _tile_pages(page) and aligned16
-            and kv_stride[-1] == 1 and kv_stride[1] % 16 == 0 and kv_stride[0] == page * kv_stride[1]
-            and pages * page < 2**31)
 
 
 GLUON_BLOCK_N = 64  # keys a Gluon program's tile holds (64 rows of the cache)
