@@ -39,12 +39,6 @@ class DecodeConfig:
     balance_waves: int = 4
     balance_min_chunk: int = 512
     balance_max_waves: int = 4  # launches of more items than this many waves keep the uniform split
-    # float32 partial values a thread the in-kernel merge of a balanced launch of one program an SM
-    # loads a round (plan._merge_block_s; other launches: 16). Its registers do not bound that
-    # launch's occupancy (its shared memory does), and the merge of a long request's up to 32 units
-    # sits on the launch's critical path a round at a time (lab/notes/decode-ragged-batches.md
-    # "One KV head: the merge rounds at the end of the deal"); 16 keeps the old rounds.
-    balance_merge_values: int = 64
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.

@@ -290,18 +290,14 @@ class _Plan:
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
                 or cfg is self.cfg_short):
             return None
-        slots = decode_configs.resident_slots(cfg, sm_count=self.sm_count, kv_format=self.kv_format,
-                                              head_dim=self.head_dim, rope_query=self.rope_query)
-        # Which launches deal is decided at the old round size (a uniform batch's splits in at most
-        # MAX_BALANCED_ROUNDS rounds of it), so the set of balanced launches stays the measured one;
-        # one program an SM then loads more partials a round (configs.balance_merge_values).
-        if cdiv(splits, _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS))) > MAX_BALANCED_ROUNDS:
+        merge_block_s = _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS))
+        if cdiv(splits, merge_block_s) > MAX_BALANCED_ROUNDS:
             return None
-        values = cfg.balance_merge_values if slots <= self.sm_count else _MERGE_VALUES
-        merge_block_s = _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS), values)
         if not decode_configs.balance_pays(cfg, items=self.items, sm_count=self.sm_count, kv_format=self.kv_format,
                                            head_dim=self.head_dim, rope_query=self.rope_query):
             return None
+        slots = decode_configs.resident_slots(cfg, sm_count=self.sm_count, kv_format=self.kv_format,
+                                              head_dim=self.head_dim, rope_query=self.rope_query)
         target = max(self.batch * splits, decode_configs.balance_target(
             cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
             kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
@@ -367,24 +363,15 @@ MAX_MERGE_ROUNDS = 2
 # few-item launches at 4 partials a round: 45 requests at 8/1 heads on long tiles, 14 splits.
 MAX_BALANCED_ROUNDS = 4
 # The partials a balanced launch's merge loads a round are sized for this many (_merge_block_s's
-# register budget caps it first except on one-row tiles and one-program-an-SM launches), whatever
-# MAX_UNITS is: the round size the balanced launches were measured with; a request's 32 units merge
-# in 2 rounds at most where the budget allows it.
+# register budget caps it first except on one-row tiles), whatever MAX_UNITS is: the round size
+# the balanced launches were measured with.
 _BALANCED_ROUND_UNITS = 16
 
 
-# float32 values a thread the in-kernel merge loads a round (_merge_block_s): 32 took the one-row
-# RoPE kernel from 128 registers to 168, a program less an SM.
-_MERGE_VALUES = 16
-
-
-def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int, values: int = _MERGE_VALUES) -> int:
-    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at
-    ``values`` a thread. A balanced launch of one program an SM takes
-    ``configs.balance_merge_values`` (64 on the long tiles at 8 or 16 rows: 217 registers, no
-    stack, for 4, 8 and 16 partials a round alike, sm_90a, Triton 3.6: its shared memory, not its
-    registers, keeps it at one program an SM)."""
-    return min(next_power_of_2(splits), max(1, values * 32 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
+def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
+    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at 16
+    values a thread (32 took the one-row RoPE kernel from 128 registers to 168)."""
+    return min(next_power_of_2(splits), max(1, 512 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
 
 
 def _given(plan: _Plan, name: str) -> str:
