@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from kvattn.ops.decode import configs as decode_configs
-    from kvattn.ops.decode.kernels import decode_split_kernel
+    from kvattn.ops.decode.kernels import SPLIT_TUPLES, decode_split_kernel
 
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -54,7 +54,10 @@ def main(argv=None) -> int:
             for key, val in getattr(kernel.src, "constants", {}).items():
                 index = key[0] if isinstance(key, tuple) else key
                 pname = decode_split_kernel.arg_names[index] if isinstance(index, int) else str(index)
-                if pname in _INTERESTING:
+                members = SPLIT_TUPLES.get(pname) if isinstance(val, tuple) else None
+                if members is not None:  # a constexpr tuple: its members by their names
+                    named.update((m, v) for m, v in zip(members, val) if m in _INTERESTING)
+                elif pname in _INTERESTING:
                     named[pname] = val
             md = kernel.metadata
             line = (f"regs {kernel.n_regs:3d} spills {kernel.n_spills:3d} smem {md.shared:6d} "

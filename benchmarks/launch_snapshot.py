@@ -8,7 +8,8 @@ does, staged prefill pages, merges, local lengths, ragged drafts) runs twice, ev
 Triton's ``JITFunction.run`` receives it: the kernel, the grid, the options and every parameter by
 name; a tensor as its dtype, shape, strides and which of the launch's tensors it shares memory with
 (data pointers differ from run to run), a tensor descriptor as its class, its base so, its shape,
-strides, block shape, layout and padding; a scalar as its type and value. The faked GPU is
+strides, block shape, layout and padding; a scalar as its type and value; a tuple parameter
+(``TUPLES``) as its members, each by its name. The faked GPU is
 ``tests/runtime/test_fast_launch.py``'s ``FakeGPU`` (Triton's own binding and keys, no kernel runs);
 merges, local lengths and ragged drafts run in the interpreter.
 
@@ -32,6 +33,22 @@ if __package__ in (None, ""):  # run as a script
     import _paths  # noqa: F401
 
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
+# Kernels with tuple parameters: where their members are named. A tuple is recorded as its members,
+# each by its name, as a flat parameter of that name would be (Triton hands the GPU the members).
+TUPLES = {
+    "decode_split_kernel": "kvattn.ops.decode.kernels.SPLIT_TUPLES",
+    "context_kernel": "kvattn.ops.prefill.kernels.CONTEXT_TUPLES",
+}
+
+
+def _tuples(kernel: str) -> dict:
+    """The tuple parameters of the kernel named ``kernel``, each by its members' names."""
+    import importlib
+
+    if kernel not in TUPLES:
+        return {}
+    module, attr = TUPLES[kernel].rsplit(".", 1)
+    return getattr(importlib.import_module(module), attr)
 
 
 def _seen(value, memory: dict):
@@ -61,11 +78,18 @@ def _recording(records: list):
             fn = self.fn
             named = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k not in OPTIONS})
             memory: dict = {}
+            tuples = _tuples(fn.__name__)
+            flat = {}
+            for k, v in named.arguments.items():
+                if k in tuples and isinstance(v, tuple) and len(v) == len(tuples[k]):
+                    flat.update(zip(tuples[k], v))
+                else:
+                    flat[k] = v
             records.append({
                 "kernel": fn.__name__, "warmup": warmup,
                 "grid": list(grid(named.arguments) if callable(grid) else grid),
                 "options": {k: _seen(kwargs[k], {}) for k in sorted(kwargs) if k in OPTIONS},
-                "args": {k: _seen(v, memory) for k, v in named.arguments.items()},
+                "args": {k: _seen(v, memory) for k, v in flat.items()},
             })
             return real(self, *args, grid=grid, warmup=warmup, **kwargs)
 

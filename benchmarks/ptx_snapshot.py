@@ -48,6 +48,12 @@ KERNELS = {
     "merge_states": "kvattn.ops.merge.kernels.merge_states_kernel",
     "local_lengths": "kvattn.ops.merge.kernels.local_lengths_kernel",
 }
+# Kernels with tuple parameters: where their members are named (a configuration names each member
+# as a parameter of its own; compile_sm90 builds the tuples)
+TUPLES = {
+    "decode_split": "kvattn.ops.decode.kernels.SPLIT_TUPLES",
+    "context": "kvattn.ops.prefill.kernels.CONTEXT_TUPLES",
+}
 FLOATS = ("logit_factor", "out_factor", "soft_cap_value", "rope_theta", "rope_scale", "k_scale_factor",
           "v_scale_factor", "sf_div", "skip_factor")
 
@@ -100,6 +106,14 @@ def _decode_table(kind: str, kv_format: str = "bfloat16", rope: bool = False) ->
                 warps=cfg.num_warps, stages=cfg.num_stages)
 
 
+def _tuples(kernel: str) -> dict:
+    """The tuple parameters of kernel ``kernel`` (a key of KERNELS), each by its members' names."""
+    if kernel not in TUPLES:
+        return {}
+    module, attr = TUPLES[kernel].rsplit(".", 1)
+    return getattr(importlib.import_module(module), attr)
+
+
 def configs() -> dict[str, dict]:
     """Every configuration: name -> ``compile_sm90`` keywords (``kernel`` by its key in KERNELS)."""
     out: dict[str, dict] = {}
@@ -111,7 +125,7 @@ def configs() -> dict[str, dict]:
         out[f"decode_split/{name}"] = dict(
             kernel="decode_split", constexprs=cx, ptrs=dict(_DEC_PTRS, k_ptr=ptr, v_ptr=ptr), floats=FLOATS,
             warps=t["warps"], stages=t["stages"], descs=descs,
-            ptx_hints=bool(cx["KV_TMA"] and cx["KV_EVICT_FIRST"]))
+            ptx_hints=bool(cx["KV_TMA"] and cx["KV_EVICT_FIRST"]), tuples=_tuples("decode_split"))
 
     dec("main-bf16-p16", "main")
     dec("main-bf16-p16-lse-window-sinks", "main", STORE_LSE=True, HAS_WINDOW=True, HAS_SINKS=True)
@@ -201,7 +215,7 @@ def configs() -> dict[str, dict]:
             ("bf16-d256", dict(HEAD_DIM=256, BLOCK_N=32), "*bf16", 8, 2)):
         out[f"context/{name}"] = dict(kernel="context", constexprs=dict(_CTX, **over),
                                       ptrs=dict(_CTX_PTRS, q_ptr="*bf16", out_ptr="*bf16", k_ptr=kv, v_ptr=kv),
-                                      floats=FLOATS, warps=warps, stages=stages)
+                                      floats=FLOATS, warps=warps, stages=stages, tuples=_tuples("context"))
 
     def ws(name, dtype="bf16", kv=None, v=None, **over):
         kv = kv or dtype
@@ -251,13 +265,16 @@ def configs() -> dict[str, dict]:
 
 
 def _check_constexprs(name: str, case: dict) -> None:
-    """Refuse a configuration that leaves a constexpr out (it would compile as an i32 argument)."""
+    """Refuse a configuration that leaves a constexpr (or a member of a constexpr tuple) out: it
+    would compile as an i32 argument."""
     module, attr = KERNELS[case["kernel"]].rsplit(".", 1)
     fn = getattr(importlib.import_module(module), attr)
     fn = getattr(fn, "fn", fn)  # the Python function (a JIT or an interpreted kernel wraps it)
     while hasattr(fn, "fn"):
         fn = fn.fn
-    want = {name for name, p in inspect.signature(fn).parameters.items() if "constexpr" in str(p.annotation)}
+    tuples = case.get("tuples", {})
+    want = {member for name, p in inspect.signature(fn).parameters.items() if "constexpr" in str(p.annotation)
+            for member in tuples.get(name, (name,))}  # a constexpr tuple's members by their names
     got = set(case["constexprs"])
     if want != got:
         raise SystemExit(f"{name}: constexprs missing {sorted(want - got)}, unknown {sorted(got - want)}")

@@ -8,7 +8,9 @@ its last one ends), each program costing its keys plus a fixed 64 keys, and prin
 over the perfectly balanced time (total keys / slots), for the uniform split and for the balanced
 split of the launch's plan (mla/plan.py, ``BALANCED``; "uniform kept" where the plan keeps the
 uniform split: one split, or an equal batch). Rows with few programs over many slots (the batch
-too small to fill the GPU) read high for that reason too.
+too small to fill the GPU) read high for that reason too. It plans with the table's ``min_chunk``
+(256); launches the warp-specialised kernel runs now plan with ``configs.SEESAW_PLAN`` (128 keys,
+one split up to 256), which ``lab/probes/mla_launches.py`` lays out as the plan does.
 
     PYTHONPATH=src python lab/probes/mla_balance_sim.py
 """

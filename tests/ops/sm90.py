@@ -27,23 +27,35 @@ from triton.compiler import ASTSource
 case = json.loads(sys.argv[1])
 module, name = case["kernel"].rsplit(".", 1)
 fn = getattr(importlib.import_module(module), name)
-sig, attrs = {}, {}
-for i, arg in enumerate(fn.arg_names):
+sig, attrs, constexprs = {}, {}, {}
+
+
+def typed(arg, path):  # the signature type of parameter (or tuple member) arg at path, by its name
     if arg in case["constexprs"]:
+        constexprs[path] = case["constexprs"][arg]
+        return "constexpr"
+    if arg in case["descs"]:
+        return case["descs"][arg]
+    if arg.endswith("_ptr"):
+        attrs[path] = [["tt.divisibility", 16]]
+        return case["ptrs"].get(arg, case["default_ptr"])
+    if arg.startswith("stride"):
+        attrs[path] = [["tt.divisibility", 16]]
+    return "fp32" if arg in case["floats"] else "i32"
+
+
+for i, arg in enumerate(fn.arg_names):
+    members = case["tuples"].get(arg)
+    if members is None:
+        sig[arg] = typed(arg, (i,))
+    elif all(m in case["constexprs"] for m in members):  # a constexpr tuple
         sig[arg] = "constexpr"
-    elif arg in case["descs"]:
-        sig[arg] = case["descs"][arg]
-    elif arg.endswith("_ptr"):
-        sig[arg] = case["ptrs"].get(arg, case["default_ptr"])
-        attrs[(i,)] = [["tt.divisibility", 16]]
-    else:
-        sig[arg] = "fp32" if arg in case["floats"] else "i32"
-        if arg.startswith("stride"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
+        constexprs[(i,)] = tuple(case["constexprs"][m] for m in members)
+    else:  # members typed as the parameters they stand for (a constexpr member: as Triton specialises a 1)
+        sig[arg] = tuple(typed(m, (i, j)) for j, m in enumerate(members))
 if case["gluon"]:
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-src = ASTSource(fn, signature=sig, attrs=attrs,
-                constexprs={(fn.arg_names.index(k),): v for k, v in case["constexprs"].items()})
+src = ASTSource(fn, signature=sig, attrs=attrs, constexprs=constexprs)
 if case["ptx_hints"]:
     from kvattn.runtime.ptx_hints import applied as scope
 else:
@@ -93,18 +105,23 @@ def skip_unless_gpu_verified(elsewhere: str) -> None:
 
 def compile_sm90(kernel: str, constexprs: dict, *, ptrs: dict, floats: tuple = (), default_ptr: str = "*bf16",
                  warps: int = 4, stages: int = 3, gluon: bool = False, descs: dict | None = None,
-                 sass: bool = False, ptx_hints: bool = False, options: dict | None = None) -> dict:
+                 sass: bool = False, ptx_hints: bool = False, options: dict | None = None,
+                 tuples: dict | None = None) -> dict:
     """``{"ttgir", "ptx", "shared", "reg", "stack"}`` of ``kernel`` (``"module.name"``; a Gluon
     kernel with ``gluon``) compiled for sm_90a: pointer arguments typed by ``ptrs`` (else
     ``default_ptr``), tensor descriptors by ``descs`` (signature strings), ``floats`` fp32
     scalars, other scalars i32; with ``sass``, also ``"sass"`` (cuobjdump's disassembly).
     ``reg`` / ``stack`` / ``sass`` are absent where Triton has no cuobjdump. With ``ptx_hints``
     the compile runs inside :func:`kvattn.runtime.ptx_hints.applied`, as kvattn launches marked kernels.
-    ``options``: more compile options (``maxnreg``)."""
+    ``options``: more compile options (``maxnreg``). ``tuples``: the kernel's tuple parameters, each
+    by its members' names (``kvattn.ops.decode.kernels.SPLIT_TUPLES``); every other argument names
+    the members, typed as flat parameters of those names would be (a member named in
+    ``constexprs``: a constexpr, as Triton specialises an int of 1), and a tuple all of whose
+    members are in ``constexprs`` is a constexpr tuple."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     case = json.dumps(dict(kernel=kernel, constexprs=constexprs, ptrs=ptrs, floats=list(floats),
                            default_ptr=default_ptr, warps=warps, stages=stages, gluon=gluon, descs=descs or {},
-                           sass=sass, ptx_hints=ptx_hints, options=options or {}))
+                           sass=sass, ptx_hints=ptx_hints, options=options or {}, tuples=tuples or {}))
     res = subprocess.run([sys.executable, "-c", _SCRIPT, case], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         pytest.fail(f"sm_90a compile of {kernel} failed:\n{res.stderr[-3000:]}")

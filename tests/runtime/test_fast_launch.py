@@ -67,7 +67,9 @@ INTS = [0, 1, 2, 15, 16, 17, 32, 48, -1, -15, -16, -17, -(2**31), -(2**31) - 1, 
 def spec_values():
     buf = torch.zeros(64, dtype=torch.float16)
     return [*INTS, True, False, 0.0, 1.0, -2.5, None, buf, buf[1:], buf[8:], buf[3:], buf.view(torch.int16),
-            buf.view(torch.int16)[1:], buf.float(), buf.float()[2:], buf.view(torch.uint8)[16:]]
+            buf.view(torch.int16)[1:], buf.float(), buf.float()[2:], buf.view(torch.uint8)[16:],
+            # tuples: each member specialised as an argument of its own
+            (16, 17), (32, 33), (16, 1), (17, 16), (16, 2**31), (16,), (16, 17, 0), (0.5, 16), (buf, 16), (buf[1:], 16)]
 
 
 def test_arg_spec_partitions_values_as_triton_does():
@@ -145,6 +147,13 @@ def _toy(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr):
 
 def _toy_interleaved(x_ptr, BLOCK: tl.constexpr, n):
     pass
+
+
+def _toy_tuples(x_ptr, strides, n, SHAPE: tl.constexpr):
+    pass
+
+
+TOY_TUPLES = dict(strides=("stride_a", "stride_b"), SHAPE=("BLOCK", "FLAG"))
 
 
 TOY = JITFunction(_toy)  # never compiled: only its parameters are read
@@ -240,6 +249,51 @@ def test_names_resolve_to_the_kernels_parameter_order():
     assert (inter.static_key() is not None) == fast_launch.TRITON_SUPPORTED  # the fast path takes it too
     assert [inter.argument(n, call) for n in ("BLOCK", "n")] == [16, 7]
     assert inter.argument("x_ptr", call) is call.tensors[1]
+
+
+def _tuple_launch(**kw):
+    args = dict(layout=TOY_LAYOUT, per_call=dict(x_ptr="y"), fixed=dict(stride_a=64, stride_b=1, n=7),
+                constexprs=dict(BLOCK=16, FLAG=True), options={}, tuples=TOY_TUPLES)
+    return fast_launch.Launch(JITFunction(_toy_tuples), (1,), **{**args, **kw})
+
+
+def test_tuple_parameters_are_named_by_their_members():
+    """A tuple parameter takes the tuple of its members' values, each named as a parameter of its
+    own (a constexpr tuple's among the constexprs); the launch keeps the members by name."""
+    call = fast_launch.CallArgs((_BUF[:8], _BUF[8:16]), (), (0.5,))
+    launch = _tuple_launch()
+    assert launch.argument("strides", call) == (64, 1) and launch.argument("SHAPE", call) == (16, True)
+    assert launch.argument("stride_b", call) == 1 and launch.argument("FLAG", call) is True
+    assert launch.argument("n", call) == 7 and launch.argument("x_ptr", call) is call.tensors[1]
+    assert launch.fixed["stride_a"] == 64 and launch.constexprs["BLOCK"] == 16
+    assert (launch.static_key() is not None) == fast_launch.TRITON_SUPPORTED
+
+
+@pytest.mark.parametrize("kw,message", [
+    pytest.param(dict(fixed=dict(stride_a=64, n=7)), r"no value for \['stride_b'\]", id="member-missing"),
+    pytest.param(dict(fixed=dict(strides=(64, 1), n=7)), r"not arguments of the kernel: \['strides'\]",
+                 id="tuple-by-its-own-name"),
+    pytest.param(dict(constexprs=dict(BLOCK=16)), r"constexprs: expected \['BLOCK', 'FLAG'\]",
+                 id="constexpr-member-missing"),
+    pytest.param(dict(per_call=dict(x_ptr="y", stride_a="scale"), fixed=dict(stride_b=1, n=7)),
+                 r"tuple members take fixed values only: \['stride_a'\]", id="per-call-member"),
+    pytest.param(dict(tuples=dict(TOY_TUPLES, other=("n",))), r"tuples of no parameter: \['other'\]",
+                 id="unknown-tuple"),
+])
+def test_tuple_members_are_each_named_once(kw, message):
+    with pytest.raises(TypeError, match=message):
+        _tuple_launch(**kw)
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(dict(fixed=dict(stride_a=64, stride_b=2, n=7)), id="member-int-1"),
+    pytest.param(dict(fixed=dict(stride_a=65, stride_b=1, n=7)), id="member-not-divisible"),
+    pytest.param(dict(constexprs=dict(BLOCK=16, FLAG=1)), id="constexpr-member-type"),
+    pytest.param(dict(tuples=dict(strides=("stride_b", "stride_a"), SHAPE=("BLOCK", "FLAG"))), id="member-order"),
+])
+@FAST_PATH_TRITON
+def test_each_tuple_member_changes_the_static_key(change):
+    assert _tuple_launch(**change).static_key() != _tuple_launch().static_key()
 
 
 def test_descriptors_are_built_on_each_calls_tensor():

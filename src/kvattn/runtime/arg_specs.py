@@ -10,6 +10,7 @@ on, the defaults of unannotated parameters):
 * int: ``== 1`` (passed as a constexpr); otherwise whether it is divisible by 16, and its type:
   i32 in [-2^31, 2^31), else i64 below 2^63, else u64 below 2^64 (beyond: an OverflowError);
 * float: fp32 whatever the value; bool: u1; None: a constexpr;
+* tuple: each member's, as an argument of its own (Triton passes the members as parameters);
 * tensor descriptor (Triton's or Gluon's): its base's dtype, block shape and (Gluon) layout
   (:func:`.tma_descriptors.descriptor_spec`; the launcher encodes the rest per launch);
 * constexpr parameters: their values;
@@ -35,6 +36,7 @@ _ONE = ("constexpr", 1)
 _U1 = ("u1",)
 _FP32 = ("fp32",)
 _NONE = ("constexpr", None)
+_TUPLE = "tuple"
 
 
 class Unspecializable(TypeError):
@@ -71,4 +73,6 @@ def arg_spec(value: Any) -> tuple:
         return _NONE
     if isinstance(value, torch.Tensor):
         return value.dtype, value.data_ptr() & 15 == 0
+    if kind is tuple:
+        return _TUPLE, tuple(map(arg_spec, value))
     raise Unspecializable(f"no specialisation rule for {kind.__name__}")

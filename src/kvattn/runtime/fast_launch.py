@@ -272,16 +272,21 @@ def _grid3(grid: Sequence[int]) -> tuple[int, int, int]:
     return g + (1,) * (3 - len(g))
 
 
-def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict) -> tuple[tuple, tuple]:
+def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs: dict,
+             tuples: dict) -> tuple[tuple, tuple]:
     """``(bound, indices)``: the fixed values and constexprs in the kernel's parameter order
-    (``bound``), and for each parameter its index into ``call values + bound``. Raises TypeError
-    naming the parameters nobody gave, given twice or unknown to the kernel."""
+    (``bound``; a tuple parameter's, the tuple of its members' values), and for each parameter its
+    index into ``call values + bound``. Raises TypeError naming the parameters (or tuple members)
+    nobody gave, given twice or unknown to the kernel."""
     name = getattr(getattr(kernel, "fn", None), "__name__", None) or getattr(kernel, "__name__", "kernel")
     params = _parameters(kernel)
-    runtime = {n for n, is_constexpr in params if not is_constexpr}
-    constant = {n for n, is_constexpr in params if is_constexpr}
-    given = set(per_call) | set(fixed)
     problems = []
+    unknown = sorted(set(tuples) - {n for n, _ in params})
+    if unknown:
+        problems.append(f"tuples of no parameter: {unknown}")
+    runtime = {m for n, is_constexpr in params if not is_constexpr for m in tuples.get(n, (n,))}
+    constant = {m for n, is_constexpr in params if is_constexpr for m in tuples.get(n, (n,))}
+    given = set(per_call) | set(fixed)
     if set(per_call) & set(fixed):
         problems.append(f"given twice: {sorted(set(per_call) & set(fixed))}")
     if runtime - given:
@@ -290,6 +295,10 @@ def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs
         problems.append(f"not arguments of the kernel: {sorted(given - runtime)}")
     if set(constexprs) != constant:
         problems.append(f"constexprs: expected {sorted(constant)}, got {sorted(constexprs)}")
+    # A call's values are picked straight into place: a tuple would have to be built on every call.
+    members = sorted(set(per_call) & {m for n in tuples for m in tuples[n]})
+    if members:
+        problems.append(f"tuple members take fixed values only: {members}")
     positions = layout.positions()
     unknown = sorted(v for v in per_call.values() if v not in positions)
     if unknown:
@@ -303,7 +312,8 @@ def _resolve(kernel, layout: CallLayout, per_call: dict, fixed: dict, constexprs
             indices.append(positions[per_call[n]])
         else:
             indices.append(base + len(bound))
-            bound.append(constexprs[n] if is_constexpr else fixed[n])
+            values = constexprs if is_constexpr else fixed
+            bound.append(tuple(values[m] for m in tuples[n]) if n in tuples else values[n])
     return tuple(bound), tuple(indices)
 
 
@@ -337,9 +347,10 @@ class Launch:
 
     Each non-constexpr parameter of the kernel is named once, in ``per_call`` (the call's value of
     that name: a tensor, int or float of ``layout``) or in ``fixed`` (a scalar that follows from
-    the launch's shapes); ``constexprs`` names every constexpr parameter. The names are resolved to
-    positions here, once: a kernel parameter nobody names, or a name the kernel does not have, is a
-    TypeError now rather than a wrong argument later. Calling the launch is
+    the launch's shapes); ``constexprs`` names every constexpr parameter. A tuple parameter
+    (``tuples``) is named by its members instead, in ``fixed`` or ``constexprs``. The names are
+    resolved to positions here, once: a kernel parameter nobody names, or a name the kernel does
+    not have, is a TypeError now rather than a wrong argument later. Calling the launch is
     ``kernel[grid](**arguments, **options)``, through the compiled kernel's launcher whenever it
     can (see the module docstring).
 
@@ -353,16 +364,21 @@ class Launch:
     per_call : dict
         Kernel parameter -> the name of the call's value it takes.
     fixed : dict
-        Kernel parameter -> its value for every call of this launch.
+        Kernel parameter (or member of a tuple parameter) -> its value for every call of this launch.
     constexprs, options : dict
-        The constexpr parameters, and launch options such as ``num_warps``, ``num_stages`` or
-        ``launch_pdl``.
+        The constexpr parameters (or members of constexpr tuples), and launch options such as
+        ``num_warps``, ``num_stages`` or ``launch_pdl``.
     ptx_hints : bool
         The kernel marks its copies for :mod:`.ptx_hints`: every launch that goes through Triton
         (and may compile) runs inside :func:`.ptx_hints.applied`.
     descriptors : sequence of Descriptor
         Tensors of the call the kernel takes as TMA descriptors: each call replaces them by their
         descriptor (:func:`with_descriptors`) before launching.
+    tuples : dict
+        The kernel's tuple parameters, each by its members' names in order
+        (``kvattn.ops.decode.kernels.SPLIT_TUPLES``): the launch passes the tuple of the members'
+        values, which Triton hands the GPU as separate parameters. :attr:`fixed` and
+        :attr:`constexprs` keep the members by name.
     """
 
     def __init__(
@@ -377,6 +393,7 @@ class Launch:
         options: dict,
         ptx_hints: bool = False,
         descriptors: Sequence[Descriptor] = (),
+        tuples: dict | None = None,
     ):
         self.kernel = kernel
         self._scope = ptx_hints_applied if ptx_hints else contextlib.nullcontext
@@ -386,6 +403,7 @@ class Launch:
         self.fixed = dict(fixed)
         self.constexprs = dict(constexprs)
         self.options = dict(options)
+        self.tuples = {n: tuple(members) for n, members in (tuples or {}).items()}
         self._grid3 = _grid3(self.grid)
         self.descriptors = tuple(descriptors)
         positions = layout.positions()
@@ -393,7 +411,7 @@ class Launch:
         if unknown:
             raise TypeError(f"descriptors of tensors not in the call layout: {unknown}")
         self._described = tuple((positions[d.tensor], d.maker()) for d in self.descriptors)
-        self._bound, indices = _resolve(kernel, layout, self.per_call, self.fixed, self.constexprs)
+        self._bound, indices = _resolve(kernel, layout, self.per_call, self.fixed, self.constexprs, self.tuples)
         # Every parameter in the kernel's order (constexprs in place: Triton's launcher and
         # kernel[grid] both take them so), picked from the call's values followed by _bound.
         self._pick = _picker(indices)
@@ -407,9 +425,14 @@ class Launch:
         self.last: Any = None  # the CompiledKernel of the latest call (for tests and tools)
 
     def argument(self, name: str, call: CallArgs):
-        """The value parameter ``name`` gets in a launch for ``call`` (Triton's path's view)."""
-        position = [n for n, _ in _parameters(self.kernel)].index(name)
-        return self._pick(self.described(call).triton_values() + self._bound)[position]
+        """The value parameter ``name`` (or a member of a tuple parameter) gets in a launch for
+        ``call`` (Triton's path's view)."""
+        names = [n for n, _ in _parameters(self.kernel)]
+        values = self._pick(self.described(call).triton_values() + self._bound)
+        for n, members in self.tuples.items():
+            if name in members:
+                return values[names.index(n)][members.index(name)]
+        return values[names.index(name)]
 
     def described(self, call: CallArgs) -> CallArgs:
         """``call`` with this launch's :attr:`descriptors` in place of their tensors (``call``
@@ -431,7 +454,7 @@ class Launch:
             constexprs = tuple((n, type(v), v) for n, v in sorted(self.constexprs.items()))
             options = tuple((n, type(v), v) for n, v in sorted(self.options.items()))
             key = (self._indices, len(self.layout.tensors), len(self.layout.ints), len(self.layout.floats), scalars,
-                   constexprs, options)
+                   constexprs, options, tuple(sorted(self.tuples.items())))
             hash(key)
         except (Unspecializable, TypeError):
             return None

@@ -14,6 +14,7 @@ import re
 import pytest
 
 from kvattn.ops.decode import configs as decode_configs
+from kvattn.ops.decode.kernels import SPLIT_TUPLES
 from kvattn.runtime import ptx_hints
 
 from ..sm90 import compile_sm90, gpu_verified_fact
@@ -39,7 +40,7 @@ def _compile(constexprs: dict, kv_type: str = "*bf16", warps: int = 4, stages: i
              descs: dict | None = None, sass: bool = False) -> dict:
     got = compile_sm90("kvattn.ops.decode.kernels.decode_split_kernel", dict(BASE, **constexprs),
                        ptrs=dict(PTRS, k_ptr=kv_type, v_ptr=kv_type), floats=FLOATS, warps=warps, stages=stages,
-                       descs=descs, sass=sass,
+                       descs=descs, sass=sass, tuples=SPLIT_TUPLES,
                        ptx_hints=bool(constexprs.get("KV_TMA") and constexprs.get("KV_EVICT_FIRST")))
     if raw:
         return got

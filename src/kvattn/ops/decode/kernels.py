@@ -100,22 +100,34 @@ def _decode_item(
     item,
     q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr, mask_ptr, sinks_ptr,
     logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
-    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
-    num_rows, num_splits, num_pages, fixed_len, window_left,
-    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-    Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
-    KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
-    OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
+    stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+    SHAPE: tl.constexpr, KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr,
+    OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
-    MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr, BALANCED: tl.constexpr,
-    BLOCK_B: tl.constexpr, MIN_CHUNK: tl.constexpr,
+    MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr, BALANCE: tl.constexpr,
 ):
+    """One work item of :func:`decode_split_kernel` (its parameters, grouped as there: SPLIT_TUPLES)."""
+    HEAD_DIM: tl.constexpr = SHAPE[0]
+    PAGE_SIZE: tl.constexpr = SHAPE[1]
+    NUM_KV_HEADS: tl.constexpr = SHAPE[2]
+    GROUP: tl.constexpr = SHAPE[3]
+    Q_LEN: tl.constexpr = SHAPE[4]
+    BLOCK_M: tl.constexpr = SHAPE[5]
+    BLOCK_N: tl.constexpr = SHAPE[6]
+    M_BLOCKS: tl.constexpr = SHAPE[7]
+    BALANCED: tl.constexpr = BALANCE[0]
+    BLOCK_B: tl.constexpr = BALANCE[1]
+    MIN_CHUNK: tl.constexpr = BALANCE[2]
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h = stride_qo
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h = stride_kv
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h = stride_sf
+    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r = stride_req
+    _, num_rows, num_splits, num_pages = sizes
+    batch, unit_target = balance_sizes
+
     NUM_HEADS: tl.constexpr = NUM_KV_HEADS * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
     # RoPE with one query row on tensor cores (MHA single decode): rotate the query once per key
@@ -383,6 +395,22 @@ def _decode_item(
                 tl.store(lse_ptr + mg_rows * stride_lse_t + mg_heads, mg_lse2, mask=mg_ok)
 
 
+# decode_split_kernel's tuple parameters and their members, in order. The kernel takes them apart
+# under these names; a launch names each member (fast_launch.Launch's ``tuples`` builds the tuples),
+# and so do the sm_90a compile tools. Runtime tuples reach the GPU as their members, in this order:
+# the kernel's machine parameters are those of the flat list they replace.
+SPLIT_TUPLES = {
+    "stride_qo": ("stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h"),
+    "stride_kv": ("stride_k_p", "stride_k_s", "stride_k_h", "stride_v_p", "stride_v_s", "stride_v_h"),
+    "stride_sf": ("stride_ksf_p", "stride_ksf_s", "stride_ksf_h", "stride_vsf_p", "stride_vsf_s", "stride_vsf_h"),
+    "stride_req": ("stride_kt_b", "stride_kt_p", "stride_vt_b", "stride_vt_p", "stride_mask_b", "stride_mask_r"),
+    "sizes": ("num_items", "num_rows", "num_splits", "num_pages"),
+    "balance_sizes": ("batch", "unit_target"),
+    "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS"),
+    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT"),
+}
+
+
 @triton.jit
 def decode_split_kernel(
     q_ptr,  # [B * Q_LEN, Hq, D] query rows, request-major (last dim contiguous)
@@ -404,14 +432,23 @@ def decode_split_kernel(
     part_o_ptr,  # [num_splits, B * Q_LEN, Hq, D] float32 normalised split outputs
     part_lse_ptr,  # [num_splits, B * Q_LEN, Hq] float32 split LSEs
     counter_ptr,  # [B * Hkv * M_BLOCKS] int32 arrivals per item (MERGE; zero between launches)
-    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
-    num_items, num_rows, num_splits, num_pages, fixed_len, window_left,
-    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-    Q_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, M_BLOCKS: tl.constexpr,
+    # Strides (in elements) and sizes come in tuples (SPLIT_TUPLES names their members): a kernel of
+    # fewer parameters, with the same machine parameters (Triton passes a tuple's members one by one).
+    stride_qo,  # (stride_q_t, stride_q_h, stride_o_t, stride_o_h): q_ptr's and out_ptr's row (t) and head (h)
+    stride_kv,  # (stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h): k_ptr's and v_ptr's
+    #             page (p), slot (s) and head (h); not PAGED, s steps a token and p is unused
+    stride_sf,  # (stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h): k_sf_ptr's
+    #             and v_sf_ptr's page (p), slot (s) and head (h)
+    stride_req,  # (stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r): the
+    #              per-request arrays': k_table_ptr's and v_table_ptr's request (b) and page (p), mask_ptr's
+    #              request (b) and draft row (r)
+    stride_lse_t,  # lse_ptr's row
+    sizes,  # (num_items, num_rows, num_splits, num_pages): work items (uniform split), query rows B * Q_LEN,
+    #         splits a request, pages of the cache (page ids past it read as invalid)
+    fixed_len, window_left,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
+    balance_sizes,  # (batch, unit_target): requests B and the units a ragged balanced plan aims at (BALANCED)
+    SHAPE: tl.constexpr,  # (HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS)
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
@@ -419,9 +456,19 @@ def decode_split_kernel(
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
-    SPLIT_SPAN: tl.constexpr = 0, BALANCED: tl.constexpr = False, BLOCK_B: tl.constexpr = 1,
-    MIN_CHUNK: tl.constexpr = 0, DEAL_SLOT: tl.constexpr = 0,
+    SPLIT_SPAN: tl.constexpr = 0,
+    BALANCE: tl.constexpr = (False, 1, 0, 0),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT): the balanced split
 ):
+    # the members this body reads (_decode_item takes the tuples apart itself)
+    NUM_KV_HEADS: tl.constexpr = SHAPE[2]
+    BLOCK_N: tl.constexpr = SHAPE[6]
+    M_BLOCKS: tl.constexpr = SHAPE[7]
+    BALANCED: tl.constexpr = BALANCE[0]
+    BLOCK_B: tl.constexpr = BALANCE[1]
+    MIN_CHUNK: tl.constexpr = BALANCE[2]
+    DEAL_SLOT: tl.constexpr = BALANCE[3]
+    num_items, _, num_splits, _ = sizes
+    batch, unit_target = balance_sizes
     if KV_EVICT_FIRST and KV_TMA:
         mark_copies_evict_first()
     if USE_PDL:
@@ -447,16 +494,11 @@ def decode_split_kernel(
                 kv_start_ptr, mask_ptr,
                 sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
                 counter_ptr,
-                stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
-                num_rows, num_splits, num_pages, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
-                HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
-                KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
             )
             item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
         finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
@@ -470,32 +512,22 @@ def decode_split_kernel(
                 item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
                 mask_ptr,
                 sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
-                stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-                stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-                stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-                stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
-                num_rows, num_splits, num_pages, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
-                HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
-                KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
             )
     else:
         _decode_item(
             pid, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
             mask_ptr,
             sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
-            stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-            stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-            stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-            stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p, stride_mask_b, stride_mask_r, stride_lse_t,
-            num_rows, num_splits, num_pages, fixed_len, window_left,
-            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, batch, unit_target,
-            HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS,
-            KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+            stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+            SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCED, BLOCK_B, MIN_CHUNK,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
@@ -503,4 +535,4 @@ def decode_split_kernel(
         gdc_launch_dependents()
 
 
-__all__ = ["decode_split_kernel", "decode_combine_kernel"]
+__all__ = ["SPLIT_TUPLES", "decode_split_kernel", "decode_combine_kernel"]

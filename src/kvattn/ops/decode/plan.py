@@ -27,7 +27,7 @@ from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as decode_configs
 from ...runtime import fast_launch
-from .kernels import decode_combine_kernel, decode_split_kernel
+from .kernels import SPLIT_TUPLES, decode_combine_kernel, decode_split_kernel
 from ...runtime.common import (
     arch, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_aligned, words_allowed,
 )
@@ -382,7 +382,8 @@ def _given(plan: _Plan, name: str) -> str:
 
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
                   bal: Balance | None = None) -> fast_launch.Launch:
-    """The split kernel's launch, every argument by its parameter's name (``bal``: balanced)."""
+    """The split kernel's launch, every argument by its parameter's name, the kernel's tuples by
+    their members' (``bal``: balanced)."""
     s, has = plan.strides, plan.has
     num_items = plan.items * splits  # (balanced: the uniform split's items; a ragged plan deals its units)
     tma = cfg.tma and plan.tma_ok
@@ -435,6 +436,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             **({"launch_pdl": True} if plan.gdc and plan.enable_pdl else {}),
         ),
         ptx_hints=tma and cfg.evict_first,
+        tuples=SPLIT_TUPLES,
     )
 
 

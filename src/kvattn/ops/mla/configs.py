@@ -29,6 +29,7 @@ class MLAConfig:
     programs_per_sm: int  # resident programs an SM holds (shared memory / registers of the compile)
     waves: int = 1  # the split count fills this many whole waves of resident programs
     min_chunk: int = 256  # fewest keys worth a split of their own
+    min_split_span: int = 0  # a launch whose longest request holds at most this many keys keeps one split
     max_splits: int = 64
     qk_fp8: bool = False  # scores on fp8 tensor cores (fp8 query and cache, on wgmma)
     heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
@@ -138,6 +139,33 @@ def _fmt(kv_format: str, q_fp8: bool = False) -> str:
     return "fp8qk" if key == "fp8" and q_fp8 else key
 
 
+# Fields that shape the split plan only (how many programs, how many keys each), not the kernel a
+# launch compiles: an override of these alone keeps the launch's kernel (:func:`padded_heads`).
+PLAN_FIELDS = frozenset({"waves", "min_chunk", "max_splits", "invariant_span", "min_split_span"})
+
+# The split plan of launches the warp-specialised kernel runs (the plan applies it with
+# :func:`seesaw_plan` once it knows the kernel). Its two warpgroups take a 64-key tile each, so a
+# pair of tiles, 128 keys, is the piece it works in: a split of 128 keys keeps both busy, and on a
+# small batch whose splits the span caps (``ceil(longest / min_chunk)`` splits, most SMs idle) a
+# floor of 256 left the longest request's programs two pairs long where one would do. One-split
+# launches stay one split up to 256 keys: halving a lone program's two pairs would cost a combine
+# launch and the partials' round trip, about the pair it saves (lab/notes/mla-ragged.md "MLA: splits
+# of one tile pair on the seesaw"). The Triton kernels keep 256 (their balanced form measured
+# slower on such small rows; not re-planned here).
+SEESAW_PLAN = {"sm90": dict(min_chunk=128, min_split_span=256)}
+
+
+def seesaw_plan(arch: str, cfg: MLAConfig) -> MLAConfig:
+    """``cfg`` with the warp-specialised kernel's split plan (:data:`SEESAW_PLAN`), for a launch that
+    runs it. An :func:`override` of any split-plan field (:data:`PLAN_FIELDS`) stands in for this
+    plan whole (the fields it leaves out keep the config's values): tests that force short splits
+    get them, and ``--ab NAME:mla:min_chunk=256`` times the 256-key rule exactly."""
+    if set(_override) & PLAN_FIELDS:
+        return cfg
+    fields = SEESAW_PLAN.get(arch, {})
+    return replace(cfg, **fields) if fields else cfg
+
+
 @functools.lru_cache(maxsize=None)
 def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig:
     """The config of a launch: ``BLOCK_H`` = the head count rounded up to a power of 2 in
@@ -177,8 +205,10 @@ def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False)
     H100's memory hid their products (0.81-0.96 of copy bandwidth); on the H200 that kernel reads
     0.745 of copy bandwidth at Hq 16, where the 64-head programs, products padded, overlap their
     copies as at Hq 32 (lab/notes/mla.md "MLA: 16 heads on the seesaw"). None for other launches,
-    and while an :func:`override` is in force."""
-    if arch != "sm90" or q_fp8 or _override:
+    and while an :func:`override` of a kernel field is in force (tuning and tests pick their own
+    programs); an override of the split plan's fields only (:data:`PLAN_FIELDS`) keeps the padded
+    programs, so ``benchmarks/run.py --ab`` can time a split rule on the kernel the table runs."""
+    if arch != "sm90" or q_fp8 or set(_override) - PLAN_FIELDS:
         return None
     cfg = config(arch, kv_format, num_heads)
     wide = config(arch, kv_format, 64)
@@ -219,9 +249,10 @@ def num_splits(cfg: MLAConfig, *, items: int, span: int, sm_count: int, fit: int
     Enough programs for ``cfg.waves`` whole waves of resident programs, rounded down (the programs
     are equally long: a partly filled last wave costs nearly a whole program's time, see
     decode_configs.num_splits); no split shorter than ``min_chunk`` keys and no more partials than
-    the workspace holds (``fit``).
+    the workspace holds (``fit``); one split where the longest request holds at most
+    ``min_split_span`` keys.
     """
     items = max(items, 1)
     want = max(1, cfg.waves * sm_count * cfg.programs_per_sm // items)
-    useful = max(1, -(-span // cfg.min_chunk))
+    useful = 1 if span <= cfg.min_split_span else max(1, -(-span // cfg.min_chunk))
     return max(1, min(want, useful, cfg.max_splits, fit))

@@ -124,6 +124,8 @@ class _Plan:
         # the Triton kernel (mla/kernels_gluon.py takes 16-bit caches only).
         self.fp8_ws = ws_on and _ws_fp8_fits(cfg, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16)
         self.ws = (self.gluon and ws_on) or self.fp8_ws
+        if self.ws:  # its split plan: pieces of one tile pair (configs.SEESAW_PLAN)
+            self.cfg = cfg = mla_configs.seesaw_plan(family, cfg)
         self.gluon = self.gluon or self.fp8_ws  # (a launch that takes a TMA descriptor of the cache)
         # Batch-invariant mode: fixed-span splits (the config depends on the shape class only).
         self.invariant = f.batch_invariant

@@ -167,9 +167,7 @@ def _fold_values(
 def _context_run(
     acc, m_i, l_i, q,
     k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row,
-    stride_kt_p, stride_vt_p,
-    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
+    stride_kt_p, stride_vt_p, stride_kv, stride_sf,
     kvh, num_pages, n_lo, n_hi, hi, first_n, row_pos, row_ok, qk_scale, window_left, skip_lambda,
     head_rows, head_cols,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
@@ -181,8 +179,10 @@ def _context_run(
     MASKED: apply the causal/window rule (keys past ``hi`` are masked by it too); otherwise every
     row sees every key of these tiles (all below ``hi``), and the logits stay unscaled until the
     exponent's FMA (``qk_scale >= 0``). Tokens whose page id is invalid load as zeros (finite),
-    whatever the table holds.
+    whatever the table holds. ``stride_kv`` / ``stride_sf``: as :func:`context_kernel`'s.
     """
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h = stride_kv
+    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h = stride_sf
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         s, k_page, k_slot, k_ok = _tile_scores(
@@ -224,6 +224,17 @@ def _context_run(
     return acc, m_i, l_i
 
 
+# context_kernel's tuple parameters and their members, in order. The kernel takes them apart under
+# these names; a launch names each member (fast_launch.Launch's ``tuples`` builds the tuples), and so
+# do the sm_90a compile tools. The tuples reach the GPU as their members, in this order: the
+# kernel's machine parameters are those of the flat list they replace.
+CONTEXT_TUPLES = {
+    "stride_kv": ("stride_k_p", "stride_k_s", "stride_k_h", "stride_v_p", "stride_v_s", "stride_v_h"),
+    "stride_sf": ("stride_ksf_p", "stride_ksf_s", "stride_ksf_h", "stride_vsf_p", "stride_vsf_s", "stride_vsf_h"),
+    "stride_table": ("stride_kt_b", "stride_kt_p", "stride_vt_b", "stride_vt_p"),
+}
+
+
 @triton.jit
 def context_kernel(
     q_ptr,  # [sum_q, Hq, D] query rows (last dim contiguous)
@@ -243,9 +254,14 @@ def context_kernel(
     out_sf_ptr,  # [rows_sf * cols_sf] uint8 e4m3 block scales, 128x4 swizzled (OUT_NVFP4)
     lse_ptr,  # [sum_q, Hq] float32 base-2 LSE of each row (STORE_LSE; head stride 1)
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_lse_t,
-    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-    stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p,
+    # The cache's strides (in elements) come in tuples (CONTEXT_TUPLES names their members): a kernel
+    # of fewer parameters, with the same machine parameters (Triton passes a tuple's members one by one).
+    stride_kv,  # (stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h): k_ptr's and v_ptr's
+    #             page (p), slot (s) and head (h)
+    stride_sf,  # (stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h): k_sf_ptr's
+    #             and v_sf_ptr's page (p), slot (s) and head (h)
+    stride_table,  # (stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p): k_table_ptr's and v_table_ptr's request
+    #                (b) and page (p)
     num_rows, num_pages, capacity, window_left, sf_cols, sf_row0, head_rows, head_cols,
     logit_factor, out_factor, sf_div, skip_factor,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
@@ -254,6 +270,7 @@ def context_kernel(
     LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, OUT_NVFP4: tl.constexpr,
     TMA: tl.constexpr, Q_SIGN: tl.constexpr, STORE_LSE: tl.constexpr = False, CAUSAL: tl.constexpr = True,
 ):
+    stride_kt_b, stride_kt_p, stride_vt_b, stride_vt_p = stride_table
     h = tl.program_id(0)
     b = tl.program_id(1)
     mt = tl.num_programs(2) - 1 - tl.program_id(2)  # the last query tiles (most keys) first
@@ -323,10 +340,8 @@ def context_kernel(
     for run in tl.static_range(3):
         acc, m_i, l_i = _context_run(
             acc, m_i, l_i, q, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, kt_row, vt_row, stride_kt_p, stride_vt_p,
-            stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h,
-            stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h,
-            kvh, num_pages, (start, full_lo, c_lo)[run], (a_hi, full_hi, hi)[run], hi, start, row_pos, row_ok,
-            qk_scale, window_left, skip_lambda, head_rows, head_cols,
+            stride_kv, stride_sf, kvh, num_pages, (start, full_lo, c_lo)[run], (a_hi, full_hi, hi)[run], hi, start,
+            row_pos, row_ok, qk_scale, window_left, skip_lambda, head_rows, head_cols,
             HEAD_DIM, PAGE_SIZE, BLOCK_N, KV_FORMAT, SAME_TABLE, run != 1, HAS_WINDOW, SKIP, QK_FP8, cdt, TMA,
         )
 
@@ -356,4 +371,4 @@ def context_kernel(
                      row_ok[:, None], OUT_FP8)
 
 
-__all__ = ["context_kernel"]
+__all__ = ["CONTEXT_TUPLES", "context_kernel"]

@@ -30,7 +30,7 @@ from ...runtime.common import (
     Pages, arch, cdiv, device_guard, int32_lengths, kv_format_code, pages_of, words_aligned, words_allowed,
 )
 from ...runtime.plans import cached_plan
-from .kernels import context_kernel
+from .kernels import CONTEXT_TUPLES, context_kernel
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -255,9 +255,10 @@ class _Plan:
 
 def _context_launch(plan: _Plan, max_q_len: int) -> fast_launch.Launch:
     """The Triton kernel's launch (:func:`~.kernels.context_kernel`), every argument by its
-    parameter's name; with TMA geometry, the launch builds K's and V's descriptors on each call's
-    pages (a call replayed from its metadata, kvattn.runtime.callcache, rebuilds them on the new
-    pointers: lab/notes/host-path.md "Host path: calls replayed from their metadata")."""
+    parameter's name (the kernel's tuples by their members'); with TMA geometry, the launch builds
+    K's and V's descriptors on each call's pages (a call replayed from its metadata,
+    kvattn.runtime.callcache, rebuilds them on the new pointers: lab/notes/host-path.md "Host path:
+    calls replayed from their metadata")."""
     f, cfg = plan.facts, plan.cfg
     sum_q, num_heads, head_dim = f.q_shape
     ks, vs = f.k_stride, f.v_stride
@@ -288,6 +289,7 @@ def _context_launch(plan: _Plan, max_q_len: int) -> fast_launch.Launch:
         ),
         options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         descriptors=descriptors,
+        tuples=CONTEXT_TUPLES,
     )
 
 
