@@ -107,11 +107,12 @@ def test_small_batches_of_short_requests_keep_the_uniform_launch(batch, max_len,
     chunk = -(-cfg.balance_min_chunk // cfg.block_n) * cfg.block_n
     assert -(-max_len // splits) <= chunk
     # The boundary: the longest span whose uniform pieces are one chunk keeps the uniform launch,
-    # one key more deals (where the split count and table stay those of max_len).
+    # one key more deals (where the split count and table stay those of max_len, and the table is
+    # not the streaming one, which never deals).
     edge = splits * chunk
     if plan.config_for(edge + 1) is cfg and plan.num_splits(edge + 1, cfg) == splits:
         assert not plan.launches(edge)[0].constexprs["BALANCED"]
-        assert plan.launches(edge + 1)[0].constexprs["BALANCED"]
+        assert plan.launches(edge + 1)[0].constexprs["BALANCED"] is (cfg is not plan.cfg_stream)
 
 
 @pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
@@ -129,3 +130,21 @@ def test_a_plan_switches_between_its_uniform_and_balanced_launches_by_span(monke
     uniform = plan.launches(4096)[0]
     assert not uniform.constexprs["BALANCED"] and uniform.grid[0] == plan.items * 8 == 256
     assert plan.launches(4097)[0] is balanced and plan.launches(3799)[0] is uniform
+
+
+@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+@pytest.mark.parametrize("batch,max_len,page,heads", [
+    # the sweep's sw57 / sw52: few requests whose K/V fits the streaming tiles' L2 bound
+    pytest.param(2, 14739, 32, (64, 8), id="2-requests-to-14739-p32-h64-8"),
+    pytest.param(11, 8338, 16, (16, 2), id="11-requests-to-8338-p16-h16-2"),
+])
+def test_streaming_tiles_keep_the_uniform_split(batch, max_len, page, heads, monkeypatch):
+    """A launch on the streaming tiles (unpipelined 128-key tiles) is never the balanced one: dealt
+    units serialise their unpipelined copies on one program (on the H200 the uniform split of the
+    same tiles was 8-27 % faster on all four such sweep rows)."""
+    plan = _plan_of(monkeypatch, batch=batch, max_len=max_len, page=page, num_heads=heads[0],
+                    num_kv_heads=heads[1], kv_dtype=torch.float16)
+    assert plan.cfg_stream is not None and plan.config_for(max_len) is plan.cfg_stream
+    (launch, *_) = plan.launches(max_len)
+    assert not launch.constexprs["BALANCED"]
+    assert plan.balance(plan.cfg_stream, plan.num_splits(max_len)) is None

@@ -279,7 +279,9 @@ class _Plan:
         for the dynamic deal), a batch found uniform merges its ``splits`` partials in at most
         ``MAX_BALANCED_ROUNDS`` rounds, its partials fit the workspace, and the launch is of the
         kind the balanced split was measured to pay on (``configs.balance_pays``; not the
-        short-request tiles, whose spans are too short to be unbalanced).
+        short-request tiles, whose spans are too short to be unbalanced, nor the streaming tiles,
+        whose unpipelined units the deal serialises: lab/notes/decode-ragged-batches.md "The
+        streaming tiles keep the uniform split").
 
         The grid is one wave of resident programs (``configs.resident_slots``), whatever the
         split: the programs deal the units to themselves (a ragged batch's cut from its lengths,
@@ -288,7 +290,7 @@ class _Plan:
         under ``min_span`` keep the uniform launch (``configs.balance_min_span``: the uniform
         launch runs in one wave, and its programs are no longer than the balanced plan's units)."""
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
-                or cfg is self.cfg_short):
+                or cfg is self.cfg_short or cfg is self.cfg_stream):
             return None
         merge_block_s = _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS))
         if cdiv(splits, merge_block_s) > MAX_BALANCED_ROUNDS:
