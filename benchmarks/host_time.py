@@ -71,7 +71,7 @@ if __package__ in (None, ""):  # run as a script
 
 import torch  # noqa: E402
 
-from benchmarks.profile_host import _sync, host_times, median_p90  # noqa: E402
+from benchmarks.profile_host import MIN_CALLS, _sync, host_times, median_p90  # noqa: E402
 
 
 
@@ -268,7 +268,7 @@ def _bits_of(result) -> torch.Tensor:
 class Budget:
     """A run's wall-clock budget (``--seconds``; None: no limit). Each phase takes a share of what
     is left when it starts, each timing in it a deadline spread over what the phase has left, and
-    a timing never stops under its minimum of calls (``profile_host.MIN_CALLS``, ``MIN_ROUNDS``).
+    a timing never stops under ``profile_host.MIN_CALLS`` calls or rounds.
     A first call that compiles cannot be cut: once the budget is spent, rows whose first calls are
     still to make are skipped. (``--breakdown`` ran past a 60 s limit on the H200 host with
     nothing printed, its calls fixed in number and compiles in between; lab/notes/host-path.md.)"""
@@ -295,13 +295,10 @@ def spread(deadline: float | None, items: int) -> float | None:
     return now + max(0.0, deadline - now) / max(1, items)
 
 
-MIN_ROUNDS = 20  # rounds a deadline never cuts
-
-
 def interleaved_times(fns: dict, calls: int, *, deadline: float | None = None, seed: int | None = None,
                       before: dict | None = None, warmup: int = 20) -> dict:
     """``{name: (median us, p90 us, cache hits, timed calls)}`` of ``calls`` rounds (fewer where
-    ``time.perf_counter()`` passes ``deadline``, never under ``MIN_ROUNDS``), a round one call of
+    ``time.perf_counter()`` passes ``deadline``, never under ``MIN_CALLS``), a round one call of
     each function, each with the GPU idle. ``seed``: each round's order shuffled (None: the order
     of ``fns``). ``before[name]``: called before that function's call, outside the timed window.
 
@@ -340,7 +337,7 @@ def interleaved_times(fns: dict, calls: int, *, deadline: float | None = None, s
 
     for _ in range(warmup):
         one_round(False)
-    least = min(calls, MIN_ROUNDS)
+    least = min(calls, MIN_CALLS)
     for i in range(calls):
         t1 = one_round(True)
         if deadline is not None and i + 1 >= least and t1 > deadline:
@@ -349,12 +346,13 @@ def interleaved_times(fns: dict, calls: int, *, deadline: float | None = None, s
     return {name: (*median_p90(ts), hits[name], len(ts)) for name, ts in times.items()}
 
 
-def replayed_launches(fn):
-    """``(cache, launches)`` of ``fn``'s call replayed from the call cache: the function's
-    ``CallCache`` and ``[(launcher, its whole argument tuple), ...]`` of its recorded launches as a
-    replay of this call prepares them (``launch_replay.replay_launches``: Triton's C launch entry
-    point, or kvattn's thin wrapper that expands kept descriptor encodings); ``launches`` None
-    where the call is not replayed, both None where ``fn`` makes no single call into the cache."""
+def replayed_call(fn):
+    """``(cache, replay)`` of ``fn``'s call as the call cache serves it: the function's
+    ``CallCache`` and ``(args, entry, ptrs, launches)``, its argument tuple, recorded entry, pointers
+    and ``[(launcher, its whole argument tuple), ...]`` as a replay of this call prepares them
+    (``launch_replay.replay_launches``: Triton's C launch entry point, or kvattn's thin wrapper
+    that expands kept descriptor encodings); ``replay`` None where the call is not replayed, both
+    None where ``fn`` makes no single call into the cache."""
     try:
         from kvattn.runtime import callcache as _callcache
         from kvattn.runtime import launch_replay
@@ -374,11 +372,11 @@ def replayed_launches(fn):
         return cache, None
     active = launch_replay.driver.active
     stream = active.get_current_stream(active.get_current_device())
-    return cache, launch_replay.replay_launches(entry, ptrs, stream)
+    return cache, (args, entry, ptrs, launch_replay.replay_launches(entry, ptrs, stream))
 
 
 def launcher_calls(launches: list):
-    """A function making ``launches`` (``replayed_launches``) through their launchers alone."""
+    """A function making ``launches`` (``replayed_call``'s) through their launchers alone."""
     if len(launches) == 1:
         (launch, args), = launches
         return lambda: launch(*args)
@@ -414,7 +412,8 @@ def time_forms(rows: list, calls: int, fake: bool, *, budget: Budget | None = No
             for fn in row_fns.values():
                 for _ in range(3):  # compiled, seen, recorded
                     fn()
-            cache, launches = replayed_launches(row_fns["out"])
+            cache, replay = replayed_call(row_fns["out"])
+            launches = replay[3] if replay else None
         except (TypeError, ValueError, RuntimeError) as exc:  # a form this build does not take
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
             continue
@@ -614,18 +613,10 @@ def breakdown(fn, calls: int, deadline: float | None = None) -> dict | None:
     os.environ["KVATTN_CALL_CACHE"] = "1"
     for _ in range(3):
         fn()
-    with _calls_into_the_cache() as seen:
-        fn()
-    if len(seen) != 1:
+    cache, replay = replayed_call(fn)
+    if replay is None:
         return None
-    cache, args = seen[0]
-    key, ptrs = _callcache._flatten(args)
-    entry = cache.entries.get(key)
-    if entry is None or not launch_replay.replay(entry, ptrs):
-        return None
-    active = launch_replay.driver.active
-    stream = active.get_current_stream(active.get_current_device())
-    launches = launch_replay.replay_launches(entry, ptrs, stream)
+    args, entry, ptrs, launches = replay
     switches = _callcache._switches()[1]
     hot = cache.hot.get(tuple(map(type, args)))
     if hot is None or _callcache._hot_entry(hot, args, switches) is None:
