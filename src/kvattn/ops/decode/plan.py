@@ -33,6 +33,7 @@ from ...runtime.common import (
 )
 from ...runtime.plans import cached_plan
 from ...runtime.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
+from ..common.balance import unit_cap
 from ..common.splits import combine_block_s, invariant_span, invariant_splits
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
@@ -174,6 +175,12 @@ class _Plan:
                                                                        items=self.items, sm_count=self.sm_count)
         few_items = not invariant and not long_tiles and decode_configs.wants_few_item_tiles(
             *table, items=self.items, sm_count=self.sm_count)
+        # On a GPU of more copy bandwidth an SM than the long tiles were measured on, the main
+        # table's tiles replace them (configs.main_replaces_long); some spans keep them
+        # (_long_tiles_past).
+        main_for_long = long_tiles and decode_configs.main_replaces_long(
+            *table, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
+        long_tiles = long_tiles and not main_for_long
         self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
@@ -236,20 +243,53 @@ class _Plan:
         # grid, batch-invariant mode, or a batch past one plan's register vector.
         self.balance_ok = (f.paged and not invariant and not f.has_window and not self.has["kv_start"]
                            and f.max_programs is None and 1 < self.batch <= MAX_BALANCED_BATCH)
+        self.cfg_long, self.long_span = None, 0  # past long_span keys, the long tiles (main_for_long)
+        if main_for_long:
+            self.cfg_long, self.long_span = self._long_tiles_past(decode_configs.config(*table, "long"))
         self._by_span: dict[int, tuple] = {}
         self._balances: dict[tuple, Balance | None] = {}  # by (config, split count)
         self._by_splits: dict[tuple, tuple] = {}  # by (config, split count, balanced)
 
+    def _long_tiles_past(self, long: decode_configs.DecodeConfig) -> tuple:
+        """``(the long tiles, the longest span that keeps the main ones)`` for a plan whose main
+        tiles replaced the long ones (``configs.main_replaces_long``), or ``(None, 0)``.
+
+        The main tiles' 4-warp programs merge half the partials a round that the long tiles'
+        8-warp ones do (``balance_merge_values``, 16 values a thread), which at 8 query rows a
+        KV head halves a request's unit cap in a balanced launch (``common.balance.unit_cap``: 16
+        against 32). Where a unit is one program (one KV head, one row block), the cap sets how
+        many programs the longest request of a ragged batch runs on: 16 of the main tiles' 264
+        slots, each unit twice as long as under the long tiles and on a program that shares its
+        SM with another; and a uniform split past 8 pieces (``MAX_BALANCED_ROUNDS`` rounds of 2)
+        no longer deals at all. Measured on an H200, same run, main against long tiles:
+        sw12 (45 log-normal requests to 51550 keys, p64, 8/1 heads) 66.4 -> 89.5 us, units of 3264
+        keys against 1664; sw07 (22 requests to 88289, p16, 8/1) 186 -> 220, a uniform launch and
+        a combine against the deal. Spans of at most ``unit_cap x balance_min_chunk`` keys cut no
+        unit past ``balance_min_chunk`` under either cap, so they keep the main tiles (64 x 8192
+        p16 8/1, an equal batch: 91.6 -> 85.4 us). More KV heads spread a unit over that many
+        programs, and their launches gained from the main tiles (sw06 at 2 KV heads 443 -> 396,
+        sw16 at 8 532 -> 474); ragged batches of theirs are not measured (lab/notes/decode.md
+        "Decode: the long tiles on an H200")."""
+        if not (self.balance_ok and self.merge) or self.num_kv_heads * self.m_blocks != 1:
+            return None, 0
+        cap_main = unit_cap(_balanced_merge_block_s(self, self.cfg, 1))
+        if cap_main >= unit_cap(_balanced_merge_block_s(self, long, 1)):
+            return None, 0
+        return long, cap_main * self.cfg.balance_min_chunk
+
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
         where the plan has one, the streaming table up to ``stream_span``, past it the one-row
-        contiguous table where the plan has one, else the plan's table."""
+        contiguous table where the plan has one, the long tiles past ``long_span`` where the plan
+        keeps them (``_long_tiles_past``), else the plan's table."""
         if self.cfg_short is not None and span <= decode_configs.SHORT_SPAN:
             return self.cfg_short
         if self.cfg_stream is not None and span <= self.stream_span:
             return self.cfg_stream
         if self.cfg_contig is not None:
             return self.cfg_contig
+        if self.cfg_long is not None and span > self.long_span:
+            return self.cfg_long
         return self.cfg
 
     def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
@@ -292,7 +332,7 @@ class _Plan:
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
                 or cfg is self.cfg_short or cfg is self.cfg_stream):
             return None
-        merge_block_s = _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS))
+        merge_block_s = _balanced_merge_block_s(self, cfg, splits)
         if cdiv(splits, merge_block_s) > MAX_BALANCED_ROUNDS:
             return None
         if not decode_configs.balance_pays(cfg, items=self.items, sm_count=self.sm_count, kv_format=self.kv_format,
@@ -370,10 +410,20 @@ MAX_BALANCED_ROUNDS = 4
 _BALANCED_ROUND_UNITS = 16
 
 
-def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
-    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at 16
-    values a thread (32 took the one-row RoPE kernel from 128 registers to 168)."""
-    return min(next_power_of_2(splits), max(1, 512 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
+# float32 values a thread the in-kernel merge loads a round (_merge_block_s): 32 took the one-row
+# RoPE kernel from 128 registers to 168, a program less an SM.
+_MERGE_VALUES = 16
+
+
+def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int, values: int = _MERGE_VALUES) -> int:
+    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at
+    ``values`` a thread (a balanced launch: its config's ``balance_merge_values``)."""
+    return min(next_power_of_2(splits), max(1, values * 32 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
+
+
+def _balanced_merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
+    """Splits a balanced launch's merge loads a round for ``splits`` uniform splits."""
+    return _merge_block_s(plan, cfg, max(splits, _BALANCED_ROUND_UNITS), cfg.balance_merge_values)
 
 
 def _given(plan: _Plan, name: str) -> str:
