@@ -85,17 +85,25 @@ def median_p90(seconds: list) -> tuple[float, float]:
     return statistics.median(seconds) * 1e6, seconds[int(0.9 * (len(seconds) - 1))] * 1e6
 
 
-def host_times(fn, calls: int) -> tuple[float, float]:
+MIN_CALLS = 20  # timed calls a deadline never cuts: fewer make a median of noise
+
+
+def host_times(fn, calls: int, deadline: float | None = None) -> tuple[float, float]:
     """(median, 90th percentile) wall microseconds of ``calls`` single calls, each made with the
-    GPU idle."""
+    GPU idle; fewer (never under ``MIN_CALLS``) where ``time.perf_counter()`` passes ``deadline``
+    (a run's time budget, shared among what it times)."""
     for _ in range(20):
         fn()
     times = []
-    for _ in range(calls):
+    least = min(calls, MIN_CALLS)
+    for i in range(calls):
         _sync()
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        if deadline is not None and i + 1 >= least and t1 > deadline:
+            break
     _sync()
     return median_p90(times)
 

@@ -25,7 +25,7 @@ def test_breakdown_splits_every_replayed_call(tmp_path):
     out = tmp_path / "host_time.json"
     got = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "host_time.py"), "--fake-gpu", "--breakdown", "--calls", "30",
-         "--form-calls", "20", "--json", str(out)],
+         "--form-calls", "20", "--seconds", "0", "--json", str(out)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )
     assert got.returncode == 0, got.stderr[-2000:]
@@ -52,6 +52,7 @@ def test_breakdown_splits_every_replayed_call(tmp_path):
             allocating = form in ("no out", "lse", "no out+lse")
             assert ("alloc" in got_form) == allocating and got_form.get("alloc", 1.0) > 0, (row["function"], form)
             assert got_form["net_ratio"] <= got_form["ratio"]
+        assert row["launch"]["median"] > 0 and row["own"] > 0, row  # (the bare launch, in the same rounds)
         line = next(x for x in got.stdout.splitlines() if x.startswith(f"{row['function']:16s} {row['page'] or '-':>4}"
                                                                       f" {row['kv']:4s}"))
         assert "*" not in line
