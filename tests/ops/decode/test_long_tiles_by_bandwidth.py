@@ -1,12 +1,14 @@
 """Which decode launches take the long tiles (128 keys, 8 warps, 3 stages) by the GPU's peak copy
 bandwidth an SM (``configs.main_replaces_long``): an H100-class GPU keeps them where the H100
-measured them, an H200-class one takes the main table's tiles instead, except the spans of ragged
-one-KV-head launches whose balanced deal the main tiles make worse (``plan._Plan._long_tiles_past``).
+measured them, an H200-class one takes the main table's tiles instead, merging as many partials a
+round as the long tiles at one KV head, where the round sets a request's unit cap
+(``plan._Plan._merge_round_of``).
 An H200 and an H100 simulated on the CPU: sm90's tables, 132 SMs, 60 MB of L2, the peak bandwidth
 the driver's memory clock and bus width give; launches recorded, not run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -92,7 +94,7 @@ def test_peak_bandwidth_from_the_memory_clock_and_bus_width(monkeypatch):
 
 
 # Launches the long tiles take on the H100 (the sweep's and the grid's rows of those shapes), and
-# the longest span at which an H200-class GPU keeps the main tiles (None: every span).
+# whether an H200-class GPU widens the main tiles' merge round (None: the main config as it is).
 LONG_ROWS = [
     pytest.param(dict(batch=16, max_len=4096, page=16, num_heads=32, num_kv_heads=8), None, id="16x4096-p16-h32-8"),
     pytest.param(dict(batch=64, max_len=8192, page=64, num_heads=32, num_kv_heads=8), None, id="64x8192-p64-h32-8"),
@@ -102,8 +104,8 @@ LONG_ROWS = [
                  id="sw06-57x26788-p32-HND-h16-2"),
     # 16 rows a KV head: both tiles' merge caps a request at 16 units
     pytest.param(dict(batch=22, max_len=40000, page=16, num_heads=16, num_kv_heads=1), None, id="22x40000-p16-h16-1"),
-    # 8 rows on 1 KV head: spans of at most 16 x 512 keys (the main tiles' unit cap x balance_min_chunk)
-    pytest.param(dict(batch=64, max_len=8192, page=16, num_heads=8, num_kv_heads=1), 8192, id="64x8192-p16-h8-1"),
+    # 8 rows on 1 KV head: the long tiles' round (measured level with the main table's: 85.7 / 85.4 us)
+    pytest.param(dict(batch=64, max_len=8192, page=16, num_heads=8, num_kv_heads=1), True, id="64x8192-p16-h8-1"),
 ]
 
 
@@ -113,60 +115,59 @@ LONG_ROWS = [
 def test_h100_class_gpus_keep_the_long_tiles(call, _, bandwidth, monkeypatch):
     plan = _plan_on(monkeypatch, bandwidth, **call)
     assert _tile(plan.cfg) == _tile(plan.config_for(call["max_len"])) == LONG
-    assert plan.cfg_long is None
+    assert plan.cfg.balance_merge_values == 16
 
 
 @FAKED
-@pytest.mark.parametrize("call,long_past", LONG_ROWS)
-def test_h200_class_gpus_take_the_main_tiles_instead(call, long_past, monkeypatch):
-    """Equal batches at 2 or 8 KV heads (a unit is 2 or 8 programs), 16 query rows a KV head (both
-    tiles' merge caps a request at 16 units), and, at 8 rows on 1 KV head, spans whose units the
-    main tiles' cap cannot lengthen past balance_min_chunk (64 x 8192: 16 x 512 keys)."""
+@pytest.mark.parametrize("call,wide", LONG_ROWS)
+def test_h200_class_gpus_take_the_main_tiles_instead(call, wide, monkeypatch):
+    """Equal batches at 2 or 8 KV heads (a unit is 2 or 8 programs) and 16 query rows a KV head
+    (both tiles' merge caps a request at 16 units) keep the main table's config; 8 rows on 1 KV
+    head take it at the long tiles' merge round."""
     plan = _plan_on(monkeypatch, H200, **call)
     main = decode_configs.config("sm90", "float16", 128, plan.block_m, False, "main")
-    assert plan.cfg is main and plan.config_for(call["max_len"]) is main and _tile(main) == MAIN
-    if long_past is None:
-        assert plan.cfg_long is None and plan.config_for(1 << 20) is main
+    assert _tile(plan.cfg) == _tile(plan.config_for(call["max_len"])) == MAIN == _tile(main)
+    if wide is None:
+        assert plan.cfg is main and plan.config_for(1 << 20) is main
     else:
-        assert plan.long_span == long_past and _tile(plan.config_for(long_past + 1)) == LONG
+        assert plan.cfg == replace(main, balance_merge_values=32)
 
 
 # The sweep's sw12 and sw07: ragged batches at 8 query heads on 1 KV head, slower on the H200 under
-# the main tiles (66.4 -> 89.5 us, 186 -> 220); and 120 requests of the same heads, which no
-# streaming span hides the boundary of.
+# the main tiles at their own merge round (66.4 -> 89.5 us, 186 -> 220) and level or faster at the
+# long tiles' round (62.3, 187); and 120 requests of the same heads, past one plan's balanced batch.
 RAGGED_ONE_HEAD = [
-    pytest.param(dict(batch=45, max_len=51550, page=64, num_heads=8, num_kv_heads=1), 14, id="sw12-45-to-51550-p64"),
-    pytest.param(dict(batch=22, max_len=88289, page=16, num_heads=8, num_kv_heads=1), 6, id="sw07-22-to-88289-p16"),
-    pytest.param(dict(batch=120, max_len=30000, page=64, num_heads=8, num_kv_heads=1), None, id="120-to-30000-p64"),
+    pytest.param(dict(batch=45, max_len=51550, page=64, num_heads=8, num_kv_heads=1), True, id="sw12-45-to-51550-p64"),
+    pytest.param(dict(batch=22, max_len=88289, page=16, num_heads=8, num_kv_heads=1), True, id="sw07-22-to-88289-p16"),
+    pytest.param(dict(batch=120, max_len=30000, page=64, num_heads=8, num_kv_heads=1), False, id="120-to-30000-p64"),
 ]
 
 
 @FAKED
-@pytest.mark.parametrize("call,splits", RAGGED_ONE_HEAD)
-def test_one_kv_head_keeps_the_long_tiles_past_the_main_tiles_unit_cap(call, splits, monkeypatch):
-    """8 rows on 1 KV head: the main tiles' 4-warp merge loads 2 partials a round against the long
-    tiles' 4, so a request's unit cap halves (16 against 32); past 16 x 512 keys that lengthens the
-    longest request's units, and past 8 splits a uniform batch no longer deals. Those spans keep
-    the long tiles, with the H100's launch exactly; shorter ones take the main tiles (the
-    streaming tiles first, up to their span, on either GPU)."""
+@pytest.mark.parametrize("call,deals", RAGGED_ONE_HEAD)
+def test_one_kv_head_takes_the_long_tiles_merge_round(call, deals, monkeypatch):
+    """8 rows on 1 KV head: the main tiles' 4-warp merge at 16 values a thread loads 2 partials a
+    round against the long tiles' 4, which halves a request's unit cap (16 against 32). At 32
+    values a thread the 4-warp programs merge 4 a round: the long tiles' cap, on the main tiles;
+    and the plan's launch is the tuning arm ``mm`` measured (main tiles, ``balance_merge_values=32``)."""
     from kvattn.ops.common.balance import unit_cap
 
     plan = _plan_on(monkeypatch, H200, **call)
-    assert _tile(plan.cfg) == MAIN and _tile(plan.cfg_long) == LONG
-    assert plan.long_span == unit_cap(2) * plan.cfg.balance_min_chunk == 16 * 512
-    edge = max(plan.long_span, plan.stream_span)
-    assert plan.config_for(edge + 1) is plan.cfg_long
-    if plan.stream_span < plan.long_span:
-        assert plan.config_for(plan.long_span) is plan.cfg
+    assert _tile(plan.cfg) == MAIN
     span = call["max_len"]
     split = plan.launches(span)[0]
-    assert split.constexprs["BLOCK_N"] == 128 and split.options["num_warps"] == 8
-    if splits is not None:
-        assert split.constexprs["BALANCED"] and split.fixed["num_splits"] == splits and split.grid[0] == SM_COUNT
+    assert split.constexprs["BLOCK_N"] == 64 and split.options["num_warps"] == 4
+    if deals:
+        assert plan.cfg.balance_merge_values == 32
+        assert split.constexprs["BALANCED"] and split.grid[0] == 2 * SM_COUNT
         assert split.constexprs["MERGE_BLOCK_S"] == 4 and unit_cap(4) == 32
-    h200 = _launch(plan, span)
-    h100 = _launch(_plan_on(monkeypatch, H100, **call), span)
-    assert h200 == h100
+    facts = next(iter(decode_launch._PLANS))
+    with decode_configs.override(block_n=64, num_warps=4, num_stages=4, balance_merge_values=32):
+        arm = decode_launch._Plan(facts)
+        assert arm.cfg.balance_merge_values == 32  # the arm's own round, not widened again
+        arm_launch = _launch(arm, span)
+    if deals:
+        assert _launch(plan, span) == arm_launch
 
 
 @FAKED
@@ -179,28 +180,11 @@ def test_the_old_rule_as_a_config_override(call, _, monkeypatch):
     facts = next(iter(decode_launch._PLANS))
     with decode_configs.override(long_max_sm_gbps=1000):
         old = decode_launch._Plan(facts)
-        assert _tile(old.cfg) == LONG and old.cfg_long is None
+        assert _tile(old.cfg) == LONG
         old_launches = [_launch(old, n) for n in spans]
-    assert plan.cfg_long is not None
+    assert _tile(plan.cfg) == MAIN
     h100 = _plan_on(monkeypatch, H100, **call)
     # (the override's configs differ from the H100's in that field only, which no launch reads)
     assert old_launches == [_launch(h100, n) for n in spans]
 
 
-@FAKED
-@pytest.mark.parametrize("call,_", RAGGED_ONE_HEAD[:2])
-def test_main_tiles_with_the_long_tiles_merge_round_as_a_config_override(call, _, monkeypatch):
-    """``--ab mm:decode:block_n=64,num_warps=4,num_stages=4,balance_merge_values=32`` (a tuning arm,
-    not a rule): 4-warp programs merge 4 partials a round, as the long tiles' 8-warp ones do at 16
-    values a thread, so a request keeps the 32-unit cap, sw07's 12 uniform splits deal (3 rounds),
-    and with equal caps the plan keeps no long tiles at any span."""
-    from kvattn.ops.common.balance import unit_cap
-
-    _plan_on(monkeypatch, H200, **call)
-    facts = next(iter(decode_launch._PLANS))
-    with decode_configs.override(block_n=64, num_warps=4, num_stages=4, balance_merge_values=32):
-        plan = decode_launch._Plan(facts)
-        split = plan.launches(call["max_len"])[0]
-    assert plan.cfg_long is None and _tile(plan.cfg) == MAIN
-    assert split.constexprs["BALANCED"] and split.grid[0] == 2 * SM_COUNT
-    assert split.constexprs["MERGE_BLOCK_S"] == 4 and unit_cap(4) == 32

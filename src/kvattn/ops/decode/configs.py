@@ -45,11 +45,11 @@ class DecodeConfig:
     balance_min_chunk: int = 512
     balance_max_waves: int = 4  # launches of more items than this many waves keep the uniform split
     # float32 values a thread a balanced launch's in-kernel merge loads a round (plan._merge_block_s),
-    # which sets a request's unit cap (common.balance.unit_cap). A tuning hook: at 8 query rows the
-    # main tiles' balanced kernel compiles to the same registers at 2 or 4 partials a round (196 on
-    # pages of 64, 162 on pages of 16, no stack; sm_90a, Triton 3.6: two programs an SM either way),
-    # so 32 gives their 4-warp programs the long tiles' round and unit cap (not measured:
-    # lab/notes/decode.md "Decode: the long tiles on an H200").
+    # which sets a request's unit cap (common.balance.unit_cap). At 8 query rows the main tiles'
+    # balanced kernel compiles to the same registers at 2 or 4 partials a round (196 on pages of
+    # 64, 162 on pages of 16, no stack; sm_90a, Triton 3.6: two programs an SM either way), so
+    # plan._Plan._merge_round_of gives their 4-warp programs the long tiles' round where it
+    # replaces them at one KV head.
     balance_merge_values: int = 16
     # The long table's tiles only on GPUs of at most this peak copy bandwidth an SM (GB/s; past it
     # the main table's replace them: main_replaces_long). Read from the long table's config.
@@ -103,9 +103,9 @@ _SM90_LONG = {
 # one long-tile program's 2 of 64 KB (128 KB). So the choice reads the GPU's peak copy bandwidth
 # an SM (runtime.device.memory_bandwidth, main_replaces_long): past LONG_MAX_SM_GBPS the main table
 # replaces the long one; at or below it (H100 SXM 25; H100 NVL and GH200 with HBM3 about 30, not
-# measured) the long tiles stay. Launches whose balanced deal the main tiles would make worse keep
-# the long tiles whatever the bandwidth (plan._Plan._long_tiles_past: ragged batches at one KV
-# head, sw07 186 -> 220 us, sw12 66.4 -> 89.5 under the main tiles).
+# measured) the long tiles stay. Balanced launches at one KV head take the main tiles at the long
+# tiles' merge round (plan._Plan._merge_round_of: sw12 66.4 us long, 89.5 main, 62.3 main at the
+# long round; sw07 186 / 220 / 187).
 # Short requests (every request at most SHORT_SPAN keys): more, shorter programs an SM, so each
 # short program's setup (query, page ids) hides behind the others' copies. 16-bit caches: three
 # 4-warp programs instead of one long-tile program, on pages of 64+ tokens (smaller pages already

@@ -17,6 +17,7 @@ active.
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 from itertools import compress, repeat
 from typing import NamedTuple
 
@@ -176,8 +177,8 @@ class _Plan:
         few_items = not invariant and not long_tiles and decode_configs.wants_few_item_tiles(
             *table, items=self.items, sm_count=self.sm_count)
         # On a GPU of more copy bandwidth an SM than the long tiles were measured on, the main
-        # table's tiles replace them (configs.main_replaces_long); some spans keep them
-        # (_long_tiles_past).
+        # table's tiles replace them (configs.main_replaces_long), at the long tiles' merge round
+        # where that round matters (_merge_round_of).
         main_for_long = long_tiles and decode_configs.main_replaces_long(
             *table, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
         long_tiles = long_tiles and not main_for_long
@@ -243,53 +244,45 @@ class _Plan:
         # grid, batch-invariant mode, or a batch past one plan's register vector.
         self.balance_ok = (f.paged and not invariant and not f.has_window and not self.has["kv_start"]
                            and f.max_programs is None and 1 < self.batch <= MAX_BALANCED_BATCH)
-        self.cfg_long, self.long_span = None, 0  # past long_span keys, the long tiles (main_for_long)
         if main_for_long:
-            self.cfg_long, self.long_span = self._long_tiles_past(decode_configs.config(*table, "long"))
+            self.cfg = self._merge_round_of(decode_configs.config(*table, "long"))
         self._by_span: dict[int, tuple] = {}
         self._balances: dict[tuple, Balance | None] = {}  # by (config, split count)
         self._by_splits: dict[tuple, tuple] = {}  # by (config, split count, balanced)
 
-    def _long_tiles_past(self, long: decode_configs.DecodeConfig) -> tuple:
-        """``(the long tiles, the longest span that keeps the main ones)`` for a plan whose main
-        tiles replaced the long ones (``configs.main_replaces_long``), or ``(None, 0)``.
+    def _merge_round_of(self, long: decode_configs.DecodeConfig) -> decode_configs.DecodeConfig:
+        """The main tiles, merging as many partials a round as the ``long`` tiles they replace
+        (``configs.main_replaces_long``) where that round sets how many programs a request runs on.
 
-        The main tiles' 4-warp programs merge half the partials a round that the long tiles'
-        8-warp ones do (``balance_merge_values``, 16 values a thread), which at 8 query rows a
-        KV head halves a request's unit cap in a balanced launch (``common.balance.unit_cap``: 16
-        against 32). Where a unit is one program (one KV head, one row block), the cap sets how
-        many programs the longest request of a ragged batch runs on: 16 of the main tiles' 264
-        slots, each unit twice as long as under the long tiles and on a program that shares its
-        SM with another; and a uniform split past 8 pieces (``MAX_BALANCED_ROUNDS`` rounds of 2)
-        no longer deals at all. Measured on an H200, same run, main against long tiles:
-        sw12 (45 log-normal requests to 51550 keys, p64, 8/1 heads) 66.4 -> 89.5 us, units of 3264
-        keys against 1664; sw07 (22 requests to 88289, p16, 8/1) 186 -> 220, a uniform launch and
-        a combine against the deal. Spans of at most ``unit_cap x balance_min_chunk`` keys cut no
-        unit past ``balance_min_chunk`` under either cap, so they keep the main tiles (64 x 8192
-        p16 8/1, an equal batch: 91.6 -> 85.4 us). More KV heads spread a unit over that many
-        programs, and their launches gained from the main tiles (sw06 at 2 KV heads 443 -> 396,
-        sw16 at 8 532 -> 474); ragged batches of theirs are not measured (lab/notes/decode.md
-        "Decode: the long tiles on an H200")."""
+        The main tiles' 4-warp programs load half the partials a round of the long tiles' 8-warp
+        ones at the same ``balance_merge_values``, which at 8 query rows a KV head halves a
+        request's unit cap in a balanced launch (``common.balance.unit_cap``: 16 against 32).
+        Where a unit is one program (one KV head, one row block) the cap sets how many programs
+        the longest request of a ragged batch runs on. Measured on an H200, same run: sw12 (45
+        log-normal requests to 51550 keys, p64, 8/1 heads) 66.4 us on the long tiles, 89.5 on the
+        main tiles, 62.3 on the main tiles at the long tiles' round; sw07 (22 requests to 88289,
+        p16, 8/1) 186 / 220 / 187; 64 x 8192 p16 8/1 (an equal batch) 91.6 / 85.4 / 85.7. More KV
+        heads spread a unit over that many programs, and their launches keep the main table's
+        round as measured (lab/notes/decode.md "Decode: the long tiles on an H200")."""
+        cfg = self.cfg
         if not (self.balance_ok and self.merge) or self.num_kv_heads * self.m_blocks != 1:
-            return None, 0
-        cap_main = unit_cap(_balanced_merge_block_s(self, self.cfg, 1))
-        if cap_main >= unit_cap(_balanced_merge_block_s(self, long, 1)):
-            return None, 0
-        return long, cap_main * self.cfg.balance_min_chunk
+            return cfg
+        values = long.balance_merge_values * long.num_warps // cfg.num_warps
+        wide = replace(cfg, balance_merge_values=values)
+        if unit_cap(_balanced_merge_block_s(self, wide, 1)) <= unit_cap(_balanced_merge_block_s(self, cfg, 1)):
+            return cfg
+        return wide
 
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
         where the plan has one, the streaming table up to ``stream_span``, past it the one-row
-        contiguous table where the plan has one, the long tiles past ``long_span`` where the plan
-        keeps them (``_long_tiles_past``), else the plan's table."""
+        contiguous table where the plan has one, else the plan's table."""
         if self.cfg_short is not None and span <= decode_configs.SHORT_SPAN:
             return self.cfg_short
         if self.cfg_stream is not None and span <= self.stream_span:
             return self.cfg_stream
         if self.cfg_contig is not None:
             return self.cfg_contig
-        if self.cfg_long is not None and span > self.long_span:
-            return self.cfg_long
         return self.cfg
 
     def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
