@@ -3,7 +3,7 @@ GPU), and the balanced launches' device plan replayed in Python.
 
 Each row's call (``benchmarks/problems.py``'s: its lengths, ``max_seq_len`` = the longest, a 256 MiB
 workspace, the pools' shapes and strides) runs once with ``tests/ops/decode/test_balanced_plan.py``'s
-faked H200 (``plan.arch`` "sm90", 132 SMs, 60 MB of L2, launches recorded and not run). A row's
+faked H200 (``plan.arch`` "sm90", 132 SMs, 60 MB of L2, its peak copy bandwidth, launches recorded and not run). A row's
 record: the config (tile, warps, stages), programs an SM, split count, balanced or uniform, grid,
 merge (in the kernel, its partials a round, or a combine launch) and, for a balanced launch, what
 ``common.balance`` computes on the device from the lengths: ragged or not, the chunk, the units
@@ -14,7 +14,8 @@ merge (in the kernel, its partials a round, or a combine launch) and, for a bala
     PYTHONPATH=src python3 lab/probes/decode_plan_rows.py --filter sw07 --filter sw12   # print only
 
 ``--override FIELD=VALUE`` plans under ``decode_configs.override`` (what ``benchmarks/run.py --ab
-NAME:decode:FIELD=VALUE`` times).
+NAME:decode:FIELD=VALUE`` times). ``--gpu h100`` / ``unknown`` fakes the H100's peak copy bandwidth or
+none (the main table replaces the long tiles by bandwidth an SM: ``configs.main_replaces_long``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 SM_COUNT = 132
 WORKSPACE_MIB = 256  # benchmarks/runner.py's default
+# Peak copy bandwidth (bytes/s) as runtime.device.memory_bandwidth derives it from the memory clock and
+# bus width the driver reports: H200 3201 MHz x 6144 bits, H100 SXM 2619 MHz x 5120 bits; "unknown"
+# is what a CPU (and the plan tests' faked H200) reports: the tables as measured on the H100.
+BANDWIDTH = {"h200": 2 * 3201e6 * 6144 / 8, "h100": 2 * 2619e6 * 5120 / 8, "unknown": 0.0}
 
 
-def _fake_h200():
-    """tests/ops/decode/test_balanced_plan.py's _faked_h200, without pytest."""
+def _fake_h200(gpu="h200"):
+    """tests/ops/decode/test_balanced_plan.py's _faked_h200, without pytest, with the peak copy
+    bandwidth of ``gpu`` (``BANDWIDTH``; the two GPUs have the same SM count, and the L2 size reaches
+    only the streaming tiles' spans)."""
     from kvattn.ops.decode import plan as decode_launch
     from kvattn.runtime import fast_launch
 
@@ -44,6 +51,7 @@ def _fake_h200():
     decode_launch.arch = lambda device, interpreter: "sm90"
     decode_launch._device.sm_count = lambda device: SM_COUNT
     decode_launch._device.l2_bytes = lambda device: 60 << 20
+    decode_launch._device.memory_bandwidth = lambda device: BANDWIDTH[gpu]
     fast_launch.Launch.__call__ = lambda self, call: None
 
 
@@ -126,7 +134,8 @@ def plan_row(shape, overrides=None):
                                                rope_query=plan.rope_query)
     c, f = split.constexprs, split.fixed
     rec = dict(
-        id=shape.id, tile=[cfg.block_n, cfg.num_warps, cfg.num_stages], per_sm=per_sm, items=plan.items,
+        id=shape.id, tile=[cfg.block_n, cfg.num_warps, cfg.num_stages], evict_first=cfg.evict_first, per_sm=per_sm,
+        items=plan.items,
         block_m=plan.block_m, m_blocks=plan.m_blocks, splits=f["num_splits"], balanced=bool(c["BALANCED"]),
         grid=list(split.grid), merge_in_kernel=bool(c["MERGE"]), merge_block_s=c["MERGE_BLOCK_S"],
         combine=combine is not None, merged=merged, unit_target=f["unit_target"], min_chunk=c["MIN_CHUNK"],
@@ -153,6 +162,8 @@ def main(argv=None):
     p.add_argument("--filter", action="append")
     p.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--compare", nargs=2)
+    p.add_argument("--gpu", choices=sorted(BANDWIDTH), default="h200",
+                   help="whose peak copy bandwidth the faked GPU reports (h200; h100; unknown: none, as a CPU)")
     args = p.parse_args(argv)
     if args.compare:
         a, b = (json.load(open(x)) for x in args.compare)
@@ -163,7 +174,7 @@ def main(argv=None):
             print("  after: ", json.dumps(b.get(k)))
         print(f"{len(changed)} of {len(a)} rows' launches differ")
         return
-    _fake_h200()
+    _fake_h200(args.gpu)
     over = {}
     for item in args.override:
         key, value = item.split("=", 1)

@@ -32,6 +32,30 @@ def l2_bytes(device: torch.device) -> int:
     return _props(device).L2_cache_size
 
 
+@functools.lru_cache(maxsize=None)
+def _memory_bandwidth_at(index: int) -> float:
+    p = _props_at(index)
+    clock_khz, bus_bits = getattr(p, "memory_clock_rate", 0), getattr(p, "memory_bus_width", 0)
+    if not (clock_khz and bus_bits):  # a torch without the fields: the driver's attributes, through Triton
+        try:
+            from triton.runtime import driver
+
+            attrs = driver.active.utils.get_device_properties(index)
+            clock_khz, bus_bits = attrs.get("mem_clock_rate", 0), attrs.get("mem_bus_width", 0)
+        except Exception:  # noqa: BLE001  (unknown: the callers keep the tables of the measured GPUs)
+            return 0.0
+    return 2.0 * clock_khz * 1e3 * bus_bits / 8  # double data rate: two transfers a clock
+
+
+def memory_bandwidth(device: torch.device) -> float:
+    """Peak DRAM bandwidth in bytes/s, from the memory clock and bus width the driver reports (H100
+    SXM: 2619 MHz x 5120 bits = 3.35 TB/s; H200: 3201 MHz x 6144 bits = 4.92 TB/s); 0 on the CPU or
+    where the driver does not say."""
+    if device.type != "cuda":
+        return 0.0
+    return _memory_bandwidth_at(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def capability(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return (0, 0)

@@ -16,6 +16,11 @@ from ..._formats_table import BY_NAME
 from ...runtime.plans import config_override
 
 
+# Peak copy bandwidth an SM (GB/s) past which the main table's tiles replace the long ones (the
+# long table's comment below says why).
+LONG_MAX_SM_GBPS = 32.0
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     block_n: int  # keys per tile
@@ -39,6 +44,16 @@ class DecodeConfig:
     balance_waves: int = 4
     balance_min_chunk: int = 512
     balance_max_waves: int = 4  # launches of more items than this many waves keep the uniform split
+    # float32 values a thread a balanced launch's in-kernel merge loads a round (plan._merge_block_s),
+    # which sets a request's unit cap (common.balance.unit_cap). At 8 query rows the main tiles'
+    # balanced kernel compiles to the same registers at 2 or 4 partials a round (196 on pages of
+    # 64, 162 on pages of 16, no stack; sm_90a, Triton 3.6: two programs an SM either way), so
+    # plan._Plan._merge_round_of gives their 4-warp programs the long tiles' round where it
+    # replaces them at one KV head.
+    balance_merge_values: int = 16
+    # The long table's tiles only on GPUs of at most this peak copy bandwidth an SM (GB/s; past it
+    # the main table's replace them: main_replaces_long). Read from the long table's config.
+    long_max_sm_gbps: float = LONG_MAX_SM_GBPS
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -78,6 +93,19 @@ _SM90_FEW = {
 _SM90_LONG = {
     ("half", 128): (128, 8, 3),
 }
+# The long tiles were measured on an H100 (3.35 TB/s peak over 132 SMs: 25 GB/s an SM). On an H200
+# (4.9 TB/s peak over the same 132 SMs: 37 GB/s an SM) the main table's tiles beat them on most
+# launches that take them, same run (lab/notes/decode.md "Decode: the long tiles on an H200"):
+# sw16 532 -> 474 us, sw06 443 -> 396, sw28 420 -> 366, sw51 228 -> 170, 16x4096 p16 92.6 -> 84.5,
+# ragged 128 x [1, 8192] p64 584 -> 565; they lose by 3 % at most elsewhere (sw27 13.4 -> 13.8,
+# sw46 351 -> 357). A likely reason: an SM that streams its bytes faster needs more of them in
+# flight, and two main-tile programs keep 3 tiles of 32 KB each in flight (192 KB an SM) against
+# one long-tile program's 2 of 64 KB (128 KB). So the choice reads the GPU's peak copy bandwidth
+# an SM (runtime.device.memory_bandwidth, main_replaces_long): past LONG_MAX_SM_GBPS the main table
+# replaces the long one; at or below it (H100 SXM 25; H100 NVL and GH200 with HBM3 about 30, not
+# measured) the long tiles stay. Balanced launches at one KV head take the main tiles at the long
+# tiles' merge round (plan._Plan._merge_round_of: sw12 66.4 us long, 89.5 main, 62.3 main at the
+# long round; sw07 186 / 220 / 187).
 # Short requests (every request at most SHORT_SPAN keys): more, shorter programs an SM, so each
 # short program's setup (query, page ids) hides behind the others' copies. 16-bit caches: three
 # 4-warp programs instead of one long-tile program, on pages of 64+ tokens (smaller pages already
@@ -346,6 +374,18 @@ def wants_long_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rop
         return True
     long = config(arch, kv_format, head_dim, block_m, rope, "long")
     return items <= sm_count * occupancy(long, kv_format, head_dim, False)
+
+
+def main_replaces_long(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, sm_count: int,
+                       bandwidth: float) -> bool:
+    """Whether a launch the long tiles would take (``wants_long_tiles``) takes the main table's
+    instead: on a GPU whose peak copy bandwidth (``bandwidth`` bytes/s, 0 where unknown) over its
+    ``sm_count`` SMs is past the long table's ``long_max_sm_gbps`` (``LONG_MAX_SM_GBPS``: an H200,
+    not an H100). An unknown bandwidth keeps the long tiles, as measured on the H100."""
+    if not _measured("long", arch, kv_format, head_dim, block_m, rope):
+        return False
+    long = config(arch, kv_format, head_dim, block_m, rope, "long")
+    return bandwidth > long.long_max_sm_gbps * 1e9 * sm_count
 
 
 def wants_few_item_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, items: int,

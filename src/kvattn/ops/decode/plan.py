@@ -17,6 +17,7 @@ active.
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 from itertools import compress, repeat
 from typing import NamedTuple
 
@@ -33,6 +34,7 @@ from ...runtime.common import (
 )
 from ...runtime.plans import cached_plan
 from ...runtime.workspace import MAX_COUNTERS, capturing, launch_counters, partials_fit, split_partials
+from ..common.balance import unit_cap
 from ..common.splits import combine_block_s, invariant_span, invariant_splits
 
 try:  # TMA reads of contiguous caches (Triton 3.4+)
@@ -174,6 +176,12 @@ class _Plan:
                                                                        items=self.items, sm_count=self.sm_count)
         few_items = not invariant and not long_tiles and decode_configs.wants_few_item_tiles(
             *table, items=self.items, sm_count=self.sm_count)
+        # On a GPU of more copy bandwidth an SM than the long tiles were measured on, the main
+        # table's tiles replace them (configs.main_replaces_long), at the long tiles' merge round
+        # where that round matters (_merge_round_of).
+        main_for_long = long_tiles and decode_configs.main_replaces_long(
+            *table, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
+        long_tiles = long_tiles and not main_for_long
         self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
@@ -236,9 +244,34 @@ class _Plan:
         # grid, batch-invariant mode, or a batch past one plan's register vector.
         self.balance_ok = (f.paged and not invariant and not f.has_window and not self.has["kv_start"]
                            and f.max_programs is None and 1 < self.batch <= MAX_BALANCED_BATCH)
+        if main_for_long:
+            self.cfg = self._merge_round_of(decode_configs.config(*table, "long"))
         self._by_span: dict[int, tuple] = {}
         self._balances: dict[tuple, Balance | None] = {}  # by (config, split count)
         self._by_splits: dict[tuple, tuple] = {}  # by (config, split count, balanced)
+
+    def _merge_round_of(self, long: decode_configs.DecodeConfig) -> decode_configs.DecodeConfig:
+        """The main tiles, merging as many partials a round as the ``long`` tiles they replace
+        (``configs.main_replaces_long``) where that round sets how many programs a request runs on.
+
+        The main tiles' 4-warp programs load half the partials a round of the long tiles' 8-warp
+        ones at the same ``balance_merge_values``, which at 8 query rows a KV head halves a
+        request's unit cap in a balanced launch (``common.balance.unit_cap``: 16 against 32).
+        Where a unit is one program (one KV head, one row block) the cap sets how many programs
+        the longest request of a ragged batch runs on. Measured on an H200, same run: sw12 (45
+        log-normal requests to 51550 keys, p64, 8/1 heads) 66.4 us on the long tiles, 89.5 on the
+        main tiles, 62.3 on the main tiles at the long tiles' round; sw07 (22 requests to 88289,
+        p16, 8/1) 186 / 220 / 187; 64 x 8192 p16 8/1 (an equal batch) 91.6 / 85.4 / 85.7. More KV
+        heads spread a unit over that many programs, and their launches keep the main table's
+        round as measured (lab/notes/decode.md "Decode: the long tiles on an H200")."""
+        cfg = self.cfg
+        if not (self.balance_ok and self.merge) or self.num_kv_heads * self.m_blocks != 1:
+            return cfg
+        values = long.balance_merge_values * long.num_warps // cfg.num_warps
+        wide = replace(cfg, balance_merge_values=values)
+        if unit_cap(_balanced_merge_block_s(self, wide, 1)) <= unit_cap(_balanced_merge_block_s(self, cfg, 1)):
+            return cfg
+        return wide
 
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
@@ -292,7 +325,7 @@ class _Plan:
         if (not self.balance_ok or cfg.balance_waves <= 0 or not self.merge or self.items + 2 > MAX_COUNTERS
                 or cfg is self.cfg_short or cfg is self.cfg_stream):
             return None
-        merge_block_s = _merge_block_s(self, cfg, max(splits, _BALANCED_ROUND_UNITS))
+        merge_block_s = _balanced_merge_block_s(self, cfg, splits)
         if cdiv(splits, merge_block_s) > MAX_BALANCED_ROUNDS:
             return None
         if not decode_configs.balance_pays(cfg, items=self.items, sm_count=self.sm_count, kv_format=self.kv_format,
@@ -370,10 +403,20 @@ MAX_BALANCED_ROUNDS = 4
 _BALANCED_ROUND_UNITS = 16
 
 
-def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
-    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at 16
-    values a thread (32 took the one-row RoPE kernel from 128 registers to 168)."""
-    return min(next_power_of_2(splits), max(1, 512 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
+# float32 values a thread the in-kernel merge loads a round (_merge_block_s): 32 took the one-row
+# RoPE kernel from 128 registers to 168, a program less an SM.
+_MERGE_VALUES = 16
+
+
+def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int, values: int = _MERGE_VALUES) -> int:
+    """Splits the in-kernel merge loads a round: their [MERGE_ROWS, D] float32 outputs at
+    ``values`` a thread (a balanced launch: its config's ``balance_merge_values``)."""
+    return min(next_power_of_2(splits), max(1, values * 32 * cfg.num_warps // (plan.merge_rows * plan.head_dim)))
+
+
+def _balanced_merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int) -> int:
+    """Splits a balanced launch's merge loads a round for ``splits`` uniform splits."""
+    return _merge_block_s(plan, cfg, max(splits, _BALANCED_ROUND_UNITS), cfg.balance_merge_values)
 
 
 def _given(plan: _Plan, name: str) -> str:
