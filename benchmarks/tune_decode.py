@@ -11,6 +11,17 @@ Usage (on the device, from the repository root)::
 
     PYTHONPATH=src python benchmarks/tune_decode.py --out $OUT/tune.json
     PYTHONPATH=src python benchmarks/tune_decode.py --variants default,bn128 --filter "64x8192"
+
+``--sweep`` times the sweep's paged decode rows (``benchmarks/sweep.py``) instead of :data:`SHAPES`;
+a ``--filter`` may list several substrings, comma-separated. The ``floor_*`` variants launch a
+timing floor of the split kernel (a patched copy of its source, ``benchmarks/decode_floors.py``)
+in place of the library's, e.g. two fp8 rows and a ragged bf16 row::
+
+    PYTHONPATH=src python benchmarks/tune_decode.py --sweep --filter "sw36 ,sw49 ,sw07 " \\
+        --variants default,floor_rows64,floor_fp8mma_k,floor_nomerge,floor_mergecount,floor_noloads
+
+A floor that does not apply to a row's cache (the fp8 floors on a bf16 cache) is reported as
+skipped, not timed.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ if __package__ in (None, ""):  # run as a script
 
 import torch  # noqa: E402
 
-from benchmarks import problems  # noqa: E402
+from benchmarks import decode_floors, problems, sweep  # noqa: E402
 from benchmarks.ceilings import copy_gbps  # noqa: E402
 from benchmarks.shapes import Shape  # noqa: E402
 from kvattn.benchmarking import records  # noqa: E402
@@ -183,6 +194,17 @@ VARIANTS.update({
 })
 # Split partials merged by the combine launch instead of the split kernel's last program.
 VARIANTS["combine"] = {"_env": {"KVATTN_FUSED_MERGE": "0"}}
+# Timing floors of the split kernel (wrong or approximate results, timing only): a patched copy of
+# its source built by benchmarks/decode_floors.py runs in its place (its docstring says what each
+# takes out); "floor_rows64" is the fp8 floors' reference (the kernel on wgmma's 64-row tiles).
+VARIANTS.update({f"floor_{floor}": {"_floor": floor} for floor in decode_floors.PATCHES})
+
+
+def applies(name: str, shape: Shape) -> bool:
+    """Whether variant ``name`` times something on ``shape`` (a floor of another cache format's
+    kernel does not: reported as skipped)."""
+    floor = VARIANTS[name].get("_floor")
+    return floor is None or decode_floors.applies(floor, shape.kv_dtype)
 
 SHAPES = [
     Shape("decode", 64, 8192),
@@ -228,8 +250,9 @@ SHAPES = [
 def variant(name: str):
     """Apply a variant: its config fields through ``decode_configs.override``; ``_no_combine``
     replaces the combine launch by a no-op; ``_sf_bytes`` reads NVFP4 block scales byte by byte
-    even where they could be read as words; ``_env`` sets environment switches. Cached launch
-    plans are dropped on entry and exit."""
+    even where they could be read as words; ``_env`` sets environment switches; ``_floor`` puts
+    a timing floor of the split kernel (``benchmarks/decode_floors.py``) in place of
+    ``kvattn.ops.decode.plan.decode_split_kernel``. Cached launch plans are dropped on entry and exit."""
     from kvattn.ops.decode import configs as decode_configs
     from kvattn.ops.decode import plan as decode_launch
     from kvattn._formats_table import BY_NAME
@@ -238,7 +261,9 @@ def variant(name: str):
     no_combine = fields.pop("_no_combine", False)
     sf_bytes = fields.pop("_sf_bytes", False)
     env = fields.pop("_env", {})
+    floor = fields.pop("_floor", None)
     real, real_code = decode_launch._combine_launch, decode_launch.kv_format_code
+    real_split = decode_launch.decode_split_kernel
     decode_launch._PLANS.clear()
     if no_combine:
         decode_launch._combine_launch = lambda plan, splits: (lambda call: None)
@@ -248,18 +273,24 @@ def variant(name: str):
             nvfp4 = BY_NAME["nvfp4"]
             return nvfp4.kernel_code if code == nvfp4.words_code else code
         decode_launch.kv_format_code = bytes_code
+    if floor:
+        decode_launch.decode_split_kernel = decode_floors.floor_kernel(floor)
     try:
         with decode_configs.override(**fields), mock.patch.dict(os.environ, env):
             yield
     finally:
         decode_launch._combine_launch, decode_launch.kv_format_code = real, real_code
+        decode_launch.decode_split_kernel = real_split
         decode_launch._PLANS.clear()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--filter", action="append", default=[], help="keep shape ids containing this")
+    ap.add_argument("--filter", action="append", default=[],
+                    help="keep shape ids containing this (or any of several, comma-separated)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="the sweep's paged decode rows (benchmarks/sweep.py) instead of SHAPES")
     ap.add_argument("--eager", action="store_true", help="also time eager calls (default variant)")
     ap.add_argument("--noflush", action="store_true", help="also time back-to-back replays (first 2 variants)")
     ap.add_argument("--out", default=None)
@@ -269,7 +300,17 @@ def main(argv=None) -> int:
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    # a filter matches as a whole (ragged ids hold commas: "[1,88289]") or by any comma-separated part
+    filters = [f for arg in args.filter for f in {arg, *arg.split(",")} if f]
+    grid = [s for s in sweep.SWEEP if s.suite in ("decode", "spec_decode")] if args.sweep else SHAPES
+    shapes = [s for s in grid if not filters or any(f in s.id for f in filters)]
+    if not shapes:
+        ap.error(f"no shape matches --filter {args.filter}")
+    return _run(args, names, shapes)
 
+
+def _run(args, names: list[str], shapes: list[Shape]) -> int:
+    """Time variants ``names`` on ``shapes`` (the GPU run of :func:`main`)."""
     device = torch.device("cuda")
     timer = Timer(device, warmup_ms=25, rep_ms=args.rep)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -278,17 +319,21 @@ def main(argv=None) -> int:
     env["copy_gbps"] = copy
     print(f"# {env['device']} {env['date']} torch {env['torch']} triton {env['triton']} copy {copy:.0f} GB/s",
           flush=True)
-    shapes = [s for s in SHAPES if not args.filter or any(f in s.id for f in args.filter)]
     rows = []
     for shape in shapes:
         prob = problems.build(shape, device, l2_bytes=l2, workspace_mib=128)
         fns = [s.kvattn for s in prob.sets]
-        row = {"shape": shape.id, "bytes": prob.work.bytes, "graph_us": {}, "rel_diff": {}}
+        row = {"shape": shape.id, "bytes": prob.work.bytes, "graph_us": {}, "rel_diff": {}, "skipped": []}
         # Each variant's output is compared with the table's (which the GPU tests check): a
         # variant that computes something else is flagged, not only timed.
         with variant("default"):
             expected = fns[0]().clone()
         for name in names:
+            if not applies(name, shape):
+                row["skipped"].append(name)
+                print(f"  {shape.id:48s} {name:10s} skipped (a floor of another cache format)", file=sys.stderr,
+                      flush=True)
+                continue
             t0 = time.perf_counter()
             try:
                 us = timer.graph(fns, context=lambda: variant(name))
@@ -299,7 +344,8 @@ def main(argv=None) -> int:
                 continue
             row["graph_us"][name] = us
             row["rel_diff"][name] = diff
-            flag = "  WRONG" if not diff <= MAX_REL_DIFF else ""
+            flag = ("  (floor: off by design)" if "_floor" in VARIANTS[name] else "  WRONG") \
+                if not diff <= MAX_REL_DIFF else ""
             print(f"  {shape.id:48s} {name:10s} {us:9.1f} us  {prob.work.bytes / us / 1e3 / copy:.3f}"
                   f"  diff {diff:.1e}{flag}  ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         if args.eager:
@@ -322,7 +368,7 @@ def main(argv=None) -> int:
         cells = []
         for n in names:
             if n not in t:
-                cells.append(f"{'-':>13s}")
+                cells.append(f"{'skip' if n in row['skipped'] else '-':>13s}")
                 continue
             frac = row["bytes"] / t[n] / 1e3 / copy
             mark = "!" if not row["rel_diff"][n] <= MAX_REL_DIFF else ("*" if t[n] == best else " ")
