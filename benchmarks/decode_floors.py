@@ -73,10 +73,8 @@ On the device, from the repository root (three sweep rows: two fp8, one bf16 rag
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
-import tempfile
-from pathlib import Path
+
+from benchmarks import patched_kernels
 
 # Pieces of the fp8 floors. Triton 3.6 compiles an fp8 x fp8 tl.dot of the 16-row decode tile for
 # sm_90a as mma.sync over float16 operands converted after their shared-memory load (no fp8
@@ -147,32 +145,15 @@ def patched_source(floor: str) -> str:
     """The kernel module's source with ``floor``'s patches applied (each anchor found exactly once)."""
     from kvattn.ops.decode import kernels
 
-    text = Path(kernels.__file__).read_text()
-    for old, new in PATCHES[floor]:
-        if text.count(old) != 1:
-            raise RuntimeError(f"floor {floor!r}: the kernel source has {text.count(old)} copies of the patched text "
-                               f"{old.splitlines()[0].strip()!r} (expected 1): update benchmarks/decode_floors.py")
-        text = text.replace(old, new)
-    return text
-
-
-_FOLDER = None
+    return patched_kernels.patched_source(kernels, PATCHES[floor], floor, "benchmarks/decode_floors.py")
 
 
 @functools.lru_cache(maxsize=None)
 def floor_module(floor: str):
     """The patched kernel module of ``floor`` (one module per floor and process)."""
-    global _FOLDER
-    if _FOLDER is None:
-        _FOLDER = tempfile.TemporaryDirectory(prefix="kvattn-decode-floors-")
-    name = f"kernels_floor_{floor}"
-    path = Path(_FOLDER.name) / f"{name}.py"
-    path.write_text(patched_source(floor))
-    spec = importlib.util.spec_from_file_location(f"kvattn.ops.decode.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from kvattn.ops.decode import kernels
+
+    return patched_kernels.load_sibling(kernels, f"kernels_floor_{floor}", patched_source(floor))
 
 
 def floor_kernel(floor: str):
@@ -183,10 +164,4 @@ def floor_kernel(floor: str):
 __all__ = ["APPLIES_TO", "PATCHES", "applies", "floor_kernel", "floor_module", "patched_source"]
 
 
-def __getattr__(name: str):
-    """``floor_kernel_<floor>``: :func:`floor_kernel` by attribute (how ``tests/ops/sm90.py``
-    names a kernel to compile: ``"benchmarks.decode_floors.floor_kernel_fp8mma"``)."""
-    prefix = "floor_kernel_"
-    if name.startswith(prefix) and name[len(prefix):] in PATCHES:
-        return floor_kernel(name[len(prefix):])
-    raise AttributeError(name)
+__getattr__ = patched_kernels.floor_attributes(PATCHES, floor_kernel)  # floor_kernel_<floor>

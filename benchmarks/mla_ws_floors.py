@@ -33,10 +33,8 @@ the kernel and its copy-less floor in one run, on the device from the repository
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
-import tempfile
-from pathlib import Path
+
+from benchmarks import patched_kernels
 
 # floor -> [(text of the kernel's source, its replacement)]; each text must occur exactly once.
 PATCHES = {
@@ -83,41 +81,18 @@ def patched_source(floor: str) -> str:
     """The kernel's source with ``floor``'s patches applied (each anchor found exactly once)."""
     from kvattn.ops.mla import kernels_gluon_ws as gluon_ws
 
-    text = Path(gluon_ws.__file__).read_text()
-    for old, new in PATCHES[floor]:
-        if text.count(old) != 1:
-            raise RuntimeError(f"floor {floor!r}: the kernel source has {text.count(old)} copies of the patched text "
-                               f"{old.splitlines()[0].strip()!r} (expected 1): update benchmarks/mla_ws_floors.py")
-        text = text.replace(old, new)
-    return text
-
-
-_FOLDER = None
+    return patched_kernels.patched_source(gluon_ws, PATCHES[floor], floor, "benchmarks/mla_ws_floors.py")
 
 
 @functools.lru_cache(maxsize=None)
 def floor_kernel(floor: str):
     """``mla_gluon_ws_kernel`` of the patched source of ``floor`` (one module per floor and process)."""
-    global _FOLDER
-    if _FOLDER is None:
-        _FOLDER = tempfile.TemporaryDirectory(prefix="kvattn-mla-floors-")
-    name = f"gluon_ws_floor_{floor}"
-    path = Path(_FOLDER.name) / f"{name}.py"
-    path.write_text(patched_source(floor))
-    spec = importlib.util.spec_from_file_location(f"kvattn.ops.mla.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.mla_gluon_ws_kernel
+    from kvattn.ops.mla import kernels_gluon_ws as gluon_ws
+
+    return patched_kernels.load_sibling(gluon_ws, f"gluon_ws_floor_{floor}", patched_source(floor)).mla_gluon_ws_kernel
 
 
 __all__ = ["PATCHES", "floor_kernel", "patched_source"]
 
 
-def __getattr__(name: str):
-    """``floor_kernel_<floor>``: :func:`floor_kernel` by attribute (how ``tests/ops/sm90.py``
-    names a kernel to compile: ``"benchmarks.mla_ws_floors.floor_kernel_nocopies"``)."""
-    prefix = "floor_kernel_"
-    if name.startswith(prefix) and name[len(prefix):] in PATCHES:
-        return floor_kernel(name[len(prefix):])
-    raise AttributeError(name)
+__getattr__ = patched_kernels.floor_attributes(PATCHES, floor_kernel)  # floor_kernel_<floor>
