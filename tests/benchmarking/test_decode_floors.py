@@ -155,6 +155,7 @@ def _fp8_plan_ptx(kernel: str) -> str:
     cfg = configs.config("sm90", "fp8", 128, 16, False, "main")
     constexprs = dict(
         HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=2, GROUP=8, Q_LEN=1, BLOCK_M=16, BLOCK_N=cfg.block_n, M_BLOCKS=1,
+        KEYS_IN_M=False,
         KV_FORMAT=BY_NAME["fp8"].words_code, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False,
         HAS_SINKS=False, LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
         SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=cfg.page_ahead, PREFETCH=0, KV_EVICT_FIRST=cfg.evict_first,

@@ -118,6 +118,10 @@ def _decode_item(
     BLOCK_M: tl.constexpr = SHAPE[5]
     BLOCK_N: tl.constexpr = SHAPE[6]
     M_BLOCKS: tl.constexpr = SHAPE[7]
+    # KEYS_IN_M: keys in the products' M dim, S^T = K Q^T and O^T = V^T P^T (the plan's choice for
+    # fp8 caches with at most 8 query rows: mma.sync N = 8 instead of rows padded to a 16-row M tile)
+    KEYS_IN_M: tl.constexpr = SHAPE[8]
+    tl.static_assert(not KEYS_IN_M or (USE_DOT and not ROPE and not ALIBI))
     BALANCED: tl.constexpr = BALANCE[0]
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
@@ -231,7 +235,10 @@ def _decode_item(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if KEYS_IN_M:
+        acc = tl.zeros([HEAD_DIM, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # PAGE_AHEAD: page ids are loaded one tile ahead and carried through the loop, so the K/V
     # loads of a tile depend on no load of their own iteration and the pipeliner double-buffers
     # them with fewer stages; otherwise the pipeliner stages the (table -> K/V) chain itself.
@@ -293,7 +300,10 @@ def _decode_item(
             else:
                 k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
                                  EVICT_FIRST=KV_EVICT_FIRST)
-            qk = tile_scores(q, k, USE_DOT)
+            if KEYS_IN_M:
+                qk = tl.dot(k, tl.trans(q))
+            else:
+                qk = tile_scores(q, k, USE_DOT)
 
         if ALIBI or SOFT_CAP:
             s = qk * logit
@@ -317,8 +327,11 @@ def _decode_item(
             allowed = allowed & (prefix | draft)
         elif HAS_WINDOW:
             allowed = allowed & window_causal_allowed(row_pos, offs_n, window_left, True)
-        s = tl.where(allowed, s, float("-inf"))
-        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+        if KEYS_IN_M:
+            s = tl.where(tl.trans(allowed), s, float("-inf"))
+        else:
+            s = tl.where(allowed, s, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, KEYS_IN_M)
 
         v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
                                           stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
@@ -327,7 +340,10 @@ def _decode_item(
         else:
             v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
                              EVICT_FIRST=KV_EVICT_FIRST)
-        acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
+        if KEYS_IN_M:
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(v.dtype))
+        else:
+            acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
 
         if PAGE_AHEAD:
             offs_next = offs_n + BLOCK_N
@@ -340,6 +356,8 @@ def _decode_item(
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
     # all num_splits of them without reading the request's length again.
     final = n_splits == 1
+    if KEYS_IN_M:
+        acc = tl.trans(acc)
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
     out_mult = out_factor
     if OUT_PTR:
@@ -406,7 +424,8 @@ SPLIT_TUPLES = {
     "stride_req": ("stride_kt_b", "stride_kt_p", "stride_vt_b", "stride_vt_p", "stride_mask_b", "stride_mask_r"),
     "sizes": ("num_items", "num_rows", "num_splits", "num_pages"),
     "balance_sizes": ("batch", "unit_target"),
-    "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS"),
+    "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
+              "KEYS_IN_M"),
     "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT"),
 }
 
@@ -448,7 +467,7 @@ def decode_split_kernel(
     fixed_len, window_left,
     logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
     balance_sizes,  # (batch, unit_target): requests B and the units a ragged balanced plan aims at (BALANCED)
-    SHAPE: tl.constexpr,  # (HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS)
+    SHAPE: tl.constexpr,  # (HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS, KEYS_IN_M)
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# fp8 decode with the keys in the products' M dim (KEYS_IN_M: S^T = K Q^T, O^T = V^T P^T on mma.sync
+# N = 8), which the plan takes for fp8 caches with at most 8 query rows a KV head. Compile-only so far:
+# sm_90a SASS of sw36 840 -> 657 instructions a 128-key tile (lab/notes/formats.md "Formats: where the
+# fp8 decode loop's instructions go"). Same run, kvattn only, graph replay, every decode fp8 row of the
+# grid and the sweep: the default (keys in M where taken) against `rows` (keys_in_m off: the padded
+# 16-row tiles of today). Rows of 16 query rows a KV head take neither and should read level.
+set -uo pipefail
+source lab/probes/device_env.sh
+export PYTHONPATH=src:${PYTHONPATH:-}
+t0=$(date +%s)
+timeout ${AB_S:-110} python3 benchmarks/run.py --suite decode,sweep --filter "decode fp8" \
+  --graph-only --warmup 10 --rep 30 --no-peers \
+  --ab rows:decode:keys_in_m=false \
+  --out "$OUT/ab-keys-in-m.json" --md "$OUT/ab-keys-in-m.md" --time-budget $(( ${AB_S:-110} - 12 )) \
+  2> "$OUT/ab-keys-in-m.err"
+grep "^| " "$OUT/ab-keys-in-m.md" | grep -v "^| class\|^|---" | cut -c1-260
+xz -9 "$OUT/ab-keys-in-m.err" 2>/dev/null
+echo "done: $(( $(date +%s) - t0 )) s"
