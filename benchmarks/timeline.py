@@ -191,10 +191,14 @@ def patched_sources(addr: int = FAKE_ADDR) -> tuple[str, str]:
             patched_kernels.patched_source(combine, combine_patches(addr), "timeline", _OWNER))
 
 
-@functools.lru_cache(maxsize=None)
 def instrumented_modules(addr: int = FAKE_ADDR):
     """``(kernels, combine)``: the instrumented modules, siblings of the library's, writing to the
-    trace buffer at ``addr``."""
+    trace buffer at ``addr`` (one pair an address and process)."""
+    return _modules(int(addr))
+
+
+@functools.lru_cache(maxsize=None)
+def _modules(addr: int):
     from kvattn.ops.common import combine
     from kvattn.ops.decode import kernels
 
