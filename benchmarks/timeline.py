@@ -220,19 +220,23 @@ def __getattr__(name: str):
 
 @contextlib.contextmanager
 def instrumented(addr: int):
-    """The decode launcher launches the instrumented kernels (plans dropped on entry and exit)."""
+    """The decode launcher launches the instrumented kernels (plans dropped on entry and exit; no
+    call replayed from a recording of the other kernel: the call cache suspended)."""
     from kvattn.ops.decode import plan as decode_launch
+    from kvattn.runtime.callcache import suspend
 
     kernels, combine = instrumented_modules(addr)
     real = decode_launch.decode_split_kernel, decode_launch.decode_combine_kernel
     decode_launch._PLANS.clear()
     decode_launch.decode_split_kernel = kernels.decode_split_kernel
     decode_launch.decode_combine_kernel = combine.decode_combine_kernel
+    suspend(1)
     try:
         yield
     finally:
         decode_launch.decode_split_kernel, decode_launch.decode_combine_kernel = real
         decode_launch._PLANS.clear()
+        suspend(-1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -698,10 +702,11 @@ def summary_text(name: str, s: dict) -> str:
         f"{s['last_alone_us']:.1f}",
     ]
     if "units_per_program" in s:
-        lines.append(
-            f"  {d['units']} units (items); a program min / median / max {'/'.join(f'{v:g}' for v in s['units_per_program'])}; "
-            f"unit us {'/'.join(f'{v:.1f}' for v in s['unit_us'])}, GB/s {'/'.join(f'{v:.1f}' for v in s['unit_gbps'])}; "
-            f"last claim at {s['last_claim_us']:.1f}")
+        per_prog = "/".join(f"{v:g}" for v in s["units_per_program"])
+        unit_us = "/".join(f"{v:.1f}" for v in s["unit_us"])
+        gbps = "/".join(f"{v:.1f}" for v in s["unit_gbps"])
+        lines.append(f"  {d['units']} units (items); a program min / median / max {per_prog}; unit us {unit_us}, "
+                     f"GB/s {gbps}; last claim at {s['last_claim_us']:.1f}")
         c = d["critical"]
         chain = ", ".join(f"b{u['b']}.{u['split']}/{u['n_splits']} {u['keys']}k {u['us']:.1f}"
                           + (f"+m{u['merge_us']:.1f}" if "merge_us" in u else "") for u in c["units"][:8])
@@ -715,6 +720,18 @@ def summary_text(name: str, s: dict) -> str:
                      f"{s['last_merge_end_us']:.1f}")
     if "combine_end_us" in s:
         lines.append(f"  combine: wait exit {s['combine_wait_exit_us']:.1f}, end {s['combine_end_us']:.1f}")
+    if s.get("graph_us"):
+        lines.append(f"  graph replay: library {s['graph_us']:.1f} us, instrumented "
+                     f"{s['graph_us_instrumented']:.1f} us")
+    if "launch" in s and s["launch"]:
+        f = s["launch"]
+        lines.append(f"  launch: {f['programs']} programs, {'balanced' if f['balanced'] else 'uniform'}, tiles "
+                     f"{f['block_n']} keys / {f['num_warps']} warps / {f['num_stages']} stages, "
+                     f"{f['num_splits']} splits, merge {f['merge_block_s']} a round")
+    if "plan_estimate" in s:
+        e = s["plan_estimate"]
+        lines.append(f"  plan (not measured): {e['units']} units, u {e['u_us']:.1f} us; copy bound {e['copy_us']:.1f}, "
+                     f"deal by SM {e['sm_model_us']:.1f}, by program {e['program_model_us']:.1f} us")
     return "\n".join(lines)
 
 
@@ -733,6 +750,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-readers", action="store_true", help="skip the bare reads")
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--noflush", action="store_true", help="replay without flushing L2 before each replay")
+    ap.add_argument("--no-time", action="store_true",
+                    help="skip timing each row's graph replay with the library's and the instrumented kernels")
+    ap.add_argument("--rep-ms", type=int, default=30, help="do_bench's rep (ms) of those timings")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     names = [v for v in args.variants.split(",") if v]
@@ -760,7 +780,7 @@ def _run(args) -> int:
 
     from benchmarks import problems
     from benchmarks.tune_decode import variant
-    from kvattn.benchmarking.timing import capture_graphs
+    from kvattn.benchmarking.timing import Timer, capture_graphs
     from kvattn.ops.decode import plan as decode_launch
 
     dev = torch.device("cuda")
@@ -769,6 +789,15 @@ def _run(args) -> int:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
+    timer = Timer(dev, warmup_ms=10, rep_ms=args.rep_ms)
+    from kvattn.runtime import device as _device
+
+    peak = _device.memory_bandwidth(dev) or H200_BW  # the plan estimate's bandwidth (peak, from the clocks)
+
+    @contextlib.contextmanager
+    def traced(name: str):
+        with instrumented(addr), variant(name):  # (variant keeps the instrumented kernel as its own)
+            yield
 
     def trace_fns(fns, reps: int, item_decode=None, bpk: int = 0) -> dict:
         graphs = capture_graphs(fns)
@@ -792,7 +821,7 @@ def _run(args) -> int:
         bpk = bytes_per_key(shape) if shape.suite != "single_decode" else 0
         for name in ["default"] + [v for v in args.variants.split(",") if v]:
             key = f"{row_name(shape)} | kvattn {name}"
-            with instrumented(addr), variant(name):
+            with traced(name):
                 fns[0]()
                 torch.cuda.synchronize()
                 plans = list(decode_launch._PLANS.values())
@@ -800,8 +829,11 @@ def _run(args) -> int:
                 decode = (facts["num_kv_heads"], facts["m_blocks"]) if facts else None
                 r = trace_fns(fns, args.reps, decode, bpk)
             r["launch"] = facts
+            if not args.no_time:  # how much the stamps cost the launch (graph replay, L2 flushed)
+                r["graph_us"] = timer.graph(fns, context=lambda: variant(name))
+                r["graph_us_instrumented"] = timer.graph(fns, context=lambda: traced(name))
             if facts and facts["balanced"] and shape.suite == "decode":
-                r["plan_estimate"] = estimate(plan_units(shape, facts), facts, bpk, sms=sms)
+                r["plan_estimate"] = estimate(plan_units(shape, facts), facts, bpk, sms=sms, bandwidth=peak)
             out["rows"][key] = r
             print(summary_text(key, r), flush=True)
         if args.no_readers or shape.label or shape.pos_encoding_mode != "NONE":  # (not the sweep's rows)

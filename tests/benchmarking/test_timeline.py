@@ -198,7 +198,8 @@ def _facts(got: dict) -> dict:
             "smid": len(re.findall(r"%smid", ptx)),
             "b64_stores": len(re.findall(r"st\.global\.b64", ptx)),
             # the trace buffer's address (or an address in it, the region's offset folded in) as a literal
-            "addr": any(0 <= int(n) - timeline.FAKE_ADDR < timeline.TRACE_SLOTS * 8 for n in re.findall(r"\b\d{12,}\b", ptx)),
+            "addr": any(0 <= int(n) - timeline.FAKE_ADDR < timeline.TRACE_SLOTS * 8
+                        for n in re.findall(r"\b\d{12,}\b", ptx)),
             "shared": got["shared"], "reg": got.get("reg")}
 
 
