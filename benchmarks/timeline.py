@@ -836,6 +836,8 @@ def _run(args) -> int:
                 r["plan_estimate"] = estimate(plan_units(shape, facts), facts, bpk, sms=sms, bandwidth=peak)
             out["rows"][key] = r
             print(summary_text(key, r), flush=True)
+            if args.out:  # after every row: a run cut by its time limit keeps the rows it traced
+                Path(args.out).write_text(json.dumps(out, indent=1))
         if args.no_readers or shape.label or shape.pos_encoding_mode != "NONE":  # (not the sweep's rows)
             continue
         x = torch.randn(int(prob.work.bytes) // 2, dtype=torch.float16, device=dev)
