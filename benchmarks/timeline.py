@@ -84,19 +84,7 @@ def _helpers(addr: int) -> str:
     """The trace functions, inserted into each patched module (its kernels call them)."""
     return f'''
 TRACE_ADDR = tl.constexpr({int(addr)})  # timeline: the trace buffer (benchmarks/timeline.py)
-
-
-@triton.jit
-def _gtime(x):
-    """timeline: the global nanosecond timer (``x``: an int32 scalar, the asm's operand)."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _smid(x):
-    """timeline: the SM the program runs on."""
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+from benchmarks.timeline import _now as _gtime, _smid  # timeline: the timer and SM id reads
 
 
 @triton.jit
