@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Issue 41's MLA grid beside FlashInfer's fa3 MLA (session k's call 7 ran out of time before it):
+# the 22 rows of `--suite mla` (16 / 32 / 64 / 128 heads, bf16 and fp8, Q 1 / 2 / 4), graph
+# replay, FlashInfer's two MLA modules prebuilt, no other peer (no SDPA, no flex), one call.
+# Carry [".peers"] (FlashInfer 0.7.2.post1 staged by ../shared/peers/flashinfer/stage.sh).
+set -uo pipefail
+source lab/probes/device_env.sh
+t0=$(date +%s)
+source .peers/flashinfer/activate.sh
+export PYTHONPATH=src:${PYTHONPATH:-} MAX_JOBS=16
+timeout ${MLA_S:-200} python3 benchmarks/run.py --suite mla --graph-only --fi-prebuild --no-flex --sdpa-backends "" \
+  --out "$OUT/mla-grid.json" --md "$OUT/mla-grid.md" --time-budget $(( ${MLA_S:-200} - 30 )) 2> "$OUT/mla-grid.err"
+tail -n 30 "$OUT/mla-grid.md" | cut -c1-220
+xz -9 "$OUT/mla-grid.err" 2>/dev/null
+echo "done: $(( $(date +%s) - t0 )) s"
