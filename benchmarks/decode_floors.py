@@ -121,12 +121,12 @@ PATCHES = {
     )],
     "noloads": [(
         "                k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,\n"
-        "                                 EVICT_FIRST=KV_EVICT_FIRST)\n",
+        "                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)\n",
         "                k = tl.broadcast_to(tl.where(k_ok, 1.0, 0.0).to(cdt)[:, None], (BLOCK_N, HEAD_DIM))\n",
     ), (
         "            v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, "
         "PV_OPERAND=True,\n"
-        "                             EVICT_FIRST=KV_EVICT_FIRST)\n",
+        "                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)\n",
         "            v = tl.broadcast_to(tl.where(v_ok, 1.0, 0.0).to(cdt)[:, None], (BLOCK_N, HEAD_DIM))\n",
     )],
 }

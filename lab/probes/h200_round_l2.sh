@@ -5,6 +5,10 @@
 # fp8 decode loop's instructions go"). Same run, kvattn only, graph replay, every decode fp8 row of the
 # grid and the sweep: the default (keys in M where taken) against `rows` (keys_in_m off: the padded
 # 16-row tiles of today). Rows of 16 query rows a KV head take neither and should read level.
+# Arm `offs` (candidate b, also compile-only): page_offsets off, i.e. the page ids carried and each
+# row's 64-bit offset computed in the load layout, K and V apart (the default computes the offsets
+# where the ids load and V takes K's: sw36 fp8 657 -> 549 SASS instructions a tile with keys in M,
+# bf16 606 -> 541 a 64-key tile). Both arms in one run: the budget is shared, not doubled.
 set -uo pipefail
 source lab/probes/device_env.sh
 export PYTHONPATH=src:${PYTHONPATH:-}
@@ -12,6 +16,7 @@ t0=$(date +%s)
 timeout ${AB_S:-110} python3 benchmarks/run.py --suite decode,sweep --filter "decode fp8" \
   --graph-only --warmup 10 --rep 30 --no-peers \
   --ab rows:decode:keys_in_m=false \
+  --ab offs:decode:page_offsets=false \
   --out "$OUT/ab-keys-in-m.json" --md "$OUT/ab-keys-in-m.md" --time-budget $(( ${AB_S:-110} - 12 )) \
   2> "$OUT/ab-keys-in-m.err"
 grep "^| " "$OUT/ab-keys-in-m.md" | grep -v "^| class\|^|---" | cut -c1-260

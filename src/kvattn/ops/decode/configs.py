@@ -58,6 +58,10 @@ class DecodeConfig:
     # so far: sm_90a SASS of sw36 840 -> 657 instructions a 128-key tile (lab/notes/formats.md
     # "Formats: where the fp8 decode loop's instructions go").
     keys_in_m: bool = True
+    # Paged caches without block scales: token offsets computed where the page ids load, V's taken
+    # from K's where the tables and strides are the same (plan._page_offsets). Compile-only so far
+    # (lab/notes/formats.md "Formats: where the fp8 decode loop's instructions go", candidate b).
+    page_offsets: bool = True
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.

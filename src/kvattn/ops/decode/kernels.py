@@ -28,6 +28,7 @@ from ..common import (
     load_page_ids,
     merge_partials,
     online_softmax_step,
+    page_token_offsets,
     prefetch_rows_l2,
     rope_angle,
     rope_freqs,
@@ -108,6 +109,7 @@ def _decode_item(
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr, BALANCE: tl.constexpr,
+    PAGE_OFFSETS: tl.constexpr,
 ):
     """One work item of :func:`decode_split_kernel` (its parameters, grouped as there: SPLIT_TUPLES)."""
     HEAD_DIM: tl.constexpr = SHAPE[0]
@@ -247,6 +249,12 @@ def _decode_item(
     v_ids = k_ids
     if not SAME_TABLE:
         v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
+    if PAGE_OFFSETS:
+        k_ids = page_token_offsets(k_ids, offs_n, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
+        if PAGE_OFFSETS == 1:
+            v_ids = page_token_offsets(v_ids, offs_n, kvh, stride_v_p, stride_v_s, stride_v_h, PAGE_SIZE)
+        else:
+            v_ids = k_ids
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         tok_ok = offs_n < end
@@ -255,12 +263,24 @@ def _decode_item(
             v_ids = k_ids
             if not SAME_TABLE:
                 v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
-        k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
-        v_page, v_slot, v_ok = k_page, k_slot, k_ok
-        if not SAME_TABLE:
-            v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
-        k_off, ksf_off = kv_token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h,
-                                          stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
+            if PAGE_OFFSETS:
+                k_ids = page_token_offsets(k_ids, offs_n, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
+                if PAGE_OFFSETS == 1:
+                    v_ids = page_token_offsets(v_ids, offs_n, kvh, stride_v_p, stride_v_s, stride_v_h, PAGE_SIZE)
+                else:
+                    v_ids = k_ids
+        if PAGE_OFFSETS:
+            # k_ids / v_ids hold the tokens' offsets (-1: unusable id, read as zeros)
+            k_off = k_ids
+            k_ok = k_off >= 0
+            ksf_off = k_off
+        else:
+            k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
+            v_page, v_slot, v_ok = k_page, k_slot, k_ok
+            if not SAME_TABLE:
+                v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
+            k_off, ksf_off = kv_token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h,
+                                              stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
 
         if ROPE_Q:
             # S[t, t'] = <R(p - j0 - t) q, k_t'>: its diagonal holds the tile's logits. The square
@@ -271,9 +291,9 @@ def _decode_item(
                 k2 = tma_kv_tile(k_ptr, kvh, start_n, HALF, BLOCK_N, HALF)
             else:
                 k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
-                                  EVICT_FIRST=KV_EVICT_FIRST)
+                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
                 k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
-                                  EVICT_FIRST=KV_EVICT_FIRST)
+                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
             qt1, qt2 = rope_query_per_key(u1, u2, t_cos, t_sin)
             sq = tl.dot(qt1.to(cdt), tl.trans(k1))
             sq = tl.dot(qt2.to(cdt), tl.trans(k2), sq)
@@ -281,9 +301,9 @@ def _decode_item(
             u1, u2 = rope_rotate(u1, u2, step_cos, -step_sin)
         elif ROPE:
             k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32,
-                              EVICT_FIRST=KV_EVICT_FIRST)
+                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
             k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32,
-                              EVICT_FIRST=KV_EVICT_FIRST)
+                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
             b_ang = rope_angle(start_n, freqs)
             b_cos = tl.cos(b_ang)[None, :]
             b_sin = tl.sin(b_ang)[None, :]
@@ -299,7 +319,7 @@ def _decode_item(
                 k = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
             else:
                 k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
-                                 EVICT_FIRST=KV_EVICT_FIRST)
+                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
             if KEYS_IN_M:
                 qk = tl.dot(k, tl.trans(q))
             else:
@@ -333,13 +353,18 @@ def _decode_item(
             s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, KEYS_IN_M)
 
-        v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
-                                          stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
+        if PAGE_OFFSETS:
+            v_off = v_ids
+            v_ok = v_off >= 0
+            vsf_off = v_off
+        else:
+            v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
+                                              stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
         if KV_TMA:
             v = tma_kv_tile(v_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
         else:
             v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
-                             EVICT_FIRST=KV_EVICT_FIRST)
+                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
         if KEYS_IN_M:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(v.dtype))
         else:
@@ -351,6 +376,13 @@ def _decode_item(
             v_ids = k_ids
             if not SAME_TABLE:
                 v_ids = load_page_ids(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
+            if PAGE_OFFSETS:
+                k_ids = page_token_offsets(k_ids, offs_next, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
+                if PAGE_OFFSETS == 1:
+                    v_ids = page_token_offsets(v_ids, offs_next, kvh, stride_v_p, stride_v_s, stride_v_h,
+                                               PAGE_SIZE)
+                else:
+                    v_ids = k_ids
 
     # A launch with one split writes the final rows; with several, every split writes a partial
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
@@ -477,6 +509,7 @@ def decode_split_kernel(
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
     BALANCE: tl.constexpr = (False, 1, 0, 0),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT): the balanced split
+    PAGE_OFFSETS: tl.constexpr = 0,  # 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -517,7 +550,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
             )
             item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
         finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
@@ -535,7 +568,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
             )
     else:
         _decode_item(
@@ -546,7 +579,7 @@ def decode_split_kernel(
             logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
             SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made

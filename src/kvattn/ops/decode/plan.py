@@ -233,6 +233,14 @@ class _Plan:
         self.rope, self.alibi = f.has_rope, f.alibi
         self.soft_cap, self.max_programs, self.enable_pdl = f.has_soft_cap, f.max_programs, f.enable_pdl
         self.same_table = f.same_table
+        # Token offsets computed where the page ids load and carried in their place: paged caches
+        # without block scales, strides multiples of 16 elements (the kernel declares the offsets
+        # so, for 16-byte copies); V takes K's offsets where the tables and the strides are the
+        # same (_page_offsets; lab/notes/formats.md "Formats: where the fp8 decode loop's
+        # instructions go", candidate b).
+        aligned = all(s % 16 == 0 for s in (*self.k_strides, *self.v_strides))
+        self.page_offsets_mode = 0 if not f.paged or fmt.scale_block or not aligned else (
+            2 if f.same_table and self.k_strides == self.v_strides else 1)
         self.has = dict(zip(_OPTIONAL, f.present))
         self.out_fp8 = f.out_dtype == FP8_DTYPE
         self.strides = dict(
@@ -442,6 +450,13 @@ def _keys_in_m(plan: _Plan, cfg: decode_configs.DecodeConfig) -> bool:
     return bool(cfg.keys_in_m) and plan.keys_in_m_ok
 
 
+def _page_offsets(plan: _Plan, cfg: decode_configs.DecodeConfig) -> int:
+    """The kernel's PAGE_OFFSETS: 0 (page ids carried, offsets a row in the load layout), 1 (K's and
+    V's token offsets where the ids load), 2 (V's are K's: one table, equal strides), from
+    ``plan.page_offsets_mode`` and the config's ``page_offsets`` (``--ab NAME:decode:page_offsets=0``)."""
+    return plan.page_offsets_mode if cfg.page_offsets else 0
+
+
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
                   bal: Balance | None = None) -> fast_launch.Launch:
     """The split kernel's launch, every argument by its parameter's name, the kernel's tuples by
@@ -494,6 +509,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             SPLIT_SPAN=invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
+            PAGE_OFFSETS=_page_offsets(plan, cfg),
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
