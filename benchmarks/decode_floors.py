@@ -131,6 +131,13 @@ PATCHES = {
     )],
 }
 
+# Every floor is a floor of the rows-in-M kernel (query rows in the products' M dim), the kernel
+# they were first measured on: the plan's keys-in-M choice (KEYS_IN_M) is patched out of each.
+_ROWS_IN_M = ("    KEYS_IN_M: tl.constexpr = SHAPE[8]\n",
+              "    KEYS_IN_M: tl.constexpr = False  # floor: the rows-in-M kernel\n")
+for _patches in PATCHES.values():
+    _patches.append(_ROWS_IN_M)
+
 # floor -> the cache formats (format table names) it applies to; absent: every format
 APPLIES_TO = {"fp8mma": ("fp8",), "fp8mma_k": ("fp8",)}
 

@@ -20,5 +20,13 @@ timeout ${AB_S:-110} python3 benchmarks/run.py --suite decode,sweep --filter "de
   --out "$OUT/ab-keys-in-m.json" --md "$OUT/ab-keys-in-m.md" --time-budget $(( ${AB_S:-110} - 12 )) \
   2> "$OUT/ab-keys-in-m.err"
 grep "^| " "$OUT/ab-keys-in-m.md" | grep -v "^| class\|^|---" | cut -c1-260
-xz -9 "$OUT/ab-keys-in-m.err" 2>/dev/null
+# The page offsets change the paged bf16 kernels too: the grid's bf16 rows and the sweep's bf16
+# rows furthest behind FlashInfer, the same `offs` arm.
+timeout ${BF_S:-100} python3 benchmarks/run.py --suite decode,sweep \
+  --filter "decode bf16 16x4096,decode bf16 64x8192,decode bf16 128x2048,decode bf16 256x1024,8192] p16,sw07 ,sw12 ,sw54 ,sw57 ,sw43 ,sw33 ,sw10 ,sw09 ,sw00 " \
+  --graph-only --warmup 10 --rep 30 --no-peers --ab offs:decode:page_offsets=false \
+  --out "$OUT/ab-offs-bf16.json" --md "$OUT/ab-offs-bf16.md" --time-budget $(( ${BF_S:-100} - 12 )) \
+  2> "$OUT/ab-offs-bf16.err"
+grep "^| " "$OUT/ab-offs-bf16.md" | grep -v "^| class\|^|---" | cut -c1-260
+xz -9 "$OUT/ab-keys-in-m.err" "$OUT/ab-offs-bf16.err" 2>/dev/null
 echo "done: $(( $(date +%s) - t0 )) s"
