@@ -1,6 +1,6 @@
-"""Per-tile SASS instruction counts of the paged decode kernel's key loop, by category, for the
-launch the plan builds for one sweep row (compile-only: no GPU; Triton's pipeline for sm_90a and
-the nvdisasm Triton ships).
+"""Per-tile SASS instruction counts of the decode kernel's key loop, by category, for the launch
+the plan builds for one sweep row or one single-decode call (compile-only: no GPU; Triton's
+pipeline for sm_90a and the nvdisasm Triton ships).
 
 The plan is that of a faked 132-SM H200 (sm90's tables; launches recorded, not run:
 ``tests/ops/decode/test_balanced_plan.py``), with what a GPU launch would change on top: the fp8
@@ -12,6 +12,14 @@ Usage (from the repository root)::
 
     PYTHONPATH=src python benchmarks/decode_sass_counts.py --fmt fp8 --fmt bfloat16
     PYTHONPATH=src python benchmarks/decode_sass_counts.py --fmt fp8 --set SWAP_AB=True --dump /tmp/sass
+    PYTHONPATH=src python benchmarks/decode_sass_counts.py --single 32768 --pos ROPE_LLAMA --pos NONE
+
+``--single L``: ``single_decode_with_kv_cache`` (32 / 32 heads, D 128, bfloat16, contiguous) over L
+keys, planned as a CUDA-graph capture on the faked H200 (``tma_readable``'s facts: capture, TMA,
+compiled); a plan that reads by TMA compiles with its tensor descriptors and the L2 hint's PTX
+rewrite, as the launcher does. RoPE's own work is counted apart by source file: ``rope`` (the
+query rotated per key and turned per tile: ``common/positions.py``) and ``diagonal``
+(``tile_diagonal``: ``common/tiles.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ SW36 = dict(batch=24, max_len=48740, page=16, num_heads=64, num_kv_heads=8, layo
 H200_BANDWIDTH = 2 * 3201e6 * 6144 / 8
 
 CATEGORIES = ("copy", "address", "shared", "barrier", "convert", "mma", "p_pack", "softmax", "mask", "moves",
-              "loop")
+              "loop", "rope", "diagonal")
+# single_decode_with_kv_cache's shape (--single): 32 query heads over 32 KV heads, D 128, bfloat16
+SINGLE = dict(num_heads=32, num_kv_heads=32, head_dim=128)
 
 
 def faked_plan_launch(fmt: str, row: dict = SW36) -> dict:
@@ -73,6 +83,42 @@ print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=l
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def faked_single_launch(length: int, pos: str, graph_capture: bool = True) -> dict:
+    """``{"constexprs", "options", "grid"}`` of ``single_decode_with_kv_cache``'s split launch over
+    ``length`` keys (``pos``: NONE / ROPE_LLAMA) on the faked H200, as a CUDA-graph capture plans
+    it (``graph_capture``; the plan's TMA rules see a compiled launch on a GPU with TMA)."""
+    code = r"""
+import json, os, sys
+os.environ.update(TRITON_INTERPRET="1", KVATTN_FUSED_MERGE="1", KVATTN_CALL_CACHE="0", KVATTN_BACKEND="triton")
+import torch
+from kvattn.ops.decode import plan as P
+from kvattn.runtime import fast_launch
+L, rope, capture, bw, shape = int(sys.argv[1]), sys.argv[2] == "ROPE_LLAMA", sys.argv[3] == "1", float(sys.argv[4]), json.loads(sys.argv[5])
+P.arch = lambda device, interpreter: "sm90"
+P._device.sm_count = lambda d: 132
+P._device.l2_bytes = lambda d: 60 << 20
+P._device.memory_bandwidth = lambda d: bw
+P._device.has_tma = lambda d: True
+P.capturing = lambda d: capture
+P._env.triton_interpret = lambda: False  # (a compiled launch: the TMA rules)
+fast_launch.Launch.__call__ = lambda self, call: None
+fast_launch.Launch.warmup = lambda self, call: None
+P._PLANS.clear()
+q = torch.empty(shape["num_heads"], shape["head_dim"], dtype=torch.bfloat16)
+k = torch.empty(L, shape["num_kv_heads"], shape["head_dim"], dtype=torch.bfloat16)
+P.launch_decode(q, k, torch.empty_like(k), torch.empty_like(q), paged=False, rope=rope)
+(plan,) = P._PLANS.values()
+split = plan.launches(L)[0]
+print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid))))
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(length), pos, "1" if graph_capture else "0",
+                          str(H200_BANDWIDTH), json.dumps(SINGLE)], env=dict(os.environ), capture_output=True,
+                         text=True)
+    if res.returncode:
+        raise RuntimeError(res.stderr[-3000:])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 _COMPILE = r"""
 import base64, json, sys
 import triton
@@ -80,6 +126,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kvattn.ops.decode.kernels import SPLIT_TUPLES, decode_split_kernel as fn
 case = json.loads(sys.argv[1])
+DESCS = case.get("descs", {})
 PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "kv_start_ptr": "*i32",
         "mask_ptr": "*i16", "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
         "lse_ptr": "*fp32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32",
@@ -91,6 +138,8 @@ def typed(arg, path):
     if arg in c:
         constexprs[path] = c[arg]
         return "constexpr"
+    if arg in DESCS:
+        return DESCS[arg]
     if arg.endswith("_ptr"):
         attrs[path] = [["tt.divisibility", 16]]
         return PTRS.get(arg, "*bf16")
@@ -106,8 +155,14 @@ for i, arg in enumerate(fn.arg_names):
         constexprs[(i,)] = tuple(c[m] for m in members)
     else:
         sig[arg] = tuple(typed(m, (i, j)) for j, m in enumerate(members))
-ck = triton.compile(ASTSource(fn, signature=sig, attrs=attrs, constexprs=constexprs), target=GPUTarget("cuda", 90, 128),
-                    options={"num_warps": case["warps"], "num_stages": case["stages"]})
+import contextlib
+if case.get("ptx_hints"):  # the launcher's PTX rewrite of hinted TMA copies (fast_launch.Launch ptx_hints)
+    from kvattn.runtime.ptx_hints import applied as scope
+else:
+    scope = contextlib.nullcontext
+with scope():
+    ck = triton.compile(ASTSource(fn, signature=sig, attrs=attrs, constexprs=constexprs),
+                        target=GPUTarget("cuda", 90, 128), options={"num_warps": case["warps"], "num_stages": case["stages"]})
 print(json.dumps({"cubin": base64.b64encode(ck.asm["cubin"]).decode(), "ptx": ck.asm["ptx"],
                   "ttgir": ck.asm["ttgir"], "shared": ck.metadata.shared}))
 """
@@ -131,6 +186,11 @@ def compile_launch(fmt: str, launch: dict, sets: dict) -> dict:
     c.update(sets)
     case = dict(constexprs=c, warps=launch["options"]["num_warps"], stages=launch["options"]["num_stages"],
                 kv_ptr="*fp8e4nv" if fmt == "fp8" else "*bf16")
+    if c.get("KV_TMA"):  # tensor descriptors of [Hkv, L, D] (plan.tma_descriptors): K's halves apart under RoPE
+        d, bn = c["HEAD_DIM"], c["BLOCK_N"]
+        kw = d // 2 if c["ROPE"] and c["GROUP"] * c["Q_LEN"] == 1 else d
+        case["descs"] = {"k_ptr": f"tensordesc<bf16[1, {bn}, {kw}]>", "v_ptr": f"tensordesc<bf16[1, {bn}, {d}]>"}
+        case["ptx_hints"] = bool(c["KV_EVICT_FIRST"])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(case)], env=env, capture_output=True, text=True)
     if res.returncode:
@@ -198,13 +258,17 @@ def category(text: str, where: str) -> str:
     op = _opcode(text)
     base = op.split(".")[0]
     src = where.split(":")[0]
+    if src == "positions.py":  # RoPE: the query rotated per key, turned per tile
+        return "rope"
+    if src == "tiles.py" and where in _DIAGONAL_LINES:
+        return "diagonal"
     if base in ("LDGSTS", "LDG", "LDGDEPBAR", "DEPBAR"):
         return "copy"
     if base in ("LDS", "STS", "LDSM", "STSM"):
         return "shared"
     if base == "BAR":
         return "barrier"
-    if base == "HMMA":
+    if base in ("HMMA", "HGMMA"):
         return "mma"
     if op.startswith("F2FP.F16.E4M3") or base == "PRMT":
         return "convert"
@@ -223,6 +287,24 @@ def category(text: str, where: str) -> str:
     return "address"  # IMAD / IADD3 / LEA / SHF / LOP3 / VIADD / SGXT / VIMNMX: integer arithmetic
 
 
+def _function_lines(module: str, name: str) -> set:
+    """``"file.py:line"`` of every line of ``module``'s function ``name`` (source-line categories)."""
+    import importlib
+    import inspect
+
+    fn = getattr(importlib.import_module(module), name)
+    fn = getattr(fn, "fn", fn)
+    lines, first = inspect.getsourcelines(fn)
+    base = os.path.basename(inspect.getsourcefile(fn))
+    return {f"{base}:{first + i}" for i in range(len(lines))}
+
+
+try:
+    _DIAGONAL_LINES = _function_lines("kvattn.ops.common.tiles", "tile_diagonal")
+except Exception:  # pragma: no cover (a tree without it)
+    _DIAGONAL_LINES = set()
+
+
 def tile_counts(got: dict) -> dict:
     body = key_loop(*instructions(got["sass"]))
     cats = collections.Counter(category(t, w) for _, t, w in body)
@@ -235,6 +317,10 @@ def tile_counts(got: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fmt", action="append", default=[], help="fp8 / bfloat16 (repeatable)")
+    ap.add_argument("--single", type=int, default=0, help="single decode over this many keys (bfloat16, 32/32 heads)")
+    ap.add_argument("--pos", action="append", default=[], help="with --single: NONE / ROPE_LLAMA (repeatable)")
+    ap.add_argument("--eager", action="store_true", help="with --single: the eager plan (no graph capture)")
+    ap.add_argument("--json", help="write the counts here (with --single)")
     ap.add_argument("--set", action="append", default=[], help="CONSTEXPR=VALUE over the plan's (JSON value)")
     ap.add_argument("--row", default=None, help="JSON row (batch, max_len, page, num_heads, num_kv_heads, layout)")
     ap.add_argument("--dump", help="folder for the SASS / PTX / TTGIR")
@@ -245,17 +331,27 @@ def main(argv=None) -> int:
         k, v = s.split("=", 1)
         sets[k] = json.loads(v.lower() if v in ("True", "False") else v)
     row = json.loads(args.row) if args.row else SW36
-    for fmt in args.fmt or ["fp8"]:
-        launch = faked_plan_launch(fmt, row)
+    if args.single:
+        cases = [(pos, "bfloat16", faked_single_launch(args.single, pos, not args.eager))
+                 for pos in args.pos or ["ROPE_LLAMA", "NONE"]]
+    else:
+        cases = [(fmt, fmt, None) for fmt in args.fmt or ["fp8"]]
+    report = {}
+    for name, fmt, launch in cases:
+        launch = launch or faked_plan_launch(fmt, row)
         got = compile_launch(fmt, launch, sets)
         counts = tile_counts(got)
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)
             for ext in ("sass", "ptx", "ttgir"):
-                with open(os.path.join(args.dump, f"{fmt}.{ext}"), "w") as f:
+                with open(os.path.join(args.dump, f"{name}.{ext}"), "w") as f:
                     f.write(got[ext])
         per128 = 128 / counts["block_n"]
-        print(f"== {fmt}: BLOCK_N {counts['block_n']}, {got['warps']} warps, stages "
+        c = got["constexprs"]
+        report[name] = dict(counts, reg=got.get("reg"), stack=got.get("stack"), shared=got["shared"],
+                            warps=got["warps"], stages=launch["options"]["num_stages"], grid=launch["grid"],
+                            kv_tma=bool(c.get("KV_TMA")), rope=bool(c.get("ROPE")), sets=sets)
+        print(f"== {name}: grid {launch['grid']}, KV_TMA {bool(c.get('KV_TMA'))}, BLOCK_N {counts['block_n']}, {got['warps']} warps, stages "
               f"{launch['options']['num_stages']}, regs {got.get('reg')}, stack {got.get('stack')}, "
               f"smem {got['shared']} B; loop {counts['total']} instructions a tile "
               f"({counts['total'] * per128:.0f} a 128 keys)")
@@ -265,6 +361,9 @@ def main(argv=None) -> int:
         if args.lines:
             for w, n in sorted(counts["lines"].items(), key=lambda x: -x[1])[:args.lines]:
                 print(f"    {n:4d} {w}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, sort_keys=True)
     return 0
 
 
