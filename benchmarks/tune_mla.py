@@ -96,6 +96,13 @@ VARIANTS = {
     "ws_noscores": {"_ws_floor": "noscores"},
     # the e4m3 form only: no float16 conversion of the values (P.V reads stale buffers)
     "ws_noconvert": {"_ws_floor": "noconvert"},
+    # fp8 at 16-32 heads: the warp-specialised kernel's e4m3 form (rows padded to 64) in place of
+    # the table's heads-in-N Triton kernel, and that form without its value conversion: issue 41's
+    # fp8 bound (1.7x bf16) against the conversion (lab/notes/mla.md "MLA: 16-64 heads, MTP and fp8
+    # 16 heads beside FlashInfer (H200)")
+    "fp8ws": {"qk_fp8": True, "heads_as_n": False, "block_h": 64, "block_n": 64, "num_warps": 8, "num_stages": 3},
+    "fp8ws_noconvert": {"qk_fp8": True, "heads_as_n": False, "block_h": 64, "block_n": 64, "num_warps": 8,
+                        "num_stages": 3, "_ws_floor": "noconvert"},
 }
 
 

@@ -460,6 +460,29 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
         assert not _env.gluon_ws()
 
 
+def test_tune_mla_fp8_variants_put_the_e4m3_form_at_16_heads(monkeypatch):
+    """``fp8ws`` runs the warp-specialised kernel's e4m3 form where the table gives 16 fp8 heads the
+    heads-in-N Triton kernel, and ``fp8ws_noconvert`` that form's no-conversion floor."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    from benchmarks import mla_ws_floors, tune_mla, tuning
+
+    contexts = {}
+
+    def collect(grid, args, context_for, *, workspace_mib):
+        shape = next(iter(grid))
+        contexts.update((name, context_for(shape, name)) for name in ("default", "fp8ws", "fp8ws_noconvert"))
+
+    monkeypatch.setattr(tuning, "time_variants", collect)
+    assert tune_mla.main([]) == 0
+    fp8 = dict(hq=16, dtype=FP8_DTYPE)
+    with contexts["default"]():
+        assert _plan(monkeypatch, **fp8).launches(8192)[0].kernel is not mla_launch.mla_gluon_ws_kernel
+    with contexts["fp8ws"]():
+        assert _plan(monkeypatch, **fp8).launches(8192)[0].kernel is mla_launch.mla_gluon_ws_kernel
+    with contexts["fp8ws_noconvert"]():
+        assert _plan(monkeypatch, **fp8).launches(8192)[0].kernel is mla_ws_floors.floor_kernel("noconvert")
+
+
 def test_tune_mla_times_the_sweeps_small_page_rows(monkeypatch):
     """``tune_mla.py --sweep`` takes the sweep's MLA rows (the registry's have pages of 64 only), so
     a floor is timed over pages of 16: sw77 (128 heads, bf16, pages of 16) reaches the variants,
