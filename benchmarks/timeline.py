@@ -307,9 +307,7 @@ def select_rows(sweep_rows: bool, filters: list[str]) -> list:
     any of its comma-separated parts (``tune_decode.py``'s rule)."""
     from benchmarks import sweep
 
-    keep = [f for arg in filters for f in {arg, *arg.split(",")} if f]
-    grid = [s for s in sweep.SWEEP if s.suite in ("decode", "spec_decode")] if sweep_rows else registry_shapes()
-    return [s for s in grid if not keep or any(f in s.id for f in keep)]
+    return sweep.select(sweep.decode_rows() if sweep_rows else registry_shapes(), sweep.filter_parts(filters))
 
 
 def row_name(shape) -> str:
