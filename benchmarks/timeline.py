@@ -321,24 +321,31 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def pieces(n: int, k: int, block_n: int) -> list[int]:
+    """``split_bounds``: ``n`` keys in ``k`` chunks of whole tiles (the last ones may be short or empty)."""
+    piece = max(_cdiv(_cdiv(n, k), block_n) * block_n, block_n)
+    return [max(0, min(piece, n - s * piece)) for s in range(k)]
+
+
+def unit_counts(lens, *, splits: int, target: int, cap: int, min_chunk: int, block_n: int) -> tuple[list, int | None]:
+    """``common.balance.unit_counts`` on the host: each request's units and the chunk (None where
+    the batch is not ragged and keeps ``splits`` a request)."""
+    total, longest, batch = sum(lens), max(lens), len(lens)
+    if longest * batch * 4 <= 5 * total:
+        return [splits] * batch, None
+    chunk = max(_cdiv(total, target), _cdiv(longest, cap))
+    chunk = max(_cdiv(chunk, block_n) * block_n, min_chunk)
+    return [max(_cdiv(n, chunk), 1) for n in lens], chunk
+
+
 def host_units(lens, *, capacity: int, splits: int, target: int, cap: int, min_chunk: int,
                block_n: int) -> tuple[list, int | None]:
     """``([(b, split, n_b, keys)], chunk)``: the units of a balanced plan in deal order, as
     ``common.balance.unit_counts`` and ``split_bounds`` cut them (``chunk``: None where the batch
     is not ragged and keeps ``splits`` a request)."""
     lens = [min(max(n, 0), capacity) for n in lens]
-    total, longest, batch = sum(lens), max(lens), len(lens)
-    chunk = None
-    if longest * batch * 4 > 5 * total:
-        chunk = max(_cdiv(total, target), _cdiv(longest, cap))
-        chunk = max(_cdiv(chunk, block_n) * block_n, min_chunk)
-        counts = [max(_cdiv(n, chunk), 1) for n in lens]
-    else:
-        counts = [splits] * batch
-    units = []
-    for b, (n, k) in enumerate(zip(lens, counts)):
-        piece = max(_cdiv(_cdiv(n, k), block_n) * block_n, block_n)
-        units += [(b, s, k, max(0, min(piece, n - s * piece))) for s in range(k)]
+    counts, chunk = unit_counts(lens, splits=splits, target=target, cap=cap, min_chunk=min_chunk, block_n=block_n)
+    units = [(b, s, k, keys) for b, (n, k) in enumerate(zip(lens, counts)) for s, keys in enumerate(pieces(n, k, block_n))]
     return units, chunk
 
 
