@@ -32,9 +32,12 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script
     import _paths  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # sw36: 24 requests x 48740 keys, pages of 16, HND, 64 query heads over 8 KV heads, D 128
 SW36 = dict(batch=24, max_len=48740, page=16, num_heads=64, num_kv_heads=8, layout="HND")
@@ -46,9 +49,10 @@ CATEGORIES = ("copy", "address", "shared", "barrier", "convert", "mma", "p_pack"
 SINGLE = dict(num_heads=32, num_kv_heads=32, head_dim=128)
 
 
-# What both faked launches share, run in a subprocess: the plan needs TRITON_INTERPRET (CPU tensors),
-# the compile must not see it. The decode plan of a 132-SM H200 (sm90's tables, 60 MB of L2, the
-# bandwidth its driver reports), launches recorded, not run; the last argument is that bandwidth.
+# The faked launches run in a subprocess: the plan needs TRITON_INTERPRET (CPU tensors), the compile
+# must not see it. The decode plan of a 132-SM H200 (sm90's tables, 60 MB of L2, the bandwidth its
+# driver reports), launches recorded, not run; the last argument is that bandwidth. (Paged rows:
+# benchmarks/timeline.py's faked_h200_launch; single decode: this set-up.)
 _FAKED_H200 = r"""
 import json, os, sys
 os.environ.update(TRITON_INTERPRET="1", KVATTN_FUSED_MERGE="1", KVATTN_CALL_CACHE="0", KVATTN_BACKEND="triton")
@@ -71,10 +75,9 @@ def _split_launch_json(span):
 
 
 def _launch_in_subprocess(code: str, *args: str) -> dict:
-    """The JSON line ``code`` (a :data:`_FAKED_H200` script) prints last, run with ``args`` and the
-    H200's bandwidth."""
+    """The JSON line ``code`` prints last, run with ``args`` and the H200's bandwidth."""
     res = subprocess.run([sys.executable, "-c", code, *args, str(H200_BANDWIDTH)], env=dict(os.environ),
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=ROOT)  # (ROOT: `benchmarks` importable)
     if res.returncode:
         raise RuntimeError(res.stderr[-3000:])
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -83,19 +86,15 @@ def _launch_in_subprocess(code: str, *args: str) -> dict:
 def faked_plan_launch(fmt: str, row: dict = SW36) -> dict:
     """``{"constexprs", "options", "grid"}`` of the split launch the decode plan builds for ``row`` on
     a faked H200 (run in a subprocess: the plan needs TRITON_INTERPRET, the compile must not)."""
-    code = _FAKED_H200 + r"""
-import kvattn
-fmt, row = sys.argv[1], json.loads(sys.argv[2])
-b, L, page, hkv = row["batch"], row["max_len"], row["page"], row["num_kv_heads"]
-pages = b * -(-L // page)
-shape = (pages, hkv, page, 128) if row["layout"] == "HND" else (pages, page, hkv, 128)
-k = torch.empty(shape, dtype=torch.float8_e4m3fn if fmt == "fp8" else torch.float16)
-q = torch.empty(b, row["num_heads"], 128, dtype=torch.float16)
-kvattn.decode.xqa_batch_decode_with_kv_cache(
-    q, (k, torch.empty_like(k)), torch.zeros(256 << 20, dtype=torch.uint8),
-    torch.zeros(b, pages // b, dtype=torch.int32), torch.full((b,), L, dtype=torch.int32), L, bmm1_scale=0.1,
-    bmm2_scale=1.0, out=torch.empty_like(q), kv_layout=row["layout"])
-print(_split_launch_json(L))
+    code = r"""
+import json, sys
+from benchmarks import timeline
+from benchmarks.shapes import Shape
+fmt, row, bw = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+shape = Shape("decode", row["batch"], row["max_len"], num_qo_heads=row["num_heads"], num_kv_heads=row["num_kv_heads"],
+              page_size=row["page"], layout=row["layout"], kv_dtype="fp8" if fmt == "fp8" else "bfloat16")
+split = timeline.faked_h200_launch(shape, bw)
+print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid))))
 """
     return _launch_in_subprocess(code, fmt, json.dumps(row))
 

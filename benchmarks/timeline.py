@@ -462,7 +462,8 @@ def faked_h200_launch(shape, bandwidth: float = H200_BW):
     """The split launch of ``shape``'s decode call planned on a faked H200 (sm90 tables, 132 SMs,
     60 MB of L2, ``bandwidth``) from CPU tensors: nothing runs (``tests/ops/decode/
     test_balanced_plan.py``'s ``_plan_of``, with the row's own batch, span, pages, heads and layout;
-    a 16-bit cache as float16, which shares bfloat16's config rows)."""
+    a 16-bit cache as float16, which shares bfloat16's config rows; an fp8 cache as e4m3, in the
+    interpreter's byte format)."""
     from unittest import mock
 
     import torch
@@ -471,8 +472,8 @@ def faked_h200_launch(shape, bandwidth: float = H200_BW):
     from kvattn.ops.decode import plan as decode_launch
     from kvattn.runtime import fast_launch
 
-    if shape.kv_dtype not in ("bfloat16", "float16") or shape.q_len != 1:
-        raise ValueError(f"{shape.id}: the CPU plan covers 16-bit caches and one query row")
+    if shape.kv_dtype not in ("bfloat16", "float16", "fp8") or shape.q_len != 1:
+        raise ValueError(f"{shape.id}: the CPU plan covers 16-bit and fp8 caches and one query row")
     # (TRITON_INTERPRET: the backend takes CPU tensors only then; the launches are recorded, not run)
     env = {"KVATTN_FUSED_MERGE": "1", "KVATTN_CALL_CACHE": "0", "KVATTN_BACKEND": "triton", "TRITON_INTERPRET": "1"}
     lens = shape.seq_lens()
@@ -480,7 +481,7 @@ def faked_h200_launch(shape, bandwidth: float = H200_BW):
     pages = shape.batch * _cdiv(max_len, page)
     dims = (pages, page, hkv, shape.head_dim) if shape.layout == "NHD" else (pages, hkv, page, shape.head_dim)
     dtype = torch.float16  # (the interpreter takes no bfloat16; both are the tables' "half" format)
-    k = torch.empty(dims, dtype=dtype)
+    k = torch.empty(dims, dtype=torch.float8_e4m3fn if shape.kv_dtype == "fp8" else dtype)
     tables = torch.zeros(shape.batch, pages // shape.batch, dtype=torch.int32)
     q = torch.empty(shape.batch, shape.num_qo_heads, shape.head_dim, dtype=dtype)
     with contextlib.ExitStack() as stack:
