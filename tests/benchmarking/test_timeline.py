@@ -11,6 +11,8 @@ and the trace stores in their PTX and the library's shared memory (so as many pr
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import sys
 from pathlib import Path
@@ -200,6 +202,18 @@ def _facts(got: dict) -> dict:
             "addr": any(0 <= int(n) - timeline.FAKE_ADDR < timeline.TRACE_SLOTS * 8
                         for n in re.findall(r"\b\d{12,}\b", ptx)),
             "shared": got["shared"], "reg": got.get("reg")}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+def test_fp8_rows_plan_on_a_faked_h200():
+    """An fp8 row (sw36: 24 x 48740, pages of 16, 64/8 heads) takes the fp8 main table's tiles
+    (128 keys, 4 warps, 3 stages), which ``decode_sass_counts.py`` compiles; a 4-bit cache is refused."""
+    (shape,) = timeline.select_rows(True, ["sw36 "])
+    split = timeline.faked_h200_launch(shape)
+    assert (split.constexprs["BLOCK_N"], split.options["num_warps"], split.options["num_stages"]) == (128, 4, 3)
+    nvfp4 = dataclasses.replace(shape, kv_dtype="nvfp4")
+    with pytest.raises(ValueError, match="16-bit and fp8"):
+        timeline.faked_h200_launch(nvfp4)
 
 
 @pytest.mark.codegen
