@@ -32,13 +32,16 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script
     import _paths  # noqa: F401
 
+ROOT = Path(__file__).resolve().parent.parent
+
 # sw36: 24 requests x 48740 keys, pages of 16, HND, 64 query heads over 8 KV heads, D 128
 SW36 = dict(batch=24, max_len=48740, page=16, num_heads=64, num_kv_heads=8, layout="HND")
-H200_BANDWIDTH = 2 * 3201e6 * 6144 / 8
+H200_BANDWIDTH = 2 * 3201e6 * 6016 / 8  # what an H200's driver reports: 4.81 TB/s
 
 CATEGORIES = ("copy", "address", "shared", "barrier", "convert", "mma", "p_pack", "softmax", "mask", "moves",
               "loop", "rope", "diagonal")
@@ -46,77 +49,72 @@ CATEGORIES = ("copy", "address", "shared", "barrier", "convert", "mma", "p_pack"
 SINGLE = dict(num_heads=32, num_kv_heads=32, head_dim=128)
 
 
+# The faked launches run in a subprocess: the plan needs TRITON_INTERPRET (CPU tensors), the compile
+# must not see it. The decode plan of a 132-SM H200 (sm90's tables, 60 MB of L2, the bandwidth its
+# driver reports), launches recorded, not run; the last argument is that bandwidth. (Paged rows:
+# benchmarks/timeline.py's faked_h200_launch; single decode: this set-up.)
+_FAKED_H200 = r"""
+import json, os, sys
+os.environ.update(TRITON_INTERPRET="1", KVATTN_FUSED_MERGE="1", KVATTN_CALL_CACHE="0", KVATTN_BACKEND="triton")
+import torch
+from kvattn.ops.decode import plan as P
+from kvattn.runtime import fast_launch
+P.arch = lambda device, interpreter: "sm90"
+P._device.sm_count = lambda d: 132
+P._device.l2_bytes = lambda d: 60 << 20
+P._device.memory_bandwidth = lambda d, bw=float(sys.argv[-1]): bw
+fast_launch.Launch.__call__ = lambda self, call: None
+P._PLANS.clear()
+
+
+def _split_launch_json(span):
+    (plan,) = P._PLANS.values()
+    split = plan.launches(span)[0]
+    return json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid)))
+"""
+
+
+def _launch_in_subprocess(code: str, *args: str) -> dict:
+    """The JSON line ``code`` prints last, run with ``args`` and the H200's bandwidth."""
+    res = subprocess.run([sys.executable, "-c", code, *args, str(H200_BANDWIDTH)], env=dict(os.environ),
+                         capture_output=True, text=True, cwd=ROOT)  # (ROOT: `benchmarks` importable)
+    if res.returncode:
+        raise RuntimeError(res.stderr[-3000:])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def faked_plan_launch(fmt: str, row: dict = SW36) -> dict:
     """``{"constexprs", "options", "grid"}`` of the split launch the decode plan builds for ``row`` on
     a faked H200 (run in a subprocess: the plan needs TRITON_INTERPRET, the compile must not)."""
     code = r"""
-import json, os, sys
-os.environ.update(TRITON_INTERPRET="1", KVATTN_FUSED_MERGE="1", KVATTN_CALL_CACHE="0", KVATTN_BACKEND="triton")
-import torch, kvattn
-from kvattn.ops.decode import plan as P
-from kvattn.runtime import fast_launch
+import json, sys
+from benchmarks import timeline
+from benchmarks.shapes import Shape
 fmt, row, bw = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
-P.arch = lambda device, interpreter: "sm90"
-P._device.sm_count = lambda d: 132
-P._device.l2_bytes = lambda d: 60 << 20
-P._device.memory_bandwidth = lambda d: bw
-fast_launch.Launch.__call__ = lambda self, call: None
-P._PLANS.clear()
-b, L, page, hkv = row["batch"], row["max_len"], row["page"], row["num_kv_heads"]
-pages = b * -(-L // page)
-shape = (pages, hkv, page, 128) if row["layout"] == "HND" else (pages, page, hkv, 128)
-k = torch.empty(shape, dtype=torch.float8_e4m3fn if fmt == "fp8" else torch.float16)
-q = torch.empty(b, row["num_heads"], 128, dtype=torch.float16)
-kvattn.decode.xqa_batch_decode_with_kv_cache(
-    q, (k, torch.empty_like(k)), torch.zeros(256 << 20, dtype=torch.uint8),
-    torch.zeros(b, pages // b, dtype=torch.int32), torch.full((b,), L, dtype=torch.int32), L, bmm1_scale=0.1,
-    bmm2_scale=1.0, out=torch.empty_like(q), kv_layout=row["layout"])
-(plan,) = P._PLANS.values()
-split = plan.launches(L)[0]
+shape = Shape("decode", row["batch"], row["max_len"], num_qo_heads=row["num_heads"], num_kv_heads=row["num_kv_heads"],
+              page_size=row["page"], layout=row["layout"], kv_dtype="fp8" if fmt == "fp8" else "bfloat16")
+split = timeline.faked_h200_launch(shape, bw)
 print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid))))
 """
-    env = dict(os.environ)
-    res = subprocess.run([sys.executable, "-c", code, fmt, json.dumps(row), str(H200_BANDWIDTH)], env=env,
-                         capture_output=True, text=True)
-    if res.returncode:
-        raise RuntimeError(res.stderr[-3000:])
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return _launch_in_subprocess(code, fmt, json.dumps(row))
 
 
 def faked_single_launch(length: int, pos: str, graph_capture: bool = True) -> dict:
     """``{"constexprs", "options", "grid"}`` of ``single_decode_with_kv_cache``'s split launch over
     ``length`` keys (``pos``: NONE / ROPE_LLAMA) on the faked H200, as a CUDA-graph capture plans
     it (``graph_capture``; the plan's TMA rules see a compiled launch on a GPU with TMA)."""
-    code = r"""
-import json, os, sys
-os.environ.update(TRITON_INTERPRET="1", KVATTN_FUSED_MERGE="1", KVATTN_CALL_CACHE="0", KVATTN_BACKEND="triton")
-import torch
-from kvattn.ops.decode import plan as P
-from kvattn.runtime import fast_launch
-L, rope, capture, bw, shape = int(sys.argv[1]), sys.argv[2] == "ROPE_LLAMA", sys.argv[3] == "1", float(sys.argv[4]), json.loads(sys.argv[5])
-P.arch = lambda device, interpreter: "sm90"
-P._device.sm_count = lambda d: 132
-P._device.l2_bytes = lambda d: 60 << 20
-P._device.memory_bandwidth = lambda d: bw
+    code = _FAKED_H200 + r"""
+L, rope, capture, shape = int(sys.argv[1]), sys.argv[2] == "ROPE_LLAMA", sys.argv[3] == "1", json.loads(sys.argv[4])
 P._device.has_tma = lambda d: True
 P.capturing = lambda d: capture
 P._env.triton_interpret = lambda: False  # (a compiled launch: the TMA rules)
-fast_launch.Launch.__call__ = lambda self, call: None
 fast_launch.Launch.warmup = lambda self, call: None
-P._PLANS.clear()
 q = torch.empty(shape["num_heads"], shape["head_dim"], dtype=torch.bfloat16)
 k = torch.empty(L, shape["num_kv_heads"], shape["head_dim"], dtype=torch.bfloat16)
 P.launch_decode(q, k, torch.empty_like(k), torch.empty_like(q), paged=False, rope=rope)
-(plan,) = P._PLANS.values()
-split = plan.launches(L)[0]
-print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid))))
+print(_split_launch_json(L))
 """
-    res = subprocess.run([sys.executable, "-c", code, str(length), pos, "1" if graph_capture else "0",
-                          str(H200_BANDWIDTH), json.dumps(SINGLE)], env=dict(os.environ), capture_output=True,
-                         text=True)
-    if res.returncode:
-        raise RuntimeError(res.stderr[-3000:])
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return _launch_in_subprocess(code, str(length), pos, "1" if graph_capture else "0", json.dumps(SINGLE))
 
 
 _COMPILE = r"""

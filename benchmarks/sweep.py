@@ -128,6 +128,17 @@ SMOKE_SWEEP: list[Shape] = draw(6, 2, seed=SWEEP_SEED, max_bytes=1 << 20, max_ba
                                 mla_batches=(1, 2), mla_lens=(32, 96))
 
 
+def filter_parts(args) -> list[str]:
+    """``--filter`` arguments as the substrings a row's id is matched by: each argument whole
+    (ragged ids hold commas: ``[1,88289]``) and each of its comma-separated parts."""
+    return [f for arg in args for f in {arg, *arg.split(",")} if f]
+
+
+def decode_rows() -> list[Shape]:
+    """The sweep's paged decode rows (decode and speculative decode)."""
+    return [s for s in SWEEP if s.suite in ("decode", "spec_decode")]
+
+
 def select(shapes: list[Shape], filters=None) -> list[Shape]:
     """The sweep rows whose id contains any filter substring (all without filters)."""
     if not filters:

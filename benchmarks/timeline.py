@@ -307,9 +307,7 @@ def select_rows(sweep_rows: bool, filters: list[str]) -> list:
     any of its comma-separated parts (``tune_decode.py``'s rule)."""
     from benchmarks import sweep
 
-    keep = [f for arg in filters for f in {arg, *arg.split(",")} if f]
-    grid = [s for s in sweep.SWEEP if s.suite in ("decode", "spec_decode")] if sweep_rows else registry_shapes()
-    return [s for s in grid if not keep or any(f in s.id for f in keep)]
+    return sweep.select(sweep.decode_rows() if sweep_rows else registry_shapes(), sweep.filter_parts(filters))
 
 
 def row_name(shape) -> str:
@@ -323,24 +321,31 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def pieces(n: int, k: int, block_n: int) -> list[int]:
+    """``split_bounds``: ``n`` keys in ``k`` chunks of whole tiles (the last ones may be short or empty)."""
+    piece = max(_cdiv(_cdiv(n, k), block_n) * block_n, block_n)
+    return [max(0, min(piece, n - s * piece)) for s in range(k)]
+
+
+def unit_counts(lens, *, splits: int, target: int, cap: int, min_chunk: int, block_n: int) -> tuple[list, int | None]:
+    """``common.balance.unit_counts`` on the host: each request's units and the chunk (None where
+    the batch is not ragged and keeps ``splits`` a request)."""
+    total, longest, batch = sum(lens), max(lens), len(lens)
+    if longest * batch * 4 <= 5 * total:
+        return [splits] * batch, None
+    chunk = max(_cdiv(total, target), _cdiv(longest, cap))
+    chunk = max(_cdiv(chunk, block_n) * block_n, min_chunk)
+    return [max(_cdiv(n, chunk), 1) for n in lens], chunk
+
+
 def host_units(lens, *, capacity: int, splits: int, target: int, cap: int, min_chunk: int,
                block_n: int) -> tuple[list, int | None]:
     """``([(b, split, n_b, keys)], chunk)``: the units of a balanced plan in deal order, as
     ``common.balance.unit_counts`` and ``split_bounds`` cut them (``chunk``: None where the batch
     is not ragged and keeps ``splits`` a request)."""
     lens = [min(max(n, 0), capacity) for n in lens]
-    total, longest, batch = sum(lens), max(lens), len(lens)
-    chunk = None
-    if longest * batch * 4 > 5 * total:
-        chunk = max(_cdiv(total, target), _cdiv(longest, cap))
-        chunk = max(_cdiv(chunk, block_n) * block_n, min_chunk)
-        counts = [max(_cdiv(n, chunk), 1) for n in lens]
-    else:
-        counts = [splits] * batch
-    units = []
-    for b, (n, k) in enumerate(zip(lens, counts)):
-        piece = max(_cdiv(_cdiv(n, k), block_n) * block_n, block_n)
-        units += [(b, s, k, max(0, min(piece, n - s * piece))) for s in range(k)]
+    counts, chunk = unit_counts(lens, splits=splits, target=target, cap=cap, min_chunk=min_chunk, block_n=block_n)
+    units = [(b, s, k, keys) for b, (n, k) in enumerate(zip(lens, counts)) for s, keys in enumerate(pieces(n, k, block_n))]
     return units, chunk
 
 
@@ -457,7 +462,8 @@ def faked_h200_launch(shape, bandwidth: float = H200_BW):
     """The split launch of ``shape``'s decode call planned on a faked H200 (sm90 tables, 132 SMs,
     60 MB of L2, ``bandwidth``) from CPU tensors: nothing runs (``tests/ops/decode/
     test_balanced_plan.py``'s ``_plan_of``, with the row's own batch, span, pages, heads and layout;
-    a 16-bit cache as float16, which shares bfloat16's config rows)."""
+    a 16-bit cache as float16, which shares bfloat16's config rows; an fp8 cache as e4m3, in the
+    interpreter's byte format)."""
     from unittest import mock
 
     import torch
@@ -466,8 +472,8 @@ def faked_h200_launch(shape, bandwidth: float = H200_BW):
     from kvattn.ops.decode import plan as decode_launch
     from kvattn.runtime import fast_launch
 
-    if shape.kv_dtype not in ("bfloat16", "float16") or shape.q_len != 1:
-        raise ValueError(f"{shape.id}: the CPU plan covers 16-bit caches and one query row")
+    if shape.kv_dtype not in ("bfloat16", "float16", "fp8") or shape.q_len != 1:
+        raise ValueError(f"{shape.id}: the CPU plan covers 16-bit and fp8 caches and one query row")
     # (TRITON_INTERPRET: the backend takes CPU tensors only then; the launches are recorded, not run)
     env = {"KVATTN_FUSED_MERGE": "1", "KVATTN_CALL_CACHE": "0", "KVATTN_BACKEND": "triton", "TRITON_INTERPRET": "1"}
     lens = shape.seq_lens()
@@ -475,7 +481,7 @@ def faked_h200_launch(shape, bandwidth: float = H200_BW):
     pages = shape.batch * _cdiv(max_len, page)
     dims = (pages, page, hkv, shape.head_dim) if shape.layout == "NHD" else (pages, hkv, page, shape.head_dim)
     dtype = torch.float16  # (the interpreter takes no bfloat16; both are the tables' "half" format)
-    k = torch.empty(dims, dtype=dtype)
+    k = torch.empty(dims, dtype=torch.float8_e4m3fn if shape.kv_dtype == "fp8" else dtype)
     tables = torch.zeros(shape.batch, pages // shape.batch, dtype=torch.int32)
     q = torch.empty(shape.batch, shape.num_qo_heads, shape.head_dim, dtype=dtype)
     with contextlib.ExitStack() as stack:

@@ -300,10 +300,7 @@ def main(argv=None) -> int:
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
-    # a filter matches as a whole (ragged ids hold commas: "[1,88289]") or by any comma-separated part
-    filters = [f for arg in args.filter for f in {arg, *arg.split(",")} if f]
-    grid = [s for s in sweep.SWEEP if s.suite in ("decode", "spec_decode")] if args.sweep else SHAPES
-    shapes = [s for s in grid if not filters or any(f in s.id for f in filters)]
+    shapes = sweep.select(sweep.decode_rows() if args.sweep else SHAPES, sweep.filter_parts(args.filter))
     if not shapes:
         ap.error(f"no shape matches --filter {args.filter}")
     return _run(args, names, shapes)

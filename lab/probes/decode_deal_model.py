@@ -31,20 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 SM_COUNT = 132
 
 
-def pieces(n: int, k: int, block_n: int) -> list[int]:
-    """``split_bounds``: ``n`` keys in ``k`` chunks of whole tiles (the last ones may be short or empty)."""
-    chunk = max(-(-(-(-n // k)) // block_n) * block_n, block_n)
-    return [max(0, min(chunk, n - s * chunk)) for s in range(k)]
-
-
-def unit_counts(lens, *, splits, target, cap, min_chunk, block_n):
-    """``common.balance.unit_counts``: each request's units and the chunk (None: uniform)."""
-    total, longest, batch = sum(lens), max(lens), len(lens)
-    if longest * batch * 4 <= 5 * total:
-        return [splits] * batch, None
-    chunk = max(-(-total // target), -(-longest // cap))
-    chunk = max(-(-chunk // block_n) * block_n, min_chunk)
-    return [max(-(-n // chunk), 1) for n in lens], chunk
+from benchmarks.timeline import pieces, unit_counts  # noqa: E402  (the host's mirror of common.balance)
 
 
 def balanced(lens, *, counts, slots, block_n, merge_block_s, c, o, r, t0, order=None):

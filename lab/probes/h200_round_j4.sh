@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decode's worst sweep rows beside FlashInfer (session j's sweep: sw43 1.63, sw57 1.41, sw54 1.37,
+# Decode's worst sweep rows beside FlashInfer (the whole sweep's worst ratios, lab/results/h200/2026-11-29/j-call3-sweep.md: sw43 1.63, sw57 1.41, sw54 1.37,
 # sw52 1.36 are the four balanced launches on the streaming tiles (128 keys, 8 warps, unpipelined);
 # sw33 a uniform streaming launch, sw51 / sw59 / sw12 / sw07 balanced long tiles), kvattn only,
 # CUDA-graph replay, one call, arms as config overrides of the one tree: `nobal` the uniform split

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 41's MLA grid beside FlashInfer's fa3 MLA (session k's call 7 ran out of time before it):
+# Issue 41's MLA grid beside FlashInfer's fa3 MLA (a run with the decode grids ran out of time before it):
 # the 22 rows of `--suite mla` (16 / 32 / 64 / 128 heads, bf16 and fp8, Q 1 / 2 / 4), graph
 # replay, FlashInfer's two MLA modules prebuilt, no other peer (no SDPA, no flex), one call; then
 # the fp8 16-head row under tune_mla.py's fp8ws / fp8ws_noconvert arms.

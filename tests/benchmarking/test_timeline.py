@@ -11,6 +11,8 @@ and the trace stores in their PTX and the library's shared memory (so as many pr
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import sys
 from pathlib import Path
@@ -79,17 +81,16 @@ def test_rows_as_tune_decode_selects_them():
 def test_host_units_cut_every_key_once():
     """The host's mirror of the balanced plan: a ragged batch's units of one chunk length (capped
     a request), each request's keys in ``split_bounds`` pieces; an equal batch keeps the splits."""
-    sys.path.insert(0, str(ROOT / "lab" / "probes"))
-    import decode_deal_model as model
-
     lens = [1, 700, 5000, 88289, 40000, 0]
     kw = dict(target=1056, cap=32, min_chunk=512, block_n=64)
     units, chunk = timeline.host_units(lens, capacity=88304, splits=6, **kw)
-    counts, model_chunk = model.unit_counts(lens, splits=6, **kw)
-    assert chunk == model_chunk and [sum(u[0] == b for u in units) for b in range(len(lens))] == counts
+    # ragged (88289 x 6 x 4 > 5 x 133990): chunk = max(133990 / 1056, 88289 / 32) = 2760 keys,
+    # rounded up to whole 64-key tiles
+    assert chunk == 2816
+    assert [sum(u[0] == b for u in units) for b in range(len(lens))] == [1, 1, 2, 32, 15, 1]
+    assert [u[3] for u in units if u[0] == 2] == [2560, 2440]  # 5000 keys in 2: 40 tiles, then the rest
     for b, n in enumerate(lens):
         mine = [u for u in units if u[0] == b]
-        assert [u[3] for u in mine] == model.pieces(n, counts[b], 64)
         assert sum(u[3] for u in mine) == n and [u[1] for u in mine] == list(range(len(mine)))
     equal, none = timeline.host_units([4096] * 8, capacity=4096, splits=3, **kw)
     assert none is None and len(equal) == 24 and {u[2] for u in equal} == {3}
@@ -201,6 +202,18 @@ def _facts(got: dict) -> dict:
             "addr": any(0 <= int(n) - timeline.FAKE_ADDR < timeline.TRACE_SLOTS * 8
                         for n in re.findall(r"\b\d{12,}\b", ptx)),
             "shared": got["shared"], "reg": got.get("reg")}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+def test_fp8_rows_plan_on_a_faked_h200():
+    """An fp8 row (sw36: 24 x 48740, pages of 16, 64/8 heads) takes the fp8 main table's tiles
+    (128 keys, 4 warps, 3 stages), which ``decode_sass_counts.py`` compiles; a 4-bit cache is refused."""
+    (shape,) = timeline.select_rows(True, ["sw36 "])
+    split = timeline.faked_h200_launch(shape)
+    assert (split.constexprs["BLOCK_N"], split.options["num_warps"], split.options["num_stages"]) == (128, 4, 3)
+    nvfp4 = dataclasses.replace(shape, kv_dtype="nvfp4")
+    with pytest.raises(ValueError, match="16-bit and fp8"):
+        timeline.faked_h200_launch(nvfp4)
 
 
 @pytest.mark.codegen

@@ -49,7 +49,7 @@ def _memory_bandwidth_at(index: int) -> float:
 
 def memory_bandwidth(device: torch.device) -> float:
     """Peak DRAM bandwidth in bytes/s, from the memory clock and bus width the driver reports (H100
-    SXM: 2619 MHz x 5120 bits = 3.35 TB/s; H200: 3201 MHz x 6144 bits = 4.92 TB/s); 0 on the CPU or
+    SXM: 2619 MHz x 5120 bits = 3.35 TB/s; an H200's driver: 3201 MHz x 6016 bits = 4.81 TB/s); 0 on the CPU or
     where the driver does not say."""
     if device.type != "cuda":
         return 0.0

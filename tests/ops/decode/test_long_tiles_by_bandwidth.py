@@ -22,7 +22,7 @@ from kvattn.runtime import device as _device
 from ..oracle import ON_GPU
 from .test_balanced_plan import SM_COUNT, _plan_of
 
-H200 = 2 * 3201e6 * 6144 / 8  # 4.92 TB/s: 37 GB/s an SM
+H200 = 2 * 3201e6 * 6016 / 8  # 4.81 TB/s (the bus width an H200's driver reports): 36.5 GB/s an SM
 H100 = 2 * 2619e6 * 5120 / 8  # 3.35 TB/s: 25 GB/s an SM
 H100_NVL = 2 * 2619e6 * 6144 / 8  # 4.02 TB/s: 30 GB/s an SM (not measured: keeps the long tiles)
 LONG, MAIN = (128, 8, 3), (64, 4, 4)
@@ -78,7 +78,7 @@ def test_peak_bandwidth_from_the_memory_clock_and_bus_width(monkeypatch):
     assert _device.memory_bandwidth(torch.device("cpu")) == 0.0
     derive = _device._memory_bandwidth_at.__wrapped__
     monkeypatch.setattr(_device, "_props_at", lambda i: SimpleNamespace(memory_clock_rate=3201000,
-                                                                       memory_bus_width=6144))
+                                                                       memory_bus_width=6016))
     assert derive(0) == pytest.approx(H200)
     monkeypatch.setattr(_device, "_props_at", lambda i: SimpleNamespace())
     utils = SimpleNamespace(get_device_properties=lambda i: {"mem_clock_rate": 2619000, "mem_bus_width": 5120})

@@ -102,7 +102,7 @@ _SM90_LONG = {
     ("half", 128): (128, 8, 3),
 }
 # The long tiles were measured on an H100 (3.35 TB/s peak over 132 SMs: 25 GB/s an SM). On an H200
-# (4.9 TB/s peak over the same 132 SMs: 37 GB/s an SM) the main table's tiles beat them on most
+# (4.8 TB/s peak over the same 132 SMs: 36.5 GB/s an SM) the main table's tiles beat them on most
 # launches that take them, same run (lab/notes/decode.md "Decode: the long tiles on an H200"):
 # sw16 532 -> 474 us, sw06 443 -> 396, sw28 420 -> 366, sw51 228 -> 170, 16x4096 p16 92.6 -> 84.5,
 # ragged 128 x [1, 8192] p64 584 -> 565; they lose by 3 % at most elsewhere (sw27 13.4 -> 13.8,
