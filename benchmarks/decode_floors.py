@@ -121,15 +121,22 @@ PATCHES = {
     )],
     "noloads": [(
         "                k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,\n"
-        "                                 EVICT_FIRST=KV_EVICT_FIRST)\n",
+        "                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)\n",
         "                k = tl.broadcast_to(tl.where(k_ok, 1.0, 0.0).to(cdt)[:, None], (BLOCK_N, HEAD_DIM))\n",
     ), (
         "            v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, "
         "PV_OPERAND=True,\n"
-        "                             EVICT_FIRST=KV_EVICT_FIRST)\n",
+        "                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)\n",
         "            v = tl.broadcast_to(tl.where(v_ok, 1.0, 0.0).to(cdt)[:, None], (BLOCK_N, HEAD_DIM))\n",
     )],
 }
+
+# Every floor is a floor of the rows-in-M kernel (query rows in the products' M dim), the kernel
+# they were first measured on: the plan's keys-in-M choice (KEYS_IN_M) is patched out of each.
+_ROWS_IN_M = ("    KEYS_IN_M: tl.constexpr = SHAPE[8]\n",
+              "    KEYS_IN_M: tl.constexpr = False  # floor: the rows-in-M kernel\n")
+for _patches in PATCHES.values():
+    _patches.append(_ROWS_IN_M)
 
 # floor -> the cache formats (format table names) it applies to; absent: every format
 APPLIES_TO = {"fp8mma": ("fp8",), "fp8mma_k": ("fp8",)}

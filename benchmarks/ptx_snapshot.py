@@ -63,11 +63,12 @@ _DEC_PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32
              "lse_ptr": "*fp32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32",
              "k_sf_ptr": "*u8", "v_sf_ptr": "*u8"}
 _DEC = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_M=16, BLOCK_N=64, M_BLOCKS=1,
-            KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False, HAS_SINKS=False,
+            KEYS_IN_M=False, KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False,
+            HAS_SINKS=False,
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False,
             MERGE=True, MERGE_ROWS=4, MERGE_BLOCK_S=8, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False,
-            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0)
+            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, PAGE_OFFSETS=2)
 _COMBINE = dict(NUM_HEADS=32, HEAD_DIM=128, BLOCK_S=16, HAS_SINKS=False, OUT_PTR=False, OUT_FP8=False,
                 STORE_LSE=False, USE_PDL=True)
 _MLA_PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
@@ -137,13 +138,13 @@ def configs() -> dict[str, dict]:
     dec("balanced-bf16-p16", "main", BALANCED=True, BLOCK_B=64, MIN_CHUNK=512, DEAL_SLOT=1022, MERGE_BLOCK_S=16)
     dec("invariant-bf16-p16", "main", MERGE=False, SPLIT_SPAN=1024)
     dec("mtp4-bf16-p16", "main", Q_LEN=4, MERGE_ROWS=16)
-    dec("contig-one-row", "contig", PAGED=False, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, MERGE_ROWS=1,
+    dec("contig-one-row", "contig", PAGED=False, PAGE_OFFSETS=0, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, MERGE_ROWS=1,
         STORE_LSE=True, PREFETCH=1)
     # single decode with RoPE: the one-row kernel, K/V by TMA with the L2 evict_first hint
-    dec("single-rope-tma", "rope_stream", rope=True, PAGED=False, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1,
+    dec("single-rope-tma", "rope_stream", rope=True, PAGED=False, PAGE_OFFSETS=0, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1,
         MERGE_ROWS=1, STORE_LSE=True, ROPE=True, KV_TMA=True, KV_EVICT_FIRST=True,
         _descs={"k_ptr": "tensordesc<bf16[1, 32, 64]>", "v_ptr": "tensordesc<bf16[1, 32, 128]>"})
-    dec("single-rope-contig", "main", rope=True, PAGED=False, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1,
+    dec("single-rope-contig", "main", rope=True, PAGED=False, PAGE_OFFSETS=0, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1,
         MERGE_ROWS=1, STORE_LSE=True, ROPE=True, PREFETCH=1)
     cptr = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sinks_ptr": "*fp32", "out_scale_ptr": "*fp32",
             "lse_ptr": "*fp32"}

@@ -116,8 +116,10 @@ def test_floors_run_in_place_of_the_kernel(kv_format, kernel_device, triton_back
             max_seq_len=300, workspace_buffer=torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device),
             bmm1_scale=64 ** -0.5).float()
 
-    with tune_decode.variant("default"):
-        want = call()
+    from kvattn.ops.decode import configs as decode_configs
+
+    with tune_decode.variant("default"), decode_configs.override(keys_in_m=False):
+        want = call()  # the rows-in-M kernel, which every floor patches
     got = {}
     for floor in FLOORS:
         name = f"floor_{floor}"
@@ -155,11 +157,13 @@ def _fp8_plan_ptx(kernel: str) -> str:
     cfg = configs.config("sm90", "fp8", 128, 16, False, "main")
     constexprs = dict(
         HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=2, GROUP=8, Q_LEN=1, BLOCK_M=16, BLOCK_N=cfg.block_n, M_BLOCKS=1,
+        KEYS_IN_M=False,
         KV_FORMAT=BY_NAME["fp8"].words_code, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False,
         HAS_SINKS=False, LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
         SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=cfg.page_ahead, PREFETCH=0, KV_EVICT_FIRST=cfg.evict_first,
         KV_TMA=False, MERGE=True, MERGE_ROWS=8, MERGE_BLOCK_S=2, PERSISTENT=False, USE_PDL=True,
-        HAS_KV_START=False, SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0)
+        HAS_KV_START=False, SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0,
+        PAGE_OFFSETS=2)
     got = compile_sm90(kernel, constexprs, ptrs=PTRS, floats=FLOATS, warps=cfg.num_warps, stages=cfg.num_stages,
                        tuples=decode_kernels.SPLIT_TUPLES)
     return got["ptx"]

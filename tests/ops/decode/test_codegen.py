@@ -26,13 +26,14 @@ PTRS = {"k_table_ptr": "*i32", "v_table_ptr": "*i32", "seq_lens_ptr": "*i32", "k
         "sinks_ptr": "*fp32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32", "lse_ptr": "*fp32",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32", "k_sf_ptr": "*u8", "v_sf_ptr": "*u8"}
 BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_M=16, BLOCK_N=128, M_BLOCKS=1,
+            KEYS_IN_M=False,
             KV_FORMAT=0, PAGED=True, SAME_TABLE=True, HAS_WINDOW=False, HAS_MASK=False, HAS_SINKS=False,
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False, MERGE=False,
             MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False,
-            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0)
+            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, PAGE_OFFSETS=2)
 # Single decode with RoPE, 32 heads of 128 (the one-row kernel: the query rotated per key) on sm90's table
-ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=False, STORE_LSE=True, ROPE=True,
+ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=False, PAGE_OFFSETS=0, STORE_LSE=True, ROPE=True,
                     PREFETCH=1)
 
 
@@ -102,7 +103,7 @@ def test_contig_one_row_tiles_fit_four_programs_an_sm():
     unpipelined tiles, merged in the kernel) was measured with 4 programs an SM, which needs at
     most 128 registers a thread; its loads are register loads (no cp.async) without the hint."""
     cfg = decode_configs.config("sm90", "bfloat16", 128, 16, False, "contig")
-    got = _compile(dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, PAGED=False, STORE_LSE=True, MERGE=True,
+    got = _compile(dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, PAGED=False, PAGE_OFFSETS=0, STORE_LSE=True, MERGE=True,
                         MERGE_BLOCK_S=16, BLOCK_N=cfg.block_n, KV_EVICT_FIRST=cfg.evict_first),
                    warps=cfg.num_warps, stages=cfg.num_stages, raw=True)
     if "reg" not in got:

@@ -113,12 +113,26 @@ def l2_policy(evict_first):
 
 
 @triton.jit
-def load_words(base_ptr, row_off, WORD0: tl.constexpr, WORDS: tl.constexpr, ok, EVICT_FIRST: tl.constexpr):
+def row_mask(ok, row_off, OFF_VALID: tl.constexpr):
+    """bool ``[N, 1]``: the rows to read, ``ok`` or (OFF_VALID) the rows whose offset is >= 0.
+
+    Why OFF_VALID: an ``ok`` computed next to the offsets before they change layout is moved to
+    the load's layout by a second shared-memory exchange (its bits then unpacked a row); compared
+    after the expansion, the test reads the offsets the load's threads already hold."""
+    if OFF_VALID:
+        return row_off[:, None] >= 0
+    else:
+        return ok[:, None]
+
+
+@triton.jit
+def load_words(base_ptr, row_off, WORD0: tl.constexpr, WORDS: tl.constexpr, ok, EVICT_FIRST: tl.constexpr,
+               OFF_VALID: tl.constexpr = False):
     """int32 ``[N, WORDS]``: words ``WORD0 ..`` of the 4-byte aligned rows at byte offsets
-    ``row_off [N]`` of ``base_ptr`` (rows not ``ok`` read as 0)."""
+    ``row_off [N]`` of ``base_ptr`` (rows not ``ok`` read as 0; OFF_VALID: rows of offsets < 0)."""
     offs_w = WORD0 + tl.arange(0, WORDS)
     w_ptr = (base_ptr + row_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
-    return tl.load(w_ptr, mask=ok[:, None], other=0, eviction_policy=l2_policy(EVICT_FIRST))
+    return tl.load(w_ptr, mask=row_mask(ok, row_off, OFF_VALID), other=0, eviction_policy=l2_policy(EVICT_FIRST))
 
 
 @triton.jit
@@ -142,6 +156,7 @@ def load_kv_tile(
     OUT_DTYPE: tl.constexpr,
     PV_OPERAND: tl.constexpr = False,  # the tile feeds a P.V product: fp8 / NVFP4 words end in `opaque`
     EVICT_FIRST: tl.constexpr = False,  # loads marked evict_first in L2
+    OFF_VALID: tl.constexpr = False,  # `ok` unused: the tokens to load are those of offsets >= 0 (common.row_mask)
 ):
     """``[N, WIDTH]`` tile of logical columns ``COL0 ..`` in ``OUT_DTYPE``; masked tokens are 0.
 
@@ -155,23 +170,23 @@ def load_kv_tile(
         # codes converted two at a time with their scale in the same packed instructions (~3
         # instructions an element, was ~10), and the V tile behind `opaque` (kWidth 2, as fp8).
         # H100, NVFP4 64x8192 D128: 0.24 -> 0.49 of copy bandwidth (lab/notes/formats.md "Formats: NVFP4 in decode").
-        sf = e4m3_words_f16(load_words(sf_ptr, sf_off, COL0 // 64, WIDTH // 64, ok, EVICT_FIRST))
+        sf = e4m3_words_f16(load_words(sf_ptr, sf_off, COL0 // 64, WIDTH // 64, ok, EVICT_FIRST, OFF_VALID))
         ROWS: tl.constexpr = tok_off.shape[0]
         word_scale = tl.reshape(tl.broadcast_to(sf[:, :, None], (ROWS, WIDTH // 16, 2)), (ROWS, WIDTH // 8))
-        vals = nvfp4_words_f16(load_words(base_ptr, tok_off, COL0 // 8, WIDTH // 8, ok, EVICT_FIRST), word_scale)
+        vals = nvfp4_words_f16(load_words(base_ptr, tok_off, COL0 // 8, WIDTH // 8, ok, EVICT_FIRST, OFF_VALID), word_scale)
         vals = vals.to(OUT_DTYPE)
         if PV_OPERAND and OUT_DTYPE == tl.float16:
             vals = opaque(vals)
         return vals
     elif is_nvfp4(KV_FORMAT):
         offs_b = COL0 // 2 + tl.arange(0, WIDTH // 2)
-        packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=ok[:, None], other=0,
+        packed = tl.load(base_ptr + tok_off[:, None] + offs_b[None, :], mask=row_mask(ok, tok_off, OFF_VALID), other=0,
                          eviction_policy=l2_policy(EVICT_FIRST)).to(tl.int32)
         lo = e2m1_values(packed & 15)
         hi = e2m1_values(packed >> 4)
         vals = tl.reshape(tl.join(lo, hi), (tok_off.shape[0], WIDTH))  # element 2i: low nibble
         offs_s = COL0 // 16 + tl.arange(0, WIDTH // 16)
-        sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=ok[:, None], other=0.0,
+        sf = tl.load(sf_ptr + sf_off[:, None] + offs_s[None, :], mask=row_mask(ok, sf_off, OFF_VALID), other=0.0,
                      eviction_policy=l2_policy(EVICT_FIRST)).to(tl.float16)
         # float16 products are exact: at most 6 significant bits, magnitudes 2^-10 .. 2688
         vals = tl.reshape(tl.reshape(vals, (tok_off.shape[0], WIDTH // 16, 16)) * sf[:, :, None],
@@ -182,12 +197,12 @@ def load_kv_tile(
         # P.V product (keys along its reduction dim, i.e. transposed) is gathered byte by byte
         # (one LDS.U8 per element, 128 a thread a 128-key tile); words converted in registers
         # reach the tensor cores through a 16-bit transposing ldmatrix instead.
-        tile = e4m3_words_f16(load_words(base_ptr, tok_off, COL0 // 4, WIDTH // 4, ok, EVICT_FIRST))
+        tile = e4m3_words_f16(load_words(base_ptr, tok_off, COL0 // 4, WIDTH // 4, ok, EVICT_FIRST, OFF_VALID))
         if PV_OPERAND:
             tile = opaque(tile)
         return tile
     else:
         offs_d = COL0 + tl.arange(0, WIDTH)
-        x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0,
+        x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=row_mask(ok, tok_off, OFF_VALID), other=0.0,
                     eviction_policy=l2_policy(EVICT_FIRST))
         return x.to(OUT_DTYPE)

@@ -66,6 +66,22 @@ def kv_token_offsets(page, slot, head, stride_page, stride_slot, stride_head, st
 
 
 @triton.jit
+def page_token_offsets(page_ids, offs_n, head, stride_page, stride_slot, stride_head, PAGE_SIZE: tl.constexpr):
+    """int64 ``[N]``: :func:`token_offsets` of tokens ``offs_n`` of a paged cache from their
+    :func:`load_page_ids`, or -1 where the id is unusable (-1): a caller reads token ``n`` only where
+    its offset is >= 0 (strides are >= 0), so the offsets alone carry the validity.
+
+    Why: computed where the ids are loaded (one id a thread), the full 64-bit multiply-add is one
+    a thread a tile; the load layout's threads, each holding several rows of several pages, then
+    receive the offsets instead of the ids (lab/notes/formats.md "Formats: where the fp8 decode
+    loop's instructions go", candidate b)."""
+    ok = page_ids >= 0
+    off = token_offsets(tl.maximum(page_ids, 0).to(tl.int64), (offs_n % PAGE_SIZE).to(tl.int64), head,
+                        stride_page, stride_slot, stride_head)
+    return tl.multiple_of(tl.where(ok, off, -16), 16)
+
+
+@triton.jit
 def prefetch_rows_l2(row0_ptr, stride_row_bytes, num_rows, ROWS: tl.constexpr, ROW_BYTES: tl.constexpr):
     """Ask L2 for every 128-byte line of rows ``0 .. min(ROWS, num_rows) - 1`` of the strided array
     at ``row0_ptr`` (``stride_row_bytes`` apart), without waiting: a hint, nothing reaches registers.

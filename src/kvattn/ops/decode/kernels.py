@@ -28,6 +28,7 @@ from ..common import (
     load_page_ids,
     merge_partials,
     online_softmax_step,
+    page_token_offsets,
     prefetch_rows_l2,
     rope_angle,
     rope_freqs,
@@ -108,6 +109,7 @@ def _decode_item(
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr, BALANCE: tl.constexpr,
+    PAGE_OFFSETS: tl.constexpr,
 ):
     """One work item of :func:`decode_split_kernel` (its parameters, grouped as there: SPLIT_TUPLES)."""
     HEAD_DIM: tl.constexpr = SHAPE[0]
@@ -118,6 +120,10 @@ def _decode_item(
     BLOCK_M: tl.constexpr = SHAPE[5]
     BLOCK_N: tl.constexpr = SHAPE[6]
     M_BLOCKS: tl.constexpr = SHAPE[7]
+    # KEYS_IN_M: keys in the products' M dim, S^T = K Q^T and O^T = V^T P^T (the plan's choice for
+    # fp8 caches with at most 8 query rows: mma.sync N = 8 instead of rows padded to a 16-row M tile)
+    KEYS_IN_M: tl.constexpr = SHAPE[8]
+    tl.static_assert(not KEYS_IN_M or (USE_DOT and not ROPE and not ALIBI))
     BALANCED: tl.constexpr = BALANCE[0]
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
@@ -231,7 +237,10 @@ def _decode_item(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if KEYS_IN_M:
+        acc = tl.zeros([HEAD_DIM, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # PAGE_AHEAD: page ids are loaded one tile ahead and carried through the loop, so the K/V
     # loads of a tile depend on no load of their own iteration and the pipeliner double-buffers
     # them with fewer stages; otherwise the pipeliner stages the (table -> K/V) chain itself.
@@ -240,6 +249,12 @@ def _decode_item(
     v_ids = k_ids
     if not SAME_TABLE:
         v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
+    if PAGE_OFFSETS:
+        k_ids = page_token_offsets(k_ids, offs_n, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
+        if PAGE_OFFSETS == 1:
+            v_ids = page_token_offsets(v_ids, offs_n, kvh, stride_v_p, stride_v_s, stride_v_h, PAGE_SIZE)
+        else:
+            v_ids = k_ids
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         tok_ok = offs_n < end
@@ -248,12 +263,24 @@ def _decode_item(
             v_ids = k_ids
             if not SAME_TABLE:
                 v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
-        k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
-        v_page, v_slot, v_ok = k_page, k_slot, k_ok
-        if not SAME_TABLE:
-            v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
-        k_off, ksf_off = kv_token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h,
-                                          stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
+            if PAGE_OFFSETS:
+                k_ids = page_token_offsets(k_ids, offs_n, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
+                if PAGE_OFFSETS == 1:
+                    v_ids = page_token_offsets(v_ids, offs_n, kvh, stride_v_p, stride_v_s, stride_v_h, PAGE_SIZE)
+                else:
+                    v_ids = k_ids
+        if PAGE_OFFSETS:
+            # k_ids / v_ids hold the tokens' offsets (-1: unusable id, read as zeros)
+            k_off = k_ids
+            k_ok = k_off >= 0
+            ksf_off = k_off
+        else:
+            k_page, k_slot, k_ok = token_pages(k_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
+            v_page, v_slot, v_ok = k_page, k_slot, k_ok
+            if not SAME_TABLE:
+                v_page, v_slot, v_ok = token_pages(v_ids, offs_n, tok_ok, PAGE_SIZE, PAGED)
+            k_off, ksf_off = kv_token_offsets(k_page, k_slot, kvh, stride_k_p, stride_k_s, stride_k_h,
+                                              stride_ksf_p, stride_ksf_s, stride_ksf_h, KV_FORMAT)
 
         if ROPE_Q:
             # S[t, t'] = <R(p - j0 - t) q, k_t'>: its diagonal holds the tile's logits. The square
@@ -264,9 +291,9 @@ def _decode_item(
                 k2 = tma_kv_tile(k_ptr, kvh, start_n, HALF, BLOCK_N, HALF)
             else:
                 k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
-                                  EVICT_FIRST=KV_EVICT_FIRST)
+                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
                 k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
-                                  EVICT_FIRST=KV_EVICT_FIRST)
+                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
             qt1, qt2 = rope_query_per_key(u1, u2, t_cos, t_sin)
             sq = tl.dot(qt1.to(cdt), tl.trans(k1))
             sq = tl.dot(qt2.to(cdt), tl.trans(k2), sq)
@@ -274,9 +301,9 @@ def _decode_item(
             u1, u2 = rope_rotate(u1, u2, step_cos, -step_sin)
         elif ROPE:
             k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32,
-                              EVICT_FIRST=KV_EVICT_FIRST)
+                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
             k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32,
-                              EVICT_FIRST=KV_EVICT_FIRST)
+                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
             b_ang = rope_angle(start_n, freqs)
             b_cos = tl.cos(b_ang)[None, :]
             b_sin = tl.sin(b_ang)[None, :]
@@ -292,8 +319,11 @@ def _decode_item(
                 k = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
             else:
                 k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
-                                 EVICT_FIRST=KV_EVICT_FIRST)
-            qk = tile_scores(q, k, USE_DOT)
+                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
+            if KEYS_IN_M:
+                qk = tl.dot(k, tl.trans(q))
+            else:
+                qk = tile_scores(q, k, USE_DOT)
 
         if ALIBI or SOFT_CAP:
             s = qk * logit
@@ -317,17 +347,28 @@ def _decode_item(
             allowed = allowed & (prefix | draft)
         elif HAS_WINDOW:
             allowed = allowed & window_causal_allowed(row_pos, offs_n, window_left, True)
-        s = tl.where(allowed, s, float("-inf"))
-        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s)
+        if KEYS_IN_M:
+            s = tl.where(tl.trans(allowed), s, float("-inf"))
+        else:
+            s = tl.where(allowed, s, float("-inf"))
+        m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, KEYS_IN_M)
 
-        v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
-                                          stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
+        if PAGE_OFFSETS:
+            v_off = v_ids
+            v_ok = v_off >= 0
+            vsf_off = v_off
+        else:
+            v_off, vsf_off = kv_token_offsets(v_page, v_slot, kvh, stride_v_p, stride_v_s, stride_v_h,
+                                              stride_vsf_p, stride_vsf_s, stride_vsf_h, KV_FORMAT)
         if KV_TMA:
             v = tma_kv_tile(v_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
         else:
             v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
-                             EVICT_FIRST=KV_EVICT_FIRST)
-        acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
+                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
+        if KEYS_IN_M:
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(v.dtype))
+        else:
+            acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
 
         if PAGE_AHEAD:
             offs_next = offs_n + BLOCK_N
@@ -335,11 +376,20 @@ def _decode_item(
             v_ids = k_ids
             if not SAME_TABLE:
                 v_ids = load_page_ids(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
+            if PAGE_OFFSETS:
+                k_ids = page_token_offsets(k_ids, offs_next, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
+                if PAGE_OFFSETS == 1:
+                    v_ids = page_token_offsets(v_ids, offs_next, kvh, stride_v_p, stride_v_s, stride_v_h,
+                                               PAGE_SIZE)
+                else:
+                    v_ids = k_ids
 
     # A launch with one split writes the final rows; with several, every split writes a partial
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
     # all num_splits of them without reading the request's length again.
     final = n_splits == 1
+    if KEYS_IN_M:
+        acc = tl.trans(acc)
     o, lse2 = softmax_finalize(acc, m_i, l_i, sink2, HAS_SINKS)
     out_mult = out_factor
     if OUT_PTR:
@@ -406,7 +456,8 @@ SPLIT_TUPLES = {
     "stride_req": ("stride_kt_b", "stride_kt_p", "stride_vt_b", "stride_vt_p", "stride_mask_b", "stride_mask_r"),
     "sizes": ("num_items", "num_rows", "num_splits", "num_pages"),
     "balance_sizes": ("batch", "unit_target"),
-    "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS"),
+    "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
+              "KEYS_IN_M"),
     "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT"),
 }
 
@@ -448,7 +499,7 @@ def decode_split_kernel(
     fixed_len, window_left,
     logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
     balance_sizes,  # (batch, unit_target): requests B and the units a ragged balanced plan aims at (BALANCED)
-    SHAPE: tl.constexpr,  # (HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS)
+    SHAPE: tl.constexpr,  # (HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS, KEYS_IN_M)
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
@@ -458,6 +509,7 @@ def decode_split_kernel(
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
     BALANCE: tl.constexpr = (False, 1, 0, 0),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT): the balanced split
+    PAGE_OFFSETS: tl.constexpr = 0,  # 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -498,7 +550,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
             )
             item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
         finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
@@ -516,7 +568,7 @@ def decode_split_kernel(
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
             )
     else:
         _decode_item(
@@ -527,7 +579,7 @@ def decode_split_kernel(
             logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
             SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made

@@ -213,6 +213,12 @@ class _Plan:
         self.has_workspace = f.ws_numel is not None
         self.merge_rows = min(self.block_m, next_power_of_2(self.rows))
         self.rope_query = f.has_rope and use_dot and self.rows == 1
+        # fp8 caches with at most 8 query rows a KV head may put the keys in the products' M dim
+        # (S^T = K Q^T, O^T = V^T P^T: mma.sync with N = 8 instead of 8 rows padded to a 16-row M
+        # tile), where the config's keys_in_m allows it (_keys_in_m; lab/notes/formats.md "Formats:
+        # where the fp8 decode loop's instructions go").
+        self.keys_in_m_ok = (self.kv_format == "fp8" and use_dot and self.rows <= KEYS_IN_M_ROWS and self.m_blocks == 1
+                             and not f.has_rope and not f.alibi)
         tma_rules = dict(
             paged=f.paged, compiled=not f.interpreter and _device.has_tma(f.device), kv_format=self.kv_format,
             aligned16=f.kv_aligned16, strides=(*f.k_stride[:2], *f.v_stride[:2]), rope=f.has_rope,
@@ -227,6 +233,14 @@ class _Plan:
         self.rope, self.alibi = f.has_rope, f.alibi
         self.soft_cap, self.max_programs, self.enable_pdl = f.has_soft_cap, f.max_programs, f.enable_pdl
         self.same_table = f.same_table
+        # Token offsets computed where the page ids load and carried in their place: paged caches
+        # without block scales, strides multiples of 16 elements (the kernel declares the offsets
+        # so, for 16-byte copies); V takes K's offsets where the tables and the strides are the
+        # same (_page_offsets; lab/notes/formats.md "Formats: where the fp8 decode loop's
+        # instructions go", candidate b).
+        aligned = all(s % 16 == 0 for s in (*self.k_strides, *self.v_strides))
+        self.page_offsets_mode = 0 if not f.paged or fmt.scale_block or not aligned else (
+            2 if f.same_table and self.k_strides == self.v_strides else 1)
         self.has = dict(zip(_OPTIONAL, f.present))
         self.out_fp8 = f.out_dtype == FP8_DTYPE
         self.strides = dict(
@@ -425,6 +439,24 @@ def _given(plan: _Plan, name: str) -> str:
     return name if plan.has[name] else "query"
 
 
+# Query rows a keys-in-M tile holds (its products' N dim: one mma.sync n8 column block).
+KEYS_IN_M_ROWS = 8
+
+
+def _keys_in_m(plan: _Plan, cfg: decode_configs.DecodeConfig) -> bool:
+    """Whether the split launch puts the keys in the products' M dim (the kernel's KEYS_IN_M): an
+    fp8 cache, at most KEYS_IN_M_ROWS query rows a KV head, no RoPE / ALiBi (``plan.keys_in_m_ok``),
+    and the config's ``keys_in_m`` (a field, so ``--ab NAME:decode:keys_in_m=0`` times it off)."""
+    return bool(cfg.keys_in_m) and plan.keys_in_m_ok
+
+
+def _page_offsets(plan: _Plan, cfg: decode_configs.DecodeConfig) -> int:
+    """The kernel's PAGE_OFFSETS: 0 (page ids carried, offsets a row in the load layout), 1 (K's and
+    V's token offsets where the ids load), 2 (V's are K's: one table, equal strides), from
+    ``plan.page_offsets_mode`` and the config's ``page_offsets`` (``--ab NAME:decode:page_offsets=0``)."""
+    return plan.page_offsets_mode if cfg.page_offsets else 0
+
+
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
                   bal: Balance | None = None) -> fast_launch.Launch:
     """The split kernel's launch, every argument by its parameter's name, the kernel's tuples by
@@ -434,6 +466,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
     tma = cfg.tma and plan.tma_ok
     persistent = plan.max_programs is not None and num_items > plan.max_programs
     programs = bal.programs if bal else (plan.max_programs if persistent else num_items)
+    keys_in_m = _keys_in_m(plan, cfg)
     return fast_launch.Launch(
         decode_split_kernel, (programs,),
         layout=plan.layout,
@@ -462,7 +495,8 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
         ),
         constexprs=dict(
             HEAD_DIM=plan.head_dim, PAGE_SIZE=plan.page_size, NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group,
-            Q_LEN=plan.q_len, BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, M_BLOCKS=plan.m_blocks,
+            Q_LEN=plan.q_len, BLOCK_M=KEYS_IN_M_ROWS if keys_in_m else plan.block_m, BLOCK_N=cfg.block_n,
+            M_BLOCKS=plan.m_blocks, KEYS_IN_M=keys_in_m,
             KV_FORMAT=plan.kv_code, PAGED=plan.paged, SAME_TABLE=plan.same_table,
             HAS_WINDOW=plan.has_window, HAS_MASK=has["mask"], HAS_SINKS=has["sinks"], LOGIT_PTR=has["logit"],
             OUT_PTR=has["out_scale"], OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], ROPE=plan.rope, ALIBI=plan.alibi,
@@ -475,6 +509,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             SPLIT_SPAN=invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
+            PAGE_OFFSETS=_page_offsets(plan, cfg),
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -1,0 +1,77 @@
+"""Keys in the products' M dim (the decode kernel's KEYS_IN_M: S^T = K Q^T, O^T = V^T P^T): which
+launches the plan gives it (fp8 caches, at most 8 query rows a KV head, no RoPE / ALiBi, the
+config's ``keys_in_m``), on a faked sm90 H200 (launches recorded, not run), and that it computes
+what the reference does (Triton's interpreter on the CPU: the fp8 byte path; the GPU's word path
+takes the same products)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvattn.ops.decode import configs as decode_configs
+from kvattn.ops.decode import plan as decode_launch
+
+from ..oracle import ON_GPU
+from .test_balanced_plan import _plan_of
+from .test_decode import decode_case
+
+FAKED = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+SW36 = dict(batch=24, max_len=48740, page=16, num_heads=64, num_kv_heads=8, layout="HND")
+
+
+def _split(plan, span):
+    return plan.launches(span)[0]
+
+
+@FAKED
+@pytest.mark.parametrize("kv_dtype,heads,taken", [
+    (torch.float8_e4m3fn, (64, 8), True),  # sw36: 8 rows a KV head
+    (torch.float8_e4m3fn, (32, 8), True),  # 4 rows
+    (torch.float8_e4m3fn, (128, 8), False),  # 16 rows: the 16-row tile already full
+    (torch.float16, (64, 8), False),  # 16-bit caches keep their code
+], ids=["fp8-g8", "fp8-g4", "fp8-g16", "fp16-g8"])
+def test_plan_puts_keys_in_m_for_fp8_with_at_most_8_rows(kv_dtype, heads, taken, monkeypatch):
+    call = dict(SW36, num_heads=heads[0], num_kv_heads=heads[1])
+    plan = _plan_of(monkeypatch, kv_dtype=kv_dtype, **call)
+    split = _split(plan, call["max_len"])
+    assert split.constexprs["KEYS_IN_M"] is taken
+    assert split.constexprs["BLOCK_M"] == (decode_launch.KEYS_IN_M_ROWS if taken else plan.block_m)
+    assert plan.block_m == 16  # the tables are still read at 16 rows a program
+
+
+@FAKED
+def test_keys_in_m_is_the_configs_field(monkeypatch):
+    """``keys_in_m`` is a config field, so ``--ab NAME:decode:keys_in_m=0`` times the padded-row
+    kernel from the same tree."""
+    from dataclasses import replace
+
+    plan = _plan_of(monkeypatch, kv_dtype=torch.float8_e4m3fn, **SW36)
+    cfg = plan.config_for(SW36["max_len"])
+    assert cfg.keys_in_m and decode_launch._keys_in_m(plan, cfg)
+    assert not decode_launch._keys_in_m(plan, replace(cfg, keys_in_m=False))
+    with decode_configs.override(keys_in_m=False):
+        assert not decode_configs.config("sm90", "fp8", 128, 16, False, "main").keys_in_m
+
+
+@pytest.mark.parametrize("case", [
+    dict(lens=[1, 17, 300, 0], hkv=2, group=8),
+    dict(lens=[40, 300], hkv=1, group=8, layout="HND", sinks=True),
+    dict(lens=[5, 260], hkv=2, group=4, q_len=2, mask=True, window=100),
+    dict(lens=[33, 129], hkv=2, group=2, q_len=3),
+], ids=["g8", "g8-HND-sinks", "g4-drafts2-mask-window", "g2-drafts3"])
+@pytest.mark.parametrize("keys_in_m", [True, False], ids=["keys-in-m", "rows-in-m"])
+def test_keys_in_m_matches_the_reference(case, keys_in_m, kernel_device, triton_backend, monkeypatch):
+    seen = []
+    real = decode_launch._split_launch
+
+    def spy(plan, cfg, splits, bal=None):
+        launch = real(plan, cfg, splits, bal)
+        seen.append(launch.constexprs["KEYS_IN_M"])
+        return launch
+
+    monkeypatch.setattr(decode_launch, "_split_launch", spy)
+    monkeypatch.setattr(decode_launch, "_PLANS", {})
+    with decode_configs.override(keys_in_m=keys_in_m):
+        decode_case(kernel_device, monkeypatch, fmt="fp8", d=64, **case)
+    assert seen and set(seen) == {keys_in_m}
