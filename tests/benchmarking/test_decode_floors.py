@@ -127,7 +127,13 @@ def test_floors_run_in_place_of_the_kernel(kv_format, kernel_device, triton_back
             with tune_decode.variant(name):
                 got[floor] = call()
     assert set(got) == set(FLOORS) - ({"fp8mma", "fp8mma_k"} if kv_format == "float16" else set())
-    assert torch.equal(got["rows64"], want)
+    if kernel_device.type == "cpu":
+        assert torch.equal(got["rows64"], want)
+    else:
+        # compiled, a 64-row tile may take another product instruction (wgmma against mma.sync),
+        # which sums in another order: equal to the output's rounding
+        err = ((got["rows64"] - want).norm() / want.norm()).item()
+        assert err < 2e-3, err
     for floor in ("fp8mma", "fp8mma_k"):
         if floor in got:
             err = ((got[floor] - want).norm() / want.norm()).item()

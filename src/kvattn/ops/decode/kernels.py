@@ -106,10 +106,9 @@ def _decode_item(
     SHAPE: tl.constexpr, KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr,
     OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
-    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGING: tl.constexpr, PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr, HAS_KV_START: tl.constexpr, SPLIT_SPAN: tl.constexpr, BALANCE: tl.constexpr,
-    PAGE_OFFSETS: tl.constexpr,
 ):
     """One work item of :func:`decode_split_kernel` (its parameters, grouped as there: SPLIT_TUPLES)."""
     HEAD_DIM: tl.constexpr = SHAPE[0]
@@ -127,6 +126,9 @@ def _decode_item(
     BALANCED: tl.constexpr = BALANCE[0]
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
+    PAGE_AHEAD: tl.constexpr = PAGING[0]
+    # PAGE_OFFSETS 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
+    PAGE_OFFSETS: tl.constexpr = PAGING[1]
     stride_q_t, stride_q_h, stride_o_t, stride_o_h = stride_qo
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h = stride_kv
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h = stride_sf
@@ -459,6 +461,7 @@ SPLIT_TUPLES = {
     "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
               "KEYS_IN_M"),
     "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT"),
+    "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS"),
 }
 
 
@@ -503,13 +506,14 @@ def decode_split_kernel(
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
-    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr, PAGE_AHEAD: tl.constexpr, PREFETCH: tl.constexpr,
+    SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr,
+    PAGING: tl.constexpr,  # (PAGE_AHEAD, PAGE_OFFSETS): page ids a tile ahead; token offsets where they load
+    PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
     BALANCE: tl.constexpr = (False, 1, 0, 0),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT): the balanced split
-    PAGE_OFFSETS: tl.constexpr = 0,  # 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -549,8 +553,8 @@ def decode_split_kernel(
                 stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
             )
             item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
         finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
@@ -567,8 +571,8 @@ def decode_split_kernel(
                 stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
                 logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
             )
     else:
         _decode_item(
@@ -578,8 +582,8 @@ def decode_split_kernel(
             stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
             logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
             SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGE_AHEAD, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE, PAGE_OFFSETS,
+            OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+            MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
         )
     if USE_PDL:
         # At the end, not the start: combine programs launched early and parked in gdc_wait made
