@@ -49,7 +49,7 @@ from ..common import (
     token_pages,
     window_causal_allowed,
 )
-from ..common.balance import balanced_plan, balanced_unit
+from ..common.balance import balanced_plan, balanced_unit, lane_unit, lane_units
 from ..common.combine import decode_combine_kernel
 from ...runtime.ptx_hints import mark_copies_evict_first
 
@@ -126,6 +126,7 @@ def _decode_item(
     BALANCED: tl.constexpr = BALANCE[0]
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
+    LANES: tl.constexpr = BALANCE[4]
     PAGE_AHEAD: tl.constexpr = PAGING[0]
     # PAGE_OFFSETS 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
     PAGE_OFFSETS: tl.constexpr = PAGING[1]
@@ -153,8 +154,14 @@ def _decode_item(
         # every KV head and row block; the request's own unit count replaces num_splits.
         kvh = rest % NUM_KV_HEADS
         unit = rest // NUM_KV_HEADS
-        b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits, unit_target,
-                                                       MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+        if LANES:
+            # (unit_target: the plan's lanes)
+            b, split, n_splits, first_unit, tile_lo, tile_hi = lane_unit(
+                seq_lens_ptr, unit, unit_target, batch, fixed_len, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B,
+                MERGE_BLOCK_S)
+        else:
+            b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits,
+                                                           unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
         bh = b * NUM_KV_HEADS + kvh
     else:
         split = rest % num_splits
@@ -168,6 +175,10 @@ def _decode_item(
     chunk = split_bounds(kv_len, kv_lo, n_splits, BLOCK_N, SPLIT_SPAN)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
+    if BALANCED and LANES:
+        # a ragged batch's unit is a range of key tiles (its lane's piece of the request)
+        start = tl.where(tile_lo >= 0, kv_lo + tile_lo * BLOCK_N, start)
+        end = tl.where(tile_lo >= 0, tl.minimum(kv_lo + tile_hi * BLOCK_N, kv_len), end)
     if PREFETCH > 0:
         # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
         # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
@@ -460,7 +471,7 @@ SPLIT_TUPLES = {
     "balance_sizes": ("batch", "unit_target"),
     "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
               "KEYS_IN_M"),
-    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT"),
+    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES"),
     "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS"),
 }
 
@@ -501,7 +512,8 @@ def decode_split_kernel(
     #         splits a request, pages of the cache (page ids past it read as invalid)
     fixed_len, window_left,
     logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
-    balance_sizes,  # (batch, unit_target): requests B and the units a ragged balanced plan aims at (BALANCED)
+    balance_sizes,  # (batch, unit_target): requests B and the units a ragged balanced plan aims at (BALANCED;
+    #                 LANES: the lanes)
     SHAPE: tl.constexpr,  # (HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS, KEYS_IN_M)
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
@@ -513,7 +525,8 @@ def decode_split_kernel(
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
-    BALANCE: tl.constexpr = (False, 1, 0, 0),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT): the balanced split
+    BALANCE: tl.constexpr = (False, 1, 0, 0, False),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES): the
+    #                                                     balanced split (LANES: static lanes, else the deal)
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -523,6 +536,7 @@ def decode_split_kernel(
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
     DEAL_SLOT: tl.constexpr = BALANCE[3]
+    LANES: tl.constexpr = BALANCE[4]
     num_items, _, num_splits, _ = sizes
     batch, unit_target = balance_sizes
     if KV_EVICT_FIRST and KV_TMA:
@@ -533,7 +547,26 @@ def decode_split_kernel(
     # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
     # per SM and 20-25 % of its time on an H100 (lab/notes/single-decode.md).
     pid = tl.program_id(0)
-    if BALANCED:
+    if BALANCED and LANES:
+        # The lanes plan (common.balance.lane_units): the grid is lanes x (KV heads x row blocks)
+        # programs, and each runs its lane's units in order, a fixed share of the batch's tiles.
+        UNIT_ITEMS: tl.constexpr = NUM_KV_HEADS * M_BLOCKS
+        sub = pid % UNIT_ITEMS
+        first, end = lane_units(seq_lens_ptr, pid // UNIT_ITEMS, unit_target, batch, fixed_len, num_splits, MIN_CHUNK,
+                                BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+        for unit in range(first, end):
+            _decode_item(
+                unit * UNIT_ITEMS + sub, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr,
+                seq_lens_ptr, kv_start_ptr, mask_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+                counter_ptr,
+                stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+            )
+    elif BALANCED:
         # The balanced split (common.balance): the grid is one wave of resident programs, and each
         # program deals itself units from the counter at DEAL_SLOT (its first unit is its own
         # index) until the plan's units run out, so programs that drew short units take more. A
