@@ -1,4 +1,4 @@
-"""The lanes plan of a ragged batch (``common.balance.lane_units`` / ``lane_unit``), read back from
+"""The lanes plan of a ragged batch (``common.balance.lane_items`` / ``lane_unit``), read back from
 the kernel side for every lane and unit (a small kernel, interpreted on the CPU): the lanes take
 consecutive units and every unit once, each request's units tile its keys in order without a gap
 or an overlap, a request never has more units than the merge's cap, the units number at most
@@ -22,14 +22,16 @@ MERGE_BLOCK_S = 4
 @triton.jit
 def _read_lanes(seq_lens_ptr, out_lane_ptr, out_unit_ptr, batch, capacity, uniform_splits, lanes, max_units,
                 MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    # out_lane_ptr: [lanes, 2] (first, end) units of each lane
+    # out_lane_ptr: [lanes, 3] (first, end, step) units of each lane
     # out_unit_ptr: [max_units, 6] (b, split, n_splits, first_unit, tile_lo, tile_hi) of each unit
     lane = tl.program_id(0)
-    first, end = balance.lane_units(seq_lens_ptr, lane, lanes, batch, capacity, uniform_splits, MIN_CHUNK, BLOCK_N,
-                                    BLOCK_B, MERGE_BLOCK_S)
-    tl.store(out_lane_ptr + lane * 2, first)
-    tl.store(out_lane_ptr + lane * 2 + 1, end)
-    for unit in range(first, tl.minimum(end, max_units)):
+    # (one item a unit, a program a lane)
+    first, end, step = balance.lane_items(seq_lens_ptr, lane, lanes, lanes, batch, capacity, uniform_splits, 1,
+                                          MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+    tl.store(out_lane_ptr + lane * 3, first)
+    tl.store(out_lane_ptr + lane * 3 + 1, end)
+    tl.store(out_lane_ptr + lane * 3 + 2, step)
+    for unit in range(first, tl.minimum(end, max_units), step):
         b, split, n_b, first_unit, lo, hi = balance.lane_unit(seq_lens_ptr, unit, lanes, batch, capacity,
                                                               uniform_splits, MIN_CHUNK, BLOCK_N, BLOCK_B,
                                                               MERGE_BLOCK_S)
@@ -46,7 +48,7 @@ def _plan(lens: list[int], lanes: int, uniform_splits: int = 3):
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seq = torch.tensor(lens, dtype=torch.int32, device=dev)
     max_units = lanes + len(lens) + len(lens) * uniform_splits
-    out_lane = torch.full((lanes, 2), -7, dtype=torch.int32, device=dev)
+    out_lane = torch.full((lanes, 3), -7, dtype=torch.int32, device=dev)
     out_unit = torch.full((max_units, 6), -7, dtype=torch.int32, device=dev)
     block_b = triton.next_power_of_2(len(lens))
     _read_lanes[(lanes,)](seq, out_lane, out_unit, len(lens), max(lens) + 1, uniform_splits, lanes, max_units,
@@ -69,8 +71,8 @@ def test_lanes_cover_every_key_tile_once(lens, lanes):
     cap = balance.unit_cap(MERGE_BLOCK_S)
     # lanes take consecutive units, from unit 0, each unit once
     ends = [0]
-    for first, end in lane_rows:
-        assert first == ends[-1] and end >= first, lane_rows
+    for first, end, step in lane_rows:
+        assert first == ends[-1] and end >= first and step == 1, lane_rows
         ends.append(end)
     units = ends[-1]
     assert units <= lanes + len(lens)
@@ -95,7 +97,7 @@ def test_lanes_cover_every_key_tile_once(lens, lanes):
     # each lane's cost (its tiles, plus a unit's fixed cost where a request's first unit is) is
     # within the share: over it by less than a fixed cost where a lane edge cuts one
     tiles_of, loads = [], []
-    for first, end in lane_rows:
+    for first, end, _ in lane_rows:
         spans = [unit_rows[u] for u in range(first, end)]
         tiles_of.append(sum(hi - lo for _, _, _, _, lo, hi in spans))
         loads.append(tiles_of[-1] + sum(tile_cost for _, split, *_ in spans if split == 0))
@@ -107,11 +109,12 @@ def test_lanes_cover_every_key_tile_once(lens, lanes):
         assert min(loads[:-1]) > share - 2 * tile_cost, (loads, share)
 
 
-def test_a_uniform_batch_cuts_its_splits_evenly_over_the_lanes():
+def test_a_uniform_batch_deals_its_splits_round_robin_over_the_lanes():
     lens = [1000, 990, 1010, 1000]
     lane_rows, unit_rows = _plan(lens, lanes=5, uniform_splits=3)
-    counts = [end - first for first, end in lane_rows]
-    assert sum(counts) == 12 and max(counts) - min(counts) <= 1, counts
+    assert lane_rows == [[p, 12, 5] for p in range(5)], lane_rows
+    taken = sorted(u for first, end, step in lane_rows for u in range(first, end, step))
+    assert taken == list(range(12))
     for u in range(12):
         b, split, n_b, first_unit, lo, _ = unit_rows[u]
         assert (b, split, n_b, first_unit, lo) == (u // 3, u % 3, 3, u - u % 3, -1)

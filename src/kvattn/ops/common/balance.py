@@ -29,7 +29,7 @@ import triton.language as tl
 MAX_UNITS = 32
 MIN_UNITS = 16
 UNIT_CAP_ROUNDS = 8  # merge rounds of 4 partials that MAX_UNITS takes
-# A unit's fixed cost in the lanes plan (lane_units), in keys: the copy time a unit's start costs.
+# A unit's fixed cost in the lanes plan (lane_items), in keys: the copy time a unit's start costs.
 LANE_UNIT_KEYS = 128
 
 
@@ -113,7 +113,7 @@ def balanced_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, unit_targ
 @triton.jit
 def _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits, lanes, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    """``(ragged, share, first_lane, start, cost, n, ends)`` of the lanes plan (:func:`lane_units`),
+    """``(ragged, share, first_lane, start, cost, n, ends)`` of the lanes plan (:func:`lane_items`),
     each but the first two ``[BLOCK_B]`` a request: the first lane it touches, where its cost
     starts and its cost (tiles), its unit count and one past its last unit."""
     UNITS_MANY: tl.constexpr = 32  # MAX_UNITS
@@ -146,33 +146,40 @@ def _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits, lanes, MIN_CHUNK
 
 
 @triton.jit
-def lane_units(seq_lens_ptr, lane, lanes, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    """``(first, end)``: the units lane ``lane`` of ``lanes`` runs, in order (the lanes plan).
+def lane_items(seq_lens_ptr, pid, programs, lanes, batch, capacity, uniform_splits, UNIT_ITEMS: tl.constexpr,
+               MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
+    """``(first, end, step)``: the work items program ``pid`` of ``programs`` runs,
+    ``range(first, end, step)``, a unit being ``UNIT_ITEMS`` items (KV heads x row blocks) and
+    ``lanes <= programs // UNIT_ITEMS`` (the lanes plan).
 
     The lanes plan cuts a ragged batch's work into ``lanes`` equal shares, whatever the lengths
     (FlashMLA's scheduler does the same on the GPU): the batch's requests laid end to end, each
-    costing its key tiles plus one unit's fixed cost, and lane ``p`` takes the cost range
-    ``[p * share, (p + 1) * share)``; its units are that range's pieces of each request it
-    touches, so a request spanning ``n_b`` lanes has ``n_b`` partials, merged by the last to
-    finish. Every lane ends within about a tile of the others, which a dynamic deal of equal
-    units cannot do when the units number a fraction of a lane more than the lanes (the deal's
-    tail: lab/notes/decode-ragged-batches.md). A batch found uniform keeps the uniform split's
-    ``batch * uniform_splits`` units, cut evenly over the lanes."""
+    costing its key tiles plus one unit's fixed cost, and lane ``p`` (programs ``p * UNIT_ITEMS``
+    on, one a KV head and row block) takes the cost range ``[p * share, (p + 1) * share)``; its
+    units are that range's pieces of each request it touches, so a request spanning ``n_b`` lanes
+    has ``n_b`` partials, merged by the last to finish. Every lane ends within about a tile of the
+    others, which a dynamic deal of equal units cannot do when the units number a fraction of a
+    lane more than the lanes (the deal's tail: lab/notes/decode-ragged-batches.md); programs past
+    the last lane idle. A batch found uniform keeps the uniform split's ``batch * uniform_splits``
+    equal units, their items dealt round robin over every program: a request's units run side by
+    side, so its merge waits on one round of units, not on a lane's last (a lane of consecutive
+    units merged all its requests at the launch's end, 1-4 % slower on equal batches than the
+    dynamic deal's order on an H200)."""
     ragged, share, first_lane, start, cost, n, ends = _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits,
                                                                    lanes, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+    lane = pid // UNIT_ITEMS
     before = tl.sum(tl.minimum(tl.maximum(lane - first_lane, 0), n), 0)
     upto = tl.sum(tl.minimum(tl.maximum(lane + 1 - first_lane, 0), n), 0)
-    units = tl.sum(n, 0)
-    first = tl.where(ragged, before, (lane * units) // lanes)
-    end = tl.where(ragged, upto, ((lane + 1) * units) // lanes)
-    return first, end
+    first = tl.where(ragged, before * UNIT_ITEMS + pid % UNIT_ITEMS, pid)
+    end = tl.where(ragged, upto * UNIT_ITEMS, tl.sum(n, 0) * UNIT_ITEMS)
+    return first, end, tl.where(ragged, UNIT_ITEMS, programs)
 
 
 @triton.jit
 def lane_unit(seq_lens_ptr, unit, lanes, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    """``(b, split, n_splits, first_unit, tile_lo, tile_hi)`` of unit ``unit`` of the lanes plan:
+    """``(b, split, n_splits, first_unit, tile_lo, tile_hi)`` of unit ``unit`` of the lanes plan
+    (:func:`lane_items`):
     its request, its place among the request's ``n_splits`` units (the first at ``first_unit``),
     and its key tiles ``[tile_lo, tile_hi)`` of the request; ``tile_lo`` is -1 for a batch found
     uniform, whose units are ``split_bounds``' pieces."""

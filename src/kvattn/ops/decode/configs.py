@@ -43,7 +43,7 @@ class DecodeConfig:
     # keys; 0 keeps the uniform split only.
     balance_waves: int = 4
     balance_min_chunk: int = 512
-    # The lanes plan (common.balance.lane_units: every program group a fixed share of the batch's
+    # The lanes plan (common.balance.lane_items: every program group a fixed share of the batch's
     # tiles) instead of the dynamic deal of equal units (lab/notes/decode-ragged-batches.md).
     balance_lanes: bool = True
     balance_max_waves: int = 4  # launches of more items than this many waves keep the uniform split
@@ -191,7 +191,7 @@ _REGS_PER_SM = 65536
 _WARPS_PER_SM = 64
 
 
-def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool) -> int:
+def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool, balanced: bool = False) -> int:
     """Programs of the split kernel that fit on one multiprocessor at once (an estimate).
 
     Shared memory: ``num_stages - 1`` K/V tile buffers (what Triton 3.6 allocates for the
@@ -200,8 +200,11 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     tuned kernels (``benchmarks/inspect_kernels.py``, or ptxas on a local sm_90a compile): ~150 a
     thread for fp8 at 128-key tiles, at most 128 otherwise; NVFP4 grows with the elements a thread
     converts a tile (``block_n * D / threads``): 96-110 at 32, 128-146 at 64, 168-213 at 128
-    (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. An
-    estimate above the truth leaves slots idle; one below plans a second, partial wave.
+    (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. The
+    balanced kernel (``balanced``: its plan and in-kernel merge) takes more with 16-bit caches:
+    168 at D 64-128, 212-218 at D 256 (three programs an SM at D 256 by the unbalanced estimate,
+    two in truth, so a grid of three a SM ran a second partial wave). An estimate above the truth
+    leaves slots idle; one below plans a second, partial wave.
     """
     fmt = BY_NAME[kv_format]
     # bytes a staged element: the stored width, at least one byte (NVFP4's half-byte codes come
@@ -214,6 +217,8 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
         regs = 160 if cfg.block_n >= 128 else 128
     elif fmt.config_key == "nvfp4":
         regs = min(255, 96 + cfg.block_n * head_dim // (32 * cfg.num_warps))
+    elif balanced:
+        regs = 168 if head_dim <= 128 else 224
     fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
               _WARPS_PER_SM // cfg.num_warps)
     return max(1, fit)
@@ -348,12 +353,13 @@ def balance_min_span(cfg: DecodeConfig, *, items: int, splits: int, slots: int) 
     return splits * chunk + 1
 
 
-def resident_slots(cfg: DecodeConfig, *, sm_count: int, kv_format: str, head_dim: int, rope_query: bool) -> int:
+def resident_slots(cfg: DecodeConfig, *, sm_count: int, kv_format: str, head_dim: int, rope_query: bool,
+                   balanced: bool = False) -> int:
     """Programs of the split kernel resident at once over ``sm_count`` SMs (one wave): the
     ``occupancy`` estimate, at most ``cfg.max_per_sm`` an SM where the config caps it. A balanced
     launch has at least this many programs (``plan._Plan.balance``), so a ragged batch of few
     items deals its units over the whole GPU."""
-    per_sm = occupancy(cfg, kv_format, head_dim, rope_query)
+    per_sm = occupancy(cfg, kv_format, head_dim, rope_query, balanced)
     if cfg.max_per_sm:
         per_sm = min(per_sm, cfg.max_per_sm)
     return sm_count * per_sm

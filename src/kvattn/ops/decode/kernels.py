@@ -49,7 +49,7 @@ from ..common import (
     token_pages,
     window_causal_allowed,
 )
-from ..common.balance import balanced_plan, balanced_unit, lane_unit, lane_units
+from ..common.balance import balanced_plan, balanced_unit, lane_items, lane_unit
 from ..common.combine import decode_combine_kernel
 from ...runtime.ptx_hints import mark_copies_evict_first
 
@@ -548,15 +548,14 @@ def decode_split_kernel(
     # per SM and 20-25 % of its time on an H100 (lab/notes/single-decode.md).
     pid = tl.program_id(0)
     if BALANCED and LANES:
-        # The lanes plan (common.balance.lane_units): the grid is lanes x (KV heads x row blocks)
-        # programs, and each runs its lane's units in order, a fixed share of the batch's tiles.
-        UNIT_ITEMS: tl.constexpr = NUM_KV_HEADS * M_BLOCKS
-        sub = pid % UNIT_ITEMS
-        first, end = lane_units(seq_lens_ptr, pid // UNIT_ITEMS, unit_target, batch, fixed_len, num_splits, MIN_CHUNK,
-                                BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
-        for unit in range(first, end):
+        # The lanes plan (common.balance.lane_items): each program runs its lane's units in order (a
+        # fixed share of the batch's tiles, KV heads and row blocks one program each), or, for a
+        # batch found uniform, the items round robin.
+        first, end, step = lane_items(seq_lens_ptr, pid, tl.num_programs(0), unit_target, batch, fixed_len, num_splits,
+                                      NUM_KV_HEADS * M_BLOCKS, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+        for item in range(first, end, step):
             _decode_item(
-                unit * UNIT_ITEMS + sub, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr,
+                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr,
                 seq_lens_ptr, kv_start_ptr, mask_ptr,
                 sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
                 counter_ptr,

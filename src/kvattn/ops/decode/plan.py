@@ -346,14 +346,14 @@ class _Plan:
                                            head_dim=self.head_dim, rope_query=self.rope_query):
             return None
         slots = decode_configs.resident_slots(cfg, sm_count=self.sm_count, kv_format=self.kv_format,
-                                              head_dim=self.head_dim, rope_query=self.rope_query)
+                                              head_dim=self.head_dim, rope_query=self.rope_query, balanced=True)
         unit_items = self.num_kv_heads * self.m_blocks
         if cfg.balance_lanes:
-            # The lanes plan (common.balance.lane_units): a lane a unit's programs, the grid whole
-            # lanes; a ragged plan has at most lanes + batch units (a unit more each lane boundary
-            # inside a request), a uniform one batch x splits.
+            # The lanes plan (common.balance.lane_items): a lane a unit's programs; a ragged plan
+            # has at most lanes + batch units (a unit more each lane boundary inside a request), a
+            # uniform one batch x splits, dealt over every program.
             target = max(1, slots // unit_items)
-            slots = target * unit_items
+            slots = max(slots, unit_items)
             units = max(self.batch * splits, target + self.batch)
         else:
             target = max(self.batch * splits, decode_configs.balance_target(
