@@ -22,16 +22,19 @@ MERGE_BLOCK_S = 4
 @triton.jit
 def _read_lanes(seq_lens_ptr, out_lane_ptr, out_unit_ptr, batch, capacity, uniform_splits, lanes, max_units,
                 MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    # out_lane_ptr: [lanes, 3] (first, end, step) units of each lane
+    # out_lane_ptr: [lanes, 3] (first, end, ragged) units of each lane
     # out_unit_ptr: [max_units, 6] (b, split, n_splits, first_unit, tile_lo, tile_hi) of each unit
     lane = tl.program_id(0)
     # (one item a unit, a program a lane)
-    first, end, step = balance.lane_items(seq_lens_ptr, lane, lanes, lanes, batch, capacity, uniform_splits, 1,
-                                          MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+    ragged, first, end = balance.lane_items(seq_lens_ptr, lane, lanes, batch, capacity, uniform_splits, 1, MIN_CHUNK,
+                                            BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
     tl.store(out_lane_ptr + lane * 3, first)
     tl.store(out_lane_ptr + lane * 3 + 1, end)
-    tl.store(out_lane_ptr + lane * 3 + 2, step)
-    for unit in range(first, tl.minimum(end, max_units), step):
+    tl.store(out_lane_ptr + lane * 3 + 2, ragged.to(tl.int32))
+    if not ragged:  # a uniform batch's units, which the kernel deals: every lane reads them all
+        first = 0
+        end = batch * uniform_splits
+    for unit in range(first, tl.minimum(end, max_units)):
         b, split, n_b, first_unit, lo, hi = balance.lane_unit(seq_lens_ptr, unit, lanes, batch, capacity,
                                                               uniform_splits, MIN_CHUNK, BLOCK_N, BLOCK_B,
                                                               MERGE_BLOCK_S)
@@ -71,8 +74,8 @@ def test_lanes_cover_every_key_tile_once(lens, lanes):
     cap = balance.unit_cap(MERGE_BLOCK_S)
     # lanes take consecutive units, from unit 0, each unit once
     ends = [0]
-    for first, end, step in lane_rows:
-        assert first == ends[-1] and end >= first and step == 1, lane_rows
+    for first, end, ragged in lane_rows:
+        assert first == ends[-1] and end >= first and ragged == 1, lane_rows
         ends.append(end)
     units = ends[-1]
     assert units <= lanes + len(lens)
@@ -109,12 +112,10 @@ def test_lanes_cover_every_key_tile_once(lens, lanes):
         assert min(loads[:-1]) > share - 2 * tile_cost, (loads, share)
 
 
-def test_a_uniform_batch_deals_its_splits_round_robin_over_the_lanes():
+def test_a_uniform_batch_keeps_the_uniform_split_for_the_deal():
     lens = [1000, 990, 1010, 1000]
     lane_rows, unit_rows = _plan(lens, lanes=5, uniform_splits=3)
-    assert lane_rows == [[p, 12, 5] for p in range(5)], lane_rows
-    taken = sorted(u for first, end, step in lane_rows for u in range(first, end, step))
-    assert taken == list(range(12))
+    assert all(ragged == 0 for _, _, ragged in lane_rows), lane_rows
     for u in range(12):
         b, split, n_b, first_unit, lo, _ = unit_rows[u]
         assert (b, split, n_b, first_unit, lo) == (u // 3, u % 3, 3, u - u % 3, -1)

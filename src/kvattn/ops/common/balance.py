@@ -146,11 +146,11 @@ def _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits, lanes, MIN_CHUNK
 
 
 @triton.jit
-def lane_items(seq_lens_ptr, pid, programs, lanes, batch, capacity, uniform_splits, UNIT_ITEMS: tl.constexpr,
+def lane_items(seq_lens_ptr, pid, lanes, batch, capacity, uniform_splits, UNIT_ITEMS: tl.constexpr,
                MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    """``(first, end, step)``: the work items program ``pid`` of ``programs`` runs,
-    ``range(first, end, step)``, a unit being ``UNIT_ITEMS`` items (KV heads x row blocks) and
-    ``lanes <= programs // UNIT_ITEMS`` (the lanes plan).
+    """``(ragged, first, end)``: whether the batch is ragged, and then the work items program
+    ``pid`` runs, ``range(first, end, UNIT_ITEMS)``, a unit being ``UNIT_ITEMS`` items (KV heads x
+    row blocks) and ``lanes`` at most the programs over ``UNIT_ITEMS`` (the lanes plan).
 
     The lanes plan cuts a ragged batch's work into ``lanes`` equal shares, whatever the lengths
     (FlashMLA's scheduler does the same on the GPU): the batch's requests laid end to end, each
@@ -161,18 +161,14 @@ def lane_items(seq_lens_ptr, pid, programs, lanes, batch, capacity, uniform_spli
     others, which a dynamic deal of equal units cannot do when the units number a fraction of a
     lane more than the lanes (the deal's tail: lab/notes/decode-ragged-batches.md); programs past
     the last lane idle. A batch found uniform keeps the uniform split's ``batch * uniform_splits``
-    equal units, their items dealt round robin over every program: a request's units run side by
-    side, so its merge waits on one round of units, not on a lane's last (a lane of consecutive
-    units merged all its requests at the launch's end, 1-4 % slower on equal batches than the
-    dynamic deal's order on an H200)."""
+    equal units (:func:`lane_unit`), which the caller deals dynamically: equal units in a static
+    order ran 3-10 % slower on an H200 (lab/notes/decode-ragged-batches.md)."""
     ragged, share, first_lane, start, cost, n, ends = _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits,
                                                                    lanes, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
     lane = pid // UNIT_ITEMS
     before = tl.sum(tl.minimum(tl.maximum(lane - first_lane, 0), n), 0)
     upto = tl.sum(tl.minimum(tl.maximum(lane + 1 - first_lane, 0), n), 0)
-    first = tl.where(ragged, before * UNIT_ITEMS + pid % UNIT_ITEMS, pid)
-    end = tl.where(ragged, upto * UNIT_ITEMS, tl.sum(n, 0) * UNIT_ITEMS)
-    return first, end, tl.where(ragged, UNIT_ITEMS, programs)
+    return ragged, before * UNIT_ITEMS + pid % UNIT_ITEMS, upto * UNIT_ITEMS
 
 
 @triton.jit

@@ -547,52 +547,59 @@ def decode_split_kernel(
     # call site) costs ptxas 40 registers on the one-row RoPE kernel (128 -> 168), a program less
     # per SM and 20-25 % of its time on an H100 (lab/notes/single-decode.md).
     pid = tl.program_id(0)
-    if BALANCED and LANES:
-        # The lanes plan (common.balance.lane_items): each program runs its lane's units in order (a
-        # fixed share of the batch's tiles, KV heads and row blocks one program each), or, for a
-        # batch found uniform, the items round robin.
-        first, end, step = lane_items(seq_lens_ptr, pid, tl.num_programs(0), unit_target, batch, fixed_len, num_splits,
-                                      NUM_KV_HEADS * M_BLOCKS, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
-        for item in range(first, end, step):
-            _decode_item(
-                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr,
-                seq_lens_ptr, kv_start_ptr, mask_ptr,
-                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
-                counter_ptr,
-                stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
-                SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
-            )
-    elif BALANCED:
-        # The balanced split (common.balance): the grid is one wave of resident programs, and each
-        # program deals itself units from the counter at DEAL_SLOT (its first unit is its own
-        # index) until the plan's units run out, so programs that drew short units take more. A
-        # ragged batch's units are cut from its lengths, a uniform batch's are the host's split
-        # (num_splits units a request), so both take the same loop. The last program to finish
-        # resets the counter (and its finish count at DEAL_SLOT + 1) for the next launch.
-        _, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
-                                 BLOCK_B, MERGE_BLOCK_S)
-        num_items_plan = units * NUM_KV_HEADS * M_BLOCKS
-        item = pid
-        while item < num_items_plan:
-            _decode_item(
-                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr,
-                kv_start_ptr, mask_ptr,
-                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
-                counter_ptr,
-                stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
-                SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
-            )
-            item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
-        finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
-        if finished == tl.num_programs(0) - 1:
-            tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
+    if BALANCED:
+        UNIT_ITEMS: tl.constexpr = NUM_KV_HEADS * M_BLOCKS
+        # The lanes plan (common.balance.lane_items): a ragged batch's programs each run their
+        # lane's units in order, a fixed share of the batch's tiles (KV heads and row blocks one
+        # program each); a batch found uniform, or any batch without LANES, takes the deal below.
+        if LANES:
+            in_lanes, first, end = lane_items(seq_lens_ptr, pid, unit_target, batch, fixed_len, num_splits, UNIT_ITEMS,
+                                              MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+            num_items_plan = batch * num_splits * UNIT_ITEMS  # (dealt only where uniform)
+        else:
+            in_lanes, first, end = False, 0, 0
+            _, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
+                                     BLOCK_B, MERGE_BLOCK_S)
+            num_items_plan = units * UNIT_ITEMS
+        if in_lanes:
+            for item in range(first, end, UNIT_ITEMS):
+                _decode_item(
+                    item,
+                    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
+                    mask_ptr,
+                    sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+                    stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+                    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                    SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                    OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                    MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+                )
+        else:
+            # The dynamic deal: the grid is one wave of resident programs, and each program deals
+            # itself units from the counter at DEAL_SLOT (its first unit is its own index) until
+            # the plan's units run out, so programs that drew short units take more. A ragged
+            # batch's units are cut from its lengths (common.balance.balanced_unit), a uniform
+            # batch's are the host's split (num_splits units a request), so both take the same
+            # loop. The last program to finish resets the counter (and its finish count at
+            # DEAL_SLOT + 1) for the next launch.
+            item = pid
+            while item < num_items_plan:
+                _decode_item(
+                    item,
+                    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
+                    mask_ptr,
+                    sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
+                    stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+                    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                    SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                    OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                    MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+                )
+                item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
+            finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
+            if finished == tl.num_programs(0) - 1:
+                tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
     elif PERSISTENT:
         # A capped grid (xqa's sm_count): each program walks the work items.
         for item in range(pid, num_items, tl.num_programs(0)):
