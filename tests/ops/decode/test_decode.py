@@ -257,15 +257,13 @@ def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backe
     assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: the launches did not split"
 
 
-@pytest.mark.parametrize("merge,lanes", [("in-kernel", True), ("in-kernel", False), ("combine-launch", True)],
-                         ids=["lanes", "deal", "combine-launch"])
+@pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
-def test_balanced_split_of_ragged_batches(q_len, group, merge, lanes, kernel_device, triton_backend, monkeypatch):
+def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, triton_backend, monkeypatch):
     """A ragged batch takes the balanced split (common.balance): one request of many units, one of
     a few (merged by their last program), empty and one-key requests (one unit, written directly),
-    the units in lanes (each program group a fixed share of the tiles) or dealt to the programs
-    by the counter (``balance_lanes`` off). A batch of about equal lengths keeps the uniform split
-    inside the same kernel (partials laid out by unit). Without the in-kernel merge
+    the units dealt to the programs by the counter. A batch of about equal lengths keeps the
+    uniform split inside the same kernel (partials laid out by unit). Without the in-kernel merge
     (``KVATTN_FUSED_MERGE=0``) the launch keeps the uniform split and its combine launch."""
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
     built = []  # the split launches the plans build (plans are not cached under a config override)
@@ -275,13 +273,11 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, lanes, kernel_dev
     even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
     # (max_splits: the uniform split the plan falls back to merges in the kernel, which the
     # balanced launch needs)
-    with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32,
-                                 balance_lanes=lanes):
+    with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32):
         decode_case(kernel_device, monkeypatch, lens=ragged, q_len=q_len, group=group, sinks=True)
         decode_case(kernel_device, monkeypatch, lens=even, q_len=q_len, group=group, seed=3)
     balanced = [launch.constexprs["BALANCED"] for launch in built]
     assert (any(balanced) if merge == "in-kernel" else not any(balanced)), balanced
-    assert all(launch.constexprs["LANES"] == (lanes and launch.constexprs["BALANCED"]) for launch in built)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")

@@ -29,8 +29,6 @@ import triton.language as tl
 MAX_UNITS = 32
 MIN_UNITS = 16
 UNIT_CAP_ROUNDS = 8  # merge rounds of 4 partials that MAX_UNITS takes
-# A unit's fixed cost in the lanes plan (lane_items), in keys: the copy time a unit's start costs.
-LANE_UNIT_KEYS = 128
 
 
 def unit_cap(merge_block_s: int) -> int:
@@ -108,93 +106,6 @@ def balanced_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, unit_targ
     n_b = tl.sum(tl.where(mine, n, 0), 0)
     first = tl.sum(tl.where(mine, ends, 0), 0) - n_b
     return b, unit - first, n_b, first
-
-
-@triton.jit
-def _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits, lanes, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    """``(ragged, share, first_lane, start, cost, n, ends)`` of the lanes plan (:func:`lane_items`),
-    each but the first two ``[BLOCK_B]`` a request: the first lane it touches, where its cost
-    starts and its cost (tiles), its unit count and one past its last unit."""
-    UNITS_MANY: tl.constexpr = 32  # MAX_UNITS
-    UNITS_FEW: tl.constexpr = 16  # MIN_UNITS
-    CAP_ROUNDS: tl.constexpr = 8  # UNIT_CAP_ROUNDS
-    UNITS_MAX: tl.constexpr = UNITS_MANY if MERGE_BLOCK_S * CAP_ROUNDS >= UNITS_MANY else UNITS_FEW  # unit_cap
-    # What a unit costs beyond its tiles (its plan, query and page ids, the pipeline's fill), in
-    # tiles: about LANE_UNIT_KEYS keys' copy time, so a request's first unit is charged for it.
-    UNIT_KEYS: tl.constexpr = 128  # LANE_UNIT_KEYS
-    UNIT_COST: tl.constexpr = UNIT_KEYS // BLOCK_N if UNIT_KEYS > BLOCK_N else 1
-    RAGGED_NUM: tl.constexpr = 5
-    RAGGED_DEN: tl.constexpr = 4
-    offs_b = tl.arange(0, BLOCK_B)
-    b_ok = offs_b < batch
-    lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
-    lens = tl.minimum(tl.maximum(lens, 0), capacity)
-    total_keys = tl.sum(lens.to(tl.int64), 0)
-    ragged = tl.max(lens, 0).to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * total_keys
-    cost = tl.where(b_ok, tl.cdiv(lens, BLOCK_N) + UNIT_COST, 0)
-    ends_cost = tl.cumsum(cost, 0)
-    start = ends_cost - cost
-    # Every lane the same share of the batch's cost, no unit under MIN_CHUNK keys but at a request's
-    # edge, and no request over UNITS_MAX lanes (a cost of (UNITS_MAX - 1) shares spans UNITS_MAX).
-    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), UNITS_MAX - 1))
-    share = tl.maximum(share, tl.cdiv(MIN_CHUNK, BLOCK_N))
-    first_lane = start // share
-    n = tl.where(ragged, (start + cost - 1) // share - first_lane + 1, uniform_splits)
-    n = tl.where(b_ok, n, 0)
-    return ragged, share, first_lane, start, cost, n, tl.cumsum(n, 0)
-
-
-@triton.jit
-def lane_items(seq_lens_ptr, pid, lanes, batch, capacity, uniform_splits, UNIT_ITEMS: tl.constexpr,
-               MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    """``(ragged, first, end)``: whether the batch is ragged, and then the work items program
-    ``pid`` runs, ``range(first, end, UNIT_ITEMS)``, a unit being ``UNIT_ITEMS`` items (KV heads x
-    row blocks) and ``lanes`` at most the programs over ``UNIT_ITEMS`` (the lanes plan).
-
-    The lanes plan cuts a ragged batch's work into ``lanes`` equal shares, whatever the lengths
-    (FlashMLA's scheduler does the same on the GPU): the batch's requests laid end to end, each
-    costing its key tiles plus one unit's fixed cost, and lane ``p`` (programs ``p * UNIT_ITEMS``
-    on, one a KV head and row block) takes the cost range ``[p * share, (p + 1) * share)``; its
-    units are that range's pieces of each request it touches, so a request spanning ``n_b`` lanes
-    has ``n_b`` partials, merged by the last to finish. Every lane ends within about a tile of the
-    others, which a dynamic deal of equal units cannot do when the units number a fraction of a
-    lane more than the lanes (the deal's tail: lab/notes/decode-ragged-batches.md); programs past
-    the last lane idle. A batch found uniform keeps the uniform split's ``batch * uniform_splits``
-    equal units (:func:`lane_unit`), which the caller deals dynamically: equal units in a static
-    order ran 3-10 % slower on an H200 (lab/notes/decode-ragged-batches.md)."""
-    ragged, share, first_lane, start, cost, n, ends = _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits,
-                                                                   lanes, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
-    lane = pid // UNIT_ITEMS
-    before = tl.sum(tl.minimum(tl.maximum(lane - first_lane, 0), n), 0)
-    upto = tl.sum(tl.minimum(tl.maximum(lane + 1 - first_lane, 0), n), 0)
-    return ragged, before * UNIT_ITEMS + pid % UNIT_ITEMS, upto * UNIT_ITEMS
-
-
-@triton.jit
-def lane_unit(seq_lens_ptr, unit, lanes, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
-    """``(b, split, n_splits, first_unit, tile_lo, tile_hi)`` of unit ``unit`` of the lanes plan
-    (:func:`lane_items`):
-    its request, its place among the request's ``n_splits`` units (the first at ``first_unit``),
-    and its key tiles ``[tile_lo, tile_hi)`` of the request; ``tile_lo`` is -1 for a batch found
-    uniform, whose units are ``split_bounds``' pieces."""
-    UNIT_KEYS: tl.constexpr = 128  # LANE_UNIT_KEYS
-    UNIT_COST: tl.constexpr = UNIT_KEYS // BLOCK_N if UNIT_KEYS > BLOCK_N else 1
-    ragged, share, first_lane, start, cost, n, ends = _lane_counts(seq_lens_ptr, batch, capacity, uniform_splits,
-                                                                   lanes, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
-    offs_b = tl.arange(0, BLOCK_B)
-    b = tl.minimum(tl.sum((ends <= unit).to(tl.int32), 0), batch - 1)  # requests wholly before this unit
-    mine = offs_b == b
-    n_b = tl.sum(tl.where(mine, n, 0), 0)
-    first = tl.sum(tl.where(mine, ends, 0), 0) - n_b
-    split = unit - first
-    lane = tl.sum(tl.where(mine, first_lane, 0), 0) + split
-    b_start = tl.sum(tl.where(mine, start, 0), 0) + UNIT_COST  # the request's first tile, in cost
-    b_end = tl.sum(tl.where(mine, start + cost, 0), 0)
-    tile_lo = tl.maximum(tl.maximum(lane * share, b_start) - b_start, 0)
-    tile_hi = tl.maximum(tl.minimum((lane + 1) * share, b_end) - b_start, 0)
-    return b, split, n_b, first, tl.where(ragged, tile_lo, -1), tile_hi
 
 
 @triton.jit

@@ -43,9 +43,6 @@ class DecodeConfig:
     # keys; 0 keeps the uniform split only.
     balance_waves: int = 4
     balance_min_chunk: int = 512
-    # The lanes plan (common.balance.lane_items: every program group a fixed share of the batch's
-    # tiles) instead of the dynamic deal of equal units (lab/notes/decode-ragged-batches.md).
-    balance_lanes: bool = True
     balance_max_waves: int = 4  # launches of more items than this many waves keep the uniform split
     # float32 values a thread a balanced launch's in-kernel merge loads a round (plan._merge_block_s),
     # which sets a request's unit cap (common.balance.unit_cap). At 8 query rows the main tiles'

@@ -49,7 +49,7 @@ from ..common import (
     token_pages,
     window_causal_allowed,
 )
-from ..common.balance import balanced_plan, balanced_unit, lane_items, lane_unit
+from ..common.balance import balanced_plan, balanced_unit
 from ..common.combine import decode_combine_kernel
 from ...runtime.ptx_hints import mark_copies_evict_first
 
@@ -126,7 +126,6 @@ def _decode_item(
     BALANCED: tl.constexpr = BALANCE[0]
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
-    LANES: tl.constexpr = BALANCE[4]
     PAGE_AHEAD: tl.constexpr = PAGING[0]
     # PAGE_OFFSETS 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
     PAGE_OFFSETS: tl.constexpr = PAGING[1]
@@ -154,14 +153,8 @@ def _decode_item(
         # every KV head and row block; the request's own unit count replaces num_splits.
         kvh = rest % NUM_KV_HEADS
         unit = rest // NUM_KV_HEADS
-        if LANES:
-            # (unit_target: the plan's lanes)
-            b, split, n_splits, first_unit, tile_lo, tile_hi = lane_unit(
-                seq_lens_ptr, unit, unit_target, batch, fixed_len, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B,
-                MERGE_BLOCK_S)
-        else:
-            b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits,
-                                                           unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+        b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits, unit_target,
+                                                       MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
         bh = b * NUM_KV_HEADS + kvh
     else:
         split = rest % num_splits
@@ -175,10 +168,6 @@ def _decode_item(
     chunk = split_bounds(kv_len, kv_lo, n_splits, BLOCK_N, SPLIT_SPAN)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
-    if BALANCED and LANES:
-        # a ragged batch's unit is a range of key tiles (its lane's piece of the request)
-        start = tl.where(tile_lo >= 0, kv_lo + tile_lo * BLOCK_N, start)
-        end = tl.where(tile_lo >= 0, tl.minimum(kv_lo + tile_hi * BLOCK_N, kv_len), end)
     if PREFETCH > 0:
         # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
         # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
@@ -471,7 +460,7 @@ SPLIT_TUPLES = {
     "balance_sizes": ("batch", "unit_target"),
     "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
               "KEYS_IN_M"),
-    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES"),
+    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT"),
     "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS"),
 }
 
@@ -512,8 +501,7 @@ def decode_split_kernel(
     #         splits a request, pages of the cache (page ids past it read as invalid)
     fixed_len, window_left,
     logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n,
-    balance_sizes,  # (batch, unit_target): requests B and the units a ragged balanced plan aims at (BALANCED;
-    #                 LANES: the lanes)
+    balance_sizes,  # (batch, unit_target): requests B and the units a ragged balanced plan aims at (BALANCED)
     SHAPE: tl.constexpr,  # (HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS, GROUP, Q_LEN, BLOCK_M, BLOCK_N, M_BLOCKS, KEYS_IN_M)
     KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
@@ -525,8 +513,7 @@ def decode_split_kernel(
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
-    BALANCE: tl.constexpr = (False, 1, 0, 0, False),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES): the
-    #                                                     balanced split (LANES: static lanes, else the deal)
+    BALANCE: tl.constexpr = (False, 1, 0, 0),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT): the balanced split
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -536,7 +523,6 @@ def decode_split_kernel(
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
     DEAL_SLOT: tl.constexpr = BALANCE[3]
-    LANES: tl.constexpr = BALANCE[4]
     num_items, _, num_splits, _ = sizes
     batch, unit_target = balance_sizes
     if KV_EVICT_FIRST and KV_TMA:
@@ -548,58 +534,33 @@ def decode_split_kernel(
     # per SM and 20-25 % of its time on an H100 (lab/notes/single-decode.md).
     pid = tl.program_id(0)
     if BALANCED:
-        UNIT_ITEMS: tl.constexpr = NUM_KV_HEADS * M_BLOCKS
-        # The lanes plan (common.balance.lane_items): a ragged batch's programs each run their
-        # lane's units in order, a fixed share of the batch's tiles (KV heads and row blocks one
-        # program each); a batch found uniform, or any batch without LANES, takes the deal below.
-        if LANES:
-            in_lanes, first, end = lane_items(seq_lens_ptr, pid, unit_target, batch, fixed_len, num_splits, UNIT_ITEMS,
-                                              MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
-            num_items_plan = batch * num_splits * UNIT_ITEMS  # (dealt only where uniform)
-        else:
-            in_lanes, first, end = False, 0, 0
-            _, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
-                                     BLOCK_B, MERGE_BLOCK_S)
-            num_items_plan = units * UNIT_ITEMS
-        if in_lanes:
-            for item in range(first, end, UNIT_ITEMS):
-                _decode_item(
-                    item,
-                    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
-                    mask_ptr,
-                    sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
-                    stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-                    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
-                    SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                    OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                    MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
-                )
-        else:
-            # The dynamic deal: the grid is one wave of resident programs, and each program deals
-            # itself units from the counter at DEAL_SLOT (its first unit is its own index) until
-            # the plan's units run out, so programs that drew short units take more. A ragged
-            # batch's units are cut from its lengths (common.balance.balanced_unit), a uniform
-            # batch's are the host's split (num_splits units a request), so both take the same
-            # loop. The last program to finish resets the counter (and its finish count at
-            # DEAL_SLOT + 1) for the next launch.
-            item = pid
-            while item < num_items_plan:
-                _decode_item(
-                    item,
-                    q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr,
-                    mask_ptr,
-                    sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
-                    stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-                    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
-                    SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
-                    OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
-                    MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
-                )
-                item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
-            finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
-            if finished == tl.num_programs(0) - 1:
-                tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
+        # The balanced split (common.balance): the grid is one wave of resident programs, and each
+        # program deals itself units from the counter at DEAL_SLOT (its first unit is its own
+        # index) until the plan's units run out, so programs that drew short units take more. A
+        # ragged batch's units are cut from its lengths, a uniform batch's are the host's split
+        # (num_splits units a request), so both take the same loop. The last program to finish
+        # resets the counter (and its finish count at DEAL_SLOT + 1) for the next launch.
+        _, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
+                                 BLOCK_B, MERGE_BLOCK_S)
+        num_items_plan = units * NUM_KV_HEADS * M_BLOCKS
+        item = pid
+        while item < num_items_plan:
+            _decode_item(
+                item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr,
+                kv_start_ptr, mask_ptr,
+                sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+                counter_ptr,
+                stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
+                OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
+                MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
+            )
+            item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
+        finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
+        if finished == tl.num_programs(0) - 1:
+            tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(counter_ptr + DEAL_SLOT + 1, 0, sem="relaxed", scope="gpu")
     elif PERSISTENT:
         # A capped grid (xqa's sm_count): each program walks the work items.
         for item in range(pid, num_items, tl.num_programs(0)):

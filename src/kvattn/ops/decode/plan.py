@@ -347,22 +347,12 @@ class _Plan:
             return None
         slots = decode_configs.resident_slots(cfg, sm_count=self.sm_count, kv_format=self.kv_format,
                                               head_dim=self.head_dim, rope_query=self.rope_query, balanced=True)
-        unit_items = self.num_kv_heads * self.m_blocks
-        if cfg.balance_lanes:
-            # The lanes plan (common.balance.lane_items): a lane a unit's programs; a ragged plan
-            # has at most lanes + batch units (a unit more each lane boundary inside a request), a
-            # uniform one batch x splits, dealt over every program.
-            target = max(1, slots // unit_items)
-            slots = max(slots, unit_items)
-            units = max(self.batch * splits, target + self.batch)
-        else:
-            target = max(self.batch * splits, decode_configs.balance_target(
-                cfg, sm_count=self.sm_count, programs_per_unit=unit_items,
-                kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
-            # A ragged plan has at most target + batch units (each request rounds up once), a uniform
-            # one batch x splits; a request at most common.balance.unit_cap(merge_block_s) (ragged) or
-            # splits.
-            units = target + self.batch
+        target = max(self.batch * splits, decode_configs.balance_target(
+            cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
+            kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
+        # A ragged plan has at most target + batch units (each request rounds up once), a uniform one
+        # batch x splits; a request at most common.balance.unit_cap(merge_block_s) (ragged) or splits.
+        units = target + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
         min_span = decode_configs.balance_min_span(cfg, items=self.items, splits=splits, slots=slots)
@@ -405,7 +395,7 @@ MAX_BALANCED_BATCH = 1024  # requests a balanced plan holds (one register vector
 class Balance(NamedTuple):
     """Sizes of a balanced launch (``common.balance``)."""
 
-    target: int  # units a ragged plan aims at (the lanes plan: its lanes)
+    target: int  # units a ragged plan aims at
     units: int  # units a plan has at most (the partials' room)
     merge_block_s: int  # partials the in-kernel merge loads a round
     programs: int  # the grid: one wave of resident programs, which deal the units among themselves
@@ -519,7 +509,6 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             SPLIT_SPAN=invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
-            LANES=bool(bal and cfg.balance_lanes),
             PAGE_OFFSETS=_page_offsets(plan, cfg),
         ),
         options=dict(
