@@ -320,3 +320,20 @@ def test_balanced_split_only_past_the_spans_it_cannot_shorten(fmt, table, items,
     assert dc.balance_min_span(cfg, items=items, splits=splits, slots=slots) == min_span
     odd = dataclasses.replace(cfg, block_n=96, balance_min_chunk=500)  # the chunk rounds up to 576
     assert dc.balance_min_span(odd, items=items, splits=splits, slots=slots) == (splits * 576 + 1 if min_span else 0)
+
+
+@pytest.mark.parametrize("head_dim,tile,unbalanced,balanced", [
+    pytest.param(256, (32, 4, 3), 3, 2, id="D256-32x4x3"),
+    pytest.param(128, (64, 4, 4), 2, 2, id="D128-64x4x4"),
+    pytest.param(64, (128, 4, 3), 3, 3, id="D64-128x4x3"),
+])
+def test_balanced_kernels_registers_set_their_occupancy(head_dim, tile, unbalanced, balanced):
+    """The balanced split kernel (its plan and in-kernel merge) compiles to 168 registers a thread at
+    D 64-128 and 212-218 at D 256 with a 16-bit cache (sm_90a, Triton 3.6): two 4-warp programs an
+    SM at D 256 where the unbalanced kernel (126) fits three, so a balanced grid of three an SM
+    would run a second, partial wave."""
+    cfg = dc.DecodeConfig(*tile)
+    assert dc.occupancy(cfg, "bfloat16", head_dim, False) == unbalanced
+    assert dc.occupancy(cfg, "bfloat16", head_dim, False, balanced=True) == balanced
+    assert dc.resident_slots(cfg, sm_count=132, kv_format="bfloat16", head_dim=head_dim, rope_query=False,
+                             balanced=True) == 132 * balanced
