@@ -259,16 +259,15 @@ def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backe
 
 @pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
-def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, triton_backend, monkeypatch):
+def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, triton_backend, monkeypatch,
+                                          split_launches):
     """A ragged batch takes the balanced split (common.balance): one request of many units, one of
     a few (merged by their last program), empty and one-key requests (one unit, written directly),
     the units dealt to the programs by the counter. A batch of about equal lengths keeps the
     uniform split inside the same kernel (partials laid out by unit). Without the in-kernel merge
     (``KVATTN_FUSED_MERGE=0``) the launch keeps the uniform split and its combine launch."""
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
-    built = []  # the split launches the plans build (plans are not cached under a config override)
-    real = decode_launch._split_launch
-    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    built = split_launches
     ragged = [600, 3, 0, 97, 5] if not ON_GPU else [6000, 3, 0, 970, 5, 64, 2049]  # (lengths count the drafts)
     even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
     # (max_splits: the uniform split the plan falls back to merges in the kernel, which the
@@ -283,13 +282,11 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, tr
 @pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")
 @pytest.mark.parametrize("lens", [[2600] * 10, [2600, 2100, 3000, 2590, 1, 0, 2700, 2048, 2600, 2611]],
                          ids=["10x2600-equal", "10-ragged-with-0-and-1"])
-def test_few_long_requests_fill_the_last_wave(lens, triton_backend, monkeypatch):
+def test_few_long_requests_fill_the_last_wave(lens, triton_backend, monkeypatch, split_launches):
     """10 requests x 8 KV heads (80 items) on pages of 64 (long tiles, one program an SM): one split
     each would leave 40 % of the SMs idle; the split count of ``configs.tail_fit`` is taken and the
     result is still exact (equal lengths, and ragged ones with an empty and a one-key request)."""
-    built = []
-    real = decode_launch._split_launch
-    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    built = split_launches
     decode_case(torch.device("cuda"), monkeypatch, lens=lens, hkv=8, group=8, d=128, page=64, qdt=torch.bfloat16,
                 seed=21)
     if torch.cuda.get_device_capability()[0] == 9:
@@ -315,7 +312,8 @@ def test_balanced_deal_leaves_its_counters_at_zero(kernel_device, triton_backend
 @pytest.mark.parametrize("lens", [[600, 3, 0, 97, 1], [100, 100, 100, 100, 1], [100, 100, 100, 100, 0]],
                          ids=["ragged-with-0-and-1", "uniform-with-1", "uniform-with-0"])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
-def test_balanced_launch_deals_over_one_wave(lens, q_len, group, kernel_device, triton_backend, monkeypatch):
+def test_balanced_launch_deals_over_one_wave(lens, q_len, group, kernel_device, triton_backend, monkeypatch,
+                                             split_launches):
     """The balanced launch's grid is one wave of resident programs, fewer here than the uniform
     split's items x splits: the programs deal the units to themselves, a ragged batch's and a
     batch found uniform (the 5/4 rule of common.balance: one request of q_len or 0 keys among four
@@ -324,9 +322,7 @@ def test_balanced_launch_deals_over_one_wave(lens, q_len, group, kernel_device, 
     from kvattn.runtime.workspace import ALIGN, COUNTER_BYTES
 
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
-    built = []
-    real = decode_launch._split_launch
-    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    built = split_launches
     ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
     lens = [q_len if x == 1 else x for x in lens]  # (a request of q_len > 1 rows has q_len keys at least)
     lens = lens if not ON_GPU else [x * 10 if x > q_len else x for x in lens]

@@ -123,15 +123,13 @@ def test_short_tiles_keep_whole_waves_past_two_waves(monkeypatch):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("lens", [[1300] * 34, [1300] * 30 + [0, 1, 700, 1299]],
                          ids=["34x1300-equal", "34-ragged-with-0-and-1"])
-def test_long_tile_batches_past_two_waves_split_exactly(lens, layout, triton_backend, monkeypatch):
+def test_long_tile_batches_past_two_waves_split_exactly(lens, layout, triton_backend, monkeypatch, split_launches):
     """34 requests x 8 KV heads (272 items) on pages of 64, bf16 D 128: three waves of one long-tile
     program an SM on an H100 / H200 (the third 0.06 full at one split on 132 SMs), so the launch
     takes the split count of ``configs.tail_fit`` (5 on 132 SMs, 2 on 114), merged in the kernel;
     the results are exact in both layouts, equal lengths and ragged ones with an empty and a
     one-key request."""
-    built = []
-    real = decode_launch._split_launch
-    monkeypatch.setattr(decode_launch, "_split_launch", lambda *a: built.append(real(*a)) or built[-1])
+    built = split_launches
     decode_case(torch.device("cuda"), monkeypatch, lens=lens, hkv=8, group=8, d=D, page=64, layout=layout,
                 qdt=torch.bfloat16, seed=23, ws_bytes=64 << 20)
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -61,17 +61,8 @@ def test_keys_in_m_is_the_configs_field(monkeypatch):
     dict(lens=[33, 129], hkv=2, group=2, q_len=3),
 ], ids=["g8", "g8-HND-sinks", "g4-drafts2-mask-window", "g2-drafts3"])
 @pytest.mark.parametrize("keys_in_m", [True, False], ids=["keys-in-m", "rows-in-m"])
-def test_keys_in_m_matches_the_reference(case, keys_in_m, kernel_device, triton_backend, monkeypatch):
-    seen = []
-    real = decode_launch._split_launch
-
-    def spy(plan, cfg, splits, bal=None):
-        launch = real(plan, cfg, splits, bal)
-        seen.append(launch.constexprs["KEYS_IN_M"])
-        return launch
-
-    monkeypatch.setattr(decode_launch, "_split_launch", spy)
-    monkeypatch.setattr(decode_launch, "_PLANS", {})
+def test_keys_in_m_matches_the_reference(case, keys_in_m, kernel_device, triton_backend, monkeypatch, split_launches):
     with decode_configs.override(keys_in_m=keys_in_m):
         decode_case(kernel_device, monkeypatch, fmt="fp8", d=64, **case)
-    assert seen and set(seen) == {keys_in_m}
+    seen = {launch.constexprs["KEYS_IN_M"] for launch in split_launches}
+    assert seen == {keys_in_m}

@@ -35,17 +35,8 @@ def test_plan_takes_page_offsets_and_the_config_field_turns_them_off(kv_dtype, m
         assert not decode_configs.config("sm90", "fp8", 128, 16, False, "main").page_offsets
 
 
-def _run(case, q, tables, layout, kv_cache, monkeypatch, on):
-    seen = []
-    real = decode_launch._split_launch
-
-    def spy(plan, cfg, splits, bal=None):
-        launch = real(plan, cfg, splits, bal)
-        seen.append(launch.constexprs["PAGE_OFFSETS"])
-        return launch
-
-    monkeypatch.setattr(decode_launch, "_split_launch", spy)
-    monkeypatch.setattr(decode_launch, "_PLANS", {})
+def _run(case, q, tables, layout, kv_cache, launches, on):
+    before = len(launches)
     out = poison_(torch.empty_like(q))
     with decode_configs.override(page_offsets=on):
         kvattn.decode.xqa_batch_decode_with_kv_cache(
@@ -53,14 +44,14 @@ def _run(case, q, tables, layout, kv_cache, monkeypatch, on):
             case.max_seq_len, bmm1_scale=0.2, kv_layout=layout, out=out)
     if ON_GPU:
         torch.cuda.synchronize()
-    return out, set(seen)
+    return out, {launch.constexprs["PAGE_OFFSETS"] for launch in launches[before:]}
 
 
 @pytest.mark.parametrize("fmt", ["float16", "fp8"])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("v_strides", ["equal", "padded"], ids=["v-shares-k", "v-own-offsets"])
 def test_page_offsets_read_what_row_offsets_read(fmt, layout, v_strides, kernel_device, triton_backend,
-                                                 monkeypatch):
+                                                 monkeypatch, split_launches):
     """Bit-identical outputs with and without PAGE_OFFSETS (2: V takes K's offsets; 1: V's strides
     differ, its own offsets), with unusable ids in used table entries (huge, negative, one past the
     pool), which read as zeros and never fault."""
@@ -77,8 +68,8 @@ def test_page_offsets_read_what_row_offsets_read(fmt, layout, v_strides, kernel_
     q = torch.randn(3, hkv * group, d, generator=torch.Generator().manual_seed(5)).to(kernel_device, torch.float16)
     tables = case.block_tables.clone()
     tables[0, 0], tables[1, 3], tables[1, 7], tables[2, 1] = 2**31 - 1, -(2**31), -1, k.shape[0]
-    on, modes_on = _run(case, q, tables, layout, (k, v), monkeypatch, True)
-    off, modes_off = _run(case, q, tables, layout, (k, v), monkeypatch, False)
+    on, modes_on = _run(case, q, tables, layout, (k, v), split_launches, True)
+    off, modes_off = _run(case, q, tables, layout, (k, v), split_launches, False)
     assert modes_on == {2 if v_strides == "equal" else 1} and modes_off == {0}
     assert torch.isfinite(on.float()).all()
     assert torch.equal(on, off)
