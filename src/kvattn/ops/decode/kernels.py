@@ -97,6 +97,25 @@ def _tile_rows(offs_m, b, kvh, GROUP: tl.constexpr, Q_LEN: tl.constexpr):
 
 
 @triton.jit
+def _tile_pages(offs_n, tok_ok, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh, stride_kv,
+                PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr, PAGE_OFFSETS: tl.constexpr):
+    """``(k_ids, v_ids)`` of tokens ``offs_n``: their page ids (``load_page_ids``; V's are K's on one
+    table), or with PAGE_OFFSETS their tokens' offsets (``page_token_offsets``; 2: V's are K's)."""
+    stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h = stride_kv
+    k_ids = load_page_ids(kt_row, stride_kt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+    v_ids = k_ids
+    if not SAME_TABLE:
+        v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
+    if PAGE_OFFSETS:
+        k_ids = page_token_offsets(k_ids, offs_n, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
+        if PAGE_OFFSETS == 1:
+            v_ids = page_token_offsets(v_ids, offs_n, kvh, stride_v_p, stride_v_s, stride_v_h, PAGE_SIZE)
+        else:
+            v_ids = k_ids
+    return k_ids, v_ids
+
+
+@triton.jit
 def _decode_item(
     item,
     q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr, mask_ptr, sinks_ptr,
@@ -247,30 +266,14 @@ def _decode_item(
     # loads of a tile depend on no load of their own iteration and the pipeliner double-buffers
     # them with fewer stages; otherwise the pipeliner stages the (table -> K/V) chain itself.
     offs_n = start + tl.arange(0, BLOCK_N)
-    k_ids = load_page_ids(kt_row, stride_kt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
-    v_ids = k_ids
-    if not SAME_TABLE:
-        v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, offs_n < end, num_pages, PAGE_SIZE, PAGED)
-    if PAGE_OFFSETS:
-        k_ids = page_token_offsets(k_ids, offs_n, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
-        if PAGE_OFFSETS == 1:
-            v_ids = page_token_offsets(v_ids, offs_n, kvh, stride_v_p, stride_v_s, stride_v_h, PAGE_SIZE)
-        else:
-            v_ids = k_ids
+    k_ids, v_ids = _tile_pages(offs_n, offs_n < end, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh, stride_kv,
+                               PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         tok_ok = offs_n < end
         if not PAGE_AHEAD:
-            k_ids = load_page_ids(kt_row, stride_kt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
-            v_ids = k_ids
-            if not SAME_TABLE:
-                v_ids = load_page_ids(vt_row, stride_vt_p, offs_n, tok_ok, num_pages, PAGE_SIZE, PAGED)
-            if PAGE_OFFSETS:
-                k_ids = page_token_offsets(k_ids, offs_n, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
-                if PAGE_OFFSETS == 1:
-                    v_ids = page_token_offsets(v_ids, offs_n, kvh, stride_v_p, stride_v_s, stride_v_h, PAGE_SIZE)
-                else:
-                    v_ids = k_ids
+            k_ids, v_ids = _tile_pages(offs_n, tok_ok, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh,
+                                       stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
         if PAGE_OFFSETS:
             # k_ids / v_ids hold the tokens' offsets (-1: unusable id, read as zeros)
             k_off = k_ids
@@ -374,17 +377,8 @@ def _decode_item(
 
         if PAGE_AHEAD:
             offs_next = offs_n + BLOCK_N
-            k_ids = load_page_ids(kt_row, stride_kt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
-            v_ids = k_ids
-            if not SAME_TABLE:
-                v_ids = load_page_ids(vt_row, stride_vt_p, offs_next, offs_next < end, num_pages, PAGE_SIZE, PAGED)
-            if PAGE_OFFSETS:
-                k_ids = page_token_offsets(k_ids, offs_next, kvh, stride_k_p, stride_k_s, stride_k_h, PAGE_SIZE)
-                if PAGE_OFFSETS == 1:
-                    v_ids = page_token_offsets(v_ids, offs_next, kvh, stride_v_p, stride_v_s, stride_v_h,
-                                               PAGE_SIZE)
-                else:
-                    v_ids = k_ids
+            k_ids, v_ids = _tile_pages(offs_next, offs_next < end, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages,
+                                       kvh, stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
 
     # A launch with one split writes the final rows; with several, every split writes a partial
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
