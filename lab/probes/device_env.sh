@@ -6,3 +6,27 @@ export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
+
+# gpu_tests NAME SECONDS PATH...: the GPU tests under PATHs (16 workers, not the compile-only
+# `codegen` ones) into $OUT/NAME.txt (xz), stopped by SIGINT after SECONDS so pytest still prints
+# its summary; the failures and the count go to the console and $OUT/NAME-summary.txt.
+gpu_tests() {
+  local name=$1 secs=$2
+  shift 2
+  OMP_NUM_THREADS=1 timeout -s INT "$secs" python3 -m pytest -q -rfE -p no:cacheprovider -n 16 -m "not codegen" \
+    "$@" > "$OUT/$name.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|Interrupted" "$OUT/$name.txt" | tail -n 30 | tee "$OUT/$name-summary.txt"
+  xz -9 "$OUT/$name.txt" 2>/dev/null
+}
+
+# kv_rows NAME SECONDS FILTER RUN_ARGS...: benchmarks/run.py over the decode and sweep rows whose ids
+# hold a FILTER part, kvattn only (`--ab` arms among RUN_ARGS), CUDA-graph replay, within SECONDS;
+# $OUT/NAME.json / .md, the rows to the console.
+kv_rows() {
+  local name=$1 secs=$2 filter=$3
+  shift 3
+  timeout "$secs" python3 benchmarks/run.py --suite decode,sweep --filter "$filter" --graph-only --warmup 10 --rep 30 \
+    --no-peers "$@" --out "$OUT/$name.json" --md "$OUT/$name.md" --time-budget $(( secs - 12 )) 2> "$OUT/$name.err"
+  grep "^| " "$OUT/$name.md" | grep -v "^| class\|^|---" | cut -c1-240
+  xz -9 "$OUT/$name.err" 2>/dev/null
+}

@@ -7,11 +7,6 @@ set -uo pipefail
 source lab/probes/device_env.sh
 export PYTHONPATH=src:${PYTHONPATH:-}
 t0=$(date +%s)
-timeout ${AB_S:-230} python3 benchmarks/run.py --suite decode,sweep --filter "decode fp8" \
-  --graph-only --warmup 10 --rep 30 --no-peers \
-  --ab s4:decode:num_stages=4 --ab w8:decode:num_warps=8 --ab n64s4:decode:block_n=64,num_stages=4 \
-  --ab n256w8:decode:block_n=256,num_warps=8,num_stages=3 \
-  --out "$OUT/ab-fp8.json" --md "$OUT/ab-fp8.md" --time-budget $(( ${AB_S:-230} - 15 )) 2> "$OUT/ab-fp8.err"
-grep "^| " "$OUT/ab-fp8.md" | grep -v "^| class\|^|---" | cut -c1-260
-xz -9 "$OUT/ab-fp8.err" 2>/dev/null
+kv_rows ab-fp8 ${AB_S:-230} "decode fp8" --ab s4:decode:num_stages=4 --ab w8:decode:num_warps=8 \
+  --ab n64s4:decode:block_n=64,num_stages=4 --ab n256w8:decode:block_n=256,num_warps=8,num_stages=3
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -13,20 +13,10 @@ set -uo pipefail
 source lab/probes/device_env.sh
 export PYTHONPATH=src:${PYTHONPATH:-}
 t0=$(date +%s)
-timeout ${AB_S:-110} python3 benchmarks/run.py --suite decode,sweep --filter "decode fp8" \
-  --graph-only --warmup 10 --rep 30 --no-peers \
-  --ab rows:decode:keys_in_m=false \
-  --ab offs:decode:page_offsets=false \
-  --out "$OUT/ab-keys-in-m.json" --md "$OUT/ab-keys-in-m.md" --time-budget $(( ${AB_S:-110} - 12 )) \
-  2> "$OUT/ab-keys-in-m.err"
-grep "^| " "$OUT/ab-keys-in-m.md" | grep -v "^| class\|^|---" | cut -c1-260
+kv_rows ab-keys-in-m ${AB_S:-110} "decode fp8" --ab rows:decode:keys_in_m=false --ab offs:decode:page_offsets=false
 # The page offsets change the paged bf16 kernels too: the grid's bf16 rows and the sweep's bf16
 # rows furthest behind FlashInfer, the same `offs` arm.
-timeout ${BF_S:-100} python3 benchmarks/run.py --suite decode,sweep \
-  --filter "decode bf16 16x4096,decode bf16 64x8192,decode bf16 128x2048,decode bf16 256x1024,8192] p16,sw07 ,sw12 ,sw54 ,sw57 ,sw43 ,sw33 ,sw10 ,sw09 ,sw00 " \
-  --graph-only --warmup 10 --rep 30 --no-peers --ab offs:decode:page_offsets=false \
-  --out "$OUT/ab-offs-bf16.json" --md "$OUT/ab-offs-bf16.md" --time-budget $(( ${BF_S:-100} - 12 )) \
-  2> "$OUT/ab-offs-bf16.err"
-grep "^| " "$OUT/ab-offs-bf16.md" | grep -v "^| class\|^|---" | cut -c1-260
-xz -9 "$OUT/ab-keys-in-m.err" "$OUT/ab-offs-bf16.err" 2>/dev/null
+kv_rows ab-offs-bf16 ${BF_S:-100} \
+  "decode bf16 16x4096,decode bf16 64x8192,decode bf16 128x2048,decode bf16 256x1024,8192] p16,sw07 ,sw12 ,sw54 ,sw57 ,sw43 ,sw33 ,sw10 ,sw09 ,sw00 " \
+  --ab offs:decode:page_offsets=false
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -8,16 +8,9 @@ set -uo pipefail
 source lab/probes/device_env.sh
 export PYTHONPATH=src:${PYTHONPATH:-}
 t0=$(date +%s)
-OMP_NUM_THREADS=1 timeout -s INT ${TESTS_S:-330} python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
-  -m "not codegen" tests > "$OUT/pytest.txt" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed|Interrupted" "$OUT/pytest.txt" | tail -n 30 | tee "$OUT/pytest-summary.txt"
+gpu_tests pytest ${TESTS_S:-330} tests
 echo "tests: $(( $(date +%s) - t0 )) s"
-xz -9 "$OUT/pytest.txt" 2>/dev/null
 ROWS="sw00 ,sw03 ,sw04 ,sw05 ,sw06 ,sw07 ,sw09 ,sw10 ,sw11 ,sw12 ,sw14 ,sw15 ,sw16 ,sw19 ,sw23 ,sw24 ,sw28 ,sw30 ,sw32 ,sw36 ,sw40 ,sw41 ,sw45 ,sw48 ,sw49 ,sw58 ,sw59 ,sw43 ,sw52 ,ragged128x,ragged64x"
 left=$(( ${TOTAL:-560} - $(date +%s) + t0 ))
-timeout $left python3 benchmarks/run.py --suite decode,sweep --filter "$ROWS" \
-  --graph-only --warmup 10 --rep 30 --no-peers --ab deal:decode:balance_lanes=false \
-  --out "$OUT/ab-lanes.json" --md "$OUT/ab-lanes.md" --time-budget $(( left - 15 )) 2> "$OUT/ab-lanes.err"
-grep "^| " "$OUT/ab-lanes.md" | grep -v "^| class\|^|---" | cut -c1-230
-xz -9 "$OUT/ab-lanes.err" 2>/dev/null
+kv_rows ab-lanes $left "$ROWS" --ab deal:decode:balance_lanes=false
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -7,11 +7,8 @@ set -uo pipefail
 source lab/probes/device_env.sh
 t0=$(date +%s)
 export PYTHONPATH=src:${PYTHONPATH:-}
-OMP_NUM_THREADS=1 timeout -s INT ${TESTS_S:-130} python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
-  -m "not codegen" tests/ops/decode tests/ops/common > "$OUT/pytest-decode.txt" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed|Interrupted" "$OUT/pytest-decode.txt" | tail -n 30
+gpu_tests pytest-decode ${TESTS_S:-130} tests/ops/decode tests/ops/common
 echo "tests: $(( $(date +%s) - t0 )) s"
-xz -9 "$OUT/pytest-decode.txt" 2>/dev/null
 source .peers/flashinfer/activate.sh
 export PYTHONPATH=src:${PYTHONPATH:-} MAX_JOBS=16
 left=$(( ${TOTAL:-470} - $(date +%s) + t0 ))

@@ -8,10 +8,5 @@ set -uo pipefail
 source lab/probes/device_env.sh
 export PYTHONPATH=src:${PYTHONPATH:-}
 t0=$(date +%s)
-timeout ${AB_S:-110} python3 benchmarks/run.py --suite decode,sweep --filter "decode fp8" \
-  --graph-only --warmup 10 --rep 30 --no-peers --ab n64s4:decode:block_n=64,num_stages=4 \
-  --out "$OUT/ab-fp8-n64.json" --md "$OUT/ab-fp8-n64.md" --time-budget $(( ${AB_S:-110} - 12 )) \
-  2> "$OUT/ab-fp8-n64.err"
-grep "^| " "$OUT/ab-fp8-n64.md" | grep -v "^| class\|^|---" | cut -c1-220
-xz -9 "$OUT/ab-fp8-n64.err" 2>/dev/null
+kv_rows ab-fp8-n64 ${AB_S:-110} "decode fp8" --ab n64s4:decode:block_n=64,num_stages=4
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -16,6 +16,10 @@ from kvattn.runtime import fast_launch
 from ..oracle import ON_GPU
 
 SM_COUNT = 132
+# Tests of plans built on a faked sm90 H200 (from CPU tensors under the interpreter)
+FAKED = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+# The sweep's sw36: 24 x 48740 keys, pages of 16, 64 query heads on 8 KV heads, HND
+SW36 = dict(batch=24, max_len=48740, page=16, num_heads=64, num_kv_heads=8, layout="HND")
 
 
 def _faked_h200(monkeypatch):
@@ -30,16 +34,16 @@ def _faked_h200(monkeypatch):
     monkeypatch.setattr(decode_launch, "_PLANS", {})  # (plans of the faked GPU stay out of the real cache)
 
 
-def _plan_of(monkeypatch, *, batch, max_len, page, num_heads, num_kv_heads, kv_dtype, layout="NHD"):
-    """The plan of one decode call of ``batch`` requests up to ``max_len`` keys, D 128, on a faked H200."""
+def _plan_of(monkeypatch, *, batch, max_len, page, num_heads, num_kv_heads, kv_dtype, layout="NHD", head_dim=128):
+    """The plan of one decode call of ``batch`` requests up to ``max_len`` keys on a faked H200."""
     _faked_h200(monkeypatch)
     pages = batch * -(-max_len // page)
-    shape = (pages, page, num_kv_heads, 128) if layout == "NHD" else (pages, num_kv_heads, page, 128)
+    shape = (pages, page, num_kv_heads, head_dim) if layout == "NHD" else (pages, num_kv_heads, page, head_dim)
     k = torch.empty(shape, dtype=kv_dtype)
     tables = torch.zeros(batch, pages // batch, dtype=torch.int32)
     lens = torch.full((batch,), max(1, max_len // 2), dtype=torch.int32)
     lens[0] = max_len
-    q = torch.empty(batch, num_heads, 128, dtype=torch.float16)
+    q = torch.empty(batch, num_heads, head_dim, dtype=torch.float16)
     ws = torch.zeros(256 << 20, dtype=torch.uint8)
     kvattn.decode.xqa_batch_decode_with_kv_cache(q, (k, torch.empty_like(k)), ws, tables, lens, max_len,
                                                  bmm1_scale=0.1, bmm2_scale=1.0, out=torch.empty_like(q),
@@ -48,13 +52,13 @@ def _plan_of(monkeypatch, *, batch, max_len, page, num_heads, num_kv_heads, kv_d
     return plan
 
 
-def _slots(plan, span):
+def _slots(plan, span, balanced=False):
     cfg = plan.config_for(span)
-    return decode_configs.resident_slots(cfg, sm_count=SM_COUNT, kv_format=plan.kv_format, head_dim=128,
-                                         rope_query=False)
+    return decode_configs.resident_slots(cfg, sm_count=SM_COUNT, kv_format=plan.kv_format, head_dim=plan.head_dim,
+                                         rope_query=False, balanced=balanced)
 
 
-@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+@FAKED
 @pytest.mark.parametrize("batch,max_len,page,splits", [
     pytest.param(45, 51550, 64, 14, id="45-requests-to-51550-p64-h8-1"),
     pytest.param(22, 88289, 16, 6, id="22-requests-to-88289-p16-h8-1"),
@@ -76,12 +80,12 @@ def test_few_long_requests_take_the_balanced_launch_over_one_wave(batch, max_len
     cfg = plan.config_for(max_len)
     rounds = -(-splits // split.constexprs["MERGE_BLOCK_S"])
     assert rounds <= decode_launch.MAX_BALANCED_ROUNDS
-    assert _slots(plan, max_len) == SM_COUNT
+    assert _slots(plan, max_len, balanced=True) == SM_COUNT
     min_span = decode_configs.balance_min_span(cfg, items=plan.items, splits=splits, slots=SM_COUNT)
     assert max_len >= min_span == (0 if plan.items * splits > SM_COUNT else splits * 512 + 1)
 
 
-@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+@FAKED
 @pytest.mark.parametrize("batch,max_len,page,heads,fmt,layout,splits,combine", [
     pytest.param(4, 3799, 64, (64, 8), "fp8", "HND", 8, True, id="4-requests-to-3799-fp8-p64-HND-h64-8"),
     pytest.param(47, 1156, 16, (8, 1), "float16", "HND", 5, False, id="47-requests-to-1156-p16-HND-h8-1"),
@@ -115,7 +119,7 @@ def test_small_batches_of_short_requests_keep_the_uniform_launch(batch, max_len,
         assert plan.launches(edge + 1)[0].constexprs["BALANCED"] is (cfg is not plan.cfg_stream)
 
 
-@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+@FAKED
 def test_a_plan_switches_between_its_uniform_and_balanced_launches_by_span(monkeypatch):
     """One plan (4 fp8 requests at 64/8 heads on pages of 64: 8 splits of 32 items, one wave of
     264 slots) serves spans of at most 8 x 512 keys with the uniform launch and longer ones with
@@ -126,13 +130,13 @@ def test_a_plan_switches_between_its_uniform_and_balanced_launches_by_span(monke
     cfg = plan.config_for(5000)
     assert all(plan.config_for(n) is cfg and plan.num_splits(n, cfg) == 8 for n in (3799, 4096, 4097, 5000))
     balanced = plan.launches(5000)[0]
-    assert balanced.constexprs["BALANCED"] and balanced.grid[0] == _slots(plan, 5000) == 2 * SM_COUNT
+    assert balanced.constexprs["BALANCED"] and balanced.grid[0] == _slots(plan, 5000, balanced=True) == 2 * SM_COUNT
     uniform = plan.launches(4096)[0]
     assert not uniform.constexprs["BALANCED"] and uniform.grid[0] == plan.items * 8 == 256
     assert plan.launches(4097)[0] is balanced and plan.launches(3799)[0] is uniform
 
 
-@pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
+@FAKED
 @pytest.mark.parametrize("batch,max_len,page,heads", [
     # the sweep's sw57 / sw52: few requests whose K/V fits the streaming tiles' L2 bound
     pytest.param(2, 14739, 32, (64, 8), id="2-requests-to-14739-p32-h64-8"),
@@ -148,3 +152,17 @@ def test_streaming_tiles_keep_the_uniform_split(batch, max_len, page, heads, mon
     (launch, *_) = plan.launches(max_len)
     assert not launch.constexprs["BALANCED"]
     assert plan.balance(plan.cfg_stream, plan.num_splits(max_len)) is None
+
+
+@FAKED
+def test_a_head_dim_256_balanced_grid_is_the_programs_that_fit(monkeypatch):
+    """The balanced kernel at D 256 compiles to 212-218 registers a thread: two 4-warp programs an
+    SM, not the three the unbalanced kernel fits, so its one-wave grid is 2 x the SMs (the sweep's
+    sw24, 119 log-normal requests on pages of 16 at 16 / 8 heads)."""
+    plan = _plan_of(monkeypatch, batch=119, max_len=7846, page=16, num_heads=16, num_kv_heads=8,
+                    kv_dtype=torch.float16, head_dim=256)
+    split = plan.launches(7846)[0]
+    cfg = plan.config_for(7846)
+    assert split.constexprs["BALANCED"] and split.grid[0] == 2 * SM_COUNT
+    assert decode_configs.resident_slots(cfg, sm_count=SM_COUNT, kv_format=plan.kv_format, head_dim=256,
+                                         rope_query=False) == 3 * SM_COUNT

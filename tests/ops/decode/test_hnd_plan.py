@@ -13,14 +13,12 @@ from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 
 from ..oracle import ON_GPU
-from .test_balanced_plan import SM_COUNT, _faked_h200
+from .test_balanced_plan import FAKED, SM_COUNT, _faked_h200
 from .test_decode import decode_case
 
 D = 128
 POOL = 16  # pages in the pool
 
-FAKED_H200 = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the "
-                                               "interpreter")
 
 
 def _equal_batch_plan(monkeypatch, *, batch, length, page, num_heads, num_kv_heads, layout):
@@ -51,7 +49,7 @@ ROWS = [
 ]
 
 
-@FAKED_H200
+@FAKED
 @pytest.mark.parametrize("batch,length,page,num_heads,num_kv_heads", ROWS)
 def test_hnd_and_nhd_launch_the_same_kernel_and_grid(batch, length, page, num_heads, num_kv_heads, monkeypatch):
     """Both layouts get the same config, split count, grid, constexprs and options; only the K/V
@@ -79,7 +77,7 @@ def test_hnd_and_nhd_launch_the_same_kernel_and_grid(batch, length, page, num_he
     assert all(launches[layout][0].fixed[s] % 16 == 0 for layout in launches for s in strides)
 
 
-@FAKED_H200
+@FAKED
 @pytest.mark.parametrize("batch,length,page,num_heads,num_kv_heads,splits,balanced", [
     # 408 items on 132 long-tile slots: 4 waves 0.77 full at one split; 6 splits: 2448 programs, 0.98
     pytest.param(51, 11629, 64, 64, 8, 6, False, id="51x11629-p64-h64-8"),
@@ -108,7 +106,7 @@ def test_long_tile_launches_fill_their_last_wave(batch, length, page, num_heads,
     assert decode_configs.wave_fill(plan.items, SM_COUNT, splits) >= min(0.97, whole + 0.04)
 
 
-@FAKED_H200
+@FAKED
 def test_short_tiles_keep_whole_waves_past_two_waves(monkeypatch):
     """256 x 1024 pages of 64 (32/8 heads): three 4-warp programs an SM, 2048 items on 396 slots (5.2
     waves 0.86 full) keep one split, which the unbounded rule lost 265 -> 282 us to on an H200."""

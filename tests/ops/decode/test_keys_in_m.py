@@ -12,16 +12,9 @@ import torch
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 
-from ..oracle import ON_GPU
-from .test_balanced_plan import _plan_of
+from .test_balanced_plan import FAKED, SW36, _plan_of
 from .test_decode import decode_case
 
-FAKED = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
-SW36 = dict(batch=24, max_len=48740, page=16, num_heads=64, num_kv_heads=8, layout="HND")
-
-
-def _split(plan, span):
-    return plan.launches(span)[0]
 
 
 @FAKED
@@ -34,7 +27,7 @@ def _split(plan, span):
 def test_plan_puts_keys_in_m_for_fp8_with_at_most_8_rows(kv_dtype, heads, taken, monkeypatch):
     call = dict(SW36, num_heads=heads[0], num_kv_heads=heads[1])
     plan = _plan_of(monkeypatch, kv_dtype=kv_dtype, **call)
-    split = _split(plan, call["max_len"])
+    split = plan.launches(call["max_len"])[0]
     assert split.constexprs["KEYS_IN_M"] is taken
     assert split.constexprs["BLOCK_M"] == (decode_launch.KEYS_IN_M_ROWS if taken else plan.block_m)
     assert plan.block_m == 16  # the tables are still read at 16 rows a program

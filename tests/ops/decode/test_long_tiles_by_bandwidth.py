@@ -19,15 +19,13 @@ from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 from kvattn.runtime import device as _device
 
-from ..oracle import ON_GPU
-from .test_balanced_plan import SM_COUNT, _plan_of
+from .test_balanced_plan import FAKED, SM_COUNT, _plan_of
 
 H200 = 2 * 3201e6 * 6016 / 8  # 4.81 TB/s (the bus width an H200's driver reports): 36.5 GB/s an SM
 H100 = 2 * 2619e6 * 5120 / 8  # 3.35 TB/s: 25 GB/s an SM
 H100_NVL = 2 * 2619e6 * 6144 / 8  # 4.02 TB/s: 30 GB/s an SM (not measured: keeps the long tiles)
 LONG, MAIN = (128, 8, 3), (64, 4, 4)
 
-FAKED = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
 
 
 def _tile(cfg) -> tuple:

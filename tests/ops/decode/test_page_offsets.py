@@ -15,10 +15,8 @@ from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import make_paged_kv, poison_
 
 from ..oracle import ON_GPU
-from .test_balanced_plan import _plan_of
+from .test_balanced_plan import FAKED, SW36, _plan_of
 
-FAKED = pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
-SW36 = dict(batch=24, max_len=48740, page=16, num_heads=64, num_kv_heads=8, layout="HND")
 
 
 @FAKED

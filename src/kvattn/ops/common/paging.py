@@ -68,8 +68,9 @@ def kv_token_offsets(page, slot, head, stride_page, stride_slot, stride_head, st
 @triton.jit
 def page_token_offsets(page_ids, offs_n, head, stride_page, stride_slot, stride_head, PAGE_SIZE: tl.constexpr):
     """int64 ``[N]``: :func:`token_offsets` of tokens ``offs_n`` of a paged cache from their
-    :func:`load_page_ids`, or -1 where the id is unusable (-1): a caller reads token ``n`` only where
-    its offset is >= 0 (strides are >= 0), so the offsets alone carry the validity.
+    :func:`load_page_ids`, or -16 where the id is unusable (-1; negative, and a multiple of 16 as
+    the offsets are declared): a caller reads token ``n`` only where its offset is >= 0 (strides
+    are >= 0), so the offsets alone carry the validity.
 
     Why: computed where the ids are loaded (one id a thread), the full 64-bit multiply-add is one
     a thread a tile; the load layout's threads, each holding several rows of several pages, then

@@ -275,7 +275,7 @@ def _decode_item(
             k_ids, v_ids = _tile_pages(offs_n, tok_ok, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh,
                                        stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
         if PAGE_OFFSETS:
-            # k_ids / v_ids hold the tokens' offsets (-1: unusable id, read as zeros)
+            # k_ids / v_ids hold the tokens' offsets (negative: unusable id, read as zeros)
             k_off = k_ids
             k_ok = k_off >= 0
             ksf_off = k_off
