@@ -257,26 +257,31 @@ def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backe
     assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: the launches did not split"
 
 
-@pytest.mark.parametrize("merge", ["in-kernel", "combine-launch"])
+@pytest.mark.parametrize("merge,plan", [("in-kernel", "lanes"), ("in-kernel", "deal"), ("combine-launch", "lanes")])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
-def test_balanced_split_of_ragged_batches(q_len, group, merge, kernel_device, triton_backend, monkeypatch,
+def test_balanced_split_of_ragged_batches(q_len, group, merge, plan, kernel_device, triton_backend, monkeypatch,
                                           split_launches):
     """A ragged batch takes the balanced split (common.balance): one request of many units, one of
     a few (merged by their last program), empty and one-key requests (one unit, written directly),
-    the units dealt to the programs by the counter. A batch of about equal lengths keeps the
-    uniform split inside the same kernel (partials laid out by unit). Without the in-kernel merge
-    (``KVATTN_FUSED_MERGE=0``) the launch keeps the uniform split and its combine launch."""
+    cut into lanes (``lanes``: one equal share of the batch's tiles a lane) or dealt to the
+    programs by the counter (``deal``, config ``balance_lanes=False``). A batch of about equal
+    lengths keeps the uniform split inside the same kernel (partials laid out by unit), dealt.
+    Without the in-kernel merge (``KVATTN_FUSED_MERGE=0``) the launch keeps the uniform split and
+    its combine launch."""
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1" if merge == "in-kernel" else "0")
     built = split_launches
     ragged = [600, 3, 0, 97, 5] if not ON_GPU else [6000, 3, 0, 970, 5, 64, 2049]  # (lengths count the drafts)
     even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
     # (max_splits: the uniform split the plan falls back to merges in the kernel, which the
     # balanced launch needs)
-    with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32):
+    with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32,
+                                 balance_lanes=plan == "lanes"):
         decode_case(kernel_device, monkeypatch, lens=ragged, q_len=q_len, group=group, sinks=True)
         decode_case(kernel_device, monkeypatch, lens=even, q_len=q_len, group=group, seed=3)
     balanced = [launch.constexprs["BALANCED"] for launch in built]
     assert (any(balanced) if merge == "in-kernel" else not any(balanced)), balanced
+    lanes = [launch.constexprs["LANES"] for launch in built if launch.constexprs["BALANCED"]]
+    assert all(lanes) if plan == "lanes" else not any(lanes), lanes
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")
@@ -309,10 +314,12 @@ def test_balanced_deal_leaves_its_counters_at_zero(kernel_device, triton_backend
     assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: no request was split"
 
 
-@pytest.mark.parametrize("lens", [[600, 3, 0, 97, 1], [100, 100, 100, 100, 1], [100, 100, 100, 100, 0]],
-                         ids=["ragged-with-0-and-1", "uniform-with-1", "uniform-with-0"])
+@pytest.mark.parametrize("lens,plan", [([600, 3, 0, 97, 1], "lanes"), ([600, 3, 0, 97, 1], "deal"),
+                                       ([100, 100, 100, 100, 1], "lanes"), ([100, 100, 100, 100, 0], "lanes")],
+                         ids=["ragged-with-0-and-1-lanes", "ragged-with-0-and-1-deal", "uniform-with-1",
+                              "uniform-with-0"])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
-def test_balanced_launch_deals_over_one_wave(lens, q_len, group, kernel_device, triton_backend, monkeypatch,
+def test_balanced_launch_deals_over_one_wave(lens, plan, q_len, group, kernel_device, triton_backend, monkeypatch,
                                              split_launches):
     """The balanced launch's grid is one wave of resident programs, fewer here than the uniform
     split's items x splits: the programs deal the units to themselves, a ragged batch's and a
@@ -329,7 +336,8 @@ def test_balanced_launch_deals_over_one_wave(lens, q_len, group, kernel_device, 
     # (6 splits of 10 items: 60 units of the uniform split over the interpreter's 32 slots, so
     # programs deal themselves several units each, and a unit dealt twice or never would leave an
     # item's arrival counter part-counted or its output poisoned)
-    with decode_configs.override(min_chunk=32, waves=2, max_splits=6, balance_waves=4, balance_min_chunk=32):
+    with decode_configs.override(min_chunk=32, waves=2, max_splits=6, balance_waves=4, balance_min_chunk=32,
+                                 balance_lanes=plan == "lanes"):
         for seed in range(2):
             decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=group, sinks=seed == 0, seed=seed,
                         workspace=ws)

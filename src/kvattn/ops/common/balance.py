@@ -148,3 +148,78 @@ def request_units(seq_lens_ptr, b, batch, capacity, uniform_splits, MIN_CHUNK: t
     mine = tl.arange(0, BLOCK_B) == b
     n_b = tl.sum(tl.where(mine, n, 0), 0)
     return n_b, tl.sum(tl.where(mine, ends, 0), 0) - n_b
+
+
+# The lanes: a ragged batch's cost cut into one equal share a lane (a lane: the programs of one
+# unit, every KV head and row block), instead of units dealt from a counter. The dynamic deal ends
+# a launch with programs whose last unit started late (a unit is a program's whole share of an
+# SM's bandwidth only when its partner program is busy: lab/notes/decode-ragged-batches.md
+# "Timelines of the balanced rows: measured"); equal static shares end together. A request's
+# cost is its key tiles plus LANE_FIXED_KEYS, what a piece costs beyond its keys (its start, its
+# partial, its share of the merge), charged where the request starts.
+LANE_FIXED_KEYS = 128
+
+
+@triton.jit
+def _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """``(b_ok, lens, tiles, cost)`` [BLOCK_B] of the lanes plan: each request's keys (clamped as
+    the kernels clamp them), key tiles (an empty request one: its rows are written) and cost (its
+    tiles plus LANE_FIXED_KEYS in tiles); zero past ``batch``."""
+    FIXED: tl.constexpr = max(1, 128 // BLOCK_N)  # LANE_FIXED_KEYS in tiles
+    offs_b = tl.arange(0, BLOCK_B)
+    b_ok = offs_b < batch
+    lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
+    lens = tl.minimum(tl.maximum(lens, 0), capacity)
+    tiles = tl.where(b_ok, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)
+    return b_ok, lens, tiles, tl.where(b_ok, tiles + FIXED, 0)
+
+
+@triton.jit
+def lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
+    """``(ragged, share, first, stop)``: whether the batch takes the lanes plan (the 5/4 rule of
+    :func:`unit_counts`), one lane's share in key tiles, and lane ``lane``'s units ``first ..
+    stop - 1`` (none where ``stop <= first``).
+
+    The requests' costs (their tiles plus a fixed cost each, charged before their first tile) are
+    laid end to end and cut into ``lanes`` equal shares; lane ``l`` takes the tiles in ``[l *
+    share, (l + 1) * share)``: the pieces of the requests it touches, each a *unit*. Unit ``b +
+    l`` is request ``b``'s piece in lane ``l`` (each next unit is the next lane of a request or the
+    next request of a lane, so the numbers are unique and below ``batch + lanes``, and a request's
+    units are consecutive: the merge's partials). The share is at least the batch's cost over the
+    lanes, ``MIN_CHUNK`` keys, and enough that a request spans at most ``unit_cap(MERGE_BLOCK_S)``
+    lanes (its tiles start inside a share, so they span one lane more than their length in shares)."""
+    UNITS_MANY: tl.constexpr = 32  # unit_cap(MERGE_BLOCK_S), as _unit_counts spells it
+    UNITS_FEW: tl.constexpr = 16
+    CAP_ROUNDS: tl.constexpr = 8
+    UNITS_CAP: tl.constexpr = UNITS_MANY if MERGE_BLOCK_S * CAP_ROUNDS >= UNITS_MANY else UNITS_FEW
+    MIN_TILES: tl.constexpr = max(1, MIN_CHUNK // BLOCK_N)
+    RAGGED_NUM: tl.constexpr = 5
+    RAGGED_DEN: tl.constexpr = 4
+    b_ok, lens, tiles, cost = _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N, BLOCK_B)
+    ragged = tl.max(lens, 0).to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * tl.sum(lens.to(tl.int64), 0)
+    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), UNITS_CAP - 1))
+    share = tl.maximum(share, MIN_TILES)
+    ends = tl.cumsum(cost, 0)
+    # the requests with tiles in this lane: contiguous, as both of a request's lane bounds grow with it
+    b_first = tl.sum((b_ok & ((ends - 1) // share < lane)).to(tl.int32), 0)
+    b_stop = tl.sum((b_ok & ((ends - tiles) // share <= lane)).to(tl.int32), 0)
+    return ragged, share, b_first + lane, b_stop + lane
+
+
+@triton.jit
+def lane_piece(seq_lens_ptr, b, lane, share, batch, capacity, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """``(split, n_splits, first_unit, key_lo, key_hi)`` of request ``b``'s piece in lane ``lane``
+    (unit ``b + lane`` of :func:`lane_span`'s plan of share ``share``): its place among the
+    request's ``n_splits`` units from ``first_unit``, and its keys ``key_lo .. key_hi`` (whole tiles:
+    the caller clamps to the length)."""
+    b_ok, lens, tiles, cost = _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N, BLOCK_B)
+    offs_b = tl.arange(0, BLOCK_B)
+    mine = offs_b == b
+    tiles_b = tl.sum(tl.where(mine, tiles, 0), 0)
+    pos = tl.sum(tl.where(offs_b <= b, cost, 0), 0) - tiles_b  # the cost position of its first tile
+    lane_lo = pos // share
+    lane_hi = (pos + tiles_b - 1) // share
+    tile_lo = tl.maximum(lane * share - pos, 0)
+    tile_hi = tl.minimum((lane + 1) * share - pos, tiles_b)
+    return lane - lane_lo, lane_hi - lane_lo + 1, b + lane_lo, tile_lo * BLOCK_N, tile_hi * BLOCK_N

@@ -49,7 +49,7 @@ from ..common import (
     token_pages,
     window_causal_allowed,
 )
-from ..common.balance import balanced_plan, balanced_unit
+from ..common.balance import balanced_plan, balanced_unit, lane_piece, lane_span
 from ..common.combine import decode_combine_kernel
 from ...runtime.ptx_hints import mark_copies_evict_first
 
@@ -121,7 +121,7 @@ def _decode_item(
     q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr, mask_ptr, sinks_ptr,
     logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
     stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+    logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes, lane_share,
     SHAPE: tl.constexpr, KV_FORMAT: tl.constexpr, PAGED: tl.constexpr, SAME_TABLE: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr,
     OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
@@ -145,6 +145,7 @@ def _decode_item(
     BALANCED: tl.constexpr = BALANCE[0]
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
+    LANES: tl.constexpr = BALANCE[4]
     PAGE_AHEAD: tl.constexpr = PAGING[0]
     # PAGE_OFFSETS 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
     PAGE_OFFSETS: tl.constexpr = PAGING[1]
@@ -172,8 +173,22 @@ def _decode_item(
         # every KV head and row block; the request's own unit count replaces num_splits.
         kvh = rest % NUM_KV_HEADS
         unit = rest // NUM_KV_HEADS
-        b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits, unit_target,
-                                                       MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
+        if LANES:
+            # A ragged batch's unit is request b's piece in the program's lane (lane_share: the
+            # lane and its share of tiles, common.balance.lane_span), unit b + lane; a batch found
+            # uniform (share 0) keeps num_splits units a request, in request order.
+            lane, share = lane_share
+            lane_ragged = share > 0
+            uni_split = unit % num_splits
+            b = tl.minimum(tl.maximum(tl.where(lane_ragged, unit - lane, unit // num_splits), 0), batch - 1)
+            split, n_splits, first_unit, lane_lo, lane_hi = lane_piece(
+                seq_lens_ptr, b, lane, tl.maximum(share, 1), batch, fixed_len, BLOCK_N, BLOCK_B)
+            split = tl.where(lane_ragged, split, uni_split)
+            n_splits = tl.where(lane_ragged, n_splits, num_splits)
+            first_unit = tl.where(lane_ragged, first_unit, unit - uni_split)
+        else:
+            b, split, n_splits, first_unit = balanced_unit(seq_lens_ptr, unit, batch, fixed_len, num_splits,
+                                                           unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B, MERGE_BLOCK_S)
         bh = b * NUM_KV_HEADS + kvh
     else:
         split = rest % num_splits
@@ -187,6 +202,9 @@ def _decode_item(
     chunk = split_bounds(kv_len, kv_lo, n_splits, BLOCK_N, SPLIT_SPAN)
     start = kv_lo + split * chunk
     end = tl.minimum(start + chunk, kv_len)
+    if BALANCED and LANES:  # (a balanced plan has no window or first keys: kv_lo is 0)
+        start = tl.where(lane_ragged, lane_lo, start)
+        end = tl.where(lane_ragged, tl.minimum(lane_hi, kv_len), end)
     if PREFETCH > 0:
         # Contiguous caches (the launcher passes 0 for paged ones, whose addresses wait on the
         # page table anyway): the split's first PREFETCH tiles of K and V head for L2 now.
@@ -454,7 +472,7 @@ SPLIT_TUPLES = {
     "balance_sizes": ("batch", "unit_target"),
     "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
               "KEYS_IN_M"),
-    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT"),
+    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES"),
     "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS"),
 }
 
@@ -507,7 +525,8 @@ def decode_split_kernel(
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
-    BALANCE: tl.constexpr = (False, 1, 0, 0),  # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT): the balanced split
+    # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES): the balanced split, a ragged batch's in lanes
+    BALANCE: tl.constexpr = (False, 1, 0, 0, False),
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -517,6 +536,7 @@ def decode_split_kernel(
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
     DEAL_SLOT: tl.constexpr = BALANCE[3]
+    LANES: tl.constexpr = BALANCE[4]
     num_items, _, num_splits, _ = sizes
     batch, unit_target = balance_sizes
     if KV_EVICT_FIRST and KV_TMA:
@@ -532,25 +552,41 @@ def decode_split_kernel(
         # program deals itself units from the counter at DEAL_SLOT (its first unit is its own
         # index) until the plan's units run out, so programs that drew short units take more. A
         # ragged batch's units are cut from its lengths, a uniform batch's are the host's split
-        # (num_splits units a request), so both take the same loop. The last program to finish
-        # resets the counter (and its finish count at DEAL_SLOT + 1) for the next launch.
+        # (num_splits units a request), so both take the same loop. With LANES a ragged batch is
+        # cut into one equal share of its tiles a lane instead (every KV head and row block of a
+        # unit: PER_UNIT programs), each program walking its lane's units, no counter. The last
+        # program to finish resets the counter (and its finish count at DEAL_SLOT + 1).
+        PER_UNIT: tl.constexpr = NUM_KV_HEADS * M_BLOCKS
         _, units = balanced_plan(seq_lens_ptr, batch, fixed_len, num_splits, unit_target, MIN_CHUNK, BLOCK_N,
                                  BLOCK_B, MERGE_BLOCK_S)
-        num_items_plan = units * NUM_KV_HEADS * M_BLOCKS
         item = pid
-        while item < num_items_plan:
+        stop = units * PER_UNIT
+        ragged = False
+        lane_share = (0, 0)
+        if LANES:
+            lane = pid // PER_UNIT
+            ragged, share, unit_first, unit_stop = lane_span(seq_lens_ptr, lane, batch, fixed_len,
+                                                             tl.num_programs(0) // PER_UNIT, MIN_CHUNK, BLOCK_N,
+                                                             BLOCK_B, MERGE_BLOCK_S)
+            item = tl.where(ragged, unit_first * PER_UNIT + pid % PER_UNIT, item)
+            stop = tl.where(ragged, unit_stop * PER_UNIT, stop)
+            lane_share = (lane, tl.where(ragged, share, 0))
+        while item < stop:
             _decode_item(
                 item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr,
                 kv_start_ptr, mask_ptr,
                 sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
                 counter_ptr,
                 stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes, lane_share,
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
                 MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
             )
-            item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
+            if ragged:
+                item += PER_UNIT
+            else:
+                item = tl.atomic_add(counter_ptr + DEAL_SLOT, 1, sem="relaxed", scope="gpu") + tl.num_programs(0)
         finished = tl.atomic_add(counter_ptr + DEAL_SLOT + 1, 1, sem="acq_rel", scope="gpu")
         if finished == tl.num_programs(0) - 1:
             tl.atomic_xchg(counter_ptr + DEAL_SLOT, 0, sem="relaxed", scope="gpu")
@@ -563,7 +599,7 @@ def decode_split_kernel(
                 mask_ptr,
                 sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
                 stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+                logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes, (0, 0),
                 SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
                 OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
                 MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,
@@ -574,7 +610,7 @@ def decode_split_kernel(
             mask_ptr,
             sinks_ptr, logit_scale_ptr, out_scale_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, counter_ptr,
             stride_qo, stride_kv, stride_sf, stride_req, stride_lse_t, sizes, fixed_len, window_left,
-            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes,
+            logit_factor, out_factor, soft_cap_value, rope_theta, rope_scale, alibi_n, balance_sizes, (0, 0),
             SHAPE, KV_FORMAT, PAGED, SAME_TABLE, HAS_WINDOW, HAS_MASK, HAS_SINKS, LOGIT_PTR, OUT_PTR,
             OUT_FP8, STORE_LSE, ROPE, ALIBI, SOFT_CAP, USE_DOT, PAGING, PREFETCH, KV_EVICT_FIRST, KV_TMA,
             MERGE, MERGE_ROWS, MERGE_BLOCK_S, HAS_KV_START, SPLIT_SPAN, BALANCE,

@@ -350,13 +350,16 @@ class _Plan:
         target = max(self.batch * splits, decode_configs.balance_target(
             cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
             kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
-        # A ragged plan has at most target + batch units (each request rounds up once), a uniform one
-        # batch x splits; a request at most common.balance.unit_cap(merge_block_s) (ragged) or splits.
-        units = target + self.batch
+        # A ragged plan has at most target + batch units (each request rounds up once), in lanes
+        # lanes + batch (unit b + l: common.balance.lane_unit), a uniform one batch x splits; a
+        # request at most common.balance.unit_cap(merge_block_s) (ragged) or splits.
+        per_unit = self.num_kv_heads * self.m_blocks
+        lanes = bool(cfg.balance_lanes) and slots >= 2 * per_unit
+        units = max(target, slots // per_unit if lanes else 0) + self.batch
         if self.has_workspace and units > self.fit * self.batch:
             return None
         min_span = decode_configs.balance_min_span(cfg, items=self.items, splits=splits, slots=slots)
-        return Balance(target, units, merge_block_s, slots, min_span)
+        return Balance(target, units, merge_block_s, slots, min_span, lanes)
 
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse, merged)`` for a key span
@@ -400,6 +403,7 @@ class Balance(NamedTuple):
     merge_block_s: int  # partials the in-kernel merge loads a round
     programs: int  # the grid: one wave of resident programs, which deal the units among themselves
     min_span: int  # shorter key spans keep the uniform launch (configs.balance_min_span)
+    lanes: bool = False  # a ragged batch in lanes (common.balance.lane_unit), not dealt
 
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
@@ -509,6 +513,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             SPLIT_SPAN=invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
+            LANES=bool(bal and bal.lanes),
             PAGE_OFFSETS=_page_offsets(plan, cfg),
         ),
         options=dict(
