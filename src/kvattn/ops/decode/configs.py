@@ -55,6 +55,9 @@ class DecodeConfig:
     # batch's tiles a lane, static) rather than units dealt by the counter; a uniform batch is dealt
     # either way (lab/notes/decode-ragged-batches.md "The lanes plan").
     balance_lanes: bool = True
+    # Launches of few items may take the streaming table (wants_stream_tiles), read from the plan's
+    # main config; False keeps them on it (the balanced split then applies to them).
+    stream_tiles: bool = True
     # The long table's tiles only on GPUs of at most this peak copy bandwidth an SM (GB/s; past it
     # the main table's replace them: main_replaces_long). Read from the long table's config.
     long_max_sm_gbps: float = LONG_MAX_SM_GBPS

@@ -192,7 +192,7 @@ class _Plan:
         stream_kind = None
         if invariant:
             pass
-        elif decode_configs.wants_stream_tiles(*table, items=self.items, sm_count=self.sm_count):
+        elif cfg.stream_tiles and decode_configs.wants_stream_tiles(*table, items=self.items, sm_count=self.sm_count):
             stream_kind = "stream"
         elif decode_configs.wants_one_row_tiles("rope_stream", *table, paged=f.paged, rows=self.rows):
             stream_kind = "rope_stream"
