@@ -154,6 +154,37 @@ def test_streaming_tiles_keep_the_uniform_split(batch, max_len, page, heads, mon
     assert plan.balance(plan.cfg_stream, plan.num_splits(max_len)) is None
 
 
+H200_BANDWIDTH = 4.8e12  # peak copy bandwidth the drivers report (bytes/s)
+H100_BANDWIDTH = 3.35e12
+
+
+@FAKED
+@pytest.mark.parametrize("gpu", ["H200", "H100"])
+@pytest.mark.parametrize("batch,max_len,page,heads,stream_on_h200", [
+    # the sweep's sw57 / sw54: a long request among few, splits of 921 / 995 keys on the streaming tiles
+    pytest.param(2, 14739, 32, (64, 8), False, id="2-requests-to-14739-p32-h64-8"),
+    pytest.param(5, 5970, 16, (64, 8), False, id="5-requests-to-5970-p16-h64-8"),
+    # sw52 / sw35: equal batches of splits of 695 / 231 keys
+    pytest.param(11, 8338, 16, (16, 2), True, id="11-requests-to-8338-p16-h16-2"),
+    pytest.param(47, 1156, 16, (8, 1), True, id="47-requests-to-1156-p16-h8-1"),
+])
+def test_long_splits_leave_the_streaming_tiles_on_an_h200(batch, max_len, page, heads, stream_on_h200, gpu,
+                                                          monkeypatch):
+    """On an H200 (copy bandwidth an SM past the long table's bound) a span whose streaming splits
+    would hold more than ``configs.STREAM_SPLIT_KEYS`` keys takes the main tiles (pipelined; a
+    ragged batch's launch may then be the balanced one); short splits keep the streaming tiles, and
+    so does every span on an H100, as measured there."""
+    bandwidth = H200_BANDWIDTH if gpu == "H200" else H100_BANDWIDTH
+    monkeypatch.setattr(decode_launch._device, "memory_bandwidth", lambda device: bandwidth)
+    plan = _plan_of(monkeypatch, batch=batch, max_len=max_len, page=page, num_heads=heads[0],
+                    num_kv_heads=heads[1], kv_dtype=torch.float16)
+    assert plan.cfg_stream is not None and max_len <= plan.stream_span
+    stream = gpu == "H100" or stream_on_h200
+    assert (plan.config_for(max_len) is plan.cfg_stream) == stream
+    splits = plan.num_splits(max_len, plan.cfg_stream)
+    assert (max_len <= decode_configs.STREAM_SPLIT_KEYS * splits) == stream_on_h200, splits
+
+
 @FAKED
 def test_a_head_dim_256_balanced_grid_is_the_programs_that_fit(monkeypatch):
     """The balanced kernel at D 256 compiles to 212-218 registers a thread: two 4-warp programs an

@@ -19,6 +19,8 @@ from ...runtime.plans import config_override
 # Peak copy bandwidth an SM (GB/s) past which the main table's tiles replace the long ones (the
 # long table's comment below says why).
 LONG_MAX_SM_GBPS = 32.0
+# Keys a split of the streaming tiles holds at most past that bandwidth (stream_split_limit)
+STREAM_SPLIT_KEYS = 768
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,10 @@ class DecodeConfig:
     # batch's tiles a lane, static) rather than units dealt by the counter; a uniform batch is dealt
     # either way (lab/notes/decode-ragged-batches.md "The lanes plan").
     balance_lanes: bool = True
-    # Launches of few items may take the streaming table (wants_stream_tiles), read from the plan's
-    # main config; False keeps them on it (the balanced split then applies to them).
-    stream_tiles: bool = True
+    # The streaming tiles take a span only while its splits hold at most this many keys, on GPUs of
+    # the long table's bandwidth an SM and more (stream_split_limit); 1: never. Read from the stream
+    # table's config.
+    stream_split_keys: int = STREAM_SPLIT_KEYS
     # The long table's tiles only on GPUs of at most this peak copy bandwidth an SM (GB/s; past it
     # the main table's replace them: main_replaces_long). Read from the long table's config.
     long_max_sm_gbps: float = LONG_MAX_SM_GBPS
@@ -444,6 +447,18 @@ def wants_one_row_tiles(kind: str, arch: str, kv_format: str, head_dim: int, blo
     streaming tiles, ``"rope_stream"`` for RoPE's spans within ``stream_span`` (the launcher reads
     by TMA only where TMA's alignment rules hold; elsewhere the same tiles run without the hint)."""
     return _measured(kind, arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
+
+
+def stream_split_limit(stream: DecodeConfig, *, sm_count: int, bandwidth: float) -> int:
+    """Keys a split of the ``stream`` tiles may hold at most (0: any), on a GPU of peak copy
+    bandwidth ``bandwidth`` (bytes/s, 0 where unknown) over ``sm_count`` SMs: ``stream_split_keys``
+    past the long table's ``long_max_sm_gbps`` (an H200), else no limit (an H100, as measured).
+
+    On an H200 the unpipelined streaming tiles lost to the main table's on the sweep's rows whose
+    splits are long (a long request among short ones), and won where they are short (equal batches
+    of short requests), same run (lab/notes/decode-ragged-batches.md "The streaming tiles against
+    the lanes"): 921-1453 keys a split 10-16 % slower, 231-695 keys 4-16 % faster."""
+    return stream.stream_split_keys if bandwidth > stream.long_max_sm_gbps * 1e9 * sm_count else 0
 
 
 def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:

@@ -192,7 +192,7 @@ class _Plan:
         stream_kind = None
         if invariant:
             pass
-        elif cfg.stream_tiles and decode_configs.wants_stream_tiles(*table, items=self.items, sm_count=self.sm_count):
+        elif decode_configs.wants_stream_tiles(*table, items=self.items, sm_count=self.sm_count):
             stream_kind = "stream"
         elif decode_configs.wants_one_row_tiles("rope_stream", *table, paged=f.paged, rows=self.rows):
             stream_kind = "rope_stream"
@@ -201,6 +201,9 @@ class _Plan:
                 batch=self.batch, num_kv_heads=self.num_kv_heads,
                 row_bytes=fmt.row_bytes(self.head_dim), l2_bytes=_device.l2_bytes(f.device))
             self.cfg_stream = decode_configs.config(*table, stream_kind)
+        # keys a split of the streaming tiles holds at most (0: any; paged launches' stream table only)
+        self.stream_split_keys = 0 if stream_kind != "stream" else decode_configs.stream_split_limit(
+            self.cfg_stream, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
         # Past the streaming spans, one-row launches over a contiguous cache take their own table.
         self.cfg_contig = None
         if self.cfg_stream is not None and decode_configs.wants_one_row_tiles("contig", *table, paged=f.paged,
@@ -290,10 +293,13 @@ class _Plan:
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
         where the plan has one, the streaming table up to ``stream_span``, past it the one-row
-        contiguous table where the plan has one, else the plan's table."""
+        contiguous table where the plan has one, else the plan's table. On an H200 a span whose
+        streaming splits would be longer than ``configs.stream_split_limit`` keys takes the plan's
+        table instead."""
         if self.cfg_short is not None and span <= decode_configs.SHORT_SPAN:
             return self.cfg_short
-        if self.cfg_stream is not None and span <= self.stream_span:
+        if self.cfg_stream is not None and span <= self.stream_span and (
+                not self.stream_split_keys or span <= self.stream_split_keys * self.num_splits(span, self.cfg_stream)):
             return self.cfg_stream
         if self.cfg_contig is not None:
             return self.cfg_contig
