@@ -449,16 +449,22 @@ def wants_one_row_tiles(kind: str, arch: str, kv_format: str, head_dim: int, blo
     return _measured(kind, arch, kv_format, head_dim, block_m, rope) and not paged and rows == 1
 
 
-def stream_split_limit(stream: DecodeConfig, *, sm_count: int, bandwidth: float) -> int:
-    """Keys a split of the ``stream`` tiles may hold at most (0: any), on a GPU of peak copy
-    bandwidth ``bandwidth`` (bytes/s, 0 where unknown) over ``sm_count`` SMs: ``stream_split_keys``
-    past the long table's ``long_max_sm_gbps`` (an H200), else no limit (an H100, as measured).
+def stream_split_limit(stream: DecodeConfig, *, batch: int, sm_count: int, bandwidth: float) -> int:
+    """Keys a split of the ``stream`` tiles may hold at most (0: any) in a launch of ``batch``
+    requests, on a GPU of peak copy bandwidth ``bandwidth`` (bytes/s, 0 where unknown) over
+    ``sm_count`` SMs: ``stream_split_keys`` for several requests past the long table's
+    ``long_max_sm_gbps`` (an H200), else no limit (one request; an H100, as measured).
 
-    On an H200 the unpipelined streaming tiles lost to the main table's on the sweep's rows whose
-    splits are long (a long request among short ones), and won where they are short (equal batches
-    of short requests), same run (lab/notes/decode-ragged-batches.md "The streaming tiles against
-    the lanes"): 921-1453 keys a split 10-16 % slower, 231-695 keys 4-16 % faster."""
-    return stream.stream_split_keys if bandwidth > stream.long_max_sm_gbps * 1e9 * sm_count else 0
+    On an H200 the unpipelined streaming tiles lost to the main table's on the sweep's few-request
+    rows whose splits are long, and won where they are short, same run: 921-1453 keys a split
+    10-16 % slower (a long request among short ones: the short ones' programs end at once and
+    leave the long one's alone on their SMs, where only a pipeline keeps copies in flight),
+    231-695 keys 4-16 % faster. One request of 32768 keys (993 a split, every program busy, two
+    an SM) stayed 5 % faster on the streaming tiles (lab/notes/decode-ragged-batches.md "The
+    streaming tiles against the lanes")."""
+    if batch <= 1 or bandwidth <= stream.long_max_sm_gbps * 1e9 * sm_count:
+        return 0
+    return stream.stream_split_keys
 
 
 def stream_span(*, batch: int, num_kv_heads: int, row_bytes: float, l2_bytes: int) -> int:

@@ -203,7 +203,7 @@ class _Plan:
             self.cfg_stream = decode_configs.config(*table, stream_kind)
         # keys a split of the streaming tiles holds at most (0: any; paged launches' stream table only)
         self.stream_split_keys = 0 if stream_kind != "stream" else decode_configs.stream_split_limit(
-            self.cfg_stream, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
+            self.cfg_stream, batch=self.batch, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
         # Past the streaming spans, one-row launches over a contiguous cache take their own table.
         self.cfg_contig = None
         if self.cfg_stream is not None and decode_configs.wants_one_row_tiles("contig", *table, paged=f.paged,
