@@ -68,7 +68,7 @@ _DEC = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False,
             MERGE=True, MERGE_ROWS=4, MERGE_BLOCK_S=8, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False,
-            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, PAGE_OFFSETS=2)
+            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, LANE_CAP=0, PAGE_OFFSETS=2)
 _COMBINE = dict(NUM_HEADS=32, HEAD_DIM=128, BLOCK_S=16, HAS_SINKS=False, OUT_PTR=False, OUT_FP8=False,
                 STORE_LSE=False, USE_PDL=True)
 _MLA_PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
@@ -135,11 +135,12 @@ def configs() -> dict[str, dict]:
     dec("short-bf16-p64", "short", PAGE_SIZE=64)
     dec("short-fp8-p16", "short", kv="fp8", ptr="*fp8e4nv", KV_FORMAT=3)
     dec("stream-bf16-p16", "stream")
-    dec("balanced-bf16-p16", "main", BALANCED=True, BLOCK_B=64, MIN_CHUNK=512, DEAL_SLOT=1022, MERGE_BLOCK_S=16)
+    dec("balanced-bf16-p16", "main", BALANCED=True, BLOCK_B=64, MIN_CHUNK=512, DEAL_SLOT=1022, MERGE_BLOCK_S=16,
+        LANE_CAP=0)
     dec("lanes-bf16-p16", "main", BALANCED=True, BLOCK_B=64, MIN_CHUNK=512, DEAL_SLOT=1022, MERGE_BLOCK_S=16,
-        LANES=True)
+        LANES=True, LANE_CAP=0)
     dec("lanes-fp8-p16", "main", kv="fp8", ptr="*fp8e4nv", KV_FORMAT=3, BALANCED=True, BLOCK_B=32, MIN_CHUNK=512,
-        DEAL_SLOT=1022, MERGE_BLOCK_S=8, LANES=True)
+        DEAL_SLOT=1022, MERGE_BLOCK_S=8, LANES=True, LANE_CAP=0)
     dec("invariant-bf16-p16", "main", MERGE=False, SPLIT_SPAN=1024)
     dec("mtp4-bf16-p16", "main", Q_LEN=4, MERGE_ROWS=16)
     dec("contig-one-row", "contig", PAGED=False, PAGE_OFFSETS=0, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, MERGE_ROWS=1,

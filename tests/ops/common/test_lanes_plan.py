@@ -18,12 +18,12 @@ from ..oracle import ON_GPU
 
 @triton.jit
 def _lanes_probe(seq_lens_ptr, unit_ptr, span_ptr, batch, capacity, lanes, MIN_CHUNK: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, LANE_CAP: tl.constexpr):
     # seq_lens_ptr: [batch] int32; span_ptr: [lanes, 4] int32 (ragged, share, first, stop);
     # unit_ptr: [batch + lanes + 1, 7] int32 (lane, b, split, n, first, key_lo, key_hi; -7: no lane walks it)
     lane = tl.program_id(0)
     ragged, share, first, stop = balance.lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK, BLOCK_N,
-                                                   BLOCK_B, MERGE_BLOCK_S)
+                                                   BLOCK_B, MERGE_BLOCK_S, LANE_CAP)
     tl.store(span_ptr + lane * 4, ragged.to(tl.int32))
     tl.store(span_ptr + lane * 4 + 1, share)
     tl.store(span_ptr + lane * 4 + 2, first)
@@ -41,7 +41,7 @@ def _lanes_probe(seq_lens_ptr, unit_ptr, span_ptr, batch, capacity, lanes, MIN_C
         tl.store(row + 6, hi)
 
 
-def _plan(lens, lanes, *, block_n=64, min_chunk=128, capacity=1 << 20, merge_block_s=4):
+def _plan(lens, lanes, *, block_n=64, min_chunk=128, capacity=1 << 20, merge_block_s=4, lane_cap=0):
     """(units, spans): per unit number its [lane, b, split, n, first, key_lo, key_hi] (-7: walked by
     no lane), per lane [ragged, share, first, stop]."""
     device = "cuda" if ON_GPU else "cpu"
@@ -50,7 +50,7 @@ def _plan(lens, lanes, *, block_n=64, min_chunk=128, capacity=1 << 20, merge_blo
     units = torch.full((batch + lanes + 1, 7), -7, dtype=torch.int32, device=device)
     spans = torch.full((lanes, 4), -7, dtype=torch.int32, device=device)
     _lanes_probe[(lanes,)](seq, units, spans, batch, capacity, lanes, MIN_CHUNK=min_chunk, BLOCK_N=block_n,
-                           BLOCK_B=triton.next_power_of_2(batch), MERGE_BLOCK_S=merge_block_s)
+                           BLOCK_B=triton.next_power_of_2(batch), MERGE_BLOCK_S=merge_block_s, LANE_CAP=lane_cap)
     return units.cpu().tolist(), spans.cpu().tolist()
 
 
@@ -118,10 +118,11 @@ def test_a_uniform_batch_is_not_ragged():
     assert all(s[0] == 0 for s in spans)
 
 
-@pytest.mark.parametrize("merge_block_s,cap", [(1, 16), (4, 32)])
-def test_a_long_request_takes_at_most_the_unit_cap(merge_block_s, cap):
+@pytest.mark.parametrize("merge_block_s,lane_cap,cap", [(1, 0, 16), (4, 0, 32), (4, 64, 64)],
+                         ids=["merge-1-cap-16", "merge-4-cap-32", "lane-cap-64"])
+def test_a_long_request_takes_at_most_the_unit_cap(merge_block_s, lane_cap, cap):
     """200 lanes, one long request among short ones: the share grows so the long one spans at most
-    ``unit_cap`` lanes (its merge's rounds stay bounded)."""
-    units, _ = _plan([100000] + [64] * 30, 200, merge_block_s=merge_block_s)
+    ``unit_cap`` lanes (its merge's rounds stay bounded), or the config's ``balance_lanes_cap``."""
+    units, _ = _plan([100000] + [64] * 30, 200, merge_block_s=merge_block_s, lane_cap=lane_cap)
     ns = [u[3] for u in units if u[0] != -7 and u[1] == 0]
-    assert ns and 2 <= max(ns) <= cap, ns[:3]
+    assert ns and cap // 2 < max(ns) <= cap, ns[:3]

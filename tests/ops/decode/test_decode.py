@@ -257,14 +257,16 @@ def test_in_kernel_merge_leaves_its_counters_at_zero(kernel_device, triton_backe
     assert ws[start + COUNTER_BYTES :].any(), "no partial reached the workspace: the launches did not split"
 
 
-@pytest.mark.parametrize("merge,plan", [("in-kernel", "lanes"), ("in-kernel", "deal"), ("combine-launch", "lanes")])
+@pytest.mark.parametrize("merge,plan", [("in-kernel", "lanes"), ("in-kernel", "lanes-cap-2"), ("in-kernel", "deal"),
+                                        ("combine-launch", "lanes")])
 @pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
 def test_balanced_split_of_ragged_batches(q_len, group, merge, plan, kernel_device, triton_backend, monkeypatch,
                                           split_launches):
     """A ragged batch takes the balanced split (common.balance): one request of many units, one of
     a few (merged by their last program), empty and one-key requests (one unit, written directly),
-    cut into lanes (``lanes``: one equal share of the batch's tiles a lane) or dealt to the
-    programs by the counter (``deal``, config ``balance_lanes=False``). A batch of about equal
+    cut into lanes (``lanes``: one equal share of the batch's tiles a lane; ``lanes-cap-2``: a
+    request's lanes at most 2, config ``balance_lanes_cap``) or dealt to the programs by the
+    counter (``deal``, config ``balance_lanes=False``). A batch of about equal
     lengths keeps the uniform split inside the same kernel (partials laid out by unit), dealt.
     Without the in-kernel merge (``KVATTN_FUSED_MERGE=0``) the launch keeps the uniform split and
     its combine launch."""
@@ -275,13 +277,13 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, plan, kernel_devi
     # (max_splits: the uniform split the plan falls back to merges in the kernel, which the
     # balanced launch needs)
     with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32,
-                                 balance_lanes=plan == "lanes"):
+                                 balance_lanes=plan != "deal", balance_lanes_cap=2 if plan == "lanes-cap-2" else 0):
         decode_case(kernel_device, monkeypatch, lens=ragged, q_len=q_len, group=group, sinks=True)
         decode_case(kernel_device, monkeypatch, lens=even, q_len=q_len, group=group, seed=3)
     balanced = [launch.constexprs["BALANCED"] for launch in built]
     assert (any(balanced) if merge == "in-kernel" else not any(balanced)), balanced
     lanes = [launch.constexprs["LANES"] for launch in built if launch.constexprs["BALANCED"]]
-    assert all(lanes) if plan == "lanes" else not any(lanes), lanes
+    assert all(lanes) if plan != "deal" else not any(lanes), lanes
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")

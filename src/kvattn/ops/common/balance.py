@@ -176,7 +176,7 @@ def _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N: tl.constexpr, BLOCK_B: t
 
 @triton.jit
 def lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
+              BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, LANE_CAP: tl.constexpr = 0):
     """``(ragged, share, first, stop)``: whether the batch takes the lanes plan (the 5/4 rule of
     :func:`unit_counts`), one lane's share in key tiles, and lane ``lane``'s units ``first ..
     stop - 1`` (none where ``stop <= first``).
@@ -187,12 +187,15 @@ def lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK: tl.constexp
     l`` is request ``b``'s piece in lane ``l`` (each next unit is the next lane of a request or the
     next request of a lane, so the numbers are unique and below ``batch + lanes``, and a request's
     units are consecutive: the merge's partials). The share is at least the batch's cost over the
-    lanes, ``MIN_CHUNK`` keys, and enough that a request spans at most ``unit_cap(MERGE_BLOCK_S)``
-    lanes (its tiles start inside a share, so they span one lane more than their length in shares)."""
+    lanes, ``MIN_CHUNK`` keys, and enough that a request spans at most ``LANE_CAP`` lanes (0:
+    ``unit_cap(MERGE_BLOCK_S)``; its tiles start inside a share, so they span one lane more than
+    their length in shares)."""
     UNITS_MANY: tl.constexpr = 32  # unit_cap(MERGE_BLOCK_S), as _unit_counts spells it
     UNITS_FEW: tl.constexpr = 16
     CAP_ROUNDS: tl.constexpr = 8
-    UNITS_CAP: tl.constexpr = UNITS_MANY if MERGE_BLOCK_S * CAP_ROUNDS >= UNITS_MANY else UNITS_FEW
+    UNITS_CAP: tl.constexpr = LANE_CAP if LANE_CAP > 0 else (
+        UNITS_MANY if MERGE_BLOCK_S * CAP_ROUNDS >= UNITS_MANY else UNITS_FEW)
+    tl.static_assert(UNITS_CAP >= 2)  # (the share divides by UNITS_CAP - 1)
     MIN_TILES: tl.constexpr = max(1, MIN_CHUNK // BLOCK_N)
     RAGGED_NUM: tl.constexpr = 5
     RAGGED_DEN: tl.constexpr = 4

@@ -57,6 +57,7 @@ class DecodeConfig:
     # batch's tiles a lane, static) rather than units dealt by the counter; a uniform batch is dealt
     # either way (lab/notes/decode-ragged-batches.md "The lanes plan").
     balance_lanes: bool = True
+    balance_lanes_cap: int = 0  # a request's lanes at most (0: the deal's unit cap, common.balance.unit_cap)
     # The streaming tiles take a span only while its splits hold at most this many keys, on GPUs of
     # the long table's bandwidth an SM and more (stream_split_limit); 1: never. Read from the stream
     # table's config.

@@ -472,7 +472,7 @@ SPLIT_TUPLES = {
     "balance_sizes": ("batch", "unit_target"),
     "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
               "KEYS_IN_M"),
-    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES"),
+    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES", "LANE_CAP"),
     "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS"),
 }
 
@@ -525,8 +525,9 @@ def decode_split_kernel(
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
-    # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES): the balanced split, a ragged batch's in lanes
-    BALANCE: tl.constexpr = (False, 1, 0, 0, False),
+    # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES, LANE_CAP): the balanced split, a ragged batch's
+    # in lanes, a request's lanes at most (0: the merge's unit cap)
+    BALANCE: tl.constexpr = (False, 1, 0, 0, False, 0),
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -537,6 +538,7 @@ def decode_split_kernel(
     MIN_CHUNK: tl.constexpr = BALANCE[2]
     DEAL_SLOT: tl.constexpr = BALANCE[3]
     LANES: tl.constexpr = BALANCE[4]
+    LANE_CAP: tl.constexpr = BALANCE[5]
     num_items, _, num_splits, _ = sizes
     batch, unit_target = balance_sizes
     if KV_EVICT_FIRST and KV_TMA:
@@ -567,7 +569,7 @@ def decode_split_kernel(
             lane = pid // PER_UNIT
             ragged, share, unit_first, unit_stop = lane_span(seq_lens_ptr, lane, batch, fixed_len,
                                                              tl.num_programs(0) // PER_UNIT, MIN_CHUNK, BLOCK_N,
-                                                             BLOCK_B, MERGE_BLOCK_S)
+                                                             BLOCK_B, MERGE_BLOCK_S, LANE_CAP)
             item = tl.where(ragged, unit_first * PER_UNIT + pid % PER_UNIT, item)
             stop = tl.where(ragged, unit_stop * PER_UNIT, stop)
             lane_share = (lane, tl.where(ragged, share, 0))

@@ -519,7 +519,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             SPLIT_SPAN=invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
-            LANES=bool(bal and bal.lanes),
+            LANES=bool(bal and bal.lanes), LANE_CAP=cfg.balance_lanes_cap if bal and bal.lanes else 0,
             PAGE_OFFSETS=_page_offsets(plan, cfg),
         ),
         options=dict(
