@@ -6,6 +6,8 @@ order, each lane's units the ones its span lists, no lane over its share, unit n
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 import triton
@@ -70,14 +72,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("lens,lanes,block_n", CASES)
-def test_the_lanes_cover_every_tile_once_in_order(lens, lanes, block_n):
-    min_chunk, merge_block_s = 128, 4
-    units, spans = _plan(lens, lanes, block_n=block_n, min_chunk=min_chunk, merge_block_s=merge_block_s)
-    cap = balance.unit_cap(merge_block_s)
+def _check_cover(lens, lanes, block_n, min_chunk=128, merge_block_s=4, lane_cap=0):
+    """Every tile of every request in exactly one unit, a request's units consecutive and in key
+    order, each lane's units its own requests' pieces, no lane over the share, units under
+    ``batch + lanes``, a request's units at most the cap."""
+    units, spans = _plan(lens, lanes, block_n=block_n, min_chunk=min_chunk, merge_block_s=merge_block_s,
+                         lane_cap=lane_cap)
+    cap = lane_cap or balance.unit_cap(merge_block_s)
     share = _share(lens, lanes, block_n, min_chunk, cap)
     batch = len(lens)
-    assert all(s[0] == 1 and s[1] == share for s in spans), (spans, share)
+    assert all(s[1] == share for s in spans), (spans, share)
     walked = [u for u in range(batch + lanes + 1) if units[u][0] != -7]
     assert walked and max(walked) < batch + lanes
     for lane, (_, _, first, stop) in enumerate(spans):  # a lane's units: its requests' pieces, b + lane
@@ -99,6 +103,24 @@ def test_the_lanes_cover_every_tile_once_in_order(lens, lanes, block_n):
         # consecutive pieces, from key 0 to the request's last tile (an empty request: one tile)
         assert got[0][3] == 0 and all(got[i][4] == got[i + 1][3] for i in range(n - 1)), (b, got)
         assert got[-1][4] == max(1, -(-lens[b] // block_n)) * block_n, (b, got, lens[b])
+    return spans
+
+
+@pytest.mark.parametrize("lens,lanes,block_n", CASES)
+def test_the_lanes_cover_every_tile_once_in_order(lens, lanes, block_n):
+    spans = _check_cover(lens, lanes, block_n)
+    assert all(s[0] == 1 for s in spans), "every case here is ragged"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_batches_are_covered_too(seed):
+    """Random batches (1-40 requests, log-normal lengths with empty and one-key ones), lanes, tiles,
+    merge rounds and caps: the same promises, ragged or not (the plan is computed either way)."""
+    rng = random.Random(seed)
+    batch = rng.randint(1, 40)
+    lens = [rng.choice([0, 1, int(rng.lognormvariate(7, 1.5))]) for _ in range(batch)]
+    _check_cover(lens, rng.randint(1, 40), rng.choice([16, 32, 64, 128]), min_chunk=rng.choice([16, 128, 512]),
+                 merge_block_s=rng.choice([1, 2, 4]), lane_cap=rng.choice([0, 2, 64]))
 
 
 def test_the_lanes_even_out_a_giant_among_tiny_requests():
