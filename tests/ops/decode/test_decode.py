@@ -12,6 +12,7 @@ there (float16, small shapes); a GPU runs the whole grid.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -298,6 +299,25 @@ def test_few_long_requests_fill_the_last_wave(lens, triton_backend, monkeypatch,
                 seed=21)
     if torch.cuda.get_device_capability()[0] == 9:
         assert max(launch.fixed["num_splits"] for launch in built) > 1, [launch.fixed["num_splits"] for launch in built]
+
+
+@pytest.mark.parametrize("seed", range(6), ids=lambda s: f"seed{s}")
+def test_random_ragged_batches_in_lanes(seed, kernel_device, triton_backend, monkeypatch, split_launches):
+    """Random ragged batches (2-9 requests, empty, one-key and log-normal lengths around one long
+    request; one or two query rows; sinks or not; pages of 16 or 32) in lanes, with the lanes'
+    cap at the merge's, 2 or 3: exact against the oracles, and the launch is the lanes kernel."""
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    rng = random.Random(seed)
+    batch = rng.randint(2, 9)
+    q_len = rng.choice([1, 1, 2])
+    lens = [max(q_len, rng.choice([0, 1, int(rng.lognormvariate(4.5, 1.2))])) for _ in range(batch)]
+    lens[rng.randrange(batch)] = rng.randint(300, 900) * (10 if ON_GPU else 1)
+    with decode_configs.override(min_chunk=32, waves=4, max_splits=rng.choice([2, 4]), balance_waves=4,
+                                 balance_min_chunk=rng.choice([16, 32, 64]), balance_lanes_cap=rng.choice([0, 2, 3])):
+        decode_case(kernel_device, monkeypatch, lens=lens, q_len=q_len, group=rng.choice([1, 2, 4]),
+                    sinks=rng.random() < 0.5, seed=seed, page=rng.choice([16, 32]))
+    lanes = [launch.constexprs["LANES"] for launch in split_launches if launch.constexprs["BALANCED"]]
+    assert all(lanes) and (lanes or ON_GPU), (lens, lanes)  # (a GPU's plan may keep these spans uniform)
 
 
 def test_balanced_deal_leaves_its_counters_at_zero(kernel_device, triton_backend, monkeypatch):
