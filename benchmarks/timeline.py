@@ -114,9 +114,9 @@ def kernel_patches(addr: int) -> list:
         # an item is claimed: the first runtime statement of _decode_item (the deal loop's top)
         ("    mb = item % M_BLOCKS\n    rest = item // M_BLOCKS\n",
          "    t_claim = _gtime(item)\n    mb = item % M_BLOCKS\n    rest = item // M_BLOCKS\n"),
-        # what it is: program, request, chunk, chunks of the request, keys [start, end)
-        ("    end = tl.minimum(start + chunk, kv_len)\n",
-         "    end = tl.minimum(start + chunk, kv_len)\n"
+        # what it is: program, request, chunk, chunks of the request, keys [start, end) (after the
+        # lanes plan has set them: the line after that block)
+        ("    if PREFETCH > 0:\n",
          f"    rec = {i} + item.to(tl.int64) * {ITEM_SLOTS}\n"
          f"    _trace_put(rec, tl.program_id(0), {item_ok})\n"
          f"    _trace_put(rec + 1, b, {item_ok})\n"
@@ -124,7 +124,8 @@ def kernel_patches(addr: int) -> list:
          f"    _trace_put(rec + 3, n_splits, {item_ok})\n"
          f"    _trace_put(rec + 4, start, {item_ok})\n"
          f"    _trace_put(rec + 5, end, {item_ok})\n"
-         f"    _trace_put(rec + 6, t_claim, {item_ok})\n"),
+         f"    _trace_put(rec + 6, t_claim, {item_ok})\n"
+         "    if PREFETCH > 0:\n"),
         # its partial (or its rows) stored
         ("    tl.store(part_lse_ptr + p_row, lse2, mask=as_mask(row_ok & partial))\n",
          "    tl.store(part_lse_ptr + p_row, lse2, mask=as_mask(row_ok & partial))\n"
@@ -349,6 +350,30 @@ def host_units(lens, *, capacity: int, splits: int, target: int, cap: int, min_c
     return units, chunk
 
 
+def host_lanes(lens, *, capacity: int, lanes: int, cap: int, min_chunk: int, block_n: int) -> tuple[list, list]:
+    """``([(b, split, n_b, keys)], lane_keys)``: the units of the lanes plan in lane order and each
+    lane's keys, as ``common.balance.lane_span`` / ``lane_piece`` cut them (a ragged batch)."""
+    from kvattn.ops.common.balance import LANE_FIXED_KEYS
+
+    lens = [min(max(n, 0), capacity) for n in lens]
+    fixed = max(1, LANE_FIXED_KEYS // block_n)
+    tiles = [max(1, _cdiv(n, block_n)) for n in lens]
+    cost = [t + fixed for t in tiles]
+    share = max(_cdiv(sum(cost), lanes), _cdiv(max(cost), cap - 1), max(1, min_chunk // block_n))
+    units, lane_keys, end = [], [0] * lanes, 0
+    for b, (n, t, c) in enumerate(zip(lens, tiles, cost)):
+        end += c
+        pos = end - t  # the cost position of the request's first tile
+        lo_lane, hi_lane = pos // share, (end - 1) // share
+        for lane in range(lo_lane, hi_lane + 1):
+            lo = max(lane * share - pos, 0) * block_n
+            hi = min(min((lane + 1) * share - pos, t) * block_n, n)
+            keys = max(0, hi - lo)
+            units.append((b, lane - lo_lane, hi_lane - lo_lane + 1, keys))
+            lane_keys[lane] += keys
+    return units, lane_keys
+
+
 def launch_facts(split) -> dict:
     """The facts of a split launch (``fast_launch.Launch``) the summaries read."""
     c, f = split.constexprs, split.fixed
@@ -356,11 +381,16 @@ def launch_facts(split) -> dict:
             "num_warps": split.options["num_warps"], "num_stages": split.options["num_stages"],
             "num_kv_heads": c["NUM_KV_HEADS"], "m_blocks": c["M_BLOCKS"], "merge_block_s": c["MERGE_BLOCK_S"],
             "min_chunk": c["MIN_CHUNK"], "unit_target": f["unit_target"], "num_splits": f["num_splits"],
-            "head_dim": c["HEAD_DIM"], "page_size": c["PAGE_SIZE"]}
+            "head_dim": c["HEAD_DIM"], "page_size": c["PAGE_SIZE"], "lanes": bool(c.get("LANES")),
+            "lane_cap": c.get("LANE_CAP", 0)}
 
 
 def plan_units(shape, facts: dict) -> list:
-    """The units of ``shape``'s balanced launch (``facts``: :func:`launch_facts`)."""
+    """The units of ``shape``'s balanced launch (``facts``: :func:`launch_facts`): the lanes plan's
+    in lane order where the launch takes it and the batch is ragged, else the deal's."""
+    lanes = plan_lanes(shape, facts)
+    if lanes is not None:
+        return lanes[0]
     from kvattn.ops.common.balance import unit_cap
 
     lens = shape.seq_lens()
@@ -368,6 +398,20 @@ def plan_units(shape, facts: dict) -> list:
     return host_units(lens, capacity=capacity, splits=facts["num_splits"], target=facts["unit_target"],
                       cap=unit_cap(facts["merge_block_s"]), min_chunk=facts["min_chunk"],
                       block_n=facts["block_n"])[0]
+
+
+def plan_lanes(shape, facts: dict) -> tuple[list, list] | None:
+    """:func:`host_lanes` of ``shape``'s balanced launch, or None where it deals its units (no
+    LANES, or a batch the 5/4 rule finds uniform)."""
+    from kvattn.ops.common.balance import unit_cap
+
+    lens = shape.seq_lens()
+    if not facts.get("lanes") or max(lens) * len(lens) * 4 <= 5 * sum(lens):
+        return None
+    capacity = _cdiv(max(lens), facts["page_size"]) * facts["page_size"]
+    return host_lanes(lens, capacity=capacity, lanes=facts["programs"] // (facts["num_kv_heads"] * facts["m_blocks"]),
+                      cap=facts["lane_cap"] or unit_cap(facts["merge_block_s"]), min_chunk=facts["min_chunk"],
+                      block_n=facts["block_n"])
 
 
 def bytes_per_key(shape) -> int:
@@ -391,7 +435,8 @@ def _greedy(durations: list, slots: int) -> float:
     return end
 
 
-def estimate(units: list, facts: dict, bpk: int, *, sms: int = H200_SMS, bandwidth: float = H200_BW) -> dict:
+def estimate(units: list, facts: dict, bpk: int, *, sms: int = H200_SMS, bandwidth: float = H200_BW,
+             lane_keys: list | None = None) -> dict:
     """What the plan alone says of a balanced launch's span (no GPU): units, their keys, the load
     of a program if the items were dealt evenly, and bounds of the span in us at ``bandwidth`` and
     in ``u``: the copy time of the mean unit at an SM's share (``bandwidth / sms``). An item is one
@@ -402,6 +447,9 @@ def estimate(units: list, facts: dict, bpk: int, *, sms: int = H200_SMS, bandwid
       takes the whole share): items dealt to SMs;
     * ``program_model``: each program copies at ``bandwidth / programs`` at most (a program alone
       on its SM takes only its own part): items dealt to programs.
+
+    With ``lane_keys`` (the lanes plan: each lane's keys, static), ``lanes_model``: the busiest
+    lane's keys at the program model's rate.
     """
     per_item = facts["num_kv_heads"] * facts["m_blocks"]
     keys = [k for *_, k in units]
@@ -434,6 +482,8 @@ def estimate(units: list, facts: dict, bpk: int, *, sms: int = H200_SMS, bandwid
         "lower_bound_us": max(copy_us, largest * t_key),
         "sm_model_us": sm_model, "sm_model_u": sm_model / u,
         "program_model_us": program_model, "program_model_u": program_model / u,
+        **({"lanes_model_us": max(lane_keys) * t_key * programs / sms,
+            "lanes_model_u": max(lane_keys) * t_key * programs / sms / u} if lane_keys else {}),
     }
 
 
@@ -455,7 +505,9 @@ def estimate_text(name: str, est: dict, facts: dict) -> str:
         f"= {est['copy_u']:.2f} u; largest unit at an SM's share {est['largest_at_sm_share_us']:.1f} us = "
         f"{est['largest_at_sm_share_u']:.2f} u; span >= {est['lower_bound_us']:.1f} us\n"
         f"  deal models (no fixed costs, no merge): by SM {est['sm_model_us']:.1f} us = {est['sm_model_u']:.2f} u; "
-        f"by program at bandwidth / programs {est['program_model_us']:.1f} us = {est['program_model_u']:.2f} u")
+        f"by program at bandwidth / programs {est['program_model_us']:.1f} us = {est['program_model_u']:.2f} u"
+        + (f"\n  lanes (static, the busiest lane at bandwidth / programs): {est['lanes_model_us']:.1f} us = "
+           f"{est['lanes_model_u']:.2f} u" if "lanes_model_us" in est else ""))
 
 
 def faked_h200_launch(shape, bandwidth: float = H200_BW):
@@ -515,7 +567,8 @@ def plan_report(shapes) -> dict:
             print(f"{name}: not a balanced launch ({facts['programs']} programs, {facts['num_splits']} splits)")
             out[name] = {"facts": facts}
             continue
-        est = estimate(plan_units(shape, facts), facts, bytes_per_key(shape))
+        lanes = plan_lanes(shape, facts)
+        est = estimate(plan_units(shape, facts), facts, bytes_per_key(shape), lane_keys=lanes and lanes[1])
         out[name] = {"facts": facts, "estimate": est}
         print(estimate_text(name, est, facts), flush=True)
     return out
@@ -827,7 +880,9 @@ def _run(args) -> int:
                 r["graph_us"] = timer.graph(fns, context=lambda: variant(name))
                 r["graph_us_instrumented"] = timer.graph(fns, context=lambda: traced(name))
             if facts and facts["balanced"] and shape.suite == "decode":
-                r["plan_estimate"] = estimate(plan_units(shape, facts), facts, bpk, sms=sms, bandwidth=peak)
+                lanes = plan_lanes(shape, facts)
+                r["plan_estimate"] = estimate(plan_units(shape, facts), facts, bpk, sms=sms, bandwidth=peak,
+                                              lane_keys=lanes and lanes[1])
             out["rows"][key] = r
             print(summary_text(key, r), flush=True)
             if args.out:  # after every row: a run cut by its time limit keeps the rows it traced

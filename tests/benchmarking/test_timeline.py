@@ -167,17 +167,32 @@ def test_the_estimate_of_evenly_sized_units():
     assert est["keys_hist"][0] == (1000, 8)
 
 
+def test_host_lanes_cut_every_key_once():
+    """The host's mirror of the lanes plan: every key of every request in one unit, a request's
+    units numbered in order, each lane within one share of tiles (plus a partial last tile)."""
+    lens = [1, 88289, 7, 40000, 2, 0, 12000, 1]
+    units, lane_keys = timeline.host_lanes(lens, capacity=1 << 20, lanes=33, cap=32, min_chunk=512, block_n=64)
+    assert sum(k for *_, k in units) == sum(lens) == sum(lane_keys)
+    for b in range(len(lens)):
+        mine = [(s, n) for bb, s, n, _ in units if bb == b]
+        assert [s for s, _ in mine] == list(range(mine[0][1])), (b, mine)
+    assert max(lane_keys) <= -(-sum(-(-n // 64) + 2 for n in lens) // 33) * 64
+
+
 @pytest.mark.skipif(ON_GPU, reason="the plan of a faked sm90 GPU, built from CPU tensors under the interpreter")
 def test_sw07_plan_on_a_faked_h200():
-    """sw07's launch on the faked H200 is the balanced one over two programs an SM, and its units
-    (the host's mirror) hold every key of the row once."""
+    """sw07's launch on the faked H200 is the balanced one over two programs an SM, in lanes, and
+    its units (the host's mirror) hold every key of the row once; the lanes' static span is under
+    the deal models'."""
     (shape,) = timeline.select_rows(True, ["sw07 "])
     facts = timeline.launch_facts(timeline.faked_h200_launch(shape))
-    assert facts["balanced"] and facts["programs"] == 2 * timeline.H200_SMS
+    assert facts["balanced"] and facts["lanes"] and facts["programs"] == 2 * timeline.H200_SMS
     units = timeline.plan_units(shape, facts)
     assert sum(k for *_, k in units) == sum(shape.seq_lens())
-    est = timeline.estimate(units, facts, timeline.bytes_per_key(shape))
+    _, lane_keys = timeline.plan_lanes(shape, facts)
+    est = timeline.estimate(units, facts, timeline.bytes_per_key(shape), lane_keys=lane_keys)
     assert est["copy_us"] <= est["sm_model_us"] <= est["program_model_us"]
+    assert est["lanes_model_us"] < est["program_model_us"]
     assert timeline.bytes_per_key(shape) == 512
 
 
