@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# fp8 decode tiles again, now that keys in M and the page offsets changed the kernel: the fp8 table's
-# 128-key tiles compile (sm_90a, Triton 3.6) to 253 registers unbalanced and 255 with a 56-byte stack
-# balanced on sw36's launch; 64-key tiles at 4 stages to 227 / 247 and no stack. Before these changes
-# every override lost (records 2026-11-29 k-call6). Same run, kvattn only, graph replay, every decode
-# fp8 row of the grid and the sweep: the table against 64-key tiles at 4 stages. No carry, ~110 s.
+# fp8 decode tiles again, now that keys in M, the page offsets and the lanes changed the kernel (the
+# fp8 table's 128-key tiles on sw36's and sw19's launches: 194 registers, no stack, sm_90a, Triton
+# 3.6). Before these changes every override lost (records 2026-11-29 k-call6). Same run, kvattn only,
+# graph replay, every decode fp8 row of the grid and the sweep: the table against 64-key tiles at 4
+# stages. No carry, ~110 s.
 set -uo pipefail
 source lab/probes/device_env.sh
 export PYTHONPATH=src:${PYTHONPATH:-}
