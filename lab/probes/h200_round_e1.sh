@@ -4,8 +4,6 @@
 # files first, the sm_90a compile-only tests (marker codegen) left to CI; then the host-time forms table (issue 39).
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 OMP_NUM_THREADS=1 timeout -s INT $(( ${TOTAL:-545} - 45 )) python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
   --junitxml="$OUT/junit.xml" -m "not codegen" \
   tests/ops/decode/test_decode.py tests/ops/prefill/test_prefill.py tests/test_fuzz.py tests/test_fuzz_corpus.py \

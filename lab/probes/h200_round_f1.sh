@@ -5,8 +5,6 @@
 # differential fuzz run of the five functions in every mode, twelve workers sharing their classes.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 OMP_NUM_THREADS=1 timeout -s INT 150 python3 -m pytest -q -rfE -p no:cacheprovider -n 4 \
   "tests/ops/decode/test_decode.py::test_batch_decode_matches_oracles[bf16-ragged-300-requests-lognormal]" \
   tests/ops/decode/test_decode.py::test_oracle_by_length_groups_equals_the_oracle_at_once \

@@ -9,7 +9,6 @@
 #   git archive ragged-deal src benchmarks | tar -x -C .dev/deal
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 RUN_ARGS="--suite sweep --filter sw07 --filter sw12 --filter sw09 --filter sw13 --filter sw04 --filter sw03 --graph-only --warmup 10 --rep 30" \
   SKIP_HOST=1 OUT="$OUT/sweep-deal" timeout ${TOTAL:-200} bash benchmarks/compare_trees.sh .dev/main .dev/deal 2
 tar -cJf "$OUT/ab.tar.xz" -C "$OUT" sweep-deal 2>/dev/null

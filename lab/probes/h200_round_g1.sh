@@ -14,7 +14,6 @@
 #   git archive ragged-deal2 src benchmarks tests pyproject.toml | tar -x -C .dev/deal2
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 ROWS="--filter sw03 --filter sw04 --filter sw07 --filter sw09 --filter sw12 --filter sw13"
 ROWS="$ROWS --filter sw08 --filter sw22 --filter sw26 --filter sw34 --filter sw35 --filter sw55"
 RUN_ARGS="--suite sweep $ROWS --graph-only --warmup 10 --rep 30" SKIP_HOST=1 OUT="$OUT/sweep-deal2" \

@@ -14,7 +14,6 @@
 #   git archive host-speed src benchmarks | tar -x -C .dev/hostspeed
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 (cd .dev/mlabal && PYTHONPATH=src OMP_NUM_THREADS=1 timeout -s INT ${MLA_TESTS_S:-130} python3 -m pytest -q -rfE \
   -p no:cacheprovider -n 16 -m "not codegen" tests/ops/mla) > "$OUT/pytest-mla.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-mla.txt" | tail -n 20

@@ -4,7 +4,6 @@
 # [".t371slim"]), unpacked before the machine's Triton 3.6, then the suite as h200_round_e1.sh runs it.
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 bash benchmarks/triton_wheel.sh unpack > "$OUT/unpack.txt" 2>&1 || { cat "$OUT/unpack.txt"; exit 1; }
 cat "$OUT/unpack.txt"
 export PYTHONPATH=/tmp/triton-site:src

@@ -9,7 +9,6 @@
 #   git archive main src benchmarks | tar -x -C .dev/new
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 RUN_ARGS="--quick --graph-only" OUT="$OUT/old-new" timeout ${TOTAL:-540} bash benchmarks/compare_trees.sh .dev/old .dev/new 2
 tar -cJf "$OUT/old-new.tar.xz" -C "$OUT" old-new 2>/dev/null && rm -rf "$OUT/old-new/"*.log
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -13,7 +13,6 @@
 # first A/B round of each tree compiles its kernels).
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 PART=${PART:-all}
 if [ "$PART" != ab ]; then
 OMP_NUM_THREADS=1 PYTHONPATH=src timeout -s INT ${TESTS_S:-240} python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \

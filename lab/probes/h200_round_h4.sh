@@ -8,7 +8,6 @@ set -uo pipefail
 source lab/probes/device_env.sh
 source .peers/flashinfer/activate.sh
 export PYTHONPATH=src:${PYTHONPATH:-} MAX_JOBS=8
-t0=$(date +%s)
 (timeout 330 python3 benchmarks/run.py --suite sweep --fi-prebuild-only > "$OUT/prebuild.txt" 2>&1) &
 KVATTN_FUZZ_COMPILE_LOG="$OUT/compiles.jsonl" timeout ${FUZZ_S:-250} python3 -m kvattn fuzz --device cuda \
   --seconds $(( ${FUZZ_S:-250} - 25 )) --jobs 12 --shared-classes --json "$OUT/fuzz.json" > "$OUT/fuzz.txt" 2>&1

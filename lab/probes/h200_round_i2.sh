@@ -12,7 +12,6 @@
 #   git archive candidate-i | tar -x -C .dev/cand
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 (cd .dev/cand && PYTHONPATH=src OMP_NUM_THREADS=1 timeout -s INT ${TESTS_S:-170} python3 -m pytest -q -rfE \
   -p no:cacheprovider -n 16 -m "not codegen" tests/ops/mla tests/test_return_lse.py tests/test_edge_calls.py \
   tests/runtime/test_call_cache_gpu.py ${DECODE_TESTS:-tests/ops/decode/test_hnd_plan.py tests/ops/decode/test_configs.py \

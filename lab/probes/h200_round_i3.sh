@@ -6,8 +6,6 @@
 # h200_round_g3.sh. No carry.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 OMP_NUM_THREADS=1 timeout -s INT ${TESTS_S:-300} python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
   -m "not codegen" tests/ops/mla tests/ops/decode tests/test_return_lse.py tests/test_edge_calls.py \
   tests/runtime/test_call_cache_gpu.py > "$OUT/pytest.txt" 2>&1

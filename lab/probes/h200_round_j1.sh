@@ -11,7 +11,6 @@
 #   git archive main src benchmarks | tar -x -C .dev/new     # (or candidate-j before its merge)
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 RUN_ARGS="--quick --graph-only" SKIP_HOST=1 OUT="$OUT/old-new" timeout ${AB_S:-300} \
   bash benchmarks/compare_trees.sh .dev/old .dev/new ${ROUNDS:-1}
 python3 benchmarks/compare_runs.py "$OUT/old-new" old new > "$OUT/old-new.md" 2>&1; cat "$OUT/old-new.md"

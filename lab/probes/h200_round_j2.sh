@@ -7,8 +7,6 @@
 #   (lab/notes/decode-ragged-batches.md "One KV head: the merge rounds at the end of the deal").
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 OMP_NUM_THREADS=1 timeout -s INT ${TESTS_S:-390} python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
   -m "not codegen" ${TESTS:-tests} > "$OUT/pytest.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed|Interrupted" "$OUT/pytest.txt" | tail -n 30 | tee "$OUT/pytest-summary.txt"

@@ -7,7 +7,6 @@
 # SEL narrows the rows (run.py --filter words, e.g. SEL="sw0,sw1,sw2") where one call does not hold them all.
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 source .peers/flashinfer/activate.sh
 export PYTHONPATH=src:${PYTHONPATH:-} MAX_JOBS=16
 left=$(( ${TOTAL:-570} - $(date +%s) + t0 ))

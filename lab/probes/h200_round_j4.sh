@@ -8,8 +8,6 @@
 # floors: the launcher alone, the key, the replay).
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 timeout ${AB_S:-130} python3 benchmarks/run.py --suite sweep \
   --filter "sw43 ,sw57 ,sw54 ,sw52 ,sw33 ,sw51 ,sw59 ,sw12 ,sw07 " --graph-only --warmup 10 --rep 30 --no-peers \
   --ab nobal:decode:balance_waves=0 --ab s3:decode:num_stages=3 --ab w4:decode:block_n=64,num_warps=4 \

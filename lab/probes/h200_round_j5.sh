@@ -5,8 +5,6 @@
 # on seven of the nine worst rows (sw51 229 -> 175 us, sw52 60.3 -> 37.9) and slower on sw12.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 timeout ${AB_S:-200} python3 benchmarks/run.py --suite decode,sweep \
   --filter "sw01 ,sw03 ,sw05 ,sw06 ,sw07 ,sw08 ,sw10 ,sw12 ,sw16 ,sw26 ,sw27 ,sw28 ,sw33 ,sw34 ,sw35 ,sw38 ,sw40 ,sw43 ,sw46 ,sw51 ,sw52 ,sw54 ,sw55 ,sw57 ,sw59 ,bf16 1x32768 p16,bf16 16x4096 p16,bf16 1x32768 p64,bf16 16x4096 p64,bf16 64x8192 p64,bf16 128x2048 p64,bf16 ragged128x[1,8192] p64,bf16 64x8192 p16 NHD h8/1" \
   --graph-only --warmup 10 --rep 30 --no-peers \

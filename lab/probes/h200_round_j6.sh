@@ -5,8 +5,6 @@
 # times the new tree alone; j4's same-run figures are the A/B).
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 OMP_NUM_THREADS=1 timeout -s INT ${TESTS_S:-150} python3 -m pytest -q -rfE -p no:cacheprovider -n 16 \
   -m "not codegen" tests/ops/decode > "$OUT/pytest.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed|Interrupted" "$OUT/pytest.txt" | tail -n 20 | tee "$OUT/pytest-summary.txt"

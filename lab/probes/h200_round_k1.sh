@@ -12,8 +12,6 @@
 # and cap, over two programs an SM; not measured before).
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 python3 - <<'PY' 2>&1 | tee "$OUT/bandwidth.txt"
 import torch
 from kvattn.runtime import device

@@ -5,8 +5,6 @@
 # main table's bytes in flight), 8 warps, 64-key tiles at 4 stages, 256-key tiles at 8 warps.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 kv_rows ab-fp8 ${AB_S:-230} "decode fp8" --ab s4:decode:num_stages=4 --ab w8:decode:num_warps=8 \
   --ab n64s4:decode:block_n=64,num_stages=4 --ab n256w8:decode:block_n=256,num_warps=8,num_stages=3
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -6,7 +6,6 @@
 # Carry [".peers"] (FlashInfer 0.7.2.post1 staged by ../shared/peers/flashinfer/stage.sh).
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 source .peers/flashinfer/activate.sh
 export PYTHONPATH=src:${PYTHONPATH:-} MAX_JOBS=16
 timeout ${GRID_S:-260} python3 benchmarks/run.py --suite decode,single_decode,mla --graph-only --fi-prebuild \

@@ -10,8 +10,6 @@
 # sw57 keep the uniform split (streaming tiles). Budget: < 90 s on an H200 (4 rows, ~6 compiles).
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 timeout ${TL_S:-80} python3 benchmarks/timeline.py --sweep --filter "sw07 ,sw12 ,sw54 ,sw57 " --no-readers \
   --reps 20 --rep-ms 30 --out "$OUT/timeline.json" > "$OUT/timeline.txt" 2> "$OUT/timeline.err"
 echo "timeline rc $?: $(( $(date +%s) - t0 )) s"

@@ -11,8 +11,6 @@
 # bf16 606 -> 541 a 64-key tile). Both arms in one run: the budget is shared, not doubled.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 kv_rows ab-keys-in-m ${AB_S:-110} "decode fp8" --ab rows:decode:keys_in_m=false --ab offs:decode:page_offsets=false
 # The page offsets change the paged bf16 kernels too: the grid's bf16 rows and the sweep's bf16
 # rows furthest behind FlashInfer, the same `offs` arm.

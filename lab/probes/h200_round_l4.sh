@@ -7,8 +7,6 @@
 # programs an SM instead of 2 (more warps to hide latency: faster if latency-bound).
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 timeout ${AB_S:-90} python3 benchmarks/run.py --suite single_decode --filter ROPE \
   --graph-only --warmup 10 --rep 30 --no-peers \
   --ab n64:decode:block_n=64 --ab k3:decode:max_per_sm=3 --ab k4:decode:max_per_sm=4 \

@@ -4,8 +4,6 @@
 # against the current kernel (fp8 rows, then bf16 rows). One call, no carry.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 gpu_tests pytest-decode ${TESTS_S:-170} tests/ops/decode tests/ops/common
 echo "tests: $(( $(date +%s) - t0 )) s"
 bash lab/probes/h200_round_l2.sh

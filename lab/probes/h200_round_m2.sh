@@ -4,8 +4,6 @@
 # One call, no carry.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 gpu_tests pytest ${TESTS_S:-380} tests
 echo "tests: $(( $(date +%s) - t0 )) s"
 bash lab/probes/h200_round_l1.sh

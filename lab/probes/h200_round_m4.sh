@@ -5,8 +5,6 @@
 # Carry [".peers"]. One call.
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
-export PYTHONPATH=src:${PYTHONPATH:-}
 gpu_tests pytest-decode ${TESTS_S:-130} tests/ops/decode tests/ops/common
 echo "tests: $(( $(date +%s) - t0 )) s"
 source .peers/flashinfer/activate.sh

@@ -6,7 +6,5 @@
 # stages. No carry, ~110 s.
 set -uo pipefail
 source lab/probes/device_env.sh
-export PYTHONPATH=src:${PYTHONPATH:-}
-t0=$(date +%s)
 kv_rows ab-fp8-n64 ${AB_S:-110} "decode fp8" --ab n64s4:decode:block_n=64,num_stages=4
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -5,7 +5,6 @@
 # previous rule as an arm (`--ab stream:decode:stream_split_keys=0`). Carry [".peers"]. One call.
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
 source .peers/flashinfer/activate.sh
 export PYTHONPATH=src:${PYTHONPATH:-} MAX_JOBS=16
 timeout ${SWEEP_S:-300} python3 benchmarks/run.py --suite sweep --fi-prebuild \

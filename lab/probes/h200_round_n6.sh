@@ -6,8 +6,6 @@
 # carry, one call (~300 s); then probe n1's fp8 tiles (~110 s).
 set -uo pipefail
 source lab/probes/device_env.sh
-t0=$(date +%s)
-export PYTHONPATH=src:${PYTHONPATH:-}
 kv_rows ab-cap64 ${CAP_S:-130} "sw12 ,sw07 ,sw30 ,sw09 ,sw59 ,sw28 ,sw41 ,sw10 ,sw19 ,sw24 ,sw45 " --suite sweep \
   --ab cap64:decode:balance_lanes_cap=64
 timeout ${MLA_S:-150} python3 benchmarks/run.py --suite mla,sweep --filter "mla fp8" --graph-only --warmup 10 --rep 30 \

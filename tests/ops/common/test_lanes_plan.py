@@ -1,4 +1,4 @@
-"""The lanes plan of a ragged batch (common.balance.lane_counts / lane_span / lane_unit), run as
+"""The lanes plan of a ragged batch (common.balance.lane_span / lane_piece), run as
 Triton code (the interpreter on the CPU, compiled on a GPU) and checked against what it promises:
 every key tile of every request in exactly one unit, a request's units consecutive and in key
 order, each lane's units the ones its span lists, no lane over its share, unit numbers under

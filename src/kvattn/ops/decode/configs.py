@@ -53,7 +53,7 @@ class DecodeConfig:
     # plan._Plan._merge_round_of gives their 4-warp programs the long tiles' round where it
     # replaces them at one KV head.
     balance_merge_values: int = 16
-    # A ragged batch of a balanced launch in lanes (common.balance.lane_unit: one equal share of the
+    # A ragged batch of a balanced launch in lanes (common.balance.lane_span: one equal share of the
     # batch's tiles a lane, static) rather than units dealt by the counter; a uniform batch is dealt
     # either way (lab/notes/decode-ragged-batches.md "The lanes plan").
     balance_lanes: bool = True

@@ -357,7 +357,7 @@ class _Plan:
             cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
             kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
         # A ragged plan has at most target + batch units (each request rounds up once), in lanes
-        # lanes + batch (unit b + l: common.balance.lane_unit), a uniform one batch x splits; a
+        # lanes + batch (unit b + l: common.balance.lane_span), a uniform one batch x splits; a
         # request at most common.balance.unit_cap(merge_block_s) (ragged) or splits.
         per_unit = self.num_kv_heads * self.m_blocks
         lanes = bool(cfg.balance_lanes) and slots >= 2 * per_unit
@@ -409,7 +409,7 @@ class Balance(NamedTuple):
     merge_block_s: int  # partials the in-kernel merge loads a round
     programs: int  # the grid: one wave of resident programs, which deal the units among themselves
     min_span: int  # shorter key spans keep the uniform launch (configs.balance_min_span)
-    lanes: bool = False  # a ragged batch in lanes (common.balance.lane_unit), not dealt
+    lanes: bool = False  # a ragged batch in lanes (common.balance.lane_span), not dealt
 
 
 # The in-kernel merge loads MERGE_BLOCK_S splits a round, each round an L2 round trip on the
