@@ -138,9 +138,9 @@ def configs() -> dict[str, dict]:
     dec("balanced-bf16-p16", "main", BALANCED=True, BLOCK_B=64, MIN_CHUNK=512, DEAL_SLOT=1022, MERGE_BLOCK_S=16,
         LANE_CAP=0)
     dec("lanes-bf16-p16", "main", BALANCED=True, BLOCK_B=64, MIN_CHUNK=512, DEAL_SLOT=1022, MERGE_BLOCK_S=16,
-        LANES=True, LANE_CAP=0)
+        LANES=True, LANE_CAP=32)
     dec("lanes-fp8-p16", "main", kv="fp8", ptr="*fp8e4nv", KV_FORMAT=3, BALANCED=True, BLOCK_B=32, MIN_CHUNK=512,
-        DEAL_SLOT=1022, MERGE_BLOCK_S=8, LANES=True, LANE_CAP=0)
+        DEAL_SLOT=1022, MERGE_BLOCK_S=8, LANES=True, LANE_CAP=32)
     dec("invariant-bf16-p16", "main", MERGE=False, SPLIT_SPAN=1024)
     dec("mtp4-bf16-p16", "main", Q_LEN=4, MERGE_ROWS=16)
     dec("contig-one-row", "contig", PAGED=False, PAGE_OFFSETS=0, PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, MERGE_ROWS=1,
@@ -286,7 +286,7 @@ def _check_constexprs(name: str, case: dict) -> None:
         raise SystemExit(f"{name}: constexprs missing {sorted(want - got)}, unknown {sorted(got - want)}")
 
 
-_DROP = re.compile(r"^\s*(\.loc|\.file|//|@@)")
+_DROP = re.compile(r"^\s*(\.loc|\.file|//|@@|\$L__tmp\d+:$)")  # ($L__tmp: debug-scope labels, no branch targets)
 
 
 def normalise(ptx: str) -> str:

@@ -37,6 +37,10 @@ def test_normalise_keeps_the_code_and_drops_locations_and_names():
     assert "add.s32 %r1, %r2, 1;" in ptx_snapshot.normalise(a)
     assert ".debug" not in ptx_snapshot.normalise(a) and "k_param_0" not in ptx_snapshot.normalise(a)
     assert ptx_snapshot.normalise(a) != ptx_snapshot.normalise(a.replace("%r2, 1;", "%r2, 2;"))
+    # debug-scope labels (where an inlined helper's lines start) move with a helper's extraction;
+    # branch targets stay
+    scoped = a.replace("add.s32", "$L__tmp3:\nadd.s32").replace("}\n.section", "$L__BB0_2:\n}\n.section")
+    assert "$L__tmp3" not in ptx_snapshot.normalise(scoped) and "$L__BB0_2:" in ptx_snapshot.normalise(scoped)
 
 
 def test_compare_reports_each_difference(tmp_path, capsys):

@@ -20,12 +20,12 @@ from ..oracle import ON_GPU
 
 @triton.jit
 def _lanes_probe(seq_lens_ptr, unit_ptr, span_ptr, batch, capacity, lanes, MIN_CHUNK: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, LANE_CAP: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, LANE_CAP: tl.constexpr):
     # seq_lens_ptr: [batch] int32; span_ptr: [lanes, 4] int32 (ragged, share, first, stop);
     # unit_ptr: [batch + lanes + 1, 7] int32 (lane, b, split, n, first, key_lo, key_hi; -7: no lane walks it)
     lane = tl.program_id(0)
     ragged, share, first, stop = balance.lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK, BLOCK_N,
-                                                   BLOCK_B, MERGE_BLOCK_S, LANE_CAP)
+                                                   BLOCK_B, LANE_CAP)
     tl.store(span_ptr + lane * 4, ragged.to(tl.int32))
     tl.store(span_ptr + lane * 4 + 1, share)
     tl.store(span_ptr + lane * 4 + 2, first)
@@ -52,7 +52,8 @@ def _plan(lens, lanes, *, block_n=64, min_chunk=128, capacity=1 << 20, merge_blo
     units = torch.full((batch + lanes + 1, 7), -7, dtype=torch.int32, device=device)
     spans = torch.full((lanes, 4), -7, dtype=torch.int32, device=device)
     _lanes_probe[(lanes,)](seq, units, spans, batch, capacity, lanes, MIN_CHUNK=min_chunk, BLOCK_N=block_n,
-                           BLOCK_B=triton.next_power_of_2(batch), MERGE_BLOCK_S=merge_block_s, LANE_CAP=lane_cap)
+                           BLOCK_B=triton.next_power_of_2(batch),
+                           LANE_CAP=lane_cap or balance.unit_cap(merge_block_s))  # (the plan's choice)
     return units.cpu().tolist(), spans.cpu().tolist()
 
 

@@ -20,6 +20,7 @@ import torch
 import kvattn
 from kvattn._inputs import MIN_WORKSPACE_BYTES
 from kvattn.formats import FP8_DTYPE
+from kvattn.ops.common.balance import unit_cap
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 from kvattn.testing import make_paged_kv, poison_
@@ -285,6 +286,9 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, plan, kernel_devi
     assert (any(balanced) if merge == "in-kernel" else not any(balanced)), balanced
     lanes = [launch.constexprs["LANES"] for launch in built if launch.constexprs["BALANCED"]]
     assert all(lanes) if plan != "deal" else not any(lanes), lanes
+    # a request's lanes at most: the config's cap, else the merge's unit cap
+    caps = {(c["LANE_CAP"], c["MERGE_BLOCK_S"]) for c in (launch.constexprs for launch in built) if c["LANES"]}
+    assert all(cap == (2 if plan == "lanes-cap-2" else unit_cap(merge_block_s)) for cap, merge_block_s in caps), caps
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")

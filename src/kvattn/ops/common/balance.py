@@ -38,6 +38,25 @@ def unit_cap(merge_block_s: int) -> int:
 
 
 @triton.jit
+def _request_lens(seq_lens_ptr, batch, capacity, BLOCK_B: tl.constexpr):
+    """``(b_ok, lens)`` [BLOCK_B]: the requests' key counts clamped into ``[0, capacity]`` as the
+    kernels clamp them, 0 past ``batch``."""
+    offs_b = tl.arange(0, BLOCK_B)
+    b_ok = offs_b < batch
+    lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
+    return b_ok, tl.minimum(tl.maximum(lens, 0), capacity)
+
+
+@triton.jit
+def _is_ragged(longest, total, batch):
+    """Whether a batch of ``batch`` requests, ``total`` keys (int64), the longest ``longest``, is
+    ragged: its longest request holds more than 5/4 of the mean's keys."""
+    RAGGED_NUM: tl.constexpr = 5
+    RAGGED_DEN: tl.constexpr = 4
+    return longest.to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * total
+
+
+@triton.jit
 def _unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr):
     """``(ragged, n [BLOCK_B], ends [BLOCK_B])``: whether the batch is ragged, each request's unit
@@ -55,16 +74,10 @@ def unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_
                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr):
     """:func:`_unit_counts` with a request's unit cap ``UNITS_CAP`` of the caller's (the chunk is at
     least the longest request's keys over it)."""
-    # A ragged batch: its longest request holds more than 5/4 of the mean's keys.
-    RAGGED_NUM: tl.constexpr = 5
-    RAGGED_DEN: tl.constexpr = 4
-    offs_b = tl.arange(0, BLOCK_B)
-    b_ok = offs_b < batch
-    lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
-    lens = tl.minimum(tl.maximum(lens, 0), capacity)
+    b_ok, lens = _request_lens(seq_lens_ptr, batch, capacity, BLOCK_B)
     total = tl.sum(lens.to(tl.int64), 0)
     longest = tl.max(lens, 0)
-    ragged = longest.to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * total
+    ragged = _is_ragged(longest, total, batch)
     chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, UNITS_CAP)).to(tl.int32)
     chunk = tl.maximum(tl.cdiv(chunk, BLOCK_N) * BLOCK_N, MIN_CHUNK)
     n = tl.where(ragged, tl.maximum(tl.cdiv(lens, chunk), 1), uniform_splits)
@@ -166,17 +179,14 @@ def _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N: tl.constexpr, BLOCK_B: t
     the kernels clamp them), key tiles (an empty request one: its rows are written) and cost (its
     tiles plus LANE_FIXED_KEYS in tiles); zero past ``batch``."""
     FIXED: tl.constexpr = max(1, 128 // BLOCK_N)  # LANE_FIXED_KEYS in tiles
-    offs_b = tl.arange(0, BLOCK_B)
-    b_ok = offs_b < batch
-    lens = tl.load(seq_lens_ptr + offs_b, mask=b_ok, other=0)
-    lens = tl.minimum(tl.maximum(lens, 0), capacity)
+    b_ok, lens = _request_lens(seq_lens_ptr, batch, capacity, BLOCK_B)
     tiles = tl.where(b_ok, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)
     return b_ok, lens, tiles, tl.where(b_ok, tiles + FIXED, 0)
 
 
 @triton.jit
 def lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_B: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, LANE_CAP: tl.constexpr = 0):
+              BLOCK_B: tl.constexpr, LANE_CAP: tl.constexpr):
     """``(ragged, share, first, stop)``: whether the batch takes the lanes plan (the 5/4 rule of
     :func:`unit_counts`), one lane's share in key tiles, and lane ``lane``'s units ``first ..
     stop - 1`` (none where ``stop <= first``).
@@ -187,21 +197,14 @@ def lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK: tl.constexp
     l`` is request ``b``'s piece in lane ``l`` (each next unit is the next lane of a request or the
     next request of a lane, so the numbers are unique and below ``batch + lanes``, and a request's
     units are consecutive: the merge's partials). The share is at least the batch's cost over the
-    lanes, ``MIN_CHUNK`` keys, and enough that a request spans at most ``LANE_CAP`` lanes (0:
-    ``unit_cap(MERGE_BLOCK_S)``; its tiles start inside a share, so they span one lane more than
-    their length in shares)."""
-    UNITS_MANY: tl.constexpr = 32  # unit_cap(MERGE_BLOCK_S), as _unit_counts spells it
-    UNITS_FEW: tl.constexpr = 16
-    CAP_ROUNDS: tl.constexpr = 8
-    UNITS_CAP: tl.constexpr = LANE_CAP if LANE_CAP > 0 else (
-        UNITS_MANY if MERGE_BLOCK_S * CAP_ROUNDS >= UNITS_MANY else UNITS_FEW)
-    tl.static_assert(UNITS_CAP >= 2)  # (the share divides by UNITS_CAP - 1)
+    lanes, ``MIN_CHUNK`` keys, and enough that a request spans at most ``LANE_CAP`` lanes (the
+    host's choice: a config's cap, or the merge's ``unit_cap``; its tiles start inside a share, so
+    they span one lane more than their length in shares)."""
+    tl.static_assert(LANE_CAP >= 2)  # (the share divides by LANE_CAP - 1)
     MIN_TILES: tl.constexpr = max(1, MIN_CHUNK // BLOCK_N)
-    RAGGED_NUM: tl.constexpr = 5
-    RAGGED_DEN: tl.constexpr = 4
     b_ok, lens, tiles, cost = _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N, BLOCK_B)
-    ragged = tl.max(lens, 0).to(tl.int64) * batch * RAGGED_DEN > RAGGED_NUM * tl.sum(lens.to(tl.int64), 0)
-    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), UNITS_CAP - 1))
+    ragged = _is_ragged(tl.max(lens, 0), tl.sum(lens.to(tl.int64), 0), batch)
+    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), LANE_CAP - 1))
     share = tl.maximum(share, MIN_TILES)
     ends = tl.cumsum(cost, 0)
     # the requests with tiles in this lane: contiguous, as both of a request's lane bounds grow with it

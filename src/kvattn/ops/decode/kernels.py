@@ -526,7 +526,7 @@ def decode_split_kernel(
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
     # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES, LANE_CAP): the balanced split, a ragged batch's
-    # in lanes, a request's lanes at most (0: the merge's unit cap)
+    # in lanes, a request's lanes at most (LANES)
     BALANCE: tl.constexpr = (False, 1, 0, 0, False, 0),
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
@@ -569,7 +569,7 @@ def decode_split_kernel(
             lane = pid // PER_UNIT
             ragged, share, unit_first, unit_stop = lane_span(seq_lens_ptr, lane, batch, fixed_len,
                                                              tl.num_programs(0) // PER_UNIT, MIN_CHUNK, BLOCK_N,
-                                                             BLOCK_B, MERGE_BLOCK_S, LANE_CAP)
+                                                             BLOCK_B, LANE_CAP)
             item = tl.where(ragged, unit_first * PER_UNIT + pid % PER_UNIT, item)
             stop = tl.where(ragged, unit_stop * PER_UNIT, stop)
             lane_share = (lane, tl.where(ragged, share, 0))

@@ -353,13 +353,13 @@ class _Plan:
             return None
         slots = decode_configs.resident_slots(cfg, sm_count=self.sm_count, kv_format=self.kv_format,
                                               head_dim=self.head_dim, rope_query=self.rope_query, balanced=True)
+        per_unit = self.num_kv_heads * self.m_blocks  # programs a unit (every KV head and row block)
         target = max(self.batch * splits, decode_configs.balance_target(
-            cfg, sm_count=self.sm_count, programs_per_unit=self.num_kv_heads * self.m_blocks,
+            cfg, sm_count=self.sm_count, programs_per_unit=per_unit,
             kv_format=self.kv_format, head_dim=self.head_dim, rope_query=self.rope_query))
         # A ragged plan has at most target + batch units (each request rounds up once), in lanes
         # lanes + batch (unit b + l: common.balance.lane_span), a uniform one batch x splits; a
         # request at most common.balance.unit_cap(merge_block_s) (ragged) or splits.
-        per_unit = self.num_kv_heads * self.m_blocks
         lanes = bool(cfg.balance_lanes) and slots >= 2 * per_unit
         units = max(target, slots // per_unit if lanes else 0) + self.batch
         if self.has_workspace and units > self.fit * self.batch:
@@ -519,7 +519,8 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             SPLIT_SPAN=invariant_span(cfg) if plan.invariant else 0,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
-            LANES=bool(bal and bal.lanes), LANE_CAP=cfg.balance_lanes_cap if bal and bal.lanes else 0,
+            LANES=bool(bal and bal.lanes),
+            LANE_CAP=(cfg.balance_lanes_cap or unit_cap(bal.merge_block_s)) if bal and bal.lanes else 0,
             PAGE_OFFSETS=_page_offsets(plan, cfg),
         ),
         options=dict(
