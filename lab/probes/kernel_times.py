@@ -5,7 +5,10 @@ slowed. Eager calls after a warm-up, L2 not flushed (relative numbers: run every
 Run from a tree's root with that tree's ``src`` first on the path; the registry comes from this
 tree's ``benchmarks``.
 
-    PYTHONPATH=src python3 lab/probes/kernel_times.py --filter sw71 --filter "Hq64 64x4096" --json out.json
+    PYTHONPATH=src python3 lab/probes/kernel_times.py --filter sw71 --filter "Hq64 64x4096" --json out.json \
+        [--ab unif:mla:min_chunk=2048]
+
+``--ab`` (benchmarks/run.py's spelling) also times each row under that config override.
 """
 
 from __future__ import annotations
@@ -20,6 +23,23 @@ import torch
 
 sys.path.insert(0, str(Path.cwd()))
 from benchmarks import problems, shapes, sweep  # noqa: E402
+from benchmarks.run import parse_ab  # noqa: E402
+from benchmarks.runner import _config_override  # noqa: E402
+
+
+def _per_kernel(call, calls: int) -> dict:
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name[:60]] += ev.device_time / calls
+    return dict(per)
 
 
 def main() -> None:
@@ -28,6 +48,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--label", default="")
+    ap.add_argument("--ab", action="append", default=[], metavar="LABEL:FAMILY:FIELD=VALUE[,...]")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = shapes.select(shapes.GRID, filters=args.filter)
@@ -37,19 +58,15 @@ def main() -> None:
     for shape in rows:
         prob = problems.build(shape, dev, l2_bytes=l2, workspace_mib=256)
         call = prob.sets[0].kvattn
-        for _ in range(5):
-            call()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.calls):
-                call()
-            torch.cuda.synchronize()
-        per = defaultdict(float)
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA:
-                per[ev.name[:60]] += ev.device_time / args.calls
-        report[shape.id] = dict(per)
-        print(f"{args.label} {shape.id}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items())), flush=True)
+        arms = [(args.label, None)] + [(label, _config_override(fam, fields)) for label, fam, fields in map(parse_ab, args.ab)]
+        for label, context in arms:
+            if context is None:
+                per = _per_kernel(call, args.calls)
+            else:
+                with context():
+                    per = _per_kernel(call, args.calls)
+            report[f"{label} {shape.id}".strip()] = per
+            print(f"{label} {shape.id}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items())), flush=True)
         del prob
         torch.cuda.empty_cache()
     if args.json:

@@ -82,6 +82,7 @@ def units(lens, splits, balanced, min_chunk, block_n=BLOCK_N):
 def describe(shape, plan: mla_plan._Plan) -> dict:
     lens = shape.seq_lens()
     span = max(lens)
+    plan = plan.for_span(span)  # (the narrow plan where padded programs would be short)
     split, combine, _, _ = plan.launches(span)
     splits = split.fixed["num_splits"]
     balanced = bool(split.constexprs.get("BALANCED"))

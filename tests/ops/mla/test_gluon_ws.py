@@ -223,6 +223,18 @@ def test_ws_fp8_kernel_many_splits(hq, ws_spy, triton_backend, monkeypatch):
 
 
 @GPU_ONLY
+@pytest.mark.parametrize("page", [64, 16], ids=lambda p: f"p{p}")
+@pytest.mark.parametrize("max_splits", [1, 2], ids=lambda s: f"splits{s}")
+def test_ws_fp8_kernel_takes_16_heads_with_long_programs(max_splits, page, ws_spy, triton_backend, monkeypatch):
+    """fp8 scores at 16 heads: programs of at least PADDED_MIN_KEYS keys run the e4m3 form with the
+    rows padded to 64 (the split count capped so GPU_LENS' 2048 keys make 1024-key programs)."""
+    with mla_configs.override(max_splits=max_splits):
+        mla_case(torch.device("cuda"), monkeypatch, lens=GPU_LENS, hq=16, page=page, kv_format="fp8",
+                 seed=590 + max_splits + page)
+    assert ws_spy, "the warp-specialised kernel did not run"
+
+
+@GPU_ONLY
 def test_ws_fp8_switch_keeps_the_triton_kernel(ws_spy, triton_backend, monkeypatch):
     """``KVATTN_GLUON_WS=0``: an fp8 launch runs the Triton kernel's fp8 scores (mla/gluon.py
     serves 16-bit caches only)."""
@@ -255,7 +267,12 @@ def test_fewer_than_64_heads_of_a_16_bit_cache_take_the_64_head_programs():
     assert mla_configs.padded_heads("sm90", "float16", 20) is not None
     for hq in (33, 64, 128):
         assert mla_configs.padded_heads("sm90", "bfloat16", hq) is None, hq
-    assert mla_configs.padded_heads("sm90", "fp8", 24, True) is None
+    assert mla_configs.padded_heads("sm90", "fp8", 24, True) is None  # (fp8 scores take 64 from 17 heads up)
+    for hq in (1, 8, 16):  # fp8 scores with heads in N: the padded e4m3 programs, for long programs only
+        wide = mla_configs.padded_heads("sm90", "fp8", hq, True)
+        assert wide is not None and wide.block_h == 64 and wide.qk_fp8 and not wide.heads_as_n
+    assert mla_configs.padded_min_keys("fp8", True) == 1024 and mla_configs.padded_min_keys("bfloat16") == 0
+    assert mla_configs.padded_heads("sm90", "fp8", 16) is None  # a 16-bit query over fp8 pages
     assert mla_configs.padded_heads("default", "bfloat16", 24) is None
     assert mla_configs.padded_heads("interpreter", "bfloat16", 24) is None
     with mla_configs.override(block_n=32):
@@ -375,11 +392,38 @@ def test_fp8_plan_launches_the_ws_kernel_where_it_fits(monkeypatch):
         assert launch.constexprs["PAGE_SIZE"] == page and launch.constexprs["BLOCK_H"] == 64
     (bf16,) = _plan(monkeypatch).launches(4096)[0].descriptors
     assert (bf16.layout.swizzle_byte_width, bf16.layout.element_bitwidth) == (128, 16)
-    for kw in (dict(gluon_ws=False), dict(gluon=False), dict(lse_stride=128), dict(hq=16), dict(page=8),
+    for kw in (dict(gluon_ws=False), dict(gluon=False), dict(lse_stride=128), dict(page=8),
                dict(q_dtype=torch.bfloat16)):
         plan = _plan(monkeypatch, **fp8, **kw)
         assert not plan.fp8_ws and not plan.ws and not plan.gluon, kw
         assert plan.launches(4096)[0].kernel is mla_launch.mla_split_kernel, kw
+
+
+@pytest.mark.parametrize("page", [64, 16], ids=lambda p: f"p{p}")
+def test_fp8_16_heads_take_the_padded_programs_only_when_they_are_long(page, monkeypatch):
+    """fp8 query and cache, 16 heads, 4 requests: a span whose padded programs hold at least 1024 keys
+    (PADDED_MIN_KEYS) runs the e4m3 form at 64 rows; a shorter one the table's heads-in-N Triton
+    kernel, as does every span without the warp-specialised kernel. 16-bit caches pad every span."""
+    from kvattn.runtime import device as _device
+    monkeypatch.setattr(_device, "sm_count", lambda device: 132)
+    plan = _plan(monkeypatch, hq=16, page=page, dtype=FP8_DTYPE)
+    assert plan.fp8_ws and plan.cfg.block_h == 64 and plan.padded_min_keys == 1024
+    assert not plan.narrow.ws and plan.narrow.cfg.block_h == 16 and plan.narrow.cfg.heads_as_n
+    for span in (1, 300, 4096, 32 * 1024, 33 * 1024 - 1, 33 * 1024, 65536, 200000):
+        splits = plan.num_splits(span)
+        launch = plan.launches(span)[0]
+        if span >= 1024 * splits:
+            assert plan.for_span(span) is plan and launch.kernel is mla_launch.mla_gluon_ws_kernel, span
+            assert launch.constexprs["BLOCK_H"] == 64
+        else:
+            assert plan.for_span(span) is plan.narrow and launch.kernel is mla_launch.mla_split_kernel, span
+            assert launch.constexprs["BLOCK_H"] == 16 and launch.constexprs["HEADS_AS_N"]
+    assert plan.launches(65536)[0].kernel is mla_launch.mla_gluon_ws_kernel  # (33 splits of 1986 keys)
+    assert plan.launches(4096)[0].kernel is mla_launch.mla_split_kernel  # (32 splits of 128 keys)
+    for kw in (dict(gluon_ws=False), dict(lse_stride=16), dict(q_dtype=torch.bfloat16)):
+        other = _plan(monkeypatch, hq=16, page=page, dtype=FP8_DTYPE, **kw)
+        assert other.narrow is None and not other.ws and other.launches(65536)[0].kernel is mla_launch.mla_split_kernel
+    assert _plan(monkeypatch, hq=16, page=page).narrow is None  # bf16: padded at every span
 
 
 def test_ws_fp8_fits_only_byte_rows_tma_can_address():
@@ -461,8 +505,9 @@ def test_tune_mla_variants_reach_the_ws_launch(monkeypatch):
 
 
 def test_tune_mla_fp8_variants_put_the_e4m3_form_at_16_heads(monkeypatch):
-    """``fp8ws`` runs the warp-specialised kernel's e4m3 form where the table gives 16 fp8 heads the
-    heads-in-N Triton kernel, and ``fp8ws_noconvert`` that form's no-conversion floor."""
+    """``fp8ws`` runs the warp-specialised kernel's e4m3 form at every span of 16 fp8 heads (the
+    table: only where its programs are long, the heads-in-N Triton kernel for short ones), and
+    ``fp8ws_noconvert`` that form's no-conversion floor."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
     from benchmarks import mla_ws_floors, tune_mla, tuning
 
@@ -476,8 +521,10 @@ def test_tune_mla_fp8_variants_put_the_e4m3_form_at_16_heads(monkeypatch):
     assert tune_mla.main([]) == 0
     fp8 = dict(hq=16, dtype=FP8_DTYPE)
     with contexts["default"]():
-        assert _plan(monkeypatch, **fp8).launches(8192)[0].kernel is not mla_launch.mla_gluon_ws_kernel
+        assert _plan(monkeypatch, **fp8).launches(300)[0].kernel is not mla_launch.mla_gluon_ws_kernel
+        assert _plan(monkeypatch, **fp8).launches(8192)[0].kernel is mla_launch.mla_gluon_ws_kernel
     with contexts["fp8ws"]():
+        assert _plan(monkeypatch, **fp8).launches(300)[0].kernel is mla_launch.mla_gluon_ws_kernel
         assert _plan(monkeypatch, **fp8).launches(8192)[0].kernel is mla_launch.mla_gluon_ws_kernel
     with contexts["fp8ws_noconvert"]():
         assert _plan(monkeypatch, **fp8).launches(8192)[0].kernel is mla_ws_floors.floor_kernel("noconvert")
@@ -509,13 +556,15 @@ def test_mtp_rows_fill_the_ws_kernels_tile(q_len, hq, dtype, monkeypatch):
     """Multi-token prediction folds (token, head) into the rows: 16 heads x 4 tokens take the
     warp-specialised kernel's 64-row programs as 64 heads do (x 2 tokens: 32 rows, padded), with
     the token count as its ``Q_LEN``; one token of 16 heads takes them too over a 16-bit cache (padded
-    heads), the Triton kernel over an fp8 one (fp8 scores, heads in N)."""
+    heads), and over an fp8 one where the programs hold 1024 keys or more (2 splits of 2048 keys on
+    the faked 8 SMs; the Triton kernel's fp8 scores, heads in N, for 150-key ones)."""
     plan = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, dtype=dtype)
     launch = plan.launches(4096)[0]
     assert launch.kernel is mla_launch.mla_gluon_ws_kernel and plan.cfg.block_h == 64
     assert launch.constexprs["Q_LEN"] == q_len and launch.fixed["num_heads"] == q_len * hq
-    one_token = _plan(monkeypatch, hq=16, dtype=dtype).launches(4096)[0]
-    assert (one_token.kernel is mla_launch.mla_gluon_ws_kernel) is (dtype == torch.bfloat16)
+    one_token = _plan(monkeypatch, hq=16, dtype=dtype)
+    assert one_token.launches(4096)[0].kernel is mla_launch.mla_gluon_ws_kernel
+    assert (one_token.launches(300)[0].kernel is mla_launch.mla_gluon_ws_kernel) is (dtype == torch.bfloat16)
     # A call asking for the LSE: mla/gluon.py's kernel (16-bit, 64 rows and more) or the Triton kernel.
     lse = _plan(monkeypatch, hq=q_len * hq, q_len=q_len, lse_stride=q_len * hq, dtype=dtype).launches(4096)[0]
     gluon = dtype == torch.bfloat16 and q_len * hq >= 64

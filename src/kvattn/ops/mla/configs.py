@@ -197,24 +197,40 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
 
 
 def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig | None:
-    """The 64-head entry that a launch of fewer than 64 heads (rows) over a 16-bit cache takes on
-    sm90 where the warp-specialised kernel serves it (the launcher checks that), the rows past the
-    heads padded. H100, bf16 Hq 32, graph us 64x4096 / 128x8192 / 32x16384: BLOCK_H 32 (Triton)
+    """The 64-head entry that a launch of fewer than 64 heads (rows) takes on sm90 where the
+    warp-specialised kernel serves it (the launcher checks that), the rows past the heads padded.
+    16-bit caches: H100, bf16 Hq 32, graph us 64x4096 / 128x8192 / 32x16384: BLOCK_H 32 (Triton)
     146.5 / 511.2 / 271.8 against 130.1 / 426.6 / 229.2, Hq 24 alike (lab/notes/mla.md "MLA: 17-32
     heads on the seesaw"). 16 heads and fewer kept the Triton kernel's 16-row programs while the
     H100's memory hid their products (0.81-0.96 of copy bandwidth); on the H200 that kernel reads
     0.745 of copy bandwidth at Hq 16, where the 64-head programs, products padded, overlap their
-    copies as at Hq 32 (lab/notes/mla.md "MLA: 16 heads on the seesaw"). None for other launches,
+    copies as at Hq 32 (lab/notes/mla.md "MLA: 16 heads on the seesaw"). An fp8 query over an fp8
+    cache at 16 heads or fewer (the heads-in-N entry) takes the kernel's e4m3 form only for programs
+    of :data:`PADDED_MIN_KEYS` keys or more (the launcher's choice by span). None for other launches,
     and while an :func:`override` of a kernel field is in force (tuning and tests pick their own
     programs); an override of the split plan's fields only (:data:`PLAN_FIELDS`) keeps the padded
     programs, so ``benchmarks/run.py --ab`` can time a split rule on the kernel the table runs."""
-    if arch != "sm90" or q_fp8 or set(_override) - PLAN_FIELDS:
+    if arch != "sm90" or set(_override) - PLAN_FIELDS:
         return None
-    cfg = config(arch, kv_format, num_heads)
-    wide = config(arch, kv_format, 64)
-    if not cfg.block_h < wide.block_h or not warp_specialized(arch, kv_format, wide.block_h):
+    cfg = config(arch, kv_format, num_heads, q_fp8)
+    wide = config(arch, kv_format, 64, q_fp8)
+    if not cfg.block_h < wide.block_h or not warp_specialized(arch, kv_format, wide.block_h, q_fp8):
         return None
     return wide
+
+
+# Keys a program of a padded launch (:func:`padded_heads`) must hold for the padded programs to run
+# it, by format; 0: every launch. fp8 scores at 16 heads, H200 graph us (table's heads-in-N kernel
+# -> the warp-specialised e4m3 form with rows padded to 64): programs of 2048-8192 keys 87.5 -> 85.8
+# (64x4096), 290 -> 260 (128x8192), 157 -> 145 (32x16384), 298 -> 275 (64x16384); programs of
+# 684-824 keys 29.6 -> 33.6 (sw68), 26.7 -> 29.5 (sw67); 4-tile programs 21.6 -> 25.6 (sw79)
+# (lab/notes/mla.md "MLA: fp8 at 16 heads on the seesaw, by span").
+PADDED_MIN_KEYS = {"fp8qk": 1024}
+
+
+def padded_min_keys(kv_format: str, q_fp8: bool = False) -> int:
+    """:data:`PADDED_MIN_KEYS` of a launch's format (0 where every launch takes the padded programs)."""
+    return PADDED_MIN_KEYS.get(_fmt(kv_format, q_fp8), 0)
 
 
 def warp_specialized(arch: str, kv_format: str, block_h: int, q_fp8: bool = False) -> bool:

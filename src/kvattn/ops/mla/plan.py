@@ -11,6 +11,7 @@ or, for a launch that takes the balanced split of ragged batches (``configs.bala
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -76,7 +77,7 @@ class MLAFacts(NamedTuple):
 class _Plan:
     """Everything a call derives from its host facts (:class:`MLAFacts`)."""
 
-    def __init__(self, facts: MLAFacts):
+    def __init__(self, facts: MLAFacts, narrow: bool = False):
         f = facts
         # num_heads counts rows: Q tokens x Hq heads, which the kernels take as one M axis (the
         # per-row key limit of a token derived from its row, see kernels.py "Multi-token prediction").
@@ -90,13 +91,20 @@ class _Plan:
         ws_allowed = (f.gluon_on and f.gluon_ws_on and mla_gluon_ws_kernel is not None and f.lse_stride is None
                       and family == "sm90")
         cfg = mla_configs.config(family, self.kv_format, self.num_heads, q_fp8)
-        # Fewer than 64 heads over a 16-bit cache: the warp-specialised kernel's 64-head programs
-        # (rows past the heads padded) where it takes the launch, not the Triton kernel's 16- or
-        # 32-head ones.
+        # Fewer than 64 heads: the warp-specialised kernel's 64-head programs (rows past the heads
+        # padded) where it takes the launch, not the Triton kernel's 16- or 32-head ones; an fp8
+        # query over an fp8 cache only for programs of PADDED_MIN_KEYS keys or more (the narrow
+        # plan below takes the shorter ones).
         wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8)
-        if wide is not None and ws_allowed and mla_gluon_kernel is not None and _gluon_fits(
-                wide, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16):
+        fits = _ws_fp8_fits if q_fp8 else functools.partial(_gluon_fits, kv_format=self.kv_format)
+        padded = (not narrow and wide is not None and ws_allowed and mla_gluon_kernel is not None
+                  and fits(wide, q_dtype=f.q_dtype, kv_dtype=f.kv_dtype, kv_shape=f.kv_shape, kv_stride=f.kv_stride,
+                           aligned16=f.aligned16))
+        if padded:
             cfg = wide
+        min_keys = mla_configs.padded_min_keys(self.kv_format, q_fp8) if padded else 0
+        self.narrow = _Plan(facts, narrow=True) if min_keys else None
+        self.padded_min_keys = min_keys
         self.cfg = cfg
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
         words_ok = words_allowed(f.device, f.interpreter, f.aligned4)
@@ -150,10 +158,22 @@ class _Plan:
             return splits
         return mla_configs.num_splits(self.cfg, items=self.items, span=span, sm_count=self.sm_count, fit=self.fit)
 
+    def for_span(self, span: int) -> "_Plan":
+        """The plan whose launches serve ``max_seq_len = span``: this one, or, where its padded programs
+        would hold fewer than ``padded_min_keys`` keys each, the narrow (unpadded) plan."""
+        if self.narrow is not None and span < self.padded_min_keys * self.num_splits(span):
+            return self.narrow
+        return self
+
     def launches(self, span: int) -> tuple:
         """``(split launch, combine launch or None, numel_o, numel_lse)`` for ``max_seq_len = span``."""
         hit = self._by_span.get(span)
         if hit is not None:
+            return hit
+        plan = self.for_span(span)
+        if plan is not self:
+            hit = plan.launches(span)
+            self._memo(span, hit)
             return hit
         splits = self.num_splits(span)
         balanced = self.balanced(splits, span)
@@ -163,10 +183,13 @@ class _Plan:
             combine = self._combine(splits, balanced) if splits > 1 else None
             hit = (self._split(splits, balanced), combine, splits * rows * CKV_DIM, splits * rows)
             self._by_splits[splits, balanced] = hit
+        self._memo(span, hit)
+        return hit
+
+    def _memo(self, span: int, hit: tuple) -> None:
         if len(self._by_span) >= _MAX_SPANS:
             self._by_span.clear()
         self._by_span[span] = hit
-        return hit
 
     def balanced(self, splits: int, span: int) -> bool:
         """Whether the launch of ``splits`` splits for ``max_seq_len = span`` takes the balanced split
