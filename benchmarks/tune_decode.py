@@ -111,6 +111,9 @@ VARIANTS.update({
     "stream16": {"block_n": 16, "num_warps": 4, "num_stages": 1, "evict_first": True},
     "stream32pf": {"block_n": 32, "num_warps": 4, "num_stages": 1, "evict_first": True, "prefetch": 1},
 })
+# The lanes plan's request cap (a request's lanes at most; 0: the merge's unit cap) and the deal.
+VARIANTS.update({"cap64": {"balance_lanes_cap": 64}, "cap128": {"balance_lanes_cap": 128},
+                 "cap256": {"balance_lanes_cap": 256}, "deal": {"balance_lanes": False}})
 # Split count caps, and more waves of the long / main tiles (load balance of few, long programs).
 VARIANTS.update({
     "split12": {"max_splits": 12},

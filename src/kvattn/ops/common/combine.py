@@ -88,9 +88,13 @@ def balanced_combine_kernel(
     different unit counts; an equal batch's ``num_splits`` each)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
+    # The plan from the lengths before the wait: the split kernel does not write them, so under a
+    # programmatic dependent launch this runs beneath the split kernel's last programs (after the
+    # wait it cost an equal batch's 4096-program combine 2.5x the uniform combine's time:
+    # lab/notes/mla-ragged.md "The balanced combine's plan under the wait").
+    n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
     if USE_PDL:
         gdc_wait()
-    n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
     heads = h + tl.zeros([1], dtype=tl.int32)
     row_ok = heads < NUM_HEADS
     p_row = first.to(tl.int64) * NUM_HEADS + heads
