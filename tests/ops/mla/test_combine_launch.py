@@ -40,3 +40,17 @@ def test_other_gpus_and_the_interpreter_launch_the_combine_plainly(family, inter
     split, combine, _, _ = _plan(monkeypatch, family, batch=64, heads=16, interpreter=interpreter).launches(4096)
     assert combine is not None
     assert not combine.constexprs["USE_PDL"] and "launch_pdl" not in combine.options
+
+
+@pytest.mark.parametrize("batch,heads,span,wide,few", [
+    (64, 64, 4096, 4, 2),  # an equal grid row: 4096 combine programs, rounds of 4 at most
+    (64, 16, 4096, 4, 2),  # 1024 programs, still more than 5 an SM
+    (8, 16, 30000, 16, 16),  # 128 programs: the wide tile (16 partials a round) stays
+], ids=["B64-Hq64-4096", "B64-Hq16-4096", "B8-Hq16-30000"])
+def test_the_balanced_combine_keeps_its_tile_narrow_over_many_programs(batch, heads, span, wide, few, monkeypatch):
+    """The wide tile's registers set every program's occupancy: a launch of more than 5 combine
+    programs an SM merges at most 4 partials a round (``plan._WIDE_MERGE_PROGRAMS_PER_SM``)."""
+    _, combine, _, _ = _plan(monkeypatch, "sm90", batch=batch, heads=heads).launches(span)
+    assert combine.kernel is balanced_combine_kernel
+    assert (combine.constexprs["BLOCK_S"], combine.constexprs["BLOCK_S_FEW"]) == (wide, few)
+    assert (batch * heads > mla_plan._WIDE_MERGE_PROGRAMS_PER_SM * 132) == (wide <= mla_plan._MANY_PROGRAMS_BLOCK_S)

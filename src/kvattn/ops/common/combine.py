@@ -89,9 +89,7 @@ def balanced_combine_kernel(
     t = tl.program_id(0)
     h = tl.program_id(1)
     # The plan from the lengths before the wait: the split kernel does not write them, so under a
-    # programmatic dependent launch this runs beneath the split kernel's last programs (after the
-    # wait it cost an equal batch's 4096-program combine 2.5x the uniform combine's time:
-    # lab/notes/mla-ragged.md "The balanced combine's plan under the wait").
+    # programmatic dependent launch this may run beneath the split kernel's last programs.
     n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
     if USE_PDL:
         gdc_wait()

@@ -253,6 +253,9 @@ class _Plan:
         # A request's units: at most UNITS_CAP (ragged) or splits (equal lengths), in rounds of BLOCK_S.
         cx = self._balance_constexprs(True)
         most = max(splits, min(cx["UNITS_CAP"], self.batch * splits))
+        wide, few = combine_block_s(most, CKV_DIM, False), combine_block_s(splits, CKV_DIM, False)
+        if self.batch * self.num_heads > _WIDE_MERGE_PROGRAMS_PER_SM * self.sm_count:
+            wide = min(wide, _MANY_PROGRAMS_BLOCK_S)
         return fast_launch.Launch(
             balanced_combine_kernel, (self.batch, self.num_heads),
             layout=_LAYOUT,
@@ -262,8 +265,7 @@ class _Plan:
             fixed=dict(stride_o_t=self.strides["stride_o_b"], stride_o_h=self.strides["stride_o_h"],
                        stride_lse_t=self.lse_stride, batch=self.batch, num_splits=splits),
             constexprs=dict(
-                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=combine_block_s(most, CKV_DIM, False),
-                BLOCK_S_FEW=combine_block_s(splits, CKV_DIM, False),
+                NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=max(wide, few), BLOCK_S_FEW=few,
                 OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
                 BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
                 UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc,
@@ -359,6 +361,15 @@ def _gluon_split(plan: _Plan, splits: int, balanced: bool) -> fast_launch.Launch
     return fast_launch.Launch(kernel, (plan.items * splits,), layout=_LAYOUT, per_call=per_call, fixed=fixed,
                               constexprs=constexprs, options=options, descriptors=(rows,))
 
+
+# The balanced combine's wide tile (a request of more units than the launch's split count) sets
+# its registers for every program: 16 partials of 512 columns a round take 93 a thread (sm_90a,
+# 4 warps), 5 programs an SM, against 32 (16 programs) at 4. A launch of more programs than the
+# wide tile keeps resident merges at most 4 partials a round: an equal 64 x 4096 batch at 64 heads
+# (4096 programs) spent 11.9-12.3 us in the combine against the uniform combine's 4.9
+# (lab/notes/mla-ragged.md "The balanced combine's registers").
+_WIDE_MERGE_PROGRAMS_PER_SM = 5
+_MANY_PROGRAMS_BLOCK_S = 4
 
 _PLANS: dict[MLAFacts, _Plan] = {}
 
