@@ -76,12 +76,16 @@ def main() -> None:
             continue
         fmt = "fp8" if shape.kv_dtype == "fp8" else "bfloat16"
         q_fp8 = shape.q_dtype == "fp8"
-        cfg = configs.padded_heads("sm90", fmt, shape.num_qo_heads, q_fp8) or configs.config(
-            "sm90", fmt, shape.num_qo_heads, q_fp8)
-        head_blocks = -(-shape.num_qo_heads // cfg.block_h)
         lens = shape.seq_lens()
+        narrow = configs.config("sm90", fmt, shape.num_qo_heads, q_fp8)
+        cfg = configs.padded_heads("sm90", fmt, shape.num_qo_heads, q_fp8) or narrow
+        head_blocks = -(-shape.num_qo_heads // cfg.block_h)
         splits = configs.num_splits(cfg, items=shape.batch * head_blocks, span=max(lens), sm_count=SM_COUNT,
                                     fit=1 << 20)
+        if cfg is not narrow and max(lens) < configs.padded_min_keys(fmt, q_fp8) * splits:  # (plan.for_span)
+            cfg, head_blocks = narrow, -(-shape.num_qo_heads // narrow.block_h)
+            splits = configs.num_splits(cfg, items=shape.batch * head_blocks, span=max(lens), sm_count=SM_COUNT,
+                                        fit=1 << 20)
         slots = SM_COUNT * cfg.programs_per_sm
         end, ideal = makespan(lens, head_blocks, splits, slots)
         units = balanced_programs(lens, splits, 64, cfg.min_chunk)
