@@ -254,10 +254,13 @@ class _Plan:
         cx = self._balance_constexprs(True)
         most = max(splits, min(cx["UNITS_CAP"], self.batch * splits))
         wide, few = combine_block_s(most, CKV_DIM, False), combine_block_s(splits, CKV_DIM, False)
-        if self.batch * self.num_heads > _WIDE_MERGE_PROGRAMS_PER_SM * self.sm_count:
+        # Heads a program (a tile dim: a power of 2), and its partials x rows within the measured 16
+        heads = min(self.cfg.combine_heads, next_power_of_2(self.num_heads), max(1, _WIDE_BLOCK_S // few))
+        wide = min(wide, max(1, _WIDE_BLOCK_S // heads))
+        if self.batch * -(-self.num_heads // heads) > _WIDE_MERGE_PROGRAMS_PER_SM * self.sm_count:
             wide = min(wide, _MANY_PROGRAMS_BLOCK_S)
         return fast_launch.Launch(
-            balanced_combine_kernel, (self.batch, self.num_heads),
+            balanced_combine_kernel, (self.batch, -(-self.num_heads // heads)),
             layout=_LAYOUT,
             per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", seq_lens_ptr="seq_lens",
                           out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
@@ -268,7 +271,7 @@ class _Plan:
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=max(wide, few), BLOCK_S_FEW=few,
                 OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
                 BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
-                UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc,
+                UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc, BLOCK_HC=heads,
             ),
             options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if self.gdc else {})),
         )
@@ -370,6 +373,7 @@ def _gluon_split(plan: _Plan, splits: int, balanced: bool) -> fast_launch.Launch
 # (lab/notes/mla-ragged.md "The balanced combine's registers").
 _WIDE_MERGE_PROGRAMS_PER_SM = 5
 _MANY_PROGRAMS_BLOCK_S = 4
+_WIDE_BLOCK_S = 16  # (a program of several heads, configs' combine_heads, splits these between them)
 
 _PLANS: dict[MLAFacts, _Plan] = {}
 
