@@ -300,21 +300,25 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
     assert not mla_configs.warp_specialized("sm90", "fp8", mla_configs.config("sm90", "fp8", 16, True).block_h, True)
 
 
-def _plan(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, q_dtype=None,
-          lse_stride=None, q_len=1):
-    """A launch plan for a Hopper GPU (the device faked, no GPU needed): query [4, hq, 576] of
-    ``q_dtype`` (default ``dtype``; ``hq`` counts the rows, Q tokens x heads, with ``q_len``), a
-    [100, page, 576] cache of ``dtype``."""
+def facts_of(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, q_dtype=None,
+             lse_stride=None, q_len=1, batch_invariant=False):
+    """The host facts of a launch on a Hopper GPU (the device faked, no GPU needed): query [4, hq,
+    576] of ``q_dtype`` (default ``dtype``; ``hq`` counts the rows, Q tokens x heads, with
+    ``q_len``), a [100, page, 576] cache of ``dtype``."""
     from kvattn.runtime import device as _device
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
-    facts = mla_launch.MLAFacts(
+    return mla_launch.MLAFacts(
         device=torch.device("cpu"), interpreter=False, q_shape=(4, hq, 576), q_stride=(hq * 576, 576, 1),
         q_dtype=q_dtype or dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
         table_stride=(10, 1), out_stride=(hq * 512, 512, 1), ws_numel=64 << 20, has_logit=False,
         has_out_scale=False, aligned4=dtype == FP8_DTYPE, aligned16=True, gluon_on=gluon, gluon_ws_on=gluon_ws,
-        lse_stride=lse_stride, q_len=q_len,
+        lse_stride=lse_stride, q_len=q_len, batch_invariant=batch_invariant,
     )
-    return mla_launch._Plan(facts)
+
+
+def _plan(monkeypatch, **kw):
+    """The launch plan of :func:`facts_of`'s facts."""
+    return mla_launch._Plan(facts_of(monkeypatch, **kw))
 
 
 def test_a_launch_asking_for_the_lse_keeps_the_gluon_kernel(monkeypatch):
@@ -424,6 +428,12 @@ def test_fp8_16_heads_take_the_padded_programs_only_when_they_are_long(page, mon
         other = _plan(monkeypatch, hq=16, page=page, dtype=FP8_DTYPE, **kw)
         assert other.narrow is None and not other.ws and other.launches(65536)[0].kernel is mla_launch.mla_split_kernel
     assert _plan(monkeypatch, hq=16, page=page).narrow is None  # bf16: padded at every span
+    # batch-invariant mode: one kernel whatever the span (a request's result may not depend on the
+    # batch's longest request): the heads-in-N one
+    invariant = _plan(monkeypatch, hq=16, page=page, dtype=FP8_DTYPE, batch_invariant=True)
+    assert plan.narrow is not None and invariant.narrow is None and invariant.cfg.heads_as_n
+    for span in (300, 4096, 65536, 200000):
+        assert invariant.launches(span)[0].kernel is mla_launch.mla_split_kernel, span
 
 
 def test_ws_fp8_fits_only_byte_rows_tma_can_address():

@@ -94,15 +94,18 @@ class _Plan:
         # Fewer than 64 heads: the warp-specialised kernel's 64-head programs (rows past the heads
         # padded) where it takes the launch, not the Triton kernel's 16- or 32-head ones; an fp8
         # query over an fp8 cache only for programs of PADDED_MIN_KEYS keys or more (the narrow
-        # plan below takes the shorter ones).
+        # plan below takes the shorter ones). Batch-invariant mode keeps one kernel for every span
+        # there (a request's result must not depend on the batch's longest): the unpadded one.
         wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8)
         fits = _ws_fp8_fits if q_fp8 else functools.partial(_gluon_fits, kv_format=self.kv_format)
+        min_keys = mla_configs.padded_min_keys(self.kv_format, q_fp8)
         padded = (not narrow and wide is not None and ws_allowed and mla_gluon_kernel is not None
+                  and not (min_keys and f.batch_invariant)
                   and fits(wide, q_dtype=f.q_dtype, kv_dtype=f.kv_dtype, kv_shape=f.kv_shape, kv_stride=f.kv_stride,
                            aligned16=f.aligned16))
         if padded:
             cfg = wide
-        min_keys = mla_configs.padded_min_keys(self.kv_format, q_fp8) if padded else 0
+        min_keys = min_keys if padded else 0
         self.narrow = _Plan(facts, narrow=True) if min_keys else None
         self.padded_min_keys = min_keys
         self.cfg = cfg
