@@ -4,7 +4,7 @@
 # 1 / 2 / 4 / 8 heads, lab/notes/mla-ragged.md "The balanced combine's registers") against the
 # table (one head) and the uniform split (`unif2k`) on the equal grid rows and the balanced sweep
 # rows, graph times and per-kernel times; then the MLA balanced tests with the field on the GPU.
-# No carry, one call (~200 s). Adopt a count only if no row loses; then the whole GPU suite.
+# Then sw12's / sw07's paged read floor (lab/probes/paged_read_floor.py). No carry, one call (~250 s). Adopt a count only if no row loses; then the whole GPU suite.
 set -uo pipefail
 source lab/probes/device_env.sh
 timeout 120 python3 benchmarks/run.py --suite mla,sweep --filter "Hq16 64x4096,Hq32 64x4096,Hq64 64x4096,Hq64 32x16384,sw66 ,sw67 ,sw68 ,sw69 ,sw70 ,sw77 ,sw78 " \
@@ -14,4 +14,8 @@ timeout 120 python3 benchmarks/run.py --suite mla,sweep --filter "Hq16 64x4096,H
 timeout 40 python3 lab/probes/kernel_times.py --filter "Hq64 64x4096" --filter "Hq16 64x4096" --filter "sw70 " --calls 40 \
   --ab hc2:mla:combine_heads=2 --ab hc4:mla:combine_heads=4 --ab hc8:mla:combine_heads=8 2>&1 | grep -v Warn
 gpu_tests mla-balanced 60 tests/ops/mla/test_balanced.py tests/ops/mla/test_seesaw_plan.py tests/ops/mla/test_combine_launch.py
+# sw12's and sw07's pages read bare at 1-4 programs an SM (the decode kernel's copies and products,
+# no softmax): is ~26 GB/s an SM the loads' rate or the kernel's?
+timeout 60 python3 lab/probes/paged_read_floor.py --filter "sw12 " --filter "sw07 " --json "$OUT/paged-read.json" 2>&1 \
+  | grep -v Warn
 echo "done: $(( $(date +%s) - t0 )) s"
