@@ -75,7 +75,9 @@ class MLAFacts(NamedTuple):
 
 
 class _Plan:
-    """Everything a call derives from its host facts (:class:`MLAFacts`)."""
+    """Everything a call derives from its host facts (:class:`MLAFacts`). ``narrow``: the plan
+    without the padded 64-row programs, which a padded plan keeps as ``self.narrow`` for the spans
+    whose programs would be too short for them (:meth:`for_span`)."""
 
     def __init__(self, facts: MLAFacts, narrow: bool = False):
         f = facts
