@@ -358,7 +358,8 @@ def test_gluon_kernels_gated_on_gpu_verified_tritons(version, raw, expected, mon
 @pytest.mark.parametrize("gluon,ws,want", [("1", "1", "Gluon kernel for 16-bit caches with 64+ heads and pages "
                                                      "of 64+ tokens (warp-specialised; also fewer heads over 16-bit "
                                                      "caches, padded to 64 rows, and an fp8 query over fp8 caches "
-                                                     "with 17+ heads, or fewer where a program holds 1024+ keys)"),
+                                                     "with 17+ heads, or fewer where a program holds 1024+ keys "
+                                                     "on an H200)"),
                                           ("1", "0", "pages of 64+ tokens"), ("0", "1", "latent decode")],
                          ids=["ws", "gluon", "triton"])
 def test_info_names_mla_kernels_on_hopper(gluon, ws, want, monkeypatch):

@@ -58,7 +58,8 @@ def main() -> None:
     for shape in rows:
         prob = problems.build(shape, dev, l2_bytes=l2, workspace_mib=256)
         call = prob.sets[0].kvattn
-        arms = [(args.label, None)] + [(label, _config_override(fam, fields)) for label, fam, fields in map(parse_ab, args.ab)]
+        arms = [(args.label, None)] + [(label, _config_override(fam, fields))
+                                       for label, fam, fields in map(parse_ab, args.ab)]
         for label, context in arms:
             if context is None:
                 per = _per_kernel(call, args.calls)

@@ -27,6 +27,7 @@ from benchmarks import sweep  # noqa: E402
 from kvattn.ops.mla import configs  # noqa: E402
 
 SM_COUNT = 132  # H200 (and H100 SXM)
+BANDWIDTH = 4.81e12  # an H200's peak copy bandwidth (bytes/s)
 OVERHEAD_KEYS = 64  # a program's fixed cost, in keys
 
 
@@ -82,7 +83,8 @@ def main() -> None:
         head_blocks = -(-shape.num_qo_heads // cfg.block_h)
         splits = configs.num_splits(cfg, items=shape.batch * head_blocks, span=max(lens), sm_count=SM_COUNT,
                                     fit=1 << 20)
-        if cfg is not narrow and max(lens) < configs.padded_min_keys(fmt, q_fp8) * splits:  # (plan.for_span)
+        min_keys = configs.padded_min_keys(fmt, q_fp8, sm_count=SM_COUNT, bandwidth=BANDWIDTH)
+        if cfg is not narrow and (min_keys < 0 or max(lens) < min_keys * splits):  # (plan.for_span)
             cfg, head_blocks = narrow, -(-shape.num_qo_heads // narrow.block_h)
             splits = configs.num_splits(cfg, items=shape.batch * head_blocks, span=max(lens), sm_count=SM_COUNT,
                                         fit=1 << 20)

@@ -31,6 +31,7 @@ from kvattn.formats import FP8_DTYPE  # noqa: E402
 from kvattn.ops.mla import configs as mla_configs, plan as mla_plan  # noqa: E402
 
 SM_COUNT = 132
+BANDWIDTH = 4.81e12  # an H200's peak copy bandwidth (bytes/s), as the driver gives it
 WORKSPACE = 256 << 20
 BLOCK_N = 64  # the Gluon kernels' tile (and the Triton kernel's on sm90)
 
@@ -55,7 +56,8 @@ def build_plan(shape) -> mla_plan._Plan:
         out_stride=(rows_ * 512, 512, 1), ws_numel=WORKSPACE, has_logit=False, has_out_scale=False,
         aligned4=True, aligned16=True, gluon_on=True, gluon_ws_on=True, q_len=shape.q_len)
     with mock.patch.object(mla_plan, "arch", lambda device, interp: "sm90"), \
-            mock.patch.object(mla_plan._device, "sm_count", lambda device: SM_COUNT):
+            mock.patch.object(mla_plan._device, "sm_count", lambda device: SM_COUNT), \
+            mock.patch.object(mla_plan._device, "memory_bandwidth", lambda device: BANDWIDTH):
         return mla_plan._Plan(facts)
 
 

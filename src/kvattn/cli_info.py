@@ -70,7 +70,7 @@ def _served_by(op: str, device: torch.device, fast_paths: dict[str, str]) -> str
         text += "; Gluon kernel for 16-bit caches with 64+ heads and pages of 64+ tokens"
         if _env.gluon_ws():
             text += (" (warp-specialised; also fewer heads over 16-bit caches, padded to 64 rows, and an fp8 query "
-                     "over fp8 caches with 17+ heads, or fewer where a program holds 1024+ keys)")
+                     "over fp8 caches with 17+ heads, or fewer where a program holds 1024+ keys on an H200)")
     elif op == "context" and gluon:
         text += ("; a warp-specialised Gluon kernel for 16-bit and fp8 caches with pages of 8+ tokens, "
                  "NVFP4 / fp8 caches and pages under 64 tokens staged once a call into the workspace where "

@@ -227,11 +227,16 @@ def test_ws_fp8_kernel_many_splits(hq, ws_spy, triton_backend, monkeypatch):
 @pytest.mark.parametrize("max_splits", [1, 2], ids=lambda s: f"splits{s}")
 def test_ws_fp8_kernel_takes_16_heads_with_long_programs(max_splits, page, ws_spy, triton_backend, monkeypatch):
     """fp8 scores at 16 heads: programs of at least PADDED_MIN_KEYS keys run the e4m3 form with the
-    rows padded to 64 (the split count capped so GPU_LENS' 2048 keys make 1024-key programs)."""
+    rows padded to 64 (the split count capped so GPU_LENS' 2048 keys make 1024-key programs), on a
+    GPU those programs were measured on (an H200; an H100 keeps the heads-in-N kernel)."""
+    from kvattn.runtime import device as _device
+    device = torch.device("cuda")
     with mla_configs.override(max_splits=max_splits):
-        mla_case(torch.device("cuda"), monkeypatch, lens=GPU_LENS, hq=16, page=page, kv_format="fp8",
+        mla_case(device, monkeypatch, lens=GPU_LENS, hq=16, page=page, kv_format="fp8",
                  seed=590 + max_splits + page)
-    assert ws_spy, "the warp-specialised kernel did not run"
+    measured = mla_configs.padded_min_keys("fp8", True, sm_count=_device.sm_count(device),
+                                           bandwidth=_device.memory_bandwidth(device)) >= 0
+    assert bool(ws_spy) == measured, "the warp-specialised kernel ran where it should not, or not where it should"
 
 
 @GPU_ONLY
@@ -271,7 +276,11 @@ def test_fewer_than_64_heads_of_a_16_bit_cache_take_the_64_head_programs():
     for hq in (1, 8, 16):  # fp8 scores with heads in N: the padded e4m3 programs, for long programs only
         wide = mla_configs.padded_heads("sm90", "fp8", hq, True)
         assert wide is not None and wide.block_h == 64 and wide.qk_fp8 and not wide.heads_as_n
-    assert mla_configs.padded_min_keys("fp8", True) == 1024 and mla_configs.padded_min_keys("bfloat16") == 0
+    h200, h100 = dict(sm_count=132, bandwidth=4.81e12), dict(sm_count=132, bandwidth=3.35e12)
+    assert mla_configs.padded_min_keys("fp8", True, **h200) == 1024  # (measured there)
+    assert mla_configs.padded_min_keys("fp8", True, **h100) == -1  # (not: the heads-in-N kernel stays)
+    assert mla_configs.padded_min_keys("fp8", True) == -1  # (a bandwidth unknown)
+    assert mla_configs.padded_min_keys("bfloat16", **h100) == 0 and mla_configs.padded_min_keys("bfloat16") == 0
     assert mla_configs.padded_heads("sm90", "fp8", 16) is None  # a 16-bit query over fp8 pages
     assert mla_configs.padded_heads("default", "bfloat16", 24) is None
     assert mla_configs.padded_heads("interpreter", "bfloat16", 24) is None
@@ -301,12 +310,13 @@ def test_ws_kernel_takes_the_gluon_kernels_launches():
 
 
 def facts_of(monkeypatch, *, hq=128, page=64, gluon=True, gluon_ws=True, dtype=torch.bfloat16, q_dtype=None,
-             lse_stride=None, q_len=1, batch_invariant=False):
-    """The host facts of a launch on a Hopper GPU (the device faked, no GPU needed): query [4, hq,
-    576] of ``q_dtype`` (default ``dtype``; ``hq`` counts the rows, Q tokens x heads, with
-    ``q_len``), a [100, page, 576] cache of ``dtype``."""
+             lse_stride=None, q_len=1, batch_invariant=False, bandwidth=4.81e12):
+    """The host facts of a launch on a Hopper GPU (the device faked, no GPU needed; an H200's peak
+    copy bandwidth unless told): query [4, hq, 576] of ``q_dtype`` (default ``dtype``; ``hq`` counts
+    the rows, Q tokens x heads, with ``q_len``), a [100, page, 576] cache of ``dtype``."""
     from kvattn.runtime import device as _device
     monkeypatch.setattr(_device, "is_hopper", lambda device: True)
+    monkeypatch.setattr(_device, "memory_bandwidth", lambda device: bandwidth)
     return mla_launch.MLAFacts(
         device=torch.device("cpu"), interpreter=False, q_shape=(4, hq, 576), q_stride=(hq * 576, 576, 1),
         q_dtype=q_dtype or dtype, kv_shape=(100, page, 576), kv_stride=(page * 576, 576, 1), kv_dtype=dtype,
@@ -434,6 +444,9 @@ def test_fp8_16_heads_take_the_padded_programs_only_when_they_are_long(page, mon
     assert plan.narrow is not None and invariant.narrow is None and invariant.cfg.heads_as_n
     for span in (300, 4096, 65536, 200000):
         assert invariant.launches(span)[0].kernel is mla_launch.mla_split_kernel, span
+    # an H100 (3.35 TB/s over 132 SMs): the heads-in-N kernel it was measured on, at every span
+    h100 = _plan(monkeypatch, hq=16, page=page, dtype=FP8_DTYPE, bandwidth=3.35e12)
+    assert h100.narrow is None and not h100.ws and h100.launches(65536)[0].kernel is mla_launch.mla_split_kernel
 
 
 def test_ws_fp8_fits_only_byte_rows_tma_can_address():

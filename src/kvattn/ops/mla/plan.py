@@ -96,13 +96,16 @@ class _Plan:
         # Fewer than 64 heads: the warp-specialised kernel's 64-head programs (rows past the heads
         # padded) where it takes the launch, not the Triton kernel's 16- or 32-head ones; an fp8
         # query over an fp8 cache only for programs of PADDED_MIN_KEYS keys or more (the narrow
-        # plan below takes the shorter ones). Batch-invariant mode keeps one kernel for every span
-        # there (a request's result must not depend on the batch's longest): the unpadded one.
+        # plan below takes the shorter ones), and on GPUs where that was measured (an H200).
+        # Batch-invariant mode keeps one kernel for every span there (a request's result must not
+        # depend on the batch's longest): the unpadded one.
         wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8)
         fits = _ws_fp8_fits if q_fp8 else functools.partial(_gluon_fits, kv_format=self.kv_format)
-        min_keys = mla_configs.padded_min_keys(self.kv_format, q_fp8)
+        self.sm_count = _device.sm_count(f.device)
+        min_keys = mla_configs.padded_min_keys(self.kv_format, q_fp8, sm_count=self.sm_count,
+                                               bandwidth=_device.memory_bandwidth(f.device))
         padded = (not narrow and wide is not None and ws_allowed and mla_gluon_kernel is not None
-                  and not (min_keys and f.batch_invariant)
+                  and min_keys >= 0 and not (min_keys and f.batch_invariant)
                   and fits(wide, q_dtype=f.q_dtype, kv_dtype=f.kv_dtype, kv_shape=f.kv_shape, kv_stride=f.kv_stride,
                            aligned16=f.aligned16))
         if padded:
@@ -117,7 +120,6 @@ class _Plan:
             self.kv_format, words_ok, (f.kv_stride[0], f.kv_stride[1]), CKV_DIM + KPE_DIM)
         self.h_blocks = -(-self.num_heads // cfg.block_h)
         self.items = self.batch * self.h_blocks
-        self.sm_count = _device.sm_count(f.device)
         per_split = self.batch * self.num_heads * (CKV_DIM + 1)
         self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
         self.strides = dict(  # the kernels' stride parameters, by name
