@@ -5,8 +5,8 @@ slowed. Eager calls after a warm-up, L2 not flushed (relative numbers: run every
 Run from a tree's root with that tree's ``src`` first on the path; the registry comes from this
 tree's ``benchmarks``.
 
-    PYTHONPATH=src python3 lab/probes/kernel_times.py --filter sw71 --filter "Hq64 64x4096" --json out.json \
-        [--ab unif:mla:min_chunk=2048]
+    PYTHONPATH=src python3 lab/probes/kernel_times.py --filter sw71 --filter "Hq64 64x4096" --json out.json
+    PYTHONPATH=src python3 lab/probes/kernel_times.py --filter "Hq64 64x4096" --ab unif:mla:min_chunk=2048
 
 ``--ab`` (benchmarks/run.py's spelling) also times each row under that config override.
 """

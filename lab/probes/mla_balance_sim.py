@@ -79,12 +79,12 @@ def main() -> None:
         q_fp8 = shape.q_dtype == "fp8"
         lens = shape.seq_lens()
         narrow = configs.config("sm90", fmt, shape.num_qo_heads, q_fp8)
-        cfg = configs.padded_heads("sm90", fmt, shape.num_qo_heads, q_fp8) or narrow
+        cfg = configs.padded_heads("sm90", fmt, shape.num_qo_heads, q_fp8, sm_count=SM_COUNT,
+                                   bandwidth=BANDWIDTH) or narrow
         head_blocks = -(-shape.num_qo_heads // cfg.block_h)
         splits = configs.num_splits(cfg, items=shape.batch * head_blocks, span=max(lens), sm_count=SM_COUNT,
                                     fit=1 << 20)
-        min_keys = configs.padded_min_keys(fmt, q_fp8, sm_count=SM_COUNT, bandwidth=BANDWIDTH)
-        if cfg is not narrow and (min_keys < 0 or max(lens) < min_keys * splits):  # (plan.for_span)
+        if cfg is not narrow and max(lens) < configs.padded_min_keys(fmt, q_fp8) * splits:  # (plan.for_span)
             cfg, head_blocks = narrow, -(-shape.num_qo_heads // narrow.block_h)
             splits = configs.num_splits(cfg, items=shape.batch * head_blocks, span=max(lens), sm_count=SM_COUNT,
                                         fit=1 << 20)

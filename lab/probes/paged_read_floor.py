@@ -4,13 +4,14 @@ the lanes' request cap measured, and where its time goes").
 
 Each program reads one equal, contiguous share of the batch's 64-key tiles (the lanes plan without
 its cap or fixed costs), every tile's key rows found through the row's page table as the kernel
-finds them (a random page permutation), K and V of one KV head into two products with a fixed
-16-row operand (the decode kernel's pipelined copies and products without its softmax). Arms:
+finds them (a random page permutation; each KV head's keys as a request of their own), K and V
+into two products with a fixed 16-row operand (the decode kernel's pipelined copies and products
+without its softmax). Arms:
 1 / 2 / 3 / 4 programs an SM, the pages in table order or contiguous (the table the identity), 3 or 4
-stages. Times by ``triton.testing.do_bench`` (L2 cleared between runs); a 1 GiB device copy for the
-ceiling.
+stages. Times and the copy ceiling as the benchmark takes them (``Timer.eager``,
+``benchmarks/ceilings.py``); rows from the grid or the sweep.
 
-    PYTHONPATH=src python lab/probes/paged_read_floor.py --filter "sw12 " --filter "sw07 " [--json out.json]
+    PYTHONPATH=src python lab/probes/paged_read_floor.py --filter "sw12 " --filter "16x4096 p64 NHD" --json x.json
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from benchmarks import sweep  # noqa: E402
+from benchmarks import shapes, sweep  # noqa: E402
+from benchmarks.ceilings import copy_gbps  # noqa: E402
+from kvattn.benchmarking.timing import Timer  # noqa: E402
 
 BLOCK_N = 64
 
@@ -79,8 +82,9 @@ def shares(tiles: int, programs: int) -> torch.Tensor:
     return (torch.arange(programs + 1, dtype=torch.int64) * tiles // programs).to(torch.int32)
 
 
-def read_case(lens, page, head_dim, device, *, per_sm, sms, stages, contiguous, seed=0):
-    """``(us, bytes, sums)`` of one arm (``us`` None off a GPU: the interpreter checks the sums)."""
+def read_case(lens, page, head_dim, device, *, per_sm, sms, stages, contiguous, seed=0, timer=None):
+    """``(us, bytes, sums, inputs)`` of one arm (``us`` None without a ``timer``: the interpreter
+    checks the sums)."""
     g = torch.Generator().manual_seed(seed)
     width = max(-(-n // page) for n in lens)
     pages = len(lens) * width
@@ -100,7 +104,7 @@ def read_case(lens, page, head_dim, device, *, per_sm, sms, stages, contiguous, 
 
     call()
     nbytes = rows.numel() * head_dim * 2 * 2
-    us = triton.testing.do_bench(call, warmup=10, rep=50) * 1e3 if device.type == "cuda" else None
+    us = timer.eager([call]) if timer is not None else None
     return us, nbytes, out.cpu(), (k.float().cpu(), v.float().cpu(), rows, lo)
 
 
@@ -111,23 +115,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    x = torch.empty(1 << 29, dtype=torch.float16, device=dev)
-    copy_us = triton.testing.do_bench(lambda: x.clone(), warmup=5, rep=50) * 1e3
-    copy_gbs = 2 * x.numel() * 2 / copy_us / 1e3
-    del x
-    print(f"copy {copy_gbs:.0f} GB/s", flush=True)
-    report = {"copy_gbs": copy_gbs, "rows": {}}
-    for shape in sweep.select(sweep.SWEEP, filters=args.filter):
-        lens = shape.seq_lens()
+    timer = Timer(dev)
+    copy = copy_gbps(timer)
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    report = {"copy_gbs": copy, "rows": {}}
+    for shape in shapes.select(shapes.GRID, filters=args.filter) + sweep.select(sweep.SWEEP, filters=args.filter):
+        lens = [n for n in shape.seq_lens() for _ in range(shape.num_kv_heads)]  # (a KV head's keys: a request)
         for contiguous in (False, True):
             for per_sm in (1, 2, 3, 4):
                 for stages in (3, 4):
                     us, nbytes, _, _ = read_case(lens, shape.page_size, shape.head_dim, dev, per_sm=per_sm, sms=sms,
-                                                 stages=stages, contiguous=contiguous)
+                                                 stages=stages, contiguous=contiguous, timer=timer)
                     gbs = nbytes / us / 1e3
                     key = f"{shape.id} | {'contiguous' if contiguous else 'paged'} {per_sm}/SM {stages} stages"
-                    report["rows"][key] = {"us": us, "bytes": nbytes, "gbs": gbs, "copy_frac": gbs / copy_gbs}
-                    print(f"{key}: {us:.1f} us, {gbs:.0f} GB/s = {gbs / copy_gbs:.2f} of copy", flush=True)
+                    report["rows"][key] = {"us": us, "bytes": nbytes, "gbs": gbs, "copy_frac": gbs / copy}
+                    print(f"{key}: {us:.1f} us, {gbs:.0f} GB/s = {gbs / copy:.2f} of copy", flush=True)
         torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

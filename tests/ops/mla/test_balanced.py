@@ -74,23 +74,6 @@ def test_mla_balanced_split_matches_oracles(lens, hq, page, waves, kernel_device
         assert max(balanced_units(lens, splits, launch.constexprs["BLOCK_N"], 16)) > splits
 
 
-@pytest.mark.parametrize("lens,hq,heads", [([0, 1, GIANT, 3], 16, 4), ([GIANT + 50, 1, 2, 1, 0, 3], 20, 8),
-                                           ([40, 41, 39, 44], 16, 8)],
-                         ids=["B4-Hq16-4-heads-a-program", "B6-Hq20-8-heads-a-program-rows-masked",
-                              "B4-Hq16-equal-8-heads-a-program"])
-def test_mla_balanced_combine_merges_several_heads_a_program(lens, hq, heads, kernel_device, built):
-    """``combine_heads``: one combine program merges a request's units for several heads (the plan
-    derived once for them); heads past Hq masked; the split launch unchanged by the field."""
-    over = dict(min_chunk=16, waves=4, max_splits=2, **({"block_h": 16} if hq == 20 else {}))
-    with mla_configs.override(**over, combine_heads=heads):
-        ops_case(kernel_device, lens=lens, hq=hq, page=16, seed=40 + heads)
-    combine = built["combine"][-1]
-    assert combine.kernel is balanced_combine_kernel and combine.constexprs["BLOCK_HC"] == heads
-    assert combine.grid == (len(lens), -(-hq // heads))
-    assert combine.constexprs["BLOCK_S"] * heads <= 16 or combine.constexprs["BLOCK_S"] == combine.constexprs[
-        "BLOCK_S_FEW"]
-
-
 @pytest.mark.parametrize("lens,hq", [([40, 1, 0, 3], 16), ([2, 40, 1], 8)], ids=["B4-Hq16", "B3-Hq8"])
 def test_mla_balanced_split_mtp_two_tokens(lens, hq, kernel_device, built):
     """Q 2: a request shorter than Q among long ones; the LSE from the balanced combine."""
@@ -121,11 +104,6 @@ GPU_CASES = [
                  id="fp8-cache-bf16-q-Hq128-triton", marks=GPU_ONLY),
     pytest.param(dict(lens=[3000, 2990, 3010, 2950], hq=128, page=64), id="bf16-Hq128-p64-equal-lengths",
                  marks=GPU_ONLY),
-    # the combine merging several heads a program (configs' combine_heads; the split launch as above)
-    pytest.param(dict(lens=RAGGED_GPU, hq=64, page=64, combine_heads=4), id="bf16-Hq64-p64-ws-combine-4-heads",
-                 marks=GPU_ONLY),
-    pytest.param(dict(lens=RAGGED_GPU, hq=16, page=16, kv_format="fp8", combine_heads=16),
-                 id="fp8-Hq16-p16-combine-16-heads", marks=GPU_ONLY),
 ]
 
 
@@ -133,12 +111,9 @@ GPU_CASES = [
 def test_mla_balanced_split_public_function(kw, kernel_device, triton_backend, monkeypatch, built):
     """Several splits forced (short min_chunk, several waves) so the ragged batch takes the
     balanced split in the kernel sm90 gives the launch: a 20000-key request among short ones."""
-    kw = dict(kw)
-    heads = kw.pop("combine_heads", 1)
-    with mla_configs.override(min_chunk=64, waves=4, max_splits=16, combine_heads=heads):
+    with mla_configs.override(min_chunk=64, waves=4, max_splits=16):
         mla_case(kernel_device, monkeypatch, **kw, seed=17)
     assert any(launch.constexprs["BALANCED"] for launch in built["split"])
-    assert all(c.constexprs.get("BLOCK_HC", heads) == min(heads, 64) for c in built["combine"])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="GPU grid")

@@ -103,23 +103,3 @@ def test_num_splits_min_split_span():
     assert mla_configs.num_splits(cfg, span=256, **kw) == 1
     assert mla_configs.num_splits(cfg, span=257, **kw) == 3
     assert mla_configs.num_splits(cfg, span=100000, **kw) == 26  # the wave bound
-
-
-def test_a_combine_field_override_keeps_the_split_launch(monkeypatch):
-    """``--ab NAME:mla:combine_heads=4`` times the combine alone: the split launch keeps the
-    warp-specialised kernel, its padded rows and the pair plan (sw74's launch, as above); the
-    balanced combine merges 4 heads a program, or fewer where its splits would make a tile of more
-    than 16 partials x heads (22 splits: rounds of 16, one head)."""
-    plan = _plan(monkeypatch, batch=6, heads=32)
-    split, combine, splits, balanced = _launch(plan, 2993)
-    with mla_configs.override(combine_heads=4):
-        other = _plan(monkeypatch, batch=6, heads=32)
-        o_split, o_combine, o_splits, o_balanced = _launch(other, 2993)
-    assert other.ws and o_split.kernel is split.kernel is mla_plan.mla_gluon_ws_kernel
-    assert (o_splits, o_balanced, o_split.grid, other.cfg.min_chunk) == (splits, balanced, split.grid, 128)
-    assert (combine.grid, combine.constexprs["BLOCK_HC"]) == ((6, 32), 1)
-    assert (o_combine.grid, o_combine.constexprs["BLOCK_HC"]) == ((6, 32), 1)  # (22 splits: 16 a round)
-    with mla_configs.override(combine_heads=4):
-        _, few, _, _ = _launch(_plan(monkeypatch, batch=64, heads=32), 4096)  # an equal batch, 2 splits
-    assert (few.grid, few.constexprs["BLOCK_HC"], few.constexprs["BLOCK_S_FEW"]) == ((64, 8), 4, 2)
-    assert few.constexprs["BLOCK_S"] * 4 <= 16

@@ -80,14 +80,12 @@ def balanced_combine_kernel(
     batch, num_splits, capacity, out_factor,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_S_FEW: tl.constexpr,
     OUT_PTR: tl.constexpr, STORE_LSE: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_HC: tl.constexpr,
+    BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """The merge of a balanced split launch (``common.balance.launch_unit``; the MLA kernels'
-    ``BALANCED``): one request's units for ``BLOCK_HC`` rows (heads), the consecutive slots
-    ``first .. first + n - 1``, which it derives from the lengths as the split programs did (a
-    ragged batch's requests have different unit counts; an equal batch's ``num_splits`` each).
-    Several rows a program share that derivation (a [BLOCK_B] vector of lengths, its sums and
-    cumulative sum), which otherwise each of the batch x heads programs repeats."""
+    ``BALANCED``): one (request, row)'s units, the consecutive slots ``first .. first + n - 1``,
+    which it derives from the lengths as the split programs did (a ragged batch's requests have
+    different unit counts; an equal batch's ``num_splits`` each)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     # The plan from the lengths before the wait: the split kernel does not write them, so under a
@@ -95,10 +93,7 @@ def balanced_combine_kernel(
     n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
     if USE_PDL:
         gdc_wait()
-    if BLOCK_HC == 1:
-        heads = h + tl.zeros([1], dtype=tl.int32)
-    else:
-        heads = h * BLOCK_HC + tl.arange(0, BLOCK_HC)
+    heads = h + tl.zeros([1], dtype=tl.int32)
     row_ok = heads < NUM_HEADS
     p_row = first.to(tl.int64) * NUM_HEADS + heads
     # Most requests hold at most the uniform split count of units (every request of an equal batch,

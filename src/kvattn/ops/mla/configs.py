@@ -35,7 +35,6 @@ class MLAConfig:
     heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
     split_scores: bool = False  # score products unchained (layout fences): each warpgroup computes half of N
     invariant_span: int = 1024  # keys a split in batch-invariant mode (ops/common/splits.py)
-    combine_heads: int = 1  # heads a balanced-combine program merges (one derivation of the plan for them)
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
@@ -143,9 +142,6 @@ def _fmt(kv_format: str, q_fp8: bool = False) -> str:
 # Fields that shape the split plan only (how many programs, how many keys each), not the kernel a
 # launch compiles: an override of these alone keeps the launch's kernel (:func:`padded_heads`).
 PLAN_FIELDS = frozenset({"waves", "min_chunk", "max_splits", "invariant_span", "min_split_span"})
-# Fields of the combine launch only: an override of these keeps the split launch whole (its kernel
-# and its plan), so ``--ab NAME:mla:combine_heads=4`` times the combine alone.
-COMBINE_FIELDS = frozenset({"combine_heads"})
 
 # The split plan of launches the warp-specialised kernel runs (the plan applies it with
 # :func:`seesaw_plan` once it knows the kernel). Its two warpgroups take a 64-key tile each, so a
@@ -200,7 +196,8 @@ def config(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> ML
     return cfg
 
 
-def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False) -> MLAConfig | None:
+def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False, *, sm_count: int = 0,
+                 bandwidth: float = 0.0) -> MLAConfig | None:
     """The 64-head entry that a launch of fewer than 64 heads (rows) takes on sm90 where the
     warp-specialised kernel serves it (the launcher checks that), the rows past the heads padded.
     16-bit caches: H100, bf16 Hq 32, graph us 64x4096 / 128x8192 / 32x16384: BLOCK_H 32 (Triton)
@@ -210,17 +207,19 @@ def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False)
     0.745 of copy bandwidth at Hq 16, where the 64-head programs, products padded, overlap their
     copies as at Hq 32 (lab/notes/mla.md "MLA: 16 heads on the seesaw"). An fp8 query over an fp8
     cache at 16 heads or fewer (the heads-in-N entry) takes the kernel's e4m3 form only for programs
-    of :data:`PADDED_MIN_KEYS` keys or more on GPUs of :data:`PADDED_MIN_SM_GBPS` (the launcher's
-    choice by span and GPU). None for other launches,
-    and while an :func:`override` of a kernel field is in force (tuning and tests pick their own
-    programs); an override of the split plan's fields only (:data:`PLAN_FIELDS`) or the combine's
-    (:data:`COMBINE_FIELDS`) keeps the padded programs, so ``benchmarks/run.py --ab`` can time a
-    split rule on the kernel the table runs."""
-    if arch != "sm90" or set(_override) - PLAN_FIELDS - COMBINE_FIELDS:
+    of :data:`PADDED_MIN_KEYS` keys or more (the launcher's choice by span), and only on a GPU past
+    :data:`PADDED_MIN_SM_GBPS` (``bandwidth`` bytes/s peak over ``sm_count`` SMs). None for other
+    launches, and while an :func:`override` of a kernel field is in force (tuning and tests pick
+    their own programs); an override of the split plan's fields only (:data:`PLAN_FIELDS`) keeps the padded
+    programs, so ``benchmarks/run.py --ab`` can time a split rule on the kernel the table runs."""
+    if arch != "sm90" or set(_override) - PLAN_FIELDS:
         return None
     cfg = config(arch, kv_format, num_heads, q_fp8)
     wide = config(arch, kv_format, 64, q_fp8)
     if not cfg.block_h < wide.block_h or not warp_specialized(arch, kv_format, wide.block_h, q_fp8):
+        return None
+    floor = PADDED_MIN_SM_GBPS.get(_fmt(kv_format, q_fp8))
+    if floor is not None and not bandwidth > floor * 1e9 * sm_count:
         return None
     return wide
 
@@ -232,21 +231,16 @@ def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False)
 # 684-824 keys 29.6 -> 33.6 (sw68), 26.7 -> 29.5 (sw67); 4-tile programs 21.6 -> 25.6 (sw79)
 # (lab/notes/mla.md "MLA: fp8 at 16 heads on the seesaw, by span").
 PADDED_MIN_KEYS = {"fp8qk": 1024}
-# Formats whose padded programs were measured on the H200 only: a GPU of at most this peak copy
-# bandwidth an SM (GB/s; an H100, 25 GB/s an SM, or one whose bandwidth is unknown) keeps the
-# unpadded programs it was measured on (fp8 scores at 16 heads: 87.5 / 294 / 156 us on the H100).
+# Formats whose padded programs were measured on the H200 only (:func:`padded_heads`): a GPU of at
+# most this peak copy bandwidth an SM (GB/s; an H100, 25 GB/s an SM, or one whose bandwidth is
+# unknown) keeps the unpadded programs it was measured on (fp8 scores at 16 heads: 87.5 / 294 / 156
+# us on the H100).
 PADDED_MIN_SM_GBPS = {"fp8qk": 32.0}
 
 
-def padded_min_keys(kv_format: str, q_fp8: bool = False, *, sm_count: int = 0, bandwidth: float = 0.0) -> int:
-    """:data:`PADDED_MIN_KEYS` of a launch's format (0 where every launch takes the padded
-    programs), or -1 where the GPU (``bandwidth`` bytes/s peak over ``sm_count`` SMs) is not one its
-    padded programs were measured on (:data:`PADDED_MIN_SM_GBPS`): no launch takes them."""
-    fmt = _fmt(kv_format, q_fp8)
-    floor = PADDED_MIN_SM_GBPS.get(fmt)
-    if floor is not None and not bandwidth > floor * 1e9 * sm_count:
-        return -1
-    return PADDED_MIN_KEYS.get(fmt, 0)
+def padded_min_keys(kv_format: str, q_fp8: bool = False) -> int:
+    """:data:`PADDED_MIN_KEYS` of a launch's format (0 where every launch takes the padded programs)."""
+    return PADDED_MIN_KEYS.get(_fmt(kv_format, q_fp8), 0)
 
 
 def warp_specialized(arch: str, kv_format: str, block_h: int, q_fp8: bool = False) -> bool:

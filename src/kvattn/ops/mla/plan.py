@@ -11,7 +11,6 @@ or, for a launch that takes the balanced split of ragged batches (``configs.bala
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -99,20 +98,17 @@ class _Plan:
         # plan below takes the shorter ones), and on GPUs where that was measured (an H200).
         # Batch-invariant mode keeps one kernel for every span there (a request's result must not
         # depend on the batch's longest): the unpadded one.
-        wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8)
-        fits = _ws_fp8_fits if q_fp8 else functools.partial(_gluon_fits, kv_format=self.kv_format)
         self.sm_count = _device.sm_count(f.device)
-        min_keys = mla_configs.padded_min_keys(self.kv_format, q_fp8, sm_count=self.sm_count,
-                                               bandwidth=_device.memory_bandwidth(f.device))
-        padded = (not narrow and wide is not None and ws_allowed and mla_gluon_kernel is not None
-                  and min_keys >= 0 and not (min_keys and f.batch_invariant)
-                  and fits(wide, q_dtype=f.q_dtype, kv_dtype=f.kv_dtype, kv_shape=f.kv_shape, kv_stride=f.kv_stride,
-                           aligned16=f.aligned16))
-        if padded:
+        wide = mla_configs.padded_heads(family, self.kv_format, self.num_heads, q_fp8, sm_count=self.sm_count,
+                                        bandwidth=_device.memory_bandwidth(f.device))
+        min_keys = mla_configs.padded_min_keys(self.kv_format, q_fp8)
+        fits = wide is not None and (
+            _ws_fp8_fits(wide, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16) if q_fp8
+            else _gluon_fits(wide, self.kv_format, f.q_dtype, f.kv_dtype, f.kv_shape, f.kv_stride, f.aligned16))
+        if fits and ws_allowed and mla_gluon_kernel is not None and not narrow and not (min_keys and f.batch_invariant):
             cfg = wide
-        min_keys = min_keys if padded else 0
-        self.narrow = _Plan(facts, narrow=True) if min_keys else None
-        self.padded_min_keys = min_keys
+        self.padded_min_keys = min_keys if cfg is wide else 0
+        self.narrow = _Plan(facts, narrow=True) if self.padded_min_keys else None
         self.cfg = cfg
         # fp8 scores read the raw bytes (the tile feeds the fp8 wgmma from shared memory as copied)
         words_ok = words_allowed(f.device, f.interpreter, f.aligned4)
@@ -261,13 +257,10 @@ class _Plan:
         cx = self._balance_constexprs(True)
         most = max(splits, min(cx["UNITS_CAP"], self.batch * splits))
         wide, few = combine_block_s(most, CKV_DIM, False), combine_block_s(splits, CKV_DIM, False)
-        # Heads a program (a tile dim: a power of 2), and its partials x rows within the measured 16
-        heads = min(self.cfg.combine_heads, next_power_of_2(self.num_heads), max(1, _WIDE_BLOCK_S // few))
-        wide = min(wide, max(1, _WIDE_BLOCK_S // heads))
-        if self.batch * -(-self.num_heads // heads) > _WIDE_MERGE_PROGRAMS_PER_SM * self.sm_count:
+        if self.batch * self.num_heads > _WIDE_MERGE_PROGRAMS_PER_SM * self.sm_count:
             wide = min(wide, _MANY_PROGRAMS_BLOCK_S)
         return fast_launch.Launch(
-            balanced_combine_kernel, (self.batch, -(-self.num_heads // heads)),
+            balanced_combine_kernel, (self.batch, self.num_heads),
             layout=_LAYOUT,
             per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", seq_lens_ptr="seq_lens",
                           out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
@@ -278,7 +271,7 @@ class _Plan:
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=max(wide, few), BLOCK_S_FEW=few,
                 OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
                 BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
-                UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc, BLOCK_HC=heads,
+                UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc,
             ),
             options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if self.gdc else {})),
         )
@@ -380,7 +373,6 @@ def _gluon_split(plan: _Plan, splits: int, balanced: bool) -> fast_launch.Launch
 # (lab/notes/mla-ragged.md "The balanced combine's registers").
 _WIDE_MERGE_PROGRAMS_PER_SM = 5
 _MANY_PROGRAMS_BLOCK_S = 4
-_WIDE_BLOCK_S = 16  # (a program of several heads, configs' combine_heads, splits these between them)
 
 _PLANS: dict[MLAFacts, _Plan] = {}
 
