@@ -118,6 +118,9 @@ VARIANTS.update({"cap64": {"balance_lanes_cap": 64}, "cap128": {"balance_lanes_c
 VARIANTS.update({
     "split12": {"max_splits": 12},
     "split8": {"max_splits": 8},
+    "split4": {"max_splits": 4},
+    "split2": {"max_splits": 2},
+    "split1": {"max_splits": 1},
     "long_w4": {"block_n": 128, "num_warps": 8, "num_stages": 3, "waves": 4},
     "t64_4_4w2": {"block_n": 64, "num_warps": 4, "num_stages": 4, "waves": 2},
     "t64_4_4w4": {"block_n": 64, "num_warps": 4, "num_stages": 4, "waves": 4},
