@@ -50,11 +50,6 @@ The other floors, every format, on the plan's own tiles:
   last program's reset of the counter), only the last program's merge (loads of every split's
   partial, the rescale, the output store) taken out: ``nomerge`` vs ``mergecount`` vs the
   kernel splits the merge's cost into the count and the merging itself.
-* ``rowsin`` (not a floor: an arm): nothing taken out; only what every floor does, the rows-in-M
-  kernel on the plan's launch. Where the plan puts the keys in M it launches ``BLOCK_M`` 8 (the
-  products' N), so this arm is the rows-in-M kernel at 8 rows (Triton pads the 8-row dots), which
-  the config's ``keys_in_m=False`` (16 rows) does not time: the reference of every floor above on
-  those launches.
 * ``noloads``: the K and V tiles are not loaded: each is a register tile of 1 where its token's
   page id is usable, 0 elsewhere (``where(ok, 1, 0)`` broadcast over D, in ``cdt``). The page-id
   loads stay (they feed ``ok``, hence the tiles), and so do both products (sm_90a PTX: the
@@ -111,8 +106,6 @@ PATCHES = {
     ],
     # not a floor: the library's kernel on 64-row tiles (wgmma), the reference of the two above
     "rows64": [_ROWS64],
-    # not a floor: the rows-in-M kernel the floors below run on (the patch every floor gets)
-    "rowsin": [],
     "nomerge": [(
         "    if MERGE:\n"
         "        # The item's last split to finish merges all of them (no combine launch): each split\n",

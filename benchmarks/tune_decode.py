@@ -89,8 +89,9 @@ VARIANTS = {
     # Not a config: the split kernel alone, the combine launch skipped (outputs wrong), to see
     # what the second launch costs the split shapes.
     "nocombine": {"_no_combine": True},
-    # fp8 caches: the query rows in the products' M dim (16-row tiles) instead of the keys
-    "rows16": {"keys_in_m": False},
+    # fp8 caches of <= 8 query rows a KV head: the rows in the products' M dim (8 rows a program, the
+    # kernel every floor runs on) instead of the keys
+    "rows": {"keys_in_m": False},
 }
 # Whole tiles "tBLOCKN_WARPS_STAGES", whichever table the shape would use. Each variant's output is
 # compared with the table's (flagged when off), but before a table takes one the GPU tests must

@@ -4,7 +4,9 @@
 # 8 on a keys-in-M launch. This call times that form as an arm (floor_rowsin: nothing taken out)
 # beside the kernel (keys in M) and the config's rows in M at 16 rows (rows16), on the grid's and
 # the sweep's fp8 rows; then sw12's pages read bare (p1's output lost it); then the MLA grid's
-# 64 x 4096 at 16-64 heads on the other MLA kernels. No carry, ~200 s.
+# 64 x 4096 at 16-64 heads on the other MLA kernels. No carry, ~200 s. (After it the plan runs every
+# such launch at 8 rows, so keys_in_m=False is floor_rowsin's form; tune_decode's arm is "rows" and
+# decode_floors has no rowsin: run this script on the commit that added it.)
 set -uo pipefail
 source lab/probes/device_env.sh
 timeout 80 python3 benchmarks/tune_decode.py --filter "fp8 256x1024" --filter "fp8 64x8192" \

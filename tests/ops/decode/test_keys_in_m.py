@@ -34,6 +34,19 @@ def test_plan_puts_keys_in_m_for_fp8_with_at_most_8_rows(kv_dtype, heads, taken,
 
 
 @FAKED
+@pytest.mark.parametrize("max_len,keys_in_m", [(1024, False), (1025, True)], ids=["short-1024", "main-1025"])
+def test_short_request_tiles_keep_fp8_rows_in_m_at_8_rows(max_len, keys_in_m, monkeypatch):
+    """The short-request table's launches (spans <= SHORT_SPAN) put fp8's 4 rows a KV head in M, the
+    main table's put the keys there; both run 8 rows a program (never the padded 16)."""
+    call = dict(SW36, num_heads=32, num_kv_heads=8, max_len=max_len, batch=64)
+    plan = _plan_of(monkeypatch, kv_dtype=torch.float8_e4m3fn, **call)
+    split = plan.launches(max_len)[0]
+    assert (plan.config_for(max_len) is plan.cfg_short) is not keys_in_m
+    assert split.constexprs["KEYS_IN_M"] is keys_in_m
+    assert split.constexprs["BLOCK_M"] == decode_launch.KEYS_IN_M_ROWS
+
+
+@FAKED
 def test_keys_in_m_is_the_configs_field(monkeypatch):
     """``keys_in_m`` is a config field, so ``--ab NAME:decode:keys_in_m=0`` times the padded-row
     kernel from the same tree."""

@@ -66,8 +66,8 @@ class DecodeConfig:
     # the main table's replace them: main_replaces_long). Read from the long table's config.
     long_max_sm_gbps: float = LONG_MAX_SM_GBPS
     # fp8 caches, <= 8 query rows a KV head: keys in the products' M dim (plan._keys_in_m): 24 x 48740
-    # fp8 on pages of 16 731 -> 692 us on an H200, no fp8 row slower (lab/notes/formats.md "Formats:
-    # keys in M and the page offsets, measured").
+    # fp8 on pages of 16 731 -> 692 us on an H200 (lab/notes/formats.md "Formats: keys in M and the
+    # page offsets, measured"). The short-request table's programs keep the rows in M (config()).
     keys_in_m: bool = True
     # Paged caches without block scales: token offsets computed where the page ids load, V's taken
     # from K's where the tables and strides are the same (plan._page_offsets): fp8 rows up to 12 % and
@@ -498,8 +498,12 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     sm90_rope = sm90 and rope
     if sm90_rope:
         stages = min(stages, 3)
+    # The short-request tiles (spans of at most SHORT_SPAN keys: 16 64-key tiles a program at most)
+    # keep fp8's query rows in M: on an H200 256 x 1024 p16 171.3 -> 162.4 us and 3 requests of at
+    # most 370 keys 11.6 -> 11.2 with them, where long programs lose by 5-7 % (64 x 8192 p16 320 ->
+    # 344, sw36 704 -> 752; lab/notes/formats.md "Formats: rows in M at 8 rows for short requests").
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
-                       tail_splits=TAIL_SPLITS if sm90 else 0,
+                       keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:

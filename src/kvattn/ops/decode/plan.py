@@ -219,7 +219,10 @@ class _Plan:
         # fp8 caches with at most 8 query rows a KV head may put the keys in the products' M dim
         # (S^T = K Q^T, O^T = V^T P^T: mma.sync with N = 8 instead of 8 rows padded to a 16-row M
         # tile), where the config's keys_in_m allows it (_keys_in_m; lab/notes/formats.md "Formats:
-        # where the fp8 decode loop's instructions go").
+        # where the fp8 decode loop's instructions go"). Either way such a launch runs 8 rows a
+        # program: rows in M at 8 rows (Triton pads the products' M, the softmax stays at 8 rows)
+        # beat 16 rows on every fp8 row timed (lab/notes/formats.md "Formats: rows in M at 8 rows
+        # for short requests").
         self.keys_in_m_ok = (self.kv_format == "fp8" and use_dot and self.rows <= KEYS_IN_M_ROWS and self.m_blocks == 1
                              and not f.has_rope and not f.alibi)
         tma_rules = dict(
@@ -505,7 +508,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
         ),
         constexprs=dict(
             HEAD_DIM=plan.head_dim, PAGE_SIZE=plan.page_size, NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group,
-            Q_LEN=plan.q_len, BLOCK_M=KEYS_IN_M_ROWS if keys_in_m else plan.block_m, BLOCK_N=cfg.block_n,
+            Q_LEN=plan.q_len, BLOCK_M=KEYS_IN_M_ROWS if plan.keys_in_m_ok else plan.block_m, BLOCK_N=cfg.block_n,
             M_BLOCKS=plan.m_blocks, KEYS_IN_M=keys_in_m,
             KV_FORMAT=plan.kv_code, PAGED=plan.paged, SAME_TABLE=plan.same_table,
             HAS_WINDOW=plan.has_window, HAS_MASK=has["mask"], HAS_SINKS=has["sinks"], LOGIT_PTR=has["logit"],
