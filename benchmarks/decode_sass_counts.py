@@ -92,7 +92,8 @@ from benchmarks import timeline
 from benchmarks.shapes import Shape
 fmt, row, bw = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
 shape = Shape("decode", row["batch"], row["max_len"], num_qo_heads=row["num_heads"], num_kv_heads=row["num_kv_heads"],
-              page_size=row["page"], layout=row["layout"], kv_dtype="fp8" if fmt == "fp8" else "bfloat16")
+              page_size=row["page"], layout=row["layout"], kv_dtype="fp8" if fmt == "fp8" else "bfloat16",
+              head_dim=row.get("head_dim", 128))
 split = timeline.faked_h200_launch(shape, bw)
 print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid))))
 """
@@ -320,7 +321,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eager", action="store_true", help="with --single: the eager plan (no graph capture)")
     ap.add_argument("--json", help="write the counts here (with --single)")
     ap.add_argument("--set", action="append", default=[], help="CONSTEXPR=VALUE over the plan's (JSON value)")
-    ap.add_argument("--row", default=None, help="JSON row (batch, max_len, page, num_heads, num_kv_heads, layout)")
+    ap.add_argument("--row", default=None,
+                    help="JSON row (batch, max_len, page, num_heads, num_kv_heads, layout; head_dim: 128 unless given)")
     ap.add_argument("--dump", help="folder for the SASS / PTX / TTGIR")
     ap.add_argument("--lines", type=int, default=0, help="print the N busiest source lines")
     args = ap.parse_args(argv)
