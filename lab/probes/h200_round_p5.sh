@@ -13,5 +13,4 @@ timeout ${SWEEP_S:-300} python3 benchmarks/run.py --suite sweep --fi-prebuild --
   --out "$OUT/sweep.json" --md "$OUT/sweep.md" --time-budget $(( ${SWEEP_S:-300} - 50 )) 2> "$OUT/sweep.err"
 grep "^| " "$OUT/sweep.md" | grep -v "^|---" | tail -n 14 | cut -c1-200
 xz -9 "$OUT/grid.err" "$OUT/sweep.err" 2>/dev/null
-rm -f "$OUT/decode-grid.md" "$OUT/sweep.md"
 echo "done: $(( $(date +%s) - t0 )) s"
