@@ -221,8 +221,8 @@ class _Plan:
         # tile), where the config's keys_in_m allows it (_keys_in_m; lab/notes/formats.md "Formats:
         # where the fp8 decode loop's instructions go"). Either way such a launch runs 8 rows a
         # program: rows in M at 8 rows (Triton pads the products' M, the softmax stays at 8 rows)
-        # beat 16 rows on every fp8 row timed (lab/notes/formats.md "Formats: rows in M at 8 rows
-        # for short requests").
+        # beat 16 rows on every fp8 row timed
+        # (lab/notes/formats.md "Formats: rows in M at 8 rows for short requests").
         self.keys_in_m_ok = (self.kv_format == "fp8" and use_dot and self.rows <= KEYS_IN_M_ROWS and self.m_blocks == 1
                              and not f.has_rope and not f.alibi)
         tma_rules = dict(
