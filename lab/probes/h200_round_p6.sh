@@ -5,5 +5,5 @@
 # and the sweep's bf16 rows still behind FlashInfer, kvattn only, graph replay. No carry, ~150 s.
 set -uo pipefail
 source lab/probes/device_env.sh
-kv_rows ab-s3 150 "decode bf16,sw03 ,sw06 ,sw07 ,sw10 ,sw12 ,sw16 ,sw33 ,sw43 ,sw54 ,sw57 ,sw59 " --ab s3:decode:num_stages=3
+kv_rows ab-s3 150 "decode bf16 16x4096,decode bf16 128x2048,decode bf16 256x1024,decode bf16 64x8192 p64,sw03 ,sw06 ,sw07 ,sw10 ,sw12 ,sw16 ,sw33 ,sw43 ,sw54 ,sw57 ,sw59 " --ab s3:decode:num_stages=3
 echo "done: $(( $(date +%s) - t0 )) s"
