@@ -182,8 +182,6 @@ class _Plan:
         main_for_long = long_tiles and decode_configs.main_replaces_long(
             *table, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
         long_tiles = long_tiles and not main_for_long
-        # (a uniform launch of those tiles merged by the combine launch: configs.combine_stages)
-        self.combine_stages_ok = main_for_long
         self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
@@ -385,14 +383,6 @@ class _Plan:
         bal = self._balances[cfg, splits]
         if bal is not None and span < bal.min_span:
             bal = None
-        if (bal is None and self.combine_stages_ok and cfg.combine_stages and cfg is not self.cfg_short
-                and cfg is not self.cfg_stream and splits > 1 and not self.merges(cfg, splits)):
-            # a uniform launch of the main tiles in the long ones' place merged by the combine
-            # launch: its config's stages (configs.combine_stages)
-            alt = replace(cfg, num_stages=cfg.combine_stages)
-            alt_splits = self.num_splits(span, alt)
-            if alt_splits > 1 and not self.merges(alt, alt_splits):
-                cfg, splits = alt, alt_splits
         hit = self._by_splits.get((cfg, splits, bal is not None))
         if hit is None:
             if bal is not None:
