@@ -6,8 +6,10 @@
 # seconds. No carry (~200 s). Not run: the session's device time ran out before a machine could
 # start, and the rule was taken back out of the package (unmeasured on sw51, no GPU tests); its
 # measurements and design are in lab/notes/decode-ragged-batches.md "Uniform launches at three
-# programs an SM". Needs the rule (configs.combine_stages) back to run.
+# programs an SM". The rule travels as lab/probes/combine_stages.patch, applied here to the device's
+# copy of the tree (the package here stays as main has it).
 set -uo pipefail
+patch -p1 --forward < lab/probes/combine_stages.patch || exit 1
 source lab/probes/device_env.sh
 kv_rows ab-c4 60 "sw31 ,sw33 ,sw43 ,sw51 ,sw57 " --ab c4:decode:combine_stages=0
 echo "ab: $(( $(date +%s) - t0 )) s"
