@@ -48,8 +48,8 @@ def test_short_request_tiles_keep_fp8_rows_in_m_at_8_rows(max_len, keys_in_m, mo
 
 @FAKED
 def test_keys_in_m_is_the_configs_field(monkeypatch):
-    """``keys_in_m`` is a config field, so ``--ab NAME:decode:keys_in_m=0`` times the padded-row
-    kernel from the same tree."""
+    """``keys_in_m`` is a config field, so ``--ab NAME:decode:keys_in_m=0`` times the rows-in-M
+    kernel (at 8 rows) from the same tree."""
     from dataclasses import replace
 
     plan = _plan_of(monkeypatch, kv_dtype=torch.float8_e4m3fn, **SW36)
