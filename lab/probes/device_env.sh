@@ -33,3 +33,17 @@ kv_rows() {
   grep "^| " "$OUT/$name.md" | grep -v "^| class\|^|---" | cut -c1-240
   xz -9 "$OUT/$name.err" 2>/dev/null
 }
+
+# peer_rows NAME SECONDS SUITES RUN_ARGS...: benchmarks/run.py over SUITES beside FlashInfer's kernels
+# (staged in .peers: carry [".peers"]; its modules prebuilt), no flex or SDPA peers, CUDA-graph replay,
+# within SECONDS; $OUT/NAME.json / .md / .err.xz, the block's last rows to the console.
+peer_rows() {
+  local name=$1 secs=$2 suites=$3
+  shift 3
+  ( source .peers/flashinfer/activate.sh
+    export PYTHONPATH=src:${PYTHONPATH:-} MAX_JOBS=16
+    timeout "$secs" python3 benchmarks/run.py --suite "$suites" --graph-only --fi-prebuild --no-flex --sdpa-backends "" \
+      "$@" --out "$OUT/$name.json" --md "$OUT/$name.md" --time-budget $(( secs - 40 )) 2> "$OUT/$name.err" )
+  grep "^| " "$OUT/$name.md" | grep -v "^|---" | tail -n 14 | cut -c1-200
+  xz -9 "$OUT/$name.err" 2>/dev/null
+}

@@ -2,8 +2,8 @@
 # Second of two back-to-back calls (as h200_round_n4.sh: the first, carry [".t371/a"], is
 #   mkdir -p /tmp/slimparts && cp .t371/a/slimpart.aa /tmp/slimparts/
 # this one carry [".t371/b"]): the Triton 3.7.1 wheel joined, checked and unpacked, then only the GPU
-# tests session n's 3.7.1 run (n-call4, stopped by its time limit) never reached, and the ones added
-# since (lab/probes/junit_remainder.py: this tree's ids less n-call4's JUnit cases; ~350 ids).
+# tests the 3.7.1 run on record (n-call4-junit.xml.xz, stopped by its time limit) never reached, and the
+# ones added since (lab/probes/junit_remainder.py: this tree's ids less n-call4's JUnit cases; ~350 ids).
 set -uo pipefail
 mkdir -p .t371slim
 cat /tmp/slimparts/slimpart.aa .t371/b/slimpart.ab > .t371slim/triton-3.7.1-slim.tar.xz

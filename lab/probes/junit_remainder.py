@@ -1,7 +1,7 @@
 """The test ids a stopped GPU run never reached: ``pytest --collect-only`` of this tree (the same
 marker filter) less the test cases of that run's JUnit XML (``.xml`` or ``.xml.xz``), one id a line
 for ``pytest @FILE``. Used to finish a Triton 3.7.1 GPU suite that its call's time limit stopped
-(session n's call 4 reached 3,612 of 3,911 ids: ``lab/probes/h200_round_q1.sh``).
+(``lab/results/h200/2026-11-30/n-call4-junit.xml.xz``: 350 of 3,911 ids left; ``h200_round_q1.sh``).
 
     python3 lab/probes/junit_remainder.py lab/results/h200/2026-11-30/n-call4-junit.xml.xz --out ids.txt
 """
