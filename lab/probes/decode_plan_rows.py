@@ -4,7 +4,7 @@ GPU), and the balanced launches' device plan replayed in Python.
 Each row's call (``benchmarks/problems.py``'s: its lengths, ``max_seq_len`` = the longest, a 256 MiB
 workspace, the pools' shapes and strides) runs once with ``tests/ops/decode/test_balanced_plan.py``'s
 faked H200 (``plan.arch`` "sm90", 132 SMs, 60 MB of L2, its peak copy bandwidth, launches recorded and not run). A row's
-record: the config (tile, warps, stages), programs an SM, split count, balanced or uniform, grid,
+record: the launch's tile (keys, warps, stages), keys in M or not, programs an SM, split count, balanced or uniform, grid,
 merge (in the kernel, its partials a round, or a combine launch) and, for a balanced launch, what
 ``common.balance`` computes on the device from the lengths: ragged or not, the chunk, the units
 (each request's count) and the longest unit. ``--compare`` lists the rows whose records differ.
@@ -134,8 +134,8 @@ def plan_row(shape, overrides=None):
                                                rope_query=plan.rope_query)
     c, f = split.constexprs, split.fixed
     rec = dict(
-        id=shape.id, tile=[cfg.block_n, cfg.num_warps, cfg.num_stages], evict_first=cfg.evict_first, per_sm=per_sm,
-        items=plan.items,
+        id=shape.id, tile=[c["BLOCK_N"], split.options["num_warps"], split.options["num_stages"]],
+        evict_first=cfg.evict_first, per_sm=per_sm, items=plan.items, keys_in_m=bool(c["KEYS_IN_M"]),
         block_m=plan.block_m, m_blocks=plan.m_blocks, splits=f["num_splits"], balanced=bool(c["BALANCED"]),
         grid=list(split.grid), merge_in_kernel=bool(c["MERGE"]), merge_block_s=c["MERGE_BLOCK_S"],
         combine=combine is not None, merged=merged, unit_target=f["unit_target"], min_chunk=c["MIN_CHUNK"],

@@ -47,6 +47,26 @@ def test_short_request_tiles_keep_fp8_rows_in_m_at_8_rows(max_len, keys_in_m, mo
 
 
 @FAKED
+@pytest.mark.parametrize("call", [
+    dict(batch=12, max_len=16219, page=32, num_heads=8, num_kv_heads=1),
+    dict(batch=2, max_len=3639, page=16, num_heads=16, num_kv_heads=2, layout="HND"),
+], ids=["12-to-16219-p32-8-1", "2-to-3639-p16-16-2"])
+def test_fp8_launches_merged_by_the_combine_launch_keep_the_rows_in_m(call, monkeypatch):
+    """A few fp8 requests cut into many splits, merged by the combine launch: the rows in M at 8
+    rows (``plan._Plan.combine_form``; all 7 such rows of the sweep measured faster or level), the
+    keys in M where the config's ``combine_keys_in_m`` says so (``--ab NAME:decode:combine_keys_in_m=1``)."""
+    plan = _plan_of(monkeypatch, kv_dtype=torch.float8_e4m3fn, **call)
+    split, combine, *_ = plan.launches(call["max_len"])
+    assert combine is not None and not split.constexprs["MERGE"]
+    assert plan.config_for(call["max_len"]) is plan.cfg and plan.cfg.keys_in_m  # the table's own field
+    assert split.constexprs["KEYS_IN_M"] is False and split.constexprs["BLOCK_M"] == decode_launch.KEYS_IN_M_ROWS
+    with decode_configs.override(combine_keys_in_m=True):
+        facts = next(iter(decode_launch._PLANS))
+        arm = decode_launch._Plan(facts).launches(call["max_len"])[0]
+    assert arm.constexprs["KEYS_IN_M"] is True and arm.grid == split.grid
+
+
+@FAKED
 def test_keys_in_m_is_the_configs_field(monkeypatch):
     """``keys_in_m`` is a config field, so ``--ab NAME:decode:keys_in_m=0`` times the rows-in-M
     kernel (at 8 rows) from the same tree."""

@@ -186,3 +186,58 @@ def test_the_old_rule_as_a_config_override(call, _, monkeypatch):
     assert old_launches == [_launch(h100, n) for n in spans]
 
 
+COMBINED = [  # uniform launches merged by the combine launch where the main tiles replace the long ones
+    pytest.param(dict(batch=2, max_len=14739, page=32, num_heads=64, num_kv_heads=8), id="2-to-14739-p32-64-8"),
+    pytest.param(dict(batch=5, max_len=37785, page=64, num_heads=16, num_kv_heads=2, layout="HND"),
+                 id="5-to-37785-p64-16-2"),
+]
+
+
+@FAKED
+@pytest.mark.parametrize("call", COMBINED)
+@pytest.mark.parametrize("bandwidth", [H200, H100], ids=["h200", "h100"])
+def test_combined_uniform_launches_take_three_stages(call, bandwidth, monkeypatch):
+    """A few requests cut into many splits and merged by the combine launch: on an H200 the main
+    tiles at 3 stages (three programs an SM, a split count for them: configs.combine_stages), the
+    config's 4 otherwise; an H100 keeps its long tiles as measured."""
+    plan = _plan_on(monkeypatch, bandwidth, **call)
+    span = call["max_len"]
+    split, combine, *_ = plan.launches(span)
+    assert combine is not None and not split.constexprs["MERGE"]
+    if bandwidth == H200:
+        assert _tile(plan.cfg) == MAIN and plan.cfg.combine_stages == 3
+        assert (split.constexprs["BLOCK_N"], split.options["num_warps"], split.options["num_stages"]) == (64, 4, 3)
+        slots = decode_configs.resident_slots(replace(plan.cfg, num_stages=3), sm_count=SM_COUNT,
+                                              kv_format=plan.kv_format, head_dim=plan.head_dim, rope_query=False)
+        assert slots == 3 * SM_COUNT and split.grid[0] > 2 * SM_COUNT  # more, shorter splits
+        with decode_configs.override(combine_stages=0):  # the --ab arm of the previous launch
+            facts = next(iter(decode_launch._PLANS))
+            arm = decode_launch._Plan(facts).launches(span)[0]
+        assert arm.options["num_stages"] == 4 and arm.grid[0] <= 2 * SM_COUNT
+    else:  # the launch the H100 was measured with, whatever the field says
+        assert _tile(plan.cfg) == LONG
+        with decode_configs.override(combine_stages=0):
+            facts = next(iter(decode_launch._PLANS))
+            assert _launch(decode_launch._Plan(facts), span) == _launch(plan, span)
+
+
+@FAKED
+def test_long_combined_splits_keep_four_stages(monkeypatch):
+    """Splits of more than COMBINE_STAGES_KEYS keys at 4 stages (2 requests of 80360 keys at 64/8
+    heads: 16 splits of 5022, near the copy limit already; 168 -> 173 us at 3) keep them."""
+    call = dict(batch=2, max_len=80360, page=16, num_heads=64, num_kv_heads=8)
+    plan = _plan_on(monkeypatch, H200, **call)
+    split, combine, *_ = plan.launches(call["max_len"])
+    assert combine is not None and plan.cfg.combine_stages == 3
+    assert call["max_len"] > decode_configs.COMBINE_STAGES_KEYS * split.fixed["num_splits"]
+    assert split.options["num_stages"] == 4
+
+
+@FAKED
+def test_merged_launches_keep_four_stages(monkeypatch):
+    """Launches that merge in the kernel (here the balanced split of 10 equal long requests) keep
+    the main tiles' 4 stages on an H200 (at 3: 494 -> 513 us)."""
+    call = dict(batch=10, max_len=49133, page=64, num_heads=64, num_kv_heads=8, layout="HND")
+    plan = _plan_on(monkeypatch, H200, **call)
+    split, combine, *_ = plan.launches(call["max_len"])
+    assert combine is None and split.constexprs["MERGE"] and split.options["num_stages"] == 4

@@ -58,6 +58,13 @@ class DecodeConfig:
     # either way (lab/notes/decode-ragged-batches.md "The lanes plan").
     balance_lanes: bool = True
     balance_lanes_cap: int = 0  # a request's lanes at most (0: the deal's unit cap, common.balance.unit_cap)
+    # >0: a uniform launch that merges its splits by the combine launch, of splits of at most
+    # COMBINE_STAGES_KEYS keys, runs this many stages (plan._Plan.combine_form; the split count
+    # follows the programs an SM they fit). 0: the tile's own.
+    combine_stages: int = 0
+    # fp8 caches: whether a uniform launch merged by the combine launch may put the keys in M
+    # (plan._Plan.combine_form; False: the rows in M at 8 rows, measured faster on all 7 such rows).
+    combine_keys_in_m: bool = False
     # The streaming tiles take a span only while its splits hold at most this many keys, on GPUs of
     # the long table's bandwidth an SM and more (stream_split_limit); 1: never. Read from the stream
     # table's config.
@@ -137,6 +144,18 @@ _SM90_SHORT = {
 }
 _SHORT_MIN_PAGE = {"half": 64, "fp8": 1}
 SHORT_SPAN = 1024
+# Uniform launches of the main tiles that merge by the combine launch (a few requests cut into many
+# splits): 3 stages instead of 4, so three programs an SM (70 KB of shared memory against 104) and
+# a split count for them, shorter splits. Measured on an H200 against 4 stages, same run
+# (lab/notes/decode-ragged-batches.md "Uniform launches at three programs an SM"): 3 ragged requests
+# with 2 drafts 54.4 -> 49.2 us, 2 requests up to 14739 keys 35.7 -> 31.6, 5 log-normal requests
+# 40.5 -> 39.2; launches that merge in the kernel (balanced) keep 4 stages, which they need (10 x
+# 49133 494 -> 513 at 3). Only where the main tiles replace the long ones (an H200; an H100's small
+# batches run the long tiles).
+_SM90_COMBINE_STAGES = {("half", 128): 3}
+# ... while their splits hold at most this many keys at the tile's own stages: 2 x 80360 keys with
+# 2 drafts at 64/8 heads (splits of 5022 keys, near the copy limit already) 168 -> 173 us at 3.
+COMBINE_STAGES_KEYS = 2048
 # Streaming tiles: launches that split every work item (few items: small batches, single decode)
 # and read at most STREAM_MAX_L2 times the L2 size of K/V. Their K/V loads are not software
 # pipelined (num_stages 1), so Triton keeps an evict_first hint on them: the streamed K/V, read
@@ -502,8 +521,10 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     # keep fp8's query rows in M: on an H200 256 x 1024 p16 171.3 -> 162.4 us and 3 requests of at
     # most 370 keys 11.6 -> 11.2 with them, where long programs lose by 5-7 % (64 x 8192 p16 320 ->
     # 344, sw36 704 -> 752; lab/notes/formats.md "Formats: rows in M at 8 rows for short requests").
+    combine_stages = _SM90_COMBINE_STAGES.get((fmt, head_dim), 0) if sm90 and kind == "main" and not rope else 0
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
                        keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
+                       combine_stages=combine_stages,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:

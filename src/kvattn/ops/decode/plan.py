@@ -182,6 +182,8 @@ class _Plan:
         main_for_long = long_tiles and decode_configs.main_replaces_long(
             *table, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
         long_tiles = long_tiles and not main_for_long
+        # (a uniform launch of those tiles merged by the combine launch: configs.combine_stages)
+        self.combine_stages_ok = main_for_long
         self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
@@ -325,6 +327,26 @@ class _Plan:
             rope_query=self.rope_query,
         )
 
+    def combine_form(self, span: int, cfg: decode_configs.DecodeConfig, splits: int) -> tuple:
+        """``(cfg, splits)`` of a uniform launch of the plan's own table whose splits the combine
+        launch merges: on an fp8 cache the rows in M unless the config's ``combine_keys_in_m``; where the main tiles replace
+        the long ones, splits of at most ``configs.COMBINE_STAGES_KEYS`` keys run the config's
+        ``combine_stages`` (three programs an SM: more, shorter splits) where that launch still
+        merges by the combine launch. Measured: lab/notes/decode-ragged-batches.md "Uniform launches
+        at three programs an SM", lab/notes/formats.md "Formats: rows in M at 8 rows for short
+        requests"."""
+        if cfg is not self.cfg:  # (the short-request, streaming and contiguous tables keep their own)
+            return cfg, splits
+        if self.keys_in_m_ok and cfg.keys_in_m and not cfg.combine_keys_in_m:
+            cfg = replace(cfg, keys_in_m=False)
+        if (self.combine_stages_ok and cfg.combine_stages and cfg.combine_stages != cfg.num_stages
+                and span <= decode_configs.COMBINE_STAGES_KEYS * splits):
+            alt = replace(cfg, num_stages=cfg.combine_stages)
+            alt_splits = self.num_splits(span, alt)
+            if alt_splits > 1 and not self.merges(alt, alt_splits):
+                return alt, alt_splits
+        return cfg, splits
+
     def merges(self, cfg: decode_configs.DecodeConfig, splits: int) -> bool:
         """Whether a launch of ``splits`` splits merges them in its own last programs."""
         return self.merge and splits > 1 and cdiv(splits, _merge_block_s(self, cfg, splits)) <= MAX_MERGE_ROUNDS
@@ -383,6 +405,8 @@ class _Plan:
         bal = self._balances[cfg, splits]
         if bal is not None and span < bal.min_span:
             bal = None
+        if bal is None and splits > 1 and not self.merges(cfg, splits):
+            cfg, splits = self.combine_form(span, cfg, splits)
         hit = self._by_splits.get((cfg, splits, bal is not None))
         if hit is None:
             if bal is not None:
