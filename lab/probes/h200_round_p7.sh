@@ -6,7 +6,7 @@
 # seconds; between them the fp8 combine launches with the rows in M. No carry (~250 s).
 # Not run: the session's device time ran out before a machine could start, and the rule was
 # taken back out of the package (unmeasured on sw51, no GPU tests); its measurements and design:
-# lab/notes/decode-ragged-batches.md "Uniform launches at three programs an SM". The rule travels
+# lab/notes/decode-combine-launches.md "Uniform launches at three programs an SM". The rule travels
 # as lab/probes/combine_stages.patch, applied here to the device's copy of the tree (the package
 # here stays as main has it).
 set -uo pipefail

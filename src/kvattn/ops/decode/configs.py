@@ -63,7 +63,8 @@ class DecodeConfig:
     # follows the programs an SM they fit). 0: the tile's own.
     combine_stages: int = 0
     # fp8 caches: whether a uniform launch merged by the combine launch may put the keys in M
-    # (plan._Plan.combine_form; False: the rows in M at 8 rows, measured faster on all 7 such rows).
+    # (plan._Plan.combine_form; False: the rows in M at 8 rows, faster or level on all 7 such rows
+    # of the sweep: lab/notes/decode-combine-launches.md "fp8's rows in M in the combine launches").
     combine_keys_in_m: bool = False
     # The streaming tiles take a span only while its splits hold at most this many keys, on GPUs of
     # the long table's bandwidth an SM and more (stream_split_limit); 1: never. Read from the stream
@@ -147,9 +148,9 @@ SHORT_SPAN = 1024
 # Uniform launches of the main tiles that merge by the combine launch (a few requests cut into many
 # splits): 3 stages instead of 4, so three programs an SM (70 KB of shared memory against 104) and
 # a split count for them, shorter splits. Measured on an H200 against 4 stages, same run
-# (lab/notes/decode-ragged-batches.md "Uniform launches at three programs an SM"): 3 ragged requests
-# with 2 drafts 54.4 -> 49.2 us, 2 requests up to 14739 keys 35.7 -> 31.6, 5 log-normal requests
-# 40.5 -> 39.2; launches that merge in the kernel (balanced) keep 4 stages, which they need (10 x
+# (lab/notes/decode-combine-launches.md "Uniform launches at three programs an SM"): 3 ragged requests
+# with 2 drafts 53.7 -> 49.1 us, 2 requests up to 14739 keys 35.8 -> 31.9, 5 log-normal requests
+# 40.7 -> 38.2; launches that merge in the kernel (balanced) keep 4 stages, which they need (10 x
 # 49133 494 -> 513 at 3). Only where the main tiles replace the long ones (an H200; an H100's small
 # batches run the long tiles).
 _SM90_COMBINE_STAGES = {("half", 128): 3}

@@ -329,12 +329,10 @@ class _Plan:
 
     def combine_form(self, span: int, cfg: decode_configs.DecodeConfig, splits: int) -> tuple:
         """``(cfg, splits)`` of a uniform launch of the plan's own table whose splits the combine
-        launch merges: on an fp8 cache the rows in M unless the config's ``combine_keys_in_m``; where the main tiles replace
-        the long ones, splits of at most ``configs.COMBINE_STAGES_KEYS`` keys run the config's
-        ``combine_stages`` (three programs an SM: more, shorter splits) where that launch still
-        merges by the combine launch. Measured: lab/notes/decode-ragged-batches.md "Uniform launches
-        at three programs an SM", lab/notes/formats.md "Formats: rows in M at 8 rows for short
-        requests"."""
+        launch merges: on an fp8 cache the rows in M unless the config's ``combine_keys_in_m``;
+        where the main tiles replace the long ones, splits of at most ``configs.COMBINE_STAGES_KEYS``
+        keys run the config's ``combine_stages`` (three programs an SM: more, shorter splits) where
+        that launch still merges by the combine launch. Measured: lab/notes/decode-combine-launches.md."""
         if cfg is not self.cfg:  # (the short-request, streaming and contiguous tables keep their own)
             return cfg, splits
         if self.keys_in_m_ok and cfg.keys_in_m and not cfg.combine_keys_in_m:
