@@ -388,6 +388,7 @@ def _combine_heads(wanted: int, block_s: int, num_heads: int) -> int:
         heads *= 2
     return heads
 
+
 _PLANS: dict[MLAFacts, _Plan] = {}
 
 
