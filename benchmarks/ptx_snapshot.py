@@ -187,9 +187,8 @@ def configs() -> dict[str, dict]:
         ptrs=dict(_MLA_PTRS, kv_ptr="*fp8e4nv", q_ptr="*fp8e4nv"), floats=FLOATS, warps=8, stages=3)
     out["balanced_combine/mla-d512"] = dict(kernel="balanced_combine", constexprs=dict(
         NUM_HEADS=128, HEAD_DIM=512, BLOCK_S=16, BLOCK_S_FEW=2, OUT_PTR=False, STORE_LSE=False, MIN_CHUNK=256, BLOCK_N=64,
-        BLOCK_B=32, UNITS_CAP=64, USE_PDL=True, BLOCK_HEADS=1),
-        ptrs={"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "seq_lens_ptr": "*i32", "out_scale_ptr": "*fp32",
-              "out_ptr": "*bf16", "lse_ptr": "*fp32"},
+        BLOCK_B=32, UNITS_CAP=64, USE_PDL=True), ptrs={"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "seq_lens_ptr": "*i32",
+                                         "out_scale_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32"},
         floats=FLOATS, warps=4, stages=2)
     gptrs = dict(_MLA_PTRS, q_ptr="*bf16")
 

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The balanced combine over several heads a program (configs.MLAConfig.combine_heads; the plan caps
-# it by the round's tile): every balanced MLA row whose combine it changes on the faked H200 plan
-# (`lab/probes/mla_launches.py --diff combine_heads=4`: the grid's equal balanced rows and sw66),
-# kvattn only, graph replay, the table's one head a program against 2 (`ch2`) and 4 (`ch4`); then
-# the balanced combine's GPU tests (several heads included). lab/notes/mla-ragged.md "The balanced
-# combine over several heads". No carry (~200 s).
+# The balanced MLA combine over several heads a program (lab/probes/combine_heads.patch, applied here
+# to the device's copy: configs.MLAConfig.combine_heads, the kernel's BLOCK_HEADS; the plan keeps the
+# narrow tile's partials x heads within 16 rows and narrows the wide tile to match): every balanced
+# MLA row whose combine it changes on the faked H200 plan (`lab/probes/mla_launches.py --diff
+# combine_heads=4` with the patch: the grid's equal balanced rows and sw66), kvattn only, graph
+# replay, one head a program against 2 / 4 / 8 (`ch2`, `ch4`, `ch8`); then the balanced combine's GPU
+# tests (several heads included). lab/notes/mla-ragged.md "The balanced combine's registers". No
+# carry (~220 s).
 set -uo pipefail
+patch -p1 --forward < lab/probes/combine_heads.patch || exit 1
 source lab/probes/device_env.sh
-secs=${AB_S:-110}
+secs=${AB_S:-130}
 timeout "$secs" python3 benchmarks/run.py --suite mla,sweep \
   --filter "64x4096,32x16384,64x16384,sw66 " --graph-only --warmup 10 --rep 30 --no-peers \
-  --ab ch2:mla:combine_heads=2 --ab ch4:mla:combine_heads=4 \
+  --ab ch2:mla:combine_heads=2 --ab ch4:mla:combine_heads=4 --ab ch8:mla:combine_heads=8 \
   --out "$OUT/ab-combine-heads.json" --md "$OUT/ab-combine-heads.md" --time-budget $(( secs - 12 )) \
   2> "$OUT/ab-combine-heads.err"
 grep "^| " "$OUT/ab-combine-heads.md" | grep -v "^| class\|^|---" | cut -c1-240

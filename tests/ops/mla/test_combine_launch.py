@@ -54,22 +54,3 @@ def test_the_balanced_combine_keeps_its_tile_narrow_over_many_programs(batch, he
     assert combine.kernel is balanced_combine_kernel
     assert (combine.constexprs["BLOCK_S"], combine.constexprs["BLOCK_S_FEW"]) == (wide, few)
     assert (batch * heads > mla_plan._WIDE_MERGE_PROGRAMS_PER_SM * 132) == (wide <= mla_plan._MANY_PROGRAMS_BLOCK_S)
-
-
-@pytest.mark.parametrize("batch,heads,span,wanted,got", [
-    (64, 64, 4096, 1, 1),  # the table's: a program a (request, head)
-    (64, 64, 4096, 4, 4),  # rounds of 4 partials: 4 heads fill the 16-row tile
-    (64, 64, 4096, 8, 4),  # ... and no more
-    (64, 16, 4096, 3, 2),  # a power of 2
-    (8, 16, 30000, 4, 1),  # the wide tile (16 partials a round) holds one head
-], ids=["B64-Hq64-table", "B64-Hq64-4", "B64-Hq64-8-capped", "B64-Hq16-3", "B8-Hq16-30000-wide"])
-def test_the_balanced_combine_merges_several_heads_a_program(batch, heads, span, wanted, got, monkeypatch):
-    """``combine_heads``: the heads of one request a balanced combine program merges (its units found
-    once for them), capped by the round's tile (``plan._COMBINE_TILE_ROWS`` rows of 512 columns)."""
-    from kvattn.ops.mla import configs as mla_configs
-
-    with mla_configs.override(combine_heads=wanted):
-        _, combine, _, _ = _plan(monkeypatch, "sm90", batch=batch, heads=heads).launches(span)
-    assert combine.kernel is balanced_combine_kernel
-    assert combine.constexprs["BLOCK_HEADS"] == got and combine.grid == (batch, -(-heads // got))
-    assert combine.constexprs["BLOCK_S"] * got <= mla_plan._COMBINE_TILE_ROWS or got == 1

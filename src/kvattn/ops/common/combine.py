@@ -80,13 +80,12 @@ def balanced_combine_kernel(
     batch, num_splits, capacity, out_factor,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_S_FEW: tl.constexpr,
     OUT_PTR: tl.constexpr, STORE_LSE: tl.constexpr, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_HEADS: tl.constexpr = 1,
+    BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """The merge of a balanced split launch (``common.balance.launch_unit``; the MLA kernels'
-    ``BALANCED``): ``BLOCK_HEADS`` rows of one request (heads ``h * BLOCK_HEADS ..``), each merging
-    its units, the consecutive slots ``first .. first + n - 1``, which the program derives from the
-    lengths as the split programs did (a ragged batch's requests have different unit counts; an
-    equal batch's ``num_splits`` each) once for all its rows."""
+    ``BALANCED``): one (request, row)'s units, the consecutive slots ``first .. first + n - 1``,
+    which it derives from the lengths as the split programs did (a ragged batch's requests have
+    different unit counts; an equal batch's ``num_splits`` each)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     # The plan from the lengths before the wait: the split kernel does not write them, so under a
@@ -94,7 +93,7 @@ def balanced_combine_kernel(
     n_t, first = request_units(seq_lens_ptr, t, batch, capacity, num_splits, MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
     if USE_PDL:
         gdc_wait()
-    heads = h * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
+    heads = h + tl.zeros([1], dtype=tl.int32)
     row_ok = heads < NUM_HEADS
     p_row = first.to(tl.int64) * NUM_HEADS + heads
     # Most requests hold at most the uniform split count of units (every request of an equal batch,

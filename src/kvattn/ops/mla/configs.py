@@ -35,9 +35,6 @@ class MLAConfig:
     heads_as_n: bool = False  # keys in the M dim of both products (S^T = K Q^T, O^T = V^T P^T), heads in N
     split_scores: bool = False  # score products unchained (layout fences): each warpgroup computes half of N
     invariant_span: int = 1024  # keys a split in batch-invariant mode (ops/common/splits.py)
-    # Heads of one request a balanced combine program merges (mla/plan.py _combine_heads: capped by
-    # the round's tile), each program finding its request's units once for them.
-    combine_heads: int = 1
 
 
 # (format, BLOCK_H) -> (BLOCK_N, num_warps, num_stages, programs per SM). "half" = 16-bit cache,
@@ -145,9 +142,6 @@ def _fmt(kv_format: str, q_fp8: bool = False) -> str:
 # Fields that shape the split plan only (how many programs, how many keys each), not the kernel a
 # launch compiles: an override of these alone keeps the launch's kernel (:func:`padded_heads`).
 PLAN_FIELDS = frozenset({"waves", "min_chunk", "max_splits", "invariant_span", "min_split_span"})
-# Fields that shape the merge's launch only (not the split kernel nor its plan): an override of these
-# keeps the padded programs and the seesaw's split plan too (``--ab NAME:mla:combine_heads=4``).
-MERGE_FIELDS = frozenset({"combine_heads"})
 
 # The split plan of launches the warp-specialised kernel runs (the plan applies it with
 # :func:`seesaw_plan` once it knows the kernel). Its two warpgroups take a 64-key tile each, so a
@@ -218,7 +212,7 @@ def padded_heads(arch: str, kv_format: str, num_heads: int, q_fp8: bool = False,
     launches, and while an :func:`override` of a kernel field is in force (tuning and tests pick
     their own programs); an override of the split plan's fields only (:data:`PLAN_FIELDS`) keeps the padded
     programs, so ``benchmarks/run.py --ab`` can time a split rule on the kernel the table runs."""
-    if arch != "sm90" or set(_override) - PLAN_FIELDS - MERGE_FIELDS:
+    if arch != "sm90" or set(_override) - PLAN_FIELDS:
         return None
     cfg = config(arch, kv_format, num_heads, q_fp8)
     wide = config(arch, kv_format, 64, q_fp8)

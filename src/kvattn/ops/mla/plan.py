@@ -259,9 +259,8 @@ class _Plan:
         wide, few = combine_block_s(most, CKV_DIM, False), combine_block_s(splits, CKV_DIM, False)
         if self.batch * self.num_heads > _WIDE_MERGE_PROGRAMS_PER_SM * self.sm_count:
             wide = min(wide, _MANY_PROGRAMS_BLOCK_S)
-        heads = _combine_heads(self.cfg.combine_heads, max(wide, few), self.num_heads)
         return fast_launch.Launch(
-            balanced_combine_kernel, (self.batch, -(-self.num_heads // heads)),
+            balanced_combine_kernel, (self.batch, self.num_heads),
             layout=_LAYOUT,
             per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", seq_lens_ptr="seq_lens",
                           out_scale_ptr="out_scale" if self.has_out_scale else "query", out_ptr="out",
@@ -272,7 +271,7 @@ class _Plan:
                 NUM_HEADS=self.num_heads, HEAD_DIM=CKV_DIM, BLOCK_S=max(wide, few), BLOCK_S_FEW=few,
                 OUT_PTR=self.has_out_scale, STORE_LSE=self.has_lse, MIN_CHUNK=cx["MIN_CHUNK"],
                 BLOCK_N=GLUON_BLOCK_N if self.gluon else self.cfg.block_n, BLOCK_B=cx["BLOCK_B"],
-                UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc, BLOCK_HEADS=heads,
+                UNITS_CAP=cx["UNITS_CAP"], USE_PDL=self.gdc,
             ),
             options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if self.gdc else {})),
         )
@@ -374,20 +373,6 @@ def _gluon_split(plan: _Plan, splits: int, balanced: bool) -> fast_launch.Launch
 # (lab/notes/mla-ragged.md "The balanced combine's registers").
 _WIDE_MERGE_PROGRAMS_PER_SM = 5
 _MANY_PROGRAMS_BLOCK_S = 4
-# Rows of 512 float32 columns a balanced combine program loads a round at most (BLOCK_S partials of
-# BLOCK_HEADS heads): 16, the wide tile's measured 93 registers a thread (above).
-_COMBINE_TILE_ROWS = 16
-
-
-def _combine_heads(wanted: int, block_s: int, num_heads: int) -> int:
-    """Heads a balanced combine program merges: the config's ``combine_heads`` (a power of 2 at
-    most), no more than the round's tile holds at ``block_s`` partials (:data:`_COMBINE_TILE_ROWS`)
-    nor than the launch's heads."""
-    heads = 1
-    while heads * 2 <= min(wanted, max(1, _COMBINE_TILE_ROWS // block_s), num_heads):
-        heads *= 2
-    return heads
-
 
 _PLANS: dict[MLAFacts, _Plan] = {}
 
