@@ -280,6 +280,17 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     return max(1, splits)
 
 
+def tile_splits(*, paged: bool, sm_count: int, bandwidth: float) -> bool:
+    """Whether a paged launch of fewer programs than SMs may cut its splits down to one tile
+    (``plan._Plan.num_splits``): on a GPU past ``LONG_MAX_SM_GBPS`` of peak copy bandwidth an SM
+    (``bandwidth`` bytes/s over ``sm_count`` SMs: an H200, where it was measured). Such launches
+    are bound by each program's chain of tiles, not by the bytes: on an H200, 1-5 requests at 8-64
+    query heads 10-27 % faster (a 3-token request of 1193 keys 15.1 -> 11.5 us;
+    lab/notes/decode-combine-launches.md "Splits of one tile for launches under one program an SM").
+    An H100 keeps ``min_chunk`` as measured there."""
+    return paged and bandwidth > LONG_MAX_SM_GBPS * 1e9 * sm_count
+
+
 # Launches of two or more programs an SM whose whole-wave split count runs at most TAIL_WAVES waves
 # filled below TAIL_FILL take the split count of tail_fit (one program an SM: wants_tail_fit).
 # Measured on an H200 (lab/notes/decode.md "Decode: filling the last wave"): 22 x 24305 pages of 64
