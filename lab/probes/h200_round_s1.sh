@@ -8,7 +8,8 @@
 # merge with the lanes cap 64, session o's arm), `lc1` (every request of 2+ units merged by the
 # combine launch, cap 64), `lc8` (requests of 9+ units by the combine launch, cap 64), `lc8t`
 # (the same at the table's cap). Predicted: sw12 58.5 -> ~53 us under lc1 / lc8; the other rows
-# pay the second launch (~1-2 us) under lc1, less under lc8. No carry (~260 s).
+# pay the second launch (~1-2 us) under lc1, less under lc8. Then the MHA rows at 3 stages (below).
+# No carry (~320 s).
 set -uo pipefail
 patch -p1 --forward < lab/probes/lanes_combine.patch || exit 1
 source lab/probes/device_env.sh
@@ -21,3 +22,8 @@ kv_rows ab-lanes-combine ${AB_S:-150} \
   --ab lc8:decode:balance_combine_units=8,balance_lanes_cap=64 \
   --ab lc8t:decode:balance_combine_units=8
 echo "done: $(( $(date +%s) - t0 )) s"
+# The MHA rows (32 / 32 heads: 32 programs a lane, 8 lanes at two programs an SM) at three stages
+# (three programs an SM, 12 lanes): session p's s3 arm took sw59 45.3 -> 43.3 us (FlashInfer 43.0);
+# sw14, sw20, sw46 were not timed. Patch still applied (MERGE_UNITS 0: the package's kernels).
+kv_rows ab-mha-s3 ${MHA_S:-60} "sw59 ,sw14 ,sw20 ,sw46 " --ab s3:decode:num_stages=3
+echo "mha: $(( $(date +%s) - t0 )) s"

@@ -336,6 +336,7 @@ class _Plan:
         return splits
 
     def _whole_wave_splits(self, span: int, cfg: decode_configs.DecodeConfig) -> int:
+        """``configs.num_splits`` for this plan's launch of ``cfg`` over ``span`` keys."""
         return decode_configs.num_splits(
             cfg, items=self.items, span=span, sm_count=self.sm_count, fit=self.fit,
             max_programs=self.max_programs, kv_format=self.kv_format, head_dim=self.head_dim,
