@@ -22,16 +22,32 @@ gpu_tests() {
   xz -9 "$OUT/$name.txt" 2>/dev/null
 }
 
-# kv_rows NAME SECONDS FILTER RUN_ARGS...: benchmarks/run.py over the decode and sweep rows whose ids
+# suite_rows SUITES NAME SECONDS FILTER RUN_ARGS...: benchmarks/run.py over the SUITES rows whose ids
 # hold a FILTER part, kvattn only (`--ab` arms among RUN_ARGS), CUDA-graph replay, within SECONDS;
-# $OUT/NAME.json / .md, the rows to the console.
-kv_rows() {
-  local name=$1 secs=$2 filter=$3
-  shift 3
-  timeout "$secs" python3 benchmarks/run.py --suite decode,sweep --filter "$filter" --graph-only --warmup 10 --rep 30 \
+# $OUT/NAME.json / .md, the rows to the console. kv_rows: the decode and sweep suites; mla_rows:
+# the MLA and sweep suites.
+suite_rows() {
+  local suites=$1 name=$2 secs=$3 filter=$4
+  shift 4
+  timeout "$secs" python3 benchmarks/run.py --suite "$suites" --filter "$filter" --graph-only --warmup 10 --rep 30 \
     --no-peers "$@" --out "$OUT/$name.json" --md "$OUT/$name.md" --time-budget $(( secs - 12 )) 2> "$OUT/$name.err"
   grep "^| " "$OUT/$name.md" | grep -v "^| class\|^|---" | cut -c1-240
   xz -9 "$OUT/$name.err" 2>/dev/null
+}
+kv_rows() { suite_rows decode,sweep "$@"; }
+mla_rows() { suite_rows mla,sweep "$@"; }
+
+# triton_371: in the second of two back-to-back calls (the first, carry [".t371/a"]:
+#   mkdir -p /tmp/slimparts && cp .t371/a/slimpart.aa /tmp/slimparts/
+# this one carry [".t371/b"]), the slim Triton 3.7.1 wheel joined, checked against .t371/b/sha and
+# unpacked (benchmarks/triton_wheel.sh), first on PYTHONPATH; the versions appended to $OUT/env.txt.
+triton_371() {
+  mkdir -p .t371slim
+  cat /tmp/slimparts/slimpart.aa .t371/b/slimpart.ab > .t371slim/triton-3.7.1-slim.tar.xz
+  echo "$(cat .t371/b/sha)  .t371slim/triton-3.7.1-slim.tar.xz" | sha256sum -c - || return 1
+  bash benchmarks/triton_wheel.sh unpack > "$OUT/unpack.txt" 2>&1 || { cat "$OUT/unpack.txt"; return 1; }
+  export PYTHONPATH=/tmp/triton-site:src
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/env.txt"
 }
 
 # peer_rows NAME SECONDS SUITES RUN_ARGS...: benchmarks/run.py over SUITES beside FlashInfer's kernels

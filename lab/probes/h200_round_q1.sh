@@ -5,13 +5,8 @@
 # tests the 3.7.1 run on record (n-call4-junit.xml.xz, stopped by its time limit) never reached, and the
 # ones added since (lab/probes/junit_remainder.py: this tree's ids less n-call4's JUnit cases; ~350 ids).
 set -uo pipefail
-mkdir -p .t371slim
-cat /tmp/slimparts/slimpart.aa .t371/b/slimpart.ab > .t371slim/triton-3.7.1-slim.tar.xz
-echo "$(cat .t371/b/sha)  .t371slim/triton-3.7.1-slim.tar.xz" | sha256sum -c - || exit 1
 source lab/probes/device_env.sh
-bash benchmarks/triton_wheel.sh unpack > "$OUT/unpack.txt" 2>&1 || { cat "$OUT/unpack.txt"; exit 1; }
-export PYTHONPATH=/tmp/triton-site:src
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/env.txt"
+triton_371 || exit 1
 python3 lab/probes/junit_remainder.py lab/results/h200/2026-11-30/n-call4-junit.xml.xz --out "$OUT/ids.txt"
 gpu_tests pytest-t371-rest ${REST_S:-400} @"$OUT/ids.txt"
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -10,14 +10,8 @@
 set -uo pipefail
 patch -p1 --forward < lab/probes/combine_heads.patch || exit 1
 source lab/probes/device_env.sh
-secs=${AB_S:-130}
-timeout "$secs" python3 benchmarks/run.py --suite mla,sweep \
-  --filter "64x4096,32x16384,64x16384,sw66 " --graph-only --warmup 10 --rep 30 --no-peers \
-  --ab ch2:mla:combine_heads=2 --ab ch4:mla:combine_heads=4 --ab ch8:mla:combine_heads=8 \
-  --out "$OUT/ab-combine-heads.json" --md "$OUT/ab-combine-heads.md" --time-budget $(( secs - 12 )) \
-  2> "$OUT/ab-combine-heads.err"
-grep "^| " "$OUT/ab-combine-heads.md" | grep -v "^| class\|^|---" | cut -c1-240
-xz -9 "$OUT/ab-combine-heads.err" 2>/dev/null
+mla_rows ab-combine-heads ${AB_S:-130} "64x4096,32x16384,64x16384,sw66 " \
+  --ab ch2:mla:combine_heads=2 --ab ch4:mla:combine_heads=4 --ab ch8:mla:combine_heads=8
 echo "ab: $(( $(date +%s) - t0 )) s"
 gpu_tests pytest-mla-combine ${TEST_S:-90} tests/ops/mla/test_balanced.py tests/ops/mla/test_combine_launch.py
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -14,18 +14,11 @@ source lab/probes/device_env.sh
 kv_rows ab-minchunk ${MC_S:-110} "sw01 ,sw02 ,sw08 ,sw21 ,sw22 ,sw26 ,sw27 ,sw29 ,sw31 ,sw37 ,sw42 ,sw44 ,sw53 ,sw61 " \
   --ab mc128:decode:min_chunk=128 --ab mc64:decode:min_chunk=64
 echo "min_chunk: $(( $(date +%s) - t0 )) s"
-mla_rows() {
-  local name=$1 secs=$2
-  timeout "$secs" python3 benchmarks/run.py --suite mla,sweep \
-    --filter "64x4096,32x16384,128x8192,sw65 ,sw66 ,sw70 ,sw74 ,sw77 " --graph-only --warmup 10 --rep 30 --no-peers \
-    --out "$OUT/$name.json" --md "$OUT/$name.md" --time-budget $(( secs - 12 )) 2> "$OUT/$name.err"
-  grep "^| " "$OUT/$name.md" | grep -v "^| class\|^|---" | cut -c1-200
-  xz -9 "$OUT/$name.err" 2>/dev/null
-}
-mla_rows mla-f32 ${MLA_AB_S:-75}
+rows="64x4096,32x16384,128x8192,sw65 ,sw66 ,sw70 ,sw74 ,sw77 "
+mla_rows mla-f32 ${MLA_AB_S:-75} "$rows"
 echo "mla f32: $(( $(date +%s) - t0 )) s"
 patch -p1 --forward < lab/probes/mla_16bit_partials.patch || exit 1
-mla_rows mla-16bit ${MLA_AB_S:-75}
+mla_rows mla-16bit ${MLA_AB_S:-75} "$rows"
 echo "mla 16-bit: $(( $(date +%s) - t0 )) s"
 gpu_tests pytest-mla16 ${MLA_S:-100} tests/ops/mla
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -5,13 +5,8 @@
 # one-tile splits (configs.tile_splits) the decode GPU tests and the 8 sweep rows whose launch the
 # rule changes, with 3 it keeps (sw22, sw02, sw01), kvattn only (~170 s).
 set -uo pipefail
-mkdir -p .t371slim
-cat /tmp/slimparts/slimpart.aa .t371/b/slimpart.ab > .t371slim/triton-3.7.1-slim.tar.xz
-echo "$(cat .t371/b/sha)  .t371slim/triton-3.7.1-slim.tar.xz" | sha256sum -c - || exit 1
 source lab/probes/device_env.sh
-bash benchmarks/triton_wheel.sh unpack > "$OUT/unpack.txt" 2>&1 || { cat "$OUT/unpack.txt"; exit 1; }
-export PYTHONPATH=/tmp/triton-site:src
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/env.txt"
+triton_371 || exit 1
 gpu_tests pytest-t371-decode ${DEC_S:-120} tests/ops/decode
 echo "tests: $(( $(date +%s) - t0 )) s"
 kv_rows t371-rows ${ROWS_S:-60} "sw08 ,sw21 ,sw26 ,sw31 ,sw42 ,sw44 ,sw53 ,sw61 ,sw22 ,sw02 ,sw01 "

@@ -11,14 +11,8 @@
 set -uo pipefail
 patch -p1 --forward < lab/probes/mla_combine_warps.patch || exit 1
 source lab/probes/device_env.sh
-secs=${AB_S:-100}
-timeout "$secs" python3 benchmarks/run.py --suite mla,sweep \
-  --filter "64x4096,32x16384,sw66 ,sw70 ,sw74 ,sw77 ,sw69 " --graph-only --warmup 10 --rep 30 --no-peers \
-  --ab w1:mla:combine_warps=1 --ab w2:mla:combine_warps=2 \
-  --out "$OUT/ab-combine-warps.json" --md "$OUT/ab-combine-warps.md" --time-budget $(( secs - 12 )) \
-  2> "$OUT/ab-combine-warps.err"
-grep "^| " "$OUT/ab-combine-warps.md" | grep -v "^| class\|^|---" | cut -c1-240
-xz -9 "$OUT/ab-combine-warps.err" 2>/dev/null
+mla_rows ab-combine-warps ${AB_S:-100} "64x4096,32x16384,sw66 ,sw70 ,sw74 ,sw77 ,sw69 " \
+  --ab w1:mla:combine_warps=1 --ab w2:mla:combine_warps=2
 echo "ab: $(( $(date +%s) - t0 )) s"
 gpu_tests pytest-mla-combine ${TEST_S:-60} tests/ops/mla/test_balanced.py tests/ops/mla/test_combine_launch.py
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -32,9 +32,9 @@ def _tile(cfg) -> tuple:
     return cfg.block_n, cfg.num_warps, cfg.num_stages
 
 
-def _plan_on(monkeypatch, bandwidth, **call):
+def _plan_on(monkeypatch, bandwidth, kv_dtype=torch.float16, **call):
     monkeypatch.setattr(decode_launch._device, "memory_bandwidth", lambda device: bandwidth)
-    return _plan_of(monkeypatch, kv_dtype=torch.float16, **call)
+    return _plan_of(monkeypatch, kv_dtype=kv_dtype, **call)
 
 
 def _launch(plan, span) -> tuple:

@@ -11,23 +11,17 @@ import pytest
 import torch
 
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import plan as decode_launch
 
-from .test_balanced_plan import FAKED, SM_COUNT, _plan_of
-from .test_long_tiles_by_bandwidth import H100, H200
+from .test_balanced_plan import FAKED, SM_COUNT
+from .test_long_tiles_by_bandwidth import H100, H200, _plan_on
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _plan(monkeypatch, bandwidth, kv_dtype=torch.float16, **call):
-    monkeypatch.setattr(decode_launch._device, "memory_bandwidth", lambda device: bandwidth)
-    return _plan_of(monkeypatch, kv_dtype=kv_dtype, **call)
-
-
 def _splits(monkeypatch, bandwidth, **call):
-    plan = _plan(monkeypatch, bandwidth, **call)
+    plan = _plan_on(monkeypatch, bandwidth, **call)
     span = call["max_len"]
     split, combine, *_ = plan.launches(span)
     return plan, plan.config_for(span), split.fixed["num_splits"], split.grid[0], combine
@@ -66,7 +60,7 @@ def test_fp8_keys_in_m_merged_in_the_kernel_keeps_its_splits(monkeypatch):
     """2 x 1338 fp8 keys, 32 / 8 heads: 16 items merged in the kernel with the keys in M at 6
     splits; more would move the merge to the combine launch (rows in M), measured slower."""
     call = dict(batch=2, max_len=1338, page=64, num_heads=32, num_kv_heads=8, kv_dtype=torch.float8_e4m3fn)
-    plan = _plan(monkeypatch, H200, **call)
+    plan = _plan_on(monkeypatch, H200, **call)
     split, combine, *_ = plan.launches(1338)
     cfg = plan.config_for(1338)
     assert split.constexprs["KEYS_IN_M"] and split.constexprs["MERGE"] and combine is None
@@ -78,4 +72,16 @@ def test_fp8_keys_in_m_merged_in_the_kernel_keeps_its_splits(monkeypatch):
     (True, H200, True), (True, H100, False), (True, 0.0, False), (False, H200, False),
 ], ids=["paged-h200", "paged-h100", "paged-unknown", "contiguous-h200"])
 def test_the_rule_by_gpu_and_cache(paged, bandwidth, expected):
-    assert decode_configs.tile_splits(paged=paged, sm_count=SM_COUNT, bandwidth=bandwidth) is expected
+    cfg = decode_configs.config("sm90", "bfloat16", 128, 16, False)
+    assert decode_configs.tile_splits(cfg, paged=paged, sm_count=SM_COUNT, bandwidth=bandwidth) is expected
+
+
+def test_the_bandwidth_bound_is_the_configs_field():
+    """The bound is the config's ``long_max_sm_gbps``, as for the other H200-only rules, so
+    ``--ab NAME:decode:long_max_sm_gbps=...`` times either side of it on either GPU."""
+    with decode_configs.override(long_max_sm_gbps=1000):
+        cfg = decode_configs.config("sm90", "bfloat16", 128, 16, False)
+        assert not decode_configs.tile_splits(cfg, paged=True, sm_count=SM_COUNT, bandwidth=H200)
+    with decode_configs.override(long_max_sm_gbps=0):
+        cfg = decode_configs.config("sm90", "bfloat16", 128, 16, False)
+        assert decode_configs.tile_splits(cfg, paged=True, sm_count=SM_COUNT, bandwidth=H100)

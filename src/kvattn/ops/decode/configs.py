@@ -280,15 +280,22 @@ def num_splits(cfg: DecodeConfig, *, items: int, span: int, sm_count: int, fit: 
     return max(1, splits)
 
 
-def tile_splits(*, paged: bool, sm_count: int, bandwidth: float) -> bool:
-    """Whether a paged launch of fewer programs than SMs may cut its splits down to one tile
-    (``plan._Plan.num_splits``): on a GPU past ``LONG_MAX_SM_GBPS`` of peak copy bandwidth an SM
-    (``bandwidth`` bytes/s over ``sm_count`` SMs: an H200, where it was measured). Such launches
+def past_sm_bandwidth(bandwidth: float, sm_count: int, gbps: float) -> bool:
+    """Whether a GPU's peak copy bandwidth (``bandwidth`` bytes/s, 0 where unknown) over its
+    ``sm_count`` SMs is past ``gbps`` GB/s an SM (a config's ``long_max_sm_gbps``: an H200 is, an
+    H100 is not): the bound of every rule measured on the H200 only."""
+    return bandwidth > gbps * 1e9 * sm_count
+
+
+def tile_splits(cfg: DecodeConfig, *, paged: bool, sm_count: int, bandwidth: float) -> bool:
+    """Whether a paged launch of ``cfg``'s table of fewer programs than SMs may cut its splits down
+    to one tile (``plan._Plan.num_splits``): on a GPU past the config's ``long_max_sm_gbps``
+    (``past_sm_bandwidth``: an H200, where it was measured). Such launches
     are bound by each program's chain of tiles, not by the bytes: on an H200, 1-5 requests at 8-64
     query heads 10-27 % faster (a 3-token request of 1193 keys 15.1 -> 11.5 us;
     lab/notes/decode-combine-launches.md "Splits of one tile for launches under one program an SM").
     An H100 keeps ``min_chunk`` as measured there."""
-    return paged and bandwidth > LONG_MAX_SM_GBPS * 1e9 * sm_count
+    return paged and past_sm_bandwidth(bandwidth, sm_count, cfg.long_max_sm_gbps)
 
 
 # Launches of two or more programs an SM whose whole-wave split count runs at most TAIL_WAVES waves
@@ -441,7 +448,7 @@ def main_replaces_long(arch: str, kv_format: str, head_dim: int, block_m: int, r
     if not _measured("long", arch, kv_format, head_dim, block_m, rope):
         return False
     long = config(arch, kv_format, head_dim, block_m, rope, "long")
-    return bandwidth > long.long_max_sm_gbps * 1e9 * sm_count
+    return past_sm_bandwidth(bandwidth, sm_count, long.long_max_sm_gbps)
 
 
 def wants_few_item_tiles(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, *, items: int,
@@ -494,7 +501,7 @@ def stream_split_limit(stream: DecodeConfig, *, batch: int, sm_count: int, bandw
     231-695 keys 4-16 % faster. One request of 32768 keys (993 a split, every program busy, two
     an SM) stayed 5 % faster on the streaming tiles (lab/notes/decode-ragged-batches.md "The
     streaming tiles against the lanes")."""
-    if batch <= 1 or bandwidth <= stream.long_max_sm_gbps * 1e9 * sm_count:
+    if batch <= 1 or not past_sm_bandwidth(bandwidth, sm_count, stream.long_max_sm_gbps):
         return 0
     return stream.stream_split_keys
 

@@ -184,10 +184,10 @@ class _Plan:
         long_tiles = long_tiles and not main_for_long
         # (a uniform launch of those tiles merged by the combine launch: configs.combine_stages)
         self.combine_stages_ok = main_for_long
+        self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Launches of fewer programs than SMs may split down to one tile (num_splits)
         self.tile_splits_ok = not invariant and decode_configs.tile_splits(
-            paged=f.paged, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
-        self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
+            cfg, paged=f.paged, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
         self.cfg_short = None
