@@ -291,6 +291,17 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, plan, kernel_devi
     assert all(cap == (2 if plan == "lanes-cap-2" else unit_cap(merge_block_s)) for cap, merge_block_s in caps), caps
 
 
+@pytest.mark.parametrize("lens", [[6000, 3, 0, 970, 5, 64, 2049], [20000]], ids=["ragged7", "1x20000"])
+def test_mha_launches_that_split(lens, kernel_device, triton_backend, monkeypatch):
+    """One query row a KV head (32 / 32 heads, D 128) over splits the plan chooses itself: on an
+    H200-class GPU they run the config's ``one_row_stages`` (configs._SM90_ONE_ROW_STAGES), a
+    ragged batch balanced, one long request split and merged in the kernel."""
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    if not ON_GPU:
+        lens = [min(n, 300) for n in lens]
+    decode_case(kernel_device, monkeypatch, lens=lens, hkv=32, group=1, d=128, page=32, sinks=True)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")
 @pytest.mark.parametrize("lens", [[2600] * 10, [2600, 2100, 3000, 2590, 1, 0, 2700, 2048, 2600, 2611]],
                          ids=["10x2600-equal", "10-ragged-with-0-and-1"])

@@ -62,6 +62,10 @@ class DecodeConfig:
     # COMBINE_STAGES_KEYS keys, runs this many stages (plan._Plan.combine_form; the split count
     # follows the programs an SM they fit). 0: the tile's own.
     combine_stages: int = 0
+    # >0: a launch of one query row an item (MHA decode) on the plan's own table whose split count
+    # at this many stages is above one (it merges its splits) runs this many stages
+    # (plan._Plan.config_for). 0: the tile's own.
+    one_row_stages: int = 0
     # fp8 caches: whether a uniform launch merged by the combine launch may put the keys in M
     # (plan._Plan.combine_form; False: the rows in M at 8 rows, faster or level on all 7 such rows
     # of the sweep: lab/notes/decode-combine-launches.md "fp8's rows in M in the combine launches").
@@ -157,6 +161,14 @@ _SM90_COMBINE_STAGES = {("half", 128): 3}
 # ... while their splits hold at most this many keys at the tile's own stages: 2 x 80360 keys with
 # 2 drafts at 64/8 heads (splits of 5022 keys, near the copy limit already) 168 -> 173 us at 3.
 COMBINE_STAGES_KEYS = 2048
+# Launches of one query row an item (MHA, 32 / 32 heads) that split their items: 3 stages instead
+# of 4, so three programs an SM. A one-row program does little arithmetic a tile and waits on its
+# copies; a third program an SM hides more of that wait. Measured on an H200 against 4 stages,
+# same run (lab/notes/decode-combine-launches.md "One-row launches at three programs an SM"): 5
+# ragged requests up to 4857 keys 65.8 -> 64.9 us, 1 x 92435 365 -> 360, 4 log-normal requests
+# up to 32854 45.4 -> 43.6; a launch of 3584 items that does not split 571 -> 574, so it keeps 4.
+# Only past LONG_MAX_SM_GBPS of copy an SM (an H200; not measured on an H100).
+_SM90_ONE_ROW_STAGES = {("half", 128): 3}
 # Streaming tiles: launches that split every work item (few items: small batches, single decode)
 # and read at most STREAM_MAX_L2 times the L2 size of K/V. Their K/V loads are not software
 # pipelined (num_stages 1), so Triton keeps an evict_first hint on them: the streamed K/V, read
@@ -540,10 +552,12 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     # keep fp8's query rows in M: on an H200 256 x 1024 p16 171.3 -> 162.4 us and 3 requests of at
     # most 370 keys 11.6 -> 11.2 with them, where long programs lose by 5-7 % (64 x 8192 p16 320 ->
     # 344, sw36 704 -> 752; lab/notes/formats.md "Formats: rows in M at 8 rows for short requests").
-    combine_stages = _SM90_COMBINE_STAGES.get((fmt, head_dim), 0) if sm90 and kind == "main" and not rope else 0
+    main_sm90 = sm90 and kind == "main" and not rope
+    combine_stages = _SM90_COMBINE_STAGES.get((fmt, head_dim), 0) if main_sm90 else 0
+    one_row_stages = _SM90_ONE_ROW_STAGES.get((fmt, head_dim), 0) if main_sm90 else 0
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
                        keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
-                       combine_stages=combine_stages,
+                       combine_stages=combine_stages, one_row_stages=one_row_stages,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:

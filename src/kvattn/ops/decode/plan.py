@@ -271,6 +271,14 @@ class _Plan:
                            and f.max_programs is None and 1 < self.batch <= MAX_BALANCED_BATCH)
         if main_for_long:
             self.cfg = self._merge_round_of(decode_configs.config(*table, "long"))
+        # One query row an item of a paged cache, on a GPU past the long tiles' bandwidth an SM: a
+        # span whose launch splits takes the config's one_row_stages (configs._SM90_ONE_ROW_STAGES).
+        self.cfg_one_row = None
+        if (not invariant and f.paged and self.rows == 1 and self.cfg.one_row_stages
+                and self.cfg.one_row_stages != self.cfg.num_stages
+                and decode_configs.past_sm_bandwidth(_device.memory_bandwidth(f.device), self.sm_count,
+                                                     self.cfg.long_max_sm_gbps)):
+            self.cfg_one_row = replace(self.cfg, num_stages=self.cfg.one_row_stages)
         self._by_span: dict[int, tuple] = {}
         self._balances: dict[tuple, Balance | None] = {}  # by (config, split count)
         self._by_splits: dict[tuple, tuple] = {}  # by (config, split count, balanced)
@@ -311,6 +319,8 @@ class _Plan:
             return self.cfg_stream
         if self.cfg_contig is not None:
             return self.cfg_contig
+        if self.cfg_one_row is not None and self.num_splits(span, self.cfg_one_row) > 1:
+            return self.cfg_one_row
         return self.cfg
 
     def num_splits(self, span: int, cfg: decode_configs.DecodeConfig | None = None) -> int:
