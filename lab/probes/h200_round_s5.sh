@@ -7,10 +7,10 @@
 set -uo pipefail
 FINAL=${OUT:-out}
 mkdir -p "$FINAL"
-export OUT=/tmp/t3out
+export OUT=/tmp/s5out
 source lab/probes/device_env.sh
 triton_371 || exit 1
 gpu_tests pytest-decode-371 ${TEST_S:-150} tests/ops/decode
 echo "tests: $(( $(date +%s) - t0 )) s"
 bash lab/probes/h200_round_l4.sh
-tar cf "$FINAL/t3.tar" -C "$OUT" .
+tar cf "$FINAL/s5.tar" -C "$OUT" .

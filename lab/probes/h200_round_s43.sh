@@ -4,7 +4,7 @@
 set -uo pipefail
 FINAL=${OUT:-out}
 mkdir -p "$FINAL"
-export OUT=/tmp/t2out
+export OUT=/tmp/s43out
 bash lab/probes/h200_round_s4.sh
 bash lab/probes/h200_round_s3.sh
-tar cf "$FINAL/t2.tar" -C "$OUT" .
+tar cf "$FINAL/s43.tar" -C "$OUT" .

@@ -6,7 +6,7 @@
 set -uo pipefail
 FINAL=${OUT:-out}
 mkdir -p "$FINAL"
-export OUT=/tmp/t1out
+export OUT=/tmp/s12out
 bash lab/probes/h200_round_s1.sh
 bash lab/probes/h200_round_s2.sh
-tar cf "$FINAL/t1.tar" -C "$OUT" .
+tar cf "$FINAL/s12.tar" -C "$OUT" .
