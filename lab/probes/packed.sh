@@ -8,6 +8,7 @@ shift
 final=${OUT:-out}
 mkdir -p "$final"
 export OUT=/tmp/$name
+mkdir -p "$OUT"
 for script in "$@"; do
   bash "$script"
 done
