@@ -309,7 +309,8 @@ class _Plan:
     def config_for(self, span: int) -> decode_configs.DecodeConfig:
         """The launch config of a key span: the short-request table up to ``SHORT_SPAN`` keys
         where the plan has one, the streaming table up to ``stream_span``, past it the one-row
-        contiguous table where the plan has one, else the plan's table. On an H200 a span whose
+        contiguous table where the plan has one, else the plan's table (at its ``one_row_stages``
+        where the plan has that form and the span's launch splits at them). On an H200 a span whose
         streaming splits would be longer than ``configs.stream_split_limit`` keys takes the plan's
         table instead."""
         if self.cfg_short is not None and span <= decode_configs.SHORT_SPAN:
