@@ -294,7 +294,7 @@ def test_balanced_split_of_ragged_batches(q_len, group, merge, plan, kernel_devi
 @pytest.mark.parametrize("lens", [[6000, 3, 0, 970, 5, 64, 2049], [20000]], ids=["ragged7", "1x20000"])
 def test_mha_launches_that_split(lens, kernel_device, triton_backend, monkeypatch):
     """One query row a KV head (32 / 32 heads, D 128) over splits the plan chooses itself: on an
-    H200-class GPU they run the config's ``one_row_stages`` (configs._SM90_ONE_ROW_STAGES), a
+    H200-class GPU they run the config's ``one_row_stages`` (configs._SM90_THREE_AN_SM_STAGES), a
     ragged batch balanced, one long request split and merged in the kernel."""
     monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
     if not ON_GPU:

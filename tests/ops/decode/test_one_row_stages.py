@@ -10,15 +10,8 @@ import pytest
 from kvattn.ops.decode import configs as decode_configs
 
 from .test_balanced_plan import FAKED
-from .test_long_tiles_by_bandwidth import H100, H200, _plan_on
-
-
-def _stages(monkeypatch, bandwidth, **call):
-    plan = _plan_on(monkeypatch, bandwidth, **call)
-    span = call["max_len"]
-    cfg = plan.config_for(span)
-    split, *_ = plan.launches(span)
-    return plan, cfg, split.fixed["num_splits"]
+from .test_long_tiles_by_bandwidth import H100, H200
+from .test_tile_splits import _splits
 
 
 @FAKED
@@ -29,23 +22,25 @@ def _stages(monkeypatch, bandwidth, **call):
 ])
 def test_mha_launches_that_split_run_three_stages_on_an_h200(monkeypatch, batch, max_len, page):
     call = dict(batch=batch, max_len=max_len, page=page, num_heads=32, num_kv_heads=32)
-    plan, cfg, splits = _stages(monkeypatch, H200, **call)
+    plan, cfg, splits, _, _ = _splits(monkeypatch, H200, **call)
     main = decode_configs.config("sm90", plan.kv_format, 128, plan.block_m, False)
     assert plan.rows == 1 and cfg.one_row_stages == 3 != main.num_stages
     assert cfg.num_stages == 3 and splits > 1
-    plan100, cfg100, _ = _stages(monkeypatch, H100, **call)
+    plan100, cfg100, *_ = _splits(monkeypatch, H100, **call)
     assert plan100.cfg_one_row is None and cfg100 is plan100.cfg
 
 
 @FAKED
 def test_mha_launch_that_does_not_split_keeps_the_tables_stages(monkeypatch):
     """112 requests of up to 6586 keys on pages of 16: 3584 items, one split each."""
-    plan, cfg, splits = _stages(monkeypatch, H200, batch=112, max_len=6586, page=16, num_heads=32, num_kv_heads=32)
+    call = dict(batch=112, max_len=6586, page=16, num_heads=32, num_kv_heads=32)
+    plan, cfg, splits, _, _ = _splits(monkeypatch, H200, **call)
     assert splits == 1 and cfg.num_stages == plan.cfg.num_stages != plan.cfg.one_row_stages
 
 
 @FAKED
 def test_gqa_launch_keeps_the_tables_stages(monkeypatch):
-    plan, cfg, splits = _stages(monkeypatch, H200, batch=4, max_len=32854, page=64, num_heads=32, num_kv_heads=8)
+    call = dict(batch=4, max_len=32854, page=64, num_heads=32, num_kv_heads=8)
+    plan, cfg, splits, _, _ = _splits(monkeypatch, H200, **call)
     assert plan.rows == 4 and splits > 1
     assert plan.cfg_one_row is None and cfg.num_stages != cfg.one_row_stages

@@ -149,26 +149,26 @@ _SM90_SHORT = {
 }
 _SHORT_MIN_PAGE = {"half": 64, "fp8": 1}
 SHORT_SPAN = 1024
-# Uniform launches of the main tiles that merge by the combine launch (a few requests cut into many
-# splits): 3 stages instead of 4, so three programs an SM (70 KB of shared memory against 104) and
-# a split count for them, shorter splits. Measured on an H200 against 4 stages, same run
-# (lab/notes/decode-combine-launches.md "Uniform launches at three programs an SM"): 3 ragged requests
-# with 2 drafts 53.7 -> 49.1 us, 2 requests up to 14739 keys 35.8 -> 31.9, 5 log-normal requests
-# 40.7 -> 38.2; launches that merge in the kernel (balanced) keep 4 stages, which they need (10 x
-# 49133 494 -> 513 at 3). Only where the main tiles replace the long ones (an H200; an H100's small
-# batches run the long tiles).
-_SM90_COMBINE_STAGES = {("half", 128): 3}
-# ... while their splits hold at most this many keys at the tile's own stages: 2 x 80360 keys with
-# 2 drafts at 64/8 heads (splits of 5022 keys, near the copy limit already) 168 -> 173 us at 3.
+# The main tiles' stages at three programs an SM (70 KB of shared memory against 4 stages' 104),
+# which two rules take on an H200 (the config's combine_stages and one_row_stages):
+# - uniform launches of the main tiles that merge by the combine launch (a few requests cut into
+#   many splits), with a split count for three an SM, shorter splits. Measured on an H200 against 4
+#   stages, same run (lab/notes/decode-combine-launches.md "Uniform launches at three programs an
+#   SM"): 3 ragged requests with 2 drafts 53.7 -> 49.1 us, 2 requests up to 14739 keys 35.8 -> 31.9,
+#   5 log-normal requests 40.7 -> 38.2; launches that merge in the kernel (balanced) keep 4 stages,
+#   which they need (10 x 49133 494 -> 513 at 3). Only where the main tiles replace the long ones
+#   (an H200; an H100's small batches run the long tiles);
+# - launches of one query row an item (MHA, 32 / 32 heads) that split their items: a one-row
+#   program does little arithmetic a tile and waits on its copies, which a third program an SM
+#   hides. Measured on an H200, same run (same note, "One-row launches at three programs an SM"):
+#   5 ragged requests up to 4857 keys 65.8 -> 64.9 us, 1 x 92435 365 -> 360, 4 log-normal requests
+#   up to 32854 45.4 -> 43.6; a launch of 3584 items that does not split 571 -> 574, so it keeps 4.
+#   Only past LONG_MAX_SM_GBPS of copy an SM (not measured on an H100).
+_SM90_THREE_AN_SM_STAGES = {("half", 128): 3}
+# The combine launches' rule holds while their splits hold at most this many keys at the tile's own
+# stages: 2 x 80360 keys with 2 drafts at 64/8 heads (splits of 5022 keys, near the copy limit
+# already) 168 -> 173 us at 3.
 COMBINE_STAGES_KEYS = 2048
-# Launches of one query row an item (MHA, 32 / 32 heads) that split their items: 3 stages instead
-# of 4, so three programs an SM. A one-row program does little arithmetic a tile and waits on its
-# copies; a third program an SM hides more of that wait. Measured on an H200 against 4 stages,
-# same run (lab/notes/decode-combine-launches.md "One-row launches at three programs an SM"): 5
-# ragged requests up to 4857 keys 65.8 -> 64.9 us, 1 x 92435 365 -> 360, 4 log-normal requests
-# up to 32854 45.4 -> 43.6; a launch of 3584 items that does not split 571 -> 574, so it keeps 4.
-# Only past LONG_MAX_SM_GBPS of copy an SM (an H200; not measured on an H100).
-_SM90_ONE_ROW_STAGES = {("half", 128): 3}
 # Streaming tiles: launches that split every work item (few items: small batches, single decode)
 # and read at most STREAM_MAX_L2 times the L2 size of K/V. Their K/V loads are not software
 # pipelined (num_stages 1), so Triton keeps an evict_first hint on them: the streamed K/V, read
@@ -553,11 +553,10 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     # most 370 keys 11.6 -> 11.2 with them, where long programs lose by 5-7 % (64 x 8192 p16 320 ->
     # 344, sw36 704 -> 752; lab/notes/formats.md "Formats: rows in M at 8 rows for short requests").
     main_sm90 = sm90 and kind == "main" and not rope
-    combine_stages = _SM90_COMBINE_STAGES.get((fmt, head_dim), 0) if main_sm90 else 0
-    one_row_stages = _SM90_ONE_ROW_STAGES.get((fmt, head_dim), 0) if main_sm90 else 0
+    three_an_sm = _SM90_THREE_AN_SM_STAGES.get((fmt, head_dim), 0) if main_sm90 else 0
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
                        keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
-                       combine_stages=combine_stages, one_row_stages=one_row_stages,
+                       combine_stages=three_an_sm, one_row_stages=three_an_sm,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:

@@ -272,7 +272,7 @@ class _Plan:
         if main_for_long:
             self.cfg = self._merge_round_of(decode_configs.config(*table, "long"))
         # One query row an item of a paged cache, on a GPU past the long tiles' bandwidth an SM: a
-        # span whose launch splits takes the config's one_row_stages (configs._SM90_ONE_ROW_STAGES).
+        # span whose launch splits takes the config's one_row_stages (configs._SM90_THREE_AN_SM_STAGES).
         self.cfg_one_row = None
         if (not invariant and f.paged and self.rows == 1 and self.cfg.one_row_stages
                 and self.cfg.one_row_stages != self.cfg.num_stages
