@@ -1,9 +1,12 @@
-"""Paged launches of one query row an item (MHA) that split their items run the config's
-``one_row_stages`` (three programs an SM) on an H200-class GPU (``plan._Plan.config_for``); a
-launch that does not split, GQA launches, an H100-class GPU and contiguous caches keep the table's
-stages. Simulated on the CPU (sm90's tables, 132 SMs); launches recorded, not run."""
+"""Launches of one query row an item on an H200-class GPU run the config's ``one_row_stages``:
+paged MHA launches that split their items three stages (three programs an SM,
+``plan._Plan.config_for``), single decode past the streaming spans its contiguous tiles at two
+(``plan._Plan.__init__``). A launch that does not split, GQA launches and an H100-class GPU keep
+the table's stages. Simulated on the CPU (sm90's tables, 132 SMs); launches recorded, not run."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +14,7 @@ from kvattn.ops.decode import configs as decode_configs
 
 from .test_balanced_plan import FAKED
 from .test_long_tiles_by_bandwidth import H100, H200
+from .test_rope_wide_tiles import _single_plan
 from .test_tile_splits import _splits
 
 
@@ -44,3 +48,22 @@ def test_gqa_launch_keeps_the_tables_stages(monkeypatch):
     plan, cfg, splits, _, _ = _splits(monkeypatch, H200, **call)
     assert plan.rows == 4 and splits > 1
     assert plan.cfg_one_row is None and cfg.num_stages != cfg.one_row_stages
+
+
+@FAKED
+@pytest.mark.parametrize("kv_len", [32768, 131072], ids=lambda n: f"L{n}")
+def test_single_decode_past_the_streaming_spans_runs_two_stages_on_an_h200(monkeypatch, kv_len):
+    """The one-row contiguous tiles (``configs._SM90_CONTIG_PIPELINED_STAGES``): pipelined on an
+    H200-class GPU, the same tiles and splits; an H100-class GPU keeps them unpipelined."""
+    plan, cfg = _single_plan(monkeypatch, H200, kv_len, "NONE")
+    contig = decode_configs.config("sm90", plan.kv_format, 128, plan.block_m, False, "contig")
+    assert contig.num_stages == 1 and cfg == replace(contig, num_stages=2)
+    plan100, cfg100 = _single_plan(monkeypatch, H100, kv_len, "NONE")
+    assert cfg100 == contig
+    assert plan.num_splits(kv_len, cfg) == plan100.num_splits(kv_len, cfg100) == 16
+
+
+@FAKED
+def test_single_decode_within_the_streaming_spans_keeps_its_tiles(monkeypatch):
+    plan, cfg = _single_plan(monkeypatch, H200, 4096, "NONE")
+    assert cfg.evict_first and cfg == decode_configs.config("sm90", plan.kv_format, 128, plan.block_m, False, "stream")

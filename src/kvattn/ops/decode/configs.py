@@ -62,10 +62,15 @@ class DecodeConfig:
     # COMBINE_STAGES_KEYS keys, runs this many stages (plan._Plan.combine_form; the split count
     # follows the programs an SM they fit). 0: the tile's own.
     combine_stages: int = 0
-    # >0: a launch of one query row an item (MHA decode) on the plan's own table whose split count
-    # at this many stages is above one (it merges its splits) runs this many stages
-    # (plan._Plan.config_for). 0: the tile's own.
+    # >0: on GPUs past long_max_sm_gbps of copy an SM, launches of one query row an item run this
+    # many stages: from the plan's own table (paged MHA decode) a launch whose split count at them
+    # is above one (it merges its splits; plan._Plan.config_for), from the contig table (single
+    # decode past the streaming spans) every launch (plan._Plan.__init__). 0: the tile's own.
     one_row_stages: int = 0
+    # >0: RoPE launches of one query row an item over a contiguous cache (single decode) take tiles
+    # of this many keys instead of the halved RoPE tile, on GPUs past long_max_sm_gbps of copy an SM
+    # (plan._Plan.__init__). 0: the halved tile.
+    rope_wide_block_n: int = 0
     # fp8 caches: whether a uniform launch merged by the combine launch may put the keys in M
     # (plan._Plan.combine_form; False: the rows in M at 8 rows, faster or level on all 7 such rows
     # of the sweep: lab/notes/decode-combine-launches.md "fp8's rows in M in the combine launches").
@@ -165,6 +170,12 @@ SHORT_SPAN = 1024
 #   up to 32854 45.4 -> 43.6; a launch of 3584 items that does not split 571 -> 574, so it keeps 4.
 #   Only past LONG_MAX_SM_GBPS of copy an SM (not measured on an H100).
 _SM90_THREE_AN_SM_STAGES = {("half", 128): 3}
+# RoPE single decode (one query row an item, contiguous cache): 64-key tiles instead of the halved
+# 32, on a GPU past LONG_MAX_SM_GBPS of copy an SM. On an H100 64 keys were slower (config()); on
+# an H200, same run (lab/notes/single-decode.md "Single decode: RoPE's 64-key tiles on an H200"):
+# 4096 / 32768 / 131072 keys 32.2 / 176 / 669 -> 29.0 / 151 / 553 us (Triton 3.6), 31.2 / 177 /
+# 672 -> 28.7 / 148 / 539 (3.7.1), where 3 or 4 programs an SM at 32 keys gained half as much.
+_SM90_ROPE_WIDE = {("half", 128): 64}
 # The combine launches' rule holds while their splits hold at most this many keys at the tile's own
 # stages: 2 x 80360 keys with 2 drafts at 64/8 heads (splits of 5022 keys, near the copy limit
 # already) 168 -> 173 us at 3.
@@ -193,6 +204,12 @@ STREAM_MAX_L2 = 4
 _SM90_CONTIG = {
     ("half", 128): (64, 4, 1),
 }
+# The one-row contiguous tiles pipelined (2 stages, the same programs and splits) on a GPU past
+# LONG_MAX_SM_GBPS of copy an SM: on an H200, same run (lab/notes/single-decode.md "Single decode:
+# the one-row tiles pipelined on an H200"), single decode 32768 / 131072 142.9 / 519.8 -> 137.3 /
+# 494.9 us (cuDNN 137.6 / 493.2 and FlashInfer 138.3 / 496.1), where 128- or 32-key tiles and 8
+# warps were 22-40 % slower. The H100's many short unpipelined programs (above) stay there.
+_SM90_CONTIG_PIPELINED_STAGES = {("half", 128): 2}
 # RoPE's streaming tiles: one query row an item (MHA single decode) over a contiguous 16-bit cache,
 # within the streaming spans. RoPE's tiles stay pipelined (its per-key query rotation needs the
 # copies in flight), read by TMA with the L2 evict_first hint that the streaming tiles get from
@@ -554,9 +571,13 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     # 344, sw36 704 -> 752; lab/notes/formats.md "Formats: rows in M at 8 rows for short requests").
     main_sm90 = sm90 and kind == "main" and not rope
     three_an_sm = _SM90_THREE_AN_SM_STAGES.get((fmt, head_dim), 0) if main_sm90 else 0
+    one_row_stages = three_an_sm or (_SM90_CONTIG_PIPELINED_STAGES.get((fmt, head_dim), 0)
+                                     if sm90 and kind == "contig" else 0)
+    rope_wide = _SM90_ROPE_WIDE.get((fmt, head_dim), 0) if sm90_rope and kind in ("main", "rope_stream") else 0
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
                        keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
-                       combine_stages=three_an_sm, one_row_stages=three_an_sm,
+                       combine_stages=three_an_sm, one_row_stages=one_row_stages,
+                       rope_wide_block_n=rope_wide,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:

@@ -214,6 +214,11 @@ class _Plan:
         if self.cfg_stream is not None and decode_configs.wants_one_row_tiles("contig", *table, paged=f.paged,
                                                                               rows=self.rows):
             self.cfg_contig = decode_configs.config(*table, "contig")
+            # pipelined at the config's one_row_stages on a GPU past the long tiles' bandwidth an SM
+            # (configs._SM90_CONTIG_PIPELINED_STAGES)
+            if self.cfg_contig.one_row_stages and decode_configs.past_sm_bandwidth(
+                    _device.memory_bandwidth(f.device), self.sm_count, self.cfg_contig.long_max_sm_gbps):
+                self.cfg_contig = replace(self.cfg_contig, num_stages=self.cfg_contig.one_row_stages)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
         # Split launches merge in their own last program (one counter an item) where they can.
@@ -279,6 +284,13 @@ class _Plan:
                 and decode_configs.past_sm_bandwidth(_device.memory_bandwidth(f.device), self.sm_count,
                                                      self.cfg.long_max_sm_gbps)):
             self.cfg_one_row = replace(self.cfg, num_stages=self.cfg.one_row_stages)
+        # RoPE single decode on a GPU past the long tiles' bandwidth an SM: the config's wider
+        # tiles (configs._SM90_ROPE_WIDE) for the plan's table and its streaming one.
+        if (not invariant and f.has_rope and not f.paged and self.rows == 1
+                and decode_configs.past_sm_bandwidth(_device.memory_bandwidth(f.device), self.sm_count,
+                                                     self.cfg.long_max_sm_gbps)):
+            self.cfg = _rope_wide(self.cfg)
+            self.cfg_stream = self.cfg_stream and _rope_wide(self.cfg_stream)
         self._by_span: dict[int, tuple] = {}
         self._balances: dict[tuple, Balance | None] = {}  # by (config, split count)
         self._by_splits: dict[tuple, tuple] = {}  # by (config, split count, balanced)
@@ -482,6 +494,10 @@ _BALANCED_ROUND_UNITS = 16
 # float32 values a thread the in-kernel merge loads a round (_merge_block_s): 32 took the one-row
 # RoPE kernel from 128 registers to 168, a program less an SM.
 _MERGE_VALUES = 16
+
+
+def _rope_wide(cfg: decode_configs.DecodeConfig) -> decode_configs.DecodeConfig:
+    return replace(cfg, block_n=cfg.rope_wide_block_n) if cfg.rope_wide_block_n else cfg
 
 
 def _merge_block_s(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int, values: int = _MERGE_VALUES) -> int:
