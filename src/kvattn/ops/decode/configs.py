@@ -207,8 +207,9 @@ _SM90_CONTIG = {
 # The one-row contiguous tiles pipelined (2 stages, the same programs and splits) on a GPU past
 # LONG_MAX_SM_GBPS of copy an SM: on an H200, same run (lab/notes/single-decode.md "Single decode:
 # the one-row tiles pipelined on an H200"), single decode 32768 / 131072 142.9 / 519.8 -> 137.3 /
-# 494.9 us (cuDNN 137.6 / 493.2 and FlashInfer 138.3 / 496.1), where 128- or 32-key tiles and 8
-# warps were 22-40 % slower. The H100's many short unpipelined programs (above) stay there.
+# 494.9 us, where 128- or 32-key tiles and 8 warps were 22-40 % slower; beside FlashInfer in
+# another run 135 / 485 against its 136 / 485. The H100's many short unpipelined programs (above)
+# stay there.
 _SM90_CONTIG_PIPELINED_STAGES = {("half", 128): 2}
 # RoPE's streaming tiles: one query row an item (MHA single decode) over a contiguous 16-bit cache,
 # within the streaming spans. RoPE's tiles stay pipelined (its per-key query rotation needs the
