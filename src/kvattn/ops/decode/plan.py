@@ -168,6 +168,7 @@ class _Plan:
         self.block_m, self.m_blocks = _row_tiling(self.rows, self.head_dim, use_dot)
         self.items = self.batch * self.num_kv_heads * self.m_blocks
         self.sm_count = _device.sm_count(f.device)
+        bandwidth = _device.memory_bandwidth(f.device)  # peak copy bytes/s (0: unknown), what the H200 rules read
         table = (arch_name, self.kv_format, self.head_dim, self.block_m, f.has_rope)  # what every table is read by
         # Batch-invariant mode: the main table only (the others are chosen by the batch, the SM
         # count or the call's key bound), fixed-span splits, always the combine launch.
@@ -180,14 +181,14 @@ class _Plan:
         # table's tiles replace them (configs.main_replaces_long), at the long tiles' merge round
         # where that round matters (_merge_round_of).
         main_for_long = long_tiles and decode_configs.main_replaces_long(
-            *table, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
+            *table, sm_count=self.sm_count, bandwidth=bandwidth)
         long_tiles = long_tiles and not main_for_long
         # (a uniform launch of those tiles merged by the combine launch: configs.combine_stages)
         self.combine_stages_ok = main_for_long
         self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
         # Launches of fewer programs than SMs may split down to one tile (num_splits)
         self.tile_splits_ok = not invariant and decode_configs.tile_splits(
-            cfg, paged=f.paged, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
+            cfg, paged=f.paged, sm_count=self.sm_count, bandwidth=bandwidth)
         # Spans of at most SHORT_SPAN keys may take another table, and so may launches whose K/V
         # bytes are few enough for streaming tiles (per-span choices: see config_for).
         self.cfg_short = None
@@ -208,7 +209,7 @@ class _Plan:
             self.cfg_stream = decode_configs.config(*table, stream_kind)
         # keys a split of the streaming tiles holds at most (0: any; paged launches' stream table only)
         self.stream_split_keys = 0 if stream_kind != "stream" else decode_configs.stream_split_limit(
-            self.cfg_stream, batch=self.batch, sm_count=self.sm_count, bandwidth=_device.memory_bandwidth(f.device))
+            self.cfg_stream, batch=self.batch, sm_count=self.sm_count, bandwidth=bandwidth)
         # Past the streaming spans, one-row launches over a contiguous cache take their own table.
         self.cfg_contig = None
         if self.cfg_stream is not None and decode_configs.wants_one_row_tiles("contig", *table, paged=f.paged,
@@ -217,7 +218,7 @@ class _Plan:
             # pipelined at the config's one_row_stages on a GPU past the long tiles' bandwidth an SM
             # (configs._SM90_CONTIG_PIPELINED_STAGES)
             if self.cfg_contig.one_row_stages and decode_configs.past_sm_bandwidth(
-                    _device.memory_bandwidth(f.device), self.sm_count, self.cfg_contig.long_max_sm_gbps):
+                    bandwidth, self.sm_count, self.cfg_contig.long_max_sm_gbps):
                 self.cfg_contig = replace(self.cfg_contig, num_stages=self.cfg_contig.one_row_stages)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
@@ -281,14 +282,12 @@ class _Plan:
         self.cfg_one_row = None
         if (not invariant and f.paged and self.rows == 1 and self.cfg.one_row_stages
                 and self.cfg.one_row_stages != self.cfg.num_stages
-                and decode_configs.past_sm_bandwidth(_device.memory_bandwidth(f.device), self.sm_count,
-                                                     self.cfg.long_max_sm_gbps)):
+                and decode_configs.past_sm_bandwidth(bandwidth, self.sm_count, self.cfg.long_max_sm_gbps)):
             self.cfg_one_row = replace(self.cfg, num_stages=self.cfg.one_row_stages)
         # RoPE single decode on a GPU past the long tiles' bandwidth an SM: the config's wider
         # tiles (configs._SM90_ROPE_WIDE) for the plan's table and its streaming one.
         if (not invariant and f.has_rope and not f.paged and self.rows == 1
-                and decode_configs.past_sm_bandwidth(_device.memory_bandwidth(f.device), self.sm_count,
-                                                     self.cfg.long_max_sm_gbps)):
+                and decode_configs.past_sm_bandwidth(bandwidth, self.sm_count, self.cfg.long_max_sm_gbps)):
             self.cfg = _rope_wide(self.cfg)
             self.cfg_stream = self.cfg_stream and _rope_wide(self.cfg_stream)
         self._by_span: dict[int, tuple] = {}
