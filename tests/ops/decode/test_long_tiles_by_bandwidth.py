@@ -15,11 +15,12 @@ import pytest
 import torch
 import triton
 
+import kvattn
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 from kvattn.runtime import device as _device
 
-from .test_balanced_plan import FAKED, SM_COUNT, _plan_of
+from .test_balanced_plan import FAKED, SM_COUNT, _faked_h200, _plan_of
 
 H200 = 2 * 3201e6 * 6016 / 8  # 4.81 TB/s (the bus width an H200's driver reports): 36.5 GB/s an SM
 H100 = 2 * 2619e6 * 5120 / 8  # 3.35 TB/s: 25 GB/s an SM
@@ -35,6 +36,19 @@ def _tile(cfg) -> tuple:
 def _plan_on(monkeypatch, bandwidth, kv_dtype=torch.float16, **call):
     monkeypatch.setattr(decode_launch._device, "memory_bandwidth", lambda device: bandwidth)
     return _plan_of(monkeypatch, kv_dtype=kv_dtype, **call)
+
+
+def _single_plan_on(monkeypatch, bandwidth, kv_len, mode):
+    """``(plan, config of its span)`` of one single-decode call (32 / 32 heads, D 128, a float16
+    contiguous cache of ``kv_len`` keys, ``pos_encoding_mode=mode``) on a faked GPU of peak copy
+    ``bandwidth``."""
+    _faked_h200(monkeypatch)
+    monkeypatch.setattr(decode_launch._device, "memory_bandwidth", lambda device: bandwidth)
+    q = torch.empty(32, 128, dtype=torch.float16)
+    k = torch.empty(kv_len, 32, 128, dtype=torch.float16)
+    kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k), pos_encoding_mode=mode)
+    (plan,) = decode_launch._PLANS.values()
+    return plan, plan.config_for(kv_len)
 
 
 def _launch(plan, span) -> tuple:

@@ -13,8 +13,7 @@ import pytest
 from kvattn.ops.decode import configs as decode_configs
 
 from .test_balanced_plan import FAKED
-from .test_long_tiles_by_bandwidth import H100, H200
-from .test_rope_wide_tiles import _single_plan
+from .test_long_tiles_by_bandwidth import H100, H200, _single_plan_on
 from .test_tile_splits import _splits
 
 
@@ -55,15 +54,15 @@ def test_gqa_launch_keeps_the_tables_stages(monkeypatch):
 def test_single_decode_past_the_streaming_spans_runs_two_stages_on_an_h200(monkeypatch, kv_len):
     """The one-row contiguous tiles (``configs._SM90_CONTIG_PIPELINED_STAGES``): pipelined on an
     H200-class GPU, the same tiles and splits; an H100-class GPU keeps them unpipelined."""
-    plan, cfg = _single_plan(monkeypatch, H200, kv_len, "NONE")
+    plan, cfg = _single_plan_on(monkeypatch, H200, kv_len, "NONE")
     contig = decode_configs.config("sm90", plan.kv_format, 128, plan.block_m, False, "contig")
     assert contig.num_stages == 1 and cfg == replace(contig, num_stages=2)
-    plan100, cfg100 = _single_plan(monkeypatch, H100, kv_len, "NONE")
+    plan100, cfg100 = _single_plan_on(monkeypatch, H100, kv_len, "NONE")
     assert cfg100 == contig
     assert plan.num_splits(kv_len, cfg) == plan100.num_splits(kv_len, cfg100) == 16
 
 
 @FAKED
 def test_single_decode_within_the_streaming_spans_keeps_its_tiles(monkeypatch):
-    plan, cfg = _single_plan(monkeypatch, H200, 4096, "NONE")
+    plan, cfg = _single_plan_on(monkeypatch, H200, 4096, "NONE")
     assert cfg.evict_first and cfg == decode_configs.config("sm90", plan.kv_format, 128, plan.block_m, False, "stream")

@@ -6,39 +6,26 @@ their tiles. Simulated on the CPU (sm90's tables, 132 SMs); launches recorded, n
 from __future__ import annotations
 
 import pytest
-import torch
 
-import kvattn
 from kvattn.ops.decode import configs as decode_configs
-from kvattn.ops.decode import plan as decode_launch
 
-from .test_balanced_plan import FAKED, _faked_h200
-from .test_long_tiles_by_bandwidth import H100, H200
-
-
-def _single_plan(monkeypatch, bandwidth, kv_len, mode):
-    _faked_h200(monkeypatch)
-    monkeypatch.setattr(decode_launch._device, "memory_bandwidth", lambda device: bandwidth)
-    q = torch.empty(32, 128, dtype=torch.float16)
-    k = torch.empty(kv_len, 32, 128, dtype=torch.float16)
-    kvattn.decode.single_decode_with_kv_cache(q, k, torch.empty_like(k), pos_encoding_mode=mode)
-    (plan,) = decode_launch._PLANS.values()
-    return plan, plan.config_for(kv_len)
+from .test_balanced_plan import FAKED
+from .test_long_tiles_by_bandwidth import H100, H200, _single_plan_on
 
 
 @FAKED
 @pytest.mark.parametrize("kv_len", [4096, 32768, 131072], ids=lambda n: f"L{n}")
 def test_rope_single_decode_takes_64_key_tiles_on_an_h200(monkeypatch, kv_len):
-    plan, cfg = _single_plan(monkeypatch, H200, kv_len, "ROPE_LLAMA")
+    plan, cfg = _single_plan_on(monkeypatch, H200, kv_len, "ROPE_LLAMA")
     halved = decode_configs.config("sm90", plan.kv_format, 128, plan.block_m, True)
     assert halved.block_n == 32 and cfg.block_n == 64 == cfg.rope_wide_block_n
     assert cfg.tma == (kv_len == 4096)  # (4096: the streaming launch, read by TMA)
-    _, cfg100 = _single_plan(monkeypatch, H100, kv_len, "ROPE_LLAMA")
+    _, cfg100 = _single_plan_on(monkeypatch, H100, kv_len, "ROPE_LLAMA")
     assert cfg100.block_n == 32
 
 
 @FAKED
 def test_single_decode_without_rope_keeps_its_tiles(monkeypatch):
-    _, cfg = _single_plan(monkeypatch, H200, 32768, "NONE")
-    _, cfg100 = _single_plan(monkeypatch, H100, 32768, "NONE")
+    _, cfg = _single_plan_on(monkeypatch, H200, 32768, "NONE")
+    _, cfg100 = _single_plan_on(monkeypatch, H100, 32768, "NONE")
     assert cfg.block_n == cfg100.block_n and cfg.rope_wide_block_n == 0

@@ -572,12 +572,11 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
     # 344, sw36 704 -> 752; lab/notes/formats.md "Formats: rows in M at 8 rows for short requests").
     main_sm90 = sm90 and kind == "main" and not rope
     three_an_sm = _SM90_THREE_AN_SM_STAGES.get((fmt, head_dim), 0) if main_sm90 else 0
-    one_row_stages = three_an_sm or (_SM90_CONTIG_PIPELINED_STAGES.get((fmt, head_dim), 0)
-                                     if sm90 and kind == "contig" else 0)
+    contig_stages = _SM90_CONTIG_PIPELINED_STAGES.get((fmt, head_dim), 0) if sm90 and kind == "contig" else 0
     rope_wide = _SM90_ROPE_WIDE.get((fmt, head_dim), 0) if sm90_rope and kind in ("main", "rope_stream") else 0
     cfg = DecodeConfig(block_n, warps, stages, pdl=sm90, dot_single_row=arch != "interpreter",
                        keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
-                       combine_stages=three_an_sm, one_row_stages=one_row_stages,
+                       combine_stages=three_an_sm, one_row_stages=three_an_sm or contig_stages,
                        rope_wide_block_n=rope_wide,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")

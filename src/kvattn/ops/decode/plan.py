@@ -186,6 +186,8 @@ class _Plan:
         # (a uniform launch of those tiles merged by the combine launch: configs.combine_stages)
         self.combine_stages_ok = main_for_long
         self.cfg = cfg = decode_configs.config(*table, "long" if long_tiles else ("few" if few_items else "main"))
+        # past the long tiles' bandwidth an SM (an H200): where the one-row rules below apply
+        past_bw = decode_configs.past_sm_bandwidth(bandwidth, self.sm_count, cfg.long_max_sm_gbps)
         # Launches of fewer programs than SMs may split down to one tile (num_splits)
         self.tile_splits_ok = not invariant and decode_configs.tile_splits(
             cfg, paged=f.paged, sm_count=self.sm_count, bandwidth=bandwidth)
@@ -217,8 +219,7 @@ class _Plan:
             self.cfg_contig = decode_configs.config(*table, "contig")
             # pipelined at the config's one_row_stages on a GPU past the long tiles' bandwidth an SM
             # (configs._SM90_CONTIG_PIPELINED_STAGES)
-            if self.cfg_contig.one_row_stages and decode_configs.past_sm_bandwidth(
-                    bandwidth, self.sm_count, self.cfg_contig.long_max_sm_gbps):
+            if self.cfg_contig.one_row_stages and past_bw:
                 self.cfg_contig = replace(self.cfg_contig, num_stages=self.cfg_contig.one_row_stages)
         per_split = self.rows_total * self.num_heads * (self.head_dim + 1)
         self.fit = partials_fit(f.ws_numel, per_split, cfg.max_splits)
@@ -281,13 +282,11 @@ class _Plan:
         # span whose launch splits takes the config's one_row_stages (configs._SM90_THREE_AN_SM_STAGES).
         self.cfg_one_row = None
         if (not invariant and f.paged and self.rows == 1 and self.cfg.one_row_stages
-                and self.cfg.one_row_stages != self.cfg.num_stages
-                and decode_configs.past_sm_bandwidth(bandwidth, self.sm_count, self.cfg.long_max_sm_gbps)):
+                and self.cfg.one_row_stages != self.cfg.num_stages and past_bw):
             self.cfg_one_row = replace(self.cfg, num_stages=self.cfg.one_row_stages)
         # RoPE single decode on a GPU past the long tiles' bandwidth an SM: the config's wider
         # tiles (configs._SM90_ROPE_WIDE) for the plan's table and its streaming one.
-        if (not invariant and f.has_rope and not f.paged and self.rows == 1
-                and decode_configs.past_sm_bandwidth(bandwidth, self.sm_count, self.cfg.long_max_sm_gbps)):
+        if not invariant and f.has_rope and not f.paged and self.rows == 1 and past_bw:
             self.cfg = _rope_wide(self.cfg)
             self.cfg_stream = self.cfg_stream and _rope_wide(self.cfg_stream)
         self._by_span: dict[int, tuple] = {}
