@@ -78,11 +78,21 @@ def unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_
     total = tl.sum(lens.to(tl.int64), 0)
     longest = tl.max(lens, 0)
     ragged = _is_ragged(longest, total, batch)
-    chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, UNITS_CAP)).to(tl.int32)
-    chunk = tl.maximum(tl.cdiv(chunk, BLOCK_N) * BLOCK_N, MIN_CHUNK)
-    n = tl.where(ragged, tl.maximum(tl.cdiv(lens, chunk), 1), uniform_splits)
+    n = tl.where(ragged, _ragged_units(lens, total, longest, unit_target, MIN_CHUNK, BLOCK_N, UNITS_CAP),
+                 uniform_splits)
     n = tl.where(b_ok, n, 0)
     return ragged, n, tl.cumsum(n, 0)
+
+
+@triton.jit
+def _ragged_units(lens, total, longest, unit_target, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+                  UNITS_CAP: tl.constexpr):
+    """Each request's unit count in a ragged batch (``lens``: its clamped key counts, ``total``
+    their sum as int64, ``longest`` their maximum): ``ceil(L_b / chunk)``, at least one, with one
+    chunk for the batch (:func:`balanced_unit`)."""
+    chunk = tl.maximum(tl.cdiv(total, unit_target), tl.cdiv(longest, UNITS_CAP)).to(tl.int32)
+    chunk = tl.maximum(tl.cdiv(chunk, BLOCK_N) * BLOCK_N, MIN_CHUNK)
+    return tl.maximum(tl.cdiv(lens, chunk), 1)
 
 
 @triton.jit
@@ -124,11 +134,15 @@ def balanced_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, unit_targ
 @triton.jit
 def _launch_unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr):
+    return unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, _grid_unit_target(batch, uniform_splits),
+                       MIN_CHUNK, BLOCK_N, BLOCK_B, UNITS_CAP)
+
+
+@triton.jit
+def _grid_unit_target(batch, uniform_splits):
     # The grid holds batch * uniform_splits units; a chunk of at least total / (that - batch) keys
     # keeps sum_b ceil(L_b / chunk) <= total / chunk + batch within it.
-    unit_target = tl.maximum(batch * (uniform_splits - 1), 1)
-    return unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, unit_target, MIN_CHUNK, BLOCK_N, BLOCK_B,
-                       UNITS_CAP)
+    return tl.maximum(batch * (uniform_splits - 1), 1)
 
 
 @triton.jit
@@ -155,12 +169,24 @@ def launch_unit(seq_lens_ptr, unit, batch, capacity, uniform_splits, MIN_CHUNK: 
 def request_units(seq_lens_ptr, b, batch, capacity, uniform_splits, MIN_CHUNK: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNITS_CAP: tl.constexpr):
     """``(n_b, first)``: request ``b``'s unit count and first unit in the plan of
-    :func:`launch_unit` (where the merge finds its partials)."""
-    ragged, n, ends = _launch_unit_counts(seq_lens_ptr, batch, capacity, uniform_splits, MIN_CHUNK, BLOCK_N, BLOCK_B,
-                                          UNITS_CAP)
-    mine = tl.arange(0, BLOCK_B) == b
-    n_b = tl.sum(tl.where(mine, n, 0), 0)
-    return n_b, tl.sum(tl.where(mine, ends, 0), 0) - n_b
+    :func:`launch_unit` (where the merge finds its partials).
+
+    Every program of a combine launch derives it (one a request and head: 1024-4096 of them at
+    16-64 heads), so the vector work is what it costs: an equal batch, whose plan is the uniform
+    split, stops after the two reductions that tell it so; a ragged one sums the units before
+    ``b`` instead of scanning them all."""
+    offs_b = tl.arange(0, BLOCK_B)
+    b_ok, lens = _request_lens(seq_lens_ptr, batch, capacity, BLOCK_B)
+    total = tl.sum(lens.to(tl.int64), 0)
+    longest = tl.max(lens, 0)
+    n_b = uniform_splits + 0 * b
+    first = b * uniform_splits
+    if _is_ragged(longest, total, batch):
+        unit_target = _grid_unit_target(batch, uniform_splits)
+        n = tl.where(b_ok, _ragged_units(lens, total, longest, unit_target, MIN_CHUNK, BLOCK_N, UNITS_CAP), 0)
+        n_b = tl.sum(tl.where(offs_b == b, n, 0), 0)
+        first = tl.sum(tl.where(offs_b < b, n, 0), 0)
+    return n_b, first
 
 
 # The lanes: a ragged batch's cost cut into one equal share a lane (a lane: the programs of one
