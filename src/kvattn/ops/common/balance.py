@@ -179,6 +179,7 @@ def request_units(seq_lens_ptr, b, batch, capacity, uniform_splits, MIN_CHUNK: t
     b_ok, lens = _request_lens(seq_lens_ptr, batch, capacity, BLOCK_B)
     total = tl.sum(lens.to(tl.int64), 0)
     longest = tl.max(lens, 0)
+    # (a tensor like the ragged branch's n_b even where Triton makes a split count of 1 a constexpr)
     n_b = uniform_splits + 0 * b
     first = b * uniform_splits
     if _is_ragged(longest, total, batch):
