@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -54,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
 from ..common.gluon_balance import balanced_split_work
-from ..common.gluon_compat import cta_barrier, tma_load
+from ..common.gluon_compat import cp_async_load, cta_barrier, tma_load
 from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 from .kernels import mla_row_ends
 
@@ -135,16 +136,23 @@ def stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_
                 KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, ld_layout: gl.constexpr):
     """The head block's query rows into shared memory, ``qn_smem [BLOCK_H, CKV_DIM]`` and
     ``qr_smem [BLOCK_H, KPE_DIM]``, in 64-column pieces (rows past Hq read as 0), visible to the
-    calling threads' wgmmas when it returns."""
+    calling threads' wgmmas when it returns.
+
+    Every piece is one ``cp.async`` group member, all in flight at once: loaded through registers,
+    each piece's store waited for its load and ptxas put a barrier between the pieces, so a
+    program paid five serial round trips to memory before its first score product (the query of
+    64 heads is as many bytes as a key tile; lab/notes/mla-ragged.md "What one program pays")."""
     offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
+    head_ok = (offs_qh < num_heads)[:, None]
     for c in gl.static_range((CKV_DIM + KPE_DIM) // 64):
         offs_qd = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
         q_off = b.to(gl.int64) * stride_q_b + offs_qh[:, None].to(gl.int64) * stride_q_h + offs_qd[None, :]
-        q_c = gl.load(q_ptr + q_off, mask=(offs_qh < num_heads)[:, None], other=0.0)
         if c * 64 < CKV_DIM:
-            qn_smem.slice(c * 64, 64, dim=1).store(q_c)
+            cp_async_load(qn_smem.slice(c * 64, 64, dim=1), q_ptr + q_off, mask=head_ok)
         else:
-            qr_smem.store(q_c)
+            cp_async_load(qr_smem, q_ptr + q_off, mask=head_ok)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
     fence_async_shared()
     cta_barrier()
 
