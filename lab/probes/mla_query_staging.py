@@ -1,13 +1,15 @@
-"""The MLA query staged by ``cp.async`` against its staging through registers, and the epilogue's
-stores off (GPU; kvattn only, CUDA-graph replay, L2 flushed, as ``benchmarks/tune_mla.py`` times).
+"""The MLA program's ends A/B: the query staged by ``cp.async`` against its staging through
+registers, the output rows through shared memory against straight from the accumulator, and the
+epilogue's stores off (GPU; kvattn only, CUDA-graph replay, L2 flushed, as
+``benchmarks/tune_mla.py`` times).
 
-Variants (``benchmarks/tune_mla.py``): ``default`` (the library: one ``cp.async`` group),
-``ws_syncquery`` (the staging before: a load then a store a 64-column piece), ``ws_nostore`` (a
-floor: no output written). Shapes: the one-wave batches of ``mla_program_cost.py`` at 2 and 16
-tiles (the per-program cost), then the registry's MLA rows and the sweep's MLA rows (default
-against ws_syncquery only).
+Variants (``benchmarks/tune_mla.py``): ``default`` (the library), ``ws_syncquery`` (the query
+staging before: a load then a store a 64-column piece), ``ws_syncstore`` (the stores before),
+``ws_nostore`` (a floor: no output written). Shapes: the one-wave batches of
+``mla_program_cost.py`` at 2 and 16 tiles (the per-program cost; ``--cost``), then the registry's
+and the sweep's MLA rows (``--rows``).
 
-    PYTHONPATH=src python3 lab/probes/mla_query_staging.py [--rep 60]
+    PYTHONPATH=src python3 lab/probes/mla_query_staging.py [--rep 60] [--cost V,..] [--rows V,..]
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rep", default="60")
     ap.add_argument("--tiles", type=int, nargs="+", default=[2, 16])
+    ap.add_argument("--cost", default="default,ws_syncquery,ws_nostore")
+    ap.add_argument("--rows", default="default,ws_syncquery")
     args = ap.parse_args()
     cost = [Shape("mla", batch, tiles * 64, num_qo_heads=heads, num_kv_heads=1, head_dim=576, page_size=64,
                   kv_dtype="bfloat16", q_dtype="bfloat16") for heads, batch in LAYOUTS for tiles in args.tiles]
     print("== one-wave batches (program cost)", flush=True)
-    tune_mla.main(["--variants", "default,ws_syncquery,ws_nostore", "--rep", args.rep], grid=cost)
+    tune_mla.main(["--variants", args.cost, "--rep", args.rep], grid=cost)
     print("== MLA grid", flush=True)
-    tune_mla.main(["--variants", "default,ws_syncquery", "--rep", args.rep])
+    tune_mla.main(["--variants", args.rows, "--rep", args.rep])
     print("== sweep MLA rows", flush=True)
-    tune_mla.main(["--sweep", "--variants", "default,ws_syncquery", "--rep", args.rep])
+    tune_mla.main(["--sweep", "--variants", args.rows, "--rep", args.rep])
 
 
 if __name__ == "__main__":
