@@ -22,8 +22,6 @@ kernel's source from its file). The results are wrong by design: for timing only
 * ``syncquery`` (not a floor: the A/B of a change, right results): the query staged through
   registers, a load then a store a 64-column piece, as the kernel did before its ``cp.async``
   staging (``stage_query`` in ``src/kvattn/ops/mla/kernels_gluon.py``).
-* ``syncstore`` (not a floor either): the output rows written straight from the accumulator's
-  layout, as before they went through shared memory (``store_staged`` there).
 
 Each patch names the exact text it replaces, so an edit of the kernel that moves it fails here
 loudly rather than timing the unpatched kernel. :func:`floor_kernel` returns the patched
@@ -103,8 +101,6 @@ PATCHES = {
         "from .kernels_gluon import logit_scale2, mtp_row_ends, split_work, store_rows\n"
         + _SYNC_QUERY,
     )],
-    "syncstore": [("               STORE_LSE, o_layout, BALANCED, stage)\n",
-                   "               STORE_LSE, o_layout, BALANCED, None)\n")],
     "noconvert": [(
         "    for c in gl.static_range(src.shape[1] // 64):\n"
         "        w = words_view(",

@@ -99,7 +99,6 @@ VARIANTS = {
     # the epilogue's stores off (a floor); the query staged through registers (the A/B of its cp.async staging)
     "ws_nostore": {"_ws_floor": "nostore"},
     "ws_syncquery": {"_ws_floor": "syncquery"},
-    "ws_syncstore": {"_ws_floor": "syncstore"},
     # fp8 at 16-32 heads: the warp-specialised kernel's e4m3 form (rows padded to 64) in place of
     # the table's heads-in-N Triton kernel, and that form without its value conversion: issue 41's
     # fp8 bound (1.7x bf16) against the conversion (lab/notes/mla.md "MLA: 16-64 heads, MTP and fp8

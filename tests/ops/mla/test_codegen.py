@@ -184,31 +184,6 @@ def test_ws_kernel_stages_the_query_in_one_cp_async_group(fp8):
     assert forms["library"]["stack"] == 0
 
 
-@pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
-def test_ws_kernel_writes_its_rows_through_shared_memory(fp8):
-    """Each warpgroup's output rows leave through a buffer of its own as 16-byte stores, a warp a
-    row: the final rows ``[64, 256]`` 16-bit (16 a thread) or the split partial ``[64, 256]``
-    float32 (32 a thread), 96 vector stores in the two warpgroups and no scalar ones but the
-    partial LSE's; the ``syncstore`` form (straight from the accumulator, as before) has none, and
-    both have the same products, shared memory and no spill."""
-    forms = {}
-    for name, kernel in (("library", "kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel"),
-                         ("before", "benchmarks.mla_ws_floors.floor_kernel_syncstore")):
-        got = (_compile_fp8(kernel, BALANCED=True) if fp8 else
-               compile_sm90(kernel, dict(WS_BASE, PAGE_SIZE=64, BALANCED=True), ptrs=GLUON_PTRS,
-                            floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(64)))
-        ptx = got["ptx"]
-        forms[name] = dict(vector=len(re.findall(r"st\.global[.a-z0-9]*\.v4\.b32", ptx)),
-                           stores=len(re.findall(r"st\.global", ptx)),
-                           wgmma=len(re.findall(r"wgmma\.mma_async", ptx)), shared=got["shared"],
-                           stack=got.get("stack", 0))
-    assert forms["library"]["vector"] == 96 and forms["library"]["stores"] == 96 + 2
-    assert forms["before"]["vector"] == 0 and forms["before"]["stores"] > 96 + 2
-    for key in ("wgmma", "shared", "stack"):
-        assert forms["library"][key] == forms["before"][key]
-    assert forms["library"]["stack"] == 0
-
-
 @pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
 def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode(page):
     """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the

@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 # The shared @triton.jit pieces run inside Gluon kernels as they are (the layouts follow their inputs).
 from ..common.gluon_balance import balanced_split_work
-from ..common.gluon_compat import cp_async_load, cta_barrier, smem_view, tma_load
+from ..common.gluon_compat import cp_async_load, cta_barrier, tma_load
 from ..common import LOG2E, load_page_ids, online_softmax_step, softmax_finalize, split_bounds
 from .kernels import mla_row_ends
 
@@ -171,17 +171,13 @@ def logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR: gl.constexpr):
 def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
                num_splits, stride_o_b, stride_o_h, out_factor, COL0: gl.constexpr, COLS: gl.constexpr,
                CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr,
-               o_layout: gl.constexpr, BALANCED: gl.constexpr = False, stage=None):
+               o_layout: gl.constexpr, BALANCED: gl.constexpr = False):
     """Write the output columns ``[COL0, COL0 + COLS)`` of the head block's rows from the
     accumulator ``o_acc [BLOCK_H, COLS]`` (row max ``m_i``, row sum ``l_i``): the final output
     (one split), or the normalised split partial and (``STORE_LSE``) its base-2 LSE, which the
     decode family's combine kernel merges (an empty split: o = 0, lse = -inf). ``BALANCED``
     (``balanced_split_work``): ``split`` is the partial's slot, its unit (none past the partials:
-    a unit past the plan's last), which ``combine.balanced_combine_kernel`` merges.
-
-    ``stage``: free shared memory of at least ``BLOCK_H * COLS * 4`` bytes, private to the calling
-    threads (one warpgroup): the rows go through it (:func:`store_staged`) instead of straight
-    from the accumulator's layout."""
+    a unit past the plan's last), which ``combine.balanced_combine_kernel`` merges."""
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
     heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
@@ -191,49 +187,17 @@ def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr
     out_mult = out_factor
     if OUT_PTR:
         out_mult = out_mult * gl.load(out_scale_ptr)
+    o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
+    gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
     if BALANCED:
         partial = (num_splits > 1) & (split < batch * num_splits)
-        p_first = split.to(gl.int64) * num_heads
+        p_row = split.to(gl.int64) * num_heads + heads
     else:
         partial = num_splits > 1
-        p_first = (split.to(gl.int64) * batch + b) * num_heads
-    p_row = p_first + heads
-    if stage is None:
-        o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
-        gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
-        gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
-    else:
-        live = num_heads - hb * BLOCK_H  # rows of real heads
-        if final:
-            store_staged((o * out_mult).to(out_ptr.dtype.element_ty), stage, out_ptr,
-                         b.to(gl.int64) * stride_o_b + (hb * BLOCK_H).to(gl.int64) * stride_o_h + COL0, stride_o_h,
-                         live)
-        elif partial:
-            store_staged(o, stage, part_o_ptr, (p_first + hb * BLOCK_H) * CKV_DIM + COL0, CKV_DIM, live)
+        p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
+    gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
     if STORE_LSE:
         gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
-
-
-@gluon.jit
-def store_staged(x, stage, ptr, row0, row_stride, n_rows):
-    """``x [R, C]`` (an accumulator's layout) to the global rows ``ptr + row0 + r * row_stride +
-    [0, C)`` for ``r < n_rows``, through the free shared memory ``stage`` (``R * C`` elements, the
-    calling warpgroup's alone): a warp writes a row's contiguous bytes 16 a thread. Straight from
-    the accumulator each store instruction wrote 8 rows' 16- or 32-byte pieces, and a program's
-    output rows were the dearest part of its end (lab/notes/mla-ragged.md "What one program
-    pays")."""
-    R: gl.constexpr = x.shape[0]
-    C: gl.constexpr = x.shape[1]
-    BITS: gl.constexpr = x.dtype.primitive_bitwidth
-    view = smem_view(stage, x.dtype, [R, C],
-                     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=BITS, rank=2))
-    view.store(x)
-    cta_barrier()
-    rd: gl.constexpr = gl.BlockedLayout([1, 128 // BITS], [1, 32], [gl.num_warps(), 1], [1, 0])
-    rows = gl.arange(0, R, layout=gl.SliceLayout(1, rd))
-    cols = gl.arange(0, C, layout=gl.SliceLayout(0, rd))
-    off = row0 + rows.to(gl.int64)[:, None] * row_stride + cols[None, :]
-    gl.store(ptr + off, view.load(rd), mask=(rows < n_rows)[:, None])
 
 
 @gluon.jit

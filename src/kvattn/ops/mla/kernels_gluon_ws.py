@@ -360,12 +360,10 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MINE: gl.constexpr, X_OTHER: gl.constexpr,
             COL0: gl.constexpr, HALF: gl.constexpr, CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
             OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr, x_layout: gl.constexpr, o_layout: gl.constexpr,
-            BALANCED: gl.constexpr, stage):
+            BALANCED: gl.constexpr = False):
     """A warpgroup's end: once both are past their last read of the row maxima (``BAR_DONE``), its
     row sums out (slot ``X_MINE``), the other's in (``X_OTHER``), then its columns ``[COL0, COL0 +
-    HALF)`` of the rows written with the sum of both (``l_0 + l_1``), through ``stage`` (a buffer
-    of this warpgroup's own, free once both warpgroups are past their loops: every product has
-    retired and the copy warp has nothing left to copy)."""
+    HALF)`` of the rows written with the sum of both (``l_0 + l_1``)."""
     cta_barrier()
     mbarrier.arrive(bars.index(BAR_DONE), count=1)
     mbarrier.wait(bars.index(BAR_DONE), 0)
@@ -376,7 +374,7 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
     l_other = _read_rows(x_smem, X_OTHER, x_layout)
     store_rows(o, m_i, l_i + l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, COL0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-               STORE_LSE, o_layout, BALANCED, stage)
+               STORE_LSE, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -456,7 +454,7 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-            True, x_layout, o_layout, BALANCED, ckv_smem.index(0))
+            True, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -532,7 +530,7 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
-            OUT_PTR, False, x_layout, o_layout, BALANCED, ckv_smem.index(1))
+            OUT_PTR, False, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -631,7 +629,7 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-            True, x_layout, o_layout, BALANCED, v_smem)
+            True, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
@@ -708,7 +706,7 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
-            OUT_PTR, False, x_layout, o_layout, BALANCED, ckv_smem)
+            OUT_PTR, False, x_layout, o_layout, BALANCED)
 
 
 @gluon.jit
