@@ -184,6 +184,24 @@ def test_ws_kernel_stages_the_query_in_one_cp_async_group(fp8):
     assert forms["library"]["stack"] == 0
 
 
+@pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
+def test_ws_kernel_compiles_as_a_one_split_launch_specialises_it(fp8):
+    """On the GPU Triton specialises an integer argument of 1 into a constant, so a launch of one
+    split compiles ``num_splits == 1`` as a constant (its partial stores gone): that form must
+    compile too (an epilogue form that passed the unspecialised compile failed there in Triton
+    3.6's LLVM lowering, lab/notes/mla-ragged.md "What one program pays"), with the query's
+    copies and no spill."""
+    if fp8:
+        got = _compile_fp8(num_splits=1)
+    else:
+        got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
+                           dict(WS_BASE, PAGE_SIZE=64, num_splits=1), ptrs=GLUON_PTRS,
+                           floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(64))
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", got["ptx"])) == 9 * (2 if fp8 else 4)
+    if "stack" in got:
+        assert got["stack"] == 0
+
+
 @pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
 def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode(page):
     """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
