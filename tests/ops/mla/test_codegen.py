@@ -189,7 +189,7 @@ def test_ws_kernel_compiles_as_a_one_split_launch_specialises_it(fp8):
     """On the GPU Triton specialises an integer argument of 1 into a constant, so a launch of one
     split compiles ``num_splits == 1`` as a constant (its partial stores gone): that form must
     compile too (an epilogue form that passed the unspecialised compile failed there in Triton
-    3.6's LLVM lowering, lab/notes/mla-ragged.md "What one program pays"), with the query's
+    3.6's LLVM lowering, lab/notes/mla-program-ends.md "What one program pays"), with the query's
     copies and no spill."""
     if fp8:
         got = _compile_fp8(num_splits=1)

@@ -139,9 +139,10 @@ def stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_
     calling threads' wgmmas when it returns.
 
     Every piece is one ``cp.async`` group member, all in flight at once: loaded through registers,
-    each piece's store waited for its load and ptxas put a barrier between the pieces, so a
+    each piece's store waited for its load and the compiler put a barrier between the pieces, so a
     program paid five serial round trips to memory before its first score product (the query of
-    64 heads is as many bytes as a key tile; lab/notes/mla-ragged.md "What one program pays")."""
+    64 heads is as many bytes as a key tile).
+    See lab/notes/mla-program-ends.md "What one program pays"."""
     offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
     head_ok = (offs_qh < num_heads)[:, None]
     for c in gl.static_range((CKV_DIM + KPE_DIM) // 64):
