@@ -19,9 +19,6 @@ kernel's source from its file). The results are wrong by design: for timing only
 * ``noconvert``: the e4m3 form's values are not converted to float16 (P.V reads stale buffers).
 * ``nostore``: the epilogue writes nothing (its stores behind a branch never taken, so the
   products they read stay): what a program's output rows cost at its end.
-* ``syncquery`` (not a floor: the A/B of a change, right results): the query staged through
-  registers, a load then a store a 64-column piece, as the kernel did before its ``cp.async``
-  staging (``stage_query`` in ``src/kvattn/ops/mla/kernels_gluon.py``).
 
 Each patch names the exact text it replaces, so an edit of the kernel that moves it fails here
 loudly rather than timing the unpatched kernel. :func:`floor_kernel` returns the patched
@@ -40,25 +37,6 @@ from __future__ import annotations
 import functools
 
 from benchmarks import patched_kernels
-
-# The query staging before cp.async (syncquery): a gl.load and a shared-memory store a piece.
-_SYNC_QUERY = """
-
-@gluon.jit
-def stage_query(q_ptr, qn_smem, qr_smem, b, hb, num_heads, stride_q_b, stride_q_h, CKV_DIM: gl.constexpr,
-                KPE_DIM: gl.constexpr, BLOCK_H: gl.constexpr, ld_layout: gl.constexpr):
-    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
-    for c in gl.static_range((CKV_DIM + KPE_DIM) // 64):
-        offs_qd = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
-        q_off = b.to(gl.int64) * stride_q_b + offs_qh[:, None].to(gl.int64) * stride_q_h + offs_qd[None, :]
-        q_c = gl.load(q_ptr + q_off, mask=(offs_qh < num_heads)[:, None], other=0.0)
-        if c * 64 < CKV_DIM:
-            qn_smem.slice(c * 64, 64, dim=1).store(q_c)
-        else:
-            qr_smem.store(q_c)
-    fence_async_shared()
-    cta_barrier()
-"""
 
 # floor -> [(text of the kernel's source, its replacement)]; each text must occur exactly once.
 PATCHES = {
@@ -95,11 +73,6 @@ PATCHES = {
     "nostore": [(
         "    store_rows(o, m_i, l_i + l_other,",
         "    if num_splits < 0:  # (never: the stores' operands stay live)\n        store_rows(o, m_i, l_i + l_other,",
-    )],
-    "syncquery": [(
-        "from .kernels_gluon import logit_scale2, mtp_row_ends, split_work, stage_query, store_rows\n",
-        "from .kernels_gluon import logit_scale2, mtp_row_ends, split_work, store_rows\n"
-        + _SYNC_QUERY,
     )],
     "noconvert": [(
         "    for c in gl.static_range(src.shape[1] // 64):\n"

@@ -96,9 +96,8 @@ VARIANTS = {
     "ws_noscores": {"_ws_floor": "noscores"},
     # the e4m3 form only: no float16 conversion of the values (P.V reads stale buffers)
     "ws_noconvert": {"_ws_floor": "noconvert"},
-    # the epilogue's stores off (a floor); the query staged through registers (the A/B of its cp.async staging)
+    # the epilogue's stores off (what a program's output rows cost at its end)
     "ws_nostore": {"_ws_floor": "nostore"},
-    "ws_syncquery": {"_ws_floor": "syncquery"},
     # fp8 at 16-32 heads: the warp-specialised kernel's e4m3 form (rows padded to 64) in place of
     # the table's heads-in-N Triton kernel, and that form without its value conversion: issue 41's
     # fp8 bound (1.7x bf16) against the conversion (lab/notes/mla.md "MLA: 16-64 heads, MTP and fp8

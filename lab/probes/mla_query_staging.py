@@ -3,9 +3,11 @@ registers, the output rows through shared memory against straight from the accum
 epilogue's stores off (GPU; kvattn only, CUDA-graph replay, L2 flushed, as
 ``benchmarks/tune_mla.py`` times).
 
-Variants (``benchmarks/tune_mla.py``): ``default`` (the library), ``ws_syncquery`` (the query
-staging before: a load then a store a 64-column piece), ``ws_syncstore`` (the stores before),
-``ws_nostore`` (a floor: no output written). Shapes: the one-wave batches of
+Variants (``benchmarks/tune_mla.py``): ``default`` (the library), ``ws_nostore`` (a floor: no
+output written), and the ``before`` form of a change under test where its patch adds one
+(``ws_syncstore``: lab/probes/mla_final_rows_staged.patch). The query-staging A/B this probe first
+ran used ``ws_syncquery``, the staging through registers, removed once measured (at 9ad49b8;
+lab/notes/mla-program-ends.md). Shapes: the one-wave batches of
 ``mla_program_cost.py`` at 2 and 16 tiles (the per-program cost; ``--cost``), then the registry's
 and the sweep's MLA rows (``--rows``).
 
@@ -29,8 +31,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rep", default="60")
     ap.add_argument("--tiles", type=int, nargs="+", default=[2, 16])
-    ap.add_argument("--cost", default="default,ws_syncquery,ws_nostore")
-    ap.add_argument("--rows", default="default,ws_syncquery")
+    ap.add_argument("--cost", default="default,ws_nostore")
+    ap.add_argument("--rows", default="default,ws_nostore")
     args = ap.parse_args()
     cost = [Shape("mla", batch, tiles * 64, num_qo_heads=heads, num_kv_heads=1, head_dim=576, page_size=64,
                   kv_dtype="bfloat16", q_dtype="bfloat16") for heads, batch in LAYOUTS for tiles in args.tiles]
