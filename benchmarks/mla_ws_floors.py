@@ -19,6 +19,9 @@ kernel's source from its file). The results are wrong by design: for timing only
 * ``noconvert``: the e4m3 form's values are not converted to float16 (P.V reads stale buffers).
 * ``nostore``: the epilogue writes nothing (its stores behind a branch never taken, so the
   products they read stay): what a program's output rows cost at its end.
+* ``syncstore`` (not a floor: the A/B of a change, right results): the final output rows written
+  straight from the accumulator's layout, as before they went through a free buffer
+  (``store_staged`` in ``src/kvattn/ops/mla/kernels_gluon.py``).
 
 Each patch names the exact text it replaces, so an edit of the kernel that moves it fails here
 loudly rather than timing the unpatched kernel. :func:`floor_kernel` returns the patched
@@ -74,6 +77,8 @@ PATCHES = {
         "    store_rows(o, m_i, l_i + l_other,",
         "    if num_splits < 0:  # (never: the stores' operands stay live)\n        store_rows(o, m_i, l_i + l_other,",
     )],
+    "syncstore": [("               STORE_LSE, o_layout, BALANCED, stage)\n",
+                   "               STORE_LSE, o_layout, BALANCED, None)\n")],
     "noconvert": [(
         "    for c in gl.static_range(src.shape[1] // 64):\n"
         "        w = words_view(",

@@ -98,6 +98,8 @@ VARIANTS = {
     "ws_noconvert": {"_ws_floor": "noconvert"},
     # the epilogue's stores off (what a program's output rows cost at its end)
     "ws_nostore": {"_ws_floor": "nostore"},
+    # the final rows straight from the accumulator (the before form of the staged final rows)
+    "ws_syncstore": {"_ws_floor": "syncstore"},
     # fp8 at 16-32 heads: the warp-specialised kernel's e4m3 form (rows padded to 64) in place of
     # the table's heads-in-N Triton kernel, and that form without its value conversion: issue 41's
     # fp8 bound (1.7x bf16) against the conversion (lab/notes/mla.md "MLA: 16-64 heads, MTP and fp8

@@ -179,6 +179,36 @@ def test_ws_kernel_stages_the_query_in_one_cp_async_group(fp8):
 
 
 @pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
+@pytest.mark.parametrize("splits", [pytest.param(1, id="one-split"), pytest.param(None, id="splits")])
+@pytest.mark.parametrize("out", ["bf16", "fp32"], ids=["out-bf16", "out-fp32"])
+def test_ws_kernel_writes_its_final_rows_through_a_free_buffer(out, splits, fp8):
+    """bfloat16 final rows leave through a free buffer of each warpgroup (the 16-bit form: its
+    column half of the query buffer; the e4m3 form: one of its float16 value buffers seen as
+    bfloat16) as 16-byte stores, a warp a row: 16 a thread and warpgroup, 32 in all; float32 rows
+    (twice the buffer's bytes) and the split partials keep the accumulator's stores; the
+    ``syncstore`` form (the stores before) has no vector store; both the same products, shared
+    memory and no spill, also as a one-split launch specialises them."""
+    forms = {}
+    extra = {} if splits is None else {"num_splits": splits}
+    ptrs = dict(FP8_PTRS if fp8 else GLUON_PTRS, out_ptr=f"*{out}")
+    desc = _kv_desc(64, "fp8e4nv", ROW_SMEM8) if fp8 else _kv_desc(64)
+    for name, kernel in (("library", "kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel"),
+                         ("before", "benchmarks.mla_ws_floors.floor_kernel_syncstore")):
+        got = compile_sm90(kernel, dict(WS_BASE, PAGE_SIZE=64, **extra), ptrs=ptrs,
+                           floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=desc)
+        ptx = got["ptx"]
+        forms[name] = dict(vector=len(re.findall(r"st\.global[.a-z0-9]*\.v4\.b32", ptx)),
+                           pairs=len(re.findall(r"st\.global[.a-z0-9]*\.v2\.f32", ptx)),
+                           wgmma=len(re.findall(r"wgmma\.mma_async", ptx)), shared=got["shared"],
+                           stack=got.get("stack", 0))
+    assert forms["library"]["vector"] == (32 if out == "bf16" else 0) and forms["before"]["vector"] == 0
+    assert forms["library"]["pairs"] == forms["before"]["pairs"]
+    for key in ("wgmma", "shared", "stack"):
+        assert forms["library"][key] == forms["before"][key]
+    assert forms["library"]["stack"] == 0
+
+
+@pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
 def test_ws_kernel_compiles_as_a_one_split_launch_specialises_it(fp8):
     """On the GPU Triton specialises an integer argument of 1 into a constant, so a launch of one
     split compiles ``num_splits == 1`` as a constant (its partial stores gone): that form must

@@ -8,6 +8,7 @@ kernels import these names instead of the moving ones (``lab/notes/triton-versio
 
 from __future__ import annotations
 
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import tma
@@ -25,3 +26,16 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # ``async_copy.commit_group`` / ``wait_group``): ``async_copy.async_copy_global_to_shared(smem,
 # pointer, mask)`` in 3.6 and 3.7, ``async_copy.async_load`` (same leading arguments) from 3.9.
 cp_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+# A shared-memory view with another dtype, shape and layout over the same bytes: ``_reinterpret``
+# in Triton 3.6 and 3.7, ``reinterpret`` from 3.9.
+_REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def smem_view(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """``smem``'s bytes (from its start) seen as ``dtype [shape]`` under ``layout``."""
+    if _REINTERPRET_PUBLIC:
+        return smem.reinterpret(dtype, shape, layout)
+    else:
+        return smem._reinterpret(dtype, shape, layout)

@@ -15,6 +15,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .gluon_compat import smem_view
+
 
 @triton.constexpr_function
 def row_smem(cols, esize):
@@ -33,19 +35,11 @@ def words_smem(cols, esize):
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
 
-# A shared-memory view with another dtype, shape and layout over the same bytes: ``_reinterpret``
-# in Triton 3.6 and 3.7, ``reinterpret`` from 3.9 (found by feature, as in gluon_compat).
-_REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-
-
 @gluon.jit
 def words_view(smem, ROWS: gl.constexpr, COLS: gl.constexpr, ESIZE: gl.constexpr):
     """``smem [ROWS, COLS]`` of ``ESIZE``-byte values under the NVMMA swizzle seen as int32
     ``[ROWS, COLS * ESIZE / 4]`` (:func:`words_smem`)."""
-    if _REINTERPRET_PUBLIC:
-        return smem.reinterpret(gl.int32, [ROWS, COLS * ESIZE // 4], words_smem(COLS, ESIZE))
-    else:
-        return smem._reinterpret(gl.int32, [ROWS, COLS * ESIZE // 4], words_smem(COLS, ESIZE))
+    return smem_view(smem, gl.int32, [ROWS, COLS * ESIZE // 4], words_smem(COLS, ESIZE))
 
 
 @gluon.jit

@@ -172,13 +172,17 @@ def logit_scale2(logit_factor, logit_scale_ptr, LOGIT_PTR: gl.constexpr):
 def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch, num_heads,
                num_splits, stride_o_b, stride_o_h, out_factor, COL0: gl.constexpr, COLS: gl.constexpr,
                CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr, OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr,
-               o_layout: gl.constexpr, BALANCED: gl.constexpr = False):
+               o_layout: gl.constexpr, BALANCED: gl.constexpr = False, stage=None):
     """Write the output columns ``[COL0, COL0 + COLS)`` of the head block's rows from the
     accumulator ``o_acc [BLOCK_H, COLS]`` (row max ``m_i``, row sum ``l_i``): the final output
     (one split), or the normalised split partial and (``STORE_LSE``) its base-2 LSE, which the
     decode family's combine kernel merges (an empty split: o = 0, lse = -inf). ``BALANCED``
     (``balanced_split_work``): ``split`` is the partial's slot, its unit (none past the partials:
-    a unit past the plan's last), which ``combine.balanced_combine_kernel`` merges."""
+    a unit past the plan's last), which ``combine.balanced_combine_kernel`` merges.
+
+    ``stage``: free bfloat16 shared memory ``[BLOCK_H, COLS]``, the calling warpgroup's alone:
+    bfloat16 final rows go through it (:func:`store_staged`); float32 rows (twice its bytes) and
+    the partials are stored from the accumulator's layout."""
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
     heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
@@ -188,8 +192,14 @@ def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr
     out_mult = out_factor
     if OUT_PTR:
         out_mult = out_mult * gl.load(out_scale_ptr)
-    o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
-    gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    STAGED: gl.constexpr = stage is not None and out_ptr.dtype.element_ty == gl.bfloat16
+    if not STAGED:
+        o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
+        gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    elif final:
+        store_staged((o * out_mult).to(out_ptr.dtype.element_ty), stage, out_ptr,
+                     b.to(gl.int64) * stride_o_b + (hb * BLOCK_H).to(gl.int64) * stride_o_h + COL0, stride_o_h,
+                     num_heads - hb * BLOCK_H)
     if BALANCED:
         partial = (num_splits > 1) & (split < batch * num_splits)
         p_row = split.to(gl.int64) * num_heads + heads
@@ -199,6 +209,23 @@ def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr
     gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
     if STORE_LSE:
         gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
+
+
+@gluon.jit
+def store_staged(x, stage, ptr, row0, row_stride, n_rows):
+    """``x [R, C]`` (an accumulator's layout) to the global rows ``ptr + row0 + r * row_stride +
+    [0, C)`` for ``r < n_rows``, through ``stage`` (free shared memory ``[R, C]`` of ``x``'s dtype,
+    the calling warpgroup's alone): a warp writes a row's contiguous bytes, 16 a thread, where
+    each store from the accumulator's layout writes 16-byte pieces of 8 rows."""
+    R: gl.constexpr = x.shape[0]
+    C: gl.constexpr = x.shape[1]
+    stage.store(x)
+    cta_barrier()
+    rd: gl.constexpr = gl.BlockedLayout([1, 128 // x.dtype.primitive_bitwidth], [1, 32], [gl.num_warps(), 1], [1, 0])
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, rd))
+    cols = gl.arange(0, C, layout=gl.SliceLayout(0, rd))
+    off = row0 + rows.to(gl.int64)[:, None] * row_stride + cols[None, :]
+    gl.store(ptr + off, stage.load(rd), mask=(rows < n_rows)[:, None])
 
 
 @gluon.jit

@@ -89,7 +89,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..common.gluon_compat import cta_barrier, tma_load
+from ..common.gluon_compat import cta_barrier, smem_view, tma_load
 from ..common.gluon_dequant import f16_words, words_view
 from ..common import load_page_ids, online_softmax_step
 from .kernels_gluon import logit_scale2, mtp_row_ends, split_work, stage_query, store_rows
@@ -128,6 +128,8 @@ LD_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS.value, 1], 
 # thread a row, four threads a 64-byte row.
 CV_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS.value, 1], [1, 0]))
 CW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [NUM_WARPS.value, 1], [1, 0]))  # (CV_LAYOUT in words)
+# The fp8 form's float16 value buffers (and P): 128-byte swizzled rows of 16-bit values.
+HALF_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 # A row vector of a wgmma accumulator, once per lane of the quad that holds its row: [64, 4], row r
 # in the lanes and registers that hold row r of the accumulator (reduced along its columns, the four
 # lanes of a quad hold the same value), column = the lane's place in its quad. Stored so, each word
@@ -360,7 +362,7 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MINE: gl.constexpr, X_OTHER: gl.constexpr,
             COL0: gl.constexpr, HALF: gl.constexpr, CKV_DIM: gl.constexpr, BLOCK_H: gl.constexpr,
             OUT_PTR: gl.constexpr, STORE_LSE: gl.constexpr, x_layout: gl.constexpr, o_layout: gl.constexpr,
-            BALANCED: gl.constexpr = False):
+            BALANCED: gl.constexpr, stage):
     """A warpgroup's end: once both are past their last read of the row maxima (``BAR_DONE``), its
     row sums out (slot ``X_MINE``), the other's in (``X_OTHER``), then its columns ``[COL0, COL0 +
     HALF)`` of the rows written with the sum of both (``l_0 + l_1``)."""
@@ -374,7 +376,7 @@ def _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_sc
     l_other = _read_rows(x_smem, X_OTHER, x_layout)
     store_rows(o, m_i, l_i + l_other, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
                num_heads, num_splits, stride_o_b, stride_o_h, out_factor, COL0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-               STORE_LSE, o_layout, BALANCED)
+               STORE_LSE, o_layout, BALANCED, stage)
 
 
 @gluon.jit
@@ -454,7 +456,8 @@ def _left_partition(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem,
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-            True, x_layout, o_layout, BALANCED)
+            True, x_layout, o_layout, BALANCED,
+            qn_smem.index(0).slice(0, HALF, dim=1))
 
 
 @gluon.jit
@@ -530,7 +533,8 @@ def _right_partition(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, x_smem, bars,
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
-            OUT_PTR, False, x_layout, o_layout, BALANCED)
+            OUT_PTR, False, x_layout, o_layout, BALANCED,
+            qn_smem.index(0).slice(HALF, HALF, dim=1))
 
 
 @gluon.jit
@@ -629,7 +633,8 @@ def _left_fp8(q_ptr, qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_sme
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,
-            True, x_layout, o_layout, BALANCED)
+            True, x_layout, o_layout, BALANCED,
+            smem_view(v_smem.index(0), gl.bfloat16, [BLOCK_N, HALF], HALF_SMEM))
 
 
 @gluon.jit
@@ -706,7 +711,8 @@ def _right_fp8(qn_smem, qr_smem, ckv_smem, kpe_smem, p_smem, v_smem, x_smem, bar
 
     _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,
             num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MB, X_MA, HALF, HALF, CKV_DIM, BLOCK_H,
-            OUT_PTR, False, x_layout, o_layout, BALANCED)
+            OUT_PTR, False, x_layout, o_layout, BALANCED,
+            smem_view(v_smem.index(1), gl.bfloat16, [BLOCK_N, HALF], HALF_SMEM))
 
 
 @gluon.jit
@@ -750,7 +756,7 @@ def mla_gluon_ws_kernel(
         # e4m3 bytes: a 64-column box is 64 bytes, the rows' swizzle span (lab/notes/mla.md "MLA:
         # fp8 on the seesaw"); P and the converted values are float16 in 128-byte swizzled rows.
         row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
-        half_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        half_smem: gl.constexpr = HALF_SMEM
         pdt: gl.constexpr = gl.float16
     else:
         row_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
