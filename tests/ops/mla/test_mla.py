@@ -63,13 +63,15 @@ def check_empty_rows(out, lens):
 # ---------------------------------------------------------------------------------------------
 def mla_case(device, monkeypatch, *, lens, hq=16, page=64, kv_format="bfloat16", q_format=None,
              tensor_scales=False, four_d=False, ws_bytes=64 << 20, max_seq_len=None, give_out=True, gluon=True,
-             seed=0):
+             seed=0, q_cols=DIM, q_col0=0):
     if not gluon:
         monkeypatch.setenv("KVATTN_GLUON", "0")
     cache, tables, seq_lens = make_cache(lens, page=page, kv_format=kv_format, device=device, seed=seed)
     q_dtype = {"bfloat16": torch.bfloat16, "fp8": FP8_DTYPE}[q_format or kv_format]
     g = torch.Generator().manual_seed(100 + seed)
-    q = torch.randn(len(lens), 1, hq, DIM, generator=g).to(device=device, dtype=q_dtype)
+    # q_cols / q_col0: the query as columns [q_col0, q_col0 + DIM) of wider rows (odd strides, an
+    # offset base: what the Gluon kernels' staging cannot take, see plan.tma_aligned)
+    q = torch.randn(len(lens), 1, hq, q_cols, generator=g).to(device=device, dtype=q_dtype)[..., q_col0:q_col0 + DIM]
     bmm1, bmm2 = scales(device, tensor_scales, kv_format)
     kv_cache = cache.unsqueeze(1) if four_d else cache
     capacity = tables.shape[1] * page
@@ -114,6 +116,10 @@ GPU_CASES = [
     param("bf16-max_seq_len-capacity", lens=[100, 30, 0], hq=32, max_seq_len="capacity"),
     param("bf16-all-empty", lens=[0, 0, 0], hq=16, max_seq_len="capacity"),
     param("bf16-page128", lens=[1, 129, 1000], hq=16, page=128),
+    # a query view the Gluon kernels' cp.async staging cannot take: odd row strides, an offset base
+    *[param(f"{fmt}-Hq{hq}-query-{name}", lens=GPU_LENS, hq=hq, kv_format=fmt, q_cols=cols, q_col0=col0, seed=hq + 2)
+      for fmt in ("bfloat16", "fp8") for hq in (16, 128)
+      for name, cols, col0 in (("odd-strides", DIM + 1, 0), ("offset-base", DIM + 16, 1))],
     # 16-bit caches on Hopper take the warp-specialised Gluon kernel (Hq < 64 in padded 64-head
     # programs) on pages of 64+ tokens (tiles at offsets 0 / 64 / ... of a page) and, in the grid
     # above, of 16 and 32 (a tile over 4 / 2 pages); test_gluon_ws.py has its own grid (with a spy
@@ -305,6 +311,21 @@ def test_mla_gluon_kernel_takes_only_the_launches_it_serves():
     assert not _fits(aligned16=False) and not _fits(row_stride=580)  # TMA: 16-byte base and row stride
     assert not _fits(block_n=32) and not _fits(num_warps=4)  # overrides (tuning, tests) keep Triton
     assert not _fits(pages=2**25)  # rows past 2^31: int32 TMA coordinates
+
+
+def test_mla_gluon_kernels_need_a_query_triton_proves_aligned():
+    """The Gluon kernels stage the query by 16-byte ``cp.async`` copies, whose width Triton takes
+    from the arguments' specialisation: a base and every stride it cannot prove 16-byte aligned
+    (a multiple of 16 elements) would not compile, so such a query takes the Triton kernel."""
+    from kvattn.ops.mla.plan import tma_aligned
+    kv = torch.empty(4, 64, 576, dtype=torch.bfloat16)
+    wide = torch.empty(3, 16, 608, dtype=torch.bfloat16)
+    assert tma_aligned(torch.empty(3, 16, 576, dtype=torch.bfloat16), kv)
+    assert tma_aligned(wide[..., :576], kv) and tma_aligned(torch.empty(3, 16, 576, dtype=FP8_DTYPE), kv)
+    assert not tma_aligned(torch.empty(3, 16, 577, dtype=torch.bfloat16)[..., :576], kv)  # odd strides
+    assert not tma_aligned(torch.empty(3, 16, 584, dtype=torch.bfloat16)[..., :576], kv)  # 16 B, not 16 elements
+    assert not tma_aligned(wide[..., 1:577], kv)  # an offset base
+    assert not tma_aligned(torch.empty(3, 16, 576, dtype=torch.bfloat16), kv.view(-1)[1:])  # the cache's base
 
 
 def test_mla_split_partials_combine_exactly(kernel_device):
