@@ -1,5 +1,6 @@
-"""Where an MLA program's time goes, phase by phase (GPU only): the warp-specialised kernel's 16-bit
-form with timestamps at its phases, beside the library's kernel timed by graph replay.
+"""Where an MLA program's time goes, phase by phase (GPU only; the MLA analogue of the decode
+timelines of ``benchmarks/timeline.py``): the warp-specialised kernel's 16-bit form with
+timestamps at its phases, beside the library's kernel timed by graph replay.
 
 The program-cost line (``mla_program_cost.py``) put a one-wave program's fixed cost at 18.5 / 26.6
 / 24.2 us at 16 / 64 / 128 heads against FlashInfer's 15.9 / 19.1 / 16.6, a tile costing the same;
@@ -216,23 +217,29 @@ def measure(heads: int, lens: list, calls: int) -> dict:
             per_call.append(words.clone())
     mla_launch._PLANS.clear()
     same = bool(torch.equal(out_lib.view(torch.int16), out_st.view(torch.int16)))
+    return dict(heads=heads, batch=b, lens=sorted(set(lens)), library_graph_us=lib_us, stamped_graph_us=stamped_us,
+                same_output=same, **analyse(per_call))
+
+
+def analyse(per_call: list) -> dict:
+    """Each call's words (int64, ``WORDS`` a program from program 0, -1 where unwritten) summed up
+    in microseconds: per stamp its time since the program's ``entry`` (median, maximum)."""
     phases = {name: [] for name in STAMPS}
-    starts, spans, sms = [], [], set()
+    starts, spans, sms, progs = [], [], set(), 0
     for w in per_call:
         progs = int((w[0::WORDS] >= 0).sum())  # programs that wrote their entry
         t = w[: progs * WORDS].view(progs, WORDS).cpu()
         entry = t[:, 0]
         first = int(entry.min())
         starts += [(int(e) - first) / 1000 for e in entry]
-        spans.append((int(t[:, 2 * 8].max()) - first) / 1000)
+        spans.append((int(t[:, 2 * STAMPS.index("exit")].max()) - first) / 1000)
         sms |= set(int(s) for s in t[:, 2 * SMID])
         for k, name in enumerate(STAMPS):
             ok = t[:, 2 * k] >= 0
             phases[name] += [(int(a) - int(e)) / 1000 for a, e in zip(t[ok, 2 * k], entry[ok])]
-    summary = {name: (statistics.median(v), max(v)) if v else None for name, v in phases.items()}
-    return dict(heads=heads, batch=b, lens=sorted(set(lens)), programs=progs, sms=len(sms), library_graph_us=lib_us,
-                stamped_graph_us=stamped_us, same_output=same, span_us=statistics.median(spans),
-                start_skew_us=(statistics.median(starts), max(starts)), phases_us=summary)
+    return dict(programs=progs, sms=len(sms), span_us=statistics.median(spans),
+                start_skew_us=(statistics.median(starts), max(starts)),
+                phases_us={name: (statistics.median(v), max(v)) if v else None for name, v in phases.items()})
 
 
 LAYOUTS = [  # (heads, lens): one-wave one-split batches (the program-cost probe's), then split launches
