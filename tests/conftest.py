@@ -31,6 +31,14 @@ for _path in sorted(set(TRITON_OPS.values())):
     importlib.import_module(_path)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``runs_long`` first. Under pytest-xdist's load scheduling the workers take tests
+    in collection order, so a long test collected late (the GPU fuzz job: ~200 s on an H200, in a
+    top-level file collected after every package's tests) runs alone at the end of the suite;
+    started first, it overlaps the rest."""
+    items.sort(key=lambda item: item.get_closest_marker("runs_long") is None)
+
+
 def _switch_state() -> tuple:
     from kvattn.runtime import env as _env
 

@@ -122,6 +122,7 @@ def test_jobs_argument_errors(capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.runs_long
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the workers fuzz the GPU")
 def test_two_workers_on_the_gpu(monkeypatch, triton_backend):
     report = jobs.fuzz_jobs(torch.device("cuda"), 2, calls=38, seed=0, quiet=True)
@@ -172,3 +173,14 @@ def test_a_gpu_worker_caps_its_memory_and_reports_under_its_own_index(device, mo
     jobs._worker(5, lambda **kwargs: Done(), {"device": device}, 1, Results(), jobs=4)
     assert capped == [(jobs.GPU_MEMORY_SHARE / 4, 0 if device == "cuda" else 1)]
     assert results == [("done", 5, {"calls": 1})]
+
+
+def test_long_tests_are_collected_first(request):
+    """``tests/conftest.py`` puts the ``runs_long`` tests (this file's GPU job among them) at the
+    head of the collection, every other test in its order after them (fails without the hook
+    whenever the GPU job is collected, as in every whole-suite run)."""
+    items = request.session.items
+    flags = [item.get_closest_marker("runs_long") is not None for item in items]
+    assert flags == sorted(flags, reverse=True)
+    gpu_job = [item for item in items if item.name == "test_two_workers_on_the_gpu"]
+    assert all(item.get_closest_marker("runs_long") for item in gpu_job)

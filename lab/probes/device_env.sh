@@ -16,7 +16,7 @@ t0=$(date +%s)
 gpu_tests() {
   local name=$1 secs=$2
   shift 2
-  OMP_NUM_THREADS=1 timeout -s INT "$secs" python3 -m pytest -q -rfE -p no:cacheprovider -n 16 -m "not codegen" \
+  OMP_NUM_THREADS=1 timeout -s INT "$secs" python3 -m pytest -q -rfE -p no:cacheprovider -n 16 -m "not codegen" --durations=20 \
     "$@" > "$OUT/$name.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed|Interrupted" "$OUT/$name.txt" | tail -n 30 | tee "$OUT/$name-summary.txt"
   xz -9 "$OUT/$name.txt" 2>/dev/null
