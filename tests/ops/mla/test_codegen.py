@@ -63,12 +63,14 @@ PAGES = [pytest.param(64, id="p64"), pytest.param(256, id="p256"), pytest.param(
          pytest.param(32, id="p32")]
 
 
-def _small_page_stack(got: dict, page: int) -> None:
-    """Triton 3.6 and 3.7.1 compile the warp-specialised kernel over pages of 16 without a stack
-    frame; Triton 3.9's ptxas gives its copy warp (24 registers) one: not a GPU-verified fact."""
-    if page < 64 and got["stack"]:
-        skip_unless_gpu_verified("Triton 3.9's ptxas gives the warp-specialised kernel over pages of 16 a "
-                                 "24-byte stack frame")
+def _stack_free(got: dict) -> None:
+    """No stack frame (where the compile reports one): a fact of the GPU-verified Tritons (3.6 and
+    3.7.1). Triton 3.9's ptxas gives the warp-specialised kernel one (24 bytes for its copy warp
+    over pages of 16; 8-16 bytes at every page size once the final rows go through a free buffer),
+    so there the test stops, skipped, at this check."""
+    if got.get("stack"):
+        skip_unless_gpu_verified("Triton 3.9's ptxas gives the warp-specialised kernel an 8-24-byte stack frame")
+    assert got.get("stack", 0) == 0
 
 
 def _kv_desc(page: int, elem: str = "bf16", smem: str = ROW_SMEM) -> dict:
@@ -148,9 +150,9 @@ def test_ws_kernel_compiles_to_its_schedule(page):
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert {"240", "24"} <= regs
     assert 216 * 1024 < got["shared"] <= 227 * 1024
-    if "stack" in got:
-        _small_page_stack(got, page)
-        assert got["stack"] == 0 and got["reg"] <= 255
+    _stack_free(got)
+    if "reg" in got:
+        assert got["reg"] <= 255
     if "sass" in got:
         assert len(re.findall(r"\bHGMMA\.", got["sass"])) == 88
         assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8
@@ -174,8 +176,7 @@ def test_ws_kernel_stages_the_query_in_one_cp_async_group(fp8):
     # the source size of each copy: 16 bytes for a real head's row, 0 (zero fill) past Hq
     assert all(re.search(rf"selp\.b32\s+{re.escape(r)}, 16, 0, %p\d+;", ptx) for r in set(copies))
     assert not re.findall(r"ld\.global[.a-z0-9]*\.v4", ptx)
-    if "stack" in got:
-        assert got["stack"] == 0
+    _stack_free(got)
 
 
 @pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
@@ -203,9 +204,10 @@ def test_ws_kernel_writes_its_final_rows_through_a_free_buffer(out, splits, fp8)
                            stack=got.get("stack", 0))
     assert forms["library"]["vector"] == (32 if out == "bf16" else 0) and forms["before"]["vector"] == 0
     assert forms["library"]["pairs"] == forms["before"]["pairs"]
-    for key in ("wgmma", "shared", "stack"):
+    for key in ("wgmma", "shared"):
         assert forms["library"][key] == forms["before"][key]
-    assert forms["library"]["stack"] == 0
+    _stack_free(forms["before"])
+    _stack_free(forms["library"])
 
 
 @pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
@@ -222,8 +224,7 @@ def test_ws_kernel_compiles_as_a_one_split_launch_specialises_it(fp8):
                            dict(WS_BASE, PAGE_SIZE=64, num_splits=1), ptrs=GLUON_PTRS,
                            floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(64))
     assert len(re.findall(r"cp\.async\.cg\.shared\.global", got["ptx"])) == 9 * (2 if fp8 else 4)
-    if "stack" in got:
-        assert got["stack"] == 0
+    _stack_free(got)
 
 
 @pytest.mark.parametrize("page", [pytest.param(64, id="p64"), pytest.param(16, id="p16")])
@@ -236,9 +237,9 @@ def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode(page):
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", got["ptx"]))
     assert {"240", "24"} <= regs
     assert 216 * 1024 < got["shared"] <= 227 * 1024
-    if "stack" in got:
-        _small_page_stack(got, page)
-        assert got["stack"] == 0 and got["reg"] <= 255
+    _stack_free(got)
+    if "reg" in got:
+        assert got["reg"] <= 255
 
 
 # The e4m3 form (an fp8 query over an fp8 cache: the same kernel, its FP8 branch)
@@ -276,9 +277,9 @@ def test_ws_fp8_kernel_compiles_to_its_schedule(page):
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert {"240", "24"} <= regs
     assert 200 * 1024 < got["shared"] <= 216 * 1024
-    if "stack" in got:
-        _small_page_stack(got, page)
-        assert got["stack"] == 0 and got["reg"] <= 255
+    _stack_free(got)
+    if "reg" in got:
+        assert got["reg"] <= 255
     if "sass" in got:
         sass = got["sass"]
         assert len(re.findall(r"\bQGMMA\.", sass)) == 36 and len(re.findall(r"\bHGMMA\.", sass)) == 16
@@ -297,8 +298,7 @@ def test_ws_fp8_timing_floors_compile():
     for floor in ("nocopies", "noconvert"):
         got = _compile_fp8(f"benchmarks.mla_ws_floors.floor_kernel_{floor}")
         assert got["shared"] <= 216 * 1024
-        if "stack" in got:
-            assert got["stack"] == 0
+        _stack_free(got)
         assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", got["ptx"])) == (0 if floor == "noconvert" else 256)
         assert len(re.findall(r"cp\.async\.bulk\.tensor", got["ptx"])) == (0 if floor == "nocopies" else 18)
 
@@ -402,6 +402,6 @@ def test_ws_kernel_balanced_keeps_its_budget(fp8, page):
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 18 * _boxes_a_tile(page)
     assert {"240", "24"} <= set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
     assert shared[0] < got["shared"] <= shared[1]
-    if "stack" in got:
-        _small_page_stack(got, page)
-        assert got["stack"] == 0 and got["reg"] <= 255
+    _stack_free(got)
+    if "reg" in got:
+        assert got["reg"] <= 255
