@@ -4,7 +4,7 @@
 # %globaltimer / %clock64 stamps at its phases (entry, unit planned, copy warp start, first page
 # ids, query staged, first score tile, loop end, rows stored, exit), on one-wave one-split batches
 # at 16 / 64 / 128 heads and two split launches, beside the library kernel's graph time and with
-# its output compared bitwise. No carry (~90 s).
+# its output compared bitwise. No carry (~120-200 s: a compile per kernel form and head layout).
 set -uo pipefail
 source lab/probes/device_env.sh
 timeout ${PROBE_S:-200} python3 lab/probes/mla_phase_times.py --json "$OUT/phase-times.json" \
