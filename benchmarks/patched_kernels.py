@@ -18,14 +18,17 @@ _FOLDER = None
 
 
 def patched_source(module: ModuleType, patches: list, floor: str, owner: str) -> str:
-    """``module``'s source with ``patches`` ((text, replacement) pairs) applied; each text must
-    occur exactly once, so an edit of the kernel that moves it fails loudly (naming ``owner``, the
-    file that holds the patches) rather than timing the unpatched kernel."""
+    """``module``'s source with ``patches`` applied in order: ``(text, replacement)`` pairs, or
+    ``(text, replacement, copies)`` for a text that occurs more than once (every copy replaced);
+    each text must occur exactly that many times (once for a pair), so an edit of the kernel that
+    moves it fails loudly (naming ``owner``, the file that holds the patches) rather than timing
+    the unpatched kernel."""
     text = Path(module.__file__).read_text()
-    for old, new in patches:
-        if text.count(old) != 1:
+    for old, new, *rest in patches:
+        copies = rest[0] if rest else 1
+        if text.count(old) != copies:
             raise RuntimeError(f"floor {floor!r}: the kernel source has {text.count(old)} copies of the patched text "
-                               f"{old.splitlines()[0].strip()!r} (expected 1): update {owner}")
+                               f"{old.splitlines()[0].strip()!r} (expected {copies}): update {owner}")
         text = text.replace(old, new)
     return text
 

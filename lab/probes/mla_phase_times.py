@@ -117,19 +117,12 @@ PATCHES = [
 
 
 def stamped_source() -> str:
-    """``kernels_gluon_ws.py`` with the stamps (each text replaced in exactly its expected copies, in
-    order: an edit of the kernel that moves one fails here)."""
-    from pathlib import Path
-
+    """``kernels_gluon_ws.py`` with the stamps (each text replaced in exactly its expected copies:
+    an edit of the kernel that moves one fails here)."""
+    from benchmarks import patched_kernels
     from kvattn.ops.mla import kernels_gluon_ws
 
-    text = Path(kernels_gluon_ws.__file__).read_text()
-    for old, new, copies in PATCHES:
-        if text.count(old) != copies:
-            raise RuntimeError(f"stamp patch: {text.count(old)} copies of {old.strip().splitlines()[0]!r} "
-                               f"(expected {copies}): update lab/probes/mla_phase_times.py")
-        text = text.replace(old, new)
-    return text
+    return patched_kernels.patched_source(kernels_gluon_ws, PATCHES, "stamps", "lab/probes/mla_phase_times.py")
 
 
 _KERNEL = None

@@ -125,6 +125,20 @@ def test_gluon_kernel_stores_the_lse_without_spilling():
 # Every constexpr: one left out would compile as an i32 argument. (STORE_LSE is the Gluon kernel's
 # only: a launch asking for an LSE keeps that kernel.)
 WS_BASE = {k: v for k, v in GLUON_BASE.items() if k != "STORE_LSE"}
+WS_KERNEL = "kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel"
+ROW_SMEM8 = ("NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2, transposed=False, "
+             "fp4_padded=False, cga_layout=[])")
+FP8_PTRS = dict(GLUON_PTRS, q_ptr="*fp8e4nv")
+
+
+def _compile_ws(fp8: bool = False, kernel: str = WS_KERNEL, *, out: str = "bf16", sass: bool = False,
+                **constexprs) -> dict:
+    """The warp-specialised kernel (or a patched copy, ``kernel``) compiled for sm_90a: its 16-bit
+    form, or with ``fp8`` its e4m3 form; ``out`` the output's dtype; constexprs over ``WS_BASE``."""
+    page = constexprs.get("PAGE_SIZE", 64)
+    return compile_sm90(kernel, dict(WS_BASE, **constexprs), ptrs=dict(FP8_PTRS if fp8 else GLUON_PTRS, out_ptr=f"*{out}"),
+                        floats=("logit_factor", "out_factor"), warps=4, gluon=True, sass=sass,
+                        descs=_kv_desc(page, "fp8e4nv", ROW_SMEM8) if fp8 else _kv_desc(page))
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -138,9 +152,7 @@ def test_ws_kernel_compiles_to_its_schedule(page):
     asynchronous by ptxas: a handful of waits (one a product), not one after every wgmma, which is
     what ptxas emits when it serialises them (C7514 / C7515: a P.V product in flight across the
     loop's back edge did it, lab/notes/mla.md "MLA: seesaw (warp-specialised Gluon kernel)")."""
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=page),
-                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs=_kv_desc(page), sass=True)
+    got = _compile_ws(PAGE_SIZE=page, sass=True)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
@@ -164,10 +176,7 @@ def test_ws_kernel_stages_the_query_in_one_cp_async_group(fp8):
     pieces of 64 rows, 128 threads: 4 copies a thread and piece in 16 bits, 2 in e4m3), rows past
     Hq zero-filled (a source size of 0), never through registers (no vector global load: staged
     through registers, ptxas serialised the pieces into five round trips)."""
-    got = (_compile_fp8() if fp8 else
-           compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, PAGE_SIZE=64),
-                        ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                        descs=_kv_desc(64)))
+    got = _compile_ws(fp8)
     ptx = got["ptx"]
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10, (%r\d+);", ptx)
     assert len(copies) == 9 * (2 if fp8 else 4)
@@ -191,12 +200,8 @@ def test_ws_kernel_writes_its_final_rows_through_a_free_buffer(out, splits, fp8)
     memory and no spill, also as a one-split launch specialises them."""
     forms = {}
     extra = {} if splits is None else {"num_splits": splits}
-    ptrs = dict(FP8_PTRS if fp8 else GLUON_PTRS, out_ptr=f"*{out}")
-    desc = _kv_desc(64, "fp8e4nv", ROW_SMEM8) if fp8 else _kv_desc(64)
-    for name, kernel in (("library", "kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel"),
-                         ("before", "benchmarks.mla_ws_floors.floor_kernel_syncstore")):
-        got = compile_sm90(kernel, dict(WS_BASE, PAGE_SIZE=64, **extra), ptrs=ptrs,
-                           floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=desc)
+    for name, kernel in (("library", WS_KERNEL), ("before", "benchmarks.mla_ws_floors.floor_kernel_syncstore")):
+        got = _compile_ws(fp8, kernel, out=out, **extra)
         ptx = got["ptx"]
         forms[name] = dict(vector=len(re.findall(r"st\.global[.a-z0-9]*\.v4\.b32", ptx)),
                            pairs=len(re.findall(r"st\.global[.a-z0-9]*\.v2\.f32", ptx)),
@@ -217,12 +222,7 @@ def test_ws_kernel_compiles_as_a_one_split_launch_specialises_it(fp8):
     compile too (an epilogue form that passed the unspecialised compile failed there in Triton
     3.6's LLVM lowering, lab/notes/mla-program-ends.md "What one program pays"), with the query's
     copies and no spill."""
-    if fp8:
-        got = _compile_fp8(num_splits=1)
-    else:
-        got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
-                           dict(WS_BASE, PAGE_SIZE=64, num_splits=1), ptrs=GLUON_PTRS,
-                           floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(64))
+    got = _compile_ws(fp8, num_splits=1)
     assert len(re.findall(r"cp\.async\.cg\.shared\.global", got["ptx"])) == 9 * (2 if fp8 else 4)
     _stack_free(got)
 
@@ -231,9 +231,7 @@ def test_ws_kernel_compiles_as_a_one_split_launch_specialises_it(fp8):
 def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode(page):
     """Fixed-span splits (SPLIT_SPAN, lab/notes/robustness.md "Batch-invariant mode") change only the
     split bounds: the same registers, no spill, the same shared memory."""
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
-                       dict(WS_BASE, SPLIT_SPAN=1024, PAGE_SIZE=page), ptrs=GLUON_PTRS,
-                       floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(page))
+    got = _compile_ws(SPLIT_SPAN=1024, PAGE_SIZE=page)
     regs = set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", got["ptx"]))
     assert {"240", "24"} <= regs
     assert 216 * 1024 < got["shared"] <= 227 * 1024
@@ -243,15 +241,8 @@ def test_ws_kernel_keeps_its_budget_in_batch_invariant_mode(page):
 
 
 # The e4m3 form (an fp8 query over an fp8 cache: the same kernel, its FP8 branch)
-ROW_SMEM8 = ("NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2, transposed=False, "
-             "fp4_padded=False, cga_layout=[])")
-FP8_PTRS = dict(GLUON_PTRS, q_ptr="*fp8e4nv")
-
-
-def _compile_fp8(kernel="kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", **constexprs) -> dict:
-    return compile_sm90(kernel, dict(WS_BASE, **constexprs), ptrs=FP8_PTRS,
-                        floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                        descs=_kv_desc(constexprs.get("PAGE_SIZE", 64), "fp8e4nv", ROW_SMEM8), sass=True)
+def _compile_fp8(kernel: str = WS_KERNEL, **constexprs) -> dict:
+    return _compile_ws(True, kernel, sass=True, **constexprs)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -312,13 +303,8 @@ def test_ws_nocopies_floor_copies_nothing_over_small_pages(fp8):
     page = 16
     wgmma = r"m64n64k32\.f32\.e4m3\.e4m3" if fp8 else r"m64n64k16\.f32\.bf16\.bf16"
     counts = {}
-    for name, kernel in (("library", "kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel"),
-                         ("floor", "benchmarks.mla_ws_floors.floor_kernel_nocopies")):
-        if fp8:
-            ptx = _compile_fp8(kernel, PAGE_SIZE=page)["ptx"]
-        else:
-            ptx = compile_sm90(kernel, dict(WS_BASE, PAGE_SIZE=page), ptrs=GLUON_PTRS,
-                               floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(page))["ptx"]
+    for name, kernel in (("library", WS_KERNEL), ("floor", "benchmarks.mla_ws_floors.floor_kernel_nocopies")):
+        ptx = _compile_ws(fp8, kernel, PAGE_SIZE=page)["ptx"]
         counts[name] = {"tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
                         "expect": len(re.findall(r"expect_tx", ptx)),
                         "scores": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\." + wgmma, ptx))}
@@ -333,9 +319,7 @@ def test_ws_nocopies_floor_copies_nothing_over_small_pages(fp8):
 def test_ws_kernel_with_four_tokens_keeps_its_schedule(page):
     """Q_LEN 4 (16 heads x 4 tokens in the 64 rows): the same products, TMA boxes, registers and
     shared memory as one token, no spill; the per-row limits are a mask, not a second schedule."""
-    got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel", dict(WS_BASE, Q_LEN=4, PAGE_SIZE=page),
-                       ptrs=GLUON_PTRS, floats=("logit_factor", "out_factor"), warps=4, gluon=True,
-                       descs=_kv_desc(page))
+    got = _compile_ws(Q_LEN=4, PAGE_SIZE=page)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16", ptx)) == 72
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) == 16
@@ -393,9 +377,7 @@ def test_ws_kernel_balanced_keeps_its_budget(fp8, page):
         got = _compile_fp8(PAGE_SIZE=page, **BALANCED)
         wgmmas, shared = (r"m64n64k32\.f32\.e4m3\.e4m3", 36), (200 * 1024, 216 * 1024)
     else:
-        got = compile_sm90("kvattn.ops.mla.kernels_gluon_ws.mla_gluon_ws_kernel",
-                           dict(WS_BASE, PAGE_SIZE=page, **BALANCED), ptrs=GLUON_PTRS,
-                           floats=("logit_factor", "out_factor"), warps=4, gluon=True, descs=_kv_desc(page))
+        got = _compile_ws(PAGE_SIZE=page, **BALANCED)
         wgmmas, shared = (r"m64n64k16\.f32\.bf16\.bf16", 72), (216 * 1024, 227 * 1024)
     ptx = got["ptx"]
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\." + wgmmas[0], ptx)) == wgmmas[1]

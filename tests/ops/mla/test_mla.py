@@ -70,7 +70,7 @@ def mla_case(device, monkeypatch, *, lens, hq=16, page=64, kv_format="bfloat16",
     q_dtype = {"bfloat16": torch.bfloat16, "fp8": FP8_DTYPE}[q_format or kv_format]
     g = torch.Generator().manual_seed(100 + seed)
     # q_cols / q_col0: the query as columns [q_col0, q_col0 + DIM) of wider rows (odd strides, an
-    # offset base: what the Gluon kernels' staging cannot take, see plan.tma_aligned)
+    # offset base: what the Gluon kernels' staging cannot take, see plan.gluon_aligned)
     q = torch.randn(len(lens), 1, hq, q_cols, generator=g).to(device=device, dtype=q_dtype)[..., q_col0:q_col0 + DIM]
     bmm1, bmm2 = scales(device, tensor_scales, kv_format)
     kv_cache = cache.unsqueeze(1) if four_d else cache
@@ -317,15 +317,15 @@ def test_mla_gluon_kernels_need_a_query_triton_proves_aligned():
     """The Gluon kernels stage the query by 16-byte ``cp.async`` copies, whose width Triton takes
     from the arguments' specialisation: a base and every stride it cannot prove 16-byte aligned
     (a multiple of 16 elements) would not compile, so such a query takes the Triton kernel."""
-    from kvattn.ops.mla.plan import tma_aligned
+    from kvattn.ops.mla.plan import gluon_aligned
     kv = torch.empty(4, 64, 576, dtype=torch.bfloat16)
     wide = torch.empty(3, 16, 608, dtype=torch.bfloat16)
-    assert tma_aligned(torch.empty(3, 16, 576, dtype=torch.bfloat16), kv)
-    assert tma_aligned(wide[..., :576], kv) and tma_aligned(torch.empty(3, 16, 576, dtype=FP8_DTYPE), kv)
-    assert not tma_aligned(torch.empty(3, 16, 577, dtype=torch.bfloat16)[..., :576], kv)  # odd strides
-    assert not tma_aligned(torch.empty(3, 16, 584, dtype=torch.bfloat16)[..., :576], kv)  # 16 B, not 16 elements
-    assert not tma_aligned(wide[..., 1:577], kv)  # an offset base
-    assert not tma_aligned(torch.empty(3, 16, 576, dtype=torch.bfloat16), kv.view(-1)[1:])  # the cache's base
+    assert gluon_aligned(torch.empty(3, 16, 576, dtype=torch.bfloat16), kv)
+    assert gluon_aligned(wide[..., :576], kv) and gluon_aligned(torch.empty(3, 16, 576, dtype=FP8_DTYPE), kv)
+    assert not gluon_aligned(torch.empty(3, 16, 577, dtype=torch.bfloat16)[..., :576], kv)  # odd strides
+    assert not gluon_aligned(torch.empty(3, 16, 584, dtype=torch.bfloat16)[..., :576], kv)  # 16 B, not 16 elements
+    assert not gluon_aligned(wide[..., 1:577], kv)  # an offset base
+    assert not gluon_aligned(torch.empty(3, 16, 576, dtype=torch.bfloat16), kv.view(-1)[1:])  # the cache's base
 
 
 def test_mla_split_partials_combine_exactly(kernel_device):

@@ -65,7 +65,7 @@ class MLAFacts(NamedTuple):
     has_logit: bool  # a logit scale tensor
     has_out_scale: bool  # an output scale tensor
     aligned4: bool  # an fp8 cache 4-byte aligned (its words path)
-    aligned16: bool  # the cache and the query 16-byte aligned (the Gluon kernels' TMA and cp.async): tma_aligned
+    aligned16: bool  # the cache and the query laid out for the Gluon kernels (gluon_aligned)
     gluon_on: bool  # KVATTN_GLUON
     gluon_ws_on: bool  # KVATTN_GLUON_WS
     lse_stride: int | None = None  # the LSE's row stride (return_lse), None without one
@@ -277,7 +277,7 @@ class _Plan:
         )
 
 
-def tma_aligned(query: torch.Tensor, kv: torch.Tensor) -> bool:
+def gluon_aligned(query: torch.Tensor, kv: torch.Tensor) -> bool:
     """What the Gluon kernels need of the pointers: the cache's base 16-byte aligned (its TMA
     view), and the query's rows 16-byte pieces Triton can prove so (its ``cp.async`` staging, whose
     vector width comes from the specialisation: a 16-byte aligned base and every stride a multiple
@@ -421,7 +421,7 @@ def launch_mla(
         ws_numel = workspace.numel() if workspace is not None else None
         has_logit, has_out_scale = logit_tensor is not None, out_tensor is not None
         aligned4 = kv.dtype == FP8_DTYPE and kv.data_ptr() % 4 == 0
-        aligned16 = tma_aligned(query, kv)
+        aligned16 = gluon_aligned(query, kv)
         gluon_on, gluon_ws_on = _versions.gluon_on(), _env.gluon_ws()
         lse_stride = lse.stride(0) if lse is not None else None
         batch_invariant = _env.batch_invariant()
