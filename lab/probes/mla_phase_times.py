@@ -185,6 +185,16 @@ def _graph_us(fn, reps: int = 50) -> float:
     return t0.elapsed_time(t1) * 1000 / reps
 
 
+def _forget_launches() -> None:
+    """Drop the MLA plans and every recorded call: a call replayed from its record keeps the
+    kernel it was recorded with, so without this the stamped kernel never runs."""
+    from kvattn.ops.mla import plan as mla_launch
+    from kvattn.runtime import callcache
+
+    mla_launch._PLANS.clear()
+    callcache.clear()
+
+
 def measure(heads: int, lens: list, calls: int) -> dict:
     import torch
 
@@ -198,7 +208,7 @@ def measure(heads: int, lens: list, calls: int) -> dict:
     out_lib = torch.empty(b, heads, 512, dtype=torch.bfloat16, device=dev)
     out_st = torch.empty_like(out_lib)
     lib_us = _graph_us(lambda: _call(q, cache, case, lens, ws, out_lib))
-    mla_launch._PLANS.clear()
+    _forget_launches()
     with mock.patch.object(mla_launch, "mla_gluon_ws_kernel", stamped_kernel()):
         words = buf[b:].reshape(-1).view(torch.int64)
         stamped_us = _graph_us(lambda: _call(q, cache, case, lens, ws, out_st))
@@ -208,7 +218,7 @@ def measure(heads: int, lens: list, calls: int) -> dict:
             _call(q, cache, case, lens, ws, out_st)
             torch.cuda.synchronize()
             per_call.append(words.clone())
-    mla_launch._PLANS.clear()
+    _forget_launches()
     same = bool(torch.equal(out_lib.view(torch.int16), out_st.view(torch.int16)))
     return dict(heads=heads, batch=b, lens=sorted(set(lens)), library_graph_us=lib_us, stamped_graph_us=stamped_us,
                 same_output=same, **analyse(per_call))
@@ -221,6 +231,8 @@ def analyse(per_call: list) -> dict:
     starts, spans, sms, progs = [], [], set(), 0
     for w in per_call:
         progs = int((w[0::WORDS] >= 0).sum())  # programs that wrote their entry
+        if progs == 0:
+            raise RuntimeError("no program wrote a stamp: the stamped kernel did not run")
         t = w[: progs * WORDS].view(progs, WORDS).cpu()
         entry = t[:, 0]
         first = int(entry.min())
