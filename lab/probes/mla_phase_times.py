@@ -16,7 +16,8 @@ program reads). The stamps:
 * copy warp: ``copy_start`` (its partition's first line), ``rows_ready`` (the first pair's page ids
   loaded; pages of 64+ only);
 * left warpgroup: ``query`` (the query staged and released), ``first_tile`` (the first score tile
-  back: its copies landed and its products done), ``loop_end``, ``stored`` (after its output rows);
+  back: its copies landed and its products done), ``loop_end``, ``synced`` (its row sums exchanged
+  with the other warpgroup's: the wait for the right's last products), ``stored`` (after its output rows);
 * ``exit``: the kernel's last line (after every partition joined).
 
 Each phase is printed as the median and the maximum over programs (and calls) of its time since
@@ -39,8 +40,9 @@ from unittest import mock
 if __package__ in (None, ""):
     import _paths  # noqa: F401  (the repository root and src/ on sys.path)
 
-STAMPS = ("entry", "planned", "copy_start", "rows_ready", "query", "first_tile", "loop_end", "stored", "exit")
-SMID = 9  # the slot of the SM id
+STAMPS = ("entry", "planned", "copy_start", "rows_ready", "query", "first_tile", "loop_end", "synced", "stored",
+          "exit")
+SMID = 15  # the slot of the SM id (words 2 * SMID, past the stamps')
 WORDS = 32  # int64 words a program: (global ns, cycles) a stamp
 
 _HELPER = '''
@@ -100,8 +102,8 @@ PATCHES = [
      "    _finish(o, m_i, l_i, x_smem, bars, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr, b, hb, split, batch,\n"
      "            num_heads, num_splits, stride_o_b, stride_o_h, out_factor, X_MA, X_MB, 0, HALF, CKV_DIM, BLOCK_H, OUT_PTR,\n"
      "            True, x_layout, o_layout, BALANCED,\n"
-     "            qn_smem.index(0).slice(0, HALF, dim=1))\n"
-     "    _stamp(q_ptr, batch, stride_q_b, 7, 0)\n", 1),
+     "            qn_smem.index(0).slice(0, HALF, dim=1), q_ptr, batch, stride_q_b)\n"
+     "    _stamp(q_ptr, batch, stride_q_b, 8, 0)\n", 1),
     ("    b, hb, split, start, end, num_tiles = split_work(",
      "    _stamp(q_ptr, batch, stride_q_b, 0, 0)\n    b, hb, split, start, end, num_tiles = split_work(", 1),
     ("    num_pairs = (num_tiles + 1) // 2\n",
@@ -112,7 +114,13 @@ PATCHES = [
      "                                BALANCED)),\n"
      "            " + _COPY_CALL[:-3] + ", q_ptr, batch, stride_q_b)),\n"
      "        ], [NUM_WARPS, 1], [RIGHT_REGS, COPY_REGS])\n"
-     "        _stamp(q_ptr, batch, stride_q_b, 8, 0)\n", 1),
+     "        _stamp(q_ptr, batch, stride_q_b, 9, 0)\n", 1),
+    # synced: the left's row sums exchanged with the right's (what the end waits for besides its stores)
+    ("            BALANCED: gl.constexpr, stage):\n",
+     "            BALANCED: gl.constexpr, stage, q_ptr=None, batch_q=None, stride_q_b=None):\n", 1),
+    ("    l_other = _read_rows(x_smem, X_OTHER, x_layout)\n",
+     "    l_other = _read_rows(x_smem, X_OTHER, x_layout)\n"
+     "    if COL0 == 0:\n        _stamp(q_ptr, batch_q, stride_q_b, 7, 0)\n", 1),
 ]
 
 

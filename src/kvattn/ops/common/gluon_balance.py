@@ -3,8 +3,9 @@ launch whose grid holds ``batch * num_splits`` units, one program group each), f
 kernels: their ``split_work``'s balanced twin.
 
 :mod:`.balance`'s ``triton.jit`` functions build their ``[BLOCK_B]`` vector of lengths with
-``tl.arange``, which has no layout in a Gluon kernel; this port gives it one (the lengths spread
-over the calling context's warps) and scans with ``associative_scan`` (Gluon has no ``cumsum``).
+``tl.arange``, which has no layout in a Gluon kernel; this port gives it one (the lengths in one
+warp's registers, repeated in each of the calling context's warps) and scans with
+``associative_scan`` (Gluon has no ``cumsum``).
 The rule is :func:`.balance.unit_counts`'s, line for line: ``tests/ops/mla/test_codegen.py``
 compiles both kernels with it and the GPU tests compare them with the Triton kernel's oracle.
 """
@@ -33,7 +34,10 @@ def balanced_split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS: gl.
     # (RAGGED: the longest request holds more than 5/4 of the mean's keys; balance.unit_counts.)
     RAGGED_NUM: gl.constexpr = 5
     RAGGED_DEN: gl.constexpr = 4
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    # The lengths in one warp's registers, repeated in every warp: its sums, maximum and scan are
+    # then warp shuffles, where lengths spread over the warps crossed them through shared memory
+    # (19 barriers before the program's first copy; lab/notes/mla-program-ends.md).
+    lay: gl.constexpr = gl.BlockedLayout([max(BLOCK_B // 32, 1)], [32], [gl.num_warps()], [0])
     pid = gl.program_id(0)
     hb = pid % H_BLOCKS
     unit = pid // H_BLOCKS
@@ -59,7 +63,7 @@ def balanced_split_work(seq_lens_ptr, capacity, batch, num_splits, H_BLOCKS: gl.
     split = unit - (gl.sum(gl.where(mine, ends, 0), 0) - n_b)
     live = unit < gl.sum(n, 0)
 
-    kv_len = gl.minimum(gl.maximum(gl.load(seq_lens_ptr + b), 0), capacity)
+    kv_len = gl.sum(gl.where(mine, lens, 0), 0)
     piece = split_bounds(kv_len, 0, n_b, BLOCK_N, 0)
     start = split * piece
     end = gl.where(live, gl.minimum(start + piece, kv_len), start)
