@@ -85,7 +85,7 @@ def describe(shape, plan: mla_plan._Plan) -> dict:
     lens = shape.seq_lens()
     span = max(lens)
     plan = plan.for_span(span)  # (the narrow plan where padded programs would be short)
-    split, combine, _, _ = plan.launches(span)
+    split, combine, *_ = plan.launches(span)
     splits = split.fixed["num_splits"]
     balanced = bool(split.constexprs.get("BALANCED"))
     kernel = split.kernel.fn.__name__ if hasattr(split.kernel, "fn") else getattr(split.kernel, "__name__", "?")

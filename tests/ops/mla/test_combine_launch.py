@@ -28,7 +28,7 @@ def _plan(monkeypatch, family: str, *, batch: int, heads: int, interpreter: bool
 @pytest.mark.parametrize("batch,lengths,kernel", [(1, 4096, decode_combine_kernel), (8, 30000, balanced_combine_kernel)],
                          ids=["B1-Hq16-4096-uniform-split", "B8-Hq16-30000-balanced-split"])
 def test_hopper_combine_is_a_dependent_launch(batch, lengths, kernel, monkeypatch):
-    split, combine, _, _ = _plan(monkeypatch, "sm90", batch=batch, heads=16).launches(lengths)
+    split, combine, *_ = _plan(monkeypatch, "sm90", batch=batch, heads=16).launches(lengths)
     assert combine is not None and combine.kernel is kernel, "the case must split the keys"
     assert combine.constexprs["USE_PDL"] and combine.options.get("launch_pdl") is True
     # (the split kernel is the primary: nothing of it changes)
@@ -37,7 +37,7 @@ def test_hopper_combine_is_a_dependent_launch(batch, lengths, kernel, monkeypatc
 
 @pytest.mark.parametrize("family,interpreter", [("sm80", False), ("sm90", True)], ids=["ampere", "interpreter"])
 def test_other_gpus_and_the_interpreter_launch_the_combine_plainly(family, interpreter, monkeypatch):
-    split, combine, _, _ = _plan(monkeypatch, family, batch=64, heads=16, interpreter=interpreter).launches(4096)
+    split, combine, *_ = _plan(monkeypatch, family, batch=64, heads=16, interpreter=interpreter).launches(4096)
     assert combine is not None
     assert not combine.constexprs["USE_PDL"] and "launch_pdl" not in combine.options
 
@@ -50,7 +50,7 @@ def test_other_gpus_and_the_interpreter_launch_the_combine_plainly(family, inter
 def test_the_balanced_combine_keeps_its_tile_narrow_over_many_programs(batch, heads, span, wide, few, monkeypatch):
     """The wide tile's registers set every program's occupancy: a launch of more than 5 combine
     programs an SM merges at most 4 partials a round (``plan._WIDE_MERGE_PROGRAMS_PER_SM``)."""
-    _, combine, _, _ = _plan(monkeypatch, "sm90", batch=batch, heads=heads).launches(span)
+    _, combine, *_ = _plan(monkeypatch, "sm90", batch=batch, heads=heads).launches(span)
     assert combine.kernel is balanced_combine_kernel
     assert (combine.constexprs["BLOCK_S"], combine.constexprs["BLOCK_S_FEW"]) == (wide, few)
     assert (batch * heads > mla_plan._WIDE_MERGE_PROGRAMS_PER_SM * 132) == (wide <= mla_plan._MANY_PROGRAMS_BLOCK_S)

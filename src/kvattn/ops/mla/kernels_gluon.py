@@ -181,8 +181,10 @@ def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr
     a unit past the plan's last), which ``combine.balanced_combine_kernel`` merges.
 
     ``stage``: free bfloat16 shared memory ``[BLOCK_H, COLS]``, the calling warpgroup's alone:
-    bfloat16 final rows go through it (:func:`store_staged`); float32 rows (twice its bytes) and
-    the partials are stored from the accumulator's layout."""
+    bfloat16 final rows go through it (:func:`store_staged`), and so do bfloat16 partials (the plan
+    gives a launch with bfloat16 output bfloat16 partials: half the bytes every program writes at
+    its end and the combine reads; lab/notes/mla-program-ends.md); float32 rows (twice its bytes)
+    and float32 partials are stored from the accumulator's layout."""
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     o, lse2 = softmax_finalize(o_acc, gl.convert_layout(m_i, o_rows), gl.convert_layout(l_i, o_rows), 0.0, False)
     heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
@@ -193,20 +195,31 @@ def store_rows(o_acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, out_scale_ptr
     if OUT_PTR:
         out_mult = out_mult * gl.load(out_scale_ptr)
     STAGED: gl.constexpr = stage is not None and out_ptr.dtype.element_ty == gl.bfloat16
+    PART16: gl.constexpr = part_o_ptr.dtype.element_ty == gl.bfloat16
+    gl.static_assert(STAGED or not PART16, "bfloat16 partials go through the stage with bfloat16 rows")
+    if BALANCED:
+        partial = (num_splits > 1) & (split < batch * num_splits)
+        p_row0 = split.to(gl.int64) * num_heads + hb * BLOCK_H
+    else:
+        partial = num_splits > 1
+        p_row0 = (split.to(gl.int64) * batch + b) * num_heads + hb * BLOCK_H
     if not STAGED:
         o_off = b.to(gl.int64) * stride_o_b + heads[:, None].to(gl.int64) * stride_o_h + offs_c[None, :]
         gl.store(out_ptr + o_off, (o * out_mult).to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & final)
+    elif PART16:
+        # The final rows or the partial, through the one stage (a launch writes one kind).
+        row0 = gl.where(final, b.to(gl.int64) * stride_o_b + (hb * BLOCK_H).to(gl.int64) * stride_o_h,
+                        p_row0 * CKV_DIM) + COL0
+        n_rows = gl.where(final | partial, num_heads - hb * BLOCK_H, 0)
+        store_staged((o * gl.where(final, out_mult, 1.0)).to(gl.bfloat16), stage,
+                     gl.where(final, out_ptr, part_o_ptr), row0, gl.where(final, stride_o_h, CKV_DIM), n_rows)
     elif final:
         store_staged((o * out_mult).to(out_ptr.dtype.element_ty), stage, out_ptr,
                      b.to(gl.int64) * stride_o_b + (hb * BLOCK_H).to(gl.int64) * stride_o_h + COL0, stride_o_h,
                      num_heads - hb * BLOCK_H)
-    if BALANCED:
-        partial = (num_splits > 1) & (split < batch * num_splits)
-        p_row = split.to(gl.int64) * num_heads + heads
-    else:
-        partial = num_splits > 1
-        p_row = (split.to(gl.int64) * batch + b) * num_heads + heads
-    gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
+    p_row = p_row0 + gl.arange(0, BLOCK_H, layout=o_rows)
+    if not PART16:
+        gl.store(part_o_ptr + p_row[:, None] * CKV_DIM + offs_c[None, :], o, mask=head_ok[:, None] & partial)
     if STORE_LSE:
         gl.store(part_lse_ptr + p_row, lse2, mask=head_ok & partial)
 

@@ -724,7 +724,7 @@ def mla_gluon_ws_kernel(
     logit_scale_ptr,  # [1] float32 (LOGIT_PTR)
     out_scale_ptr,  # [1] float32 (OUT_PTR)
     out_ptr,  # [B, Q_LEN * Hq, CKV_DIM] the query's 16-bit dtype, bfloat16 for an e4m3 query (last dim contiguous)
-    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] float32 normalised split outputs (BALANCED: [units, ...])
+    part_o_ptr,  # [num_splits, B, Q_LEN * Hq, CKV_DIM] normalised split outputs, out's dtype if bfloat16 else float32 (BALANCED: [units, ...])
     part_lse_ptr,  # [num_splits, B, Q_LEN * Hq] float32 split LSEs (base 2; BALANCED: [units, ...])
     stride_q_b, stride_q_h, stride_o_b, stride_o_h, stride_t_b, stride_t_p,
     batch, num_heads, num_splits, num_pages, capacity,

@@ -169,7 +169,9 @@ class _Plan:
         return self
 
     def launches(self, span: int) -> tuple:
-        """``(split launch, combine launch or None, numel_o, numel_lse)`` for ``max_seq_len = span``."""
+        """``(split launch, combine launch or None, numel_o, numel_lse, partials16)`` for ``max_seq_len =
+        span``; ``partials16``: the split kernel writes bfloat16 partials when the output is bfloat16
+        (the warp-specialised kernel stages them like its final rows; ``kernels_gluon.store_rows``)."""
         hit = self._by_span.get(span)
         if hit is not None:
             return hit
@@ -184,7 +186,7 @@ class _Plan:
         if hit is None:
             rows = self.batch * self.num_heads
             combine = self._combine(splits, balanced) if splits > 1 else None
-            hit = (self._split(splits, balanced), combine, splits * rows * CKV_DIM, splits * rows)
+            hit = (self._split(splits, balanced), combine, splits * rows * CKV_DIM, splits * rows, self.ws)
             self._by_splits[splits, balanced] = hit
         self._memo(span, hit)
         return hit
@@ -434,8 +436,10 @@ def launch_mla(
         # The table's capacity in tokens: every kernel clamps the lengths to it
         # (lab/notes/robustness.md "Device-side clamps").
         capacity = table.shape[1] * kv.shape[1]
-        split, combine, numel_o, numel_lse = plan.launches(max_seq_len)
+        split, combine, numel_o, numel_lse, partials16 = plan.launches(max_seq_len)
         part_o, part_lse = split_partials(combine is not None, workspace, numel_o, numel_lse, out)
+        if partials16 and out.dtype == torch.bfloat16:
+            part_o = part_o.view(torch.bfloat16)  # (the first numel_o of twice as many)
         call = fast_launch.call_args(  # in _LAYOUT's order
             (query, kv, table, seq_lens, out, part_o, part_lse,
              logit_tensor if logit_tensor is not None else query, out_tensor if out_tensor is not None else query,
