@@ -11,6 +11,7 @@ it, and the row loads stay software-pipelined.
 
 from __future__ import annotations
 
+import collections
 import re
 
 import pytest
@@ -131,12 +132,14 @@ ROW_SMEM8 = ("NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=
 FP8_PTRS = dict(GLUON_PTRS, q_ptr="*fp8e4nv")
 
 
-def _compile_ws(fp8: bool = False, kernel: str = WS_KERNEL, *, out: str = "bf16", sass: bool = False,
-                **constexprs) -> dict:
+def _compile_ws(fp8: bool = False, kernel: str = WS_KERNEL, *, out: str = "bf16", part: str = "fp32",
+                sass: bool = False, **constexprs) -> dict:
     """The warp-specialised kernel (or a patched copy, ``kernel``) compiled for sm_90a: its 16-bit
-    form, or with ``fp8`` its e4m3 form; ``out`` the output's dtype; constexprs over ``WS_BASE``."""
+    form, or with ``fp8`` its e4m3 form; ``out`` the output's dtype, ``part`` the split partials';
+    constexprs over ``WS_BASE``."""
     page = constexprs.get("PAGE_SIZE", 64)
-    return compile_sm90(kernel, dict(WS_BASE, **constexprs), ptrs=dict(FP8_PTRS if fp8 else GLUON_PTRS, out_ptr=f"*{out}"),
+    ptrs = dict(FP8_PTRS if fp8 else GLUON_PTRS, out_ptr=f"*{out}", part_o_ptr=f"*{part}")
+    return compile_sm90(kernel, dict(WS_BASE, **constexprs), ptrs=ptrs,
                         floats=("logit_factor", "out_factor"), warps=4, gluon=True, sass=sass,
                         descs=_kv_desc(page, "fp8e4nv", ROW_SMEM8) if fp8 else _kv_desc(page))
 
@@ -168,6 +171,19 @@ def test_ws_kernel_compiles_to_its_schedule(page):
     if "sass" in got:
         assert len(re.findall(r"\bHGMMA\.", got["sass"])) == 88
         assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8
+
+
+@pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
+def test_ws_kernel_stages_bfloat16_partials_like_its_final_rows(fp8):
+    """bfloat16 split partials (plan.partials16) leave through the warpgroup's stage with the final
+    rows: the accumulator's 128 8-byte stores of float32 partials are gone, the stage's 32 16-byte
+    row stores serve both, and registers and shared memory are those of the float32 form."""
+    f32, b16 = (_compile_ws(fp8, part=p, **BALANCED) for p in ("fp32", "bf16"))
+    stores = [collections.Counter(re.findall(r"st\.global[.\w]*", g["ptx"])) for g in (f32, b16)]
+    assert stores[0]["st.global.v2.b32"] == 128 and stores[1]["st.global.v2.b32"] == 0
+    assert stores[0]["st.global.v4.b32"] == stores[1]["st.global.v4.b32"] == 32
+    assert b16["shared"] == f32["shared"]
+    _stack_free(b16)
 
 
 @pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])

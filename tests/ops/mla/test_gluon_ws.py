@@ -362,6 +362,18 @@ def test_ws_plan_launches_the_ws_kernel_unless_switched_off(monkeypatch):
     assert _plan(monkeypatch, hq=16).launches(4096)[0].kernel is mla_launch.mla_gluon_ws_kernel
 
 
+@pytest.mark.parametrize("hq,q_len,expect", [(128, 1, True), (64, 1, True), (16, 4, True), (32, 1, False),
+                                              (16, 1, False)], ids=["hq128", "hq64", "hq16-q4", "hq32", "hq16"])
+def test_bfloat16_partials_where_every_row_of_a_program_is_a_head(monkeypatch, hq, q_len, expect):
+    """The warp-specialised launches of 64 rows a request or more (heads x query tokens) write
+    bfloat16 split partials (a bfloat16 output: the host views the buffer so); fewer rows, other
+    kernels and a launch asking for the LSE keep float32 ones."""
+    plan = _plan(monkeypatch, hq=hq * q_len, q_len=q_len)
+    assert plan.partials16 is expect and plan.launches(4096)[4] is expect
+    assert _plan(monkeypatch, hq=hq * q_len, q_len=q_len, gluon_ws=False).launches(4096)[4] is False
+    assert _plan(monkeypatch, hq=hq * q_len, q_len=q_len, lse_stride=hq * q_len).launches(4096)[4] is False
+
+
 @pytest.mark.parametrize("page", [16, 32, 64, 128], ids=lambda p: f"p{p}")
 def test_small_pages_take_the_gluon_kernels_with_a_box_a_page(page, monkeypatch):
     """Pages of 16 and 32 (a 64-key tile over 4 / 2 pages) take the kernels pages of 64+ take: the

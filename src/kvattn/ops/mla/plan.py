@@ -138,6 +138,11 @@ class _Plan:
         if self.ws:  # its split plan: pieces of one tile pair (configs.SEESAW_PLAN)
             self.cfg = cfg = mla_configs.seesaw_plan(family, cfg)
         self.gluon = self.gluon or self.fp8_ws  # (a launch that takes a TMA descriptor of the cache)
+        # bfloat16 split partials (with a bfloat16 output) where every row of a program is a head:
+        # staged like the final rows, half the bytes of the float32 ones; with fewer rows than the
+        # 64-row program the accumulator's stores write only the heads' rows, and staging all 64
+        # cost 16- and 32-head ragged rows 0.5-1.3 us (lab/notes/mla-program-ends.md).
+        self.partials16 = self.ws and self.num_heads >= cfg.block_h
         # Batch-invariant mode: fixed-span splits (the config depends on the shape class only).
         self.invariant = f.batch_invariant
         self.split_span = invariant_span(cfg) if self.invariant else 0
@@ -186,7 +191,7 @@ class _Plan:
         if hit is None:
             rows = self.batch * self.num_heads
             combine = self._combine(splits, balanced) if splits > 1 else None
-            hit = (self._split(splits, balanced), combine, splits * rows * CKV_DIM, splits * rows, self.ws)
+            hit = (self._split(splits, balanced), combine, splits * rows * CKV_DIM, splits * rows, self.partials16)
             self._by_splits[splits, balanced] = hit
         self._memo(span, hit)
         return hit
