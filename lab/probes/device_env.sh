@@ -37,6 +37,18 @@ suite_rows() {
 kv_rows() { suite_rows decode,sweep "$@"; }
 mla_rows() { suite_rows mla,sweep "$@"; }
 
+# patch_arms NAME PATCH SECONDS ROWS ROWS_FN: a change already in the tree against the tree without
+# it, interleaved: ROWS_FN (kv_rows / mla_rows) over ROWS as arms NAME-new-1, NAME-old (PATCH
+# reversed on the device's copy) and NAME-new-2, each within SECONDS.
+patch_arms() {
+  local name=$1 patch=$2 secs=$3 rows=$4 rows_fn=$5
+  "$rows_fn" "$name-new-1" "$secs" "$rows"
+  patch -R -p1 < "$patch" > /dev/null || return 1
+  "$rows_fn" "$name-old" "$secs" "$rows"
+  patch -p1 < "$patch" > /dev/null || return 1
+  "$rows_fn" "$name-new-2" "$secs" "$rows"
+}
+
 # triton_371: in the second of two back-to-back calls (the first, carry [".t371/a"]:
 #   mkdir -p /tmp/slimparts && cp .t371/a/slimpart.aa /tmp/slimparts/
 # this one carry [".t371/b"]), the slim Triton 3.7.1 wheel joined, checked against .t371/b/sha and

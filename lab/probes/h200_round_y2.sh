@@ -12,11 +12,7 @@
 set -uo pipefail
 source lab/probes/device_env.sh
 ROWS="bf16 Hq16 64x4096,bf16 Hq32 64x4096,bf16 Hq64 64x4096,bf16 Hq128 32x16384,fp8 Hq16 64x4096,sw66 ,sw69 ,sw70 ,sw74 ,sw77 "
-mla_rows mla-new-1 ${ARM_S:-95} "$ROWS"
-patch -R -p1 < lab/probes/mla_plan_one_warp.patch > /dev/null || exit 1
-mla_rows mla-old ${ARM_S:-95} "$ROWS"
-patch -p1 < lab/probes/mla_plan_one_warp.patch > /dev/null || exit 1
-mla_rows mla-new-2 ${ARM_S:-95} "$ROWS"
+patch_arms mla lab/probes/mla_plan_one_warp.patch ${ARM_S:-95} "$ROWS" mla_rows || exit 1
 echo "arms: $(( $(date +%s) - t0 )) s"
 timeout ${PROBE_S:-60} python3 lab/probes/mla_phase_times.py --json "$OUT/phase-times.json" \
   2> "$OUT/phase-times.err" | tee "$OUT/phase-times.txt"

@@ -16,10 +16,6 @@ source lab/probes/device_env.sh
 gpu_tests pytest-mla ${TEST_S:-170} tests -k mla
 echo "tests: $(( $(date +%s) - t0 )) s"
 ROWS="bf16 Hq16 64x4096,bf16 Hq32 64x4096,bf16 Hq64 64x4096,bf16 Hq128 32x16384,bf16 Hq64 32x16384,fp8 Hq128 32x16384,bf16 Hq16 128x8192,sw66 ,sw69 ,sw70 ,sw74 ,sw75 ,sw77 ,sw78 "
-mla_rows mla-new-1 ${ARM_S:-90} "$ROWS"
-patch -R -p1 < lab/probes/mla_partials16.patch > /dev/null || exit 1
-mla_rows mla-old ${ARM_S:-90} "$ROWS"
-patch -p1 < lab/probes/mla_partials16.patch > /dev/null || exit 1
-mla_rows mla-new-2 ${ARM_S:-90} "$ROWS"
+patch_arms mla lab/probes/mla_partials16.patch ${ARM_S:-90} "$ROWS" mla_rows || exit 1
 rm -f "$OUT"/*.err.xz "$OUT"/mla-*.md
 echo "done: $(( $(date +%s) - t0 )) s"

@@ -173,6 +173,23 @@ def test_ws_kernel_compiles_to_its_schedule(page):
         assert len(re.findall(r"WARPGROUP\.DEPBAR", got["sass"])) <= 8
 
 
+@pytest.mark.parametrize("kernel", ["balanced_combine_kernel", "decode_combine_kernel"])
+def test_combines_fold_bfloat16_partials_without_a_layout_change(kernel):
+    """The combines' merge of bfloat16 partials (``merge_partials`` folds 16-bit partials split by
+    split) crosses shared memory no more than the float32 merge: the summed tile of 16-bit loads
+    went through shared memory to change layout, a 3x slower combine."""
+    cx = dict(NUM_HEADS=64, HEAD_DIM=512, BLOCK_S=16, OUT_PTR=False, STORE_LSE=False, USE_PDL=True)
+    cx.update(dict(BLOCK_S_FEW=2, MIN_CHUNK=256, BLOCK_N=64, BLOCK_B=64, UNITS_CAP=64) if kernel.startswith("balanced")
+              else dict(HAS_SINKS=False, OUT_FP8=False))
+    shared = []
+    for part in ("fp32", "bf16"):
+        ptrs = dict(part_o_ptr=f"*{part}", part_lse_ptr="*fp32", seq_lens_ptr="*i32", out_scale_ptr="*fp32",
+                    out_ptr="*bf16", lse_ptr="*fp32", sinks_ptr="*fp32")
+        ptx = compile_sm90(f"kvattn.ops.common.combine.{kernel}", cx, ptrs=ptrs, floats=("out_factor",))["ptx"]
+        shared.append((len(re.findall(r"st\.shared", ptx)), len(re.findall(r"bar\.sync", ptx))))
+    assert shared[1][0] <= shared[0][0] and shared[1][1] <= shared[0][1], shared
+
+
 @pytest.mark.parametrize("fp8", [pytest.param(False, id="bf16"), pytest.param(True, id="fp8")])
 def test_ws_kernel_stages_bfloat16_partials_like_its_final_rows(fp8):
     """bfloat16 split partials (plan.partials16) leave through the warpgroup's stage with the final

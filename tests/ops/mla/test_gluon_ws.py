@@ -374,6 +374,27 @@ def test_bfloat16_partials_where_every_row_of_a_program_is_a_head(monkeypatch, h
     assert _plan(monkeypatch, hq=hq * q_len, q_len=q_len, lse_stride=hq * q_len).launches(4096)[4] is False
 
 
+@pytest.mark.parametrize("out_dtype,partials16,expect", [
+    (torch.bfloat16, True, torch.bfloat16), (torch.float32, True, torch.float32),
+    (torch.bfloat16, False, torch.float32)], ids=["bf16-out-partials16", "fp32-out-partials16", "bf16-out-float32"])
+def test_launch_hands_bfloat16_partials_only_to_a_bfloat16_output(monkeypatch, out_dtype, partials16, expect):
+    """``launch_mla`` passes the split kernel its partial buffer viewed as bfloat16 when the plan
+    says ``partials16`` and the output is bfloat16 (the kernel stages them only then); otherwise
+    the float32 buffer."""
+    seen = []
+
+    class _Plan:
+        def launches(self, span):
+            split = lambda call: seen.append(call.tensors[5].dtype)  # noqa: E731 (part_o: the sixth tensor)
+            return split, (lambda call: None), 4 * 16 * 512, 4 * 16, partials16
+
+    monkeypatch.setattr(mla_launch, "_plan", lambda facts: _Plan())
+    query, kv = torch.randn(2, 16, 576).to(torch.bfloat16), torch.randn(8, 64, 576).to(torch.bfloat16)
+    table, lens = torch.arange(8, dtype=torch.int32).view(2, 4), torch.tensor([200, 256], dtype=torch.int32)
+    mla_launch.launch_mla(query, kv, table, lens, torch.empty(2, 16, 512, dtype=out_dtype), max_seq_len=256)
+    assert seen == [expect]
+
+
 @pytest.mark.parametrize("page", [16, 32, 64, 128], ids=lambda p: f"p{p}")
 def test_small_pages_take_the_gluon_kernels_with_a_box_a_page(page, monkeypatch):
     """Pages of 16 and 32 (a 64-key tile over 4 / 2 pages) take the kernels pages of 64+ take: the

@@ -61,12 +61,8 @@ def decode_combine_kernel(
     # One row, as a [1] tensor: the same merge the split kernel's last program does for its rows.
     heads = h + tl.zeros([1], dtype=tl.int32)
     row_ok = heads < NUM_HEADS
-    # 16-bit partials (MLA's warp-specialised launches) fold split by split (UNROLL): the summed
-    # [S, R, D] tile of 16-bit loads changed layout through shared memory (lab/notes/mla-ragged.md
-    # "Split partials in the output's 16-bit dtype").
-    fold: tl.constexpr = part_o_ptr.dtype.element_ty != tl.float32
     m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, t.to(tl.int64) * NUM_HEADS + heads, row_ok,
-                                 num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S, fold)
+                                 num_rows * NUM_HEADS, num_splits, HEAD_DIM, BLOCK_S, False)
     sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
     _finish_row(acc, m, den, sink2, t, heads, row_ok, out_scale_ptr, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                 stride_lse_t, out_factor, HEAD_DIM, HAS_SINKS, OUT_PTR, OUT_FP8, STORE_LSE)
@@ -103,13 +99,12 @@ def balanced_combine_kernel(
     # Most requests hold at most the uniform split count of units (every request of an equal batch,
     # the short ones of a ragged one): their merge takes the uniform combine's narrow tile; a wide
     # tile for all cost an equal batch 2.5-4x the combine's time (lab/notes/mla-ragged.md).
-    fold: tl.constexpr = part_o_ptr.dtype.element_ty != tl.float32  # (16-bit partials: decode_combine_kernel)
     if n_t <= BLOCK_S_FEW:
         m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, NUM_HEADS, n_t, HEAD_DIM, BLOCK_S_FEW,
-                                     fold)
+                                     False)
     else:
         m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, NUM_HEADS, n_t, HEAD_DIM, BLOCK_S,
-                                     fold)
+                                     False)
     _finish_row(acc, m, den, den, t, heads, row_ok, out_scale_ptr, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                 stride_lse_t, out_factor, HEAD_DIM, False, OUT_PTR, False, STORE_LSE)
 

@@ -84,16 +84,19 @@ def merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, split_stride, num_sp
     lab/notes/decode.md "Decode: merging the split partials"): one ``[S, R, D]`` tile summed over S (the combine
     kernel's; at the end of the decode kernel it took ~5 us a round), or with ``UNROLL`` S separate ``[R]`` and
     ``[R, D]`` tiles folded in turn, elementwise (the decode kernel's in-kernel merge: ~one L2 round trip a
-    round). Loads go to L2 (``.cg``): a program merging other programs' partials must
-    not read its SM's L1.
+    round). 16-bit partials (MLA's warp-specialised launches) always fold: the summed tile of 16-bit
+    loads changed layout through shared memory (lab/notes/mla-ragged.md "Split partials in the
+    output's 16-bit dtype"). Loads go to L2 (``.cg``): a program merging other programs' partials
+    must not read its SM's L1.
     """
+    FOLD: tl.constexpr = UNROLL or part_o_ptr.dtype.element_ty != tl.float32
     offs_d = tl.arange(0, HEAD_DIM)
     m = tl.full(p_row.shape, float("-inf"), dtype=tl.float32)
     den = tl.zeros(p_row.shape, dtype=tl.float32)
     acc = tl.zeros([p_row.shape[0], HEAD_DIM], dtype=tl.float32)
     stride64 = tl.zeros_like(p_row) + split_stride  # [R] int64: offsets past 2^31 stay exact
     for s0 in range(0, num_splits, BLOCK_S):
-        if UNROLL:
+        if FOLD:
             m_new = m
             for j in tl.static_range(BLOCK_S):
                 lse_j = tl.load(part_lse_ptr + p_row + stride64 * (s0 + j),
