@@ -85,7 +85,7 @@ _ROWS64 = ("    BLOCK_M: tl.constexpr = SHAPE[5]\n",
 _CDT = "    cdt = q_ptr.dtype.element_ty if KV_FORMAT == KV_HALF else tl.float16\n"
 _IS_FP8 = "KV_FORMAT == KV_FP8 or KV_FORMAT == KV_FP8_WORDS"
 _Q_F16 = "            q = float16_operand(q)\n"
-_K_LOAD = "                k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,\n"
+_K_LOAD = "                k = load_kv_tile(k_src, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,\n"
 
 # floor -> [(text of the kernel's source, its replacement)]; each text must occur exactly once.
 PATCHES = {
@@ -120,13 +120,13 @@ PATCHES = {
         "        if False:  # floor mergecount: the count and reset only\n",
     )],
     "noloads": [(
-        "                k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,\n"
-        "                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)\n",
+        "                k = load_kv_tile(k_src, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,\n"
+        "                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)\n",
         "                k = tl.broadcast_to(tl.where(k_ok, 1.0, 0.0).to(cdt)[:, None], (BLOCK_N, HEAD_DIM))\n",
     ), (
-        "            v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, "
+        "            v = load_kv_tile(v_src, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, "
         "PV_OPERAND=True,\n"
-        "                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)\n",
+        "                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)\n",
         "            v = tl.broadcast_to(tl.where(v_ok, 1.0, 0.0).to(cdt)[:, None], (BLOCK_N, HEAD_DIM))\n",
     )],
 }

@@ -13,6 +13,12 @@ Usage (from the repository root)::
     PYTHONPATH=src python benchmarks/decode_sass_counts.py --fmt fp8 --fmt bfloat16
     PYTHONPATH=src python benchmarks/decode_sass_counts.py --fmt fp8 --set SWAP_AB=True --dump /tmp/sass
     PYTHONPATH=src python benchmarks/decode_sass_counts.py --single 32768 --pos ROPE_LLAMA --pos NONE
+    PYTHONPATH=src python benchmarks/decode_sass_counts.py --fmt bfloat16 --shape "decode bf16 64x8192 p64 HND"
+    PYTHONPATH=src python benchmarks/decode_sass_counts.py --shape "sw07 decode bf16 ragged22x[1,88289] p16 NHD h8/1"
+
+``--shape ID``: a sweep or grid row by its id (``benchmarks/sweep.py``, ``benchmarks/shapes.py``) with its
+own lengths, ragged rows too, planned as ``benchmarks/timeline.py`` plans it (the row's cache format
+unless ``--fmt`` names one).
 
 ``--single L``: ``single_decode_with_kv_cache`` (32 / 32 heads, D 128, bfloat16, contiguous) over L
 keys, planned as a CUDA-graph capture on the faked H200 (``tma_readable``'s facts: capture, TMA,
@@ -98,6 +104,20 @@ split = timeline.faked_h200_launch(shape, bw)
 print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid))))
 """
     return _launch_in_subprocess(code, fmt, json.dumps(row))
+
+
+def faked_shape_launch(shape_id: str) -> dict:
+    """``{"constexprs", "options", "grid"}`` of the split launch the decode plan builds for the sweep or
+    grid row whose id is ``shape_id`` (its own lengths: ragged rows too; see :func:`faked_plan_launch`)."""
+    code = r"""
+import json, sys
+from benchmarks import shapes, sweep, timeline
+want, bw = sys.argv[1], float(sys.argv[2])
+(shape,) = [s for s in list(sweep.SWEEP) + list(shapes.GRID) if s.id == want]
+split = timeline.faked_h200_launch(shape, bw)
+print(json.dumps(dict(constexprs=split.constexprs, options=split.options, grid=list(split.grid))))
+"""
+    return _launch_in_subprocess(code, shape_id)
 
 
 def faked_single_launch(length: int, pos: str, graph_capture: bool = True) -> dict:
@@ -323,6 +343,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], help="CONSTEXPR=VALUE over the plan's (JSON value)")
     ap.add_argument("--row", default=None,
                     help="JSON row (batch, max_len, page, num_heads, num_kv_heads, layout; head_dim: 128 unless given)")
+    ap.add_argument("--shape", help="a sweep or grid row's id (e.g. 'decode bf16 64x8192 p64 HND', a ragged row "
+                    "too) instead of --row, counted in its cache format unless --fmt names one")
     ap.add_argument("--dump", help="folder for the SASS / PTX / TTGIR")
     ap.add_argument("--lines", type=int, default=0, help="print the N busiest source lines")
     args = ap.parse_args(argv)
@@ -335,10 +357,17 @@ def main(argv=None) -> int:
         cases = [(pos, "bfloat16", faked_single_launch(args.single, pos, not args.eager))
                  for pos in args.pos or ["ROPE_LLAMA", "NONE"]]
     else:
-        cases = [(fmt, fmt, None) for fmt in args.fmt or ["fp8"]]
+        default = "fp8"
+        if args.shape:  # the row's own cache format
+            from benchmarks import shapes, sweep
+
+            (shape,) = [s for s in list(sweep.SWEEP) + list(shapes.GRID) if s.id == args.shape]
+            default = "fp8" if shape.kv_dtype == "fp8" else "bfloat16"
+        cases = [(fmt, fmt, None) for fmt in args.fmt or [default]]
     report = {}
     for name, fmt, launch in cases:
-        launch = launch or faked_plan_launch(fmt, row)
+        if launch is None:
+            launch = faked_shape_launch(args.shape) if args.shape else faked_plan_launch(fmt, row)
         got = compile_launch(fmt, launch, sets)
         counts = tile_counts(got)
         if args.dump:

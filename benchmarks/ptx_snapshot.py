@@ -69,6 +69,7 @@ _DEC = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False,
             MERGE=True, MERGE_ROWS=4, MERGE_BLOCK_S=8, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False,
             SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, LANE_CAP=0, PAGE_OFFSETS=2)
+# (PAGE_RUNS: the plan's rule, dec() below)
 _COMBINE = dict(NUM_HEADS=32, HEAD_DIM=128, BLOCK_S=16, HAS_SINKS=False, OUT_PTR=False, OUT_FP8=False,
                 STORE_LSE=False, USE_PDL=True)
 _MLA_PTRS = {"table_ptr": "*i32", "seq_lens_ptr": "*i32", "logit_scale_ptr": "*fp32", "out_scale_ptr": "*fp32",
@@ -120,8 +121,13 @@ def configs() -> dict[str, dict]:
     out: dict[str, dict] = {}
 
     def dec(name, table, kv="bfloat16", ptr="*bf16", rope=False, _descs=None, **over):
+        from kvattn.ops.decode.plan import tile_page_runs
+
         t = _decode_table(table, kv, rope)
         cx = dict(_DEC, **dict(t["constexprs"], **over))
+        # the plan's page runs (plan._page_runs; these configurations' strides fit int32)
+        cx["PAGE_RUNS"] = bool(cx["PAGED"] and cx["PAGE_OFFSETS"] > 0 and not cx["HAS_WINDOW"] and not cx["HAS_KV_START"]
+                               and tile_page_runs(cx["PAGE_SIZE"], cx["BLOCK_N"], t["warps"]))
         descs = _descs
         out[f"decode_split/{name}"] = dict(
             kernel="decode_split", constexprs=cx, ptrs=dict(_DEC_PTRS, k_ptr=ptr, v_ptr=ptr), floats=FLOATS,

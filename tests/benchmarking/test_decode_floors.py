@@ -169,7 +169,7 @@ def _fp8_plan_ptx(kernel: str) -> str:
         SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=cfg.page_ahead, PREFETCH=0, KV_EVICT_FIRST=cfg.evict_first,
         KV_TMA=False, MERGE=True, MERGE_ROWS=8, MERGE_BLOCK_S=2, PERSISTENT=False, USE_PDL=True,
         HAS_KV_START=False, SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, LANE_CAP=0,
-        PAGE_OFFSETS=2)
+        PAGE_OFFSETS=2, PAGE_RUNS=False)
     got = compile_sm90(kernel, constexprs, ptrs=PTRS, floats=FLOATS, warps=cfg.num_warps, stages=cfg.num_stages,
                        tuples=decode_kernels.SPLIT_TUPLES)
     return got["ptx"]

@@ -31,7 +31,8 @@ BASE = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False, MERGE=False,
             MERGE_ROWS=1, MERGE_BLOCK_S=1, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False,
-            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, LANE_CAP=0, PAGE_OFFSETS=2)
+            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, LANE_CAP=0, PAGE_OFFSETS=2,
+            PAGE_RUNS=False)
 # Single decode with RoPE, 32 heads of 128 (the one-row kernel: the query rotated per key) on sm90's table
 ROPE_ONE_ROW = dict(PAGE_SIZE=1, NUM_KV_HEADS=32, GROUP=1, BLOCK_N=32, PAGED=False, PAGE_OFFSETS=0, STORE_LSE=True, ROPE=True,
                     PREFETCH=1)

@@ -33,6 +33,7 @@ from .kv_formats import (  # noqa: F401
 )
 from .paging import (  # noqa: F401
     load_page_ids, token_pages, token_offsets, kv_token_offsets, page_token_offsets, prefetch_rows_l2,
+    load_run_ids, run_pages,
 )
 from .dequant import (  # noqa: F401
     e2m1_values, NVFP4_PAIRS_PTX, nvfp4_words_f16, e4m3_words_f16, tma_kv_tile, opaque, l2_policy, load_words,

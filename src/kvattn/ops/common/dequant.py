@@ -127,11 +127,15 @@ def row_mask(ok, row_off, OFF_VALID: tl.constexpr):
 
 @triton.jit
 def load_words(base_ptr, row_off, WORD0: tl.constexpr, WORDS: tl.constexpr, ok, EVICT_FIRST: tl.constexpr,
-               OFF_VALID: tl.constexpr = False):
+               OFF_VALID: tl.constexpr = False, REL_ROWS: tl.constexpr = False):
     """int32 ``[N, WORDS]``: words ``WORD0 ..`` of the 4-byte aligned rows at byte offsets
-    ``row_off [N]`` of ``base_ptr`` (rows not ``ok`` read as 0; OFF_VALID: rows of offsets < 0)."""
+    ``row_off [N]`` of ``base_ptr`` (rows not ``ok`` read as 0; OFF_VALID: rows of offsets < 0;
+    REL_ROWS: as :func:`load_kv_tile`'s, ``row_off`` a multiple of 4)."""
     offs_w = WORD0 + tl.arange(0, WORDS)
-    w_ptr = (base_ptr + row_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
+    if REL_ROWS:  # the row's words and the column's in one int32 offset (loop-invariant in decode)
+        w_ptr = base_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (row_off[:, None] // 4 + offs_w[None, :])
+    else:
+        w_ptr = (base_ptr + row_off[:, None]).to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :]
     return tl.load(w_ptr, mask=row_mask(ok, row_off, OFF_VALID), other=0, eviction_policy=l2_policy(EVICT_FIRST))
 
 
@@ -157,6 +161,9 @@ def load_kv_tile(
     PV_OPERAND: tl.constexpr = False,  # the tile feeds a P.V product: fp8 / NVFP4 words end in `opaque`
     EVICT_FIRST: tl.constexpr = False,  # loads marked evict_first in L2
     OFF_VALID: tl.constexpr = False,  # `ok` unused: the tokens to load are those of offsets >= 0 (common.row_mask)
+    # tok_off: int32 offsets of the rows from base_ptr (one pointer, or [N, 1]: a row's own), added to
+    # the columns' before the pointer, so a loop-invariant row offset and column are one value
+    REL_ROWS: tl.constexpr = False,
 ):
     """``[N, WIDTH]`` tile of logical columns ``COL0 ..`` in ``OUT_DTYPE``; masked tokens are 0.
 
@@ -197,12 +204,17 @@ def load_kv_tile(
         # P.V product (keys along its reduction dim, i.e. transposed) is gathered byte by byte
         # (one LDS.U8 per element, 128 a thread a 128-key tile); words converted in registers
         # reach the tensor cores through a 16-bit transposing ldmatrix instead.
-        tile = e4m3_words_f16(load_words(base_ptr, tok_off, COL0 // 4, WIDTH // 4, ok, EVICT_FIRST, OFF_VALID))
+        tile = e4m3_words_f16(load_words(base_ptr, tok_off, COL0 // 4, WIDTH // 4, ok, EVICT_FIRST, OFF_VALID,
+                                         REL_ROWS))
         if PV_OPERAND:
             tile = opaque(tile)
         return tile
     else:
         offs_d = COL0 + tl.arange(0, WIDTH)
-        x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=row_mask(ok, tok_off, OFF_VALID), other=0.0,
-                    eviction_policy=l2_policy(EVICT_FIRST))
+        if REL_ROWS:
+            x = tl.load(base_ptr + (tok_off[:, None] + offs_d[None, :]), mask=row_mask(ok, tok_off, OFF_VALID),
+                        other=0.0, eviction_policy=l2_policy(EVICT_FIRST))
+        else:
+            x = tl.load(base_ptr + tok_off[:, None] + offs_d[None, :], mask=row_mask(ok, tok_off, OFF_VALID),
+                        other=0.0, eviction_policy=l2_policy(EVICT_FIRST))
         return x.to(OUT_DTYPE)

@@ -1,5 +1,6 @@
 """Page addressing (``@triton.jit``): page ids from a request's page-table row, token offsets in
-strided caches (64-bit), and an L2 prefetch of rows ahead of the pipelined copies."""
+strided caches (64-bit), a tile's pages a run of rows at a time, and an L2 prefetch of rows ahead
+of the pipelined copies."""
 
 from __future__ import annotations
 
@@ -80,6 +81,46 @@ def page_token_offsets(page_ids, offs_n, head, stride_page, stride_slot, stride_
     off = token_offsets(tl.maximum(page_ids, 0).to(tl.int64), (offs_n % PAGE_SIZE).to(tl.int64), head,
                         stride_page, stride_slot, stride_head)
     return tl.multiple_of(tl.where(ok, off, -16), 16)
+
+
+@triton.jit
+def load_run_ids(table_row_ptr, stride_table_p, tile_start, end, num_pages, PAGE_SIZE: tl.constexpr,
+                 PAGE_RUN: tl.constexpr, RUNS: tl.constexpr):
+    """The page ids (a tuple of RUNS int32 scalars) of the tile of ``RUNS * PAGE_RUN`` keys from
+    token ``tile_start``, one a run of ``PAGE_RUN`` rows in one page, or -1 where the id lies
+    outside ``[0, num_pages)`` or the run holds no key before ``end`` (its table entry is not read,
+    as :func:`load_page_ids` reads only the entries of the tokens it loads).
+
+    ``tile_start`` (>= 0) is a multiple of the tile, which holds whole pages (``PAGE_RUN ==
+    PAGE_SIZE``) or lies in one (``RUNS == 1``): run p is page ``tile_start // PAGE_SIZE + p``."""
+    first = (tl.cast(tile_start, tl.uint32) // PAGE_SIZE).to(tl.int32)  # (unsigned: no sign fix-up)
+    ids = ()
+    for p in tl.static_range(RUNS):
+        page_id = tl.load(table_row_ptr + (first + p) * stride_table_p, mask=tile_start + p * PAGE_RUN < end,
+                          other=-1)
+        ids = ids + (tl.where(page_id < num_pages, page_id, -1),)
+    return ids
+
+
+@triton.jit
+def run_pages(ids, row_run, stride_page, lim, RUNS: tl.constexpr):
+    """``(page_off, rows_lim)`` of a tile from its runs' page ids (:func:`load_run_ids`): the int64
+    offset ``id * stride_page`` of each run's page, one scalar for one run, else ``[N, 1]`` (row
+    n's run: ``row_run[n]``), and how many of the tile's rows may load, ``lim`` or (an unusable id,
+    whose page is taken as page 0) 0, likewise a scalar or ``[N]``.
+
+    Why: a tile in one page (or of whole pages) needs one id and one 64-bit multiply a run, where
+    offsets a token cost each thread one a row it loads (lab/notes/formats.md "Formats: where the
+    fp8 decode loop's instructions go"). The selects between runs depend on a row's place only,
+    which the compiler folds to one run a register."""
+    page_off = tl.maximum(ids[0], 0).to(tl.int64) * stride_page
+    rows_lim = tl.where(ids[0] >= 0, lim, 0)
+    for p in tl.static_range(1, RUNS):
+        page_off = tl.where(row_run == p, tl.maximum(ids[p], 0).to(tl.int64) * stride_page, page_off)
+        rows_lim = tl.where(row_run == p, tl.where(ids[p] >= 0, lim, 0), rows_lim)
+    if RUNS > 1:
+        page_off = page_off[:, None]
+    return page_off, rows_lim
 
 
 @triton.jit

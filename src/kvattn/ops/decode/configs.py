@@ -90,6 +90,12 @@ class DecodeConfig:
     # from K's where the tables and strides are the same (plan._page_offsets): fp8 rows up to 12 % and
     # bf16 rows 1-8 % faster on an H200, none slower (the same note).
     page_offsets: bool = True
+    # With the page offsets, tiles of whole pages or in one page: one page id and 64-bit offset a
+    # run of rows in one page, a row's int32 offset in its page (plan._page_runs): the bf16 loop
+    # 533 -> 340 SASS instructions a 64-key tile on pages of 64, 542 -> 387 on pages of 16 (sm_90a,
+    # Triton 3.6); on an H200 128 x 2048 p64 265 -> 256 us, 256 x 1024 p16 266 -> 256, none slower
+    # (lab/notes/formats.md "Formats: page runs, measured").
+    page_runs: bool = True
 
 
 # (kv format, head_dim) -> (BLOCK_N, num_warps, num_stages); "half" = float16/bfloat16.
@@ -256,13 +262,15 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     pipelined copies) and 4-6 KB of operand / reduction scratch, as the compiled kernels show; fp8
     caches add the float16 tile their words are converted into. Registers: what ptxas gave the
     tuned kernels (``benchmarks/inspect_kernels.py``, or ptxas on a local sm_90a compile): ~150 a
-    thread for fp8 at 128-key tiles, at most 128 otherwise; NVFP4 grows with the elements a thread
-    converts a tile (``block_n * D / threads``): 96-110 at 32, 128-146 at 64, 168-213 at 128
-    (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from above. The
-    balanced kernel (``balanced``: its plan and in-kernel merge) takes more with 16-bit caches:
-    168 at D 64-128, 212-218 at D 256 (three programs an SM at D 256 by the unbalanced estimate,
-    two in truth, so a grid of three a SM ran a second partial wave). An estimate above the truth
-    leaves slots idle; one below plans a second, partial wave.
+    thread for fp8 at 128-key tiles, at most 128 otherwise (up to 140 with 16-bit page runs on
+    3-stage 64-key tiles, which shared memory holds to 3 programs an SM anyway); NVFP4 grows with
+    the elements a thread converts a tile (``block_n * D / threads``): 96-110 at 32, 128-146 at 64,
+    168-213 at 128 (Triton 3.6, sm_90a, the words formats), which ``96 + elements`` bounds from
+    above. The balanced kernel (``balanced``: its plan and in-kernel merge) takes more with 16-bit
+    caches: 168 at D 64-128 (up to 200 with page runs on 4-stage tiles, which shared memory holds
+    to 2 programs an SM anyway), 212-218 at D 256 (three programs an SM at D 256 by the unbalanced
+    estimate, two in truth, so a grid of three a SM ran a second partial wave). An estimate above
+    the truth leaves slots idle; one below plans a second, partial wave.
     """
     fmt = BY_NAME[kv_format]
     # bytes a staged element: the stored width, at least one byte (NVFP4's half-byte codes come

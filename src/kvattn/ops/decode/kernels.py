@@ -3,9 +3,10 @@
 A program packs every query row that reads one KV head -- the ``GROUP`` query heads of the KV
 group times the ``Q_LEN`` draft tokens of the request -- into one ``BLOCK_M`` tile, so the KV of a
 request and head is read once whatever ``Q_LEN`` is. It streams its split's keys in ``BLOCK_N``
-tiles (gathering page ids per token, so a tile may span several pages), keeps the softmax state
-in registers and either writes the final rows (the launch has a single split) or a normalised
-partial ``(o, lse)`` to the workspace, which :func:`decode_combine_kernel` merges.
+tiles (gathering page ids per token, so a tile may span several pages, or with PAGE_RUNS one a run
+of a page's rows), keeps the softmax state in registers and either writes the final rows (the
+launch has a single split) or a normalised partial ``(o, lse)`` to the workspace, which
+:func:`decode_combine_kernel` merges.
 
 Single-request decode is the same kernel with ``PAGED=False`` (contiguous ``[L, Hkv, D]`` K/V)
 and the ROPE / ALIBI / SOFT_CAP / STORE_LSE switches it needs.
@@ -26,6 +27,7 @@ from ..common import (
     kv_token_offsets,
     load_kv_tile,
     load_page_ids,
+    load_run_ids,
     merge_partials,
     online_softmax_step,
     page_token_offsets,
@@ -35,6 +37,7 @@ from ..common import (
     rope_query_per_key,
     rope_rotate,
     rope_table,
+    run_pages,
     sink_logits2,
     soft_cap,
     softmax_finalize,
@@ -116,6 +119,26 @@ def _tile_pages(offs_n, tok_ok, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pa
 
 
 @triton.jit
+def _tile_runs(kt_row, vt_row, stride_kt_p, stride_vt_p, tile_start, end, num_pages, PAGE_SIZE: tl.constexpr,
+               PAGE_RUN: tl.constexpr, RUNS: tl.constexpr, SAME_TABLE: tl.constexpr):
+    """``(k_ids, v_ids)``: the page ids of the tile's runs (``load_run_ids``; V's are K's on one table)."""
+    k_ids = load_run_ids(kt_row, stride_kt_p, tile_start, end, num_pages, PAGE_SIZE, PAGE_RUN, RUNS)
+    v_ids = k_ids
+    if not SAME_TABLE:
+        v_ids = load_run_ids(vt_row, stride_vt_p, tile_start, end, num_pages, PAGE_SIZE, PAGE_RUN, RUNS)
+    return k_ids, v_ids
+
+
+@triton.jit
+def _masked_scores(s, allowed, KEYS_IN_M: tl.constexpr):
+    """``s`` with -inf where a key is not ``allowed`` (``[M, N]``; KEYS_IN_M: ``s`` is ``[N, M]``)."""
+    if KEYS_IN_M:
+        return tl.where(tl.trans(allowed), s, float("-inf"))
+    else:
+        return tl.where(allowed, s, float("-inf"))
+
+
+@triton.jit
 def _decode_item(
     item,
     q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr, kv_start_ptr, mask_ptr, sinks_ptr,
@@ -149,6 +172,10 @@ def _decode_item(
     PAGE_AHEAD: tl.constexpr = PAGING[0]
     # PAGE_OFFSETS 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
     PAGE_OFFSETS: tl.constexpr = PAGING[1]
+    # PAGE_RUNS: a tile's addresses a page run at a time (see the loop), the plan's choice where
+    # every tile starts at a multiple of BLOCK_N (no window, no first keys) and holds whole pages
+    # or lies in one, and a row's offset in its page fits int32
+    PAGE_RUNS: tl.constexpr = PAGING[2]
     stride_q_t, stride_q_h, stride_o_t, stride_o_h = stride_qo
     stride_k_p, stride_k_s, stride_k_h, stride_v_p, stride_v_s, stride_v_h = stride_kv
     stride_ksf_p, stride_ksf_s, stride_ksf_h, stride_vsf_p, stride_vsf_s, stride_vsf_h = stride_sf
@@ -284,15 +311,69 @@ def _decode_item(
     # loads of a tile depend on no load of their own iteration and the pipeliner double-buffers
     # them with fewer stages; otherwise the pipeliner stages the (table -> K/V) chain itself.
     offs_n = start + tl.arange(0, BLOCK_N)
-    k_ids, v_ids = _tile_pages(offs_n, offs_n < end, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh, stride_kv,
-                               PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
+    # OFF_ROWS: the loads take the rows to read from the token offsets' signs (PAGE_OFFSETS)
+    OFF_ROWS: tl.constexpr = PAGE_OFFSETS > 0 and not PAGE_RUNS
+    if PAGE_RUNS:
+        # A tile is RUNS runs of PAGE_RUN rows, each run in one page (the plan's PAGE_RUNS: tiles
+        # start at multiples of BLOCK_N and hold whole pages or lie in one): a run's page id rides
+        # through the loop instead of a token's, its page offset is one 64-bit multiply a run and
+        # tile, added to the head's loop-invariant pointer, and a row adds its int32 offset in the
+        # page (load_kv_tile's REL_ROWS), its column's included.
+        PAGE_RUN: tl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
+        RUNS: tl.constexpr = BLOCK_N // PAGE_RUN
+        tl.static_assert(PAGED and PAGE_OFFSETS > 0 and not HAS_WINDOW and not HAS_KV_START and not KV_TMA)
+        tl.static_assert(PAGE_SIZE % BLOCK_N == 0 or BLOCK_N % PAGE_SIZE == 0)
+        rows_n = tl.arange(0, BLOCK_N)
+        row_run = rows_n // PAGE_RUN
+        k_rel = (rows_n % PAGE_RUN) * stride_k_s
+        v_rel = k_rel
+        if PAGE_OFFSETS == 1:
+            v_rel = (rows_n % PAGE_RUN) * stride_v_s
+        # the head's rows as bytes: a page offset in bytes needs no scaling of its own a run
+        ELEM_BYTES: tl.constexpr = storage_bytes(KV_FORMAT)
+        k_head = (k_ptr + kvh.to(tl.int64) * stride_k_h).to(tl.pointer_type(tl.int8), bitcast=True)
+        v_head = (v_ptr + kvh.to(tl.int64) * stride_v_h).to(tl.pointer_type(tl.int8), bitcast=True)
+        k_page_bytes = tl.cast(stride_k_p, tl.int64) * ELEM_BYTES
+        v_page_bytes = tl.cast(stride_v_p, tl.int64) * ELEM_BYTES
+        k_ids, v_ids = _tile_runs(kt_row, vt_row, stride_kt_p, stride_vt_p, start, end, num_pages, PAGE_SIZE,
+                                  PAGE_RUN, RUNS, SAME_TABLE)
+    else:
+        k_ids, v_ids = _tile_pages(offs_n, offs_n < end, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh,
+                                   stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         tok_ok = offs_n < end
         if not PAGE_AHEAD:
-            k_ids, v_ids = _tile_pages(offs_n, tok_ok, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh,
-                                       stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
-        if PAGE_OFFSETS:
+            if PAGE_RUNS:
+                k_ids, v_ids = _tile_runs(kt_row, vt_row, stride_kt_p, stride_vt_p, start_n, end, num_pages,
+                                          PAGE_SIZE, PAGE_RUN, RUNS, SAME_TABLE)
+            else:
+                k_ids, v_ids = _tile_pages(offs_n, tok_ok, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages, kvh,
+                                           stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
+        k_src = k_ptr
+        v_src = v_ptr
+        if PAGE_RUNS:
+            page_off, k_lim = run_pages(k_ids, row_run, k_page_bytes, end - start_n, RUNS)
+            k_src = (k_head + page_off).to(k_ptr.dtype, bitcast=True)
+            v_src = (v_head + page_off).to(v_ptr.dtype, bitcast=True)
+            v_lim = k_lim
+            if PAGE_OFFSETS == 1 or not SAME_TABLE:
+                page_off, v_lim = run_pages(v_ids, row_run, v_page_bytes, end - start_n, RUNS)
+                v_src = (v_head + page_off).to(v_ptr.dtype, bitcast=True)
+            # The tile's first slot (0 on tiles of whole pages) goes into the rows' int32 offsets,
+            # a signed % the compiler does not find loop-invariant: a row's offset is then one
+            # IMAD a tile that the 64-bit address takes whole (IMAD.WIDE). An invariant offset (no
+            # slot term, or an unsigned %) is hoisted sign-extended and scaled in 64 bits: two
+            # instructions a row to add, two registers a row to hold (sm_90a, Triton 3.6: pages
+            # of 64, 346 instructions a tile instead of 340, up to 244 registers instead of 168).
+            slot0 = start_n % PAGE_SIZE
+            k_off = k_rel + slot0 * stride_k_s
+            v_off = k_off
+            if PAGE_OFFSETS == 1:
+                v_off = v_rel + slot0 * stride_v_s
+            k_ok = rows_n < k_lim
+            ksf_off = k_off
+        elif PAGE_OFFSETS:
             # k_ids / v_ids hold the tokens' offsets (negative: unusable id, read as zeros)
             k_off = k_ids
             k_ok = k_off >= 0
@@ -313,20 +394,20 @@ def _decode_item(
                 k1 = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HALF)
                 k2 = tma_kv_tile(k_ptr, kvh, start_n, HALF, BLOCK_N, HALF)
             else:
-                k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
-                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
-                k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
-                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
+                k1 = load_kv_tile(k_src, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, cdt,
+                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)
+                k2 = load_kv_tile(k_src, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, cdt,
+                                  EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)
             qt1, qt2 = rope_query_per_key(u1, u2, t_cos, t_sin)
             sq = tl.dot(qt1.to(cdt), tl.trans(k1))
             sq = tl.dot(qt2.to(cdt), tl.trans(k2), sq)
             qk = tl.where(first_row[:, None], tile_diagonal(sq)[None, :], 0.0)
             u1, u2 = rope_rotate(u1, u2, step_cos, -step_sin)
         elif ROPE:
-            k1 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32,
-                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
-            k2 = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32,
-                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
+            k1 = load_kv_tile(k_src, k_sf_ptr, k_off, ksf_off, k_ok, 0, HALF, KV_FORMAT, tl.float32,
+                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)
+            k2 = load_kv_tile(k_src, k_sf_ptr, k_off, ksf_off, k_ok, HALF, HALF, KV_FORMAT, tl.float32,
+                              EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)
             b_ang = rope_angle(start_n, freqs)
             b_cos = tl.cos(b_ang)[None, :]
             b_sin = tl.sin(b_ang)[None, :]
@@ -341,8 +422,8 @@ def _decode_item(
             if KV_TMA:
                 k = tma_kv_tile(k_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
             else:
-                k = load_kv_tile(k_ptr, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
-                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
+                k = load_kv_tile(k_src, k_sf_ptr, k_off, ksf_off, k_ok, 0, HEAD_DIM, KV_FORMAT, cdt,
+                                 EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)
             if KEYS_IN_M:
                 qk = tl.dot(k, tl.trans(q))
             else:
@@ -370,13 +451,22 @@ def _decode_item(
             allowed = allowed & (prefix | draft)
         elif HAS_WINDOW:
             allowed = allowed & window_causal_allowed(row_pos, offs_n, window_left, True)
-        if KEYS_IN_M:
-            s = tl.where(tl.trans(allowed), s, float("-inf"))
+        if PAGE_RUNS and Q_LEN == 1 and not KEYS_IN_M:
+            # One query row (and no window: PAGE_RUNS): a tile wholly before `end` allows every key,
+            # so only the last tile masks its scores, a branch the whole program takes (16 of the
+            # bf16 loop's ~340 SASS instructions a 64-key tile on pages of 64). Kept to the runs'
+            # launches: on the token offsets' ones and single decode it cost registers as often as
+            # it saved them (the one-row RoPE kernel by TMA 199 -> 226), fp8 with keys in M 44.
+            if start_n + BLOCK_N > end:
+                s = _masked_scores(s, allowed, KEYS_IN_M)
         else:
-            s = tl.where(allowed, s, float("-inf"))
+            s = _masked_scores(s, allowed, KEYS_IN_M)
         m_i, l_i, p, alpha = online_softmax_step(m_i, l_i, s, KEYS_IN_M)
 
-        if PAGE_OFFSETS:
+        if PAGE_RUNS:
+            v_ok = rows_n < v_lim
+            vsf_off = v_off
+        elif PAGE_OFFSETS:
             v_off = v_ids
             v_ok = v_off >= 0
             vsf_off = v_off
@@ -386,17 +476,21 @@ def _decode_item(
         if KV_TMA:
             v = tma_kv_tile(v_ptr, kvh, start_n, 0, BLOCK_N, HEAD_DIM)
         else:
-            v = load_kv_tile(v_ptr, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
-                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=PAGE_OFFSETS > 0)
+            v = load_kv_tile(v_src, v_sf_ptr, v_off, vsf_off, v_ok, 0, HEAD_DIM, KV_FORMAT, cdt, PV_OPERAND=True,
+                             EVICT_FIRST=KV_EVICT_FIRST, OFF_VALID=OFF_ROWS, REL_ROWS=PAGE_RUNS)
         if KEYS_IN_M:
             acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(v.dtype))
         else:
             acc = acc * alpha[:, None] + tile_pv(p, v, USE_DOT)
 
         if PAGE_AHEAD:
-            offs_next = offs_n + BLOCK_N
-            k_ids, v_ids = _tile_pages(offs_next, offs_next < end, kt_row, vt_row, stride_kt_p, stride_vt_p, num_pages,
-                                       kvh, stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
+            if PAGE_RUNS:
+                k_ids, v_ids = _tile_runs(kt_row, vt_row, stride_kt_p, stride_vt_p, start_n + BLOCK_N, end, num_pages,
+                                          PAGE_SIZE, PAGE_RUN, RUNS, SAME_TABLE)
+            else:
+                offs_next = offs_n + BLOCK_N
+                k_ids, v_ids = _tile_pages(offs_next, offs_next < end, kt_row, vt_row, stride_kt_p, stride_vt_p,
+                                           num_pages, kvh, stride_kv, PAGE_SIZE, PAGED, SAME_TABLE, PAGE_OFFSETS)
 
     # A launch with one split writes the final rows; with several, every split writes a partial
     # (an empty one, o = 0 and lse = -inf, past the request's active splits), so the combine merges
@@ -473,7 +567,7 @@ SPLIT_TUPLES = {
     "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
               "KEYS_IN_M"),
     "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES", "LANE_CAP"),
-    "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS"),
+    "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS", "PAGE_RUNS"),
 }
 
 
@@ -519,7 +613,8 @@ def decode_split_kernel(
     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, LOGIT_PTR: tl.constexpr, OUT_PTR: tl.constexpr,
     OUT_FP8: tl.constexpr, STORE_LSE: tl.constexpr, ROPE: tl.constexpr, ALIBI: tl.constexpr,
     SOFT_CAP: tl.constexpr, USE_DOT: tl.constexpr,
-    PAGING: tl.constexpr,  # (PAGE_AHEAD, PAGE_OFFSETS): page ids a tile ahead; token offsets where they load
+    PAGING: tl.constexpr,  # (PAGE_AHEAD, PAGE_OFFSETS, PAGE_RUNS): page ids a tile ahead; token offsets where they
+    #                        load; a tile's addresses a page run at a time
     PREFETCH: tl.constexpr,
     KV_EVICT_FIRST: tl.constexpr, KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr,
     MERGE_BLOCK_S: tl.constexpr,

@@ -260,6 +260,9 @@ class _Plan:
         self.page_offsets_mode = 0 if not f.paged or fmt.scale_block or not aligned else (
             2 if f.same_table and self.k_strides == self.v_strides else 1)
         self.has = dict(zip(_OPTIONAL, f.present))
+        # Page runs (_page_runs): the page offsets' facts, and tiles that start at multiples of
+        # BLOCK_N (no window, no first keys: split_bounds cuts whole tiles from key 0)
+        self.page_runs_ok = self.page_offsets_mode > 0 and not f.has_window and not self.has["kv_start"]
         self.out_fp8 = f.out_dtype == FP8_DTYPE
         self.strides = dict(
             q=tuple(q_stride[:2]), out=tuple(out_stride[:2]), k=self.k_strides, v=self.v_strides,
@@ -533,6 +536,34 @@ def _page_offsets(plan: _Plan, cfg: decode_configs.DecodeConfig) -> int:
     return plan.page_offsets_mode if cfg.page_offsets else 0
 
 
+# Runs of a tile at most (PAGE_RUNS): pages of 16 keys on 64-key tiles
+PAGE_RUNS_MAX = 4
+
+
+def tile_page_runs(page_size: int, block_n: int, num_warps: int) -> bool:
+    """The tile's part of the kernel's PAGE_RUNS (``_page_runs``): the tile holds whole pages (at
+    most PAGE_RUNS_MAX) or lies in one, and has fewer keys than the program has threads.
+
+    Why the keys: with a key or more a thread, Triton loads the page ids one a thread and moves the
+    offsets to the copies' layout through shared memory (PAGE_OFFSETS), already about one multiply
+    a thread a tile, and runs cost more (sm_90a, Triton 3.6: fp8 128-key tiles on 4 warps 553 ->
+    558-604 SASS instructions a tile, bf16 D 64 on 128-key tiles 430 -> 475). With fewer keys
+    Triton computes the ids and offsets in the copies' layout, one for each of a thread's 8 rows
+    (bf16 64-key tiles on pages of 64: 533 -> ~340 a tile; pages of 16: 542 -> ~390)."""
+    whole = page_size % block_n == 0 or (block_n % page_size == 0 and block_n // page_size <= PAGE_RUNS_MAX)
+    return whole and block_n < 32 * num_warps
+
+
+def _page_runs(plan: _Plan, cfg: decode_configs.DecodeConfig) -> bool:
+    """The kernel's PAGE_RUNS: a tile's addresses a run of rows in one page at a time (one page id
+    and 64-bit offset a run, a row's int32 offset in its page). Taken with the page offsets
+    (``_page_offsets``) where ``plan.page_runs_ok``, the tile fits (``tile_page_runs``), a row's
+    offset in its page fits int32, and the config's ``page_runs`` (``--ab NAME:decode:page_runs=0``)."""
+    fits = (plan.page_size - 1) * max(plan.k_strides[1], plan.v_strides[1]) + plan.head_dim < 2**31
+    return (bool(cfg.page_runs) and _page_offsets(plan, cfg) > 0 and plan.page_runs_ok and fits
+            and tile_page_runs(plan.page_size, cfg.block_n, cfg.num_warps))
+
+
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
                   bal: Balance | None = None) -> fast_launch.Launch:
     """The split kernel's launch, every argument by its parameter's name, the kernel's tuples by
@@ -587,7 +618,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
             LANES=bool(bal and bal.lanes),
             LANE_CAP=(cfg.balance_lanes_cap or unit_cap(bal.merge_block_s)) if bal and bal.lanes else 0,
-            PAGE_OFFSETS=_page_offsets(plan, cfg),
+            PAGE_OFFSETS=_page_offsets(plan, cfg), PAGE_RUNS=_page_runs(plan, cfg),
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
