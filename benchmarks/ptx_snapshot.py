@@ -121,13 +121,14 @@ def configs() -> dict[str, dict]:
     out: dict[str, dict] = {}
 
     def dec(name, table, kv="bfloat16", ptr="*bf16", rope=False, _descs=None, **over):
-        from kvattn.ops.decode.plan import tile_page_runs
+        from kvattn.ops.decode.plan import page_runs_rule
 
         t = _decode_table(table, kv, rope)
         cx = dict(_DEC, **dict(t["constexprs"], **over))
-        # the plan's page runs (plan._page_runs; these configurations' strides fit int32)
-        cx["PAGE_RUNS"] = bool(cx["PAGED"] and cx["PAGE_OFFSETS"] > 0 and not cx["HAS_WINDOW"] and not cx["HAS_KV_START"]
-                               and tile_page_runs(cx["PAGE_SIZE"], cx["BLOCK_N"], t["warps"]))
+        # the plan's page runs (these configurations' strides fit int32)
+        cx["PAGE_RUNS"] = page_runs_rule(
+            page_offsets=cx["PAGE_OFFSETS"] if cx["PAGED"] else 0, whole_tiles=not (cx["HAS_WINDOW"] or cx["HAS_KV_START"]),
+            page_size=cx["PAGE_SIZE"], block_n=cx["BLOCK_N"], num_warps=t["warps"])
         descs = _descs
         out[f"decode_split/{name}"] = dict(
             kernel="decode_split", constexprs=cx, ptrs=dict(_DEC_PTRS, k_ptr=ptr, v_ptr=ptr), floats=FLOATS,

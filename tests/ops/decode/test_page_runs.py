@@ -24,8 +24,8 @@ from .test_balanced_plan import FAKED, SW36, _plan_of
 @pytest.mark.parametrize("page,layout", [(64, "NHD"), (64, "HND"), (16, "NHD"), (32, "HND")])
 def test_plan_takes_page_runs_on_16bit_tiles_of_whole_pages_or_in_one(page, layout, monkeypatch):
     """bf16 / fp16 main tiles (64 keys, 4 warps) on pages of 16-64 take the runs; the config field,
-    a plan without the page offsets' facts (or with a window / first keys) and a page whose rows'
-    offsets pass int32 turn them off."""
+    a plan without the page offsets, tiles not cut whole from key 0 (a window / first keys) and a
+    page whose rows' offsets pass int32 turn them off."""
     plan = _plan_of(monkeypatch, batch=64, max_len=8192, page=page, num_heads=32, num_kv_heads=8,
                     kv_dtype=torch.float16, layout=layout)
     cfg = plan.config_for(8192)
@@ -35,9 +35,9 @@ def test_plan_takes_page_runs_on_16bit_tiles_of_whole_pages_or_in_one(page, layo
     assert not decode_launch._page_runs(plan, replace(cfg, page_offsets=False))
     with decode_configs.override(page_runs=False):
         assert not decode_configs.config("sm90", "bfloat16", 128, 16, False, "main").page_runs
-    monkeypatch.setattr(plan, "page_runs_ok", False)
+    monkeypatch.setattr(plan, "whole_tiles", False)
     assert not decode_launch._page_runs(plan, cfg)
-    monkeypatch.setattr(plan, "page_runs_ok", True)
+    monkeypatch.setattr(plan, "whole_tiles", True)
     k_p, _, k_h = plan.k_strides
     monkeypatch.setattr(plan, "k_strides", (k_p, 2**31 // (page - 1), k_h))
     assert not decode_launch._page_runs(plan, cfg)

@@ -260,9 +260,9 @@ class _Plan:
         self.page_offsets_mode = 0 if not f.paged or fmt.scale_block or not aligned else (
             2 if f.same_table and self.k_strides == self.v_strides else 1)
         self.has = dict(zip(_OPTIONAL, f.present))
-        # Page runs (_page_runs): the page offsets' facts, and tiles that start at multiples of
-        # BLOCK_N (no window, no first keys: split_bounds cuts whole tiles from key 0)
-        self.page_runs_ok = self.page_offsets_mode > 0 and not f.has_window and not self.has["kv_start"]
+        # Page runs (_page_runs): tiles that start at multiples of BLOCK_N (no window, no first
+        # keys: split_bounds cuts whole tiles from key 0)
+        self.whole_tiles = not f.has_window and not self.has["kv_start"]
         self.out_fp8 = f.out_dtype == FP8_DTYPE
         self.strides = dict(
             q=tuple(q_stride[:2]), out=tuple(out_stride[:2]), k=self.k_strides, v=self.v_strides,
@@ -540,8 +540,16 @@ def _page_offsets(plan: _Plan, cfg: decode_configs.DecodeConfig) -> int:
 PAGE_RUNS_MAX = 4
 
 
+def page_runs_rule(*, page_offsets: int, whole_tiles: bool, page_size: int, block_n: int, num_warps: int) -> bool:
+    """The kernel's PAGE_RUNS from a launch's constexpr facts (``_page_runs`` adds the config switch
+    and the int32 bound; ``benchmarks/ptx_snapshot.py`` takes it as is): token offsets where the
+    page ids load (``page_offsets`` > 0), tiles cut whole from key 0 (``whole_tiles``: no window, no
+    first keys), and a tile that fits (``tile_page_runs``)."""
+    return page_offsets > 0 and whole_tiles and tile_page_runs(page_size, block_n, num_warps)
+
+
 def tile_page_runs(page_size: int, block_n: int, num_warps: int) -> bool:
-    """The tile's part of the kernel's PAGE_RUNS (``_page_runs``): the tile holds whole pages (at
+    """The tile's part of the kernel's PAGE_RUNS (``page_runs_rule``): the tile holds whole pages (at
     most PAGE_RUNS_MAX) or lies in one, and has fewer keys than the program has threads.
 
     Why the keys: with a key or more a thread, Triton loads the page ids one a thread and moves the
@@ -557,11 +565,12 @@ def tile_page_runs(page_size: int, block_n: int, num_warps: int) -> bool:
 def _page_runs(plan: _Plan, cfg: decode_configs.DecodeConfig) -> bool:
     """The kernel's PAGE_RUNS: a tile's addresses a run of rows in one page at a time (one page id
     and 64-bit offset a run, a row's int32 offset in its page). Taken with the page offsets
-    (``_page_offsets``) where ``plan.page_runs_ok``, the tile fits (``tile_page_runs``), a row's
+    (``_page_offsets``) on whole tiles where the tile fits (``page_runs_rule``), a row's
     offset in its page fits int32, and the config's ``page_runs`` (``--ab NAME:decode:page_runs=0``)."""
     fits = (plan.page_size - 1) * max(plan.k_strides[1], plan.v_strides[1]) + plan.head_dim < 2**31
-    return (bool(cfg.page_runs) and _page_offsets(plan, cfg) > 0 and plan.page_runs_ok and fits
-            and tile_page_runs(plan.page_size, cfg.block_n, cfg.num_warps))
+    return bool(cfg.page_runs) and fits and page_runs_rule(
+        page_offsets=_page_offsets(plan, cfg), whole_tiles=plan.whole_tiles, page_size=plan.page_size,
+        block_n=cfg.block_n, num_warps=cfg.num_warps)
 
 
 def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
