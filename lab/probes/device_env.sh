@@ -10,6 +10,17 @@ t0=$(date +%s)
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
 
+# The device returns at most 8 files from $OUT: on exit, the logs and tables (.md, .err.xz, .txt.xz,
+# unpack.txt) go into one logs.tar, leaving the JSON records, env.txt and the test summaries loose.
+pack_out() {
+  ( cd "$OUT" && ls | grep -E '\.(md|xz)$|^unpack\.txt$' > .logs 2>/dev/null
+    [ -s .logs ] && tar cf logs.tar -T .logs && xargs rm -f < .logs; rm -f .logs ) 2>/dev/null
+  local n; n=$(ls "$OUT" | wc -l)
+  [ "$n" -gt 8 ] && echo "warning: $n files in \$OUT, the device returns 8" >&2
+  return 0
+}
+trap pack_out EXIT
+
 # gpu_tests NAME SECONDS PATH...: the GPU tests under PATHs (16 workers, not the compile-only
 # `codegen` ones) into $OUT/NAME.txt (xz), stopped by SIGINT after SECONDS so pytest still prints
 # its summary; the failures and the count go to the console and $OUT/NAME-summary.txt.
