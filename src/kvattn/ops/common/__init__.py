@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from .predicates import as_mask  # noqa: F401
 from .softmax_merge import (  # noqa: F401
-    LOG2E, online_softmax_step, full_tile_softmax, softmax_finalize, merge_partials, split_bounds,
+    LOG2E, online_softmax_step, online_softmax_step_tile, full_tile_softmax, softmax_finalize, merge_partials, split_bounds,
 )
 from .masks import window_causal_allowed, spec_draft_allowed, sink_logits2, causal_key_ranges  # noqa: F401
 from .kv_formats import (  # noqa: F401

@@ -40,6 +40,25 @@ def online_softmax_step(m_i, l_i, s, KEYS_FIRST: tl.constexpr = False):
 
 
 @triton.jit
+def online_softmax_step_tile(m_i, l_tile, s, KEYS_FIRST: tl.constexpr = False):
+    """:func:`online_softmax_step` with the denominator kept per logit: ``l_tile`` (shaped like
+    ``s``) is rescaled and gains ``p`` each tile, and the caller sums it over the keys once after
+    the loop, so no tile reduces its sum across the warps that hold its keys. Returns
+    ``(m_new, l_tile_new, p, alpha)``."""
+    KEY_AXIS: tl.constexpr = 0 if KEYS_FIRST else 1
+    m_new = tl.maximum(m_i, tl.max(s, KEY_AXIS))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    if KEYS_FIRST:
+        p = tl.exp2(s - m_safe[None, :])
+        l_new = l_tile * alpha[None, :] + p
+    else:
+        p = tl.exp2(s - m_safe[:, None])
+        l_new = l_tile * alpha[:, None] + p
+    return m_new, l_new, p, alpha
+
+
+@triton.jit
 def full_tile_softmax(m_i, l_i, s, qk_scale):
     """:func:`online_softmax_step` for a tile of unscaled logits ``s [M, N]`` that every row sees
     whole: every logit is finite, so the new max is too; the scale ``qk_scale >= 0`` commutes with
