@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sw12 (45 log-normal requests to 51550 keys, 8/1 heads, p64; 1.075 of FlashInfer, the sweep's worst
 # decode row): the lanes combine launch again (lab/probes/lanes_combine_uniform.patch, applied on the
-# device's copy; lab/notes/decode-ragged-batches.md "Next for sw12"), now with a batch found uniform
+# device's copy; lab/notes/decode-sw12.md), now with a batch found uniform
 # merged in the split kernel, so the combine launch of an equal batch reads the lengths and exits
 # (session u's gated form merged it there: the grid's equal 64 x 8192 p16 8/1 row +4.7 %). The lanes
 # GPU tests, then the table / `cap64` / `lc1` (requests of 2+ units by the combine launch, 64 lanes
