@@ -26,8 +26,15 @@ def online_softmax_step(m_i, l_i, s, KEYS_FIRST: tl.constexpr = False):
     ``(m_new, l_new, p, alpha)`` (``p`` shaped like ``s``): the caller rescales its accumulator by
     ``alpha`` and adds ``p @ V``.
     """
-    KEY_AXIS: tl.constexpr = 0 if KEYS_FIRST else 1
-    m_new = tl.maximum(m_i, tl.max(s, KEY_AXIS))
+    m_new, p, alpha = _tile_probabilities(m_i, s, KEYS_FIRST)
+    l_new = l_i * alpha + tl.sum(p, 0 if KEYS_FIRST else 1)
+    return m_new, l_new, p, alpha
+
+
+@triton.jit
+def _tile_probabilities(m_i, s, KEYS_FIRST: tl.constexpr):
+    """``(m_new, p, alpha)`` of one tile of the streaming softmax (:func:`online_softmax_step`)."""
+    m_new = tl.maximum(m_i, tl.max(s, 0 if KEYS_FIRST else 1))
     # A row that has seen no allowed key keeps m = -inf; subtracting 0 instead keeps p = 0, alpha = 0.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
@@ -35,8 +42,7 @@ def online_softmax_step(m_i, l_i, s, KEYS_FIRST: tl.constexpr = False):
         p = tl.exp2(s - m_safe[None, :])
     else:
         p = tl.exp2(s - m_safe[:, None])
-    l_new = l_i * alpha + tl.sum(p, KEY_AXIS)
-    return m_new, l_new, p, alpha
+    return m_new, p, alpha
 
 
 @triton.jit
@@ -45,15 +51,10 @@ def online_softmax_step_tile(m_i, l_tile, s, KEYS_FIRST: tl.constexpr = False):
     ``s``) is rescaled and gains ``p`` each tile, and the caller sums it over the keys once after
     the loop, so no tile reduces its sum across the warps that hold its keys. Returns
     ``(m_new, l_tile_new, p, alpha)``."""
-    KEY_AXIS: tl.constexpr = 0 if KEYS_FIRST else 1
-    m_new = tl.maximum(m_i, tl.max(s, KEY_AXIS))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
+    m_new, p, alpha = _tile_probabilities(m_i, s, KEYS_FIRST)
     if KEYS_FIRST:
-        p = tl.exp2(s - m_safe[None, :])
         l_new = l_tile * alpha[None, :] + p
     else:
-        p = tl.exp2(s - m_safe[:, None])
         l_new = l_tile * alpha[:, None] + p
     return m_new, l_new, p, alpha
 
