@@ -181,7 +181,8 @@ else:
     scope = contextlib.nullcontext
 with scope():
     ck = triton.compile(ASTSource(fn, signature=sig, attrs=attrs, constexprs=constexprs),
-                        target=GPUTarget("cuda", 90, 128), options={"num_warps": case["warps"], "num_stages": case["stages"]})
+                        target=GPUTarget("cuda", 90, 128),
+                        options={"num_warps": case["warps"], "num_stages": case["stages"], **case.get("options", {})})
 print(json.dumps({"cubin": base64.b64encode(ck.asm["cubin"]).decode(), "ptx": ck.asm["ptx"],
                   "ttgir": ck.asm["ttgir"], "shared": ck.metadata.shared}))
 """
@@ -193,8 +194,9 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_launch(fmt: str, launch: dict, sets: dict) -> dict:
-    """``{"sass" (nvdisasm -g: source lines), "ptx", "ttgir", "shared", "reg", "stack"}``."""
+def compile_launch(fmt: str, launch: dict, sets: dict, options: dict | None = None) -> dict:
+    """``{"sass" (nvdisasm -g: source lines), "ptx", "ttgir", "shared", "reg", "stack"}``
+    (``options``: compile options over the launch's, e.g. ``num_stages`` or ``maxnreg``)."""
     import base64
 
     from kvattn._formats_table import BY_NAME
@@ -203,7 +205,9 @@ def compile_launch(fmt: str, launch: dict, sets: dict) -> dict:
     if fmt == "fp8":
         c["KV_FORMAT"] = BY_NAME["fp8"].words_code  # the GPU's code for an aligned cache
     c.update(sets)
-    case = dict(constexprs=c, warps=launch["options"]["num_warps"], stages=launch["options"]["num_stages"],
+    options = dict(options or {})
+    case = dict(constexprs=c, warps=options.pop("num_warps", launch["options"]["num_warps"]),
+                stages=options.pop("num_stages", launch["options"]["num_stages"]), options=options,
                 kv_ptr="*fp8e4nv" if fmt == "fp8" else "*bf16")
     if c.get("KV_TMA"):  # tensor descriptors of [Hkv, L, D] (plan.tma_descriptors): K's halves apart under RoPE
         d, bn = c["HEAD_DIM"], c["BLOCK_N"]
@@ -341,6 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eager", action="store_true", help="with --single: the eager plan (no graph capture)")
     ap.add_argument("--json", help="write the counts here (with --single)")
     ap.add_argument("--set", action="append", default=[], help="CONSTEXPR=VALUE over the plan's (JSON value)")
+    ap.add_argument("--option", action="append", default=[],
+                    help="compile option over the launch's: num_stages=N, num_warps=N, maxnreg=N")
     ap.add_argument("--row", default=None,
                     help="JSON row (batch, max_len, page, num_heads, num_kv_heads, layout; head_dim: 128 unless given)")
     ap.add_argument("--shape", help="a sweep or grid row's id (e.g. 'decode bf16 64x8192 p64 HND', a ragged row "
@@ -352,6 +358,7 @@ def main(argv=None) -> int:
     for s in args.set:
         k, v = s.split("=", 1)
         sets[k] = json.loads(v.lower() if v in ("True", "False") else v)
+    options = {k: int(v) for k, v in (o.split("=", 1) for o in args.option)}
     row = json.loads(args.row) if args.row else SW36
     if args.single:
         cases = [(pos, "bfloat16", faked_single_launch(args.single, pos, not args.eager))
@@ -368,7 +375,7 @@ def main(argv=None) -> int:
     for name, fmt, launch in cases:
         if launch is None:
             launch = faked_shape_launch(args.shape) if args.shape else faked_plan_launch(fmt, row)
-        got = compile_launch(fmt, launch, sets)
+        got = compile_launch(fmt, launch, sets, options)
         counts = tile_counts(got)
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)
@@ -378,10 +385,11 @@ def main(argv=None) -> int:
         per128 = 128 / counts["block_n"]
         c = got["constexprs"]
         report[name] = dict(counts, reg=got.get("reg"), stack=got.get("stack"), shared=got["shared"],
-                            warps=got["warps"], stages=launch["options"]["num_stages"], grid=launch["grid"],
+                            warps=got["warps"], stages=options.get("num_stages", launch["options"]["num_stages"]),
+                            grid=launch["grid"], options=options,
                             kv_tma=bool(c.get("KV_TMA")), rope=bool(c.get("ROPE")), sets=sets)
         print(f"== {name}: grid {launch['grid']}, KV_TMA {bool(c.get('KV_TMA'))}, BLOCK_N {counts['block_n']}, {got['warps']} warps, stages "
-              f"{launch['options']['num_stages']}, regs {got.get('reg')}, stack {got.get('stack')}, "
+              f"{options.get('num_stages', launch['options']['num_stages'])}, regs {got.get('reg')}, stack {got.get('stack')}, "
               f"smem {got['shared']} B; loop {counts['total']} instructions a tile "
               f"({counts['total'] * per128:.0f} a 128 keys)")
         for cat in CATEGORIES:

@@ -38,6 +38,9 @@ class DecodeConfig:
     prefetch: int = 0  # tiles of contiguous K/V asked of L2 at a program's start (not paged caches)
     evict_first: bool = False  # K/V marked evict_first in L2 (Triton keeps it on unpipelined loads; TMA: ptx_hints)
     max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
+    # >0: ptxas's cap on a thread's registers (the launch option), so that more programs fit an SM;
+    # occupancy() takes it as the kernel's registers. 0: ptxas's own choice.
+    maxnreg: int = 0
     tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by runtime/ptx_hints.py)
     invariant_span: int = 1024  # keys a split in batch-invariant mode (rounded up to BLOCK_N; invariant_splits)
     # Ragged batches (common.balance): the batch's keys cut into about balance_waves x resident
@@ -285,6 +288,8 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
         regs = min(255, 96 + cfg.block_n * head_dim // (32 * cfg.num_warps))
     elif balanced:
         regs = 168 if head_dim <= 128 else 224
+    if cfg.maxnreg:
+        regs = cfg.maxnreg
     fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
               _WARPS_PER_SM // cfg.num_warps)
     return max(1, fit)

@@ -631,6 +631,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
         ),
         options=dict(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
             **({"launch_pdl": True} if plan.gdc and plan.enable_pdl else {}),
         ),
         ptx_hints=tma and cfg.evict_first,
