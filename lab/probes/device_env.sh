@@ -11,10 +11,11 @@ t0=$(date +%s)
   git log --oneline -1 2>/dev/null; } > "$OUT/env.txt" 2>&1
 
 # The device returns at most 8 files from $OUT: on exit, the logs and tables (.md, .err.xz, .txt.xz,
-# unpack.txt) go into one logs.tar, leaving the JSON records, env.txt and the test summaries loose.
+# unpack.txt) are added to one logs.tar (scripts run one after another add theirs), leaving the JSON
+# records, env.txt and the test summaries loose.
 pack_out() {
   ( cd "$OUT" && ls | grep -E '\.(md|xz)$|^unpack\.txt$' > .logs 2>/dev/null
-    [ -s .logs ] && tar cf logs.tar -T .logs && xargs rm -f < .logs; rm -f .logs ) 2>/dev/null
+    [ -s .logs ] && tar rf logs.tar -T .logs && xargs rm -f < .logs; rm -f .logs ) 2>/dev/null
   local n; n=$(ls "$OUT" | wc -l)
   [ "$n" -gt 8 ] && echo "warning: $n files in \$OUT, the device returns 8" >&2
   return 0

@@ -39,7 +39,7 @@ class DecodeConfig:
     evict_first: bool = False  # K/V marked evict_first in L2 (Triton keeps it on unpipelined loads; TMA: ptx_hints)
     max_per_sm: int = 0  # programs an SM the split count plans for, at most (0: as many as fit)
     # >0: ptxas's cap on a thread's registers (the launch option), so that more programs fit an SM;
-    # occupancy() takes it as the kernel's registers. 0: ptxas's own choice.
+    # occupancy() bounds its register estimate by it. 0: ptxas's own choice.
     maxnreg: int = 0
     tma: bool = False  # a contiguous 16-bit cache read by TMA (evict_first: hinted by runtime/ptx_hints.py)
     invariant_span: int = 1024  # keys a split in batch-invariant mode (rounded up to BLOCK_N; invariant_splits)
@@ -289,7 +289,7 @@ def occupancy(cfg: DecodeConfig, kv_format: str, head_dim: int, rope_query: bool
     elif balanced:
         regs = 168 if head_dim <= 128 else 224
     if cfg.maxnreg:
-        regs = cfg.maxnreg
+        regs = min(regs, cfg.maxnreg)
     fit = min(_SMEM_PER_SM // (smem + 1024), _REGS_PER_SM // (regs * 32 * cfg.num_warps),
               _WARPS_PER_SM // cfg.num_warps)
     return max(1, fit)
