@@ -68,7 +68,8 @@ _DEC = dict(HEAD_DIM=128, PAGE_SIZE=16, NUM_KV_HEADS=8, GROUP=4, Q_LEN=1, BLOCK_
             LOGIT_PTR=False, OUT_PTR=False, OUT_FP8=False, STORE_LSE=False, ROPE=False, ALIBI=False,
             SOFT_CAP=False, USE_DOT=True, PAGE_AHEAD=True, PREFETCH=0, KV_EVICT_FIRST=False, KV_TMA=False,
             MERGE=True, MERGE_ROWS=4, MERGE_BLOCK_S=8, PERSISTENT=False, USE_PDL=True, HAS_KV_START=False,
-            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, LANE_CAP=0, PAGE_OFFSETS=2)
+            SPLIT_SPAN=0, BALANCED=False, BLOCK_B=1, MIN_CHUNK=0, DEAL_SLOT=0, LANES=False, LANE_CAP=0, MERGE_UNITS=0,
+            PAGE_OFFSETS=2)
 # (PAGE_RUNS: the plan's rule, dec() below)
 _COMBINE = dict(NUM_HEADS=32, HEAD_DIM=128, BLOCK_S=16, HAS_SINKS=False, OUT_PTR=False, OUT_FP8=False,
                 STORE_LSE=False, USE_PDL=True)

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Ran in session ab call 1; its patch then landed with the early start for uniform batches, and
+# the patch file left the tree: git history holds it. lab/notes/decode-sw12.md.)
 # sw12 (45 log-normal requests to 51550 keys, 8/1 heads, p64; 1.075 of FlashInfer, the sweep's worst
 # decode row): the lanes combine launch again (lab/probes/lanes_combine_uniform.patch, applied on the
 # device's copy; lab/notes/decode-sw12.md), now with a batch found uniform

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kvattn
+from kvattn.ops.common.combine import lanes_combine_kernel
 from kvattn.ops.decode import configs as decode_configs
 from kvattn.ops.decode import plan as decode_launch
 from kvattn.runtime import fast_launch
@@ -66,15 +67,20 @@ def _slots(plan, span, balanced=False):
 def test_few_long_requests_take_the_balanced_launch_over_one_wave(batch, max_len, page, splits, monkeypatch):
     """8 query heads on 1 KV head, D 128, one long-tile program an SM: the launch is the balanced
     one whatever the lengths (a ragged batch deals its units, an equal one keeps the last-wave
-    split count inside it), with no combine launch and a grid of one program an SM (one wave of
-    resident programs, which deal the units among themselves).
+    split count inside it), with a grid of one program an SM (one wave of resident programs, which
+    deal the units among themselves). Its one program a unit takes the lanes combine launch for a
+    ragged batch's requests of more than ``COMBINE_UNITS`` units, at ``COMBINE_LANE_CAP`` lanes a
+    request; an equal batch merges in the kernel.
     45 requests: the last-wave rule's 14 splits, merged in the kernel in 4 rounds, 630 programs
     over 132 slots; 22 requests: 6 splits, one wave, but pieces of 14,305 keys against the
     balanced plan's shortest units of 512 (configs.balance_min_span)."""
     plan = _plan_of(monkeypatch, batch=batch, max_len=max_len, page=page, num_heads=8, num_kv_heads=1,
                     kv_dtype=torch.float16)
     split, combine, _, _, merged = plan.launches(max_len)
-    assert split.constexprs["BALANCED"] and merged and combine is None
+    assert split.constexprs["BALANCED"] and merged
+    assert combine is not None and combine.kernel is lanes_combine_kernel
+    assert split.constexprs["MERGE_UNITS"] == combine.constexprs["MERGE_UNITS"] == decode_configs.COMBINE_UNITS
+    assert split.constexprs["LANE_CAP"] == combine.constexprs["LANE_CAP"] == decode_configs.COMBINE_LANE_CAP
     assert split.fixed["num_splits"] == splits
     assert split.grid[0] == SM_COUNT and split.fixed["num_items"] == batch * splits
     cfg = plan.config_for(max_len)

@@ -337,3 +337,18 @@ def test_balanced_kernels_registers_set_their_occupancy(head_dim, tile, unbalanc
     assert dc.occupancy(cfg, "bfloat16", head_dim, False, balanced=True) == balanced
     assert dc.resident_slots(cfg, sm_count=132, kv_format="bfloat16", head_dim=head_dim, rope_query=False,
                              balanced=True) == 132 * balanced
+
+
+@pytest.mark.parametrize("fmt,kind", [("bfloat16", "main"), ("fp8", "main"), ("bfloat16", "long"),
+                                      ("bfloat16", "short"), ("fp8", "short")])
+def test_lanes_combine_only_where_the_launches_overlap(fmt, kind):
+    """The lanes combine launch (requests of more than COMBINE_UNITS units) is on in the sm90
+    tables only, which launch it behind the split by programmatic dependent launch: there a
+    uniform batch's empty combine programs run under the split launch. Elsewhere (no PDL) they
+    would run after it, +2-4 us an equal batch on an H200 (lab/notes/decode-sw12.md)."""
+    sm90 = dc.config("sm90", fmt, 128, 16, False, kind)
+    assert sm90.pdl and sm90.balance_combine_units == dc.COMBINE_UNITS >= 1
+    assert sm90.balance_lanes_cap == 0  # the combine's cap is the plan's (plan._lane_cap), not the table's
+    for arch in ("default", "interpreter"):
+        other = dc.config(arch, fmt, 128, 16, False)
+        assert not other.pdl and other.balance_combine_units == 0

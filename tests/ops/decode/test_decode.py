@@ -321,6 +321,42 @@ def test_a_register_cap_reaches_the_launch(fmt, kernel_device, triton_backend, m
     assert decode_configs.occupancy(replace(cfg, num_warps=4, maxnreg=168), "fp8", 128, False) == 3
 
 
+@pytest.mark.parametrize("merge_units", [1, 2], ids=["all-by-combine", "two-in-kernel"])
+@pytest.mark.parametrize("q_len,group", [(1, 4), (3, 2)], ids=["Q1-G4", "Q3-G2"])
+def test_lanes_merged_by_the_combine_launch(q_len, group, merge_units, kernel_device, triton_backend, monkeypatch,
+                                            split_launches):
+    """A lanes launch whose requests of more than ``balance_combine_units`` units are merged by the
+    lanes combine launch (common.combine.lanes_combine_kernel) instead of their last program: a
+    ragged batch (one request of many lanes, empty and one-key ones) and an equal one, exact against
+    the oracles, the lanes cap raised to 4; the merge counters back at zero after the calls."""
+    from kvattn.runtime.workspace import ALIGN, COUNTER_BYTES
+
+    monkeypatch.setenv("KVATTN_FUSED_MERGE", "1")
+    combines = []
+    real = decode_launch._lanes_combine_launch
+    monkeypatch.setattr(decode_launch, "_lanes_combine_launch", lambda *a: combines.append(real(*a)) or combines[-1])
+    ws = torch.zeros(1 << 22, dtype=torch.uint8, device=kernel_device)
+    ragged = [600, 3, 0, 97, 5] if not ON_GPU else [6000, 3, 0, 970, 5, 64, 2049]
+    even = [100, 90, 97, 80] if not ON_GPU else [1000, 900, 970, 800]
+    with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32,
+                                 balance_lanes_cap=4, balance_combine_units=merge_units):
+        decode_case(kernel_device, monkeypatch, lens=ragged, hkv=1, q_len=q_len, group=group, sinks=True, workspace=ws)
+        decode_case(kernel_device, monkeypatch, lens=even, hkv=1, q_len=q_len, group=group, seed=3, workspace=ws)
+    lanes = [launch.constexprs["MERGE_UNITS"] for launch in split_launches if launch.constexprs["LANES"]]
+    assert lanes and all(units == merge_units for units in lanes), lanes
+    assert combines and all(c.constexprs["MERGE_UNITS"] == merge_units for c in combines)
+    # two KV heads (two programs a unit): the lanes merge in the kernel, no combine launch
+    split_launches.clear()
+    combines.clear()
+    with decode_configs.override(min_chunk=32, waves=4, max_splits=2, balance_waves=4, balance_min_chunk=32,
+                                 balance_lanes_cap=4, balance_combine_units=merge_units):
+        decode_case(kernel_device, monkeypatch, lens=ragged, hkv=2, q_len=q_len, group=group, workspace=ws)
+    lanes = [launch.constexprs["MERGE_UNITS"] for launch in split_launches if launch.constexprs["LANES"]]
+    assert lanes and not any(lanes) and not combines, lanes
+    start = (-ws.data_ptr()) % ALIGN
+    assert (ws[start : start + COUNTER_BYTES] == 0).all()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the sm90 tables' last-wave rule reads the GPU's SM count")
 @pytest.mark.parametrize("lens", [[2600] * 10, [2600, 2100, 3000, 2590, 1, 0, 2700, 2048, 2600, 2611]],
                          ids=["10x2600-equal", "10-ragged-with-0-and-1"])

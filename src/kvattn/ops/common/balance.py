@@ -256,3 +256,19 @@ def lane_piece(seq_lens_ptr, b, lane, share, batch, capacity, BLOCK_N: tl.conste
     tile_lo = tl.maximum(lane * share - pos, 0)
     tile_hi = tl.minimum((lane + 1) * share - pos, tiles_b)
     return lane - lane_lo, lane_hi - lane_lo + 1, b + lane_lo, tile_lo * BLOCK_N, tile_hi * BLOCK_N
+
+
+@triton.jit
+def lane_request_units(seq_lens_ptr, b, batch, capacity, lanes, uniform_splits, MIN_CHUNK: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, LANE_CAP: tl.constexpr):
+    """``(ragged, n_b, first)``: whether the batch is ragged, and request ``b``'s unit count and
+    first unit in a lanes launch of ``lanes`` lanes (:func:`lane_span`'s plan; a batch found
+    uniform: ``uniform_splits`` units a request, in request order), where a combine launch finds
+    its partials."""
+    MIN_TILES: tl.constexpr = max(1, MIN_CHUNK // BLOCK_N)
+    b_ok, lens, tiles, cost = _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N, BLOCK_B)
+    ragged = _is_ragged(tl.max(lens, 0), tl.sum(lens.to(tl.int64), 0), batch)
+    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), LANE_CAP - 1))
+    share = tl.maximum(share, MIN_TILES)
+    _, n_b, first, _, _ = lane_piece(seq_lens_ptr, b, 0, share, batch, capacity, BLOCK_N, BLOCK_B)
+    return ragged, tl.where(ragged, n_b, uniform_splits), tl.where(ragged, first, b * uniform_splits)

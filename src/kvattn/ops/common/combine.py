@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .balance import request_units
+from .balance import lane_request_units, request_units
 from .masks import sink_logits2
 from .quantize import store_scaled
 from .softmax_merge import merge_partials, softmax_finalize
@@ -109,4 +109,50 @@ def balanced_combine_kernel(
                 stride_lse_t, out_factor, HEAD_DIM, False, OUT_PTR, False, STORE_LSE)
 
 
-__all__ = ["balanced_combine_kernel", "decode_combine_kernel"]
+@triton.jit
+def lanes_combine_kernel(
+    part_o_ptr,  # [units, Q_LEN, Hq, D] float32 normalised unit outputs (unit u: slot u)
+    part_lse_ptr,  # [units, Q_LEN, Hq] float32 unit LSEs (base 2; -inf: an empty unit)
+    seq_lens_ptr,  # [batch] int32
+    sinks_ptr,  # [Hq] float32 (HAS_SINKS)
+    out_scale_ptr,  # [1] float32 (OUT_PTR)
+    out_ptr,  # [batch * Q_LEN, Hq, D] q's dtype or fp8
+    lse_ptr,  # [batch * Q_LEN, Hq] float32 (STORE_LSE; head stride 1)
+    stride_o_t, stride_o_h, stride_lse_t,
+    batch, num_splits, capacity, lanes, out_factor,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_S: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, LANE_CAP: tl.constexpr,
+    MERGE_UNITS: tl.constexpr, HAS_SINKS: tl.constexpr, OUT_PTR: tl.constexpr, OUT_FP8: tl.constexpr,
+    STORE_LSE: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """The merge of a decode lanes launch (``common.balance.lane_span``) whose split kernel leaves
+    requests of more than ``MERGE_UNITS`` units unmerged: one (query row, head) of such a request,
+    its units the consecutive slots ``first .. first + n - 1``, found from the lengths as the lanes
+    cut them. Requests of fewer units were written by the split kernel (one unit: its final rows;
+    up to ``MERGE_UNITS``: merged by their last program), and so was every request of a batch
+    found uniform (the split kernel deals it, and merges it in its last program): there this launch
+    only reads the lengths."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    b = t // Q_LEN
+    ragged, n_b, first = lane_request_units(seq_lens_ptr, b, batch, capacity, lanes, num_splits, MIN_CHUNK,
+                                            BLOCK_N, BLOCK_B, LANE_CAP)
+    work = ragged & (n_b > MERGE_UNITS)
+    if USE_PDL:
+        # Only programs with partials to merge wait for the split launch, and program (0, 0), so
+        # that this launch still ends after it: a uniform batch's programs, started early by the
+        # split kernel, exit at once.
+        if work | ((t == 0) & (h == 0)):
+            gdc_wait()
+    if work:
+        heads = h + tl.zeros([1], dtype=tl.int32)
+        row_ok = heads < NUM_HEADS
+        p_row = (first.to(tl.int64) * Q_LEN + t % Q_LEN) * NUM_HEADS + heads
+        m, den, acc = merge_partials(part_o_ptr, part_lse_ptr, p_row, row_ok, Q_LEN * NUM_HEADS, n_b, HEAD_DIM,
+                                     BLOCK_S, False)
+        sink2 = sink_logits2(sinks_ptr, heads, row_ok, HAS_SINKS)
+        _finish_row(acc, m, den, sink2, t, heads, row_ok, out_scale_ptr, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+                    stride_lse_t, out_factor, HEAD_DIM, HAS_SINKS, OUT_PTR, OUT_FP8, STORE_LSE)
+
+
+__all__ = ["balanced_combine_kernel", "decode_combine_kernel", "lanes_combine_kernel"]

@@ -61,6 +61,9 @@ class DecodeConfig:
     # either way (lab/notes/decode-ragged-batches.md "The lanes plan").
     balance_lanes: bool = True
     balance_lanes_cap: int = 0  # a request's lanes at most (0: the deal's unit cap, common.balance.unit_cap)
+    # >0: a lanes launch merges in the kernel only requests of at most this many units, and a combine
+    # launch the rest (common.combine.lanes_combine_kernel); 0: every request in the kernel
+    balance_combine_units: int = 0
     # >0: a uniform launch that merges its splits by the combine launch, of splits of at most
     # COMBINE_STAGES_KEYS keys, runs this many stages (plan._Plan.combine_form; the split count
     # follows the programs an SM they fit). 0: the tile's own.
@@ -350,6 +353,18 @@ def tile_splits(cfg: DecodeConfig, *, paged: bool, sm_count: int, bandwidth: flo
 TAIL_WAVES = 2
 TAIL_FILL = 0.8
 TAIL_SPLITS = 16  # the most splits tail_fit considers (sm90 tables)
+# Lanes launches of one program a unit (one KV head, one row block: plan._combine_units) leave a
+# ragged batch's requests of more than COMBINE_UNITS units to the lanes combine launch, whose
+# programs a batch found uniform starts early and which then exits under the split launch (sm90:
+# programmatic dependent launch). Such launches cap a request's lanes at COMBINE_LANE_CAP (where
+# balance_lanes_cap is 0) instead of the in-kernel merge's unit cap, which the combine does not
+# have. Measured on an H200, same run (lab/notes/
+# decode-sw12.md "The combine launch started early for uniform batches"): sw12 (45 log-normal
+# requests to 51550 keys, 8/1 heads, pages of 64) 54.8 -> 53.4 us; the equal 64 x 8192 pages of 16
+# at 8/1 heads 82.8 -> 83.6 (+2.2 when the combine launch started after the split); the rows of
+# more KV heads level.
+COMBINE_UNITS = 1
+COMBINE_LANE_CAP = 64
 
 
 def wants_tail_fit(items: int, slots: int, splits: int, per_sm: int) -> bool:
@@ -591,6 +606,7 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
                        keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
                        combine_stages=three_an_sm, one_row_stages=three_an_sm or contig_stages,
                        rope_wide_block_n=rope_wide,
+                       balance_combine_units=COMBINE_UNITS if sm90 else 0,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:

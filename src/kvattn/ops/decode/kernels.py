@@ -170,6 +170,8 @@ def _decode_item(
     BLOCK_B: tl.constexpr = BALANCE[1]
     MIN_CHUNK: tl.constexpr = BALANCE[2]
     LANES: tl.constexpr = BALANCE[4]
+    # requests of more units are left unmerged, for the lanes combine launch (0: none)
+    MERGE_UNITS: tl.constexpr = BALANCE[6]
     PAGE_AHEAD: tl.constexpr = PAGING[0]
     # PAGE_OFFSETS 0 / 1 / 2: token offsets where the page ids load (2: V's are K's)
     PAGE_OFFSETS: tl.constexpr = PAGING[1]
@@ -545,8 +547,14 @@ def _decode_item(
         tl.debug_barrier()
         count_ptr = counter_ptr + (bh * M_BLOCKS + mb)
         if BALANCED:
-            arrived = tl.atomic_add(count_ptr, 1, mask=partial, sem="acq_rel", scope="gpu")
-            last = partial & (arrived == n_splits - 1)
+            merged = partial
+            if MERGE_UNITS > 0:
+                # A ragged batch's requests of more units go to the lanes combine launch; a batch
+                # found uniform (dealt, not in lanes) merges here, so that launch finds nothing.
+                tl.static_assert(LANES)
+                merged = merged & ((n_splits <= MERGE_UNITS) | (not lane_ragged))
+            arrived = tl.atomic_add(count_ptr, 1, mask=merged, sem="acq_rel", scope="gpu")
+            last = merged & (arrived == n_splits - 1)
         else:
             arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
             last = arrived == num_splits - 1
@@ -584,7 +592,7 @@ SPLIT_TUPLES = {
     "balance_sizes": ("batch", "unit_target"),
     "SHAPE": ("HEAD_DIM", "PAGE_SIZE", "NUM_KV_HEADS", "GROUP", "Q_LEN", "BLOCK_M", "BLOCK_N", "M_BLOCKS",
               "KEYS_IN_M"),
-    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES", "LANE_CAP"),
+    "BALANCE": ("BALANCED", "BLOCK_B", "MIN_CHUNK", "DEAL_SLOT", "LANES", "LANE_CAP", "MERGE_UNITS"),
     "PAGING": ("PAGE_AHEAD", "PAGE_OFFSETS", "PAGE_RUNS"),
 }
 
@@ -638,9 +646,10 @@ def decode_split_kernel(
     MERGE_BLOCK_S: tl.constexpr,
     PERSISTENT: tl.constexpr, USE_PDL: tl.constexpr, HAS_KV_START: tl.constexpr = False,
     SPLIT_SPAN: tl.constexpr = 0,
-    # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES, LANE_CAP): the balanced split, a ragged batch's
-    # in lanes, a request's lanes at most (LANES)
-    BALANCE: tl.constexpr = (False, 1, 0, 0, False, 0),
+    # (BALANCED, BLOCK_B, MIN_CHUNK, DEAL_SLOT, LANES, LANE_CAP, MERGE_UNITS): the balanced split, a
+    # ragged batch's in lanes, a request's lanes at most (LANES), requests of more units left to the
+    # lanes combine launch (0: none)
+    BALANCE: tl.constexpr = (False, 1, 0, 0, False, 0, 0),
 ):
     # the members this body reads (_decode_item takes the tuples apart itself)
     NUM_KV_HEADS: tl.constexpr = SHAPE[2]
@@ -652,6 +661,7 @@ def decode_split_kernel(
     DEAL_SLOT: tl.constexpr = BALANCE[3]
     LANES: tl.constexpr = BALANCE[4]
     LANE_CAP: tl.constexpr = BALANCE[5]
+    MERGE_UNITS: tl.constexpr = BALANCE[6]
     num_items, _, num_splits, _ = sizes
     batch, unit_target = balance_sizes
     if KV_EVICT_FIRST and KV_TMA:
@@ -686,6 +696,13 @@ def decode_split_kernel(
             item = tl.where(ragged, unit_first * PER_UNIT + pid % PER_UNIT, item)
             stop = tl.where(ragged, unit_stop * PER_UNIT, stop)
             lane_share = (lane, tl.where(ragged, share, 0))
+            if USE_PDL and MERGE_UNITS > 0:
+                # A batch found uniform merges here, so the lanes combine launch has nothing to
+                # merge: let it start now, to read the lengths and exit under this launch instead
+                # of after it (a ragged batch's combine programs would park in gdc_wait and slow
+                # this launch, so they still start at its end; lab/notes/decode-sw12.md).
+                if not ragged:
+                    gdc_launch_dependents()
         while item < stop:
             _decode_item(
                 item, q_ptr, k_ptr, v_ptr, k_sf_ptr, v_sf_ptr, k_table_ptr, v_table_ptr, seq_lens_ptr,

@@ -28,6 +28,7 @@ from ..._formats_table import BY_DTYPE, BY_NAME
 from ...formats import FP8_DTYPE
 from . import configs as decode_configs
 from ...runtime import fast_launch
+from ..common.combine import lanes_combine_kernel
 from .kernels import SPLIT_TUPLES, decode_combine_kernel, decode_split_kernel
 from ...runtime.common import (
     arch, cdiv, device_guard, int32_lengths, kv_format_code, next_power_of_2, words_aligned, words_allowed,
@@ -449,7 +450,8 @@ class _Plan:
         if hit is None:
             if bal is not None:
                 rows = bal.units * self.q_len * self.num_heads
-                hit = (_split_launch(self, cfg, splits, bal), None, rows * self.head_dim, rows, True)
+                combine = _lanes_combine_launch(self, cfg, splits, bal) if _combine_units(self, cfg, bal) else None
+                hit = (_split_launch(self, cfg, splits, bal), combine, rows * self.head_dim, rows, True)
             else:
                 numel_o = splits * self.rows_total * self.num_heads * self.head_dim
                 numel_lse = splits * self.rows_total * self.num_heads
@@ -626,7 +628,7 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
             BALANCED=bal is not None, BLOCK_B=next_power_of_2(plan.batch) if bal else 1,
             MIN_CHUNK=cfg.balance_min_chunk if bal else 0, DEAL_SLOT=MAX_COUNTERS - 2 if bal else 0,
             LANES=bool(bal and bal.lanes),
-            LANE_CAP=(cfg.balance_lanes_cap or unit_cap(bal.merge_block_s)) if bal and bal.lanes else 0,
+            LANE_CAP=_lane_cap(plan, cfg, bal), MERGE_UNITS=_combine_units(plan, cfg, bal),
             PAGE_OFFSETS=_page_offsets(plan, cfg), PAGE_RUNS=_page_runs(plan, cfg),
         ),
         options=dict(
@@ -636,6 +638,51 @@ def _split_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
         ),
         ptx_hints=tma and cfg.evict_first,
         tuples=SPLIT_TUPLES,
+    )
+
+
+def _lane_cap(plan: _Plan, cfg: decode_configs.DecodeConfig, bal: Balance | None) -> int:
+    """A request's lanes at most in a lanes launch (the kernel's LANE_CAP; 0: not one): the
+    config's cap, else the combine launch's where it merges the requests of more units, else the
+    in-kernel merge's unit cap."""
+    if not (bal and bal.lanes):
+        return 0
+    if cfg.balance_lanes_cap:
+        return cfg.balance_lanes_cap
+    return decode_configs.COMBINE_LANE_CAP if _combine_units(plan, cfg, bal) else unit_cap(bal.merge_block_s)
+
+
+def _combine_units(plan: _Plan, cfg: decode_configs.DecodeConfig, bal: Balance | None) -> int:
+    """The kernel's MERGE_UNITS: a lanes launch of one program a unit (one KV head, one row block)
+    leaves requests of more units to the lanes combine launch (config ``balance_combine_units``);
+    0: none. Launches of more programs a unit merge in the kernel: there the second launch cost
+    more than the merge it took over (lab/notes/decode-ragged-batches.md "Next for sw12: the lanes
+    merged by the combine launch")."""
+    if not (bal and bal.lanes) or plan.num_kv_heads * plan.m_blocks != 1:
+        return 0
+    return cfg.balance_combine_units
+
+
+def _lanes_combine_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
+                          bal: Balance) -> fast_launch.Launch:
+    """The lanes combine kernel's launch (``common.combine.lanes_combine_kernel``)."""
+    s, has = plan.strides, plan.has
+    return fast_launch.Launch(
+        lanes_combine_kernel, (plan.rows_total, plan.num_heads),
+        layout=plan.layout,
+        per_call=dict(part_o_ptr="part_o", part_lse_ptr="part_lse", seq_lens_ptr=_given(plan, "seq_lens"),
+                      sinks_ptr=_given(plan, "sinks"), out_scale_ptr=_given(plan, "out_scale"), out_ptr="out",
+                      lse_ptr=_given(plan, "lse"), capacity="fixed_len", out_factor="out_factor"),
+        fixed=dict(stride_o_t=s["out"][0], stride_o_h=s["out"][1], stride_lse_t=s["lse"], batch=plan.batch,
+                   num_splits=splits, lanes=bal.programs // (plan.num_kv_heads * plan.m_blocks)),
+        constexprs=dict(
+            NUM_HEADS=plan.num_heads, HEAD_DIM=plan.head_dim, Q_LEN=plan.q_len,
+            BLOCK_S=combine_block_s(_lane_cap(plan, cfg, bal), plan.head_dim, False), MIN_CHUNK=cfg.balance_min_chunk,
+            BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(plan.batch), LANE_CAP=_lane_cap(plan, cfg, bal),
+            MERGE_UNITS=_combine_units(plan, cfg, bal), HAS_SINKS=has["sinks"], OUT_PTR=has["out_scale"],
+            OUT_FP8=plan.out_fp8, STORE_LSE=has["lse"], USE_PDL=plan.gdc,
+        ),
+        options=dict(num_warps=4, num_stages=2, **({"launch_pdl": True} if plan.gdc else {})),
     )
 
 
