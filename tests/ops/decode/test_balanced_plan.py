@@ -67,20 +67,15 @@ def _slots(plan, span, balanced=False):
 def test_few_long_requests_take_the_balanced_launch_over_one_wave(batch, max_len, page, splits, monkeypatch):
     """8 query heads on 1 KV head, D 128, one long-tile program an SM: the launch is the balanced
     one whatever the lengths (a ragged batch deals its units, an equal one keeps the last-wave
-    split count inside it), with a grid of one program an SM (one wave of resident programs, which
-    deal the units among themselves). Its one program a unit takes the lanes combine launch for a
-    ragged batch's requests of more than ``COMBINE_UNITS`` units, at ``COMBINE_LANE_CAP`` lanes a
-    request; an equal batch merges in the kernel.
+    split count inside it), with no combine launch and a grid of one program an SM (one wave of
+    resident programs, which deal the units among themselves).
     45 requests: the last-wave rule's 14 splits, merged in the kernel in 4 rounds, 630 programs
     over 132 slots; 22 requests: 6 splits, one wave, but pieces of 14,305 keys against the
     balanced plan's shortest units of 512 (configs.balance_min_span)."""
     plan = _plan_of(monkeypatch, batch=batch, max_len=max_len, page=page, num_heads=8, num_kv_heads=1,
                     kv_dtype=torch.float16)
     split, combine, _, _, merged = plan.launches(max_len)
-    assert split.constexprs["BALANCED"] and merged
-    assert combine is not None and combine.kernel is lanes_combine_kernel
-    assert split.constexprs["MERGE_UNITS"] == combine.constexprs["MERGE_UNITS"] == decode_configs.COMBINE_UNITS
-    assert split.constexprs["LANE_CAP"] == combine.constexprs["LANE_CAP"] == decode_configs.COMBINE_LANE_CAP
+    assert split.constexprs["BALANCED"] and merged and combine is None
     assert split.fixed["num_splits"] == splits
     assert split.grid[0] == SM_COUNT and split.fixed["num_items"] == batch * splits
     cfg = plan.config_for(max_len)
@@ -191,6 +186,34 @@ def test_long_splits_leave_the_streaming_tiles_on_an_h200(batch, max_len, page, 
     assert (plan.config_for(max_len) is plan.cfg_stream) == stream
     splits = plan.num_splits(max_len, plan.cfg_stream)
     assert (batch == 1 or max_len <= decode_configs.STREAM_SPLIT_KEYS * splits) == stream_on_h200, splits
+
+
+@FAKED
+@pytest.mark.parametrize("gpu", ["H200", "H100"])
+@pytest.mark.parametrize("batch,max_len,page,heads", [
+    pytest.param(45, 51550, 64, (8, 1), id="sw12-45-requests-to-51550-p64-h8-1"),
+    pytest.param(22, 88289, 16, (8, 1), id="sw07-22-requests-to-88289-p16-h8-1"),
+    pytest.param(64, 12000, 16, (32, 8), id="64-requests-to-12000-p16-h32-8"),
+])
+def test_one_kv_head_lanes_take_the_combine_launch_on_an_h200(batch, max_len, page, heads, gpu, monkeypatch):
+    """On an H200 a lanes launch of one program a unit (one KV head) leaves a ragged batch's
+    requests of more than ``configs.COMBINE_UNITS`` units to the lanes combine launch, its lanes
+    capped at ``configs.COMBINE_LANE_CAP`` a request; launches of more KV heads, and every launch
+    on an H100 (not measured there), merge in the split kernel under the merge's unit cap."""
+    bandwidth = H200_BANDWIDTH if gpu == "H200" else H100_BANDWIDTH
+    monkeypatch.setattr(decode_launch._device, "memory_bandwidth", lambda device: bandwidth)
+    plan = _plan_of(monkeypatch, batch=batch, max_len=max_len, page=page, num_heads=heads[0],
+                    num_kv_heads=heads[1], kv_dtype=torch.float16)
+    split, combine, _, _, merged = plan.launches(max_len)
+    assert split.constexprs["BALANCED"] and split.constexprs["LANES"] and merged
+    if gpu == "H200" and heads[1] == 1:
+        assert combine is not None and combine.kernel is lanes_combine_kernel
+        assert split.constexprs["MERGE_UNITS"] == combine.constexprs["MERGE_UNITS"] == decode_configs.COMBINE_UNITS
+        assert split.constexprs["LANE_CAP"] == combine.constexprs["LANE_CAP"] == decode_configs.COMBINE_LANE_CAP
+        assert combine.grid == (batch, heads[0]) and combine.constexprs["USE_PDL"] == plan.gdc
+    else:
+        assert combine is None and split.constexprs["MERGE_UNITS"] == 0
+        assert split.constexprs["LANE_CAP"] != decode_configs.COMBINE_LANE_CAP or heads[1] != 1
 
 
 @FAKED

@@ -339,16 +339,25 @@ def test_balanced_kernels_registers_set_their_occupancy(head_dim, tile, unbalanc
                              balanced=True) == 132 * balanced
 
 
+H100_BW, H200_BW = 3.35e12, 4.8e12  # peak copy bytes/s (132 SMs each)
+
+
 @pytest.mark.parametrize("fmt,kind", [("bfloat16", "main"), ("fp8", "main"), ("bfloat16", "long"),
                                       ("bfloat16", "short"), ("fp8", "short")])
-def test_lanes_combine_only_where_the_launches_overlap(fmt, kind):
-    """The lanes combine launch (requests of more than COMBINE_UNITS units) is on in the sm90
-    tables only, which launch it behind the split by programmatic dependent launch: there a
-    uniform batch's empty combine programs run under the split launch. Elsewhere (no PDL) they
-    would run after it, +2-4 us an equal batch on an H200 (lab/notes/decode-sw12.md)."""
+def test_lanes_combine_only_where_measured(fmt, kind):
+    """The lanes combine launch (requests of more than COMBINE_UNITS units) is the rule only on
+    sm90 tables (PDL: a uniform batch's empty combine programs run under the split launch) of a GPU
+    past the long table's bandwidth an SM (the H200, where it was measured); an H100, the other
+    tables and GPUs of unknown bandwidth keep the in-kernel merge. A config's own value wins."""
     sm90 = dc.config("sm90", fmt, 128, 16, False, kind)
-    assert sm90.pdl and sm90.balance_combine_units == dc.COMBINE_UNITS >= 1
-    assert sm90.balance_lanes_cap == 0  # the combine's cap is the plan's (plan._lane_cap), not the table's
+    assert sm90.pdl and sm90.balance_combine_units is None and sm90.balance_lanes_cap == 0
+    assert dc.combine_units(sm90, sm_count=SMS, bandwidth=H200_BW) == dc.COMBINE_UNITS >= 1
+    assert dc.combine_units(sm90, sm_count=SMS, bandwidth=H100_BW) == 0
+    assert dc.combine_units(sm90, sm_count=SMS, bandwidth=0) == 0
     for arch in ("default", "interpreter"):
         other = dc.config(arch, fmt, 128, 16, False)
-        assert not other.pdl and other.balance_combine_units == 0
+        assert not other.pdl and dc.combine_units(other, sm_count=SMS, bandwidth=H200_BW) == 0
+    for units in (0, 2):
+        given = dataclasses.replace(sm90, balance_combine_units=units)
+        assert dc.combine_units(given, sm_count=SMS, bandwidth=H200_BW) == units
+        assert dc.combine_units(dataclasses.replace(given, pdl=False), sm_count=SMS, bandwidth=0) == units

@@ -62,8 +62,9 @@ class DecodeConfig:
     balance_lanes: bool = True
     balance_lanes_cap: int = 0  # a request's lanes at most (0: the deal's unit cap, common.balance.unit_cap)
     # >0: a lanes launch merges in the kernel only requests of at most this many units, and a combine
-    # launch the rest (common.combine.lanes_combine_kernel); 0: every request in the kernel
-    balance_combine_units: int = 0
+    # launch the rest (common.combine.lanes_combine_kernel); 0: every request in the kernel; None:
+    # the GPU's rule (combine_units)
+    balance_combine_units: int | None = None
     # >0: a uniform launch that merges its splits by the combine launch, of splits of at most
     # COMBINE_STAGES_KEYS keys, runs this many stages (plan._Plan.combine_form; the split count
     # follows the programs an SM they fit). 0: the tile's own.
@@ -333,6 +334,19 @@ def past_sm_bandwidth(bandwidth: float, sm_count: int, gbps: float) -> bool:
     return bandwidth > gbps * 1e9 * sm_count
 
 
+def combine_units(cfg: DecodeConfig, *, sm_count: int, bandwidth: float) -> int:
+    """The requests' unit count past which a lanes launch of one program a unit leaves them to the
+    lanes combine launch (``plan._combine_units``; 0: none): the config's
+    ``balance_combine_units`` where it is set, else ``COMBINE_UNITS`` on a GPU that launches the
+    combine behind the split (``cfg.pdl``) and is past the config's ``long_max_sm_gbps``
+    (``past_sm_bandwidth``: an H200, where it was measured; an H100 keeps the in-kernel merge its
+    grid was recorded with, as the equal one-KV-head batch pays the early combine launch's
+    scheduling, +0.4-0.9 us on an H200)."""
+    if cfg.balance_combine_units is not None:
+        return cfg.balance_combine_units
+    return COMBINE_UNITS if cfg.pdl and past_sm_bandwidth(bandwidth, sm_count, cfg.long_max_sm_gbps) else 0
+
+
 def tile_splits(cfg: DecodeConfig, *, paged: bool, sm_count: int, bandwidth: float) -> bool:
     """Whether a paged launch of ``cfg``'s table of fewer programs than SMs may cut its splits down
     to one tile (``plan._Plan.num_splits``): on a GPU past the config's ``long_max_sm_gbps``
@@ -355,8 +369,9 @@ TAIL_FILL = 0.8
 TAIL_SPLITS = 16  # the most splits tail_fit considers (sm90 tables)
 # Lanes launches of one program a unit (one KV head, one row block: plan._combine_units) leave a
 # ragged batch's requests of more than COMBINE_UNITS units to the lanes combine launch, whose
-# programs a batch found uniform starts early and which then exits under the split launch (sm90:
-# programmatic dependent launch). Such launches cap a request's lanes at COMBINE_LANE_CAP (where
+# programs a batch found uniform starts early and which then exits under the split launch
+# (programmatic dependent launch: sm90 tables; only past the long table's bandwidth an SM, an H200,
+# where it was measured: combine_units). Such launches cap a request's lanes at COMBINE_LANE_CAP (where
 # balance_lanes_cap is 0) instead of the in-kernel merge's unit cap, which the combine does not
 # have. Measured on an H200, same run (lab/notes/
 # decode-sw12.md "The combine launch started early for uniform batches"): sw12 (45 log-normal
@@ -606,7 +621,6 @@ def config(arch: str, kv_format: str, head_dim: int, block_m: int, rope: bool, k
                        keys_in_m=kind != "short", tail_splits=TAIL_SPLITS if sm90 else 0,
                        combine_stages=three_an_sm, one_row_stages=three_an_sm or contig_stages,
                        rope_wide_block_n=rope_wide,
-                       balance_combine_units=COMBINE_UNITS if sm90 else 0,
                        prefetch=1 if sm90_rope else 0, max_per_sm=2 if sm90_rope else 0,
                        evict_first=kind in ("stream", "rope_stream"), tma=kind == "rope_stream")
     if _override:

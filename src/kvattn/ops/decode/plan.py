@@ -170,6 +170,7 @@ class _Plan:
         self.items = self.batch * self.num_kv_heads * self.m_blocks
         self.sm_count = _device.sm_count(f.device)
         bandwidth = _device.memory_bandwidth(f.device)  # peak copy bytes/s (0: unknown), what the H200 rules read
+        self.bandwidth = bandwidth
         table = (arch_name, self.kv_format, self.head_dim, self.block_m, f.has_rope)  # what every table is read by
         # Batch-invariant mode: the main table only (the others are chosen by the batch, the SM
         # count or the call's key bound), fixed-span splits, always the combine launch.
@@ -654,13 +655,13 @@ def _lane_cap(plan: _Plan, cfg: decode_configs.DecodeConfig, bal: Balance | None
 
 def _combine_units(plan: _Plan, cfg: decode_configs.DecodeConfig, bal: Balance | None) -> int:
     """The kernel's MERGE_UNITS: a lanes launch of one program a unit (one KV head, one row block)
-    leaves requests of more units to the lanes combine launch (config ``balance_combine_units``);
-    0: none. Launches of more programs a unit merge in the kernel: there the second launch cost
+    leaves requests of more units to the lanes combine launch (``configs.combine_units``); 0:
+    none. Launches of more programs a unit merge in the kernel: there the second launch cost
     more than the merge it took over (lab/notes/decode-ragged-batches.md "Next for sw12: the lanes
     merged by the combine launch")."""
     if not (bal and bal.lanes) or plan.num_kv_heads * plan.m_blocks != 1:
         return 0
-    return cfg.balance_combine_units
+    return decode_configs.combine_units(cfg, sm_count=plan.sm_count, bandwidth=plan.bandwidth)
 
 
 def _lanes_combine_launch(plan: _Plan, cfg: decode_configs.DecodeConfig, splits: int,
