@@ -212,6 +212,18 @@ def _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N: tl.constexpr, BLOCK_B: t
 
 
 @triton.jit
+def _lane_share(seq_lens_ptr, batch, capacity, lanes, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_B: tl.constexpr, LANE_CAP: tl.constexpr):
+    """``(ragged, share, b_ok, tiles, cost)``: the 5/4 rule's verdict and one lane's share in key
+    tiles of the lanes plan (:func:`lane_span`), with the requests' costs it was cut from."""
+    MIN_TILES: tl.constexpr = max(1, MIN_CHUNK // BLOCK_N)
+    b_ok, lens, tiles, cost = _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N, BLOCK_B)
+    ragged = _is_ragged(tl.max(lens, 0), tl.sum(lens.to(tl.int64), 0), batch)
+    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), LANE_CAP - 1))
+    return ragged, tl.maximum(share, MIN_TILES), b_ok, tiles, cost
+
+
+@triton.jit
 def lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_B: tl.constexpr, LANE_CAP: tl.constexpr):
     """``(ragged, share, first, stop)``: whether the batch takes the lanes plan (the 5/4 rule of
@@ -228,11 +240,8 @@ def lane_span(seq_lens_ptr, lane, batch, capacity, lanes, MIN_CHUNK: tl.constexp
     host's choice: a config's cap, or the merge's ``unit_cap``; its tiles start inside a share, so
     they span one lane more than their length in shares)."""
     tl.static_assert(LANE_CAP >= 2)  # (the share divides by LANE_CAP - 1)
-    MIN_TILES: tl.constexpr = max(1, MIN_CHUNK // BLOCK_N)
-    b_ok, lens, tiles, cost = _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N, BLOCK_B)
-    ragged = _is_ragged(tl.max(lens, 0), tl.sum(lens.to(tl.int64), 0), batch)
-    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), LANE_CAP - 1))
-    share = tl.maximum(share, MIN_TILES)
+    ragged, share, b_ok, tiles, cost = _lane_share(seq_lens_ptr, batch, capacity, lanes, MIN_CHUNK, BLOCK_N, BLOCK_B,
+                                                   LANE_CAP)
     ends = tl.cumsum(cost, 0)
     # the requests with tiles in this lane: contiguous, as both of a request's lane bounds grow with it
     b_first = tl.sum((b_ok & ((ends - 1) // share < lane)).to(tl.int32), 0)
@@ -265,10 +274,6 @@ def lane_request_units(seq_lens_ptr, b, batch, capacity, lanes, uniform_splits, 
     first unit in a lanes launch of ``lanes`` lanes (:func:`lane_span`'s plan; a batch found
     uniform: ``uniform_splits`` units a request, in request order), where a combine launch finds
     its partials."""
-    MIN_TILES: tl.constexpr = max(1, MIN_CHUNK // BLOCK_N)
-    b_ok, lens, tiles, cost = _lane_costs(seq_lens_ptr, batch, capacity, BLOCK_N, BLOCK_B)
-    ragged = _is_ragged(tl.max(lens, 0), tl.sum(lens.to(tl.int64), 0), batch)
-    share = tl.maximum(tl.cdiv(tl.sum(cost, 0), lanes), tl.cdiv(tl.max(cost, 0), LANE_CAP - 1))
-    share = tl.maximum(share, MIN_TILES)
+    ragged, share, _, _, _ = _lane_share(seq_lens_ptr, batch, capacity, lanes, MIN_CHUNK, BLOCK_N, BLOCK_B, LANE_CAP)
     _, n_b, first, _, _ = lane_piece(seq_lens_ptr, b, 0, share, batch, capacity, BLOCK_N, BLOCK_B)
     return ragged, tl.where(ragged, n_b, uniform_splits), tl.where(ragged, first, b * uniform_splits)
