@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The closing floors of issues 40 and 41 on the final tree, and the MLA and single-decode grids
 # beside FlashInfer (MLA: fa3 MLA; single decode: FlashInfer's single decode and cuDNN / flash
-# SDPA). Carry [".peers"]. One call, ~430 s.
+# SDPA). Carry [".peers"]. One call, ~200 s on a fresh machine (FlashInfer compiles its kernels first).
 #   1. the MLA grid (22 rows) beside FlashInfer's fa3 MLA
 #   2. MLA at 16 heads, 128 x 8192: bf16 and fp8 under the seesaw's floors (no copies, no P.V,
 #      no score products, no value conversion): what stops fp8 short of 1.7x bf16
